@@ -1,0 +1,40 @@
+"""Engine and session factories. SQLite gets WAL, a busy timeout and foreign keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+#: How long a SQLite writer waits for the lock before failing (milliseconds).
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine for ``url`` (``sqlite:///…`` or ``postgresql+psycopg://…``).
+
+    A bare ``postgresql://`` URL is read as psycopg 3. SQLite connections are set to
+    WAL mode with a busy timeout, so concurrent writers wait instead of failing.
+    """
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+        event.listen(engine, "connect", _configure_sqlite)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Session factory whose objects stay readable after commit."""
+    return sessionmaker(engine, expire_on_commit=False)

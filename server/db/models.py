@@ -1,0 +1,62 @@
+"""SQLAlchemy ORM models. The schema changes only through Alembic migrations (``migrations/``)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: Job statuses (DESIGN.md §3). Terminal statuses never change again.
+STATUSES = ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled")
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+ACTIVE_STATUSES = frozenset(STATUSES) - TERMINAL_STATUSES
+
+
+def utcnow() -> datetime:
+    """Timezone-aware current UTC time."""
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Job(Base):
+    """One submitted job and its current state (the job resource is built from this row)."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    error_reason: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    max_steps: Mapped[int] = mapped_column(Integer)
+    world_size: Mapped[int] = mapped_column(Integer)
+    latest: Mapped[dict[str, Any] | None]
+    eval: Mapped[dict[str, Any] | None]
+    worker_id: Mapped[str | None] = mapped_column(String(255))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    run_dir: Mapped[str | None] = mapped_column(Text)
+    cancel_requested_at: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_jobs_status_created", "status", "created_at"),)
+
+
+class StepRecord(Base):
+    """One step record (DESIGN.md §3) of a job; ``data`` holds the whole record."""
+
+    __tablename__ = "step_records"
+
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    time: Mapped[float] = mapped_column(Float)
+    data: Mapped[dict[str, Any]]

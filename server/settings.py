@@ -1,0 +1,57 @@
+"""Settings for the API, the worker and the CLI, read from ``HALFCAST_*`` environment variables.
+
+The embedded default needs no server: a SQLite file and a filesystem Celery broker
+under ``data_dir``. Point ``database_url`` at Postgres and ``broker_url`` at Redis
+for the production layout.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """All of Halfcast's settings. Build with ``Settings()``; nothing is read at import time."""
+
+    model_config = SettingsConfigDict(env_prefix="HALFCAST_", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".halfcast"), description="Embedded database, broker and run directories")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite under data_dir")
+    broker_url: str | None = Field(default=None, description="Celery broker URL; default filesystem:// under data_dir")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    allow_faults: bool = Field(default=False, description="Accept the spec's test-only `faults` block")
+    data_roots: list[Path] = Field(default_factory=list, description="Directories text datasets may read from")
+    worker_concurrency: int = Field(default=2, ge=1, le=256, description="Jobs one worker runs at once")
+    worker_poll_interval_s: float = Field(default=0.25, gt=0.0, le=60.0)
+    cancel_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0)
+    queue_name: str = "halfcast"
+
+    @cached_property
+    def resolved_data_dir(self) -> Path:
+        """``data_dir`` made absolute."""
+        return self.data_dir.expanduser().resolve()
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where each job attempt gets its run directory (spec, step records, checkpoints, logs)."""
+        return self.resolved_data_dir / "runs"
+
+    @property
+    def effective_database_url(self) -> str:
+        """``database_url``, or the embedded SQLite file under ``data_dir``."""
+        return self.database_url or f"sqlite:///{self.resolved_data_dir / 'halfcast.db'}"
+
+    @property
+    def effective_broker_url(self) -> str:
+        """``broker_url``, or kombu's ``filesystem://`` transport (folders under ``data_dir``)."""
+        return self.broker_url or "filesystem://"
+
+    @property
+    def broker_dir(self) -> Path:
+        """Folder of the embedded filesystem broker."""
+        return self.resolved_data_dir / "broker"

@@ -1,0 +1,272 @@
+"""Loss scalers: dynamic, static and no-op. Pure tensor code, device-agnostic, no host syncs.
+
+A loss scaler multiplies the loss before ``backward`` so that small fp16 gradients do
+not flush to zero, then divides the gradients back ("unscale") and reports whether
+any of them is non-finite ("overflow").
+
+Dynamic loss scaling follows Micikevicius et al., "Mixed Precision Training"
+(ICLR 2018, arXiv:1710.03740) with the growth/backoff rule of PyTorch's
+``torch.amp.GradScaler`` and the hysteresis of Megatron-LM's
+``DynamicGradScaler`` / DeepSpeed's ``DynamicLossScaler``:
+
+* on an overflow the growth tracker resets and the hysteresis tracker drops by one;
+  when it reaches zero the scale is multiplied by ``backoff_factor``;
+* after ``growth_interval`` consecutive clean steps the scale is multiplied by
+  ``growth_factor`` and the hysteresis tracker is refilled (with
+  ``consecutive_hysteresis`` every clean step refills it, so only *consecutive*
+  overflows back off);
+* the scale is always clamped to ``[min_scale, max_scale]``, so it is never 0,
+  subnormal or infinite.
+
+With ``hysteresis=1`` and no bound reached, the scale trajectory equals
+``torch.amp.GradScaler``'s for the same overflow pattern.
+
+All state lives in 0-d tensors on the scaler's device and is updated with tensor
+ops only, so ``update`` never synchronises the host with the device.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+
+class LossScaler(Protocol):
+    """What the precision policy needs from a loss scaler."""
+
+    @property
+    def scale(self) -> Tensor:
+        """Current loss scale: 0-d float32 tensor on the scaler's device."""
+        ...
+
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        """Return ``loss * scale`` in float32 (any shape; usually 0-d)."""
+        ...
+
+    def unscale_(self, grads: Iterable[Tensor]) -> Tensor:
+        """Divide ``grads`` by the scale in place; return the overflow flag.
+
+        Returns a 0-d float32 tensor, 1.0 if any gradient holds inf or NaN, else 0.0.
+        """
+        ...
+
+    def update(self, found_inf: Tensor) -> None:
+        """Advance the scale after a step whose overflow flag is ``found_inf`` (0-d)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+def unscale_and_check_(grads: Iterable[Tensor], inv_scale: Tensor, found_inf: Tensor) -> None:
+    """Multiply ``grads`` by ``inv_scale`` in place and set ``found_inf`` to 1 on inf/NaN.
+
+    Uses PyTorch's fused ``_amp_foreach_non_finite_check_and_unscale_`` kernel (the
+    one ``GradScaler`` uses), one launch per (device, dtype) group.
+
+    Raises:
+        ValueError: for sparse gradients (not supported).
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = defaultdict(list)
+    for grad in grads:
+        if grad.is_sparse:
+            raise ValueError("sparse gradients are not supported by the loss scaler")
+        groups[(grad.device, grad.dtype)].append(grad)
+    for (device, _dtype), group in groups.items():
+        flag = found_inf if found_inf.device == device else torch.zeros_like(found_inf, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, flag, inv_scale.to(device))
+        if flag is not found_inf:
+            found_inf.copy_(torch.maximum(found_inf, flag.to(found_inf.device)))
+
+
+class _FixedScaler:
+    """A scaler whose scale never changes (base of the static and no-op scalers)."""
+
+    def __init__(self, scale: float, device: torch.device | str = "cpu") -> None:
+        if not (scale > 0.0 and scale < float("inf")):
+            raise ValueError(f"loss scale must be finite and > 0, got {scale}")
+        self._scale = torch.tensor(float(scale), dtype=torch.float32, device=device)
+        self._inv_scale = torch.reciprocal(self._scale)
+
+    @property
+    def scale(self) -> Tensor:
+        return self._scale
+
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        return loss.float() * self._scale
+
+    def unscale_(self, grads: Iterable[Tensor]) -> Tensor:
+        found_inf = torch.zeros((), dtype=torch.float32, device=self._scale.device)
+        unscale_and_check_(grads, self._inv_scale, found_inf)
+        return found_inf
+
+    def update(self, found_inf: Tensor) -> None:
+        """A fixed scale does not change."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": type(self).__name__, "scale": self._scale.item()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("kind") != type(self).__name__ or state.get("scale") != self._scale.item():
+            raise ValueError(f"checkpointed scaler {dict(state)} does not match {self.state_dict()}")
+
+
+class StaticLossScaler(_FixedScaler):
+    """Static loss scaling: every step uses ``scale``; overflowing steps are still reported."""
+
+
+class NoOpLossScaler(_FixedScaler):
+    """Scale 1.0 for fp32 and bf16: ``scale_loss`` is the identity and ``unscale_`` only checks.
+
+    The non-finite check is kept (the fused kernel multiplies by exactly 1.0, so the
+    gradients' bits are unchanged), so a NaN gradient is never applied in any precision.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        super().__init__(1.0, device)
+
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        return loss
+
+
+
+class DynamicLossScaler:
+    """Dynamic loss scaling with growth, backoff, hysteresis and ``[min_scale, max_scale]`` bounds.
+
+    Args:
+        init_scale: first scale; must lie in ``[min_scale, max_scale]``.
+        growth_factor: multiplier after ``growth_interval`` clean steps (> 1).
+        backoff_factor: multiplier on a counted overflow (in (0, 1)).
+        growth_interval: clean steps between growths (>= 1).
+        hysteresis: overflows tolerated before a backoff (>= 1; 1 = back off on every overflow).
+        min_scale, max_scale: clamp bounds (finite, > 0).
+        consecutive_hysteresis: refill the hysteresis tracker on every clean step.
+        device: where the state tensors live (the gradients' device).
+
+    Raises:
+        ValueError: for any argument out of range.
+    """
+
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        hysteresis: int = 1,
+        min_scale: float = 1.0,
+        max_scale: float = 2.0**24,
+        consecutive_hysteresis: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        _check_dynamic_args(init_scale, growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.hysteresis = int(hysteresis)
+        self.min_scale = float(min_scale)
+        self.max_scale = float(max_scale)
+        self.consecutive_hysteresis = bool(consecutive_hysteresis)
+        self._scale = torch.tensor(float(init_scale), dtype=torch.float32, device=device)
+        self._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
+        self._hysteresis_tracker = torch.full((), self.hysteresis, dtype=torch.int32, device=device)
+
+    @property
+    def scale(self) -> Tensor:
+        return self._scale
+
+    @property
+    def growth_tracker(self) -> Tensor:
+        """Consecutive clean steps since the last growth or overflow (0-d int32)."""
+        return self._growth_tracker
+
+    @property
+    def hysteresis_tracker(self) -> Tensor:
+        """Overflows still tolerated before the next backoff (0-d int32)."""
+        return self._hysteresis_tracker
+
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        return loss.float() * self._scale
+
+    def unscale_(self, grads: Iterable[Tensor]) -> Tensor:
+        found_inf = torch.zeros((), dtype=torch.float32, device=self._scale.device)
+        unscale_and_check_(grads, torch.reciprocal(self._scale), found_inf)
+        return found_inf
+
+    def update(self, found_inf: Tensor) -> None:
+        """Apply the growth/backoff/hysteresis rule for one step, on the device."""
+        found = found_inf.to(self._scale.device) > 0
+        hysteresis = torch.where(found, (self._hysteresis_tracker - 1).clamp_min(0), self._hysteresis_tracker)
+        back_off = found & (hysteresis <= 0)
+        growth = torch.where(found, torch.zeros_like(self._growth_tracker), self._growth_tracker + 1)
+        grow = ~found & (growth >= self.growth_interval)
+        scale = torch.where(back_off, self._scale * self.backoff_factor, self._scale)
+        scale = torch.where(grow, scale * self.growth_factor, scale)
+        refill = grow | (~found if self.consecutive_hysteresis else torch.zeros_like(found))
+        self._scale.copy_(scale.clamp(self.min_scale, self.max_scale))
+        self._growth_tracker.copy_(torch.where(grow, torch.zeros_like(growth), growth))
+        self._hysteresis_tracker.copy_(torch.where(refill, torch.full_like(hysteresis, self.hysteresis), hysteresis))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Exact state: scale, trackers and configuration (python scalars; syncs the host)."""
+        return {
+            "kind": "DynamicLossScaler",
+            "scale": self._scale.item(),
+            "growth_tracker": int(self._growth_tracker.item()),
+            "hysteresis_tracker": int(self._hysteresis_tracker.item()),
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+            "hysteresis": self.hysteresis,
+            "min_scale": self.min_scale,
+            "max_scale": self.max_scale,
+            "consecutive_hysteresis": self.consecutive_hysteresis,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore scale and trackers exactly; the configuration comes from the (new) spec.
+
+        Raises:
+            ValueError: if ``state`` is not a dynamic scaler's or holds an unusable scale.
+        """
+        if state.get("kind") != "DynamicLossScaler":
+            raise ValueError(f"not a DynamicLossScaler state: kind={state.get('kind')!r}")
+        scale = float(state["scale"])
+        if not (scale > 0.0 and scale < float("inf")):
+            raise ValueError(f"checkpointed loss scale {scale} is not finite and > 0")
+        self._scale.fill_(min(max(scale, self.min_scale), self.max_scale))
+        self._growth_tracker.fill_(int(state["growth_tracker"]))
+        self._hysteresis_tracker.fill_(int(state["hysteresis_tracker"]))
+
+
+def _check_dynamic_args(
+    init_scale: float,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+    hysteresis: int,
+    min_scale: float,
+    max_scale: float,
+) -> None:
+    inf = float("inf")
+    checks = {
+        "min_scale": 0.0 < min_scale < inf,
+        "max_scale": min_scale <= max_scale < inf,
+        "init_scale": min_scale <= init_scale <= max_scale,
+        "growth_factor": 1.0 < growth_factor < inf,
+        "backoff_factor": 0.0 < backoff_factor < 1.0,
+        "growth_interval": growth_interval >= 1,
+        "hysteresis": hysteresis >= 1,
+    }
+    bad = [name for name, ok in checks.items() if not ok]
+    if bad:
+        raise ValueError(
+            f"invalid loss-scaler arguments {bad}: init_scale={init_scale}, growth_factor={growth_factor}, "
+            f"backoff_factor={backoff_factor}, growth_interval={growth_interval}, hysteresis={hysteresis}, "
+            f"min_scale={min_scale}, max_scale={max_scale}"
+        )

@@ -1,0 +1,230 @@
+"""The job spec: the one contract shared by server, worker and trainer (DESIGN.md §3).
+
+Pure pydantic, torch-free, so the API validates a spec without importing torch.
+Every block rejects unknown fields; every value is bounded, so a bad spec is a
+``pydantic.ValidationError`` whose ``loc`` names the field (HTTP 422 in the API).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from trainer.catalog import MODEL_DATASETS, DatasetSpec, ModelSpec
+
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+#: Largest allowed loss scale; the scale is held in float32, so any finite bound works,
+#: and this one keeps a scaled loss of 1.0 far from float32's overflow.
+MAX_LOSS_SCALE = 2.0**64
+#: Smallest allowed ``min_scale``: far above float32's subnormal range.
+MIN_LOSS_SCALE = 2.0**-24
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def field_error(model: str, field: str, message: str, value: object) -> ValidationError:
+    """A ``ValidationError`` located at ``field`` (so the API's 422 names it)."""
+    detail = InitErrorDetails(
+        type=PydanticCustomError("value_error", message), loc=(field,), input=value
+    )
+    return ValidationError.from_exception_data(model, [detail])
+
+
+class LossScaleSpec(_Strict):
+    """fp16 loss scaling.
+
+    ``dynamic``: the scale starts at ``init_scale``; after ``hysteresis`` overflows
+    (non-finite gradients) it is multiplied by ``backoff_factor``; after
+    ``growth_interval`` consecutive clean steps by ``growth_factor`` (which also refills
+    the hysteresis; with ``consecutive_hysteresis`` every clean step refills it); always
+    clamped to ``[min_scale, max_scale]``. ``static``: ``static_scale`` (default
+    ``init_scale``) is used on every step; overflowing steps are still skipped.
+    """
+
+    mode: Literal["dynamic", "static"] = "dynamic"
+    init_scale: Annotated[float, Field(gt=0.0, le=MAX_LOSS_SCALE, allow_inf_nan=False)] = 65536.0
+    growth_factor: Annotated[float, Field(gt=1.0, le=1024.0, allow_inf_nan=False)] = 2.0
+    backoff_factor: Annotated[float, Field(gt=0.0, lt=1.0, allow_inf_nan=False)] = 0.5
+    growth_interval: Annotated[int, Field(ge=1, le=10_000_000)] = 2000
+    hysteresis: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+    min_scale: Annotated[float, Field(ge=MIN_LOSS_SCALE, le=MAX_LOSS_SCALE, allow_inf_nan=False)] = 1.0
+    max_scale: Annotated[float, Field(gt=0.0, le=MAX_LOSS_SCALE, allow_inf_nan=False)] = 2.0**24
+    static_scale: Annotated[float, Field(gt=0.0, le=MAX_LOSS_SCALE, allow_inf_nan=False)] | None = None
+    consecutive_hysteresis: bool = False
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> Self:
+        if self.min_scale > self.max_scale:
+            msg = f"min_scale ({self.min_scale}) must not exceed max_scale ({self.max_scale})"
+            raise field_error("LossScaleSpec", "min_scale", msg, self.min_scale)
+        if self.mode == "dynamic" and not self.min_scale <= self.init_scale <= self.max_scale:
+            msg = (
+                f"init_scale ({self.init_scale}) must lie in [min_scale, max_scale] = "
+                f"[{self.min_scale}, {self.max_scale}]"
+            )
+            raise field_error("LossScaleSpec", "init_scale", msg, self.init_scale)
+        if self.mode == "dynamic" and self.static_scale is not None:
+            msg = "static_scale is only allowed with mode 'static'"
+            raise field_error("LossScaleSpec", "static_scale", msg, self.static_scale)
+        return self
+
+    @property
+    def effective_static_scale(self) -> float:
+        """The scale a static scaler uses: ``static_scale`` or else ``init_scale``."""
+        return self.static_scale if self.static_scale is not None else self.init_scale
+
+
+class OptimizerSpec(_Strict):
+    """Optimizer; ``implementation`` picks PyTorch's plain, foreach or fused kernels."""
+
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: Annotated[float, Field(gt=0.0, le=100.0, allow_inf_nan=False)] = 1e-3
+    weight_decay: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = 0.0
+    betas: tuple[
+        Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]
+    ] = (0.9, 0.999)
+    eps: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1e-8
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    implementation: Literal["auto", "plain", "foreach", "fused"] = "auto"
+
+
+class LRSchedulerSpec(_Strict):
+    """Learning-rate schedule over *applied* optimizer steps (a skipped step never advances it).
+
+    ``constant``, ``cosine`` and ``linear`` decay to ``min_lr_ratio * lr`` at
+    ``max_steps`` after ``warmup_steps`` of linear warm-up; ``step`` multiplies the
+    learning rate by ``gamma`` every ``step_size`` applied steps.
+    """
+
+    name: Literal["constant", "cosine", "linear", "step"] = "constant"
+    warmup_steps: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    min_lr_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    step_size: Annotated[int, Field(ge=1, le=10_000_000)] = 1
+    gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
+
+
+class KillAtStep(_Strict):
+    step: Annotated[int, Field(ge=1)]
+    rank: Annotated[int, Field(ge=0)] = 0
+    signal: Literal["SIGKILL", "SIGTERM", "SIGSEGV", "SIGABRT"] = "SIGKILL"
+
+
+class FaultsSpec(_Strict):
+    """Test-only fault injection; the API accepts it only with ``HALFCAST_ALLOW_FAULTS=1``."""
+
+    nonfinite_grad_steps: Annotated[list[Annotated[int, Field(ge=1)]], Field(max_length=100_000)] = []
+    nonfinite_value: Literal["inf", "nan"] = "inf"
+    ranks: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=1024)] | None = None
+    sleep_per_step_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0
+    kill_at_step: KillAtStep | None = None
+    raise_at_step: Annotated[int, Field(ge=1)] | None = None
+
+
+class JobSpec(_Strict):
+    """A training job. See DESIGN.md §3 for the meaning of each field.
+
+    Raises ``pydantic.ValidationError`` (``loc`` names the field) for unknown fields,
+    out-of-range values, a ``loss_scale`` block on a non-fp16 job, fp8 without GPUs,
+    a model that cannot consume the dataset, or a ``global_batch_size`` that
+    ``micro_batch_size * world_size`` does not divide.
+
+    Divergence guard: a job fails with reason ``nonfinite_gradients`` after
+    ``max_consecutive_skips`` consecutive skipped steps, and with ``nonfinite_loss``
+    after ``max_consecutive_nonfinite_losses`` consecutive non-finite losses.
+    """
+
+    name: Annotated[str, Field(max_length=200)] | None = None
+    model: ModelSpec
+    dataset: DatasetSpec
+    precision: Precision = "fp32"
+    loss_scale: LossScaleSpec | None = None
+    micro_batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 32
+    gradient_accumulation_steps: Annotated[int, Field(ge=1, le=65536)] | None = None
+    global_batch_size: Annotated[int, Field(ge=1, le=1 << 30)] | None = None
+    gpus: Annotated[int, Field(ge=0, le=1024)] = 0
+    processes: Annotated[int, Field(ge=1, le=256)] = 1
+    parallelism: Literal["ddp"] = "ddp"
+    max_steps: Annotated[int, Field(ge=1, le=100_000_000)] = 100
+    optimizer: OptimizerSpec = OptimizerSpec()
+    lr_scheduler: LRSchedulerSpec = LRSchedulerSpec()
+    max_grad_norm: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+    checkpoint_interval: Annotated[int, Field(ge=1)] | None = None
+    eval_interval: Annotated[int, Field(ge=1)] | None = None
+    max_consecutive_skips: Annotated[int, Field(ge=1, le=1_000_000)] = 50
+    max_consecutive_nonfinite_losses: Annotated[int, Field(ge=1, le=1_000_000)] = 10
+    faults: FaultsSpec | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.isprintable():
+            raise ValueError("name must be printable text")
+        return value
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Self:
+        if self.dataset.name not in MODEL_DATASETS[self.model.name]:
+            allowed = ", ".join(sorted(MODEL_DATASETS[self.model.name]))
+            msg = f"model '{self.model.name}' cannot train on dataset '{self.dataset.name}' (it takes: {allowed})"
+            raise field_error("JobSpec", "dataset", msg, self.dataset.name)
+        if self.loss_scale is not None and self.precision != "fp16":
+            msg = f"only fp16 uses loss scaling; precision is '{self.precision}'"
+            raise field_error("JobSpec", "loss_scale", msg, self.loss_scale.model_dump())
+        if self.precision == "fp8" and self.gpus == 0:
+            msg = "fp8 needs a CUDA GPU with compute capability >= 8.9, and gpus is 0"
+            raise field_error("JobSpec", "precision", msg, self.precision)
+        if self.gpus > 0 and self.processes not in (1, self.gpus):
+            msg = "with GPUs there is one rank per GPU; leave processes at 1"
+            raise field_error("JobSpec", "processes", msg, self.processes)
+        self._check_batch()
+        return self
+
+    def _check_batch(self) -> None:
+        per_step = self.micro_batch_size * self.world_size
+        if self.global_batch_size is None:
+            return
+        if self.global_batch_size % per_step:
+            msg = (
+                f"{self.global_batch_size} is not divisible by micro_batch_size x world_size = "
+                f"{self.micro_batch_size} x {self.world_size} = {per_step}"
+            )
+            raise field_error("JobSpec", "global_batch_size", msg, self.global_batch_size)
+        derived = self.global_batch_size // per_step
+        if self.gradient_accumulation_steps not in (None, derived):
+            msg = (
+                f"{self.gradient_accumulation_steps} contradicts global_batch_size "
+                f"{self.global_batch_size} = {self.micro_batch_size} x {derived} x {self.world_size}"
+            )
+            raise field_error("JobSpec", "gradient_accumulation_steps", msg, self.gradient_accumulation_steps)
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks: one per GPU, or ``processes`` on CPU."""
+        return self.gpus if self.gpus > 0 else self.processes
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (given, or derived from ``global_batch_size``)."""
+        if self.global_batch_size is not None:
+            return self.global_batch_size // (self.micro_batch_size * self.world_size)
+        return self.gradient_accumulation_steps or 1
+
+    @property
+    def effective_global_batch_size(self) -> int:
+        """Samples per optimizer step over all ranks: micro-batch x accumulation x world size."""
+        return self.micro_batch_size * self.accumulation_steps * self.world_size
+
+    @property
+    def effective_loss_scale(self) -> LossScaleSpec | None:
+        """The loss-scale policy: the given block, DESIGN.md defaults for fp16, else ``None``."""
+        if self.precision != "fp16":
+            return None
+        return self.loss_scale or LossScaleSpec()
+
