@@ -11,13 +11,22 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 
 class _Strict(BaseModel):
     """Base for every spec block: unknown fields are rejected."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def field_error(model: str, field: str, message: str, value: object) -> ValidationError:
+    """A ``ValidationError`` located at ``field`` (so the API's 422 names it)."""
+    detail = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=(field,), input=value)
+    return ValidationError.from_exception_data(model, [detail])
 
 
 # ----------------------------------------------------------------------------- models
@@ -43,6 +52,13 @@ class GPTConfig(_Strict):
     n_head: Annotated[int, Field(ge=1, le=128)] = 4
     d_model: Annotated[int, Field(ge=8, le=16384)] = 128
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> Self:
+        if self.d_model % self.n_head:
+            msg = f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
+            raise field_error("GPTConfig", "d_model", msg, self.d_model)
+        return self
 
 
 class GPTModel(_Strict):
@@ -79,6 +95,14 @@ class TextConfig(_Strict):
     seq_len: Annotated[int, Field(ge=2, le=8192)] = 128
     max_bytes: Annotated[int, Field(ge=1024, le=1 << 31)] = 4 << 20
     test_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.05
+
+    @model_validator(mode="after")
+    def _path_matches_source(self) -> Self:
+        if self.source == "file" and self.path is None:
+            raise field_error("TextConfig", "path", "source 'file' needs a path under a data root", None)
+        if self.source == "python-stdlib" and self.path is not None:
+            raise field_error("TextConfig", "path", "path is only used with source 'file'", self.path)
+        return self
 
 
 class TextDataset(_Strict):

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainer.catalog import MODEL_DATASETS, DatasetSpec, ModelSpec
+from trainer.catalog import MODEL_DATASETS, DatasetSpec, ModelSpec, field_error
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 #: Largest allowed loss scale; the scale is held in float32, so any finite bound works,
@@ -24,14 +23,6 @@ MIN_LOSS_SCALE = 2.0**-24
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def field_error(model: str, field: str, message: str, value: object) -> ValidationError:
-    """A ``ValidationError`` located at ``field`` (so the API's 422 names it)."""
-    detail = InitErrorDetails(
-        type=PydanticCustomError("value_error", message), loc=(field,), input=value
-    )
-    return ValidationError.from_exception_data(model, [detail])
 
 
 class LossScaleSpec(_Strict):
@@ -132,6 +123,11 @@ class JobSpec(_Strict):
     a model that cannot consume the dataset, or a ``global_batch_size`` that
     ``micro_batch_size * world_size`` does not divide.
 
+    ``resume_from`` names a job id (its newest checkpoint) or a checkpoint file in the
+    worker's runs directory; the job continues from there exactly (same losses, loss
+    scales and skips as an uninterrupted run). Only ``max_steps``, intervals, limits,
+    ``name`` and ``faults`` may differ from the checkpointed spec.
+
     Divergence guard: a job fails with reason ``nonfinite_gradients`` after
     ``max_consecutive_skips`` consecutive skipped steps, and with ``nonfinite_loss``
     after ``max_consecutive_nonfinite_losses`` consecutive non-finite losses.
@@ -157,6 +153,7 @@ class JobSpec(_Strict):
     eval_interval: Annotated[int, Field(ge=1)] | None = None
     max_consecutive_skips: Annotated[int, Field(ge=1, le=1_000_000)] = 50
     max_consecutive_nonfinite_losses: Annotated[int, Field(ge=1, le=1_000_000)] = 10
+    resume_from: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     faults: FaultsSpec | None = None
 
     @field_validator("name")

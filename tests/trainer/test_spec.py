@@ -64,6 +64,10 @@ def test_accumulation_is_derived_from_global_batch() -> None:
         ({"gpus": 2, "processes": 3}, ("processes",)),
         ({"optimizer": {"name": "adamw", "lr": -1}}, ("optimizer", "lr")),
         ({"name": "bad\x00name"}, ("name",)),
+        ({"model": {"name": "gpt", "config": {"d_model": 100, "n_head": 3}}, "dataset": {"name": "text"}},
+         ("model", "gpt", "config", "d_model")),
+        ({"model": {"name": "gpt"}, "dataset": {"name": "text", "config": {"source": "file"}}},
+         ("dataset", "text", "config", "path")),
     ],
 )
 def test_bad_input_names_the_field(change: dict[str, Any], loc: tuple[Any, ...]) -> None:

@@ -1,0 +1,57 @@
+"""Model registry: ``build_model(spec.model, dataset.info)`` builds the ``nn.Module`` a job trains.
+
+Input and output sizes come from the dataset (:class:`trainer.data.DataInfo`), so a
+spec names only the architecture. Parameters are float32 (master weights); autocast
+chooses the compute dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from trainer.catalog import GPTConfig, MLPConfig, ModelSpec
+from trainer.data.base import DataInfo
+from trainer.errors import TrainerError
+from trainer.models.gpt import GPT
+from trainer.models.mlp import build_mlp
+
+__all__ = ["build_model", "MODELS"]
+
+
+def _mlp(config: MLPConfig, info: DataInfo) -> nn.Module:
+    if info.in_features is None:
+        raise TrainerError("spec_invalid", "model 'mlp' needs feature data (a dataset with in_features)")
+    return build_mlp(info.in_features, info.num_outputs, config.hidden_sizes, config.activation, config.dropout)
+
+
+def _gpt(config: GPTConfig, info: DataInfo) -> nn.Module:
+    if info.seq_len is None:
+        raise TrainerError("spec_invalid", "model 'gpt' needs token data (a dataset with seq_len)")
+    if config.d_model % config.n_head:
+        msg = f"gpt d_model ({config.d_model}) must be divisible by n_head ({config.n_head})"
+        raise TrainerError("spec_invalid", msg)
+    return GPT(
+        vocab_size=info.vocab_size,
+        context=info.seq_len,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        d_model=config.d_model,
+        dropout=config.dropout,
+    )
+
+
+#: Registry name -> builder taking the entry's typed config and the dataset's sizes.
+MODELS: dict[str, Callable[[Any, DataInfo], nn.Module]] = {"mlp": _mlp, "gpt": _gpt}
+
+
+def build_model(spec: ModelSpec, info: DataInfo) -> nn.Module:
+    """The float32 model named by ``spec`` (``{"name", "config"}``), sized for ``info``.
+
+    Uses the global torch RNG for initialisation (seed it first for identical ranks).
+    Raises :class:`TrainerError` (``spec_invalid``) when the model cannot be built for
+    this data, ``KeyError`` for a name without a builder.
+    """
+    return MODELS[spec.name](spec.config, info)

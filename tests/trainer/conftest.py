@@ -1,0 +1,49 @@
+"""Fixtures for trainer tests: one CPU thread, a single-rank CPU context, small job specs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from trainer.distributed import DistContext
+from trainer.spec import JobSpec
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """The test machine is shared: keep torch to one intra-op thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def cpu_ctx() -> DistContext:
+    """Rank 0 of a world of one, on the CPU, without a process group."""
+    return DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+SpecFactory = Callable[..., JobSpec]
+
+
+@pytest.fixture
+def tiny_mlp_spec() -> SpecFactory:
+    """``tiny_mlp_spec(**overrides)``: the field cases' "tiny MLP", Linear(16->32)-ReLU-Linear(32->1),
+    on seeded synthetic regression, 4 steps of micro-batch 16; top-level spec fields override."""
+    return _tiny_mlp_spec
+
+
+def _tiny_mlp_spec(**overrides: Any) -> JobSpec:
+    fields: dict[str, Any] = {
+        "model": {"name": "mlp", "config": {"hidden_sizes": [32]}},
+        "dataset": {"name": "synthetic", "config": {"in_features": 16, "num_samples": 256, "seed": 3}},
+        "micro_batch_size": 16,
+        "max_steps": 4,
+        "seed": 0,
+    }
+    fields.update(overrides)
+    return JobSpec.model_validate(fields)

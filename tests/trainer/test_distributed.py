@@ -1,0 +1,107 @@
+"""Ranks, devices and process groups; a real two-rank torchrun job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.distributed import distributed_session, env_ranks, init_distributed, select_device
+from trainer.errors import TrainerError
+from trainer.records import read_records
+from trainer.spec import JobSpec
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def no_torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def _spec(**fields: object) -> JobSpec:
+    return JobSpec.model_validate({"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, **fields})
+
+
+def test_single_process_without_torchrun(no_torchrun_env: None) -> None:
+    assert env_ranks() == (0, 0, 1)
+    with distributed_session(_spec()) as ctx:
+        assert (ctx.rank, ctx.world_size, ctx.is_main, ctx.is_distributed) == (0, 1, True, False)
+        assert ctx.device == torch.device("cpu")
+
+
+def test_ranks_from_the_torchrun_environment(no_torchrun_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert env_ranks() == (3, 1, 4)
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(TrainerError) as info:
+        env_ranks()
+    assert info.value.reason == "launch_failed"
+
+
+def test_world_size_must_match_the_spec(no_torchrun_env: None) -> None:
+    with pytest.raises(TrainerError) as info:
+        init_distributed(_spec(processes=2))
+    assert info.value.reason == "launch_failed"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
+def test_gpus_without_cuda_is_gpu_unavailable() -> None:
+    assert select_device(0, 0) == torch.device("cpu")
+    with pytest.raises(TrainerError) as info:
+        select_device(1, 0)
+    assert info.value.reason == "gpu_unavailable"
+
+
+@pytest.mark.slow
+def test_two_rank_torchrun_job_keeps_ranks_identical(tmp_path: Path) -> None:
+    """processes 2, K=2, fp16 with an overflow injected on rank 1 only at step 2.
+
+    The job succeeds; records.jsonl has start, step, eval and end lines; both ranks
+    skipped step 2 together; the final parameters are bit-identical across ranks.
+    """
+    spec = {
+        "model": {"name": "mlp", "config": {"hidden_sizes": [16]}},
+        "dataset": {"name": "synthetic", "config": {"task": "classification", "num_samples": 256, "num_classes": 4}},
+        "precision": "fp16",
+        "loss_scale": {"init_scale": 1024},
+        "processes": 2,
+        "micro_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+        "max_steps": 6,
+        "eval_interval": 3,
+        "faults": {"nonfinite_grad_steps": [2], "ranks": [1]},
+    }
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "HALFCAST_DUMP_PARAMS": "1", "OMP_NUM_THREADS": "1"}
+    for name in TORCHRUN_ENV:
+        env.pop(name, None)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+        "-m", "trainer", "--spec", str(spec_path), "--run-dir", str(run_dir),
+    ]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    records = read_records(run_dir)
+    assert [r["type"] for r in records] == ["start"] + ["step"] * 3 + ["eval"] + ["step"] * 3 + ["eval", "end"]
+    assert records[0]["world_size"] == 2 and records[0]["global_batch_size"] == 32
+    steps = [r for r in records if r["type"] == "step"]
+    assert [s["overflow"] for s in steps] == [False, True, False, False, False, False]
+    assert steps[2]["loss_scale"] == 512.0
+    assert records[-1]["skipped_steps"] == 1
+    params = [torch.load(run_dir / f"params-rank{r}.pt") for r in range(2)]
+    assert params[0].keys() == params[1].keys()
+    assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
+    assert not (run_dir / "error.json").exists()

@@ -1,0 +1,51 @@
+"""Field case C11 (NVIDIA/apex#715): the scale never reaches zero; a hopeless job fails."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.distributed import DistContext
+from trainer.errors import TrainerError
+from trainer.loop import train
+from trainer.records import RECORDS_FILE
+from trainer.spec import JobSpec
+
+
+
+
+def test_c11_nan_gradients_every_step_fail_the_job_long_before_the_end(
+    tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path
+) -> None:
+    spec = tiny_mlp_spec(
+        precision="fp16",
+        loss_scale={"init_scale": 65536.0},
+        max_steps=250,
+        faults={"nonfinite_grad_steps": list(range(1, 251)), "nonfinite_value": "nan"},
+    )
+    with pytest.raises(TrainerError) as info:
+        train(spec, tmp_path, cpu_ctx)
+    assert info.value.reason == "nonfinite_gradients"
+
+    lines = [json.loads(line) for line in (tmp_path / RECORDS_FILE).read_text().splitlines()]
+    steps = [line for line in lines if line["type"] == "step"]
+    assert len(steps) == spec.max_consecutive_skips < 250
+    assert all(s["overflow"] and s["grad_norm"] is None for s in steps)
+    scales = [s["loss_scale"] for s in steps]
+    assert min(scales) == spec.effective_loss_scale.min_scale  # clamped, never 0 or subnormal
+    assert scales[:3] == [65536.0, 32768.0, 16384.0]
+
+
+def test_c11_weights_never_receive_nan(tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path) -> None:
+    spec = tiny_mlp_spec(
+        precision="fp16", max_steps=12, max_consecutive_skips=1000,
+        faults={"nonfinite_grad_steps": list(range(1, 13)), "nonfinite_value": "nan"},
+    )
+    torch.manual_seed(spec.seed)
+    result = train(spec, tmp_path, cpu_ctx)
+    assert result.skipped_steps == 12
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())

@@ -1,0 +1,58 @@
+"""Optimizers from the spec and the learning-rate schedules over applied steps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.optim import LRMultiplier, build_lr_scheduler, build_optimizer
+from trainer.spec import LRSchedulerSpec, OptimizerSpec
+
+
+def _params() -> list[torch.nn.Parameter]:
+    return [torch.nn.Parameter(torch.zeros(3))]
+
+
+@pytest.mark.parametrize(
+    ("implementation", "flag", "value"),
+    [("plain", "foreach", False), ("foreach", "foreach", True), ("fused", "fused", True), ("auto", "fused", None)],
+)
+def test_implementation_flags(implementation: str, flag: str, value: bool | None) -> None:
+    for name in ("adamw", "sgd"):
+        optimizer = build_optimizer(OptimizerSpec(name=name, implementation=implementation), _params())
+        assert optimizer.defaults[flag] is value
+
+
+def test_optimizer_hyperparameters() -> None:
+    adamw = build_optimizer(OptimizerSpec(name="adamw", lr=0.5, betas=(0.8, 0.9), weight_decay=0.1), _params())
+    assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["betas"] == (0.8, 0.9)
+    sgd = build_optimizer(OptimizerSpec(name="sgd", lr=0.5, momentum=0.9), _params())
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.9 and sgd.defaults["lr"] == 0.5
+
+
+def test_schedule_shapes() -> None:
+    step = LRMultiplier("step", total_steps=10, step_size=2, gamma=0.5)
+    assert [step(i) for i in range(5)] == [1.0, 1.0, 0.5, 0.5, 0.25]
+    warm = LRMultiplier("linear", total_steps=12, warmup_steps=2, min_lr_ratio=0.2)
+    assert [warm(0), warm(1), warm(2)] == [0.5, 1.0, 1.0]
+    assert warm(7) == pytest.approx(0.6) and warm(12) == pytest.approx(0.2) and warm(50) == pytest.approx(0.2)
+    cosine = LRMultiplier("cosine", total_steps=10, min_lr_ratio=0.1)
+    assert cosine(0) == 1.0 and cosine(5) == pytest.approx(0.55) and cosine(10) == pytest.approx(0.1)
+    assert LRMultiplier("constant", total_steps=10, warmup_steps=4)(2) == 0.75
+    assert LRMultiplier("constant", total_steps=10)(9) == 1.0
+
+
+def test_lambda_lr_follows_applied_steps_and_round_trips() -> None:
+    params = _params()
+    optimizer = build_optimizer(OptimizerSpec(name="sgd", lr=1.0), params)
+    scheduler = build_lr_scheduler(LRSchedulerSpec(name="cosine"), optimizer, total_steps=4)
+    params[0].grad = torch.zeros(3)
+    for _ in range(2):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * (1 + math.cos(math.pi / 2)))
+    other = build_lr_scheduler(LRSchedulerSpec(name="cosine"), build_optimizer(OptimizerSpec(name="sgd"), _params()), 4)
+    other.load_state_dict(scheduler.state_dict())
+    assert other.last_epoch == 2 and other.lr_lambdas[0].total_steps == 4

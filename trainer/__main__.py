@@ -1,0 +1,106 @@
+"""Entry point: ``python -m trainer --spec SPEC.json --run-dir DIR [--resume-from CKPT]`` (directly or under torchrun).
+
+Exit status 0 on success. A typed failure (:class:`trainer.errors.TrainerError`, or
+``PrecisionUnsupportedError`` as ``precision_unsupported``, or a spec that does not
+validate as ``spec_invalid``) writes ``<run_dir>/error.json``
+``{"reason", "message", "rank"}`` and exits with :data:`TYPED_FAILURE_EXIT`; any other
+exception propagates (non-zero exit; the worker reports ``rank_failed``).
+
+Debugging aid: with ``HALFCAST_DUMP_PARAMS=1`` every rank writes its final parameters
+to ``<run_dir>/params-rank<r>.pt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from pydantic import ValidationError
+
+from trainer.distributed import distributed_session
+from trainer.errors import TrainerError
+from trainer.loop import train
+from trainer.precision import PrecisionUnsupportedError
+from trainer.spec import JobSpec
+
+log = logging.getLogger("trainer")
+
+TYPED_FAILURE_EXIT = 3
+ERROR_FILE = "error.json"
+DUMP_PARAMS_ENV = "HALFCAST_DUMP_PARAMS"
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="Run one Halfcast training job.")
+    parser.add_argument("--spec", type=Path, required=True, help="job spec JSON file")
+    parser.add_argument("--run-dir", type=Path, required=True, help="run directory (records, checkpoints)")
+    parser.add_argument("--resume-from", type=Path, default=None, help="checkpoint to continue from exactly")
+    return parser.parse_args(argv)
+
+
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def load_spec(path: Path) -> JobSpec:
+    """Parse and validate the spec file; raises :class:`TrainerError` (``spec_invalid``)."""
+    try:
+        return JobSpec.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError) as exc:
+        raise TrainerError("spec_invalid", f"cannot load job spec {path}: {exc}") from exc
+
+
+def write_error(run_dir: Path, reason: str, message: str, rank: int) -> None:
+    """Write ``error.json`` atomically (ranks failing together never leave a torn file)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{ERROR_FILE}.rank{rank}.tmp"
+    tmp.write_text(json.dumps({"reason": reason, "message": message, "rank": rank}), encoding="utf-8")
+    os.replace(tmp, run_dir / ERROR_FILE)
+
+
+def run(spec_path: Path, run_dir: Path, resume_from: Path | None = None) -> None:
+    """Load the spec, join the job's ranks, train (from ``resume_from`` if given); optionally dump parameters."""
+    spec = load_spec(spec_path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume_from is not None and not resume_from.is_file():
+        raise TrainerError("spec_invalid", f"checkpoint to resume from does not exist: {resume_from}")
+    with distributed_session(spec) as dist_ctx:
+        result = train(spec, run_dir, dist_ctx, resume_from)
+        if os.environ.get(DUMP_PARAMS_ENV) == "1":
+            params = {name: t.detach().cpu() for name, t in result.model.state_dict().items()}
+            torch.save(params, run_dir / f"params-rank{dist_ctx.rank}.pt")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job; return the process exit status (0, or :data:`TYPED_FAILURE_EXIT`)."""
+    args = _parse(argv)
+    rank = _rank()
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        run(args.spec, args.run_dir, args.resume_from)
+    except TrainerError as exc:
+        reason, message = exc.reason, exc.message
+    except PrecisionUnsupportedError as exc:
+        reason, message = "precision_unsupported", str(exc)
+    else:
+        return 0
+    log.error("job failed: %s: %s", reason, message)
+    write_error(args.run_dir, reason, message, rank)
+    return TYPED_FAILURE_EXIT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

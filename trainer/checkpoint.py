@@ -1,0 +1,106 @@
+"""Checkpoints: everything needed to resume a job exactly, written atomically by rank 0.
+
+A checkpoint is a ``torch.save`` dict with ``model`` (unwrapped state dict),
+``optimizer``, ``lr_scheduler``, ``precision`` (loss-scaler state and skipped-step
+counter, from ``PrecisionPolicy.state_dict()``), ``step`` (attempted steps done),
+``counters`` (divergence-guard counters), ``rng`` (every rank's generator states,
+by rank) and ``spec`` (the job spec as JSON data).
+It is written to a temporary file in the same directory, fsynced, then moved into
+place with ``os.replace``, so a reader never sees a partial file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
+
+from trainer.precision import PrecisionPolicy
+from trainer.spec import JobSpec
+
+CHECKPOINT_DIR = "checkpoints"
+FINAL_NAME = "final.pt"
+
+
+def step_path(run_dir: Path, step: int) -> Path:
+    """``<run_dir>/checkpoints/step-<step>.pt``."""
+    return run_dir / CHECKPOINT_DIR / f"step-{step}.pt"
+
+
+def final_path(run_dir: Path) -> Path:
+    """``<run_dir>/checkpoints/final.pt``."""
+    return run_dir / CHECKPOINT_DIR / FINAL_NAME
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """The objects a checkpoint captures (``model`` unwrapped, not DDP)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: LRScheduler
+    precision: PrecisionPolicy
+
+
+def save_checkpoint(
+    path: Path,
+    state: TrainingState,
+    *,
+    step: int,
+    counters: Mapping[str, int],
+    spec: JobSpec,
+    rng: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """Write ``state`` at attempted step ``step`` to ``path`` atomically. ``OSError`` propagates.
+
+    ``rng`` holds every rank's generator states, indexed by rank (see :mod:`trainer.rng`).
+    """
+    payload: dict[str, Any] = {
+        "rng": [dict(r) for r in rng],
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "lr_scheduler": state.lr_scheduler.state_dict(),
+        "precision": state.precision.state_dict(),
+        "step": step,
+        "counters": dict(counters),
+        "spec": spec.model_dump(mode="json"),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(payload, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: Path, state: TrainingState | None = None) -> dict[str, Any]:
+    """Read a checkpoint (on CPU) and, if ``state`` is given, restore every part of it in place.
+
+    Returns the raw checkpoint dict (``step``, ``counters`` and ``spec`` included).
+    Raises ``FileNotFoundError`` for a missing file, and whatever ``load_state_dict``
+    raises for a mismatching model, optimizer, scheduler or precision.
+    """
+    payload: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    if state is not None:
+        restore_state(payload, state)
+    return payload
+
+
+def restore_state(payload: Mapping[str, Any], state: TrainingState) -> None:
+    """Load a checkpoint's model, optimizer, scheduler and precision parts into ``state`` in place."""
+    state.model.load_state_dict(payload["model"])
+    state.optimizer.load_state_dict(payload["optimizer"])
+    state.lr_scheduler.load_state_dict(payload["lr_scheduler"])
+    state.precision.load_state_dict(payload["precision"])

@@ -1,0 +1,106 @@
+"""Where text bytes come from: the interpreter's standard library, or a file under a data root.
+
+Data roots are the directories named in ``HALFCAST_DATA_ROOTS`` (separated by
+``os.pathsep``); a ``file`` source may only read a regular file inside one of them.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path, PurePath
+
+from trainer.errors import TrainerError
+
+DATA_ROOTS_ENV = "HALFCAST_DATA_ROOTS"
+#: Third-party code is installed inside the stdlib tree on some layouts; it is not stdlib text.
+_SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+
+
+def stdlib_python_files(root: Path | None = None) -> Iterator[Path]:
+    """The ``.py`` files under ``root`` (default: ``sysconfig.get_paths()["stdlib"]``).
+
+    Deterministic order: a depth-first walk with directory and file names sorted;
+    ``site-packages``, ``dist-packages`` and ``__pycache__`` are skipped.
+    """
+    top = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
+    for directory, dirnames, filenames in os.walk(top):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIPPED_DIRS)
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                yield Path(directory) / name
+
+
+def read_stdlib(max_bytes: int, root: Path | None = None) -> bytes:
+    """The first ``max_bytes`` bytes of the concatenated :func:`stdlib_python_files`.
+
+    Raises :class:`TrainerError` (``data_unavailable``) when no source text is found.
+    """
+    parts: list[bytes] = []
+    size = 0
+    for path in stdlib_python_files(root):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        parts.append(data[: max_bytes - size])
+        size += len(parts[-1])
+        if size >= max_bytes:
+            break
+    if size == 0:
+        raise TrainerError("data_unavailable", "no Python standard library sources found on this worker")
+    return b"".join(parts)
+
+
+def data_roots() -> list[Path]:
+    """The configured data roots, from ``HALFCAST_DATA_ROOTS`` (empty entries ignored)."""
+    raw = os.environ.get(DATA_ROOTS_ENV, "")
+    return [Path(entry) for entry in raw.split(os.pathsep) if entry]
+
+
+def resolve_data_file(relative: str, roots: list[Path] | None = None) -> Path:
+    """The real path of ``relative`` inside the first data root that holds it as a regular file.
+
+    Raises :class:`TrainerError` (``data_unavailable``) for an absolute path, a path with
+    a ``..`` component, a path whose real location (after following symlinks) leaves
+    its root, no configured roots, or no root holding the file.
+    """
+    candidate = PurePath(relative)
+    if candidate.is_absolute() or candidate.anchor:
+        raise TrainerError("data_unavailable", f"dataset path {relative!r} must be relative to a data root")
+    if ".." in candidate.parts:
+        raise TrainerError("data_unavailable", f"dataset path {relative!r} must not contain '..'")
+    roots = data_roots() if roots is None else roots
+    if not roots:
+        raise TrainerError("data_unavailable", f"no data roots are configured ({DATA_ROOTS_ENV} is empty)")
+    for root in roots:
+        found = _inside(root, candidate)
+        if found is not None:
+            return found
+    raise TrainerError("data_unavailable", f"dataset file {relative!r} is not a file under any data root")
+
+
+def _inside(root: Path, relative: PurePath) -> Path | None:
+    """The resolved file when it exists under ``root``; raises on a symlink escape."""
+    try:
+        real_root = root.resolve(strict=True)
+        real = (real_root / relative).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    if not real.is_relative_to(real_root):
+        raise TrainerError("data_unavailable", f"dataset path {str(relative)!r} leaves its data root")
+    return real if real.is_file() else None
+
+
+def read_data_file(relative: str, max_bytes: int, roots: list[Path] | None = None) -> bytes:
+    """The first ``max_bytes`` bytes of :func:`resolve_data_file`; ``data_unavailable`` if unreadable or empty."""
+    path = resolve_data_file(relative, roots)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(max_bytes)
+    except OSError as exc:
+        raise TrainerError("data_unavailable", f"cannot read dataset file {relative!r}: {exc}") from exc
+    if not data:
+        raise TrainerError("data_unavailable", f"dataset file {relative!r} is empty")
+    return data

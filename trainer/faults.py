@@ -1,0 +1,62 @@
+"""Test-only fault injection from ``spec.faults`` (off when it is ``None``).
+
+The API accepts a ``faults`` block only with ``HALFCAST_ALLOW_FAULTS=1``; the trainer
+obeys whatever the spec holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable
+
+import torch
+
+from trainer.spec import FaultsSpec
+
+log = logging.getLogger(__name__)
+
+
+class FaultInjector:
+    """Injects the faults of ``faults`` on rank ``rank``; every method is a no-op without faults."""
+
+    def __init__(self, faults: FaultsSpec | None, rank: int) -> None:
+        self.faults = faults
+        self.rank = rank
+
+    def at_step_start(self, step: int) -> None:
+        """Before attempted step ``step``: sleep ``sleep_per_step_s``; kill this process with
+        ``kill_at_step.signal`` on ``kill_at_step.rank``; raise ``RuntimeError`` at
+        ``raise_at_step`` (on every rank).
+        """
+        faults = self.faults
+        if faults is None:
+            return
+        if faults.sleep_per_step_s > 0.0:
+            time.sleep(faults.sleep_per_step_s)
+        kill = faults.kill_at_step
+        if kill is not None and kill.step == step and kill.rank == self.rank:
+            log.warning("fault injection: sending %s to myself at step %d", kill.signal, step)
+            os.kill(os.getpid(), getattr(signal, kill.signal))
+        if faults.raise_at_step == step:
+            raise RuntimeError(f"fault injection: raise_at_step {step}")
+
+    def after_backward(self, step: int, parameters: Iterable[torch.Tensor]) -> None:
+        """After the last backward of ``step`` (after DDP's all-reduce): if ``step`` is in
+        ``nonfinite_grad_steps`` and this rank is in ``ranks`` (default all), set element 0
+        of the first existing parameter gradient to ``+inf`` or ``nan``.
+        """
+        faults = self.faults
+        if faults is None or step not in faults.nonfinite_grad_steps:
+            return
+        if faults.ranks is not None and self.rank not in faults.ranks:
+            return
+        grad = next((p.grad for p in parameters if p.grad is not None), None)
+        if grad is None:
+            return
+        value = float("inf") if faults.nonfinite_value == "inf" else float("nan")
+        with torch.no_grad():
+            grad.view(-1)[0] = value
+        log.warning("fault injection: gradient element set to %s at step %d", value, step)

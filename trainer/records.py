@@ -1,0 +1,107 @@
+"""The records sink: rank 0 appends JSON lines to ``<run_dir>/records.jsonl``.
+
+Line types and fields are the run-directory contract of docs/architecture.md and the
+step record of DESIGN.md §3. Each line is flushed as soon as it is written, so the
+worker can tail the file while training runs. JSON has no NaN or infinity: a
+non-finite float is written as ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any, Self
+
+RECORDS_FILE = "records.jsonl"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One attempted optimizer step (DESIGN.md §3).
+
+    ``step``: 1-based attempted step; ``loss``: global mean loss of the window;
+    ``loss_scale``: scale used for this step (1.0 without scaling); ``overflow``:
+    non-finite gradients were found and the update skipped; ``skipped_steps``:
+    cumulative; ``grad_norm``: pre-clip L2 norm of the unscaled gradients (None when
+    skipped); ``lr``: learning rate used for this step; throughput in samples (tokens)
+    per second of wall time over all ranks (``tokens_per_second`` None for non-token data).
+    """
+
+    step: int
+    loss: float | None
+    loss_scale: float
+    overflow: bool
+    skipped_steps: int
+    grad_norm: float | None
+    lr: float
+    samples_per_second: float
+    tokens_per_second: float | None
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    return value
+
+
+class RecordSink:
+    """Appends one JSON object per line to ``path``; with ``path=None`` (ranks other than 0) it writes nothing.
+
+    Use as a context manager, or call :meth:`close`. ``OSError`` from the file system propagates.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._file: IO[str] | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", encoding="utf-8")
+
+    def write(self, kind: str, fields: Mapping[str, Any]) -> None:
+        """Append ``{"type": kind, "time": <unix seconds>, **fields}`` and flush."""
+        if self._file is None:
+            return
+        record = {"type": kind, "time": time.time(), **_finite_or_none(fields)}
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+
+    def start(self, **fields: Any) -> None:
+        """The ``start`` line: world_size, device, precision, compute_dtype, accumulation_steps, ..."""
+        self.write("start", fields)
+
+    def step(self, record: StepRecord) -> None:
+        """A ``step`` line from a :class:`StepRecord`."""
+        self.write("step", asdict(record))
+
+    def eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        """An ``eval`` line: ``step`` and ``loss`` plus ``accuracy`` or ``perplexity``."""
+        self.write("eval", {"step": step, **metrics})
+
+    def end(self, steps: int, skipped_steps: int) -> None:
+        """The ``end`` line, written last on success."""
+        self.write("end", {"steps": steps, "skipped_steps": skipped_steps})
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    """All complete lines of ``<run_dir>/records.jsonl`` as dicts (for tests and tools)."""
+    path = run_dir / RECORDS_FILE
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.strip()]

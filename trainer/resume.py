@@ -1,0 +1,35 @@
+"""Which spec changes a resumed job may make, and where it starts again."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import TrainerError
+from trainer.spec import JobSpec
+
+#: Spec fields that may differ between the checkpointed run and the resumed one; any
+#: other difference would change the trajectory, so it is refused.
+MAY_CHANGE = frozenset(
+    {"name", "max_steps", "checkpoint_interval", "eval_interval", "faults", "resume_from",
+     "max_consecutive_skips", "max_consecutive_nonfinite_losses"}
+)
+
+
+def check_resumable(payload: Mapping[str, Any], spec: JobSpec, path: Path) -> int:
+    """Return the attempted steps the checkpoint ``payload`` had done.
+
+    Raises:
+        TrainerError: ``spec_invalid`` if the checkpoint's spec differs from ``spec``
+            in a field outside :data:`MAY_CHANGE`, or it already reached ``max_steps``.
+    """
+    saved = JobSpec.model_validate(payload["spec"]).model_dump(mode="json")
+    wanted = spec.model_dump(mode="json")
+    changed = sorted(k for k in wanted if k not in MAY_CHANGE and saved.get(k) != wanted[k])
+    if changed:
+        raise TrainerError("spec_invalid", f"cannot resume from {path}: the spec changed {changed}")
+    done = int(payload["step"])
+    if done >= spec.max_steps:
+        raise TrainerError("spec_invalid", f"checkpoint {path} is at step {done}, not before max_steps {spec.max_steps}")
+    return done

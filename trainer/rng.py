@@ -1,0 +1,36 @@
+"""Random-number-generator state of one rank: captured into checkpoints, restored on resume.
+
+Covers Python's ``random``, torch's CPU generator and, where CUDA is in use, every
+CUDA device's generator (dropout and any other in-model randomness). Data order
+does not depend on these: it is derived from the spec's seed and the epoch
+(:func:`trainer.data.base.epoch_generator`).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This process's generator states (CPU tensors and Python objects; picklable)."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`capture_rng_state` returned (CUDA states only where CUDA is in use)."""
+    random.setstate(_as_python_state(state["python"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_python_state(value: Any) -> tuple[Any, ...]:
+    """``random.setstate`` wants tuples; a round trip through ``torch.load`` may give lists."""
+    version, internal, gauss = value
+    return (version, tuple(internal), gauss)
