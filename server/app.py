@@ -1,0 +1,66 @@
+"""The FastAPI application factory. Run with ``uvicorn --factory server.app:create_app``.
+
+Nothing is built at import time: the lifespan creates the engine, the session
+factory, the job queue and the Prometheus registry and keeps them on ``app.state``.
+The schema is not created here; apply the migrations first
+(``server.db.migrate.upgrade_database``); ``/readyz`` reports a database that is behind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from fastapi import FastAPI
+
+from server.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
+from server.db.engine import make_engine, make_session_factory
+from server.errors import install_error_handlers
+from server.exporter import build_registry
+from server.queue import CeleryJobQueue, JobQueue
+from server.routes import health, jobs, metrics
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The lifespan: build shared resources on start, release them on shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
+        engine = make_engine(settings.effective_database_url)
+        own_queue = CeleryJobQueue(settings) if queue is None else None
+        app.state.settings = settings
+        app.state.engine = engine
+        app.state.session_factory = make_session_factory(engine)
+        app.state.queue = own_queue or queue
+        app.state.registry = build_registry(app.state.session_factory)
+        log.info("halfcast API ready (database %s)", engine.url.render_as_string(hide_password=True))
+        try:
+            yield
+        finally:
+            if own_queue is not None:
+                own_queue.close()
+            engine.dispose()
+
+    return lifespan
+
+
+def create_app(settings: Settings | None = None, queue: JobQueue | None = None) -> FastAPI:
+    """Build the API for ``settings`` (default: from ``HALFCAST_*``) and ``queue`` (default: Celery)."""
+    settings = settings or Settings()
+    app = FastAPI(
+        title="Halfcast",
+        summary="Training as a service: mixed-precision jobs with automatic loss scaling",
+        version="0.1.0",
+        lifespan=_lifespan(settings, queue),
+    )
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=MAX_BODY_BYTES)
+    install_error_handlers(app)
+    app.include_router(jobs.router)
+    app.include_router(health.router)
+    app.include_router(metrics.router)
+    return app

@@ -1,0 +1,77 @@
+"""ASGI middleware rejecting request bodies larger than a limit with 413 (before the app reads them)."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+#: Largest accepted request body (a job spec is a few KiB).
+MAX_BODY_BYTES = 1 << 20
+
+
+class BodySizeLimitMiddleware:
+    """Answers 413 ``{"detail": ...}`` for a body over ``max_bytes``.
+
+    A declared ``Content-Length`` is checked first; otherwise the body is read (up to
+    the limit) and replayed to the app, so chunked uploads cannot bypass the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on, or answer 413."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = self._declared_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._reject(send)
+            return
+        messages = await self._read_body(receive)
+        if messages is None:
+            await self._reject(send)
+            return
+        await self.app(scope, self._replay(messages, receive), send)
+
+    @staticmethod
+    def _declared_length(scope: Scope) -> int | None:
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    return int(value)
+                except ValueError:
+                    return None
+        return None
+
+    async def _read_body(self, receive: Receive) -> list[Message] | None:
+        """All body messages, or ``None`` once they exceed the limit."""
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                return messages
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                return None
+            if not message.get("more_body", False):
+                return messages
+
+    @staticmethod
+    def _replay(messages: list[Message], receive: Receive) -> Receive:
+        pending = list(messages)
+
+        async def replayed() -> Message:
+            return pending.pop(0) if pending else await receive()
+
+        return replayed
+
+    async def _reject(self, send: Send) -> None:
+        body = json.dumps({"detail": f"request body exceeds {self.max_bytes} bytes"}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,206 @@
+"""API-side job repository: create, read, list, page step records, request cancellation.
+
+Every function takes a ``Session`` and commits its own writes. Status changes use
+compare-and-set ``UPDATE ... WHERE status IN (...)`` statements, so they are safe
+against a worker changing the same row concurrently. The worker's side (claiming,
+progress, outcome) lives in ``worker/store.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, Job, StepRecord, utcnow
+from server.timeutil import as_utc
+from trainer.spec import JobSpec
+
+#: Statuses a cancel request moves to ``cancelling`` (the worker then stops the run).
+_CANCEL_RUNNING_FROM = frozenset({"starting", "running"})
+
+
+class JobNotFound(LookupError):
+    """No job has this id."""
+
+
+class JobConflict(RuntimeError):
+    """The requested transition is not allowed from the job's current status."""
+
+    def __init__(self, job: Job, message: str) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+class InvalidCursor(ValueError):
+    """A list cursor that this server did not produce."""
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of jobs, newest first; ``next_cursor`` is ``None`` on the last page."""
+
+    jobs: Sequence[Job]
+    next_cursor: str | None
+
+
+# ----------------------------------------------------------------------------- writes
+
+
+def create_job(session: Session, spec: JobSpec) -> Job:
+    """Store a new ``queued`` job for a validated ``spec`` and commit it."""
+    now = utcnow()
+    job = Job(
+        id=str(uuid.uuid4()),
+        name=spec.name,
+        status="queued",
+        spec=spec.model_dump(mode="json"),
+        created_at=now,
+        updated_at=now,
+        step=0,
+        max_steps=spec.max_steps,
+        world_size=spec.world_size,
+        attempt=0,
+    )
+    session.add(job)
+    session.commit()
+    return job
+
+
+def _compare_and_set(session: Session, job_id: str, from_statuses: Collection[str], **values: object) -> bool:
+    """Set ``values`` on the job if its status is one of ``from_statuses``; commit; report success."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(list(from_statuses)))
+        .values(updated_at=utcnow(), **values)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return bool(result.rowcount)
+
+
+def mark_enqueue_failed(session: Session, job_id: str, message: str) -> bool:
+    """Fail a still-``queued`` job whose message never reached the broker (reason ``enqueue_failed``).
+
+    Returns ``False`` if the job had already left ``queued`` (nothing is changed then).
+    """
+    now = utcnow()
+    return _compare_and_set(
+        session,
+        job_id,
+        {"queued"},
+        status="failed",
+        error_reason="enqueue_failed",
+        error_message=message,
+        finished_at=now,
+    )
+
+
+def request_cancel(session: Session, job_id: str) -> Job:
+    """Cancel a job: ``queued`` → ``cancelled`` at once; ``starting``/``running`` → ``cancelling``.
+
+    A queued job is finished here (``finished_at`` set), so the worker's claim, which
+    requires ``queued``, fails and the run never launches. A running job is left to
+    the worker, which stops the process group and records ``cancelled``. Asking again
+    while ``cancelling`` is a no-op.
+
+    Raises :class:`JobNotFound` for an unknown id and :class:`JobConflict` when the
+    job is already terminal.
+    """
+    for _ in range(len(STATUSES)):  # each round loses only to a real status change
+        now = utcnow()
+        if _compare_and_set(session, job_id, {"queued"}, status="cancelled", finished_at=now, cancel_requested_at=now):
+            break
+        if _compare_and_set(session, job_id, _CANCEL_RUNNING_FROM, status="cancelling", cancel_requested_at=now):
+            break
+        job = get_job(session, job_id)
+        if job.status == "cancelling":
+            return job
+        if job.status in TERMINAL_STATUSES:
+            raise JobConflict(job, f"job {job_id} is already {job.status}")
+    return get_job(session, job_id)
+
+
+# ----------------------------------------------------------------------------- reads
+
+
+def get_job(session: Session, job_id: str) -> Job:
+    """The job with ``job_id``, freshly read. Raises :class:`JobNotFound`."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+def encode_cursor(job: Job) -> str:
+    """An opaque cursor pointing just after ``job`` in newest-first order."""
+    created = as_utc(job.created_at).isoformat()
+    raw = json.dumps([created, job.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """``(created_at, id)`` of a cursor from :func:`encode_cursor`. Raises :class:`InvalidCursor`."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, job_id = json.loads(raw)
+        return datetime.fromisoformat(created), str(job_id)
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise InvalidCursor(f"invalid cursor {cursor!r}") from exc
+
+
+def list_jobs(session: Session, *, status: str | None = None, limit: int = 50, cursor: str | None = None) -> JobPage:
+    """Jobs newest first (ties broken by id), optionally of one ``status``, after ``cursor``.
+
+    Raises :class:`InvalidCursor` for a malformed cursor.
+    """
+    query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    if status is not None:
+        query = query.where(Job.status == status)
+    if cursor is not None:
+        created, job_id = decode_cursor(cursor)
+        query = query.where(
+            or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id))
+        )
+    jobs = list(session.scalars(query))
+    if len(jobs) <= limit:
+        return JobPage(jobs, None)
+    return JobPage(jobs[:limit], encode_cursor(jobs[limit - 1]))
+
+
+def list_step_records(session: Session, job_id: str, *, after_step: int = 0, limit: int = 1000) -> list[StepRecord]:
+    """Step records of a job with ``step > after_step``, in step order, at most ``limit``.
+
+    Raises :class:`JobNotFound` for an unknown job.
+    """
+    if session.get(Job, job_id) is None:
+        raise JobNotFound(job_id)
+    query = (
+        select(StepRecord)
+        .where(StepRecord.job_id == job_id, StepRecord.step > after_step)
+        .order_by(StepRecord.step)
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def count_by_status(session: Session) -> dict[str, int]:
+    """Number of jobs in every status (0 included)."""
+    counts = dict.fromkeys(STATUSES, 0)
+    for status, count in session.execute(select(Job.status, func.count()).group_by(Job.status)):
+        counts[status] = count
+    return counts
+
+
+def live_job_latest(session: Session) -> list[tuple[str, dict[str, Any] | None]]:
+    """``(id, latest step record)`` of every job not yet terminal, oldest first."""
+    query = select(Job.id, Job.latest).where(Job.status.in_(sorted(ACTIVE_STATUSES))).order_by(Job.created_at)
+    return [(job_id, latest) for job_id, latest in session.execute(query)]

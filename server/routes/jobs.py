@@ -1,0 +1,132 @@
+"""``/jobs``: submit, list, read, page step records, cancel."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy.orm import Session
+
+from server.db import jobs as repo
+from server.db.models import Job
+from server.deps import QueueDep, SessionDep, SettingsDep
+from server.errors import ApiError
+from server.schemas import ErrorBody, JobList, JobPublic, JobStatus, MetricsPage, step_point
+from server.settings import Settings
+from trainer.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown job"}}
+
+
+def _reject_faults(spec: JobSpec, settings: Settings) -> None:
+    """A ``faults`` block is test-only: 422 at ``body.faults`` unless the server allows faults."""
+    if spec.faults is None or settings.allow_faults:
+        return
+    raise RequestValidationError(
+        [
+            {
+                "type": "value_error",
+                "loc": ("body", "faults"),
+                "msg": "fault injection is disabled on this server (HALFCAST_ALLOW_FAULTS=1 enables it)",
+                "input": spec.faults.model_dump(mode="json"),
+            }
+        ]
+    )
+
+
+def _job_or_404(session: Session, job_id: str) -> Job:
+    try:
+        return repo.get_job(session, job_id)
+    except repo.JobNotFound:
+        raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobPublic,
+    responses={503: {"model": ErrorBody, "description": "The job could not be queued; it is stored as failed"}},
+)
+def submit_job(spec: JobSpec, session: SessionDep, queue: QueueDep, settings: SettingsDep, response: Response) -> JobPublic:
+    """Store the job (committed first), then enqueue its id. ``Location`` points at the new job.
+
+    If the broker refuses the message, the job is marked ``failed`` with reason
+    ``enqueue_failed`` and the answer is 503.
+    """
+    _reject_faults(spec, settings)
+    job = repo.create_job(session, spec)
+    try:
+        queue.enqueue(job.id)
+    except Exception as exc:  # any broker failure: the job must not stay queued forever
+        _record_enqueue_failure(session, job.id, exc)
+    response.headers["Location"] = f"/jobs/{job.id}"
+    return JobPublic.from_row(repo.get_job(session, job.id))
+
+
+def _record_enqueue_failure(session: Session, job_id: str, exc: Exception) -> None:
+    """Fail the job with ``enqueue_failed`` and raise 503; keep it if a worker already took it."""
+    log.exception("could not enqueue job %s", job_id)
+    message = f"could not send the job to the broker: {type(exc).__name__}: {exc}"
+    if repo.mark_enqueue_failed(session, job_id, message):
+        raise ApiError(503, f"job {job_id} could not be queued ({message})", job_id=job_id, headers={"Retry-After": "5"})
+    log.warning("job %s left 'queued' despite the enqueue error; keeping it", job_id)
+
+
+@router.get("", response_model=JobList)
+def list_jobs(
+    session: SessionDep,
+    status: Annotated[JobStatus | None, Query(description="Only jobs in this status")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    cursor: Annotated[str | None, Query(max_length=512, description="next_cursor of the previous page")] = None,
+) -> JobList:
+    """Jobs, newest first."""
+    try:
+        page = repo.list_jobs(session, status=status, limit=limit, cursor=cursor)
+    except repo.InvalidCursor as exc:
+        raise RequestValidationError(
+            [{"type": "value_error", "loc": ("query", "cursor"), "msg": str(exc), "input": cursor}]
+        ) from None
+    return JobList(jobs=[JobPublic.from_row(job) for job in page.jobs], next_cursor=page.next_cursor)
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses=_NOT_FOUND)
+def get_job(job_id: str, session: SessionDep) -> JobPublic:
+    """The job resource."""
+    return JobPublic.from_row(_job_or_404(session, job_id))
+
+
+@router.get("/{job_id}/metrics", response_model=MetricsPage, responses=_NOT_FOUND)
+def get_job_metrics(
+    job_id: str,
+    session: SessionDep,
+    after_step: Annotated[int, Query(ge=0, description="Return records with step > after_step")] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> MetricsPage:
+    """Step records of the job in step order."""
+    try:
+        records = repo.list_step_records(session, job_id, after_step=after_step, limit=limit)
+    except repo.JobNotFound:
+        raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
+    return MetricsPage(job_id=job_id, points=[step_point(record) for record in records])
+
+
+@router.post(
+    "/{job_id}/cancel",
+    status_code=202,
+    response_model=JobPublic,
+    responses={**_NOT_FOUND, 409: {"model": ErrorBody, "description": "The job already ended"}},
+)
+def cancel_job(job_id: str, session: SessionDep) -> JobPublic:
+    """Cancel: a queued job ends ``cancelled`` now; a starting or running one goes ``cancelling``."""
+    try:
+        return JobPublic.from_row(repo.request_cancel(session, job_id))
+    except repo.JobNotFound:
+        raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
+    except repo.JobConflict as exc:
+        raise ApiError(409, str(exc), job_id=job_id) from None

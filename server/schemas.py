@@ -1,0 +1,96 @@
+"""Response bodies of the HTTP API (DESIGN.md §3). Request bodies are ``trainer.spec.JobSpec``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from server.db.models import Job, StepRecord
+from server.timeutil import as_utc, as_utc_or_none
+
+#: Job statuses (same values, same order as ``server.db.models.STATUSES``; a test checks it).
+JobStatus = Literal["queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled"]
+
+
+class JobError(BaseModel):
+    """Why a job failed: a typed ``reason`` (see docs/architecture.md) and a human ``message``."""
+
+    reason: str
+    message: str
+
+
+class JobPublic(BaseModel):
+    """The job resource (``GET /jobs/{id}``). Timestamps are UTC; ``step`` is the latest attempted step."""
+
+    id: str
+    name: str | None
+    status: JobStatus
+    spec: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: JobError | None
+    step: int
+    max_steps: int
+    world_size: int
+    latest: dict[str, Any] | None = Field(description="The newest step record, or null")
+    eval: dict[str, Any] | None = Field(description="The newest evaluation record, or null")
+    attempt: int = Field(description="Launch attempts so far (0 while queued)")
+
+    @classmethod
+    def from_row(cls, job: Job) -> JobPublic:
+        """Build the resource from a ``jobs`` row."""
+        error = None
+        if job.error_reason is not None:
+            error = JobError(reason=job.error_reason, message=job.error_message or "")
+        return cls(
+            id=job.id,
+            name=job.name,
+            status=job.status,  # type: ignore[arg-type]  # the column only holds JobStatus values
+            spec=job.spec,
+            created_at=as_utc(job.created_at),
+            started_at=as_utc_or_none(job.started_at),
+            finished_at=as_utc_or_none(job.finished_at),
+            error=error,
+            step=job.step,
+            max_steps=job.max_steps,
+            world_size=job.world_size,
+            latest=job.latest,
+            eval=job.eval,
+            attempt=job.attempt,
+        )
+
+
+class JobList(BaseModel):
+    """A page of jobs, newest first. Pass ``next_cursor`` as ``cursor`` for the next page (null: last page)."""
+
+    jobs: list[JobPublic]
+    next_cursor: str | None
+
+
+def step_point(record: StepRecord) -> dict[str, Any]:
+    """A stored step record as the API returns it (``step`` and ``time`` always present)."""
+    point = dict(record.data)
+    point.setdefault("step", record.step)
+    point.setdefault("time", record.time)
+    return point
+
+
+class MetricsPage(BaseModel):
+    """Step records of one job in step order (``GET /jobs/{id}/metrics``).
+
+    Page on by passing the last point's ``step`` as ``after_step``; an empty or short
+    page means no more records yet.
+    """
+
+    job_id: str
+    points: list[dict[str, Any]]
+
+
+class ErrorBody(BaseModel):
+    """Body of every non-422 error: ``{"detail": "..."}`` (``job_id`` where one job is concerned)."""
+
+    detail: str
+    job_id: str | None = None

@@ -1,0 +1,93 @@
+"""Helpers shared by the API tests (imported as ``api_support``; pytest puts this folder on ``sys.path``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.db.models import Job, StepRecord
+
+#: A small valid job spec (the digits example, shortened).
+VALID_SPEC: dict[str, Any] = {
+    "name": "digits-fp16",
+    "model": {"name": "mlp", "config": {"hidden_sizes": [64]}},
+    "dataset": {"name": "digits"},
+    "precision": "fp16",
+    "loss_scale": {"mode": "dynamic", "init_scale": 16777216},
+    "micro_batch_size": 32,
+    "max_steps": 50,
+}
+
+
+class FakeQueue:
+    """In-memory ``JobQueue``: records job ids, or raises ``error`` when set.
+
+    ``on_enqueue`` runs before recording, e.g. to look at the database from another connection.
+    """
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.error: Exception | None = None
+        self.on_enqueue: Callable[[str], None] | None = None
+
+    def enqueue(self, job_id: str) -> None:
+        if self.on_enqueue is not None:
+            self.on_enqueue(job_id)
+        if self.error is not None:
+            raise self.error
+        self.sent.append(job_id)
+
+
+def count_rows(sessions: sessionmaker[Session], model: type[Job] | type[StepRecord] = Job) -> int:
+    """Number of rows in ``model``'s table."""
+    with sessions() as session:
+        return session.scalar(select(func.count()).select_from(model)) or 0
+
+
+BASE_TIME = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+
+def insert_job(
+    sessions: sessionmaker[Session],
+    *,
+    status: str = "queued",
+    created_at: datetime | None = None,
+    latest: dict[str, Any] | None = None,
+    job_id: str | None = None,
+    seconds: float = 0.0,
+) -> str:
+    """Insert a job row directly (``created_at`` = ``BASE_TIME + seconds`` unless given); return its id."""
+    created = created_at or BASE_TIME + timedelta(seconds=seconds)
+    job = Job(
+        id=job_id or str(uuid.uuid4()),
+        name=None,
+        status=status,
+        spec=dict(VALID_SPEC),
+        created_at=created,
+        updated_at=created,
+        step=int(latest["step"]) if latest else 0,
+        max_steps=50,
+        world_size=1,
+        latest=latest,
+        attempt=0 if status == "queued" else 1,
+    )
+    with sessions() as session:
+        session.add(job)
+        session.commit()
+    return job.id
+
+
+def insert_steps(sessions: sessionmaker[Session], job_id: str, steps: range) -> None:
+    """Insert one step record per step in ``steps`` (loss = 1/step, step 3 overflows)."""
+    with sessions() as session:
+        for step in steps:
+            data = {"step": step, "time": 1000.0 + step, "loss": 1.0 / step, "loss_scale": 1024.0,
+                    "overflow": step == 3, "skipped_steps": int(step >= 3), "grad_norm": None if step == 3 else 0.5,
+                    "lr": 0.001, "samples_per_second": 500.0, "tokens_per_second": None}
+            session.add(StepRecord(job_id=job_id, step=step, time=1000.0 + step, data=data))
+        session.commit()

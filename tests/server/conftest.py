@@ -1,0 +1,94 @@
+"""Fixtures for the API tests: a migrated database on each backend, a fake queue, a client.
+
+``database_url`` is parametrized over SQLite (a migrated file in the test's data dir)
+and PostgreSQL (the session database, migrated once, emptied before each test), so
+every test that uses it runs on both backends. The schema always comes from the
+Alembic migrations, never ``create_all``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.app import create_app
+from server.db.engine import make_engine, make_session_factory
+from server.db.migrate import upgrade_database
+from server.settings import Settings
+
+from api_support import FakeQueue
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to head once per session; tests get a copy."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "halfcast.db"
+    upgrade_database(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres_url(postgres_url: str) -> str:
+    """The session's PostgreSQL database, migrated to head."""
+    upgrade_database(postgres_url)
+    return postgres_url
+
+
+def _empty_postgres(url: str) -> None:
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("TRUNCATE step_records, jobs"))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, data_dir: Path, sqlite_template: Path) -> str:
+    """URL of an empty, migrated database: a SQLite file, or the PostgreSQL test database."""
+    if request.param == "sqlite":
+        path = data_dir / "halfcast.db"
+        shutil.copyfile(sqlite_template, path)
+        return f"sqlite:///{path}"
+    url: str = request.getfixturevalue("migrated_postgres_url")
+    _empty_postgres(url)
+    return url
+
+
+@pytest.fixture
+def settings(data_dir: Path, database_url: str) -> Settings:
+    """Settings for one test: its data dir and database, the embedded broker, faults refused."""
+    return Settings(data_dir=data_dir, database_url=database_url, broker_url=None, allow_faults=False)
+
+
+@pytest.fixture
+def fake_queue() -> FakeQueue:
+    """A fresh in-memory queue."""
+    return FakeQueue()
+
+
+@pytest.fixture
+def client(settings: Settings, fake_queue: FakeQueue) -> Iterator[TestClient]:
+    """A client of an app on ``settings`` with the fake queue (lifespan started)."""
+    with TestClient(create_app(settings, fake_queue)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """A separate engine on the test database, for arranging and checking rows directly."""
+    engine = make_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    """Session factory on :func:`engine`."""
+    return make_session_factory(engine)

@@ -1,0 +1,120 @@
+"""The schema comes only from Alembic: the migrated database matches the ORM models exactly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import get_args
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from server.db.engine import make_engine
+from server.db.migrate import alembic_config, current_revision, head_revision, upgrade_database
+from server.db.models import STATUSES, Base
+from server.schemas import JobStatus
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database with no tables: a new SQLite file, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'nested' / 'halfcast.db'}"
+        return
+    server_url: str = request.getfixturevalue("postgres_url")
+    name = f"halfcast_migrate_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(server_url).execution_options(isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{server_url.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def schema_diff(url: str) -> list[object]:
+    """Alembic autogenerate's differences between the live schema and the models."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+            return list(compare_metadata(context, Base.metadata))
+    finally:
+        engine.dispose()
+
+
+def test_migrated_schema_matches_the_models(empty_database_url: str) -> None:
+    assert current_revision(empty_database_url) is None
+
+    upgrade_database(empty_database_url)
+
+    assert current_revision(empty_database_url) == head_revision()
+    assert schema_diff(empty_database_url) == []
+
+
+def test_upgrade_is_idempotent_and_keeps_rows(empty_database_url: str) -> None:
+    upgrade_database(empty_database_url)
+    engine = make_engine(empty_database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (id, status, spec, created_at, updated_at, step, max_steps, world_size, attempt) "
+                    "VALUES ('j1', 'queued', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 0, 1, 1, 0)"
+                )
+            )
+        upgrade_database(empty_database_url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT id FROM jobs")).scalars().all() == ["j1"]
+    finally:
+        engine.dispose()
+
+
+def test_downgrade_removes_everything_and_upgrade_restores_it(empty_database_url: str) -> None:
+    upgrade_database(empty_database_url)
+
+    command.downgrade(alembic_config(empty_database_url), "base")
+    engine = make_engine(empty_database_url)
+    try:
+        assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    finally:
+        engine.dispose()
+    upgrade_database(empty_database_url)
+
+    assert schema_diff(empty_database_url) == []
+
+
+def test_upgrade_works_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+
+    upgrade_database(url)
+
+    assert current_revision(url) == head_revision()
+
+
+def test_alembic_command_line_from_the_repository(tmp_path: Path) -> None:
+    env = os.environ | {"HALFCAST_DATA_DIR": str(tmp_path / "data")}
+    env.pop("HALFCAST_DATABASE_URL", None)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert current_revision(f"sqlite:///{tmp_path / 'data' / 'halfcast.db'}") == head_revision()
+
+
+def test_job_status_literal_matches_the_models() -> None:
+    assert get_args(JobStatus) == STATUSES

@@ -1,0 +1,201 @@
+"""docker-compose.yml and deploy/ are consistent with the project.
+
+No Docker engine runs here, so these tests check the files themselves: the services
+and their start order, that every ``halfcast`` command is a real CLI subcommand, that
+every file the stack mounts or copies exists, that Prometheus scrapes the API, and
+that the Grafana dashboard queries only metrics the API exports (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+
+#: DESIGN.md §3 "Prometheus", plus the queue gauge.
+EXPORTED_METRICS = {
+    "halfcast_loss_scale",
+    "halfcast_skipped_steps_total",
+    "halfcast_optimizer_steps_total",
+    "halfcast_samples_per_second",
+    "halfcast_tokens_per_second",
+    "halfcast_train_loss",
+    "halfcast_jobs",
+    "halfcast_queue_depth",
+}
+SERVICES = {"postgres", "redis", "migrate", "api", "worker", "prometheus", "grafana"}
+ONE_SHOT = {"migrate"}
+#: service -> {dependency: condition} that the start order relies on.
+REQUIRED_DEPENDENCIES = {
+    "migrate": {"postgres": "service_healthy"},
+    "api": {"migrate": "service_completed_successfully", "redis": "service_healthy"},
+    "worker": {"api": "service_healthy", "redis": "service_healthy"},
+}
+#: Every halfcast service shares these (one database, one broker, one data volume).
+SHARED_ENVIRONMENT = ("HALFCAST_DATABASE_URL", "HALFCAST_BROKER_URL", "HALFCAST_DATA_DIR")
+
+
+def load_yaml(path: Path) -> dict:
+    with path.open() as f:
+        return yaml.safe_load(f)
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, dict]:
+    return load_yaml(ROOT / "docker-compose.yml")["services"]
+
+
+def argv(command: str | list[str]) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def halfcast_services(services: dict[str, dict]) -> dict[str, dict]:
+    """The services whose command runs the ``halfcast`` CLI."""
+    return {name: s for name, s in services.items() if argv(s.get("command", []))[:1] == ["halfcast"]}
+
+
+def bind_mounts(service: dict) -> list[tuple[Path, str]]:
+    """(host path, container path) of each bind mount (``./...:/...``) of a service."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("."):
+            mounts.append(((ROOT / source).resolve(), target))
+    return mounts
+
+
+def dependencies(service: dict) -> dict[str, str]:
+    """``depends_on`` as {service: condition} (the short list form means service_started)."""
+    depends_on = service.get("depends_on", {})
+    if isinstance(depends_on, list):
+        return dict.fromkeys(depends_on, "service_started")
+    return {name: spec.get("condition", "service_started") for name, spec in depends_on.items()}
+
+
+def test_services_exist(services: dict[str, dict]) -> None:
+    assert SERVICES <= services.keys(), f"missing services: {SERVICES - services.keys()}"
+
+
+def test_every_long_running_service_has_a_healthcheck(services: dict[str, dict]) -> None:
+    for name, service in services.items():
+        if name in ONE_SHOT:
+            assert service.get("restart") == "no", f"{name} is one-shot and must not restart"
+        else:
+            assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+
+
+def test_dependencies(services: dict[str, dict]) -> None:
+    for name, required in REQUIRED_DEPENDENCIES.items():
+        got = dependencies(services[name])
+        for dependency, condition in required.items():
+            assert got.get(dependency) == condition, f"{name} must depend on {dependency}: {condition}"
+    for name, service in services.items():
+        for dependency, condition in dependencies(service).items():
+            assert dependency in services, f"{name} depends on unknown service {dependency}"
+            if condition == "service_healthy":
+                assert "healthcheck" in services[dependency], f"{name} waits for {dependency} to be healthy"
+            if condition == "service_completed_successfully":
+                assert dependency in ONE_SHOT, f"{name} waits for {dependency} to exit, which never happens"
+
+
+def test_halfcast_commands_are_cli_subcommands(services: dict[str, dict]) -> None:
+    from server.cli import build_parser
+
+    commands = {name: argv(s["command"]) for name, s in halfcast_services(services).items()}
+    assert {"migrate", "api", "worker"} <= commands.keys()
+    for name, command in commands.items():
+        try:
+            build_parser().parse_args(command[1:])
+        except SystemExit as exc:  # argparse exits on an unknown command
+            pytest.fail(f"service {name}: `{shlex.join(command)}` is not a halfcast command (exit {exc.code})")
+
+
+def test_halfcast_services_share_database_broker_and_data(services: dict[str, dict]) -> None:
+    runs = halfcast_services(services)
+    for key in SHARED_ENVIRONMENT:
+        values = {name: s.get("environment", {}).get(key) for name, s in runs.items()}
+        assert None not in values.values() and len(set(values.values())) == 1, f"{key} differs: {values}"
+    database = runs["api"]["environment"]["HALFCAST_DATABASE_URL"]
+    assert database.startswith("postgresql+psycopg://") and "@postgres:" in database
+    assert runs["api"]["environment"]["HALFCAST_BROKER_URL"].startswith("redis://redis:")
+    data_dir = runs["api"]["environment"]["HALFCAST_DATA_DIR"]
+    for name, service in runs.items():
+        targets = [volume.split(":")[1] for volume in service.get("volumes", []) if not volume.startswith(".")]
+        assert data_dir in targets, f"{name} does not mount a volume at {data_dir}"
+    # The API must listen beyond the container's loopback for Prometheus and the port mapping.
+    assert runs["api"]["environment"].get("HALFCAST_HOST") == "0.0.0.0"
+
+
+def test_built_and_mounted_files_exist(services: dict[str, dict]) -> None:
+    dockerfile = ROOT / "Dockerfile"
+    assert dockerfile.is_file()
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("COPY "):
+            for source in [word for word in line.split()[1:-1] if not word.startswith("--")]:
+                assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
+    for name, service in services.items():
+        if "build" in service:
+            build = service["build"]
+            context = build if isinstance(build, str) else build.get("context", ".")
+            assert (ROOT / context).resolve() == ROOT, f"{name} builds from {context}, not the repository"
+        for host, _ in bind_mounts(service):
+            assert host.exists(), f"{name} mounts missing {host}"
+    gpu = load_yaml(DEPLOY / "compose.gpu.yml")["services"]
+    assert gpu.keys() <= services.keys()
+
+
+def test_prometheus_scrapes_the_api(services: dict[str, dict]) -> None:
+    config = load_yaml(DEPLOY / "prometheus" / "prometheus.yml")
+    api_port = services["api"]["ports"][0].split(":")[-1]
+    scraping = [
+        job
+        for job in config["scrape_configs"]
+        if job.get("metrics_path", "/metrics") == "/metrics"
+        and f"api:{api_port}" in [t for group in job["static_configs"] for t in group["targets"]]
+    ]
+    assert scraping, f"no scrape config for api:{api_port}/metrics"
+    interval = scraping[0].get("scrape_interval", config.get("global", {}).get("scrape_interval"))
+    assert interval == "5s"
+
+
+def grafana_dashboards(services: dict[str, dict]) -> list[Path]:
+    """Dashboard JSON files on the host, found through the provisioned providers' paths."""
+    mounts = bind_mounts(services["grafana"])
+    files = []
+    for provider_file in (DEPLOY / "grafana" / "provisioning" / "dashboards").glob("*.y*ml"):
+        for provider in load_yaml(provider_file)["providers"]:
+            target = PurePosixPath(provider["options"]["path"])
+            hosts = [host / target.relative_to(t) for host, t in mounts if target.is_relative_to(t)]
+            assert hosts, f"{provider_file.name}: {target} is not mounted into grafana"
+            files += sorted(hosts[0].glob("*.json"))
+    return files
+
+
+def test_grafana_datasource_is_prometheus() -> None:
+    folder = DEPLOY / "grafana" / "provisioning" / "datasources"
+    sources = [s for f in folder.glob("*.y*ml") for s in load_yaml(f)["datasources"]]
+    assert any(s["type"] == "prometheus" and s["url"] == "http://prometheus:9090" for s in sources)
+
+
+def test_grafana_panels_query_exported_metrics(services: dict[str, dict]) -> None:
+    dashboards = grafana_dashboards(services)
+    assert dashboards, "no dashboard JSON is provisioned"
+    queried = set()
+    for path in dashboards:
+        dashboard = json.loads(path.read_text())
+        templating = dashboard.get("templating", {}).get("list", [])
+        variables = [v["definition"] for v in templating if v["type"] == "query"]
+        expressions = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+        for expr in expressions + variables:
+            names = set(re.findall(r"\bhalfcast_\w+", expr))
+            assert names, f"{path.name}: {expr!r} queries no halfcast metric"
+            assert names <= EXPORTED_METRICS, f"{path.name}: {expr!r} queries unknown {names - EXPORTED_METRICS}"
+            queried |= names
+    assert queried == EXPORTED_METRICS, f"never charted: {EXPORTED_METRICS - queried}"
