@@ -11,6 +11,7 @@ from __future__ import annotations
 from celery import Celery
 
 from server.settings import Settings
+from worker.fs_transport import TRANSPORT_PATH as FILESYSTEM_TRANSPORT_PATH
 
 #: Name of the task that runs one job; the API enqueues it by name.
 RUN_JOB_TASK = "halfcast.run_job"
@@ -20,13 +21,17 @@ def broker_transport_options(settings: Settings) -> dict[str, object]:
     """Transport options: folders for the embedded ``filesystem://`` broker."""
     if settings.effective_broker_url.startswith("filesystem://"):
         folder = settings.broker_dir
-        for sub in ("in", "processed"):
+        for sub in ("in", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         return {
             "data_folder_in": str(folder / "in"),
             "data_folder_out": str(folder / "in"),
             "processed_folder": str(folder / "processed"),
+            # kombu's default is ./control, relative to whatever the current directory is
+            "control_folder": str(folder / "control"),
             "store_processed": False,
+            # seconds between looks at the folder (kombu's default is 1 s)
+            "polling_interval": 0.2,
         }
     # Redis re-delivers unacknowledged messages after this many seconds; a job may
     # run for days, and the database claim drops any redelivery anyway.
@@ -50,5 +55,8 @@ def create_celery_app(settings: Settings | None = None) -> Celery:
         accept_content=["json"],
         enable_utc=True,
     )
+    if settings.effective_broker_url.startswith("filesystem://"):
+        # kombu's own filesystem channel can lose messages (see worker.fs_transport)
+        app.conf.broker_transport = FILESYSTEM_TRANSPORT_PATH
     app.conf.halfcast_settings = settings
     return app

@@ -1,0 +1,34 @@
+"""The ``halfcast`` command line: ``halfcast <group> ...``.
+
+Each command group lives in its own module with a ``register(subparsers)`` function
+that adds its sub-commands and sets ``handler`` (``(args) -> exit status``) on them.
+Output for people goes to stdout; diagnostics go through ``logging`` (stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+from server.cli import db, services
+
+#: Command-group modules, in the order ``--help`` lists them.
+GROUPS = (services, db)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every ``halfcast`` command."""
+    parser = argparse.ArgumentParser(prog="halfcast", description="Halfcast: training as a service.")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for group in GROUPS:
+        group.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``halfcast`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.handler(args) or 0)

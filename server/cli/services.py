@@ -1,0 +1,111 @@
+"""Service commands: ``halfcast up`` (API + worker together), ``halfcast api``, ``halfcast worker``.
+
+Settings come from ``HALFCAST_*`` environment variables; ``--host``, ``--port``
+and ``--data-dir`` override them by setting those variables, so every process of
+the stack sees the same settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from server.cli.supervisor import Child, Supervisor
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Seconds the API gets to finish its requests when stopped.
+API_GRACE_S = 10.0
+#: Seconds the worker gets beyond the cancel grace period to stop its runs and record them.
+WORKER_EXTRA_GRACE_S = 30.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``up``, ``api`` and ``worker``."""
+    up = subparsers.add_parser("up", help="migrate, then run the API and a worker (embedded defaults)")
+    _add_server_options(up)
+    up.set_defaults(handler=run_up)
+    api = subparsers.add_parser("api", help="run the HTTP API (uvicorn)")
+    _add_server_options(api)
+    api.set_defaults(handler=run_api)
+    worker = subparsers.add_parser("worker", help="run a Celery worker; extra arguments go to Celery")
+    worker.add_argument("--data-dir", type=Path, help="data directory (HALFCAST_DATA_DIR)")
+    worker.add_argument("celery_args", nargs=argparse.REMAINDER, help="arguments passed on to `celery worker`")
+    worker.set_defaults(handler=run_worker)
+
+
+def _add_server_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="address to listen on (HALFCAST_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (HALFCAST_PORT, default 8000)")
+    parser.add_argument("--data-dir", type=Path, help="data directory (HALFCAST_DATA_DIR, default .halfcast)")
+
+
+def apply_overrides(args: argparse.Namespace) -> Settings:
+    """Write the command-line overrides into ``HALFCAST_*`` variables; return the resulting settings."""
+    overrides = {
+        "HALFCAST_HOST": getattr(args, "host", None),
+        "HALFCAST_PORT": getattr(args, "port", None),
+        "HALFCAST_DATA_DIR": getattr(args, "data_dir", None) and Path(args.data_dir).expanduser().resolve(),
+    }
+    for name, value in overrides.items():
+        if value is not None:
+            os.environ[name] = str(value)
+    settings = Settings()
+    os.environ.setdefault("HALFCAST_DATA_DIR", str(settings.resolved_data_dir))
+    return settings
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment, with the project on ``PYTHONPATH`` for ``python -m``."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    parts = [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part]
+    env["PYTHONPATH"] = os.pathsep.join([root, *[part for part in parts if part != root]])
+    return env
+
+
+def api_command(settings: Settings) -> list[str]:
+    """The uvicorn command serving the API factory on the configured host and port."""
+    return [sys.executable, "-m", "uvicorn", "--factory", "server.app:create_app",
+            "--host", settings.host, "--port", str(settings.port)]  # fmt: skip
+
+
+def run_up(args: argparse.Namespace) -> int:
+    """Migrate the database, then run the API and a worker until Ctrl-C or SIGTERM."""
+    from server.db.migrate import upgrade_database
+
+    settings = apply_overrides(args)
+    settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade_database(settings.effective_database_url)
+    children = [
+        Child("api", api_command(settings), grace_s=API_GRACE_S),
+        Child("worker", [sys.executable, "-m", "worker"], grace_s=settings.cancel_grace_s + WORKER_EXTRA_GRACE_S),
+    ]
+    url = f"http://{settings.host}:{settings.port}"
+    log.info("Halfcast is starting at %s (data in %s); Ctrl-C stops it", url, settings.resolved_data_dir)
+    sys.stdout.write(f"Halfcast API: {url}  (data: {settings.resolved_data_dir})\n")
+    sys.stdout.flush()
+    return Supervisor(children).run(child_environment())
+
+
+def run_api(args: argparse.Namespace) -> int:
+    """Serve the API in this process."""
+    import uvicorn
+
+    settings = apply_overrides(args)
+    uvicorn.run("server.app:create_app", factory=True, host=settings.host, port=settings.port)
+    return 0
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Run a Celery worker in this process (``python -m worker``)."""
+    from worker.__main__ import main as worker_main
+
+    apply_overrides(args)
+    extra = [arg for arg in args.celery_args if arg != "--"]
+    worker_main(extra)
+    return 0

@@ -1,0 +1,202 @@
+"""The real stack for end-to-end tests: uvicorn serving the API and ``python -m worker``, as subprocesses.
+
+Both processes get the same ``HALFCAST_*`` environment (data directory in tmp, a
+unique queue name, optionally Postgres and Redis). The database is migrated first
+with ``python -m server.cli db upgrade``. On teardown both are stopped with
+SIGTERM; their logs are attached to the test log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+log = logging.getLogger("e2e")
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+TERMINAL = {"succeeded", "failed", "cancelled"}
+#: Seconds to wait for the API to answer after start.
+START_TIMEOUT_S = 90.0
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def load_example(name: str, **overrides: Any) -> dict[str, Any]:
+    """An example spec from ``examples/`` with top-level fields replaced."""
+    spec = json.loads((EXAMPLES / name).read_text())
+    spec.update(overrides)
+    return spec
+
+
+def stack_environment(data_dir: Path, **settings: str) -> dict[str, str]:
+    """The environment of every stack process: this one's without HALFCAST_*, plus ``settings``."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HALFCAST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    env["HALFCAST_DATA_DIR"] = str(data_dir)
+    env["HALFCAST_QUEUE_NAME"] = f"e2e-{uuid.uuid4().hex[:8]}"
+    env["HALFCAST_ALLOW_FAULTS"] = "1"
+    env["HALFCAST_WORKER_POLL_INTERVAL_S"] = "0.1"
+    env["HALFCAST_CANCEL_GRACE_S"] = "5"
+    env.update({f"HALFCAST_{key.upper()}": value for key, value in settings.items()})
+    return env
+
+
+@dataclass
+class Stack:
+    """A running API and worker, and an HTTP client for the API."""
+
+    data_dir: Path
+    env: dict[str, str]
+    port: int = field(default_factory=free_port)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.env["HALFCAST_PORT"] = str(self.port)
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
+
+    def start(self) -> Stack:
+        """Migrate the database, start the worker and the API, wait until the API answers."""
+        subprocess.run([sys.executable, "-m", "server.cli", "db", "upgrade"], env=self.env, cwd=ROOT, check=True,
+                       capture_output=True, timeout=120)  # fmt: skip
+        self._spawn("worker", [sys.executable, "-m", "worker"])
+        api = [sys.executable, "-m", "uvicorn", "--factory", "server.app:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
+        self._spawn("api", api)
+        self._wait_ready()
+        return self
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        log_file = (self.data_dir / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(command, env=self.env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} exited at start:\n{self.log_tail(name)}")
+            try:
+                if self.client.get("/healthz").status_code == 200 and self._worker_ready():
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the stack did not start:\n{self.log_tail('api')}\n{self.log_tail('worker')}")
+
+    def _worker_ready(self) -> bool:
+        return " ready." in (self.data_dir / "worker.log").read_text(errors="replace")
+
+    def log_tail(self, name: str, lines: int = 60) -> str:
+        """The last lines of a process's log."""
+        path = self.data_dir / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM both processes; SIGKILL what does not stop within a minute."""
+        self.client.close()
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for name, process in self.processes.items():
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                log.error("%s did not stop; killing it", name)
+                process.kill()
+                process.wait()
+        for pid, _ in run_processes(str(self.data_dir)):  # a failing test must not leak its runs
+            log.error("process %d of a run outlived the stack; killing it", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    # ------------------------------------------------------------------ API helpers
+
+    def submit(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a spec; assert 201; return the job resource."""
+        response = self.client.post("/jobs", json=dict(spec))
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        response = self.client.get(f"/jobs/{job_id}")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def wait(self, job_id: str, until: Callable[[dict[str, Any]], bool], timeout_s: float = 300, poll_s: float = 0.1) -> dict[str, Any]:
+        """Poll ``GET /jobs/{id}`` until ``until(job)``; fail with the logs after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not until(job := self.job(job_id)):
+            if time.monotonic() > deadline:
+                pytest.fail(f"job {job_id} stuck at {job['status']}:\n{self.log_tail('worker')}")
+            time.sleep(poll_s)
+        return job
+
+    def wait_terminal(self, job_id: str, timeout_s: float = 300) -> dict[str, Any]:
+        return self.wait(job_id, lambda job: job["status"] in TERMINAL, timeout_s)
+
+    def metric_points(self, job_id: str, limit: int = 64) -> list[dict[str, Any]]:
+        """Every step record of the job, paging with ``after_step`` and ``limit``."""
+        points: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            response = self.client.get(f"/jobs/{job_id}/metrics", params={"after_step": after, "limit": limit})
+            assert response.status_code == 200, response.text
+            page = response.json()
+            assert page["job_id"] == job_id
+            if not page["points"]:
+                return points
+            assert len(page["points"]) <= limit
+            points.extend(page["points"])
+            after = page["points"][-1]["step"]
+
+
+def run_processes(job_id: str) -> list[tuple[int, int]]:
+    """``(pid, session id)`` of every live process whose command line names ``job_id`` (any text)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if job_id.encode() in cmdline and stat[0] not in ("Z", "X"):
+            found.append((int(proc.name), int(stat[3])))
+    return found
+
+
+def session_alive(sid: int) -> list[int]:
+    """Live processes of session ``sid``."""
+    alive = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[3]) == sid and stat[0] not in ("Z", "X"):
+                alive.append(int(proc.name))
+    return alive

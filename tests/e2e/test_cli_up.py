@@ -1,0 +1,101 @@
+"""``halfcast up``: one command runs the migrated embedded stack and stops it cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e_support import ROOT, free_port, load_example, run_processes, stack_environment
+
+pytestmark = pytest.mark.e2e
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid and stat[0] not in ("Z", "X"):
+                found.append(int(proc.name))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_stray_runs(tmp_path: Path) -> Iterator[None]:
+    """SIGKILL anything of the test's runs left behind, so a failing test leaks nothing."""
+    yield
+    for pid, _ in run_processes(str(tmp_path)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+    env = stack_environment(data_dir)
+    log = (data_dir.parent / "up.log").open("ab")
+    command = [sys.executable, "-m", "server.cli", "up", "--port", str(port), "--data-dir", str(data_dir)]
+    up = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert up.poll() is None, (data_dir.parent / "up.log").read_text()
+        try:
+            if client.get("/readyz").status_code == 200 and len(_children(up.pid)) == 2:
+                return up, client
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError((data_dir.parent / "up.log").read_text())
+
+
+def _status(data_dir: Path, job_id: str) -> tuple[str, str | None]:
+    with sqlite3.connect(data_dir / "halfcast.db") as conn:
+        return conn.execute("SELECT status, error_reason FROM jobs WHERE id = ?", (job_id,)).fetchone()
+
+
+def _wait_job(client: httpx.Client, job_id: str, until, timeout_s: float = 180) -> dict:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not until(job := client.get(f"/jobs/{job_id}").json()):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+    return job
+
+
+def test_up_runs_jobs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    up, client = _start_up(data_dir, free_port())
+    children = _children(up.pid)
+    done = client.post("/jobs", json=load_example("synthetic-fp16.json", max_steps=10)).json()
+    assert _wait_job(client, done["id"], lambda j: j["status"] == "succeeded")["step"] == 10
+    long = load_example("synthetic-fp16.json", max_steps=100_000, faults={"sleep_per_step_s": 0.2})
+    running = client.post("/jobs", json=long).json()
+    _wait_job(client, running["id"], lambda j: j["status"] == "running")
+    assert run_processes(running["id"])
+    client.close()
+    up.send_signal(signal.SIGTERM)
+    assert up.wait(timeout=60) == 0
+    assert len(children) == 2 and not any(Path(f"/proc/{pid}").exists() for pid in children)
+    assert run_processes(running["id"]) == []
+    assert _status(data_dir, running["id"]) == ("failed", "worker_lost")  # never left running
+    assert _status(data_dir, done["id"]) == ("succeeded", None)
+
+
+def test_up_stops_the_api_and_fails_when_the_worker_dies(tmp_path: Path) -> None:
+    up, client = _start_up(tmp_path / "data", free_port())
+    client.close()
+    api, worker = sorted(_children(up.pid), key=lambda pid: b"uvicorn" in Path(f"/proc/{pid}/cmdline").read_bytes(), reverse=True)
+    assert b"uvicorn" in Path(f"/proc/{api}/cmdline").read_bytes()
+    subprocess.run(["kill", "-KILL", str(worker)], check=True)
+    assert up.wait(timeout=60) != 0
+    assert not Path(f"/proc/{api}").exists() and not Path(f"/proc/{worker}").exists()

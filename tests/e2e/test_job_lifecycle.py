@@ -1,0 +1,74 @@
+"""Job lifecycle on the embedded stack: DDP, cancel, crash, and a precision the worker cannot run."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from e2e_support import Stack, load_example, run_processes, session_alive
+
+pytestmark = pytest.mark.e2e
+
+
+def _synthetic(**overrides: object) -> dict[str, object]:
+    return load_example("synthetic-fp16.json", **overrides)
+
+
+def test_ddp_with_two_processes_succeeds(embedded_stack: Stack) -> None:
+    """The digits example as 2 gloo ranks under torchrun (DDP)."""
+    job = embedded_stack.submit(load_example("digits-fp16.json", processes=2))
+    assert job["world_size"] == 2
+    job = embedded_stack.wait_terminal(job["id"])
+    assert job["status"] == "succeeded", job["error"]
+    assert job["world_size"] == 2 and job["step"] == job["max_steps"]
+    assert job["eval"] is not None and job["latest"]["skipped_steps"] > 0
+
+
+def test_cancel_leaves_no_process_and_the_next_job_runs(embedded_stack: Stack) -> None:
+    """C19-style: a 2-rank job running long is cancelled; nothing of it survives; a new job then runs."""
+    spec = _synthetic(processes=2, max_steps=100_000, faults={"sleep_per_step_s": 0.2})
+    job = embedded_stack.submit(spec)
+    embedded_stack.wait(job["id"], lambda j: j["status"] == "running" and j["step"] >= 2, timeout_s=180)
+    processes = run_processes(job["id"])
+    sessions = {sid for _, sid in processes}
+    assert len(processes) >= 3 and len(sessions) == 3, processes  # torchrun and its 2 ranks, each in a session of its own
+    started = time.monotonic()
+    response = embedded_stack.client.post(f"/jobs/{job['id']}/cancel")
+    assert response.status_code in (200, 202), response.text
+    job = embedded_stack.wait_terminal(job["id"], timeout_s=60)
+    assert job["status"] == "cancelled", job
+    assert job["error"] is None or job["error"]["reason"] not in ("rank_failed", "worker_error")
+    assert time.monotonic() - started < 30
+    assert run_processes(job["id"]) == []
+    assert all(session_alive(sid) == [] for sid in sessions)
+    follow_up = embedded_stack.submit(_synthetic(max_steps=10))
+    assert embedded_stack.wait_terminal(follow_up["id"])["status"] == "succeeded"
+
+
+def test_a_crashing_trainer_fails_with_rank_failed_and_the_error_tail(embedded_stack: Stack) -> None:
+    job = embedded_stack.submit(_synthetic(max_steps=20, faults={"raise_at_step": 3}))
+    job = embedded_stack.wait_terminal(job["id"])
+    assert job["status"] == "failed"
+    assert job["error"]["reason"] == "rank_failed"
+    assert "raise_at_step 3" in job["error"]["message"]
+    assert "Traceback" in job["error"]["message"]
+    assert job["step"] == 2
+
+
+def test_fp8_without_gpus_is_rejected_at_submission(embedded_stack: Stack) -> None:
+    spec = _synthetic(precision="fp8", loss_scale=None)
+    del spec["loss_scale"]
+    response = embedded_stack.client.post("/jobs", json=spec)
+    assert response.status_code == 422
+    assert "precision" in response.text
+    assert all(job["spec"]["precision"] != "fp8" for job in embedded_stack.client.get("/jobs").json()["jobs"])
+
+
+def test_fp8_on_a_gpu_less_worker_fails_with_a_typed_reason(embedded_stack: Stack) -> None:
+    """Never run as another precision: the job fails before any step."""
+    spec = _synthetic(precision="fp8", gpus=1, max_steps=10)
+    del spec["loss_scale"]
+    job = embedded_stack.wait_terminal(embedded_stack.submit(spec)["id"])
+    assert job["status"] == "failed"
+    assert job["error"]["reason"] in ("gpu_unavailable", "precision_unsupported"), job["error"]
+    assert job["step"] == 0 and job["latest"] is None

@@ -1,0 +1,70 @@
+"""Fixtures for worker tests: a SQLite job database, job rows, no stray processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from worker_support import MakeJob, insert_job
+
+from server.db.engine import make_engine
+from server.db.models import Base
+from server.settings import Settings
+from worker.launch import RunProcess
+from worker.store import JobStore
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    """A SQLite database with the job tables."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'jobs.db'}")
+    Base.metadata.create_all(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def store(engine: Engine) -> JobStore:
+    return JobStore(engine)
+
+
+@pytest.fixture
+def make_job(engine: Engine) -> MakeJob:
+    def make(spec: dict[str, Any] | None = None, status: str = "queued") -> str:
+        return insert_job(engine, spec, status)
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def no_stray_processes() -> Iterator[None]:
+    """After each test, SIGKILL every process the test's runs left behind (so a failing test leaks nothing)."""
+    started: list[RunProcess] = []
+    original = RunProcess.__init__
+
+    def recording_init(self: RunProcess, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        started.append(self)
+
+    RunProcess.__init__ = recording_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        RunProcess.__init__ = original  # type: ignore[method-assign]
+        for process in started:
+            for info in process.tree.refresh():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(info.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                process.popen.wait(timeout=5)
+
+
+@pytest.fixture
+def settings(data_dir: Path) -> Settings:
+    return Settings(data_dir=data_dir, worker_poll_interval_s=0.05, cancel_grace_s=2.0)

@@ -1,0 +1,127 @@
+"""Launching torchrun: the command, the child's environment, and stopping the whole session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from worker_support import small_spec
+
+from server.settings import Settings
+from trainer.spec import JobSpec
+from worker.launch import build_command, build_environment, log_tail, read_proc, session_members, start_run
+
+
+def test_command_runs_standalone_torchrun_with_one_rank_per_process(tmp_path: Path) -> None:
+    spec = JobSpec.model_validate(small_spec(processes=3))
+    command = build_command(spec, tmp_path / "spec.json", tmp_path)
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in command
+    assert command[command.index("--nproc-per-node") + 1] == "3"
+    assert command[command.index("--nnodes") + 1] == "1"
+    assert command[-5:] == ["trainer", "--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path)]
+    assert command[command.index("-m", 3) + 1] == "trainer"
+    assert not any("rdzv-endpoint" in part or "master-port" in part for part in command)
+
+
+def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, data_roots=[tmp_path / "a", tmp_path / "b"], allow_faults=False,
+                        database_url="postgresql://secret@db/x", broker_url="redis://secret@redis/0")  # fmt: skip
+    base = {"PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "HALFCAST_DATABASE_URL": "postgresql://secret",
+            "HALFCAST_BROKER_URL": "redis://secret", "AWS_SECRET_ACCESS_KEY": "k", "PYTHONPATH": "/extra"}  # fmt: skip
+    env = build_environment(JobSpec.model_validate(small_spec(processes=2)), settings, base)
+    assert "secret" not in repr(env)
+    assert {"PATH", "HOME", "LANG", "PYTHONPATH", "OMP_NUM_THREADS", "HALFCAST_DATA_ROOTS"} <= set(env)
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "CUDA_VISIBLE_DEVICES" not in env
+    root = str(Path(__file__).resolve().parents[2])
+    assert env["PYTHONPATH"].split(os.pathsep) == [root, "/extra"]
+    assert env["HALFCAST_DATA_ROOTS"] == os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])
+    cpus = len(os.sched_getaffinity(0))
+    assert env["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
+
+
+def test_gpu_jobs_see_their_devices(tmp_path: Path) -> None:
+    spec = JobSpec.model_validate(small_spec(gpus=2))
+    assert build_environment(spec, Settings(data_dir=tmp_path), {})["CUDA_VISIBLE_DEVICES"] == "0,1"
+    inherited = build_environment(spec, Settings(data_dir=tmp_path), {"CUDA_VISIBLE_DEVICES": "3,5"})
+    assert inherited["CUDA_VISIBLE_DEVICES"] == "3,5"
+
+
+STUBBORN_TREE = Path(__file__).with_name("stubborn_tree.py")
+
+
+def _wait_for(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def test_stop_leaves_no_process_of_the_run(tmp_path: Path) -> None:
+    process = start_run([sys.executable, str(STUBBORN_TREE)], tmp_path, {"PATH": os.environ["PATH"]})
+    _wait_for(lambda: len(process.members()) >= 6)  # leader, 3 children, 2 grandchildren
+    members = process.members()
+    assert len({info.sid for info in members}) == 2  # the leader's session and the "rank's"
+    assert os.getsid(0) not in {info.sid for info in members}  # the run leads its own session
+    started = time.monotonic()
+    assert process.stop(grace_s=0.5) is True
+    assert time.monotonic() - started < 10
+    assert all(not _alive(info.pid, info.start) for info in members)
+    assert all(session_members(sid) == [] for sid in {info.sid for info in members})
+    assert process.returncode is not None and process.returncode < 0
+    assert "tree started" in log_tail(tmp_path / "logs" / "launcher.log")
+
+
+def test_orphans_of_a_leader_that_exited_are_still_stopped(tmp_path: Path) -> None:
+    """torchrun may die and leave its ranks (each in its own session) behind."""
+    process = start_run([sys.executable, str(STUBBORN_TREE), "--exit"], tmp_path, {"PATH": os.environ["PATH"]})
+    _wait_for(lambda: process.poll() is not None or len(process.members()) >= 6)
+    _wait_for(lambda: process.poll() is not None)
+    assert process.returncode == 0
+    orphans = process.members()
+    assert len(orphans) == 5 and all(info.ppid != process.pid for info in orphans)
+    assert process.stop(grace_s=0.5) is True
+    assert all(not _alive(info.pid, info.start) for info in orphans)
+
+
+def _alive(pid: int, start: int) -> bool:
+    info = read_proc(pid)
+    return info is not None and info.alive and info.start == start
+
+
+def test_stop_of_a_cooperative_run_needs_only_sigterm(tmp_path: Path) -> None:
+    process = start_run([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path, {"PATH": os.environ["PATH"]})
+    _wait_for(lambda: bool(process.members()))
+    started = time.monotonic()
+    assert process.stop(grace_s=30) is True
+    assert time.monotonic() - started < 5
+    assert process.returncode == -15
+
+
+def test_start_of_a_missing_program_raises_oserror(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        start_run([str(tmp_path / "no-such-program")], tmp_path, {})
+
+
+def test_log_tail_keeps_the_last_lines(tmp_path: Path) -> None:
+    path = tmp_path / "launcher.log"
+    path.write_text("".join(f"line {i}\n" for i in range(200)))
+    tail = log_tail(path, lines=50)
+    assert tail.splitlines() == [f"line {i}" for i in range(150, 200)]
+    assert log_tail(tmp_path / "absent.log") == ""
+
+
+def test_members_sees_a_real_subprocess_session(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        _wait_for(lambda: bool(session_members(child.pid)))
+        assert [info.pid for info in session_members(child.pid)] == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+    assert session_members(child.pid) == []

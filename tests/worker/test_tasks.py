@@ -1,0 +1,79 @@
+"""The Celery side: task registration, the thin idempotent task, the worker's arguments, no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from worker_support import insert_job, small_spec
+from sqlalchemy import select
+
+from server.db.engine import make_engine
+from server.db.models import Base, Job
+from server.settings import Settings
+from worker.__main__ import worker_argv
+from worker.celery_app import RUN_JOB_TASK, create_celery_app
+from worker.tasks import register_tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _setup(data_dir: Path) -> tuple[Settings, object]:
+    settings = Settings(data_dir=data_dir)
+    engine = make_engine(settings.effective_database_url)
+    Base.metadata.create_all(engine)
+    return settings, engine
+
+
+def test_task_is_registered_under_the_contract_name(data_dir: Path) -> None:
+    app = create_celery_app(Settings(data_dir=data_dir))
+    task = register_tasks(app)
+    assert task.name == RUN_JOB_TASK and app.tasks[RUN_JOB_TASK].name == RUN_JOB_TASK
+    assert task.acks_late is True
+    assert (data_dir / "broker" / "control").is_dir()  # kombu's control folder stays under data_dir
+
+
+def test_task_claims_then_drops_a_redelivered_message(data_dir: Path) -> None:
+    settings, engine = _setup(data_dir)
+    task = register_tasks(create_celery_app(settings))
+    job_id = insert_job(engine, {**small_spec(), "bogus": 1})  # fails on the worker without launching
+    assert task.apply(args=[job_id]).get() == "failed"
+    assert task.apply(args=[job_id]).get() is None  # the same message again: a no-op
+    with engine.connect() as conn:  # type: ignore[attr-defined]
+        row = conn.execute(select(Job).where(Job.id == job_id)).one()
+    assert (row.status, row.error_reason, row.attempt) == ("failed", "spec_invalid", 1)
+
+
+def test_worker_shutdown_signal_reaches_the_runners(data_dir: Path) -> None:
+    from celery.signals import worker_shutting_down
+
+    task = register_tasks(create_celery_app(Settings(data_dir=data_dir)))
+    runtime = task.halfcast_runtime  # type: ignore[attr-defined]
+    assert not runtime.shutdown.is_set()
+    worker_shutting_down.send(sender="halfcast@test", sig="TERM", how="Warm", exitcode=0)
+    assert runtime.shutdown.is_set()
+
+
+def test_worker_arguments_follow_the_settings() -> None:
+    settings = Settings(worker_concurrency=3, queue_name="q-test")
+    argv = worker_argv(settings, ["--hostname", "other@%h"])
+    assert argv[0] == "worker"
+    assert argv[argv.index("--pool") + 1] == "threads"
+    assert argv[argv.index("--concurrency") + 1] == "3"
+    assert argv[argv.index("-Q") + 1] == "q-test"
+    assert argv[-2:] == ["--hostname", "other@%h"]
+
+
+def test_the_celery_process_never_imports_torch(data_dir: Path) -> None:
+    code = (
+        "import sys\n"
+        "from server.settings import Settings\n"
+        "import worker.__main__, worker.tasks, worker.runner, worker.launch, worker.store, worker.tail\n"
+        "from worker.celery_app import create_celery_app\n"
+        "from worker.tasks import register_tasks\n"
+        f"register_tasks(create_celery_app(Settings(data_dir={str(data_dir)!r})))\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

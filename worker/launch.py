@@ -1,0 +1,285 @@
+"""Starting and stopping one torchrun process tree (docs/architecture.md, "The run directory").
+
+torchrun is started in a new session, so it leads its own session and process
+group. torchrun in turn starts every rank in a session of its own, so the run is
+tracked as a process tree (:class:`ProcessTree`: the leader's session, every
+descendant, and the sessions they lead), and :meth:`RunProcess.stop` signals all of
+it (celery#1106, pytorch PR #113231: signalling only the pool process, or only
+torchrun, leaves ranks behind). ``--standalone`` makes
+torchrun pick a free rendezvous port, so two runs on one host never collide
+(pytorch#126510). The child gets a minimal environment: never the database or
+broker URLs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from server.settings import Settings
+from trainer.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+#: Environment variables passed through to the run when the worker has them.
+PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "LOGNAME")
+#: Seconds to wait for the session to empty after SIGKILL before giving up.
+KILL_WAIT_S = 10.0
+#: Interval between checks while waiting for processes to exit.
+WAIT_STEP_S = 0.05
+
+
+def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "trainer") -> list[str]:
+    """The torchrun command line for one attempt (``world_size`` ranks on this host)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
+        "-m", module, "--spec", str(spec_path), "--run-dir", str(run_dir),
+    ]  # fmt: skip
+
+
+def project_root() -> Path:
+    """The directory that holds the ``trainer`` package (the child's ``PYTHONPATH``)."""
+    found = importlib.util.find_spec("trainer")
+    if found is None or not found.submodule_search_locations:
+        raise RuntimeError("the trainer package cannot be found")
+    return Path(next(iter(found.submodule_search_locations))).resolve().parent
+
+
+def build_environment(spec: JobSpec, settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A minimal environment for the run, built from ``base`` (default: this process's).
+
+    Holds ``PATH``, ``HOME``, ``LANG`` and friends, ``PYTHONPATH`` (so ``trainer``
+    imports), ``PYTHONUNBUFFERED``, ``OMP_NUM_THREADS`` (the CPUs shared among the
+    ranks), ``HALFCAST_DATA_ROOTS`` (``os.pathsep``-joined) and, for GPU jobs,
+    ``CUDA_VISIBLE_DEVICES`` (the worker's own, else the first ``gpus`` devices).
+    Never the database or broker URLs.
+    """
+    base = os.environ if base is None else base
+    env = {name: base[name] for name in PASSTHROUGH_ENV if name in base}
+    env["PYTHONPATH"] = os.pathsep.join(_python_path(base))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = str(max(1, _cpu_count() // spec.world_size))
+    env["HALFCAST_DATA_ROOTS"] = os.pathsep.join(str(Path(root).expanduser().resolve()) for root in settings.data_roots)
+    if settings.allow_faults:
+        env["HALFCAST_ALLOW_FAULTS"] = "1"
+    if spec.gpus > 0:
+        env["CUDA_VISIBLE_DEVICES"] = base.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(spec.gpus)))
+    return env
+
+
+def _python_path(base: Mapping[str, str]) -> list[str]:
+    entries = [str(project_root())]
+    entries += [entry for entry in base.get("PYTHONPATH", "").split(os.pathsep) if entry and entry not in entries]
+    return entries
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One process as seen in ``/proc/<pid>/stat``."""
+
+    pid: int
+    ppid: int
+    state: str
+    pgid: int
+    sid: int
+    start: int  # start time in clock ticks since boot: tells a reused pid apart
+
+    @property
+    def alive(self) -> bool:
+        """False for zombies and dead entries (exited, only waiting to be reaped)."""
+        return self.state not in ("Z", "X", "x")
+
+
+def read_proc(pid: int) -> ProcInfo | None:
+    """Parse ``/proc/<pid>/stat``; ``None`` if the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and ')'
+    return ProcInfo(pid, int(fields[1]), fields[0], int(fields[2]), int(fields[3]), int(fields[19]))
+
+
+def process_table() -> dict[int, ProcInfo]:
+    """Every process in ``/proc`` by pid."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (info := read_proc(int(entry))) is not None:
+            table[info.pid] = info
+    return table
+
+
+def session_members(sid: int) -> list[ProcInfo]:
+    """Every live (non-zombie) process whose session id or process group id is ``sid``."""
+    return [info for info in process_table().values() if info.alive and sid in (info.sid, info.pgid)]
+
+
+class ProcessTree:
+    """The processes of one run, remembered across scans of ``/proc``.
+
+    A run is its leader's session and process group, every descendant of a member,
+    and every session or group such a descendant leads: torchrun starts each rank
+    in a session of its own, so the leader's session alone misses the ranks, and
+    once torchrun dies its orphaned ranks are no longer its children. Scanning
+    while the run is alive records them, so they can still be found and killed.
+    """
+
+    def __init__(self, leader: int) -> None:
+        self.leader = leader
+        info = read_proc(leader)
+        self.known: dict[int, int] = {leader: info.start} if info is not None else {}
+
+    def refresh(self) -> list[ProcInfo]:
+        """Rescan ``/proc``; return the run's live processes (the leader included while alive)."""
+        table = process_table()
+        self.known = {pid: start for pid, start in self.known.items() if _same_live(table.get(pid), start)}
+        while added := self._adopt(table):
+            self.known.update(added)
+        return [table[pid] for pid in self.known]
+
+    def _adopt(self, table: dict[int, ProcInfo]) -> dict[int, int]:
+        """Live processes not yet known that belong to the run by parent, session or group."""
+        owners = {self.leader}
+        for pid in self.known:
+            owners.update((table[pid].sid, table[pid].pgid))
+        return {
+            info.pid: info.start
+            for info in table.values()
+            if info.alive and info.pid not in self.known
+            and (info.ppid in self.known or info.sid in owners or info.pgid in owners)
+        }  # fmt: skip
+
+
+def _same_live(info: ProcInfo | None, start: int) -> bool:
+    return info is not None and info.alive and info.start == start
+
+
+class RunProcess:
+    """A started torchrun (the leader of its own session and process group) and its process tree."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.log_path = log_path
+        self.tree = ProcessTree(popen.pid)
+
+    def poll(self) -> int | None:
+        """The leader's exit status (negative: killed by that signal), or ``None`` while it runs.
+
+        Also rescans the run's processes, so ranks orphaned later are still known.
+        """
+        self.tree.refresh()
+        return self.popen.poll()
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once :meth:`poll` or :meth:`stop` saw the exit."""
+        return self.popen.returncode
+
+    def members(self) -> list[ProcInfo]:
+        """The run's live processes (see :class:`ProcessTree`)."""
+        return self.tree.refresh()
+
+    def stop(self, grace_s: float) -> bool:
+        """Stop the whole run; return ``True`` once no process of it is left.
+
+        SIGTERM to every process and process group of the run, up to ``grace_s``
+        seconds for all of them to exit, then SIGKILL likewise, then a check of
+        ``/proc`` that nothing of the run is left (zombies aside).
+        """
+        self._signal(signal.SIGTERM)
+        if self._wait_empty(grace_s):
+            return True
+        log.warning("run %d outlived its %.1f s grace period; killing it", self.pid, grace_s)
+        self._signal(signal.SIGKILL)
+        if self._wait_empty(KILL_WAIT_S):
+            return True
+        left = [info.pid for info in self.members()]
+        log.error("run %d: processes %s survived SIGKILL", self.pid, left)
+        return False
+
+    def _signal(self, signum: signal.Signals) -> None:
+        """Signal every process group of the run (each member is in one; they all lie in the run's sessions)."""
+        for pgid in {self.pid, *(info.pgid for info in self.members())}:
+            _ignore_gone(os.killpg, pgid, signum)
+
+    def _reap(self) -> None:
+        """Collect the leader's exit status (it has exited: it is no live member)."""
+        try:
+            self.popen.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            log.error("run %d: the leader is gone from /proc but could not be reaped", self.pid)
+
+    def _wait_empty(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.members():
+                self._reap()
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(WAIT_STEP_S)
+
+
+def _ignore_gone(kill: Callable[[int, int], None], target: int, signum: signal.Signals) -> None:
+    try:
+        kill(target, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def start_run(command: list[str], run_dir: Path, env: Mapping[str, str]) -> RunProcess:
+    """Start ``command`` in ``run_dir`` as the leader of a new session.
+
+    stdout and stderr go to ``<run_dir>/logs/launcher.log``. Raises ``OSError``
+    when the command cannot be started.
+    """
+    log_path = run_dir / "logs" / "launcher.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log_file:
+        popen = _popen(command, run_dir, env, log_file)
+    log.info("started run %d in %s: %s", popen.pid, run_dir, " ".join(command))
+    return RunProcess(popen, log_path)
+
+
+def _popen(command: list[str], cwd: Path, env: Mapping[str, str], log_file: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def log_tail(path: Path, lines: int = 50, max_bytes: int = 64 << 10) -> str:
+    """The last ``lines`` lines of a log file (at most its last ``max_bytes``); ``""`` if absent."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
