@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from server.settings import Settings
 from trainer.spec import JobSpec
+from worker.checkpoints import CheckpointUnavailable, resolve_resume
 from worker.launch import RunProcess, build_command, build_environment, log_tail, start_run
 from worker.store import Claim, JobStore, Progress
 from worker.tail import RecordTail
@@ -118,7 +119,11 @@ class Attempt:
         if self.store.cancel_requested(self.claim.job_id):
             return Outcome("cancelled", None, "cancelled before launch")
         try:
-            self.process = start_run(self._command(spec), self.run_dir, build_environment(spec, self.context.settings))
+            command = self._command(spec)
+        except CheckpointUnavailable as exc:
+            return Outcome("failed", "checkpoint_unavailable", str(exc))
+        try:
+            self.process = start_run(command, self.run_dir, build_environment(spec, self.context.settings))
         except OSError as exc:
             return Outcome("failed", "launch_failed", f"torchrun could not be started: {exc}")
         return self._supervise(self.process)
@@ -134,7 +139,12 @@ class Attempt:
         return spec
 
     def _command(self, spec: JobSpec) -> list[str]:
-        return self.context.build_command(spec, self.run_dir / "spec.json", self.run_dir)
+        """The launch command; with ``resume_from``, the resolved checkpoint is passed on."""
+        command = self.context.build_command(spec, self.run_dir / "spec.json", self.run_dir)
+        if spec.resume_from is not None:
+            checkpoint = resolve_resume(spec.resume_from, self.context.settings.runs_dir)
+            command += ["--resume-from", str(checkpoint)]
+        return command
 
     def _supervise(self, process: RunProcess) -> Outcome:
         poll_s = self.context.settings.worker_poll_interval_s

@@ -72,3 +72,18 @@ def test_fp8_on_a_gpu_less_worker_fails_with_a_typed_reason(embedded_stack: Stac
     assert job["status"] == "failed"
     assert job["error"]["reason"] in ("gpu_unavailable", "precision_unsupported"), job["error"]
     assert job["step"] == 0 and job["latest"] is None
+
+
+def test_resume_from_a_finished_job_continues_its_trajectory(embedded_stack: Stack) -> None:
+    """A job resumed from another job's checkpoint starts at the next step with the saved loss scale."""
+    first = embedded_stack.wait_terminal(embedded_stack.submit(_synthetic(max_steps=12))["id"])
+    assert first["status"] == "succeeded", first["error"]
+    spec = _synthetic(max_steps=20, resume_from=first["id"])
+    second = embedded_stack.wait_terminal(embedded_stack.submit(spec)["id"])
+    assert second["status"] == "succeeded", second["error"]
+    points = embedded_stack.metric_points(second["id"])
+    assert [p["step"] for p in points] == list(range(13, 21))
+    assert points[0]["skipped_steps"] >= first["latest"]["skipped_steps"]
+
+    missing = embedded_stack.wait_terminal(embedded_stack.submit(_synthetic(resume_from="no-such-job"))["id"])
+    assert missing["status"] == "failed" and missing["error"]["reason"] == "checkpoint_unavailable"
