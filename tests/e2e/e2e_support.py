@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,31 +172,33 @@ class Stack:
             after = page["points"][-1]["step"]
 
 
-def run_processes(job_id: str) -> list[tuple[int, int]]:
-    """``(pid, session id)`` of every live process whose command line names ``job_id`` (any text)."""
-    found = []
+def live_processes() -> Iterator[tuple[int, list[str], bytes]]:
+    """``(pid, fields of /proc/<pid>/stat after the command name, command line)`` of live processes.
+
+    The fields start at the state: ``[0]`` state, ``[1]`` parent pid, ``[3]`` session id.
+    """
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmdline = (proc / "cmdline").read_bytes()
             stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if job_id.encode() in cmdline and stat[0] not in ("Z", "X"):
-            found.append((int(proc.name), int(stat[3])))
-    return found
+        if stat[0] not in ("Z", "X"):
+            yield int(proc.name), stat, cmdline
+
+
+def run_processes(job_id: str) -> list[tuple[int, int]]:
+    """``(pid, session id)`` of every live process whose command line names ``job_id`` (any text)."""
+    return [(pid, int(stat[3])) for pid, stat, cmdline in live_processes() if job_id.encode() in cmdline]
 
 
 def session_alive(sid: int) -> list[int]:
     """Live processes of session ``sid``."""
-    alive = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[3]) == sid and stat[0] not in ("Z", "X"):
-                alive.append(int(proc.name))
-    return alive
+    return [pid for pid, stat, _ in live_processes() if int(stat[3]) == sid]
+
+
+def children(pid: int) -> list[int]:
+    """Live child processes of ``pid``."""
+    return [child for child, stat, _ in live_processes() if int(stat[1]) == pid]

@@ -14,22 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e_support import ROOT, free_port, load_example, run_processes, stack_environment
+from e2e_support import ROOT, children, free_port, load_example, run_processes, stack_environment
 
 pytestmark = pytest.mark.e2e
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[1]) == pid and stat[0] not in ("Z", "X"):
-                found.append(int(proc.name))
-    return found
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +38,7 @@ def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[bytes], httpx
     while time.monotonic() < deadline:
         assert up.poll() is None, (data_dir.parent / "up.log").read_text()
         try:
-            if client.get("/readyz").status_code == 200 and len(_children(up.pid)) == 2:
+            if client.get("/readyz").status_code == 200 and len(children(up.pid)) == 2:
                 return up, client
         except httpx.TransportError:
             pass
@@ -75,7 +62,7 @@ def _wait_job(client: httpx.Client, job_id: str, until, timeout_s: float = 180) 
 def test_up_runs_jobs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     up, client = _start_up(data_dir, free_port())
-    children = _children(up.pid)
+    kids = children(up.pid)
     done = client.post("/jobs", json=load_example("synthetic-fp16.json", max_steps=10)).json()
     assert _wait_job(client, done["id"], lambda j: j["status"] == "succeeded")["step"] == 10
     long = load_example("synthetic-fp16.json", max_steps=100_000, faults={"sleep_per_step_s": 0.2})
@@ -85,7 +72,7 @@ def test_up_runs_jobs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     client.close()
     up.send_signal(signal.SIGTERM)
     assert up.wait(timeout=60) == 0
-    assert len(children) == 2 and not any(Path(f"/proc/{pid}").exists() for pid in children)
+    assert len(kids) == 2 and not any(Path(f"/proc/{pid}").exists() for pid in kids)
     assert run_processes(running["id"]) == []
     assert _status(data_dir, running["id"]) == ("failed", "worker_lost")  # never left running
     assert _status(data_dir, done["id"]) == ("succeeded", None)
@@ -94,7 +81,7 @@ def test_up_runs_jobs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
 def test_up_stops_the_api_and_fails_when_the_worker_dies(tmp_path: Path) -> None:
     up, client = _start_up(tmp_path / "data", free_port())
     client.close()
-    api, worker = sorted(_children(up.pid), key=lambda pid: b"uvicorn" in Path(f"/proc/{pid}/cmdline").read_bytes(), reverse=True)
+    api, worker = sorted(children(up.pid), key=lambda pid: b"uvicorn" in Path(f"/proc/{pid}/cmdline").read_bytes(), reverse=True)
     assert b"uvicorn" in Path(f"/proc/{api}/cmdline").read_bytes()
     subprocess.run(["kill", "-KILL", str(worker)], check=True)
     assert up.wait(timeout=60) != 0
