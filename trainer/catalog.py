@@ -102,6 +102,9 @@ class TextConfig(_Strict):
             raise field_error("TextConfig", "path", "source 'file' needs a path under a data root", None)
         if self.source == "python-stdlib" and self.path is not None:
             raise field_error("TextConfig", "path", "path is only used with source 'file'", self.path)
+        if self.path is not None and (self.path.startswith(("/", "\\")) or ".." in self.path.replace("\\", "/").split("/")):
+            msg = "path must be relative to a data root, without '..'"
+            raise field_error("TextConfig", "path", msg, self.path)
         return self
 
 

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from trainer.catalog import DigitsDataset, SyntheticDataset, TextConfig, TextDataset
 from trainer.data import IGNORE_INDEX, Batch, Task, build_dataset
 from trainer.data.base import shard_indices, token_batch
+from trainer.data.sources import resolve_data_file
 from trainer.data.text import ByteTextDataset, build_text
 from trainer.errors import TrainerError
 
@@ -153,7 +155,12 @@ def test_text_file_escapes_are_rejected(tmp_path: Path, monkeypatch: pytest.Monk
     secret.write_bytes(b"x" * 5000)
     (root / "link.txt").symlink_to(secret)
     monkeypatch.setenv("HALFCAST_DATA_ROOTS", str(root))
-    for path in (str(secret), "../secret.txt", "link.txt", "missing.txt"):
+    for path in ("link.txt", "missing.txt"):
         with pytest.raises(TrainerError) as info:
             build_dataset(TextDataset(name="text", config={"source": "file", "path": path}))
         assert info.value.reason == "data_unavailable", path
+    for path in (str(secret), "../secret.txt"):  # refused by the spec, and by the trainer too
+        with pytest.raises(ValidationError):
+            TextDataset(name="text", config={"source": "file", "path": path})
+        with pytest.raises(TrainerError):
+            resolve_data_file(path, [root])

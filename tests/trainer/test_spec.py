@@ -68,6 +68,10 @@ def test_accumulation_is_derived_from_global_batch() -> None:
          ("model", "gpt", "config", "d_model")),
         ({"model": {"name": "gpt"}, "dataset": {"name": "text", "config": {"source": "file"}}},
          ("dataset", "text", "config", "path")),
+        ({"model": {"name": "gpt"}, "dataset": {"name": "text", "config": {"source": "file", "path": "/etc/passwd"}}},
+         ("dataset", "text", "config", "path")),
+        ({"model": {"name": "gpt"}, "dataset": {"name": "text", "config": {"source": "file", "path": "a/../../x"}}},
+         ("dataset", "text", "config", "path")),
     ],
 )
 def test_bad_input_names_the_field(change: dict[str, Any], loc: tuple[Any, ...]) -> None:
