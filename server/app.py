@@ -19,7 +19,8 @@ from server.db.engine import make_engine, make_session_factory
 from server.errors import install_error_handlers
 from server.exporter import build_registry
 from server.queue import CeleryJobQueue, JobQueue
-from server.routes import health, jobs, metrics
+from server.events import StreamCollector
+from server.routes import dashboard, events, health, jobs, metrics
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         app.state.session_factory = make_session_factory(engine)
         app.state.queue = own_queue or queue
         app.state.registry = build_registry(app.state.session_factory)
+        app.state.registry.register(StreamCollector(app.state.event_streams))
         log.info("halfcast API ready (database %s)", engine.url.render_as_string(hide_password=True))
         try:
             yield
@@ -63,4 +65,6 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     app.include_router(jobs.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    events.install(app)
+    dashboard.install(app)
     return app

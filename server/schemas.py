@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from server.db.models import Job, StepRecord
+from server.db.models import Attempt, Job, StepRecord
 from server.timeutil import as_utc, as_utc_or_none
 
 #: Job statuses (same values, same order as ``server.db.models.STATUSES``; a test checks it).
@@ -19,6 +19,29 @@ class JobError(BaseModel):
 
     reason: str
     message: str
+
+
+class AttemptPublic(BaseModel):
+    """One launch attempt: who ran it, when, and how it ended (``ended_at``, ``status``, ``reason`` null while it runs)."""
+
+    attempt: int = Field(description="1-based attempt number (the lease's fencing token)")
+    worker_id: str = Field(description="The worker that ran it, as <hostname>/<pid>")
+    started_at: datetime
+    ended_at: datetime | None
+    status: Literal["succeeded", "failed", "cancelled"] | None = Field(description="How it ended")
+    reason: str | None = Field(description="The typed reason it ended with (e.g. worker_lost)")
+
+    @classmethod
+    def from_row(cls, row: Attempt) -> AttemptPublic:
+        """Build from an ``attempts`` row."""
+        return cls(
+            attempt=row.attempt,
+            worker_id=row.worker_id,
+            started_at=as_utc(row.started_at),
+            ended_at=as_utc_or_none(row.ended_at),
+            status=row.status,  # type: ignore[arg-type]  # the column only holds these values
+            reason=row.reason,
+        )
 
 
 class JobPublic(BaseModel):
@@ -38,6 +61,7 @@ class JobPublic(BaseModel):
     latest: dict[str, Any] | None = Field(description="The newest step record, or null")
     eval: dict[str, Any] | None = Field(description="The newest evaluation record, or null")
     attempt: int = Field(description="Launch attempts so far (0 while queued)")
+    attempts: list[AttemptPublic] = Field(default_factory=list, description="Every launch attempt, oldest first")
 
     @classmethod
     def from_row(cls, job: Job) -> JobPublic:
@@ -60,6 +84,7 @@ class JobPublic(BaseModel):
             latest=job.latest,
             eval=job.eval,
             attempt=job.attempt,
+            attempts=[AttemptPublic.from_row(row) for row in job.attempts],
         )
 
 

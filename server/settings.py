@@ -30,6 +30,18 @@ class Settings(BaseSettings):
     worker_poll_interval_s: float = Field(default=0.25, gt=0.0, le=60.0)
     cancel_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0)
     queue_name: str = "halfcast"
+    lease_ttl_s: float = Field(
+        default=30.0, ge=1.0, le=3600.0, description="Seconds a job's lease lasts unless its worker renews it"
+    )
+    reaper_interval_s: float = Field(
+        default=10.0, gt=0.0, le=3600.0, description="Seconds between two looks for expired leases in each worker"
+    )
+    broker_visibility_timeout_s: float = Field(
+        default=3600.0,
+        ge=1.0,
+        le=30 * 24 * 3600.0,
+        description="Redis: seconds before a delivered, unacknowledged message is delivered again",
+    )
 
     @cached_property
     def resolved_data_dir(self) -> Path:

@@ -23,6 +23,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from trainer.precision import PrecisionPolicy
+from trainer.sharded import load_state_dicts
 from trainer.spec import JobSpec
 
 CHECKPOINT_DIR = "checkpoints"
@@ -57,15 +58,19 @@ def save_checkpoint(
     counters: Mapping[str, int],
     spec: JobSpec,
     rng: Sequence[Mapping[str, Any]] = (),
+    model_state: Mapping[str, Any] | None = None,
+    optimizer_state: Mapping[str, Any] | None = None,
 ) -> None:
     """Write ``state`` at attempted step ``step`` to ``path`` atomically. ``OSError`` propagates.
 
     ``rng`` holds every rank's generator states, indexed by rank (see :mod:`trainer.rng`).
+    ``model_state`` / ``optimizer_state``: state dicts gathered beforehand by every rank
+    (:func:`trainer.sharded.gather_state_dicts`, needed under FSDP2); default: ``state``'s own.
     """
     payload: dict[str, Any] = {
         "rng": [dict(r) for r in rng],
-        "model": state.model.state_dict(),
-        "optimizer": state.optimizer.state_dict(),
+        "model": state.model.state_dict() if model_state is None else dict(model_state),
+        "optimizer": state.optimizer.state_dict() if optimizer_state is None else dict(optimizer_state),
         "lr_scheduler": state.lr_scheduler.state_dict(),
         "precision": state.precision.state_dict(),
         "step": step,
@@ -100,7 +105,6 @@ def load_checkpoint(path: Path, state: TrainingState | None = None) -> dict[str,
 
 def restore_state(payload: Mapping[str, Any], state: TrainingState) -> None:
     """Load a checkpoint's model, optimizer, scheduler and precision parts into ``state`` in place."""
-    state.model.load_state_dict(payload["model"])
-    state.optimizer.load_state_dict(payload["optimizer"])
+    load_state_dicts(state.model, state.optimizer, payload["model"], payload["optimizer"])  # collective under FSDP2
     state.lr_scheduler.load_state_dict(payload["lr_scheduler"])
     state.precision.load_state_dict(payload["precision"])

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
+from trainer.sharded import local_tensor
 from trainer.spec import FaultsSpec
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ class FaultInjector:
             return
         if faults.ranks is not None and self.rank not in faults.ranks:
             return
-        grad = next((p.grad for p in parameters if p.grad is not None), None)
+        # This rank's part only (a DTensor's local shard under FSDP2; empty shards skipped).
+        grad = next((g for g in (local_tensor(p.grad) for p in parameters if p.grad is not None) if g.numel()), None)
         if grad is None:
             return
         value = float("inf") if faults.nonfinite_value == "inf" else float("nan")

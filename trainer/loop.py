@@ -4,7 +4,8 @@ One optimizer step consumes a *window* of K micro-batches (K = accumulation step
 on every rank:
 
 1. count the loss-bearing elements of the window (samples, or valid tokens) and
-   all-reduce the count, so the normaliser is the global count of the window;
+   all-reduce the count, so the normaliser is the global count of the window (a
+   device tensor: the loss is divided by it, never read);
 2. per micro-batch, under the precision's autocast, compute the SUM loss, divide it
    by the global count and multiply by the world size (DDP averages gradients over
    ranks), and call ``precision.backward``; every micro-batch but the last runs in
@@ -14,26 +15,31 @@ on every rank:
    (huggingface/transformers#34263);
 3. inject test faults, if the spec asks;
 4. ``precision.step``: unscale once, check for non-finite gradients on every rank,
-   clip the unscaled gradients, step or skip;
-5. advance the LR schedule only if the optimizer stepped (pytorch#44511);
+   clip the unscaled gradients, step or skip (on the device);
+5. advance the LR schedule by the step's ``applied`` flag, on the device, so a skipped
+   step never moves it (pytorch#44511);
 6. zero the gradients;
-7. rank 0 writes the step record.
+7. write the step's row into the device step log (:mod:`trainer.telemetry`).
 
+No step reads a device value on the host. Every ``log_interval`` steps, before each
+evaluation and checkpoint, at the end and on failure, the pending rows are copied to
+the host at once: rank 0 writes one step record per attempted step, and every rank's
+divergence guard checks them (all ranks see the same values, so they stop together).
 Rank 0 evaluates every ``eval_interval`` steps and at the end, and writes checkpoints.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
-from torch.optim.lr_scheduler import LRScheduler
+from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 
 from trainer.batching import plan_batches, windows
 from trainer.checkpoint import TrainingState, final_path, load_checkpoint, restore_state, save_checkpoint, step_path
@@ -41,37 +47,46 @@ from trainer.data import Batch, Dataset, build_dataset
 from trainer.distributed import DistContext, all_reduce_sum, barrier, gather_to_main
 from trainer.evaluate import evaluate
 from trainer.faults import FaultInjector
+from trainer.flushing import RecordFlusher
 from trainer.guard import DivergenceGuard
+from trainer.loss_scale import DynamicLossScaler
 from trainer.losses import LossFn, task_loss
 from trainer.models import build_model
 from trainer.optim import build_lr_scheduler, build_optimizer
 from trainer.parallel import grad_sync, wrap_model
 from trainer.precision import PrecisionPolicy, StepOutcome, build_precision
-from trainer.records import RECORDS_FILE, RecordSink, StepRecord
+from trainer.records import RECORDS_FILE, RecordSink
 from trainer.resume import check_resumable
 from trainer.rng import capture_rng_state, restore_rng_state
+from trainer.schedule import DeviceLRSchedule
+from trainer.sharded import gather_state_dicts
 from trainer.spec import JobSpec
+from trainer.telemetry import StepLog
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class WindowStats:
-    """Global totals of one window over all ranks; ``loss`` is the mean per loss-bearing element."""
+    """Global totals of one window over all ranks, as 0-d device tensors.
 
-    loss: float
-    num_elements: int
-    num_samples: int
-    num_tokens: int | None
+    ``loss``: float64 mean loss per loss-bearing element; ``num_elements``,
+    ``num_samples``, ``num_tokens``: int64 (``num_tokens`` is ``None`` for non-token data).
+    """
+
+    loss: Tensor
+    num_elements: Tensor
+    num_samples: Tensor
+    num_tokens: Tensor | None
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """One attempted optimizer step: the window's totals, the precision's outcome, the lr used."""
+    """One attempted optimizer step: the window's totals, the precision's outcome, the lr used (0-d tensor)."""
 
     window: WindowStats
     outcome: StepOutcome
-    lr: float
+    lr: Tensor
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,7 @@ class Components:
     train_model: nn.Module
     precision: PrecisionPolicy
     optimizer: torch.optim.Optimizer
-    lr_scheduler: LRScheduler
+    lr_scheduler: DeviceLRSchedule
     loss_fn: LossFn
 
     @property
@@ -94,7 +109,7 @@ class Components:
     @property
     def training_state(self) -> TrainingState:
         """What a checkpoint captures."""
-        return TrainingState(self.model, self.optimizer, self.lr_scheduler, self.precision)
+        return TrainingState(self.model, self.optimizer, self.lr_scheduler, self.precision)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -123,11 +138,12 @@ def accumulate_window(
     so after DDP's averaging the gradient equals that of the mean loss over all
     ``global_count`` elements of the window on all ranks (``global_count`` is floored
     at 1 for a window without loss-bearing elements). Gradients are synchronised
-    only on the last micro-batch. Makes two host synchronisations (the count and
-    the loss sum).
+    only on the last micro-batch. No host synchronisation: the counts are all-reduced
+    as a device tensor and the loss stays on the device.
     """
-    totals = _global_counts(micro_batches, dist_ctx.device)
-    normaliser = max(totals[0], 1)
+    counts = _global_counts(micro_batches, dist_ctx.device)
+    count = counts[0].clamp_min(1)
+    normaliser = count.float()
     loss_sum = torch.zeros((), dtype=torch.float32, device=dist_ctx.device)
     last = len(micro_batches) - 1
     for index, batch in enumerate(micro_batches):
@@ -137,22 +153,26 @@ def accumulate_window(
                 loss = batch_loss / normaliser * dist_ctx.world_size
             precision.backward(loss)
         loss_sum += batch_loss.detach().float()
-    global_loss = all_reduce_sum(loss_sum).item()
-    tokens = None if any(b.num_tokens is None for b in micro_batches) else totals[2]
-    return WindowStats(
-        loss=global_loss / normaliser, num_elements=totals[0], num_samples=totals[1], num_tokens=tokens
-    )
+    global_loss = all_reduce_sum(loss_sum).double() / count
+    tokens = None if any(b.num_tokens is None for b in micro_batches) else counts[2]
+    return WindowStats(loss=global_loss, num_elements=counts[0], num_samples=counts[1], num_tokens=tokens)
 
 
-def _global_counts(micro_batches: Sequence[Batch], device: torch.device) -> list[int]:
-    """``[elements, samples, tokens]`` of the window summed over all ranks."""
+def _global_counts(micro_batches: Sequence[Batch], device: torch.device) -> Tensor:
+    """``[elements, samples, tokens]`` of the window summed over all ranks: int64 ``[3]`` on ``device``.
+
+    The local counts come from host-side batch metadata; they travel to the device
+    without blocking (pinned memory on CUDA) and are all-reduced there.
+    """
     local = [
         sum(b.num_elements for b in micro_batches),
         sum(b.num_samples for b in micro_batches),
         sum(b.num_tokens or 0 for b in micro_batches),
     ]
-    counts = torch.tensor(local, dtype=torch.int64, device=device)
-    return [int(value) for value in all_reduce_sum(counts).tolist()]
+    if device.type == "cpu":
+        return all_reduce_sum(torch.tensor(local, dtype=torch.int64))
+    pinned = torch.tensor(local, dtype=torch.int64).pin_memory() if device.type == "cuda" else torch.tensor(local)
+    return all_reduce_sum(pinned.to(device, non_blocking=True))
 
 
 def train_step(
@@ -166,20 +186,29 @@ def train_step(
 ) -> StepResult:
     """Attempt optimizer step ``step`` (1-based) on one window of micro-batches (already on the device).
 
-    The LR schedule advances only when the optimizer stepped; gradients are zeroed
-    (set to ``None``) afterwards in every case.
+    The LR schedule advances by the step's ``applied`` flag (skipped steps leave it);
+    gradients are zeroed (set to ``None``) afterwards in every case. Nothing is read
+    on the host.
     """
-    lr = float(components.optimizer.param_groups[0]["lr"])
+    lr = components.optimizer.param_groups[0]["lr"]  # the schedule replaces, never mutates, this tensor
     window = accumulate_window(
         components.train_model, micro_batches, components.precision, components.loss_fn, dist_ctx
     )
     if faults is not None:
         faults.after_backward(step, components.parameters)
     outcome = components.precision.step(components.optimizer, components.parameters, max_grad_norm)
-    if outcome.applied:
-        components.lr_scheduler.step()
+    components.lr_scheduler.step(outcome.applied)
     components.optimizer.zero_grad(set_to_none=True)
     return StepResult(window=window, outcome=outcome, lr=lr)
+
+
+def record_step(step_log: StepLog, step: int, result: StepResult) -> None:
+    """Write ``result`` into the next row of ``step_log`` (device ops only; see :data:`trainer.telemetry.FIELDS`)."""
+    window, outcome = result.window, result.outcome
+    tokens = window.num_tokens if window.num_tokens is not None else window.num_samples
+    values = [window.loss, outcome.loss_scale, outcome.overflow_kind, outcome.skipped_steps, outcome.grad_norm,
+              result.lr, window.num_samples, tokens]
+    step_log.record(step, values, has_tokens=window.num_tokens is not None)
 
 
 # ----------------------------------------------------------------------------- the job
@@ -194,7 +223,8 @@ def seed_everything(seed: int) -> None:
 def build_components(spec: JobSpec, dist_ctx: DistContext) -> Components:
     """Precision, dataset, model (seeded by ``spec.seed``, identical on every rank), optimizer, schedule.
 
-    Raises ``PrecisionUnsupportedError`` before anything else is built, then
+    The optimizer is built after wrapping (FSDP2 replaces the parameters by sharded
+    ones). Raises ``PrecisionUnsupportedError`` before anything else is built, then
     :class:`trainer.errors.TrainerError` for unavailable data or a model that cannot
     be built.
     """
@@ -203,11 +233,12 @@ def build_components(spec: JobSpec, dist_ctx: DistContext) -> Components:
     seed_everything(spec.seed)
     model = build_model(spec.model, dataset.info).to(dist_ctx.device)
     model = precision.prepare_model(model)
+    train_model = wrap_model(model, dist_ctx, spec.parallelism, spec.precision)
     optimizer = build_optimizer(spec.optimizer, (p for p in model.parameters() if p.requires_grad))
     return Components(
         dataset=dataset,
         model=model,
-        train_model=wrap_model(model, dist_ctx),
+        train_model=train_model,
         precision=precision,
         optimizer=optimizer,
         lr_scheduler=build_lr_scheduler(spec.lr_scheduler, optimizer, spec.max_steps),
@@ -223,35 +254,48 @@ def train(spec: JobSpec, run_dir: Path, dist_ctx: DistContext, resume_from: Path
     state and the data position are restored, so on CPU the continuation is
     bit-identical to an uninterrupted run.
 
-    Rank 0 appends ``records.jsonl`` and writes ``checkpoints/``. Raises
-    :class:`trainer.errors.TrainerError` (``nonfinite_gradients``, ``nonfinite_loss``,
+    Rank 0 appends ``records.jsonl`` (step records in batches, see the module
+    docstring) and writes ``checkpoints/``. Raises :class:`trainer.errors.TrainerError`
+    (``nonfinite_gradients``, ``loss_scale_collapsed``, ``nonfinite_loss``,
     ``data_unavailable``, ``spec_invalid``), ``PrecisionUnsupportedError``, and
-    ``RuntimeError`` from an injected ``raise_at_step`` fault.
+    ``RuntimeError`` from an injected ``raise_at_step`` fault; the records of the
+    steps attempted before a failure are written first.
     """
     parts = build_components(spec, dist_ctx)
     faults = FaultInjector(spec.faults, dist_ctx.rank)
-    guard = DivergenceGuard(spec.max_consecutive_skips, spec.max_consecutive_nonfinite_losses)
+    scaler = parts.precision.scaler
+    guard = DivergenceGuard(
+        spec.max_consecutive_skips,
+        spec.max_consecutive_nonfinite_losses,
+        min_scale=scaler.min_scale if isinstance(scaler, DynamicLossScaler) else None,
+    )
     window_stream = _train_windows(parts.dataset, spec, dist_ctx)
     done = 0 if resume_from is None else _resume(resume_from, spec, parts, guard, window_stream, dist_ctx)
-    main = dist_ctx.is_main
-    with RecordSink(run_dir / RECORDS_FILE if main else None) as records:
+    with RecordSink(run_dir / RECORDS_FILE if dist_ctx.is_main else None) as records:
         records.start(**_start_fields(spec, parts, dist_ctx), resumed_from_step=done)
-        skipped = parts.precision.skipped_steps
-        for step in range(done + 1, spec.max_steps + 1):
-            faults.at_step_start(step)
-            started = time.perf_counter()
-            micro_batches = _next_window(window_stream, dist_ctx.device)
-            result = train_step(
-                parts, micro_batches, step=step, max_grad_norm=spec.max_grad_norm, dist_ctx=dist_ctx, faults=faults
-            )
-            records.step(_step_record(step, result, time.perf_counter() - started))
-            skipped = result.outcome.skipped_steps
-            _log_progress(step, spec.max_steps, result, main)
-            guard.update(step, result.outcome.overflow, result.window.loss)
-            if _due(step, spec.eval_interval) and step < spec.max_steps:
-                _evaluate_on_main(parts, spec, dist_ctx, records, step)
-            if _due(step, spec.checkpoint_interval):
-                _checkpoint(step_path(run_dir, step), parts, step, guard, spec, dist_ctx)
+        flusher = RecordFlusher(StepLog(spec.log_interval, dist_ctx.device), records, guard, spec.max_steps, dist_ctx.is_main)
+        try:
+            for step in range(done + 1, spec.max_steps + 1):
+                faults.at_step_start(step)
+                micro_batches = _next_window(window_stream, dist_ctx.device)
+                result = train_step(
+                    parts, micro_batches, step=step, max_grad_norm=spec.max_grad_norm, dist_ctx=dist_ctx, faults=faults
+                )
+                record_step(flusher.step_log, step, result)
+                evaluate_now = _due(step, spec.eval_interval) and step < spec.max_steps
+                checkpoint_now = _due(step, spec.checkpoint_interval)
+                if flusher.step_log.full or evaluate_now or checkpoint_now or step == spec.max_steps:
+                    flusher.flush()
+                if evaluate_now:
+                    _evaluate_on_main(parts, spec, dist_ctx, records, step)
+                if checkpoint_now:
+                    _checkpoint(step_path(run_dir, step), parts, step, guard, spec, dist_ctx)
+                if evaluate_now or checkpoint_now:
+                    flusher.restart_clock()
+        except BaseException:
+            flusher.flush_after_failure()
+            raise
+        skipped = flusher.skipped_steps if flusher.skipped_steps is not None else int(parts.precision.skipped_steps)
         final_eval = _evaluate_on_main(parts, spec, dist_ctx, records, spec.max_steps)
         _checkpoint(final_path(run_dir), parts, spec.max_steps, guard, spec, dist_ctx)
         records.end(steps=spec.max_steps, skipped_steps=skipped)
@@ -260,6 +304,7 @@ def train(spec: JobSpec, run_dir: Path, dist_ctx: DistContext, resume_from: Path
 
 
 # ----------------------------------------------------------------------------- helpers
+
 
 def _train_windows(dataset: Dataset, spec: JobSpec, dist_ctx: DistContext) -> Iterator[list[Batch]]:
     """This rank's endless stream of accumulation windows."""
@@ -271,17 +316,23 @@ def _train_windows(dataset: Dataset, spec: JobSpec, dist_ctx: DistContext) -> It
 
 
 def _next_window(window_stream: Iterator[list[Batch]], device: torch.device) -> list[Batch]:
-    return [batch.to(device) for batch in next(window_stream)]
+    """The next window on ``device``; on CUDA from pinned memory, so the copies do not block the host."""
+    batches = next(window_stream)
+    if device.type == "cuda":
+        batches = [dataclasses.replace(b, inputs=b.inputs.pin_memory(), targets=b.targets.pin_memory()) for b in batches]
+    return [batch.to(device) for batch in batches]
 
 
 def _checkpoint(
     path: Path, parts: Components, step: int, guard: DivergenceGuard, spec: JobSpec, dist_ctx: DistContext
 ) -> None:
-    """Every rank contributes its RNG state (a collective); rank 0 writes the file."""
+    """Every rank contributes its RNG state (a collective); rank 0 writes the file (pending records flushed first)."""
     rng_states = gather_to_main(capture_rng_state(), dist_ctx)
+    model_state, optimizer_state = gather_state_dicts(parts.model, parts.optimizer)  # a collective under FSDP2
     if dist_ctx.is_main:
         save_checkpoint(
-            path, parts.training_state, step=step, counters=guard.state_dict(), spec=spec, rng=rng_states
+            path, parts.training_state, step=step, counters=guard.state_dict(), spec=spec, rng=rng_states,
+            model_state=model_state, optimizer_state=optimizer_state,
         )
         log.info("checkpoint written: %s", path)
 
@@ -317,29 +368,18 @@ def _due(step: int, interval: int | None) -> bool:
 def _evaluate_on_main(
     parts: Components, spec: JobSpec, dist_ctx: DistContext, records: RecordSink, step: int
 ) -> dict[str, float] | None:
-    """Rank 0 evaluates the unwrapped model and writes the eval record; the other ranks wait."""
+    """Rank 0 evaluates the unwrapped model and writes the eval record; the other ranks wait.
+
+    A sharded (FSDP2) model needs every rank in its forward passes (parameter
+    all-gathers), so then every rank evaluates and only rank 0 writes the record.
+    """
     metrics = None
-    if dist_ctx.is_main:
+    if dist_ctx.is_main or isinstance(parts.model, FSDPModule):
         metrics = evaluate(parts.model, parts.dataset, parts.precision, spec.micro_batch_size)
+    if dist_ctx.is_main and metrics is not None:
         records.eval(step, metrics)
     barrier()
-    return metrics
-
-
-def _step_record(step: int, result: StepResult, seconds: float) -> StepRecord:
-    window, outcome = result.window, result.outcome
-    seconds = max(seconds, 1e-9)
-    return StepRecord(
-        step=step,
-        loss=window.loss,
-        loss_scale=outcome.loss_scale,
-        overflow=outcome.overflow,
-        skipped_steps=outcome.skipped_steps,
-        grad_norm=outcome.grad_norm,
-        lr=result.lr,
-        samples_per_second=window.num_samples / seconds,
-        tokens_per_second=None if window.num_tokens is None else window.num_tokens / seconds,
-    )
+    return metrics if dist_ctx.is_main else None
 
 
 def _start_fields(spec: JobSpec, parts: Components, dist_ctx: DistContext) -> dict[str, object]:
@@ -353,18 +393,9 @@ def _start_fields(spec: JobSpec, parts: Components, dist_ctx: DistContext) -> di
         "micro_batch_size": plan.micro_batch_size,
         "global_batch_size": plan.global_batch_size,
         "max_steps": spec.max_steps,
+        "log_interval": spec.log_interval,
         "task": str(parts.dataset.info.task),
         "num_parameters": sum(p.numel() for p in parts.parameters),
+        "parallelism": spec.parallelism,
+        **({"fp8_layers": parts.precision.fp8_report} if spec.precision == "fp8" else {}),
     }
-
-
-def _log_progress(step: int, max_steps: int, result: StepResult, main: bool) -> None:
-    if not main:
-        return
-    if step == 1 or step == max_steps or step % max(1, max_steps // 10) == 0 or result.outcome.overflow:
-        outcome = result.outcome
-        log.info(
-            "step %d/%d loss %.4g scale %g overflow %s skipped %d grad_norm %s lr %.3g",
-            step, max_steps, result.window.loss, outcome.loss_scale, outcome.overflow,
-            outcome.skipped_steps, outcome.grad_norm, result.lr,
-        )

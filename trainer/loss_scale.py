@@ -199,18 +199,21 @@ class DynamicLossScaler:
         return found_inf
 
     def update(self, found_inf: Tensor) -> None:
-        """Apply the growth/backoff/hysteresis rule for one step, on the device."""
+        """Apply the growth/backoff/hysteresis rule for one step, on the device (no host sync).
+
+        The state tensors are replaced, not written in place, so a tensor taken from
+        :attr:`scale` before the update still holds the scale that step used.
+        """
         found = found_inf.to(self._scale.device) > 0
         hysteresis = torch.where(found, (self._hysteresis_tracker - 1).clamp_min(0), self._hysteresis_tracker)
         back_off = found & (hysteresis <= 0)
-        growth = torch.where(found, torch.zeros_like(self._growth_tracker), self._growth_tracker + 1)
-        grow = ~found & (growth >= self.growth_interval)
-        scale = torch.where(back_off, self._scale * self.backoff_factor, self._scale)
-        scale = torch.where(grow, scale * self.growth_factor, scale)
-        refill = grow | (~found if self.consecutive_hysteresis else torch.zeros_like(found))
-        self._scale.copy_(scale.clamp(self.min_scale, self.max_scale))
-        self._growth_tracker.copy_(torch.where(grow, torch.zeros_like(growth), growth))
-        self._hysteresis_tracker.copy_(torch.where(refill, torch.full_like(hysteresis, self.hysteresis), hysteresis))
+        growth = torch.where(found, 0, self._growth_tracker + 1)
+        grow = growth >= self.growth_interval  # never on an overflow: growth is 0 and growth_interval >= 1
+        factor = torch.where(back_off, self.backoff_factor, torch.where(grow, self.growth_factor, 1.0))
+        refill = (grow | ~found) if self.consecutive_hysteresis else grow
+        self._scale = (self._scale * factor).clamp(self.min_scale, self.max_scale)
+        self._growth_tracker = torch.where(grow, 0, growth)
+        self._hysteresis_tracker = torch.where(refill, self.hysteresis, hysteresis)
 
     def state_dict(self) -> dict[str, Any]:
         """Exact state: scale, trackers and configuration (python scalars; syncs the host)."""

@@ -12,13 +12,21 @@ values (the fused unscale kernel plus the finiteness of the global gradient norm
 max-reduce the flag across ranks when a process group exists, so every rank makes
 the same decision; clip the *unscaled* gradients; then step the optimizer or skip it,
 and update the loss scale. A non-finite gradient is never applied, in any precision.
+
+Everything stays on the device: the overflow flag, the skip decision (the optimizer
+receives ``found_inf`` and skips itself, see :mod:`trainer.optimizers`), the scale and
+its trackers, and the skipped-step counter. A steady-state step makes no host
+synchronisation; :class:`StepOutcome` carries 0-d tensors that the loop gathers into
+its step-record buffer (:mod:`trainer.telemetry`) and copies to the host once per
+logging interval. NaN is told from infinity by the global gradient norm (NaN iff some
+gradient holds a NaN), for the divergence guard's reasons.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +34,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from trainer.fp8 import Fp8LayerReport, Fp8Recipe, convert_to_fp8
 from trainer.loss_scale import DynamicLossScaler, LossScaler, NoOpLossScaler, StaticLossScaler
+from trainer.sharded import clip_grads_, global_grad_norm, local_tensors
 from trainer.spec import JobSpec, LossScaleSpec
 
 log = logging.getLogger(__name__)
@@ -42,22 +52,61 @@ class PrecisionUnsupportedError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class StepOutcome:
-    """What happened at one optimizer step.
+class HostStepOutcome:
+    """A :class:`StepOutcome` read on the host (for tests and tools).
 
-    Attributes:
-        applied: the optimizer stepped.
-        overflow: non-finite gradients were found on some rank; the update was skipped.
-        loss_scale: the scale used for this step's backward passes (1.0 without scaling).
-        grad_norm: global L2 norm of the unscaled gradients before clipping; ``None`` when skipped.
-        skipped_steps: skipped steps so far, this one included.
+    ``grad_norm`` is ``None`` when the step was skipped; ``nan`` is true when some
+    rank's gradients held a NaN (not only infinities).
     """
 
     applied: bool
     overflow: bool
+    nan: bool
     loss_scale: float
     grad_norm: float | None
     skipped_steps: int
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What happened at one optimizer step, as 0-d tensors on the device (nothing is read on the host).
+
+    Attributes:
+        overflow: float32, 1.0 if non-finite gradients were found on some rank and the
+            update was skipped, else 0.0 (``bool(outcome.overflow)`` reads it).
+        applied: float32, ``1 - overflow``.
+        overflow_kind: float32, 0 clean, 1 only infinities, 2 a NaN was present
+            (max over ranks; the divergence guard tells NaN from overflow with it).
+        loss_scale: float32, the scale used for this step's backward passes (1.0 without scaling).
+        grad_norm: float32, global L2 norm of the unscaled gradients before clipping;
+            non-finite on an overflow step.
+        skipped_steps: int64, skipped steps so far, this one included.
+    """
+
+    overflow: Tensor
+    applied: Tensor
+    overflow_kind: Tensor
+    loss_scale: Tensor
+    grad_norm: Tensor
+    skipped_steps: Tensor
+
+    def to_host(self) -> HostStepOutcome:
+        """Read every field with one batched copy (a host synchronisation)."""
+        flag, kind, scale, norm, skipped = torch.stack(
+            [self.overflow, self.overflow_kind, self.loss_scale, self.grad_norm, self.skipped_steps]
+        ).to(torch.float64).tolist()
+        overflow = flag > 0.0
+        return HostStepOutcome(
+            applied=not overflow,
+            overflow=overflow,
+            nan=kind >= 2.0,
+            loss_scale=scale,
+            grad_norm=None if overflow else norm,
+            skipped_steps=int(skipped),
+        )
+
+
+OverflowSource = Callable[[], Tensor]
 
 
 class PrecisionPolicy:
@@ -69,18 +118,45 @@ class PrecisionPolicy:
         scaler: the loss scaler (no-op for everything but fp16).
     """
 
-    def __init__(self, name: str, device: torch.device, scaler: LossScaler) -> None:
+    def __init__(self, name: str, device: torch.device, scaler: LossScaler, fp8_recipe: Fp8Recipe = "tensorwise") -> None:
         self.name = name
+        self.fp8_recipe: Fp8Recipe = fp8_recipe
+        self.fp8_report: list[Fp8LayerReport] = []
         self.device = device
         self.compute_dtype = _COMPUTE_DTYPES[name]
         self.scaler = scaler
-        self.skipped_steps = 0
+        self._skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self._overflow_sources: list[OverflowSource] = []
+        self._warned_host_skip = False
         self.fp8_layers: list[str] = []
 
+    @property
+    def skipped_steps(self) -> Tensor:
+        """Skipped steps so far: 0-d int64 on the device."""
+        return self._skipped
+
+    def add_overflow_source(self, source: OverflowSource) -> None:
+        """Also skip a step when ``source()`` (called once per step, before the decision) is 1.
+
+        ``source`` returns a 0-d float32 flag on the device (1.0 = overflow), e.g. an fp8
+        quantisation overflow; it is ORed into the gradients' flag before the cross-rank max.
+        """
+        self._overflow_sources.append(source)
+
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        """Adapt ``model`` to the precision before wrapping (fp8 converts eligible Linears)."""
+        """Adapt ``model`` to the precision before wrapping.
+
+        fp8: :func:`trainer.fp8.convert_to_fp8` swaps the eligible Linears (torchao on CUDA,
+        the emulated Linear elsewhere, for tests: jobs are rejected off CUDA by
+        :func:`check_supported`); ``fp8_report`` lists every Linear, ``fp8_layers`` the
+        converted ones; an emulated fp8 overflow skips the step like a gradient overflow.
+        """
         if self.name == "fp8":
-            self.fp8_layers = _convert_to_fp8(model)
+            conversion = convert_to_fp8(model, self.fp8_recipe, emulate=self.device.type != "cuda")
+            self.fp8_report = conversion.report
+            self.fp8_layers = conversion.fp8_modules
+            if conversion.overflow is not None:
+                self.add_overflow_source(conversion.overflow.consume)
         return model
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -94,34 +170,52 @@ class PrecisionPolicy:
         self.scaler.scale_loss(loss).backward()
 
     def step(self, optimizer: torch.optim.Optimizer, parameters: Sequence[Tensor], max_grad_norm: float | None) -> StepOutcome:
-        """Unscale, check, agree across ranks, clip, then step or skip; update the scale.
+        """Unscale, check, agree across ranks, clip, then step or skip on the device; update the scale.
 
-        Makes one host synchronisation (reading the flag, scale and norm together).
-        The caller zeroes the gradients afterwards and advances the LR schedule only
-        when ``applied`` is true.
+        No host synchronisation for optimizers that follow PyTorch's AMP protocol
+        (``_step_supports_amp_scaling``: Halfcast's :mod:`trainer.optimizers`, PyTorch's
+        fused ones): they get ``found_inf`` and skip on the device. Any other optimizer
+        is stepped after one host read of the flag. The caller zeroes the gradients
+        afterwards and advances the LR schedule by ``outcome.applied``.
         """
         grads = [p.grad for p in parameters if p.grad is not None]
-        scale_used = self.scaler.scale.clone()
-        found_inf = self.scaler.unscale_(grads)
-        norm = _total_norm(grads, self.device)
-        found_inf = torch.maximum(found_inf, (~torch.isfinite(norm)).float())
-        _max_across_ranks(found_inf)
+        scale_used = self.scaler.scale  # the scaler replaces, never mutates, its scale tensor
+        found = self.scaler.unscale_(local_tensors(grads))
+        for source in self._overflow_sources:
+            found = torch.maximum(found, source().to(found.device, torch.float32))
+        norm = global_grad_norm(grads, self.device)
+        kind = torch.where(norm.isnan(), 2.0, torch.maximum(found, norm.isinf().float()))
+        _max_across_ranks(kind)
+        found_inf = (kind > 0).float()
         if max_grad_norm is not None and grads:
-            torch.nn.utils.clip_grads_with_norm_(parameters, max_grad_norm, norm)
-        flag, scale, norm_value = torch.stack([found_inf, scale_used, norm]).tolist()
-        overflow = flag > 0.0
-        if overflow:
-            self.skipped_steps += 1
-        else:
-            optimizer.step()
+            clip_grads_(grads, max_grad_norm, norm)
+        self._optimizer_step(optimizer, found_inf)
+        self._skipped = self._skipped + found_inf.long()
         self.scaler.update(found_inf)
         return StepOutcome(
-            applied=not overflow,
-            overflow=overflow,
-            loss_scale=scale,
-            grad_norm=None if overflow else norm_value,
-            skipped_steps=self.skipped_steps,
+            overflow=found_inf,
+            applied=1.0 - found_inf,
+            overflow_kind=kind,
+            loss_scale=scale_used,
+            grad_norm=norm,
+            skipped_steps=self._skipped,
         )
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, found_inf: Tensor) -> None:
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            optimizer.grad_scale = None  # type: ignore[attr-defined]
+            optimizer.found_inf = found_inf  # type: ignore[attr-defined]
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
+            return
+        if not self._warned_host_skip:
+            log.warning("%s cannot skip a step on the device: one host read of the overflow flag per step",
+                        type(optimizer).__name__)
+            self._warned_host_skip = True
+        if not bool(found_inf):
+            optimizer.step()
 
     @property
     def loss_scale(self) -> float:
@@ -129,8 +223,8 @@ class PrecisionPolicy:
         return self.scaler.scale.item()
 
     def state_dict(self) -> dict[str, Any]:
-        """Precision name, scaler state (scale and trackers) and the skipped-step counter."""
-        return {"precision": self.name, "scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps}
+        """Precision name, scaler state (scale and trackers) and the skipped-step counter (python scalars; syncs)."""
+        return {"precision": self.name, "scaler": self.scaler.state_dict(), "skipped_steps": int(self._skipped.item())}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore exactly what :meth:`state_dict` saved.
@@ -141,14 +235,7 @@ class PrecisionPolicy:
         if state["precision"] != self.name:
             raise ValueError(f"checkpoint precision {state['precision']!r} differs from the job's {self.name!r}")
         self.scaler.load_state_dict(state["scaler"])
-        self.skipped_steps = int(state["skipped_steps"])
-
-
-def _total_norm(grads: Sequence[Tensor], device: torch.device) -> Tensor:
-    """Global L2 norm of ``grads`` as a 0-d float32 tensor on ``device`` (0 if there are none)."""
-    if not grads:
-        return torch.zeros((), dtype=torch.float32, device=device)
-    return torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False).float().to(device)
+        self._skipped = torch.full((), int(state["skipped_steps"]), dtype=torch.int64, device=self.device)
 
 
 def _max_across_ranks(flag: Tensor) -> None:
@@ -204,29 +291,5 @@ def build_precision(spec: JobSpec, device: torch.device) -> PrecisionPolicy:
         PrecisionUnsupportedError: the precision cannot run on ``device`` (see :func:`check_supported`).
     """
     check_supported(spec.precision, device)
-    return PrecisionPolicy(spec.precision, device, build_scaler(spec.effective_loss_scale, device))
-
-
-def _convert_to_fp8(model: nn.Module) -> list[str]:
-    """Swap eligible ``nn.Linear`` layers for torchao float8 training layers; return their names.
-
-    Kept in bf16: the first and last Linear (most sensitive to quantisation) and any
-    Linear whose dimensions are not multiples of 16 (fp8 GEMM requirement).
-    """
-    from torchao.float8 import convert_to_float8_training
-
-    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-    keep = set(linears[:1] + linears[-1:])
-
-    def eligible(module: nn.Module, fqn: str) -> bool:
-        return (
-            isinstance(module, nn.Linear)
-            and fqn not in keep
-            and module.in_features % 16 == 0
-            and module.out_features % 16 == 0
-        )
-
-    chosen = [name for name in linears if eligible(model.get_submodule(name), name)]
-    convert_to_float8_training(model, module_filter_fn=eligible)
-    log.info("fp8: %d of %d Linear layers converted: %s", len(chosen), len(linears), chosen)
-    return chosen
+    return PrecisionPolicy(spec.precision, device, build_scaler(spec.effective_loss_scale, device),
+                           fp8_recipe=spec.effective_fp8_recipe or "tensorwise")

@@ -1,9 +1,10 @@
 """The records sink: rank 0 appends JSON lines to ``<run_dir>/records.jsonl``.
 
 Line types and fields are the run-directory contract of docs/architecture.md and the
-step record of DESIGN.md §3. Each line is flushed as soon as it is written, so the
-worker can tail the file while training runs. JSON has no NaN or infinity: a
-non-finite float is written as ``null``.
+step record of DESIGN.md §3. Lines are flushed as soon as they are written (step lines
+in one batch per logging interval, see :mod:`trainer.telemetry`), so the worker can
+tail the file while training runs. JSON has no NaN or infinity: a non-finite float is
+written as ``null``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Self
@@ -28,7 +29,8 @@ class StepRecord:
     non-finite gradients were found and the update skipped; ``skipped_steps``:
     cumulative; ``grad_norm``: pre-clip L2 norm of the unscaled gradients (None when
     skipped); ``lr``: learning rate used for this step; throughput in samples (tokens)
-    per second of wall time over all ranks (``tokens_per_second`` None for non-token data).
+    per second over all ranks, measured over the logging interval the step belongs to
+    (samples of the interval / its wall time; ``tokens_per_second`` None for non-token data).
     """
 
     step: int
@@ -63,21 +65,32 @@ class RecordSink:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a", encoding="utf-8")
 
-    def write(self, kind: str, fields: Mapping[str, Any]) -> None:
-        """Append ``{"type": kind, "time": <unix seconds>, **fields}`` and flush."""
+    def write(self, kind: str, fields: Mapping[str, Any], when: float | None = None) -> None:
+        """Append ``{"type": kind, "time": when or now (unix seconds), **fields}`` and flush."""
+        self._write_line(kind, fields, when)
+        if self._file is not None:
+            self._file.flush()
+
+    def _write_line(self, kind: str, fields: Mapping[str, Any], when: float | None) -> None:
         if self._file is None:
             return
-        record = {"type": kind, "time": time.time(), **_finite_or_none(fields)}
+        record = {"type": kind, "time": time.time() if when is None else when, **_finite_or_none(fields)}
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
-        self._file.flush()
 
     def start(self, **fields: Any) -> None:
         """The ``start`` line: world_size, device, precision, compute_dtype, accumulation_steps, ..."""
         self.write("start", fields)
 
-    def step(self, record: StepRecord) -> None:
-        """A ``step`` line from a :class:`StepRecord`."""
-        self.write("step", asdict(record))
+    def step(self, record: StepRecord, when: float | None = None) -> None:
+        """A ``step`` line from a :class:`StepRecord` (``when``: the step's unix time, default now)."""
+        self.write("step", asdict(record), when)
+
+    def steps(self, records: Iterable[tuple[float, StepRecord]]) -> None:
+        """``step`` lines for ``(unix time, record)`` pairs, flushed once at the end."""
+        for when, record in records:
+            self._write_line("step", asdict(record), when)
+        if self._file is not None:
+            self._file.flush()
 
     def eval(self, step: int, metrics: Mapping[str, float]) -> None:
         """An ``eval`` line: ``step`` and ``loss`` plus ``accuracy`` or ``perplexity``."""

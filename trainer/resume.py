@@ -12,8 +12,8 @@ from trainer.spec import JobSpec
 #: Spec fields that may differ between the checkpointed run and the resumed one; any
 #: other difference would change the trajectory, so it is refused.
 MAY_CHANGE = frozenset(
-    {"name", "max_steps", "checkpoint_interval", "eval_interval", "faults", "resume_from",
-     "max_consecutive_skips", "max_consecutive_nonfinite_losses"}
+    {"name", "max_steps", "checkpoint_interval", "eval_interval", "log_interval", "faults", "resume_from",
+     "max_consecutive_skips", "max_consecutive_nonfinite_losses", "max_attempts", "max_runtime_s"}
 )
 
 

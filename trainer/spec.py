@@ -19,6 +19,8 @@ Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 MAX_LOSS_SCALE = 2.0**64
 #: Smallest allowed ``min_scale``: far above float32's subnormal range.
 MIN_LOSS_SCALE = 2.0**-24
+#: Longest allowed ``max_runtime_s``: 30 days.
+MAX_RUNTIME_S = 30 * 24 * 3600.0
 
 
 class _Strict(BaseModel):
@@ -128,22 +130,40 @@ class JobSpec(_Strict):
     scales and skips as an uninterrupted run). Only ``max_steps``, intervals, limits,
     ``name`` and ``faults`` may differ from the checkpointed spec.
 
+    ``fp8_recipe`` (fp8 only; ``None`` means ``tensorwise``, so a stored spec round-trips
+    through ``model_dump``) picks torchao's float8 scaling recipe: ``tensorwise`` or
+    ``rowwise``. ``parallelism`` is ``ddp`` (replicated parameters) or ``fsdp`` (FSDP2
+    ``fully_shard``: fp32 master weights sharded over ranks, compute in the precision's
+    dtype, gradients reduced in fp32).
+
+    ``log_interval``: step records are gathered on the device and copied to the host
+    (and written, one record per attempted step) every ``log_interval`` steps, before
+    each evaluation and checkpoint, and at the end; the divergence guard checks them
+    then, so a job fails at most ``log_interval - 1`` steps after a limit is reached.
+
     Divergence guard: a job fails with reason ``nonfinite_gradients`` after
     ``max_consecutive_skips`` consecutive skipped steps, and with ``nonfinite_loss``
-    after ``max_consecutive_nonfinite_losses`` consecutive non-finite losses.
+    after ``max_consecutive_nonfinite_losses`` consecutive non-finite losses, and with
+    ``loss_scale_collapsed`` instead of ``nonfinite_gradients`` when the dynamic scale
+    sat at ``min_scale`` and the skipped steps had only infinities (no NaN).
+
+    Job-server limits (read by the worker, not the trainer): ``max_attempts`` launches
+    at most (a lost worker's job is retried from its last checkpoint until then), and
+    ``max_runtime_s`` seconds of running time over all attempts (then ``deadline_exceeded``).
     """
 
     name: Annotated[str, Field(max_length=200)] | None = None
     model: ModelSpec
     dataset: DatasetSpec
     precision: Precision = "fp32"
+    fp8_recipe: Literal["tensorwise", "rowwise"] | None = None
     loss_scale: LossScaleSpec | None = None
     micro_batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 32
     gradient_accumulation_steps: Annotated[int, Field(ge=1, le=65536)] | None = None
     global_batch_size: Annotated[int, Field(ge=1, le=1 << 30)] | None = None
     gpus: Annotated[int, Field(ge=0, le=1024)] = 0
     processes: Annotated[int, Field(ge=1, le=256)] = 1
-    parallelism: Literal["ddp"] = "ddp"
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
     max_steps: Annotated[int, Field(ge=1, le=100_000_000)] = 100
     optimizer: OptimizerSpec = OptimizerSpec()
     lr_scheduler: LRSchedulerSpec = LRSchedulerSpec()
@@ -151,9 +171,12 @@ class JobSpec(_Strict):
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     checkpoint_interval: Annotated[int, Field(ge=1)] | None = None
     eval_interval: Annotated[int, Field(ge=1)] | None = None
+    log_interval: Annotated[int, Field(ge=1, le=10_000)] = 10
     max_consecutive_skips: Annotated[int, Field(ge=1, le=1_000_000)] = 50
     max_consecutive_nonfinite_losses: Annotated[int, Field(ge=1, le=1_000_000)] = 10
     resume_from: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
+    max_runtime_s: Annotated[float, Field(gt=0.0, le=MAX_RUNTIME_S, allow_inf_nan=False)] | None = None
     faults: FaultsSpec | None = None
 
     @field_validator("name")
@@ -172,6 +195,12 @@ class JobSpec(_Strict):
         if self.loss_scale is not None and self.precision != "fp16":
             msg = f"only fp16 uses loss scaling; precision is '{self.precision}'"
             raise field_error("JobSpec", "loss_scale", msg, self.loss_scale.model_dump())
+        if self.fp8_recipe is not None and self.precision != "fp8":
+            msg = f"fp8_recipe is only meaningful with precision 'fp8'; precision is '{self.precision}'"
+            raise field_error("JobSpec", "fp8_recipe", msg, self.fp8_recipe)
+        if self.parallelism == "fsdp" and self.optimizer.name == "sgd" and self.optimizer.implementation == "fused":
+            msg = "fused SGD cannot step FSDP2's sharded parameters (PyTorch has no DTensor rule for it); use foreach or auto"
+            raise field_error("JobSpec", "optimizer", msg, self.optimizer.model_dump())
         if self.precision == "fp8" and self.gpus == 0:
             msg = "fp8 needs a CUDA GPU with compute capability >= 8.9, and gpus is 0"
             raise field_error("JobSpec", "precision", msg, self.precision)
@@ -217,6 +246,13 @@ class JobSpec(_Strict):
     def effective_global_batch_size(self) -> int:
         """Samples per optimizer step over all ranks: micro-batch x accumulation x world size."""
         return self.micro_batch_size * self.accumulation_steps * self.world_size
+
+    @property
+    def effective_fp8_recipe(self) -> Literal["tensorwise", "rowwise"] | None:
+        """The fp8 scaling recipe: the given one, ``tensorwise`` by default for fp8, else ``None``."""
+        if self.precision != "fp8":
+            return None
+        return self.fp8_recipe or "tensorwise"
 
     @property
     def effective_loss_scale(self) -> LossScaleSpec | None:

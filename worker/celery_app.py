@@ -1,9 +1,19 @@
 """Celery application factory. Nothing is created at import time.
 
-Settings are chosen for long GPU jobs: late acks (a message is acknowledged only
-when its task ends), prefetch of one, and rejection on worker loss. Exactly-once
-launch does not rely on the broker: the task claims the job in the database with a
-compare-and-set, so a redelivered message is a no-op.
+Settings are chosen for long GPU jobs (docs/worker.md, "Delivery"):
+
+- late acks: a message is not acknowledged when it is received, so a worker that
+  dies before it claims the job leaves the message to be delivered again; the task
+  acknowledges it as soon as the job is claimed (:mod:`worker.acks`), and from then
+  on the database lease and the reaper look after the job, not the broker;
+- a prefetch of one per thread (a worker never holds messages it cannot start);
+- rejection on worker loss (with a process pool, a child killed mid-task gives the
+  message back rather than acknowledging it);
+- Redis's visibility timeout (``HALFCAST_BROKER_VISIBILITY_TIMEOUT_S``, default one
+  hour): how long an unacknowledged message waits before it is delivered again.
+  Since a message is acknowledged at the claim, only a worker that died between
+  receiving and claiming waits this long, and a redelivery is dropped by the
+  claim's compare-and-set anyway.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ RUN_JOB_TASK = "halfcast.run_job"
 
 
 def broker_transport_options(settings: Settings) -> dict[str, object]:
-    """Transport options: folders for the embedded ``filesystem://`` broker."""
+    """Transport options: folders for the embedded ``filesystem://`` broker; Redis's visibility timeout."""
     if settings.effective_broker_url.startswith("filesystem://"):
         folder = settings.broker_dir
         for sub in ("in", "processed", "control"):
@@ -33,9 +43,16 @@ def broker_transport_options(settings: Settings) -> dict[str, object]:
             # seconds between looks at the folder (kombu's default is 1 s)
             "polling_interval": 0.2,
         }
-    # Redis re-delivers unacknowledged messages after this many seconds; a job may
-    # run for days, and the database claim drops any redelivery anyway.
-    return {"visibility_timeout": 7 * 24 * 3600}
+    # Redis delivers an unacknowledged message again after this many seconds; the
+    # message of a claimed job is already acknowledged, and a redelivery is dropped.
+    # kombu looks for such messages only every interval x throttle seconds (100 s by
+    # default), so the timeout would be that late: look every min(10, timeout / 2) s.
+    visibility = settings.broker_visibility_timeout_s
+    return {
+        "visibility_timeout": visibility,
+        "unacked_restore_interval": max(1.0, min(10.0, visibility / 2)),
+        "unacked_restore_throttle": 1,
+    }
 
 
 def create_celery_app(settings: Settings | None = None) -> Celery:

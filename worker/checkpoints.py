@@ -1,10 +1,12 @@
-"""Resolve a spec's ``resume_from`` (a job id, or a checkpoint file) to a checkpoint path.
+"""Find checkpoints: a spec's ``resume_from``, and where a retried job picks up again.
 
 Checkpoints live in run directories, ``<runs_dir>/<job_id>/attempt-<n>/checkpoints/``.
 A job id means its newest checkpoint: ``final.pt`` of the newest attempt that has
 one, else that attempt's highest ``step-<N>.pt``. A file path (absolute, or relative
 to ``runs_dir``) must resolve inside ``runs_dir``, so a spec cannot make the trainer
-read an arbitrary file.
+read an arbitrary file. A retry (:func:`retry_checkpoint`) resumes from the highest
+``step-<N>.pt`` below ``max_steps`` of the job's earlier attempts (the trainer writes
+each checkpoint atomically, so a file under that name is complete).
 """
 
 from __future__ import annotations
@@ -53,3 +55,26 @@ def _attempt_checkpoint(folder: Path) -> Path | None:
         return folder / "final.pt"
     steps = sorted((int(m.group(1)), p) for p in folder.glob("step-*.pt") if (m := _STEP.match(p.name)))
     return steps[-1][1] if steps else None
+
+
+def retry_checkpoint(job_dir: Path, attempt: int, max_steps: int) -> tuple[Path, int] | None:
+    """``(checkpoint, step)`` for attempt ``attempt`` of a job to resume from; ``None`` if there is none.
+
+    Looks at ``step-<N>.pt`` with ``N < max_steps`` in the run directories of attempts
+    before ``attempt`` under ``job_dir``; the highest ``N`` wins, the newest attempt on a
+    tie. (A checkpoint at ``max_steps`` is a finished run: the trainer refuses to
+    resume from it.)
+    """
+    best: tuple[int, int, Path] | None = None
+    if not job_dir.is_dir():
+        return None
+    for path in job_dir.iterdir():
+        m = _ATTEMPT.match(path.name)
+        if m is None or int(m.group(1)) >= attempt:
+            continue
+        for file in (path / "checkpoints").glob("step-*.pt"):
+            s = _STEP.match(file.name)
+            if s is not None and int(s.group(1)) < max_steps and file.is_file():
+                candidate = (int(s.group(1)), int(m.group(1)), file)
+                best = candidate if best is None or candidate[:2] > best[:2] else best
+    return None if best is None else (best[2], best[0])

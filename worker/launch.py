@@ -8,7 +8,8 @@ it (celery#1106, pytorch PR #113231: signalling only the pool process, or only
 torchrun, leaves ranks behind). ``--standalone`` makes
 torchrun pick a free rendezvous port, so two runs on one host never collide
 (pytorch#126510). The child gets a minimal environment: never the database or
-broker URLs.
+broker URLs. The run is started through :mod:`worker.deathsig`, so it gets SIGTERM
+when the worker dies, even by SIGKILL.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -197,19 +199,20 @@ class RunProcess:
         """The run's live processes (see :class:`ProcessTree`)."""
         return self.tree.refresh()
 
-    def stop(self, grace_s: float) -> bool:
+    def stop(self, grace_s: float, tick: Callable[[], object] | None = None) -> bool:
         """Stop the whole run; return ``True`` once no process of it is left.
 
         SIGTERM to every process and process group of the run, up to ``grace_s``
         seconds for all of them to exit, then SIGKILL likewise, then a check of
-        ``/proc`` that nothing of the run is left (zombies aside).
+        ``/proc`` that nothing of the run is left (zombies aside). ``tick`` is called
+        while waiting (the runner renews its lease there).
         """
         self._signal(signal.SIGTERM)
-        if self._wait_empty(grace_s):
+        if self._wait_empty(grace_s, tick):
             return True
         log.warning("run %d outlived its %.1f s grace period; killing it", self.pid, grace_s)
         self._signal(signal.SIGKILL)
-        if self._wait_empty(KILL_WAIT_S):
+        if self._wait_empty(KILL_WAIT_S, tick):
             return True
         left = [info.pid for info in self.members()]
         log.error("run %d: processes %s survived SIGKILL", self.pid, left)
@@ -227,7 +230,7 @@ class RunProcess:
         except subprocess.TimeoutExpired:
             log.error("run %d: the leader is gone from /proc but could not be reaped", self.pid)
 
-    def _wait_empty(self, timeout_s: float) -> bool:
+    def _wait_empty(self, timeout_s: float, tick: Callable[[], object] | None = None) -> bool:
         deadline = time.monotonic() + timeout_s
         while True:
             if not self.members():
@@ -235,6 +238,8 @@ class RunProcess:
                 return True
             if time.monotonic() >= deadline:
                 return False
+            if tick is not None:
+                tick()
             time.sleep(WAIT_STEP_S)
 
 
@@ -246,15 +251,18 @@ def _ignore_gone(kill: Callable[[int, int], None], target: int, signum: signal.S
 
 
 def start_run(command: list[str], run_dir: Path, env: Mapping[str, str]) -> RunProcess:
-    """Start ``command`` in ``run_dir`` as the leader of a new session.
+    """Start ``command`` in ``run_dir`` as the leader of a new session, signalled if the worker dies.
 
     stdout and stderr go to ``<run_dir>/logs/launcher.log``. Raises ``OSError``
-    when the command cannot be started.
+    when the command cannot be started (its program is not found or not executable).
     """
+    if shutil.which(command[0], path=env.get("PATH")) is None:
+        raise FileNotFoundError(f"no executable {command[0]!r}")
     log_path = run_dir / "logs" / "launcher.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    guarded = [sys.executable, "-m", "worker.deathsig", str(os.getpid()), "--", *command]
     with log_path.open("ab") as log_file:
-        popen = _popen(command, run_dir, env, log_file)
+        popen = _popen(guarded, run_dir, env, log_file)
     log.info("started run %d in %s: %s", popen.pid, run_dir, " ".join(command))
     return RunProcess(popen, log_path)
 

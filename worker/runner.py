@@ -2,22 +2,25 @@
 
 ::
 
-    queued ──claim──> starting ──first record──> running ──exit 0 + "end"──> succeeded
-                          │                         │ ──error.json──────────> failed (its reason)
-                          │                         │ ──other exit──────────> failed (rank_failed)
-                          └──── cancelling ─────────┴──stop the group──────> cancelled
+    queued ──claim + lease──> starting ──first record──> running ──exit 0 + "end"──> succeeded
+                                  │                         │ ──error.json / known cause──> failed (its reason)
+                                  │                         │ ──other exit─────────────> failed (rank_failed)
+                                  │                         │ ──past max_runtime_s─────> failed (deadline_exceeded)
+                                  └──── cancelling ─────────┴──stop the run───────────> cancelled
+                  worker shutting down: stop the run ──> queued again (retry) or failed (worker_lost)
+                  lease lost (recovered elsewhere): stop the run, write nothing
 
-Every claimed attempt ends in a terminal status: the supervision runs under
-``try``/``finally``, and anything unexpected kills the process group and fails the
-job with reason ``worker_error``. A message whose claim fails (redelivered,
-duplicate, or the job was cancelled while queued) is logged and dropped.
+Every claimed attempt ends in a terminal status or hands the job back: the
+supervision runs under ``try``/``finally``, and anything unexpected stops the run
+and fails the job with reason ``worker_error``. A message whose claim fails
+(redelivered, duplicate, or the job was cancelled while queued) is logged and
+dropped. The loop renews the attempt's lease (:mod:`worker.lease`); every write is
+fenced by attempt and owner (:mod:`worker.store`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,48 +31,60 @@ from pydantic import ValidationError
 
 from server.settings import Settings
 from trainer.spec import JobSpec
-from worker.checkpoints import CheckpointUnavailable, resolve_resume
-from worker.launch import RunProcess, build_command, build_environment, log_tail, start_run
+from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
+from worker.deadline import Deadline
+from worker.launch import RunProcess, build_command, build_environment, start_run
+from worker.lease import Lease
+from worker.oomwatch import oom_kill_count
+from worker.outcomes import Outcome, exit_outcome
+from worker.reasons import RETRY_POLICY
+from worker.recovery import Enqueue, Recovery
 from worker.store import Claim, JobStore, Progress
 from worker.tail import RecordTail
 
+__all__ = ["Attempt", "Outcome", "RunnerContext", "run_job"]
+
 log = logging.getLogger(__name__)
 
-#: Lines of ``launcher.log`` quoted in a failure message.
-LOG_TAIL_LINES = 50
 #: Longest failure message stored.
 MAX_MESSAGE_CHARS = 16_000
 
 CommandBuilder = Callable[[JobSpec, Path, Path], list[str]]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """How an attempt ended: a terminal status and, for failures, a typed reason and message."""
-
-    status: str
-    reason: str | None = None
-    message: str | None = None
+def _nothing() -> object:
+    return None
 
 
 @dataclass
 class RunnerContext:
-    """What the runner needs from its worker: settings, database, identity, shutdown flag."""
+    """What the runner needs from its worker: settings, database, identity, shutdown flag, broker.
+
+    ``enqueue`` sends a job id to the workers (for a retry; without it nothing is
+    retried); ``on_claimed`` is called right after a successful claim (the task
+    acknowledges its message there).
+    """
 
     settings: Settings
     store: JobStore
     worker_id: str
     build_command: CommandBuilder = build_command
     shutdown: threading.Event = field(default_factory=threading.Event)
+    enqueue: Enqueue | None = None
+    on_claimed: Callable[[], object] = _nothing
 
 
 def run_job(job_id: str, context: RunnerContext) -> Outcome | None:
     """Run one attempt of ``job_id``; ``None`` when the job could not be claimed (dropped)."""
-    claim = context.store.claim(job_id, context.worker_id, context.settings.runs_dir)
+    claim = context.store.claim(job_id, context.worker_id, context.settings.runs_dir, context.settings.lease_ttl_s)
     if claim is None:
         log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
         return None
     log.info("job %s: attempt %d claimed by %s in %s", job_id, claim.attempt, context.worker_id, claim.run_dir)
+    try:
+        context.on_claimed()
+    except Exception:
+        log.exception("job %s: could not acknowledge its message after the claim", job_id)
     return Attempt(claim, context).run()
 
 
@@ -80,18 +95,22 @@ class Attempt:
         self.claim = claim
         self.context = context
         self.store = context.store
+        self.fence = claim.fence
         self.run_dir = claim.run_dir
+        self.lease = Lease(context.store, claim.fence, context.settings.lease_ttl_s)
+        self.deadline = Deadline.for_spec(claim.spec, claim.runtime_used_s)
         self.tail = RecordTail(self.run_dir / "records.jsonl")
         self.process: RunProcess | None = None
+        self.oom_kills_at_launch: int | None = None
         self.running = False
         self.ended = False
 
     def run(self) -> Outcome:
-        """Run the attempt to its end and record the terminal status.
+        """Run the attempt to its end and record the outcome.
 
-        Never leaves the job non-terminal: any exception becomes ``worker_error``
-        (after the process group is stopped), and the status is written even when
-        a ``BaseException`` propagates.
+        Never leaves the job non-terminal while it owns it: any exception becomes
+        ``worker_error`` (after the run is stopped), and the outcome is written even
+        when a ``BaseException`` propagates.
         """
         outcome = Outcome("failed", "worker_error", "the worker stopped supervising the job unexpectedly")
         try:
@@ -118,10 +137,15 @@ class Attempt:
             return spec
         if self.store.cancel_requested(self.claim.job_id):
             return Outcome("cancelled", None, "cancelled before launch")
+        if self.deadline.passed():
+            return Outcome("failed", "deadline_exceeded", self.deadline.message())
         try:
             command = self._command(spec)
         except CheckpointUnavailable as exc:
             return Outcome("failed", "checkpoint_unavailable", str(exc))
+        if not self.lease.renew_if_due():
+            return self._lost()
+        self.oom_kills_at_launch = oom_kill_count()
         try:
             self.process = start_run(command, self.run_dir, build_environment(spec, self.context.settings))
         except OSError as exc:
@@ -139,10 +163,23 @@ class Attempt:
         return spec
 
     def _command(self, spec: JobSpec) -> list[str]:
-        """The launch command; with ``resume_from``, the resolved checkpoint is passed on."""
+        """The launch command, resuming a retry from the newest checkpoint of the earlier attempts.
+
+        Without one, a ``resume_from`` in the spec is resolved and passed on. Step
+        records after the resume point are dropped (the retry writes them again).
+        """
         command = self.context.build_command(spec, self.run_dir / "spec.json", self.run_dir)
-        if spec.resume_from is not None:
+        checkpoint: Path | None = None
+        if self.claim.attempt > 1:
+            job_dir = self.context.settings.runs_dir / self.claim.job_id
+            found = retry_checkpoint(job_dir, self.claim.attempt, spec.max_steps)
+            checkpoint, step = found if found is not None else (None, 0)
+            log.info("job %s: attempt %d resumes from %s", self.claim.job_id, self.claim.attempt, checkpoint or "the start")
+            if not self.store.rewind(self.fence, step):
+                self.lease.mark_lost("the job was taken over before launch")
+        if checkpoint is None and spec.resume_from is not None:
             checkpoint = resolve_resume(spec.resume_from, self.context.settings.runs_dir)
+        if checkpoint is not None:
             command += ["--resume-from", str(checkpoint)]
         return command
 
@@ -153,34 +190,49 @@ class Attempt:
             code = process.poll()
             if code is not None:
                 self._ingest()
-                return self._exit_outcome(code)
+                return exit_outcome(code, self.ended, self.run_dir, self._oom_killed())
+            if not self.lease.renew_if_due():
+                return self._stop_for(self._lost())
             if self.store.cancel_requested(self.claim.job_id):
-                return self._stop_for("cancelled", None, "cancelled by request")
+                return self._stop_for(Outcome("cancelled", None, "cancelled by request"))
             if self.context.shutdown.is_set():
-                return self._stop_for("failed", "worker_lost", "the worker shut down while the job ran")
+                return self._stop_for(Outcome("failed", "worker_lost", "the worker shut down while the job ran"))
+            if self.deadline.passed():
+                return self._stop_for(Outcome("failed", "deadline_exceeded", self.deadline.message()))
             self.context.shutdown.wait(poll_s)
 
-    def _stop_for(self, status: str, reason: str | None, message: str) -> Outcome:
-        log.info("job %s: stopping run (%s)", self.claim.job_id, message)
+    def _lost(self) -> Outcome:
+        return Outcome("failed", "worker_lost", f"lease lost: {self.lease.lost_reason}")
+
+    def _oom_killed(self) -> bool:
+        before, after = self.oom_kills_at_launch, oom_kill_count()
+        return before is not None and after is not None and after > before
+
+    def _stop_for(self, outcome: Outcome) -> Outcome:
+        log.info("job %s: stopping run (%s)", self.claim.job_id, outcome.message)
         self._stop_process()
-        self._ingest()
-        return Outcome(status, reason, message)
+        if not self.lease.lost:
+            self._ingest()
+        return outcome
 
     def _stop_process(self) -> None:
         if self.process is not None and self.process.members():
-            if not self.process.stop(self.context.settings.cancel_grace_s):
+            if not self.process.stop(self.context.settings.cancel_grace_s, tick=self.lease.renew_if_due):
                 raise RuntimeError(f"processes of run {self.process.pid} survived SIGKILL")
 
     def _ingest(self) -> None:
-        """Move new records from ``records.jsonl`` into the database."""
+        """Move new records from ``records.jsonl`` into the database (fenced by the lease)."""
+        if self.lease.lost:
+            return
         records = self.tail.drain()
         if not records:
             return
         progress = self._progress(records)
         if not self.running:
-            self.store.mark_running(self.claim.job_id, self.claim.attempt)
+            self.store.mark_running(self.fence)
             self.running = True
-        self.store.record_progress(self.claim.job_id, self.claim.attempt, progress)
+        if not self.store.record_progress(self.fence, progress):
+            self.lease.mark_lost("a progress write matched no row: the job is no longer this attempt's")
 
     def _progress(self, records: list[dict[str, Any]]) -> Progress:
         steps: list[dict[str, Any]] = []
@@ -199,58 +251,24 @@ class Attempt:
                 self.ended = True
         return Progress(steps=steps, eval=evaluation, world_size=world_size)
 
-    def _exit_outcome(self, code: int) -> Outcome:
-        if code == 0 and self.ended:
-            return Outcome("succeeded")
-        error = read_error(self.run_dir / "error.json")
-        tail = log_tail(self.run_dir / "logs" / "launcher.log", LOG_TAIL_LINES)
-        if error is not None:
-            reason, message = error
-            return Outcome("failed", reason, _with_tail(message, tail))
-        what = "exited 0 without an end record" if code == 0 else f"exited with {_describe_exit(code)}"
-        return Outcome("failed", "rank_failed", _with_tail(f"the trainer {what}", tail))
-
     def _finish(self, outcome: Outcome) -> None:
-        job_id, attempt = self.claim.job_id, self.claim.attempt
+        """Record the outcome: a retryable failure goes through the retry policy; nothing if the lease is lost."""
+        job_id = self.claim.job_id
+        if self.lease.lost:
+            log.warning("job %s: attempt %d no longer owns the job; outcome %s not recorded", job_id, self.claim.attempt, outcome.status)
+            return
         message = outcome.message[-MAX_MESSAGE_CHARS:] if outcome.message else outcome.message
         try:
-            done = self.store.finish(job_id, attempt, outcome.status, outcome.reason, message)
+            if outcome.status == "failed" and outcome.reason and RETRY_POLICY.get(outcome.reason, False):
+                result = Recovery(self.store, self.context.enqueue).release(self.fence, outcome.reason, message or "")
+                done, what = result is not None, f"{result} ({outcome.reason})"
+            else:
+                done = self.store.finish(self.fence, outcome.status, outcome.reason, message)
+                what = outcome.status + (f" ({outcome.reason})" if outcome.reason else "")
         except Exception:
             log.exception("job %s: could not record its outcome %s", job_id, outcome.status)
             return
         if done:
-            log.info("job %s: %s%s", job_id, outcome.status, f" ({outcome.reason})" if outcome.reason else "")
+            log.info("job %s: %s", job_id, what)
         else:
-            log.warning("job %s: already terminal, outcome %s not recorded", job_id, outcome.status)
-
-
-def read_error(path: Path) -> tuple[str, str] | None:
-    """``(reason, message)`` from a rank's ``error.json``; ``None`` if absent or unreadable."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        log.warning("unreadable %s", path)
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("reason"), str) or not data["reason"]:
-        log.warning("%s has no reason: %.200r", path, data)
-        return None
-    rank = data.get("rank")
-    message = str(data.get("message") or "")
-    return data["reason"], f"{message} (rank {rank})" if rank is not None else message
-
-
-def _with_tail(message: str, tail: str) -> str:
-    if not tail:
-        return message
-    return f"{message}\n--- last lines of logs/launcher.log ---\n{tail}"
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
+            log.warning("job %s: no longer owned by attempt %d; outcome %s not recorded", job_id, self.claim.attempt, what)

@@ -1,12 +1,18 @@
-"""The worker's side of the database: claiming a job, recording progress, finishing it.
+"""The worker's side of the database: claiming a job, its lease, recording progress, finishing it.
 
 Ownership lives in the database, not the broker (DESIGN.md §7, celery#5935): a job
 is claimed with a compare-and-set from ``queued``, so a redelivered or duplicate
 message, or one for a job cancelled while queued, updates no row and is dropped.
-Every later write is guarded by the claimed ``attempt`` and a non-terminal status,
-so a terminal status is never overwritten and a stale attempt writes nothing.
-Step records are inserted with insert-or-ignore on ``(job_id, step)``, so
-re-reading records never duplicates or fails.
+The claim also takes a lease: ``worker_id`` is the owner, ``attempt`` the fencing
+token, ``lease_expires_at`` the expiry, pushed forward by the owner's heartbeat.
+
+Every later write of an attempt is fenced: it applies only ``WHERE attempt = token
+AND worker_id = owner AND status`` is live, so a terminal status is never
+overwritten and a stale worker (one whose job was recovered and relaunched by
+someone else) writes nothing, step records included. Step records are inserted
+with insert-or-ignore on ``(job_id, step)``, so re-reading records never duplicates
+or fails. Each write is one short transaction that starts with ``BEGIN IMMEDIATE``
+on SQLite (see :mod:`server.db.engine`).
 """
 
 from __future__ import annotations
@@ -16,12 +22,15 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Insert, insert, select, update
+from sqlalchemy import Connection, Engine, Insert, delete, insert, select, update
 
-from server.db.models import TERMINAL_STATUSES, Job, StepRecord, utcnow
+from server.db.engine import WRITE_TRANSACTION
+from server.db.models import TERMINAL_STATUSES, Attempt, Job, StepRecord, utcnow
+from server.timeutil import as_utc
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +43,29 @@ LIVE_STATUSES = ("starting", "running", "cancelling")
 
 
 @dataclass(frozen=True)
+class Fence:
+    """Whose attempt a write belongs to: the job, its attempt number (fencing token) and owner."""
+
+    job_id: str
+    attempt: int
+    owner: str
+
+
+@dataclass(frozen=True)
 class Claim:
-    """A job this worker now owns: its attempt number, run directory and stored spec."""
+    """A job this worker now owns: its fence, run directory, stored spec and running time used before."""
 
     job_id: str
     attempt: int
     run_dir: Path
     spec: dict[str, Any]
+    owner: str
+    runtime_used_s: float = 0.0
+
+    @property
+    def fence(self) -> Fence:
+        """The fencing token of this attempt's writes."""
+        return Fence(self.job_id, self.attempt, self.owner)
 
 
 @dataclass(frozen=True)
@@ -59,17 +84,21 @@ class JobStore:
         self.engine = engine
 
     @contextmanager
-    def _begin(self) -> Iterator[Connection]:
-        with self.engine.begin() as conn:
+    def begin(self) -> Iterator[Connection]:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite), committed on exit."""
+        with self.engine.execution_options(**WRITE_TRANSACTION).begin() as conn:
             yield conn
 
-    def claim(self, job_id: str, worker_id: str, runs_dir: Path) -> Claim | None:
-        """Move a ``queued`` job to ``starting`` for this worker; ``None`` if it is not queued.
+    def claim(self, job_id: str, worker_id: str, runs_dir: Path, lease_ttl_s: float = 30.0) -> Claim | None:
+        """Move a ``queued`` job to ``starting`` for ``worker_id`` with a lease; ``None`` if it is not queued.
 
         The new attempt is ``attempt + 1``; its run directory is
-        ``<runs_dir>/<job_id>/attempt-<n>`` (recorded, not created).
+        ``<runs_dir>/<job_id>/attempt-<n>`` (recorded, not created). An ``attempts`` row
+        is added in the same transaction. ``runtime_used_s`` sums the running time of
+        the job's earlier attempts (for ``max_runtime_s``).
         """
-        with self._begin() as conn:
+        now = utcnow()
+        with self.begin() as conn:
             row = conn.execute(select(Job.status, Job.attempt, Job.spec).where(Job.id == job_id)).one_or_none()
             if row is None or row.status != "queued":
                 return None
@@ -78,27 +107,62 @@ class JobStore:
             claimed = conn.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.status == "queued", Job.attempt == row.attempt)
-                .values(status="starting", worker_id=worker_id, attempt=attempt, started_at=utcnow(), run_dir=str(run_dir))
-            ).rowcount
-        return Claim(job_id, attempt, run_dir, row.spec) if claimed == 1 else None
+                .values(status="starting", worker_id=worker_id, attempt=attempt, started_at=now, run_dir=str(run_dir),
+                        lease_expires_at=now + timedelta(seconds=lease_ttl_s), error_reason=None, error_message=None)
+            ).rowcount  # fmt: skip
+            if claimed != 1:
+                return None
+            used = _runtime_used(conn, job_id)
+            conn.execute(delete(Attempt).where(Attempt.job_id == job_id, Attempt.attempt >= attempt))
+            conn.execute(insert(Attempt).values(job_id=job_id, attempt=attempt, worker_id=worker_id, started_at=now))
+        return Claim(job_id, attempt, run_dir, row.spec, owner=worker_id, runtime_used_s=used)
 
-    def mark_running(self, job_id: str, attempt: int) -> bool:
+    def renew_lease(self, fence: Fence, lease_ttl_s: float) -> bool:
+        """Push the lease ``lease_ttl_s`` seconds ahead; ``False`` if the attempt no longer owns the job."""
+        expires = utcnow() + timedelta(seconds=lease_ttl_s)
+        with self.begin() as conn:
+            return conn.execute(self._fenced(fence, LIVE_STATUSES).values(lease_expires_at=expires)).rowcount == 1
+
+    def mark_running(self, fence: Fence) -> bool:
         """``starting`` → ``running`` for this attempt; ``False`` if the status moved on."""
-        with self._begin() as conn:
-            return conn.execute(self._guarded(job_id, attempt, ("starting",)).values(status="running")).rowcount == 1
+        with self.begin() as conn:
+            return conn.execute(self._fenced(fence, ("starting",)).values(status="running")).rowcount == 1
 
-    def record_progress(self, job_id: str, attempt: int, progress: Progress) -> None:
-        """Store new step records (insert-or-ignore) and update ``step``/``latest``/``eval``/``world_size``."""
-        values = _progress_values(progress)
-        if not values and not progress.steps:
-            return
-        with self._begin() as conn:
+    def record_progress(self, fence: Fence, progress: Progress) -> bool:
+        """Store new step records (insert-or-ignore) and update ``step``/``latest``/``eval``/``world_size``.
+
+        Returns ``False`` (and stores nothing) when the attempt no longer owns the job.
+        The fenced job update runs first, so its row lock orders this write against
+        a concurrent recovery of the job.
+        """
+        values = _progress_values(progress) or {"updated_at": utcnow()}
+        with self.begin() as conn:
+            if conn.execute(self._fenced(fence, LIVE_STATUSES).values(**values)).rowcount != 1:
+                return False
             for start in range(0, len(progress.steps), BATCH_SIZE):
-                rows = [_step_row(job_id, record) for record in progress.steps[start : start + BATCH_SIZE]]
+                rows = [_step_row(fence.job_id, record) for record in progress.steps[start : start + BATCH_SIZE]]
                 if (statement := _insert_ignore(conn, rows)) is not None:
                     conn.execute(statement)
-            if values:
-                conn.execute(self._guarded(job_id, attempt, LIVE_STATUSES).values(**values))
+        return True
+
+    def rewind(self, fence: Fence, step: int) -> bool:
+        """Forget step records after ``step`` (a retry resumes from a checkpoint there).
+
+        ``step``, ``latest`` and ``eval`` go back to what the job had at ``step``.
+        Returns ``False`` when the attempt no longer owns the job.
+        """
+        with self.begin() as conn:
+            latest = conn.execute(
+                select(StepRecord.data).where(StepRecord.job_id == fence.job_id, StepRecord.step == step)
+            ).scalar_one_or_none()
+            evaluation = conn.execute(select(Job.eval).where(Job.id == fence.job_id)).scalar_one_or_none()
+            if evaluation is not None and int(evaluation.get("step") or 0) > step:
+                evaluation = None
+            values = {"step": step, "latest": latest, "eval": evaluation}
+            if conn.execute(self._fenced(fence, LIVE_STATUSES).values(**values)).rowcount != 1:
+                return False
+            conn.execute(delete(StepRecord).where(StepRecord.job_id == fence.job_id, StepRecord.step > step))
+        return True
 
     def status(self, job_id: str) -> str | None:
         """The job's current status; ``None`` if there is no such job."""
@@ -109,23 +173,55 @@ class JobStore:
         """Whether the API asked to cancel the job (its status is ``cancelling``)."""
         return self.status(job_id) == "cancelling"
 
-    def finish(self, job_id: str, attempt: int, status: str, reason: str | None = None, message: str | None = None) -> bool:
-        """Give the attempt its terminal ``status`` and typed error; ``False`` if it was already terminal."""
+    def finish(self, fence: Fence, status: str, reason: str | None = None, message: str | None = None) -> bool:
+        """Give the attempt its terminal ``status`` and typed error; ``False`` if it no longer owns the job.
+
+        A ``cancelled`` job keeps no error (``error`` is null in the resource).
+        """
         if status not in TERMINAL_STATUSES:
             raise ValueError(f"{status!r} is not a terminal status")
-        live = tuple(sorted({"queued", *LIVE_STATUSES}))
-        with self._begin() as conn:
-            statement = self._guarded(job_id, attempt, live).values(
+        reason = reason[:MAX_REASON_CHARS] if reason else None
+        if status == "cancelled":
+            message = None
+        now = utcnow()
+        with self.begin() as conn:
+            statement = self._fenced(fence, LIVE_STATUSES).values(
                 status=status,
-                error_reason=reason[:MAX_REASON_CHARS] if reason else None,
+                error_reason=reason if status != "cancelled" else None,
                 error_message=message,
-                finished_at=utcnow(),
+                finished_at=now,
+                lease_expires_at=None,
             )
-            return conn.execute(statement).rowcount == 1
+            if conn.execute(statement).rowcount != 1:
+                return False
+            end_attempt(conn, fence, status, reason, now)
+        return True
 
     @staticmethod
-    def _guarded(job_id: str, attempt: int, statuses: Sequence[str]) -> Any:
-        return update(Job).where(Job.id == job_id, Job.attempt == attempt, Job.status.in_(statuses))
+    def _fenced(fence: Fence, statuses: Sequence[str]) -> Any:
+        return update(Job).where(
+            Job.id == fence.job_id,
+            Job.attempt == fence.attempt,
+            Job.worker_id == fence.owner,
+            Job.status.in_(statuses),
+        )
+
+
+def end_attempt(conn: Connection, fence: Fence, status: str, reason: str | None, ended_at: datetime) -> None:
+    """Record how attempt ``fence.attempt`` ended (its ``attempts`` row), inside ``conn``'s transaction."""
+    conn.execute(
+        update(Attempt)
+        .where(Attempt.job_id == fence.job_id, Attempt.attempt == fence.attempt, Attempt.ended_at.is_(None))
+        .values(ended_at=ended_at, status=status, reason=reason[:MAX_REASON_CHARS] if reason else None)
+    )
+
+
+def _runtime_used(conn: Connection, job_id: str) -> float:
+    """Seconds the job's ended attempts ran (each from its start to its end)."""
+    rows = conn.execute(select(Attempt.started_at, Attempt.ended_at).where(Attempt.job_id == job_id))
+    return sum(
+        max(0.0, (as_utc(ended) - as_utc(started)).total_seconds()) for started, ended in rows if ended is not None
+    )
 
 
 def _progress_values(progress: Progress) -> dict[str, Any]:

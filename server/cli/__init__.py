@@ -11,10 +11,10 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from server.cli import db, services
+from server.cli import db, jobs, services
 
 #: Command-group modules, in the order ``--help`` lists them.
-GROUPS = (services, db)
+GROUPS = (services, db, jobs)
 
 
 def build_parser() -> argparse.ArgumentParser:

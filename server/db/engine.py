@@ -1,14 +1,24 @@
-"""Engine and session factories. SQLite gets WAL, a busy timeout and foreign keys."""
+"""Engine and session factories. SQLite gets WAL, a busy timeout and foreign keys.
+
+SQLite transactions are begun by SQLAlchemy, not by the driver, so a transaction
+that reads before it writes can ask for the write lock up front: run it on
+``engine.execution_options(**WRITE_TRANSACTION)`` and it starts with ``BEGIN
+IMMEDIATE``. A deferred transaction that reads first and then writes fails at once
+with "database is locked" (``SQLITE_BUSY_SNAPSHOT``, no busy wait) when another
+connection committed in between (phoenix#3949); an immediate one waits its turn.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 #: How long a SQLite writer waits for the lock before failing (milliseconds).
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: Execution options of a transaction that will write (``BEGIN IMMEDIATE`` on SQLite; no effect elsewhere).
+WRITE_TRANSACTION: dict[str, Any] = {"halfcast_write": True}
 
 
 def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
@@ -18,6 +28,12 @@ def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+    dbapi_connection.isolation_level = None  # the driver issues no BEGIN; _begin_sqlite does
+
+
+def _begin_sqlite(conn: Connection) -> None:
+    immediate = conn.get_execution_options().get("halfcast_write", False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
 def make_engine(url: str) -> Engine:
@@ -31,6 +47,7 @@ def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
         event.listen(engine, "connect", _configure_sqlite)
+        event.listen(engine, "begin", _begin_sqlite)
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 

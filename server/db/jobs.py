@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import uuid
 from collections.abc import Collection, Sequence
@@ -18,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, Job, StepRecord, utcnow
@@ -55,10 +57,59 @@ class JobPage:
 # ----------------------------------------------------------------------------- writes
 
 
-def create_job(session: Session, spec: JobSpec) -> Job:
-    """Store a new ``queued`` job for a validated ``spec`` and commit it."""
+def spec_hash(spec: JobSpec) -> str:
+    """SHA-256 of the validated spec's canonical JSON: two bodies that validate alike hash alike."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class IdempotencyMismatch(ValueError):
+    """The ``Idempotency-Key`` was used before with a different spec."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"Idempotency-Key already used for job {job.id} with a different spec")
+        self.job = job
+
+
+def create_job(session: Session, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Store a new ``queued`` job for a validated ``spec`` and commit it; return ``(job, created)``.
+
+    With an ``idempotency_key``, a job already stored under that key is returned
+    instead (``created`` is ``False``); the key's unique index makes this safe when
+    requests race: the loser's INSERT fails and it reads the winner's job. Raises
+    :class:`IdempotencyMismatch` if that job was created from a different spec.
+    """
+    digest = spec_hash(spec) if idempotency_key is not None else None
+    if idempotency_key is not None and (existing := _by_key(session, idempotency_key)) is not None:
+        return _same_request(existing, digest), False
+    job = _new_job(spec, idempotency_key, digest)
+    session.add(job)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        existing = _by_key(session, idempotency_key) if idempotency_key is not None else None
+        if existing is None:
+            raise
+        return _same_request(existing, digest), False
+    return job, True
+
+
+def _by_key(session: Session, key: str) -> Job | None:
+    job = session.scalars(select(Job).where(Job.idempotency_key == key)).one_or_none()
+    session.commit()  # end the read: the INSERT that may follow starts a transaction of its own
+    return job
+
+
+def _same_request(job: Job, digest: str | None) -> Job:
+    if job.request_hash != digest:
+        raise IdempotencyMismatch(job)
+    return job
+
+
+def _new_job(spec: JobSpec, idempotency_key: str | None, digest: str | None) -> Job:
     now = utcnow()
-    job = Job(
+    return Job(
         id=str(uuid.uuid4()),
         name=spec.name,
         status="queued",
@@ -69,10 +120,9 @@ def create_job(session: Session, spec: JobSpec) -> Job:
         max_steps=spec.max_steps,
         world_size=spec.world_size,
         attempt=0,
+        idempotency_key=idempotency_key,
+        request_hash=digest,
     )
-    session.add(job)
-    session.commit()
-    return job
 
 
 def _compare_and_set(session: Session, job_id: str, from_statuses: Collection[str], **values: object) -> bool:
@@ -122,6 +172,7 @@ def request_cancel(session: Session, job_id: str) -> Job:
         if _compare_and_set(session, job_id, _CANCEL_RUNNING_FROM, status="cancelling", cancel_requested_at=now):
             break
         job = get_job(session, job_id)
+        session.commit()  # end the read before the next compare-and-set (SQLite: no read-then-write upgrade)
         if job.status == "cancelling":
             return job
         if job.status in TERMINAL_STATUSES:

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 #: Job statuses (DESIGN.md §3). Terminal statuses never change again.
 STATUSES = ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled")
@@ -47,8 +47,32 @@ class Job(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     run_dir: Mapped[str | None] = mapped_column(Text)
     cancel_requested_at: Mapped[datetime | None]
+    #: The lease of the current attempt: owned by ``worker_id``, fenced by ``attempt``,
+    #: renewed by the owner's heartbeat; past it, any worker's reaper may recover the job.
+    lease_expires_at: Mapped[datetime | None]
+    #: ``Idempotency-Key`` of the POST that created the job, and the hash of its spec.
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), index=True, unique=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+
+    attempts: Mapped[list[Attempt]] = relationship(
+        order_by="Attempt.attempt", lazy="selectin", viewonly=True
+    )
 
     __table_args__ = (Index("ix_jobs_status_created", "status", "created_at"),)
+
+
+class Attempt(Base):
+    """One launch attempt of a job: who ran it, when, and how it ended (``status`` null while it runs)."""
+
+    __tablename__ = "attempts"
+
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker_id: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    status: Mapped[str | None] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(String(64))
 
 
 class StepRecord(Base):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
@@ -22,6 +22,17 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown job"}}
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        pattern=r"^[\x21-\x7e]+$",
+        description="Makes the POST safe to retry: the same key returns the job it created (200) instead of a new one",
+    ),
+]
 
 
 def _reject_faults(spec: JobSpec, settings: Settings) -> None:
@@ -51,21 +62,41 @@ def _job_or_404(session: Session, job_id: str) -> Job:
     "",
     status_code=201,
     response_model=JobPublic,
-    responses={503: {"model": ErrorBody, "description": "The job could not be queued; it is stored as failed"}},
+    responses={
+        200: {"model": JobPublic, "description": "The job this Idempotency-Key created before"},
+        503: {"model": ErrorBody, "description": "The job could not be queued; it is stored as failed"},
+    },
 )
-def submit_job(spec: JobSpec, session: SessionDep, queue: QueueDep, settings: SettingsDep, response: Response) -> JobPublic:
+def submit_job(
+    spec: JobSpec,
+    session: SessionDep,
+    queue: QueueDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> JobPublic:
     """Store the job (committed first), then enqueue its id. ``Location`` points at the new job.
 
     If the broker refuses the message, the job is marked ``failed`` with reason
-    ``enqueue_failed`` and the answer is 503.
+    ``enqueue_failed`` and the answer is 503. With an ``Idempotency-Key`` already
+    used for the same spec, nothing is stored or sent: the answer is 200 with that
+    job; used for a different spec, 422 at ``["header", "Idempotency-Key"]``.
     """
     _reject_faults(spec, settings)
-    job = repo.create_job(session, spec)
+    try:
+        job, created = repo.create_job(session, spec, idempotency_key)
+    except repo.IdempotencyMismatch as exc:
+        raise RequestValidationError(
+            [{"type": "value_error", "loc": ("header", "Idempotency-Key"), "msg": str(exc), "input": idempotency_key}]
+        ) from None
+    response.headers["Location"] = f"/jobs/{job.id}"
+    if not created:
+        response.status_code = 200
+        return JobPublic.from_row(repo.get_job(session, job.id))
     try:
         queue.enqueue(job.id)
     except Exception as exc:  # any broker failure: the job must not stay queued forever
         _record_enqueue_failure(session, job.id, exc)
-    response.headers["Location"] = f"/jobs/{job.id}"
     return JobPublic.from_row(repo.get_job(session, job.id))
 
 

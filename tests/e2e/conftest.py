@@ -12,9 +12,9 @@ from e2e_support import Stack, stack_environment
 log = logging.getLogger("e2e")
 
 
-def make_stack(data_dir: Path, **settings: str) -> Iterator[Stack]:
-    """Start a stack; stop it afterwards and log both processes' output."""
-    stack = Stack(data_dir, stack_environment(data_dir, **settings)).start()
+def make_stack(data_dir: Path, workers: int = 1, **settings: str) -> Iterator[Stack]:
+    """Start a stack (with ``workers`` worker processes); stop it afterwards and log every process's output."""
+    stack = Stack(data_dir, stack_environment(data_dir, **settings), workers=workers).start()
     try:
         yield stack
     finally:

@@ -1,9 +1,11 @@
 """The real stack for end-to-end tests: uvicorn serving the API and ``python -m worker``, as subprocesses.
 
-Both processes get the same ``HALFCAST_*`` environment (data directory in tmp, a
+All processes get the same ``HALFCAST_*`` environment (data directory in tmp, a
 unique queue name, optionally Postgres and Redis). The database is migrated first
-with ``python -m server.cli db upgrade``. On teardown both are stopped with
-SIGTERM; their logs are attached to the test log.
+with ``python -m server.cli db upgrade``. A stack may run several workers
+(``worker``, ``worker-2``, ...; each with its own ``--hostname``), which tests can
+kill with SIGKILL and start again. On teardown everything is stopped with SIGTERM;
+the logs are attached to the test log.
 """
 
 from __future__ import annotations
@@ -68,9 +70,11 @@ class Stack:
 
     data_dir: Path
     env: dict[str, str]
+    workers: int = 1
     port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     client: httpx.Client = field(init=False)
+    _ready_marks: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.env["HALFCAST_PORT"] = str(self.port)
@@ -80,32 +84,65 @@ class Stack:
         """Migrate the database, start the worker and the API, wait until the API answers."""
         subprocess.run([sys.executable, "-m", "server.cli", "db", "upgrade"], env=self.env, cwd=ROOT, check=True,
                        capture_output=True, timeout=120)  # fmt: skip
-        self._spawn("worker", [sys.executable, "-m", "worker"])
+        for name in self.worker_names:
+            self._spawn_worker(name)
         api = [sys.executable, "-m", "uvicorn", "--factory", "server.app:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
         self._spawn("api", api)
         self._wait_ready()
         return self
 
+    @property
+    def worker_names(self) -> list[str]:
+        """``worker``, then ``worker-2``, ``worker-3``, ..."""
+        return ["worker"] + [f"worker-{n}" for n in range(2, self.workers + 1)]
+
     def _spawn(self, name: str, command: list[str]) -> None:
         log_file = (self.data_dir / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(command, env=self.env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
 
-    def _wait_ready(self) -> None:
+    def _spawn_worker(self, name: str) -> None:
+        self._ready_marks[name] = self._log_text(name).count(" ready.")
+        self._spawn(name, [sys.executable, "-m", "worker", "--hostname", f"{name}@%h"])
+
+    def _wait_ready(self, names: list[str] | None = None) -> None:
+        names = names or list(self.processes)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            for name, process in self.processes.items():
-                if process.poll() is not None:
+            for name in names:
+                if self.processes[name].poll() is not None:
                     raise RuntimeError(f"{name} exited at start:\n{self.log_tail(name)}")
             try:
-                if self.client.get("/healthz").status_code == 200 and self._worker_ready():
+                api_up = "api" not in names or self.client.get("/healthz").status_code == 200
+                if api_up and all(self._worker_ready(name) for name in names if name.startswith("worker")):
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"the stack did not start:\n{self.log_tail('api')}\n{self.log_tail('worker')}")
 
-    def _worker_ready(self) -> bool:
-        return " ready." in (self.data_dir / "worker.log").read_text(errors="replace")
+    def _worker_ready(self, name: str = "worker") -> bool:
+        return self._log_text(name).count(" ready.") > self._ready_marks.get(name, 0)
+
+    def _log_text(self, name: str) -> str:
+        path = self.data_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def kill_worker(self, name: str) -> None:
+        """SIGKILL a worker process (no shutdown handlers run; its runs get their death signal)."""
+        process = self.processes[name]
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+
+    def restart_worker(self, name: str) -> None:
+        """Start a worker again (after :meth:`kill_worker`) and wait until it is ready."""
+        assert self.processes[name].poll() is not None, f"{name} is still running"
+        self._spawn_worker(name)
+        self._wait_ready([name])
+
+    def worker_of(self, worker_id: str) -> str:
+        """The stack name of the worker whose lease owner id (``<hostname>/<pid>``) is ``worker_id``."""
+        pid = int(worker_id.rsplit("/", 1)[1])
+        return next(name for name, process in self.processes.items() if process.pid == pid)
 
     def log_tail(self, name: str, lines: int = 60) -> str:
         """The last lines of a process's log."""

@@ -118,3 +118,32 @@ def test_alembic_command_line_from_the_repository(tmp_path: Path) -> None:
 
 def test_job_status_literal_matches_the_models() -> None:
     assert get_args(JobStatus) == STATUSES
+
+
+def test_0002_keeps_rows_and_backfills_the_attempts(empty_database_url: str) -> None:
+    command.upgrade(alembic_config(empty_database_url), "0001")
+    engine = make_engine(empty_database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO jobs (id, status, spec, created_at, updated_at, started_at, finished_at, step, max_steps, "
+                "world_size, attempt, worker_id, error_reason) VALUES "
+                "('done', 'failed', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, "
+                "3, 5, 1, 1, 'w/1', 'rank_failed'), "
+                "('live', 'running', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, NULL, 0, 5, 1, 2, "
+                "'w/2', NULL), "
+                "('new', 'queued', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, NULL, NULL, 0, 5, 1, 0, NULL, NULL)"
+            ))  # fmt: skip
+            conn.execute(text("INSERT INTO step_records (job_id, step, time, data) VALUES ('done', 1, 1.0, '{}')"))
+        upgrade_database(empty_database_url)
+        with engine.connect() as conn:
+            attempts = conn.execute(
+                text("SELECT job_id, attempt, worker_id, status, reason FROM attempts ORDER BY job_id")
+            ).all()
+            assert [tuple(row) for row in attempts] == [
+                ("done", 1, "w/1", "failed", "rank_failed"), ("live", 2, "w/2", None, None)]  # fmt: skip
+            assert conn.execute(text("SELECT count(*) FROM step_records")).scalar_one() == 1
+            assert conn.execute(text("SELECT count(*) FROM jobs WHERE lease_expires_at IS NULL")).scalar_one() == 3
+    finally:
+        engine.dispose()
+    assert schema_diff(empty_database_url) == []

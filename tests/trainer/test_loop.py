@@ -257,7 +257,8 @@ def test_nonfinite_gradients_on_every_step_fail_with_a_reason(
 def test_nonfinite_loss_fails_with_a_reason(
     cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A NaN weight makes every loss NaN: the job stops at max_consecutive_nonfinite_losses with nonfinite_loss."""
+    """A NaN weight makes every loss NaN: the job stops with nonfinite_loss at the first flush of step
+    records after max_consecutive_nonfinite_losses (step 3), i.e. at log_interval (10), naming step 3."""
     from trainer import loop
 
     spec = tiny_mlp_spec(max_steps=20, max_consecutive_nonfinite_losses=3)
@@ -267,9 +268,9 @@ def test_nonfinite_loss_fails_with_a_reason(
     monkeypatch.setattr(loop, "build_components", lambda *_: parts)
     with pytest.raises(TrainerError) as info:
         train(spec, tmp_path, cpu_ctx)
-    assert info.value.reason == "nonfinite_loss"
+    assert info.value.reason == "nonfinite_loss" and "at step 3" in info.value.message
     steps = _steps(tmp_path)
-    assert len(steps) == 3 and all(s["loss"] is None and s["overflow"] for s in steps)
+    assert len(steps) == spec.log_interval == 10 and all(s["loss"] is None and s["overflow"] for s in steps)
 
 
 # ----------------------------------------------------------------------------- real runs

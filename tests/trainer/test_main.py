@@ -71,7 +71,7 @@ def test_a_trainer_error_writes_error_json(tmp_path: Path) -> None:
 
 def test_unavailable_data_is_typed(tmp_path: Path) -> None:
     spec = _write_spec(
-        tmp_path, model={"name": "gpt"}, dataset={"name": "text", "config": {"source": "file", "path": "../etc/passwd"}}
+        tmp_path, model={"name": "gpt"}, dataset={"name": "text", "config": {"source": "file", "path": "missing/file.txt"}}
     )
     assert main(["--spec", str(spec), "--run-dir", str(tmp_path / "run")]) == 3
     assert _error(tmp_path / "run")["reason"] == "data_unavailable"

@@ -1,16 +1,17 @@
-"""Fixtures for worker tests: a SQLite job database, job rows, no stray processes."""
+"""Fixtures for worker tests: a SQLite job database (or SQLite and PostgreSQL), job rows, no stray processes."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine, event, text
 from worker_support import MakeJob, insert_job
 
 from server.db.engine import make_engine
@@ -68,3 +69,37 @@ def no_stray_processes() -> Iterator[None]:
 @pytest.fixture
 def settings(data_dir: Path) -> Settings:
     return Settings(data_dir=data_dir, worker_poll_interval_s=0.05, cancel_grace_s=2.0)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """The job tables on SQLite, then on the real PostgreSQL (in a schema of its own)."""
+    if request.param == "sqlite":
+        engine = make_engine(f"sqlite:///{tmp_path / 'jobs.db'}")
+        Base.metadata.create_all(engine)
+        yield engine
+        engine.dispose()
+        return
+    yield from _postgres_schema(request.getfixturevalue("postgres_url"))
+
+
+def _postgres_schema(url: str) -> Iterator[Engine]:
+    schema = f"worker_store_{uuid.uuid4().hex[:10]}"
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+
+    @event.listens_for(engine, "connect")
+    def _search_path(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f'SET search_path TO "{schema}"')
+        dbapi_connection.commit()
+
+    engine.dispose()
+    Base.metadata.create_all(engine)
+    yield engine
+    engine.dispose()
+    cleanup = create_engine(make_engine(url).url)
+    with cleanup.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    cleanup.dispose()

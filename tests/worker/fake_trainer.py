@@ -1,10 +1,13 @@
 """A stand-in for ``python -m trainer`` that honours the run-directory contract (docs/architecture.md).
 
-Usage: ``python fake_trainer.py --spec S --run-dir D``. Behaviour is chosen by the spec:
-``faults.sleep_per_step_s`` slows it down, ``faults.raise_at_step`` crashes with a
-traceback, and the spec ``name`` selects special cases: ``typed-error`` writes
-``error.json``; ``no-end`` exits 0 without an ``end`` record; ``stubborn`` starts a
-grandchild that ignores SIGTERM; ``partial`` leaves a half-written last line. It writes its pid to ``trainer.pid``.
+Usage: ``python fake_trainer.py --spec S --run-dir D [--resume-from CKPT]``. Behaviour is chosen
+by the spec: ``faults.sleep_per_step_s`` slows it down, ``faults.raise_at_step`` crashes with a
+traceback, ``checkpoint_interval`` writes ``checkpoints/step-<N>.pt`` (text files holding N), and
+``--resume-from`` continues after the checkpoint's step. The spec ``name`` selects special cases:
+``typed-error`` writes ``error.json``; ``no-end`` exits 0 without an ``end`` record; ``stubborn``
+starts a grandchild that ignores SIGTERM; ``partial`` leaves a half-written last line; ``oom`` and
+``collective-timeout`` die at step 2 printing what PyTorch prints for those. It writes its pid to
+``trainer.pid``.
 """
 
 from __future__ import annotations
@@ -19,10 +22,19 @@ import time
 from pathlib import Path
 
 
+#: What a rank prints when it dies of these causes (PyTorch's own messages).
+DEATHS = {
+    "oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.10 GiB total capacity)",
+    "collective-timeout": "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+    "Timed out waiting 1800000ms for recv operation to complete",
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--resume-from", type=Path, default=None)
     args = parser.parse_args()
     spec = json.loads(args.spec.read_text())
     faults = spec.get("faults") or {}
@@ -37,14 +49,21 @@ def main() -> int:
     if name == "stubborn":
         code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
         subprocess.Popen([sys.executable, "-c", code])
-    write({"type": "start", "time": time.time(), "world_size": spec.get("processes", 1)})
-    for step in range(1, spec["max_steps"] + 1):
+    done = int(args.resume_from.read_text()) if args.resume_from else 0
+    write({"type": "start", "time": time.time(), "world_size": spec.get("processes", 1), "resumed_from_step": done})
+    for step in range(done + 1, spec["max_steps"] + 1):
         if faults.get("raise_at_step") == step:
             raise RuntimeError(f"injected failure at step {step}")
+        if name in DEATHS and step == 2:
+            print(DEATHS[name], file=sys.stderr, flush=True)
+            return 1
         time.sleep(faults.get("sleep_per_step_s", 0.0))
         write({"type": "step", "step": step, "time": time.time(), "loss": 1.0 / step, "loss_scale": 2.0**16,
                "overflow": False, "skipped_steps": 0, "grad_norm": 0.5, "lr": 0.1, "samples_per_second": 100.0,
                "tokens_per_second": None})
+        if spec.get("checkpoint_interval") and step % spec["checkpoint_interval"] == 0:
+            (args.run_dir / "checkpoints").mkdir(exist_ok=True)
+            (args.run_dir / "checkpoints" / f"step-{step}.pt").write_text(str(step))
     if name == "typed-error":
         error = {"reason": "nonfinite_gradients", "message": "gradients were non-finite on 50 steps", "rank": 0}
         (args.run_dir / "error.json").write_text(json.dumps(error))

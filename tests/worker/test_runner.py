@@ -10,16 +10,17 @@ import pytest
 from worker_support import MakeJob, fake_command, small_spec
 from sqlalchemy import Engine, select, update
 
-from server.db.models import Job, StepRecord
+from server.db.models import Attempt, Job, StepRecord, utcnow
 from server.settings import Settings
 from trainer.spec import JobSpec
 from worker.launch import RunProcess, session_members
+from worker.recovery import Recovery
 from worker.runner import Outcome, RunnerContext, run_job
 from worker.store import JobStore
 
 
-def _context(settings: Settings, store: JobStore, command=fake_command) -> RunnerContext:  # type: ignore[no-untyped-def]
-    return RunnerContext(settings=settings, store=store, worker_id="test-worker", build_command=command)
+def _context(settings: Settings, store: JobStore, command=fake_command, **extra) -> RunnerContext:  # type: ignore[no-untyped-def]
+    return RunnerContext(settings=settings, store=store, worker_id="test-worker", build_command=command, **extra)
 
 
 def _row(engine: Engine, job_id: str) -> Job:
@@ -144,6 +145,7 @@ def test_cancel_stops_the_whole_run(settings: Settings, store: JobStore, engine:
 
 
 def test_worker_shutdown_stops_the_run_and_fails_the_job(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+    """Without a broker to send a retry through (no ``enqueue``), a lost worker's job fails ``worker_lost``."""
     job_id = make_job(small_spec(max_steps=1000, faults={"sleep_per_step_s": 0.1}))
     context = _context(settings, store)
     thread, result = _run_in_thread(job_id, context)
@@ -198,3 +200,123 @@ def _wait_until(predicate, timeout_s: float = 30) -> None:  # type: ignore[no-un
 def _leader_pid(run_dir: Path) -> int:
     """The pid of the run's leader (the fake trainer writes it)."""
     return int((run_dir / "trainer.pid").read_text())
+
+
+def _attempts(engine: Engine, job_id: str) -> list[tuple[int, str | None, str | None]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.attempt)).all()
+    return [(r.attempt, r.status, r.reason) for r in rows]
+
+
+def _start_record(run_dir: Path) -> dict:  # type: ignore[type-arg]
+    import json
+
+    return json.loads((run_dir / "records.jsonl").read_text().splitlines()[0])
+
+
+def test_a_shutdown_requeues_the_job_and_the_retry_resumes_from_its_checkpoint(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
+    """worker_lost is retried: attempt 2 resumes from attempt 1's newest checkpoint; the records stay contiguous."""
+    job_id = make_job(small_spec(max_steps=30, checkpoint_interval=3, faults={"sleep_per_step_s": 0.05}))
+    sent: list[str] = []
+    context = _context(settings, store, enqueue=sent.append)
+    thread, result = _run_in_thread(job_id, context)
+    _wait_until(lambda: _row(engine, job_id).step >= 8)
+    context.shutdown.set()  # the worker shuts down (warm): the run is stopped, the job handed back
+    thread.join(timeout=30)
+    assert result == [Outcome("failed", "worker_lost", "the worker shut down while the job ran")]
+    row = _row(engine, job_id)
+    assert (row.status, row.worker_id, row.error_reason) == ("queued", None, None) and sent == [job_id]
+    stopped_at = row.step
+    assert run_job(job_id, _context(settings, store, enqueue=sent.append)) == Outcome("succeeded")
+    resumed = _start_record(settings.runs_dir / job_id / "attempt-2")["resumed_from_step"]
+    assert resumed % 3 == 0 and 6 <= resumed <= stopped_at
+    assert _steps(engine, job_id) == list(range(1, 31))
+    assert _attempts(engine, job_id) == [(1, "failed", "worker_lost"), (2, "succeeded", None)]
+    assert _row(engine, job_id).attempt == 2
+
+
+def test_a_shutdown_without_attempts_left_fails_worker_lost(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+    job_id = make_job(small_spec(max_steps=1000, max_attempts=1, faults={"sleep_per_step_s": 0.1}))
+    sent: list[str] = []
+    context = _context(settings, store, enqueue=sent.append)
+    thread, _ = _run_in_thread(job_id, context)
+    _wait_status(engine, job_id, "running")
+    context.shutdown.set()
+    thread.join(timeout=30)
+    row = _row(engine, job_id)
+    assert (row.status, row.error_reason) == ("failed", "worker_lost") and sent == []
+    assert "no retry left" in row.error_message
+
+
+def test_past_max_runtime_the_run_is_stopped_and_the_job_fails(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+    job_id = make_job(small_spec(max_steps=1000, max_runtime_s=1.5, faults={"sleep_per_step_s": 0.05}))
+    started = time.monotonic()
+    outcome = run_job(job_id, _context(settings, store))
+    assert outcome is not None and (outcome.status, outcome.reason) == ("failed", "deadline_exceeded")
+    assert 1.5 <= time.monotonic() - started < 15
+    row = _row(engine, job_id)
+    assert (row.status, row.error_reason) == ("failed", "deadline_exceeded") and 0 < row.step < 1000
+    assert "max_runtime_s of 1.5 s" in row.error_message
+    assert session_members(_leader_pid(Path(row.run_dir))) == []
+
+
+def test_the_deadline_counts_earlier_attempts(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import insert
+
+    job_id = make_job(small_spec(max_runtime_s=60))
+    start = utcnow() - timedelta(seconds=120)
+    with engine.begin() as conn:  # attempt 1 ran 61 s and its worker was lost
+        conn.execute(insert(Attempt).values(job_id=job_id, attempt=1, worker_id="old", started_at=start,
+                                            ended_at=start + timedelta(seconds=61), status="failed", reason="worker_lost"))  # fmt: skip
+        conn.execute(update(Job).where(Job.id == job_id).values(attempt=1))
+    outcome = run_job(job_id, _context(settings, store))
+    assert outcome is not None and outcome.reason == "deadline_exceeded"
+    assert not (settings.runs_dir / job_id / "attempt-2" / "logs" / "launcher.log").exists()  # never launched
+
+
+def test_an_attempt_that_lost_its_lease_stops_its_run_and_writes_nothing(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
+    """A reaper recovered the job (this worker looked dead): the stale attempt stops at its next heartbeat."""
+    from datetime import timedelta
+
+    settings = settings.model_copy(update={"lease_ttl_s": 1.0})
+    job_id = make_job(small_spec(max_steps=1000, faults={"sleep_per_step_s": 0.05}))
+    thread, result = _run_in_thread(job_id, _context(settings, store))
+    row = _wait_status(engine, job_id, "running")
+    sent: list[str] = []
+    recovery = Recovery(store, sent.append)
+    [lease] = recovery.expired_leases(utcnow() + timedelta(hours=1))
+    assert recovery.recover_expired(lease, utcnow() + timedelta(hours=1)) == "requeued"
+    step_at_takeover = _row(engine, job_id).step
+    thread.join(timeout=30)
+    assert not thread.is_alive() and result[0].reason == "worker_lost" and "lease lost" in result[0].message
+    assert session_members(_leader_pid(Path(row.run_dir))) == []
+    row = _row(engine, job_id)
+    assert (row.status, row.worker_id, row.error_reason) == ("queued", None, None)
+    assert row.step <= step_at_takeover + 1 and _attempts(engine, job_id) == [(1, "failed", "worker_lost")]
+
+
+@pytest.mark.parametrize(("name", "reason"), [("oom", "oom"), ("collective-timeout", "collective_timeout")])
+def test_known_causes_are_typed(name: str, reason: str, settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+    job_id = make_job(small_spec(name=name, max_steps=5))
+    sent: list[str] = []
+    outcome = run_job(job_id, _context(settings, store, enqueue=sent.append))
+    assert outcome is not None and (outcome.status, outcome.reason) == ("failed", reason)
+    assert _row(engine, job_id).status == "failed" and sent == []  # never retried
+    assert _attempts(engine, job_id) == [(1, "failed", reason)]
+
+
+def test_a_cancelled_job_has_no_error(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+    job_id = make_job(small_spec(max_steps=1000, faults={"sleep_per_step_s": 0.05}))
+    thread, _ = _run_in_thread(job_id, _context(settings, store))
+    _wait_status(engine, job_id, "running")
+    _set_status(engine, job_id, "cancelling")
+    thread.join(timeout=30)
+    row = _row(engine, job_id)
+    assert (row.status, row.error_reason, row.error_message) == ("cancelled", None, None)
+    assert _attempts(engine, job_id) == [(1, "cancelled", None)]

@@ -1,4 +1,4 @@
-"""JobStore: claim by compare-and-set, idempotent step records, terminal statuses stay terminal.
+"""JobStore: claim by compare-and-set with a lease, fenced writes, idempotent step records, terminal statuses stay terminal.
 
 Runs on SQLite and on the real PostgreSQL (in a schema of its own).
 """
@@ -7,49 +7,16 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from worker_support import insert_job, small_spec
-from sqlalchemy import Engine, create_engine, event, select, text
+from sqlalchemy import Engine, select
 
-from server.db.engine import make_engine
-from server.db.models import Base, Job, StepRecord
-from worker.store import JobStore, Progress
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        engine = make_engine(f"sqlite:///{tmp_path / 'jobs.db'}")
-        Base.metadata.create_all(engine)
-        yield engine
-        engine.dispose()
-        return
-    yield from _postgres_schema(request.getfixturevalue("postgres_url"))
-
-
-def _postgres_schema(url: str) -> Iterator[Engine]:
-    schema = f"worker_store_{uuid.uuid4().hex[:10]}"
-    engine = make_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-
-    @event.listens_for(engine, "connect")
-    def _search_path(dbapi_connection, _record):  # type: ignore[no-untyped-def]
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute(f'SET search_path TO "{schema}"')
-        dbapi_connection.commit()
-
-    engine.dispose()
-    Base.metadata.create_all(engine)
-    yield engine
-    engine.dispose()
-    cleanup = create_engine(make_engine(url).url)
-    with cleanup.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    cleanup.dispose()
+from server.db.models import Attempt, Job, StepRecord, utcnow
+from server.timeutil import as_utc
+from worker.store import Fence, JobStore, Progress
 
 
 def _job(engine: Engine, job_id: str) -> Job:
@@ -106,8 +73,8 @@ def test_step_records_are_inserted_once_in_batches(db: Engine, tmp_path: Path) -
     claim = store.claim(job_id, "w", tmp_path)
     assert claim is not None
     records = [{"step": step, "time": 1000.0 + step, "loss": 1.0 / step} for step in range(1, 1201)]
-    store.record_progress(job_id, 1, Progress(steps=records[:700], world_size=2))
-    store.record_progress(job_id, 1, Progress(steps=records[600:]))  # overlap: re-read records
+    assert store.record_progress(claim.fence, Progress(steps=records[:700], world_size=2))
+    assert store.record_progress(claim.fence, Progress(steps=records[600:]))  # overlap: re-read records
     assert _steps(db, job_id) == list(range(1, 1201))
     row = _job(db, job_id)
     assert row.step == 1200 and row.latest["step"] == 1200 and row.world_size == 2
@@ -116,9 +83,10 @@ def test_step_records_are_inserted_once_in_batches(db: Engine, tmp_path: Path) -
 def test_progress_keeps_eval_and_replaces_non_finite_numbers(db: Engine, tmp_path: Path) -> None:
     store = JobStore(db)
     job_id = insert_job(db)
+    fence = Fence(job_id, 1, "w")
     store.claim(job_id, "w", tmp_path)
     step = {"step": 1, "time": 1.0, "loss": float("nan"), "grad_norm": float("inf"), "overflow": True}
-    store.record_progress(job_id, 1, Progress(steps=[step], eval={"step": 1, "loss": 0.5, "accuracy": 0.9}))
+    store.record_progress(fence, Progress(steps=[step], eval={"step": 1, "loss": 0.5, "accuracy": 0.9}))
     row = _job(db, job_id)
     assert row.latest == {"step": 1, "time": 1.0, "loss": None, "grad_norm": None, "overflow": True}
     assert row.eval == {"step": 1, "loss": 0.5, "accuracy": 0.9}
@@ -128,28 +96,105 @@ def test_running_cancel_and_finish_are_compare_and_set(db: Engine, tmp_path: Pat
     store = JobStore(db)
     job_id = insert_job(db)
     store.claim(job_id, "w", tmp_path)
-    assert store.mark_running(job_id, attempt=2) is False  # not this attempt
-    assert store.mark_running(job_id, attempt=1) is True
-    assert store.mark_running(job_id, attempt=1) is False
+    fence = Fence(job_id, 1, "w")
+    assert store.mark_running(Fence(job_id, 2, "w")) is False  # not this attempt
+    assert store.mark_running(Fence(job_id, 1, "other")) is False  # not this owner
+    assert store.mark_running(fence) is True
+    assert store.mark_running(fence) is False
     assert store.cancel_requested(job_id) is False
     with db.begin() as conn:
         conn.execute(Job.__table__.update().where(Job.id == job_id).values(status="cancelling"))
     assert store.cancel_requested(job_id) is True
-    assert store.finish(job_id, 1, "cancelled", None, "stopped") is True
-    assert store.finish(job_id, 1, "failed", "rank_failed", "late") is False  # terminal stays terminal
+    assert store.finish(fence, "cancelled", None, "stopped") is True
+    assert store.finish(fence, "failed", "rank_failed", "late") is False  # terminal stays terminal
     row = _job(db, job_id)
-    assert (row.status, row.error_reason, row.error_message) == ("cancelled", None, "stopped")
-    assert row.finished_at is not None
-    store.record_progress(job_id, 1, Progress(steps=[{"step": 9, "time": 1.0}]))
-    assert _job(db, job_id).step == 0  # no progress written to a terminal job
+    assert (row.status, row.error_reason, row.error_message) == ("cancelled", None, None)  # no error for a cancel
+    assert row.finished_at is not None and row.lease_expires_at is None
+    assert store.record_progress(fence, Progress(steps=[{"step": 9, "time": 1.0}])) is False
+    assert _job(db, job_id).step == 0 and _steps(db, job_id) == []  # nothing written to a terminal job
     with pytest.raises(ValueError):
-        store.finish(job_id, 1, "running")
+        store.finish(fence, "running")
 
 
 def test_finish_stores_a_typed_reason(db: Engine, tmp_path: Path) -> None:
     store = JobStore(db)
     job_id = insert_job(db, small_spec(name="x"))
     store.claim(job_id, "w", tmp_path)
-    assert store.finish(job_id, 1, "failed", "rank_failed", "boom\ntrace") is True
+    assert store.finish(Fence(job_id, 1, "w"), "failed", "rank_failed", "boom\ntrace") is True
     row = _job(db, job_id)
     assert (row.status, row.error_reason, row.error_message) == ("failed", "rank_failed", "boom\ntrace")
+
+
+def _attempts(engine: Engine, job_id: str) -> list[tuple[int, str, str | None, str | None, bool]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.attempt)).all()
+    return [(r.attempt, r.worker_id, r.status, r.reason, r.ended_at is not None) for r in rows]
+
+
+def test_the_claim_takes_a_lease_and_records_the_attempt(db: Engine, tmp_path: Path) -> None:
+    store = JobStore(db)
+    job_id = insert_job(db)
+    before = utcnow()
+    claim = store.claim(job_id, "w1", tmp_path, lease_ttl_s=30)
+    assert claim is not None and claim.fence == Fence(job_id, 1, "w1") and claim.runtime_used_s == 0.0
+    expires = as_utc(_job(db, job_id).lease_expires_at)
+    assert before + timedelta(seconds=29) < expires < utcnow() + timedelta(seconds=31)
+    assert _attempts(db, job_id) == [(1, "w1", None, None, False)]
+    assert store.renew_lease(claim.fence, 120) is True
+    assert as_utc(_job(db, job_id).lease_expires_at) > utcnow() + timedelta(seconds=100)
+    assert store.renew_lease(Fence(job_id, 1, "w2"), 120) is False  # not the owner
+    assert store.renew_lease(Fence(job_id, 2, "w1"), 120) is False  # not the attempt
+    assert store.finish(claim.fence, "failed", "rank_failed", "boom") is True
+    assert store.renew_lease(claim.fence, 120) is False  # terminal: nothing to renew
+    assert _attempts(db, job_id) == [(1, "w1", "failed", "rank_failed", True)]
+
+
+def test_a_stale_attempt_writes_nothing_after_the_job_moved_on(db: Engine, tmp_path: Path) -> None:
+    """Fencing: once the job was requeued and claimed again, attempt 1's worker cannot touch it."""
+    store = JobStore(db)
+    job_id = insert_job(db)
+    old = store.claim(job_id, "w1", tmp_path)
+    assert old is not None and store.record_progress(old.fence, Progress(steps=[{"step": 1, "time": 1.0}]))
+    with db.begin() as conn:  # what a reaper does when w1's lease expires
+        conn.execute(Job.__table__.update().where(Job.id == job_id).values(status="queued", worker_id=None))
+    stale_step = Progress(steps=[{"step": 2, "time": 2.0, "loss": 9.0}])
+    assert store.record_progress(old.fence, stale_step) is False  # requeued: no owner any more
+    new = store.claim(job_id, "w2", tmp_path)
+    assert new is not None and new.attempt == 2
+    assert store.record_progress(old.fence, stale_step) is False
+    assert store.mark_running(old.fence) is False
+    assert store.renew_lease(old.fence, 30) is False
+    assert store.finish(old.fence, "failed", "worker_lost", "stale") is False
+    assert store.rewind(old.fence, 0) is False
+    assert _steps(db, job_id) == [1] and _job(db, job_id).status == "starting"
+    assert store.record_progress(new.fence, Progress(steps=[{"step": 2, "time": 3.0, "loss": 1.0}]))
+    assert _steps(db, job_id) == [1, 2] and _job(db, job_id).latest["loss"] == 1.0
+
+
+def test_rewind_drops_records_after_the_resume_step(db: Engine, tmp_path: Path) -> None:
+    store = JobStore(db)
+    job_id = insert_job(db)
+    claim = store.claim(job_id, "w", tmp_path)
+    assert claim is not None
+    records = [{"step": step, "time": float(step), "loss": 1.0 / step} for step in range(1, 11)]
+    store.record_progress(claim.fence, Progress(steps=records, eval={"step": 8, "loss": 0.5}))
+    assert store.rewind(claim.fence, 6) is True
+    row = _job(db, job_id)
+    assert _steps(db, job_id) == [1, 2, 3, 4, 5, 6]
+    assert (row.step, row.latest["step"], row.eval) == (6, 6, None)
+    assert store.rewind(claim.fence, 0) is True
+    assert _steps(db, job_id) == [] and _job(db, job_id).latest is None
+
+
+def test_runtime_used_sums_the_ended_attempts(db: Engine, tmp_path: Path) -> None:
+    store = JobStore(db)
+    job_id = insert_job(db)
+    first = store.claim(job_id, "w", tmp_path)
+    assert first is not None
+    with db.begin() as conn:
+        start = utcnow() - timedelta(seconds=100)
+        conn.execute(Attempt.__table__.update().values(started_at=start, ended_at=start + timedelta(seconds=40)))
+        conn.execute(Job.__table__.update().where(Job.id == job_id).values(status="queued", worker_id=None))
+    second = store.claim(job_id, "w", tmp_path)
+    assert second is not None and second.attempt == 2
+    assert second.runtime_used_s == pytest.approx(40.0)

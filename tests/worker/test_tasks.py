@@ -14,6 +14,7 @@ from server.db.models import Base, Job
 from server.settings import Settings
 from worker.__main__ import worker_argv
 from worker.celery_app import RUN_JOB_TASK, create_celery_app
+from worker.store import JobStore
 from worker.tasks import register_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,3 +78,73 @@ def test_the_celery_process_never_imports_torch(data_dir: Path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_visibility_timeout_comes_from_the_settings() -> None:
+    settings = Settings(broker_url="redis://127.0.0.1:6379/0", broker_visibility_timeout_s=5)
+    app = create_celery_app(settings)
+    assert app.conf.broker_transport_options == {"visibility_timeout": 5, "unacked_restore_interval": 2.5,
+                                                 "unacked_restore_throttle": 1}  # fmt: skip
+    assert (app.conf.task_acks_late, app.conf.worker_prefetch_multiplier, app.conf.task_reject_on_worker_lost) == (True, 1, True)
+
+
+def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A claimed job's message must not wait for the end of the job (celery#5935): the lease protects the job."""
+    from celery.worker import state
+
+    from worker.acks import acknowledge
+
+    class FakeRequest:
+        acknowledged = False
+
+        def acknowledge(self) -> None:
+            self.acknowledged = True
+
+    settings, engine = _setup(data_dir)
+    task = register_tasks(create_celery_app(settings))
+    request = FakeRequest()
+    monkeypatch.setitem(state.requests, "task-1", request)
+    job_id = insert_job(engine, {**small_spec(), "bogus": 1})
+    seen: list[bool] = []
+    real_finish = JobStore.finish
+
+    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(request.acknowledged)  # already acknowledged when the attempt ends
+        return real_finish(self, *args, **kwargs)
+
+    monkeypatch.setattr("worker.store.JobStore.finish", finish)
+    assert task.apply(args=[job_id], task_id="task-1").get() == "failed"
+    assert seen == [True]
+    assert acknowledge("no-such-task") is False and acknowledge(None) is False
+
+
+def test_a_database_error_before_the_claim_retries_the_task(data_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from celery.exceptions import Retry
+    from sqlalchemy.exc import OperationalError
+
+    task = register_tasks(create_celery_app(Settings(data_dir=data_dir)))
+    retries: list[float] = []
+
+    def down(*_args, **_kwargs):  # type: ignore[no-untyped-def]
+        raise OperationalError("SELECT 1", {}, ConnectionError("database down"))
+
+    def retry(*, exc, countdown):  # type: ignore[no-untyped-def]
+        retries.append(countdown)
+        return Retry(exc=exc)
+
+    monkeypatch.setattr("worker.tasks.run_job", down)
+    monkeypatch.setattr(task, "retry", retry)
+    result = task.apply(args=["some-job"])
+    assert retries == [5.0] and result.state == "RETRY"
+
+
+def test_the_reaper_starts_when_the_worker_is_ready_and_stops_at_shutdown(data_dir: Path) -> None:
+    settings, _ = _setup(data_dir)
+    task = register_tasks(create_celery_app(settings.model_copy(update={"reaper_interval_s": 0.05})))
+    runtime = task.halfcast_runtime  # type: ignore[attr-defined]
+    runtime.on_ready()
+    thread = runtime.reaper().thread
+    assert thread is not None and thread.is_alive()
+    runtime.on_shutdown()
+    thread.join(timeout=10)
+    assert not thread.is_alive()

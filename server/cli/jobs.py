@@ -1,0 +1,200 @@
+"""Job commands talking to a running API: ``submit``, ``list``, ``status``, ``watch``, ``cancel``.
+
+The API is ``--url``, else ``HALFCAST_URL``, else ``http://127.0.0.1:8000``. Errors
+are one line each on stderr: an unreachable server (exit 3), a spec the server
+rejects (exit 2, one ``error: <field path>: <message>`` line per field), anything
+else (exit 1). ``watch`` exits 0 when the job succeeds and 1 when it fails or is
+cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from server.cli.watch import WatchView, format_number, format_scale, write
+from server.client import (
+    DEFAULT_URL,
+    HalfcastClient,
+    HalfcastError,
+    ServerUnavailable,
+    ValidationFailed,
+)
+
+#: Exit statuses.
+EXIT_ERROR, EXIT_INVALID, EXIT_UNAVAILABLE = 1, 2, 3
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``submit``, ``list``, ``status``, ``watch`` and ``cancel``."""
+    submit = _add(subparsers, "submit", "submit a job spec (YAML or JSON file; - reads stdin)", run_submit)
+    submit.add_argument("spec", help="SPEC.yaml, SPEC.yml, SPEC.json, or - for stdin")
+    submit.add_argument("--idempotency-key", help="makes a retried submit return the same job")
+    submit.add_argument("-w", "--watch", action="store_true", help="watch the job after submitting it")
+    listing = _add(subparsers, "list", "list jobs, newest first", run_list)
+    listing.add_argument("--status", help="only jobs in this status")
+    listing.add_argument("--limit", type=int, default=20, help="at most this many jobs (default 20)")
+    listing.add_argument("--json", action="store_true", help="print the job resources as JSON")
+    status = _add(subparsers, "status", "show one job", run_status)
+    status.add_argument("job_id")
+    status.add_argument("--json", action="store_true", help="print the job resource as JSON")
+    watch = _add(subparsers, "watch", "follow a job live until it ends", run_watch)
+    watch.add_argument("job_id")
+    cancel = _add(subparsers, "cancel", "cancel a job", run_cancel)
+    cancel.add_argument("job_id")
+
+
+def _add(subparsers: argparse._SubParsersAction, name: str, help_text: str, handler: Handler) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help_text)
+    parser.add_argument("--url", default=None, help=f"the Halfcast API (HALFCAST_URL, default {DEFAULT_URL})")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
+    parser.set_defaults(handler=_reporting_errors(handler))
+    return parser
+
+
+def _reporting_errors(handler: Handler) -> Handler:
+    """Turn the client's typed errors into one-line messages on stderr and an exit status."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except ValidationFailed as exc:
+            for error in exc.errors:
+                sys.stderr.write(f"error: {error.path}: {error.msg}\n")
+            return EXIT_INVALID
+        except ServerUnavailable as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return EXIT_UNAVAILABLE
+        except (HalfcastError, SpecFileError) as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return EXIT_ERROR
+        except KeyboardInterrupt:
+            sys.stderr.write("\ninterrupted\n")
+            return 130
+
+    return run
+
+
+def client_for(args: argparse.Namespace) -> HalfcastClient:
+    """A client of ``--url``, ``HALFCAST_URL`` or the default URL."""
+    return HalfcastClient(args.url or os.environ.get("HALFCAST_URL") or DEFAULT_URL, timeout=args.timeout)
+
+
+class SpecFileError(ValueError):
+    """The spec file cannot be read or is not a YAML/JSON mapping."""
+
+
+def load_spec(source: str) -> dict[str, Any]:
+    """The spec in ``source`` (a path, or ``-`` for stdin): JSON for ``.json``, else YAML (``yaml.safe_load``)."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecFileError(f"cannot read {source}: {exc.strerror or exc}") from exc
+    try:
+        spec = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise SpecFileError(f"{source} is not valid {'JSON' if source.endswith('.json') else 'YAML'}: {' '.join(str(exc).split())}") from exc
+    if not isinstance(spec, dict):
+        raise SpecFileError(f"{source} must hold a mapping of spec fields, not {type(spec).__name__}")
+    return spec
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    """POST the spec; print the new job's id and status (then watch it with ``--watch``)."""
+    spec = load_spec(args.spec)
+    with client_for(args) as client:
+        job = client.submit(spec, idempotency_key=args.idempotency_key)
+        sys.stdout.write(f"submitted job {job['id']} ({job['status']})\n")
+        sys.stdout.flush()
+        return watch_job(client, job["id"]) if args.watch else 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """A table of jobs, newest first."""
+    with client_for(args) as client:
+        jobs = client.list(status=args.status, limit=args.limit)
+    if args.json:
+        sys.stdout.write(json.dumps(jobs, indent=2) + "\n")
+        return 0
+    rows = [("ID", "STATUS", "STEP", "LOSS", "SCALE", "SKIPPED", "CREATED", "NAME")]
+    for job in jobs:
+        latest = job.get("latest") or {}
+        rows.append((job["id"], job["status"], f"{job['step']}/{job['max_steps']}", format_number(latest.get("loss")),
+                     format_number(latest.get("loss_scale")), str(latest.get("skipped_steps", "-")),
+                     job["created_at"][:19].replace("T", " "), job.get("name") or ""))  # fmt: skip
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
+    for row in rows:
+        sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """One job's status, progress, latest step record, evaluation and error."""
+    with client_for(args) as client:
+        job = client.get(args.job_id)
+    if args.json:
+        sys.stdout.write(json.dumps(job, indent=2) + "\n")
+        return 0
+    sys.stdout.write("".join(f"{key + ':':<10} {value}\n" for key, value in describe(job)))
+    return 0
+
+
+def describe(job: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(label, text)`` lines describing a job resource."""
+    latest = job.get("latest") or {}
+    lines = [("id", job["id"]), ("name", job.get("name") or "-"), ("status", job["status"]),
+             ("step", f"{job['step']}/{job['max_steps']} (world size {job['world_size']})")]  # fmt: skip
+    if latest:
+        lines += [("loss", format_number(latest.get("loss"))), ("scale", format_scale(latest.get("loss_scale"))),
+                  ("skipped", str(latest.get("skipped_steps"))),
+                  ("samples/s", format_number(latest.get("samples_per_second"), 5))]  # fmt: skip
+    if job.get("eval"):
+        lines.append(("eval", ", ".join(f"{k} {format_number(v)}" for k, v in job["eval"].items() if k not in ("time", "type"))))
+    if job.get("error"):
+        lines.append(("error", f"{job['error']['reason']}: {job['error']['message']}"))
+    lines.append(("created", job["created_at"]))
+    return lines
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    """Follow the job's event stream until it ends."""
+    with client_for(args) as client:
+        return watch_job(client, args.job_id)
+
+
+def watch_job(client: HalfcastClient, job_id: str) -> int:
+    """Print the live view of ``job_id``; 0 if it succeeds, 1 if it fails or is cancelled."""
+    job = client.get(job_id)
+    tty = sys.stdout.isatty()
+    view = WatchView(job_id, int(job["max_steps"]), tty)
+    start = max(0, int(job["step"]) - 50)  # a little history for the ETA, not the whole run
+    status = job["status"]
+    for event in client.events(job_id, after_step=start):
+        write(sys.stdout, view.lines(event), tty)
+        if event.event == "status":
+            status = event.data["status"]
+    if tty:
+        sys.stdout.write("\n")
+    return 0 if status == "succeeded" else EXIT_ERROR
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    """Ask the API to cancel the job; print its new status."""
+    with client_for(args) as client:
+        job = client.cancel(args.job_id)
+    sys.stdout.write(f"job {job['id']}: {job['status']}\n")
+    return 0

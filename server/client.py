@@ -1,0 +1,254 @@
+"""A small typed Python client of the Halfcast HTTP API (used by the ``halfcast`` CLI).
+
+>>> from server.client import HalfcastClient
+>>> with HalfcastClient("http://127.0.0.1:8000") as halfcast:     # doctest: +SKIP
+...     job = halfcast.submit({"model": {"name": "mlp"}, "dataset": {"name": "digits"}})
+...     for event in halfcast.events(job["id"]):
+...         print(event.event, event.data)
+
+Errors are typed: :class:`ServerUnavailable` (no connection, a timeout, or a 503),
+:class:`ValidationFailed` (422, with every field error), :class:`NotFound` (404),
+:class:`Conflict` (409), and :class:`HalfcastError` for anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+#: A JSON object as the API returns it (a job resource, a step record).
+Json = dict[str, Any]
+#: A list of JSON objects (``HalfcastClient.list`` shadows the builtin inside the class).
+JsonList = list[Json]
+
+
+class HalfcastError(Exception):
+    """An error answer of the API (``status_code``; ``None`` when no answer came)."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class ServerUnavailable(HalfcastError):
+    """The API could not be reached, timed out, or answered 503."""
+
+
+class NotFound(HalfcastError):
+    """404: no such job."""
+
+
+class Conflict(HalfcastError):
+    """409: the request conflicts with the job's state (e.g. cancelling a finished job)."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One validation error: ``loc`` as the API gives it (``["body", "loss_scale", "init_scale"]``) and ``msg``."""
+
+    loc: tuple[str | int, ...]
+    msg: str
+    type: str = ""
+
+    @property
+    def path(self) -> str:
+        """The field path without the leading ``body``/``query``: ``loss_scale.init_scale``, ``hidden_sizes[0]``."""
+        parts = self.loc[1:] if self.loc and self.loc[0] == "body" else self.loc
+        text = ""
+        for part in parts:
+            text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        return text or "(spec)"
+
+
+class ValidationFailed(HalfcastError):
+    """422: the request did not validate; ``errors`` names every bad field."""
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        lines = "; ".join(f"{error.path}: {error.msg}" for error in errors)
+        super().__init__(f"invalid request: {lines}", 422)
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class Event:
+    """One Server-Sent Event of a job stream: ``event`` (``status``, ``step``, ``eval``, ``rewind``), ``id``, decoded ``data``."""
+
+    event: str
+    id: str | None
+    data: Any
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[Event]:
+    """Events from SSE text lines (``data`` decoded as JSON); comments and ``retry`` lines are skipped."""
+    fields: dict[str, str] = {}
+    for line in lines:
+        if not line:
+            if "data" in fields:
+                yield Event(fields.get("event", "message"), fields.get("id"), json.loads(fields["data"]))
+            fields = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            fields[name] = f"{fields[name]}\n{value}" if name == "data" and "data" in fields else value
+
+
+def _raise_for(response: httpx.Response) -> None:
+    """Raise the typed error of an error answer."""
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"detail": response.text.strip() or response.reason_phrase}
+    detail = body.get("detail") if isinstance(body, dict) else body
+    if response.status_code == 422 and isinstance(detail, list):
+        raise ValidationFailed([FieldError(tuple(item.get("loc", ())), str(item.get("msg", "")), str(item.get("type", ""))) for item in detail])
+    message = str(detail)
+    if response.status_code == 404:
+        raise NotFound(message, 404)
+    if response.status_code == 409:
+        raise Conflict(message, 409)
+    if response.status_code == 503:
+        raise ServerUnavailable(message, 503)
+    raise HalfcastError(f"HTTP {response.status_code}: {message}", response.status_code)
+
+
+class HalfcastClient:
+    """A client of one Halfcast API at ``url``; ``timeout`` (seconds) applies to each request.
+
+    Event streams use ``stream_timeout`` as their read timeout: it must exceed the
+    server's heartbeat interval (15 s by default). Use as a context manager or call
+    :meth:`close`.
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, timeout: float = 10.0, *, stream_timeout: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self.stream_timeout = stream_timeout
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers={"accept": "application/json"})
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServerUnavailable(f"cannot reach the Halfcast API at {self.url}: {type(exc).__name__}: {exc}") from exc
+        _raise_for(response)
+        return response.json()
+
+    # ------------------------------------------------------------------ jobs
+
+    def submit(self, spec: Mapping[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """POST a job spec; the new job resource. Raises :class:`ValidationFailed` for a bad spec."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        job: dict[str, Any] = self._request("POST", "/jobs", json=dict(spec), headers=headers)
+        return job
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        """The job resource. Raises :class:`NotFound`."""
+        job: dict[str, Any] = self._request("GET", f"/jobs/{job_id}")
+        return job
+
+    def jobs(self, status: str | None = None, page_size: int = 100) -> Iterator[dict[str, Any]]:
+        """Every job (of ``status``), newest first, fetched a page at a time."""
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": page_size}
+            if status is not None:
+                params["status"] = status
+            if cursor is not None:
+                params["cursor"] = cursor
+            page = self._request("GET", "/jobs", params=params)
+            yield from page["jobs"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    def list(self, status: str | None = None, limit: int = 50) -> JsonList:
+        """The newest ``limit`` jobs (of ``status``)."""
+        found: JsonList = []
+        for job in self.jobs(status, page_size=min(limit, 1000)):
+            found.append(job)
+            if len(found) >= limit:
+                break
+        return found
+
+    def metrics(self, job_id: str, after_step: int = 0, page_size: int = 1000) -> Iterator[JsonList]:
+        """Pages of step records with ``step > after_step``, in step order, until none are left."""
+        while True:
+            page = self._request("GET", f"/jobs/{job_id}/metrics", params={"after_step": after_step, "limit": page_size})
+            points: JsonList = page["points"]
+            if not points:
+                return
+            yield points
+            after_step = int(points[-1]["step"])
+            if len(points) < page_size:
+                return
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Ask to cancel; the job resource (``cancelled`` or ``cancelling``). Raises :class:`Conflict` if it ended."""
+        job: dict[str, Any] = self._request("POST", f"/jobs/{job_id}/cancel")
+        return job
+
+    # ------------------------------------------------------------------ events
+
+    def events(self, job_id: str, after_step: int = 0, *, reconnects: int = 5) -> Iterator[Event]:
+        """The job's event stream (``status``, ``step``, ``eval``, ``rewind``) until its terminal ``status`` event.
+
+        A dropped connection is resumed with ``Last-Event-ID`` (so no step is lost or
+        repeated), up to ``reconnects`` times in a row; then :class:`ServerUnavailable`.
+        """
+        last_id = str(after_step)
+        failures = 0
+        while True:
+            try:
+                for event in self._stream(job_id, last_id):
+                    failures = 0
+                    if event.id is not None:
+                        last_id = event.id
+                    yield event
+                    if event.event == "status" and event.data.get("status") in TERMINAL_STATUSES:
+                        return
+            except (httpx.TransportError, ServerUnavailable) as exc:
+                failures += 1
+                if failures > reconnects:
+                    raise ServerUnavailable(f"lost the event stream of job {job_id} at {self.url}: {exc}") from exc
+                log.warning("event stream of job %s dropped (%s); resuming after step %s", job_id, exc, last_id)
+                time.sleep(min(2.0, 0.2 * 2**failures))
+                continue
+            # The server closed the stream without a terminal status (e.g. a restart): resume.
+            failures += 1
+            if failures > reconnects:
+                raise ServerUnavailable(f"the event stream of job {job_id} keeps ending early")
+
+    def _stream(self, job_id: str, last_id: str) -> Iterator[Event]:
+        headers = {"accept": "text/event-stream", "Last-Event-ID": last_id}
+        timeout = httpx.Timeout(self._http.timeout.connect or 10.0, read=self.stream_timeout)
+        try:
+            with self._http.stream("GET", f"/jobs/{job_id}/events", headers=headers, timeout=timeout) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for(response)
+                yield from parse_sse(response.iter_lines())
+        except httpx.ConnectError as exc:
+            raise ServerUnavailable(f"cannot reach the Halfcast API at {self.url}: {exc}") from exc

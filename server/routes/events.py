@@ -1,0 +1,65 @@
+"""``GET /jobs/{id}/events``: a job's step records and status changes as Server-Sent Events.
+
+The stream itself is built by :func:`server.events.job_events`; this module checks
+the job exists (404 before any byte is streamed), picks the resume point
+(``Last-Event-ID`` header, else ``after_step``), and counts the stream in
+``app.state.event_streams``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, FastAPI, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from server.db import jobs as repo
+from server.errors import ApiError
+from server.events import EventStreamSettings, StreamStats, database_poller, job_events
+from server.schemas import ErrorBody
+
+router = APIRouter(prefix="/jobs", tags=["events"])
+
+#: Headers of every stream: never cached, never buffered by a reverse proxy (nginx honours ``X-Accel-Buffering``).
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def install(app: FastAPI, settings: EventStreamSettings | None = None) -> None:
+    """Add the events route to ``app`` and its stream bookkeeping (``app.state.event_streams``)."""
+    app.state.event_streams = StreamStats(settings or EventStreamSettings())
+    app.include_router(router)
+
+
+def _stream_stats(request: Request) -> StreamStats:
+    stats: StreamStats = request.app.state.event_streams
+    return stats
+
+
+@router.get(
+    "/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "SSE: `status`, `step` (id = step), `eval`, `rewind` events"},
+        404: {"model": ErrorBody, "description": "Unknown job"},
+    },
+)
+def job_event_stream(
+    job_id: str,
+    request: Request,
+    after_step: Annotated[int, Query(ge=0, description="Send step records with step > after_step")] = 0,
+    last_event_id: Annotated[
+        str | None,
+        Header(alias="Last-Event-ID", pattern=r"^\d{1,18}$", description="Resume after this step (set by EventSource)"),
+    ] = None,
+) -> StreamingResponse:
+    """Stream the job's events until it is terminal (see :mod:`server.events` for the event types)."""
+    with request.app.state.session_factory() as session:  # closed before streaming starts
+        try:
+            repo.get_job(session, job_id)
+        except repo.JobNotFound:
+            raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
+    start = int(last_event_id) if last_event_id is not None else after_step
+    stats = _stream_stats(request)
+    poll = database_poller(request.app.state.session_factory, stats.settings.page_size)
+    body = job_events(job_id, start, poll, request.is_disconnected, stats)
+    return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)

@@ -1,0 +1,162 @@
+// The job list (polled every 2 s) and the job page (history from /metrics, then live from the event stream).
+
+import { ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, fmtScale, getJob, listJobs, statusBadge } from "./api.js";
+import { ChartData, JobCharts } from "./charts.js";
+
+const LIST_REFRESH_MS = 2000;
+
+/** Render the job list into `view`; returns a cleanup function. */
+export function jobList(view) {
+  const body = el("tbody");
+  const note = el("p", { class: "muted" }, "Loading…");
+  view.replaceChildren(
+    el("h1", {}, "Jobs"),
+    note,
+    el("table", { class: "jobs", dataset: { testid: "job-list" } },
+      el("thead", {}, el("tr", {}, ["Job", "Status", "Step", "Loss", "Loss scale", "Skipped", "Created"].map((h) => el("th", {}, h)))),
+      body),
+  );
+  let stopped = false;
+  let timer = null;
+  async function refresh() {
+    try {
+      const { jobs } = await listJobs();
+      if (stopped) return;
+      note.textContent = jobs.length ? "" : "No jobs yet. Submit one.";
+      body.replaceChildren(...jobs.map(jobRow));
+    } catch (error) {
+      note.textContent = `Cannot load jobs: ${error.message}`;
+    }
+    if (!stopped) timer = setTimeout(refresh, LIST_REFRESH_MS);
+  }
+  refresh();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
+
+function jobRow(job) {
+  const latest = job.latest || {};
+  return el("tr", { dataset: { jobId: job.id, testid: "job-row" } },
+    el("td", {}, el("a", { href: `#/jobs/${job.id}` }, job.name || job.id.slice(0, 8)), el("div", { class: "muted id" }, job.id)),
+    el("td", {}, statusBadge(job.status)),
+    el("td", {}, `${job.step}/${job.max_steps}`),
+    el("td", {}, fmt(latest.loss)),
+    el("td", {}, fmtScale(latest.loss_scale)),
+    el("td", {}, latest.skipped_steps ?? "-"),
+    el("td", {}, new Date(job.created_at).toLocaleString()),
+  );
+}
+
+/** Render one job's page into `view`; returns a cleanup function. */
+export function jobPage(view, id) {
+  const header = el("div", { class: "job-header" });
+  const stats = el("dl", { class: "stats", dataset: { testid: "job-stats" } });
+  const problem = el("div", { class: "error-box", hidden: true, dataset: { testid: "job-error" } });
+  const evalBox = el("div", { class: "eval-box", hidden: true, dataset: { testid: "job-eval" } });
+  const chartsBox = el("div", { class: "charts" });
+  view.replaceChildren(header, problem, evalBox, stats, chartsBox);
+
+  const data = new ChartData();
+  let charts = null;
+  let source = null;
+  let job = null;
+  let stopped = false;
+
+  function render() {
+    const latest = data.step.length ? lastRecord : job.latest || {};
+    const cancellable = !TERMINAL.has(job.status) && job.status !== "cancelling";
+    header.replaceChildren(
+      el("h1", {}, job.name || "Job", " ", statusBadge(job.status)),
+      el("div", { class: "muted id" }, job.id),
+      el("div", { class: "progress" },
+        el("progress", { max: job.max_steps, value: Math.max(job.step, data.lastStep) }),
+        el("span", { dataset: { testid: "job-progress" } }, ` ${Math.max(job.step, data.lastStep)}/${job.max_steps} steps`)),
+      el("button", { class: "danger", disabled: !cancellable, dataset: { testid: "cancel" }, onclick: onCancel }, "Cancel job"),
+    );
+    stats.replaceChildren(...[
+      ["Loss", fmt(latest.loss)],
+      ["Loss scale", fmtScale(latest.loss_scale)],
+      ["Skipped steps", latest.skipped_steps ?? "-"],
+      ["Samples/s", fmt(latest.samples_per_second, 5)],
+      ["Tokens/s", fmt(latest.tokens_per_second, 5)],
+      ["Precision", job.spec.precision],
+      ["World size", job.world_size],
+    ].flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+    if (job.error) {
+      problem.hidden = false;
+      problem.replaceChildren(el("strong", {}, `Failed: ${job.error.reason}`), el("pre", {}, job.error.message));
+    }
+    if (job.eval) {
+      evalBox.hidden = false;
+      const parts = Object.entries(job.eval).filter(([k]) => !["step", "time", "type"].includes(k)).map(([k, v]) => `${k} ${fmt(v)}`);
+      evalBox.replaceChildren(el("strong", {}, `Evaluation at step ${job.eval.step}: `), parts.join(", "));
+    }
+  }
+
+  let lastRecord = {};
+  function addRecord(record) {
+    data.push(record);
+    lastRecord = record;
+  }
+
+  async function onCancel(event) {
+    event.target.disabled = true;
+    try {
+      job = await cancelJob(id);
+    } catch (error) {
+      if (!(error instanceof ApiError && error.status === 409)) alert(`Cancel failed: ${error.message}`);
+    }
+    render();
+  }
+
+  function follow() {
+    source = new EventSource(`/jobs/${encodeURIComponent(id)}/events?after_step=${data.lastStep}`);
+    source.addEventListener("step", (e) => {
+      addRecord(JSON.parse(e.data));
+      charts.update();
+      renderSoon();
+    });
+    source.addEventListener("rewind", (e) => {
+      data.truncate(JSON.parse(e.data).step);
+      charts.update();
+    });
+    source.addEventListener("eval", (e) => {
+      job = { ...job, eval: JSON.parse(e.data) };
+      renderSoon();
+    });
+    source.addEventListener("status", (e) => {
+      job = JSON.parse(e.data);
+      render();
+      if (TERMINAL.has(job.status)) source.close();
+    });
+  }
+
+  let renderTimer = null;
+  function renderSoon() {
+    if (renderTimer === null) renderTimer = setTimeout(() => { renderTimer = null; if (!stopped) render(); }, 200);
+  }
+
+  (async () => {
+    try {
+      job = await getJob(id);
+      for (const record of await allMetrics(id)) addRecord(record);
+    } catch (error) {
+      view.replaceChildren(el("h1", {}, "Job"), el("p", { class: "error-box" }, error.status === 404 ? `No job ${id}.` : error.message));
+      return;
+    }
+    if (stopped) return;
+    render();
+    charts = new JobCharts(chartsBox, data);
+    charts.update();
+    if (!TERMINAL.has(job.status)) follow();
+  })();
+
+  return () => {
+    stopped = true;
+    if (source) source.close();
+    if (charts) charts.destroy();
+    clearTimeout(renderTimer);
+  };
+}

@@ -1,0 +1,182 @@
+"""The web dashboard in headless Chromium (Debian's ``chromium``, driven by Playwright) on the real stack.
+
+Submits a spec through the form (first a bad one: the 422 errors appear next to
+their lines), watches the job reach ``succeeded`` with its charts drawn, cancels
+another job from its page, sees a failed job's reason, and watches the job list
+update without a reload. Screenshots go to ``test-artifacts/dashboard-*.png``.
+Skipped when Chromium or the ``playwright`` package is missing, unless
+``HALFCAST_REQUIRE_SERVICES=1`` (CI, which installs both) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_support import ROOT, Stack, load_example
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path(os.environ.get("HALFCAST_TEST_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+ARTIFACTS = ROOT / "test-artifacts"
+#: Milliseconds to wait for a job to finish in the browser.
+JOB_TIMEOUT_MS = 180_000
+
+GOOD_SPEC = """\
+name: dashboard-fp16
+model:
+  name: mlp
+  config:
+    hidden_sizes: [64, 64]
+dataset:
+  name: synthetic
+  config: {task: regression, num_samples: 2048}
+precision: fp16
+loss_scale:
+  mode: dynamic
+  init_scale: 16777216
+  growth_interval: 20
+micro_batch_size: 32
+max_steps: 80
+log_interval: 1
+faults:
+  nonfinite_grad_steps: [30, 31, 55]
+  sleep_per_step_s: 0.03
+"""
+BAD_SPEC = GOOD_SPEC.replace("micro_batch_size: 32", "micro_batch_size: 0").replace("max_steps: 80", "max_steps: 80\nbogus_field: 1")
+
+#: Counts canvas pixels: all drawn ones, and those close to an RGB colour (a series' stroke).
+COUNT_PIXELS = """([canvas, rgb]) => {
+  const d = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+  let drawn = 0, colour = 0;
+  for (let i = 0; i < d.length; i += 4) {
+    if (d[i + 3] === 0) continue;
+    drawn++;
+    if (Math.abs(d[i] - rgb[0]) < 40 && Math.abs(d[i + 1] - rgb[1]) < 40 && Math.abs(d[i + 2] - rgb[2]) < 40) colour++;
+  }
+  return [drawn, colour];
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    missing = None if CHROMIUM.exists() else f"no Chromium at {CHROMIUM} (apt-get install -y chromium)"
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing = missing or "the playwright package is not installed (pip install -e '.[test]')"
+    if missing is not None:
+        if os.environ.get("HALFCAST_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"{missing} (HALFCAST_REQUIRE_SERVICES=1)")
+        pytest.skip(missing)
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, embedded_stack: Stack) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 1100}, base_url=str(embedded_stack.client.base_url))
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda message: errors.append(message.text) if _unexpected(message) else None)
+    page.set_default_timeout(30_000)
+    yield page
+    context.close()
+    assert errors == [], errors
+
+
+def _spec(label: str, **overrides: Any) -> dict[str, Any]:
+    """The synthetic example named ``label`` with ``overrides``."""
+    spec = load_example("synthetic-fp16.json", **overrides)
+    spec["name"] = label
+    return spec
+
+
+def _unexpected(message: Any) -> bool:
+    """A console error other than Chromium's note on an answer the page expects (the 422 of a bad spec)."""
+    return bool(message.type == "error" and "status of 422" not in message.text)
+
+
+def _shot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
+
+
+def _pixels(page: Any, testid: str, rgb: tuple[int, int, int]) -> tuple[int, int]:
+    canvas = page.locator(f"[data-testid={testid}] canvas")
+    drawn, colour = canvas.evaluate(COUNT_PIXELS.replace("([canvas, rgb])", "(canvas, rgb)"), list(rgb))
+    return int(drawn), int(colour)
+
+
+def test_submit_through_the_form_and_watch_the_job_succeed_with_charts(page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page.goto("/#/submit")
+    editor = page.get_by_test_id("spec")
+    editor.fill(BAD_SPEC)
+    page.get_by_test_id("submit").click()
+    expect(page.get_by_test_id("errors").locator("li")).to_have_count(2)
+    marks = page.get_by_test_id("gutter").locator(".mark")
+    lines = BAD_SPEC.split("\n")
+    expected = {str(lines.index("micro_batch_size: 0") + 1), str(lines.index("bogus_field: 1") + 1)}
+    assert {marks.nth(i).get_attribute("data-line") for i in range(marks.count())} == expected
+    expect(page.locator(f".gutter [data-line='{lines.index('micro_batch_size: 0') + 1}']")).to_contain_text("greater than or equal to 1")
+    expect(page.get_by_test_id("errors")).to_contain_text("bogus_field")
+    _shot(page, "submit-422")
+
+    editor.fill(GOOD_SPEC)
+    page.get_by_test_id("submit").click()
+    page.wait_for_url("**/#/jobs/*")
+    status = page.locator(".job-header [data-testid=status]")
+    expect(status).to_have_text("running", timeout=JOB_TIMEOUT_MS)
+    expect(status).to_have_text("succeeded", timeout=JOB_TIMEOUT_MS)
+    for testid in ("chart-loss", "chart-scale", "chart-throughput"):
+        expect(page.get_by_test_id(testid)).to_have_attribute("data-points", "80")
+    page.wait_for_timeout(300)  # one animation frame after the last data
+    assert _pixels(page, "chart-loss", (0x1F, 0x6F, 0xEB))[1] > 100, "no loss line drawn"
+    assert _pixels(page, "chart-scale", (0x82, 0x50, 0xDF))[1] > 100, "no loss-scale line drawn"
+    assert _pixels(page, "chart-scale", (0xD1, 0x24, 0x2F))[1] > 20, "no overflow marks drawn"
+    assert _pixels(page, "chart-throughput", (0x1A, 0x7F, 0x37))[1] > 100, "no throughput line drawn"
+    expect(page.get_by_test_id("job-eval")).to_contain_text("Evaluation at step 80")
+    expect(page.get_by_test_id("job-progress")).to_contain_text("80/80")
+    expect(page.get_by_test_id("cancel")).to_be_disabled()
+    _shot(page, "job-succeeded")
+
+
+def test_cancel_a_running_job_from_its_page(page: Any, embedded_stack: Stack) -> None:
+    from playwright.sync_api import expect
+
+    spec = _spec("to-cancel", max_steps=100_000, log_interval=1, faults={"sleep_per_step_s": 0.1})
+    job = embedded_stack.submit(spec)
+    page.goto(f"/#/jobs/{job['id']}")
+    status = page.locator(".job-header [data-testid=status]")
+    expect(status).to_have_text("running", timeout=JOB_TIMEOUT_MS)
+    expect(page.get_by_test_id("chart-loss")).not_to_have_attribute("data-points", "0", timeout=60_000)
+    page.get_by_test_id("cancel").click()
+    expect(status).to_have_text("cancelled", timeout=60_000)
+    assert embedded_stack.job(job["id"])["status"] == "cancelled"
+    _shot(page, "job-cancelled")
+
+
+def test_a_failed_job_shows_its_reason_and_the_list_updates_live(page: Any, embedded_stack: Stack) -> None:
+    from playwright.sync_api import expect
+
+    page.goto("/")
+    expect(page.get_by_test_id("job-list")).to_be_visible()
+    job = embedded_stack.submit(_spec("will-fail", max_steps=20, faults={"raise_at_step": 3}))
+    row = page.locator(f"[data-job-id='{job['id']}']")
+    expect(row).to_be_visible(timeout=10_000)  # appears without a reload
+    expect(row.get_by_test_id("status")).to_have_text("failed", timeout=JOB_TIMEOUT_MS)
+    _shot(page, "job-list")
+    row.get_by_role("link").click()
+    expect(page.get_by_test_id("job-error")).to_contain_text("rank_failed")
+    expect(page.get_by_test_id("job-error")).to_contain_text("raise_at_step 3")
+    _shot(page, "job-failed")

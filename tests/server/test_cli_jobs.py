@@ -1,0 +1,152 @@
+"""``halfcast submit|list|status|watch|cancel`` against a live API (uvicorn in a thread, SQLite)."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.app import create_app
+from server.cli import main
+from server.cli.watch import WatchView, format_duration, format_scale, progress_bar
+from server.client import Event
+from server.events import EventStreamSettings, StreamStats
+from server.settings import Settings
+
+from api_support import VALID_SPEC, FakeQueue, insert_job
+from live_server import LiveServer, add_steps, free_port, set_status, sqlite_copy, step_record
+
+
+@pytest.fixture
+def database_url(data_dir: Path, sqlite_template: Path) -> str:
+    """SQLite only: the CLI's behaviour does not depend on the database."""
+    return sqlite_copy(data_dir, sqlite_template)
+
+
+@pytest.fixture
+def url(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A live API; ``HALFCAST_URL`` points at it."""
+    app = create_app(settings, FakeQueue())
+    app.state.event_streams = StreamStats(EventStreamSettings(poll_interval_s=0.05))
+    with LiveServer(app) as live:
+        monkeypatch.setenv("HALFCAST_URL", live.url)
+        yield live.url
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_submit_yaml_and_json_then_list_status_cancel(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({**VALID_SPEC, "name": "from-yaml"}))
+    (tmp_path / "job.json").write_text(json.dumps({**VALID_SPEC, "name": "from-json"}))
+    code, out, _ = _run(capsys, "submit", str(tmp_path / "job.yaml"))
+    assert code == 0 and out.startswith("submitted job ") and out.rstrip().endswith("(queued)")
+    yaml_id = out.split()[2]
+    code, out, _ = _run(capsys, "submit", str(tmp_path / "job.json"), "--url", url)
+    json_id = out.split()[2]
+    code, out, _ = _run(capsys, "list")
+    assert code == 0 and out.splitlines()[0].split()[:3] == ["ID", "STATUS", "STEP"]
+    assert out.index(json_id) < out.index(yaml_id) and "from-yaml" in out and "0/50" in out
+    code, out, _ = _run(capsys, "status", yaml_id)
+    assert code == 0 and "status:    queued" in out and "from-yaml" in out
+    assert json.loads(_run(capsys, "status", yaml_id, "--json")[1])["id"] == yaml_id
+    code, out, _ = _run(capsys, "cancel", yaml_id)
+    assert (code, out) == (0, f"job {yaml_id}: cancelled\n")
+    code, _, err = _run(capsys, "cancel", yaml_id)
+    assert code == 1 and err == f"error: job {yaml_id} is already cancelled\n"
+
+
+def test_an_invalid_spec_prints_each_field_and_its_message(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**VALID_SPEC, "micro_batch_size": 0, "bogus": True}))
+    code, out, err = _run(capsys, "submit", str(tmp_path / "bad.yaml"))
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    assert any(line.startswith("error: micro_batch_size: ") for line in lines), err
+    assert any(line.startswith("error: bogus: ") for line in lines), err
+    assert len(lines) == 2
+
+
+def test_spec_file_errors_are_one_line(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "submit", str(tmp_path / "missing.yaml"))
+    assert code == 1 and err.startswith("error: cannot read ") and err.count("\n") == 1
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    code, _, err = _run(capsys, "submit", str(tmp_path / "list.yaml"))
+    assert code == 1 and "must hold a mapping" in err
+    (tmp_path / "broken.json").write_text("{")
+    code, _, err = _run(capsys, "submit", str(tmp_path / "broken.json"))
+    assert code == 1 and "is not valid JSON" in err and err.count("\n") == 1
+
+
+def test_a_server_that_is_down_is_one_clear_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HALFCAST_URL", f"http://127.0.0.1:{free_port()}")
+    for argv in (["list"], ["status", "x"], ["watch", "x"], ["cancel", "x"]):
+        code, out, err = _run(capsys, *argv)
+        assert code == 3 and out == "", argv
+        assert err.startswith("error: cannot reach the Halfcast API at http://127.0.0.1:") and err.count("\n") == 1, err
+
+
+def test_an_unknown_job_is_one_line(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "status", "nope")
+    assert (code, err) == (1, "error: job nope not found\n")
+
+
+def test_watch_prints_plain_lines_when_not_a_tty(url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+    job_id = insert_job(sessions, status="running")
+
+    def work() -> None:
+        time.sleep(0.2)
+        for step in range(1, 6):
+            add_steps(sessions, job_id, [step_record(step, overflow=step == 2, skipped_steps=int(step >= 2), loss_scale=2.0**(12 - int(step >= 2)))])
+            time.sleep(0.05)
+        set_status(sessions, job_id, "succeeded", eval={"step": 5, "loss": 0.25, "accuracy": 0.875})
+
+    writer = threading.Thread(target=work)
+    writer.start()
+    code, out, _ = _run(capsys, "watch", job_id)
+    writer.join()
+    lines = out.splitlines()
+    assert code == 0
+    assert lines[0] == f"job {job_id}: running" and lines[-1] == f"job {job_id}: succeeded"
+    steps = [line for line in lines if line.startswith("[")]
+    assert len(steps) == 5 and "\r" not in out and "\x1b" not in out
+    assert "5/50" in steps[-1] and "scale 2048 (2^11)" in steps[-1] and "skipped 1" in steps[-1] and "500 samples/s" in steps[-1]
+    assert "OVERFLOW" in steps[1] and "eval at step 5: loss 0.25, accuracy 0.875" in out
+
+
+def test_watch_exits_1_with_the_error_of_a_failed_job(url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+    job_id = insert_job(sessions, status="failed")
+    set_status(sessions, job_id, "failed", error_reason="nonfinite_loss", error_message="the loss was NaN for 10 steps\ntrace")
+    code, out, _ = _run(capsys, "watch", job_id)
+    assert code == 1 and out == f"job {job_id}: failed (nonfinite_loss: the loss was NaN for 10 steps)\n"
+
+
+def test_the_tty_view_redraws_one_line_with_progress_eta_scale_and_throughput() -> None:
+    view = WatchView("j", max_steps=100, tty=True)
+    out = io.StringIO()
+    assert view.lines(Event("status", None, {"status": "running", "max_steps": 100})) == ["\r\x1b[Kjob j: running\n"]
+    for step in range(1, 11):
+        record = step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=1234.5)
+        out.write("".join(view.lines(Event("step", str(step), record))))
+    text = out.getvalue()
+    assert text.count("\r") == 10 and "\n" not in text
+    last = text.rsplit("\r", 1)[1]
+    assert last.startswith(progress_bar(10, 100)) and "10/100 ETA 1m30s" in last
+    assert "scale 65536 (2^16)" in last and "1234.5 tok/s" in last and "loss 0.1 " in last
+    eval_line = view.lines(Event("eval", None, {"step": 10, "loss": 0.5}))[0]
+    assert eval_line.startswith("\r\x1b[Keval at step 10: loss 0.5\n\r[")
+
+
+def test_formatting() -> None:
+    assert [format_duration(s) for s in (None, 5, 65, 3725)] == ["?", "5s", "1m05s", "1h02m"]
+    assert format_scale(1024.0) == "1024 (2^10)" and format_scale(3.0) == "3" and format_scale(None) == "-"
+    assert progress_bar(5, 10, width=4) == "[##..]" and progress_bar(0, 0, width=2) == "[..]"

@@ -1,0 +1,130 @@
+"""``server.client.HalfcastClient`` against a live API (uvicorn in a thread, SQLite)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.app import create_app
+from server.client import Conflict, FieldError, HalfcastClient, NotFound, ServerUnavailable, ValidationFailed, parse_sse
+from server.events import EventStreamSettings, StreamStats
+from server.settings import Settings
+
+from api_support import VALID_SPEC, FakeQueue, insert_job, insert_steps
+from live_server import LiveServer, add_steps, free_port, set_status, sqlite_copy, step_record
+
+
+
+@pytest.fixture
+def database_url(data_dir: Path, sqlite_template: Path) -> str:
+    """SQLite only: the client's behaviour does not depend on the database (the API tests cover both)."""
+    return sqlite_copy(data_dir, sqlite_template)
+
+
+@pytest.fixture
+def queue() -> FakeQueue:
+    return FakeQueue()
+
+
+@pytest.fixture
+def server(settings: Settings, queue: FakeQueue) -> Iterator[LiveServer]:
+    app = create_app(settings, queue)
+    app.state.event_streams = StreamStats(EventStreamSettings(poll_interval_s=0.05))
+    with LiveServer(app) as live:
+        yield live
+
+
+@pytest.fixture
+def halfcast(server: LiveServer) -> Iterator[HalfcastClient]:
+    with HalfcastClient(server.url, timeout=10) as client:
+        yield client
+
+
+def test_submit_get_and_cancel(halfcast: HalfcastClient, queue: FakeQueue) -> None:
+    job = halfcast.submit(VALID_SPEC)
+    assert job["status"] == "queued" and queue.sent == [job["id"]]
+    assert halfcast.get(job["id"])["spec"]["precision"] == "fp16"
+    assert halfcast.cancel(job["id"])["status"] == "cancelled"
+    with pytest.raises(Conflict, match="already cancelled"):
+        halfcast.cancel(job["id"])
+    again = halfcast.submit(VALID_SPEC, idempotency_key="k-1")
+    assert halfcast.submit(VALID_SPEC, idempotency_key="k-1")["id"] == again["id"]
+
+
+def test_a_bad_spec_raises_validation_failed_with_every_field(halfcast: HalfcastClient, queue: FakeQueue) -> None:
+    spec = {**VALID_SPEC, "micro_batch_size": 0, "bogus": 1, "model": {"name": "mlp", "config": {"hidden_sizes": ["x"]}}}
+    with pytest.raises(ValidationFailed) as caught:
+        halfcast.submit(spec)
+    paths = {error.path for error in caught.value.errors}
+    assert {"micro_batch_size", "bogus"} <= paths, paths
+    assert caught.value.status_code == 422 and queue.sent == []
+    assert all(error.msg for error in caught.value.errors)
+
+
+def test_field_paths() -> None:
+    assert FieldError(("body", "loss_scale", "init_scale"), "m").path == "loss_scale.init_scale"
+    assert FieldError(("body", "model", "config", "hidden_sizes", 0), "m").path == "model.config.hidden_sizes[0]"
+    assert FieldError(("body",), "m").path == "(spec)"
+    assert FieldError(("query", "cursor"), "m").path == "query.cursor"
+
+
+def test_unknown_job_is_not_found(halfcast: HalfcastClient) -> None:
+    with pytest.raises(NotFound, match="not found"):
+        halfcast.get("nope")
+    with pytest.raises(NotFound):
+        next(halfcast.events("nope"))
+
+
+def test_list_pages_and_metrics_pages(halfcast: HalfcastClient, sessions: sessionmaker[Session]) -> None:
+    ids = [insert_job(sessions, seconds=n) for n in range(5)]
+    assert [job["id"] for job in halfcast.list(limit=3)] == ids[::-1][:3]
+    assert [job["id"] for job in halfcast.jobs(page_size=2)] == ids[::-1]
+    assert halfcast.list(status="running") == []
+    insert_steps(sessions, ids[0], range(1, 8))
+    pages = list(halfcast.metrics(ids[0], page_size=3))
+    assert [[point["step"] for point in page] for page in pages] == [[1, 2, 3], [4, 5, 6], [7]]
+    assert [point["step"] for page in halfcast.metrics(ids[0], after_step=5) for point in page] == [6, 7]
+
+
+def test_events_follow_a_job_to_its_end(halfcast: HalfcastClient, sessions: sessionmaker[Session]) -> None:
+    job_id = insert_job(sessions, status="running")
+
+    def work() -> None:
+        for step in range(1, 6):
+            add_steps(sessions, job_id, [step_record(step)])
+            time.sleep(0.02)
+        set_status(sessions, job_id, "failed", error_reason="nonfinite_loss", error_message="loss was NaN")
+
+    writer = threading.Thread(target=work)
+    writer.start()
+    events = list(halfcast.events(job_id, after_step=2))
+    writer.join()
+    assert [(e.event, e.id) for e in events if e.event == "step"] == [("step", "3"), ("step", "4"), ("step", "5")]
+    assert events[0].event == "status" and events[-1].data["error"]["reason"] == "nonfinite_loss"
+
+
+def test_a_server_that_is_down_raises_server_unavailable() -> None:
+    with HalfcastClient(f"http://127.0.0.1:{free_port()}", timeout=2) as client:
+        with pytest.raises(ServerUnavailable, match="cannot reach"):
+            client.list()
+        with pytest.raises(ServerUnavailable):
+            list(client.events("x", reconnects=0))
+
+
+def test_a_broker_outage_is_server_unavailable(halfcast: HalfcastClient, queue: FakeQueue) -> None:
+    queue.error = ConnectionError("broker down")
+    with pytest.raises(ServerUnavailable, match="could not be queued") as caught:
+        halfcast.submit(VALID_SPEC)
+    assert caught.value.status_code == 503
+
+
+def test_parse_sse_joins_multi_line_data_and_skips_comments() -> None:
+    lines: list[Any] = [": hi", "retry: 10", "event: step", "id: 4", 'data: {"a":', "data: 1}", "", ""]
+    events = list(parse_sse(iter(lines)))
+    assert [(e.event, e.id, e.data) for e in events] == [("step", "4", {"a": 1})]

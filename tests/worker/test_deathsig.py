@@ -1,0 +1,61 @@
+"""The launch wrapper: a run gets SIGTERM when its worker dies, even by SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from worker.deathsig import PARENT_GONE_EXIT
+from worker.launch import read_proc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+
+
+def _alive(pid: int) -> bool:
+    info = read_proc(pid)
+    return info is not None and info.alive
+
+
+def test_the_run_dies_with_its_parent(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    parent_code = (
+        "import os, subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-m', 'worker.deathsig', str(os.getpid()), '--', "
+        "'sleep', '300'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(300)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        time.sleep(0.5)  # the wrapper has exec'd into sleep
+        assert _alive(child) and Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep")
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(child):
+            assert time.monotonic() < deadline, "the run outlived its killed parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_the_wrapper_exits_when_its_parent_is_already_gone() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "worker.deathsig", "1", "--", "sleep", "300"], cwd=ROOT, timeout=30
+    )
+    assert result.returncode == PARENT_GONE_EXIT

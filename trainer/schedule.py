@@ -1,0 +1,152 @@
+"""Learning-rate schedules over *applied* optimizer steps, computed on the device.
+
+``lr(n) = initial_lr * m(n)`` where ``n`` is the number of applied (not skipped)
+optimizer steps so far: a skipped step never advances the schedule (DESIGN.md §4;
+pytorch/pytorch#44511). The count ``n`` is a 0-d int64 tensor on the device, advanced
+by the step's ``applied`` flag, and the next step's learning rate is computed from it
+with tensor ops and written into each ``param_group["lr"]`` (a 0-d tensor, see
+:mod:`trainer.optimizers`): the host never reads either.
+
+The multiplier ``m`` (:class:`LRMultiplier` is the host closed form, the reference):
+
+* warm-up, for ``n < W`` (``W = warmup_steps``): ``(n + 1) / W`` (linear, Goyal et al.,
+  "Accurate, Large Minibatch SGD", arXiv:1706.02677);
+* then with ``d = n - W`` and ``p = min(1, d / max(1, T - W))`` (``T`` = the job's
+  ``max_steps``, ``r`` = ``min_lr_ratio``):
+  ``constant`` 1; ``cosine`` ``r + (1 - r) * (1 + cos(pi * p)) / 2`` (Loshchilov &
+  Hutter, "SGDR", ICLR 2017, one cycle without restarts); ``linear`` ``1 - (1 - r) * p``;
+  ``step`` ``gamma ** floor(d / step_size)`` (``torch.optim.lr_scheduler.StepLR``).
+
+The device computes in float64 with the same operation order as the Python formula, so
+the learning rates equal :class:`LRMultiplier`'s exactly, except ``cosine``, where the
+device's ``cos`` may differ from the C library's by one unit in the last place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trainer.optimizers import lr_dtype
+from trainer.spec import LRSchedulerSpec
+
+
+@dataclass(frozen=True)
+class LRMultiplier:
+    """The factor on the base learning rate after ``applied`` optimizer steps (host closed form).
+
+    Linear warm-up ``(applied + 1) / warmup_steps`` for the first ``warmup_steps``; then
+    ``constant``: 1; ``cosine``: ``r + (1 - r) * (1 + cos(pi * p)) / 2``; ``linear``:
+    ``1 - (1 - r) * p``, with ``r = min_lr_ratio`` and ``p`` the fraction of the
+    ``total_steps - warmup_steps`` decay steps done (clamped to [0, 1]); ``step``:
+    ``gamma ** ((applied - warmup_steps) // step_size)``.
+    """
+
+    name: str
+    total_steps: int
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    step_size: int = 1
+    gamma: float = 0.1
+
+    def __call__(self, applied: int) -> float:
+        if applied < self.warmup_steps:
+            return (applied + 1) / self.warmup_steps
+        done = applied - self.warmup_steps
+        if self.name == "step":
+            return self.gamma ** (done // self.step_size)
+        if self.name == "constant":
+            return 1.0
+        progress = min(1.0, done / max(1, self.total_steps - self.warmup_steps))
+        ratio = self.min_lr_ratio
+        if self.name == "cosine":
+            return ratio + (1.0 - ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - (1.0 - ratio) * progress
+
+    def on_device(self, applied: Tensor) -> Tensor:
+        """The same factor for a 0-d int64 count tensor: a 0-d float64 tensor on its device, no host sync."""
+        n = applied.double()
+        done = n - self.warmup_steps
+        if self.name == "step":
+            value = torch.pow(self.gamma, torch.div(applied - self.warmup_steps, self.step_size, rounding_mode="floor").double())
+        elif self.name == "constant":
+            value = torch.ones_like(n)
+        else:
+            progress = (done / max(1, self.total_steps - self.warmup_steps)).clamp(max=1.0)
+            ratio = self.min_lr_ratio
+            if self.name == "cosine":
+                value = ratio + (1.0 - ratio) * 0.5 * (1.0 + torch.cos(math.pi * progress))
+            else:
+                value = 1.0 - (1.0 - ratio) * progress
+        if self.warmup_steps == 0:
+            return value
+        return torch.where(n < self.warmup_steps, (n + 1) / self.warmup_steps, value)
+
+
+class DeviceLRSchedule:
+    """Writes ``initial_lr * m(applied)`` into every param group's ``lr`` tensor after each step.
+
+    Args:
+        multiplier: the schedule's closed form.
+        optimizer: an optimizer from :mod:`trainer.optimizers` (groups hold ``initial_lr``
+            and a 0-d ``lr`` tensor).
+
+    ``applied`` (0-d int64, on the device of the first group's ``lr``) counts applied steps.
+    Construction sets the learning rate of step 1.
+    """
+
+    def __init__(self, multiplier: LRMultiplier, optimizer: torch.optim.Optimizer) -> None:
+        self.multiplier = multiplier
+        self.optimizer = optimizer
+        self.device = optimizer.param_groups[0]["params"][0].device
+        self.applied = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._write()
+
+    def step(self, applied: Tensor) -> None:
+        """Count one attempted step whose ``applied`` flag (0-d, 1 = applied, 0 = skipped) is given; set the next lr."""
+        self.applied = self.applied + applied.to(torch.int64)
+        self._write()
+
+    def _write(self) -> None:
+        factor = self.multiplier.on_device(self.applied)
+        for group in self.optimizer.param_groups:
+            lr = group["initial_lr"] * factor
+            group["lr"] = lr.to(lr_dtype(lr.device))
+
+    @property
+    def last_epoch(self) -> int:
+        """Applied steps so far (host read; for checkpoints and tests). The ``LambdaLR`` name."""
+        return int(self.applied.item())
+
+    def state_dict(self) -> dict[str, Any]:
+        """``last_epoch`` (applied steps) and ``_last_lr`` (the next step's rates), as python scalars (syncs).
+
+        The keys are ``LambdaLR``'s, so checkpoints keep their format.
+        """
+        return {
+            "last_epoch": self.last_epoch,
+            "_last_lr": [float(group["lr"]) for group in self.optimizer.param_groups],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the applied-step count and recompute the learning rates (also from a ``LambdaLR`` state)."""
+        self.applied = torch.full((), int(state["last_epoch"]), dtype=torch.int64, device=self.device)
+        self._write()
+
+
+def build_lr_schedule(spec: LRSchedulerSpec, optimizer: torch.optim.Optimizer, total_steps: int) -> DeviceLRSchedule:
+    """The device schedule of ``spec`` over ``total_steps`` (the job's ``max_steps``)."""
+    multiplier = LRMultiplier(
+        name=spec.name,
+        total_steps=total_steps,
+        warmup_steps=spec.warmup_steps,
+        min_lr_ratio=spec.min_lr_ratio,
+        step_size=spec.step_size,
+        gamma=spec.gamma,
+    )
+    return DeviceLRSchedule(multiplier, optimizer)

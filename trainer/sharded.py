@@ -1,0 +1,158 @@
+"""Gradient helpers for the precision step that work on sharded (FSDP2) and replicated gradients.
+
+Under FSDP2 every gradient is a ``DTensor`` whose local tensor is this rank's shard
+(``Shard(0)``); under DDP or a single process they are plain tensors, identical on
+every rank after the all-reduce. The precision step needs three things that differ:
+
+* unscale and the non-finite check run on **local shards** (:func:`local_tensors`):
+  ``torch._amp_foreach_non_finite_check_and_unscale_`` on plain tensors, writing
+  through to the DTensor gradients; the resulting flag is rank-local, so the step
+  must max-reduce it across ranks before deciding (it already does);
+* the gradient norm is **global** (:func:`global_grad_norm`): the sum of squares of
+  the local shards, summed over ranks in one all-reduce, plus that of replicated
+  gradients counted once; the same value on every rank, non-finite on every rank if
+  any shard is;
+* clipping multiplies the local shards by one coefficient (:func:`clip_grads_`).
+
+None of these synchronises the host. For plain (unsharded) gradients the norm is
+``torch.nn.utils.get_total_norm``, exactly as before.
+
+Checkpoints of a sharded model need full (unsharded) state dicts, gathered by every
+rank together: :func:`gather_state_dicts` and :func:`load_state_dicts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+#: Added to the norm before dividing, as ``torch.nn.utils.clip_grads_with_norm_`` does.
+CLIP_EPS = 1e-6
+
+
+def local_tensor(tensor: Tensor) -> Tensor:
+    """This rank's part of ``tensor``: the local shard of a DTensor (a view sharing its storage), else ``tensor``."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def local_tensors(tensors: Iterable[Tensor]) -> list[Tensor]:
+    """:func:`local_tensor` of each tensor, in order."""
+    return [local_tensor(t) for t in tensors]
+
+
+def is_sharded(tensor: Tensor) -> bool:
+    """True for a DTensor with a ``Shard`` placement (its ranks hold different parts).
+
+    Raises:
+        TypeError: a DTensor placement that is neither ``Shard`` nor ``Replicate``
+            (a pending ``Partial`` reduction is not a gradient the step can use).
+    """
+    if not isinstance(tensor, DTensor):
+        return False
+    for placement in tensor.placements:
+        if not isinstance(placement, Shard | Replicate):
+            raise TypeError(f"unsupported gradient placement {placement}")
+    return any(isinstance(p, Shard) for p in tensor.placements)
+
+
+def _sharded_group(tensors: Sequence[Tensor]) -> dist.ProcessGroup:
+    meshes = {id(t.device_mesh): t.device_mesh for t in tensors if isinstance(t, DTensor)}
+    if len(meshes) != 1 or next(iter(meshes.values())).ndim != 1:
+        raise ValueError("sharded gradients must share one 1-D device mesh")
+    return next(iter(meshes.values())).get_group()
+
+
+def _sum_of_squares(tensors: Sequence[Tensor], device: torch.device) -> Tensor:
+    """Float64 0-d sum of squared elements (per-tensor fp32 norms, squared in fp64 so it cannot overflow)."""
+    if not tensors:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in tensors], 2.0)
+    return torch.stack(norms).to(device=device, dtype=torch.float64).square().sum()
+
+
+def global_grad_norm(grads: Sequence[Tensor], device: torch.device) -> Tensor:
+    """Global L2 norm of ``grads`` (DTensor and/or plain) as a 0-d float32 tensor on ``device``.
+
+    Sharded DTensors contribute their local shards' squares, summed over the mesh's
+    ranks in one ``all_reduce`` (a collective: every rank must call this at the same
+    step); replicated gradients contribute once. Non-finite values give a non-finite
+    norm on every rank. Without sharded gradients this is
+    ``torch.nn.utils.get_total_norm`` (no collective). 0 for no gradients.
+
+    Raises:
+        ValueError: sharded gradients on different or multi-dimensional meshes.
+    """
+    sharded = [g for g in grads if is_sharded(g)]
+    if not sharded:
+        if not grads:
+            return torch.zeros((), dtype=torch.float32, device=device)
+        plain = local_tensors(grads)
+        return torch.nn.utils.get_total_norm(plain, norm_type=2.0, error_if_nonfinite=False).float().to(device)
+    group = _sharded_group(sharded)
+    squares = _sum_of_squares(local_tensors(sharded), device)
+    dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=group)
+    replicated = [local_tensor(g) for g in grads if not is_sharded(g)]
+    return (squares + _sum_of_squares(replicated, device)).sqrt().float()
+
+
+def clip_grads_(grads: Sequence[Tensor], max_norm: float, total_norm: Tensor) -> None:
+    """Scale ``grads`` (their local shards) in place by ``min(1, max_norm / (total_norm + 1e-6))``.
+
+    ``total_norm`` is the 0-d global norm from :func:`global_grad_norm`; same
+    coefficient on every rank, no host sync. A non-finite norm gives a coefficient of
+    0 or NaN: call it only on steps that will be applied, or skip them anyway.
+    """
+    local = local_tensors(grads)
+    if not local:
+        return
+    coefficient = (max_norm / (total_norm.float() + CLIP_EPS)).clamp(max=1.0)
+    torch._foreach_mul_(local, coefficient.to(local[0].device))
+
+
+# ----------------------------------------------------------------------------- checkpoint state
+
+
+def gather_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(model state, optimizer state)`` for a checkpoint.
+
+    FSDP2 (``model`` is an ``FSDPModule``): a **collective**, every rank must call it;
+    rank 0 gets full, unsharded CPU tensors (``StateDictOptions(full_state_dict=True,
+    cpu_offload=True)``), the other ranks empty dicts. The optimizer state is keyed by
+    parameter names (``torch.distributed.checkpoint.state_dict`` format). Otherwise:
+    ``model.state_dict()`` and ``optimizer.state_dict()``, no collective.
+    """
+    if not isinstance(model, FSDPModule):
+        return model.state_dict(), optimizer.state_dict()
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def load_state_dicts(
+    model: nn.Module, optimizer: torch.optim.Optimizer, model_state: Mapping[str, Any], optimizer_state: Mapping[str, Any]
+) -> None:
+    """Restore what :func:`gather_state_dicts` returned on rank 0, in place.
+
+    FSDP2: a collective; every rank passes the full dicts (each rank read the same
+    checkpoint file) and keeps its own shard. Otherwise ``load_state_dict`` of each.
+    Raises whatever ``load_state_dict`` raises for mismatching keys or shapes.
+    """
+    if not isinstance(model, FSDPModule):
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+        return
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, dict(model_state), options=options)
+    set_optimizer_state_dict(model, optimizer, dict(optimizer_state), options=options)

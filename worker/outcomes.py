@@ -1,0 +1,107 @@
+"""How a run ended, as a terminal status with a typed reason (docs/architecture.md, "Typed failure reasons").
+
+After the trainer exits: success needs exit 0 *and* the ``end`` record. Otherwise a
+rank's ``error.json`` gives the reason; without one, the launcher log is searched
+for a known cause (out of memory, a collective that timed out), and a rank killed by
+SIGKILL while the kernel's OOM kill count rose is ``oom``; anything else is
+``rank_failed``. Every failure message ends with the tail of ``logs/launcher.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.launch import log_tail
+
+log = logging.getLogger(__name__)
+
+#: Lines of ``launcher.log`` quoted in a failure message.
+LOG_TAIL_LINES = 50
+#: Lines of ``launcher.log`` searched for a known cause (torchrun's own report follows the rank's).
+SCAN_LINES = 2000
+
+#: (reason, pattern, explanation): causes recognised in the log, first match wins (an OOM on one
+#: rank often makes the others fail in a collective, so it is looked for first).
+LOG_CAUSES: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("oom", re.compile(r"CUDA out of memory|HIP out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory"),
+     "a rank ran out of memory"),
+    ("collective_timeout", re.compile(
+        r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out"
+        r"|Timed out waiting \d+ ?ms for (?:recv|send) operation|ProcessGroup(?:NCCL|Gloo)\S*.{0,200}[Tt]imed? ?out"),
+     "a collective operation timed out (a rank stopped taking part, or the network failed)"),
+)  # fmt: skip
+#: torchrun's report of a rank that died of SIGKILL.
+RANK_SIGKILLED = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: a terminal status and, for failures, a typed reason and message."""
+
+    status: str
+    reason: str | None = None
+    message: str | None = None
+
+
+def exit_outcome(code: int, ended: bool, run_dir: Path, oom_killed: bool = False) -> Outcome:
+    """The outcome of a run whose launcher exited with ``code``.
+
+    ``ended``: the ``end`` record was read. ``oom_killed``: the kernel's OOM kill count
+    rose while the run lived (see :mod:`worker.oomwatch`).
+    """
+    if code == 0 and ended:
+        return Outcome("succeeded")
+    launcher_log = run_dir / "logs" / "launcher.log"
+    tail = log_tail(launcher_log, LOG_TAIL_LINES)
+    error = read_error(run_dir / "error.json")
+    if error is not None:
+        reason, message = error
+        return Outcome("failed", reason, with_tail(message, tail))
+    what = "exited 0 without an end record" if code == 0 else f"exited with {describe_exit(code)}"
+    scan = log_tail(launcher_log, SCAN_LINES)
+    for reason, pattern, explanation in LOG_CAUSES:
+        if pattern.search(scan):
+            return Outcome("failed", reason, with_tail(f"the trainer {what}: {explanation}", tail))
+    if oom_killed and (code == -signal.SIGKILL or RANK_SIGKILLED.search(scan)):
+        explanation = "a rank was killed with SIGKILL while the kernel's OOM killer was active"
+        return Outcome("failed", "oom", with_tail(f"the trainer {what}: {explanation}", tail))
+    return Outcome("failed", "rank_failed", with_tail(f"the trainer {what}", tail))
+
+
+def read_error(path: Path) -> tuple[str, str] | None:
+    """``(reason, message)`` from a rank's ``error.json``; ``None`` if absent or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        log.warning("unreadable %s", path)
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("reason"), str) or not data["reason"]:
+        log.warning("%s has no reason: %.200r", path, data)
+        return None
+    rank = data.get("rank")
+    message = str(data.get("message") or "")
+    return data["reason"], f"{message} (rank {rank})" if rank is not None else message
+
+
+def with_tail(message: str, tail: str) -> str:
+    """``message`` followed by the log tail (if any)."""
+    if not tail:
+        return message
+    return f"{message}\n--- last lines of logs/launcher.log ---\n{tail}"
+
+
+def describe_exit(code: int) -> str:
+    """``exit code N`` or ``signal NAME`` for a ``Popen.returncode``."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"

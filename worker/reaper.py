@@ -1,0 +1,60 @@
+"""The reaper: every worker looks for jobs whose lease expired and recovers them.
+
+A job in ``starting``/``running``/``cancelling`` whose lease ran out has no live owner
+(its worker was killed, hung, or lost its host, kuberay#1489, dstack#1053); the
+reaper hands it to :class:`worker.recovery.Recovery`: requeued to resume from its
+last checkpoint, ``cancelled`` if it was being cancelled, or ``failed`` with
+``worker_lost`` once ``max_attempts`` are used. It trusts only live leases, never a
+worker's word. It runs in every worker, once at start and then every
+``HALFCAST_REAPER_INTERVAL_S``; each recovery is a compare-and-set, so reapers
+running at once recover each job once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from worker.recovery import Recovery, Resolution
+
+log = logging.getLogger(__name__)
+
+
+class Reaper:
+    """Recovers expired leases with ``recovery``, every ``interval_s`` seconds until ``stop`` is set."""
+
+    def __init__(self, recovery: Recovery, interval_s: float, stop: threading.Event) -> None:
+        self.recovery = recovery
+        self.interval_s = interval_s
+        self.stop = stop
+        self.thread: threading.Thread | None = None
+
+    def reap_once(self) -> dict[str, Resolution]:
+        """One pass: recover every job whose lease has expired; return what became of each."""
+        done: dict[str, Resolution] = {}
+        for lease in self.recovery.expired_leases():
+            try:
+                resolution = self.recovery.recover_expired(lease)
+            except Exception:
+                log.exception("reaper: could not recover job %s", lease.job_id)
+                continue
+            if resolution is not None:
+                log.warning("reaper: job %s (attempt %d of %s) %s", lease.job_id, lease.attempt, lease.owner, resolution)
+                done[lease.job_id] = resolution
+        return done
+
+    def run(self) -> None:
+        """Reap now, then every ``interval_s`` seconds, until ``stop`` is set; errors are logged, never fatal."""
+        while not self.stop.is_set():
+            try:
+                self.reap_once()
+            except Exception:
+                log.exception("reaper: pass failed")
+            self.stop.wait(self.interval_s)
+
+    def start(self) -> threading.Thread:
+        """Run :meth:`run` in a daemon thread (once; later calls return the same thread)."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.run, name="halfcast-reaper", daemon=True)
+            self.thread.start()
+        return self.thread
