@@ -135,6 +135,14 @@ class _DeviceSkipMixin:
                 raise ValueError(f"optimizer state has unequal step counts in one group: {sorted(set(steps))}")
 
 
+def _evaluate_closure(closure: Callable[[], float] | None) -> float | None:
+    """The optimizer-closure convention: re-evaluate the loss with gradients enabled."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def _grads(params: Sequence[Tensor]) -> list[Tensor]:
     missing = sum(p.grad is None for p in params)
     if missing:
@@ -241,10 +249,7 @@ class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
         Raises:
             ValueError: a parameter without gradient, a ``grad_scale``, or a malformed ``found_inf``.
         """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate_closure(closure)
         for group in self.param_groups:
             params = list(group["params"])
             grads = _grads(params)
@@ -331,10 +336,7 @@ class SGD(_DeviceSkipMixin, torch.optim.SGD):
         Raises:
             ValueError: a parameter without gradient, a ``grad_scale``, or a malformed ``found_inf``.
         """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate_closure(closure)
         for group in self.param_groups:
             params = list(group["params"])
             grads = _grads(params)
