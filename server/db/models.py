@@ -20,7 +20,12 @@ def utcnow() -> datetime:
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+    type_annotation_map = {
+        dict[str, Any]: JSON,
+        list[dict[str, Any]]: JSON,
+        list[int]: JSON,
+        datetime: DateTime(timezone=True),
+    }
 
 
 class Job(Base):
@@ -53,6 +58,8 @@ class Job(Base):
     #: ``Idempotency-Key`` of the POST that created the job, and the hash of its spec.
     idempotency_key: Mapped[str | None] = mapped_column(String(255), index=True, unique=True)
     request_hash: Mapped[str | None] = mapped_column(String(64))
+    #: Precision switches the run made (``on_divergence: "fallback_bf16"``), oldest first; null when none.
+    precision_switches: Mapped[list[dict[str, Any]] | None]
 
     attempts: Mapped[list[Attempt]] = relationship(
         order_by="Attempt.attempt", lazy="selectin", viewonly=True
@@ -73,6 +80,8 @@ class Attempt(Base):
     ended_at: Mapped[datetime | None]
     status: Mapped[str | None] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(String(64))
+    #: GPU indices (on the worker's host) this attempt was given; null for CPU jobs.
+    gpus: Mapped[list[int] | None]
 
 
 class StepRecord(Base):
@@ -84,3 +93,18 @@ class StepRecord(Base):
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     time: Mapped[float] = mapped_column(Float)
     data: Mapped[dict[str, Any]]
+
+
+class Worker(Base):
+    """A worker process that registered; ``heartbeat_at`` is renewed while it lives (``GET /workers``)."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    #: GPU indices on the host this worker may hand to jobs (``[]`` for a CPU-only worker).
+    gpus: Mapped[list[int]]
+    concurrency: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime] = mapped_column(index=True)
