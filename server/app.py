@@ -19,9 +19,11 @@ from server.db.engine import make_engine, make_session_factory
 from server.errors import install_error_handlers
 from server.exporter import build_registry
 from server.queue import CeleryJobQueue, JobQueue
+from server.request_metrics import RequestMetricsMiddleware, request_histogram
 from server.events import StreamCollector
-from server.routes import dashboard, events, health, jobs, metrics
+from server.routes import dashboard, events, health, jobs, logs, metrics, workers
 from server.settings import Settings
+from server.worker_metrics import WorkerMetricsCollector
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,10 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         app.state.queue = own_queue or queue
         app.state.registry = build_registry(app.state.session_factory)
         app.state.registry.register(StreamCollector(app.state.event_streams))
+        app.state.registry.register(app.state.request_histogram)
+        app.state.registry.register(
+            WorkerMetricsCollector(app.state.session_factory, settings.worker_live_s, settings.worker_forget_s)
+        )
         log.info("halfcast API ready (database %s)", engine.url.render_as_string(hide_password=True))
         try:
             yield
@@ -61,10 +67,14 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
         lifespan=_lifespan(settings, queue),
     )
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=MAX_BODY_BYTES)
+    app.state.request_histogram = request_histogram()
+    app.add_middleware(RequestMetricsMiddleware, histogram=app.state.request_histogram)
     install_error_handlers(app)
     app.include_router(jobs.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(workers.router)
     events.install(app)
+    logs.install(app)
     dashboard.install(app)
     return app

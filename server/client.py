@@ -241,14 +241,52 @@ class HalfcastClient:
             if failures > reconnects:
                 raise ServerUnavailable(f"the event stream of job {job_id} keeps ending early")
 
-    def _stream(self, job_id: str, last_id: str) -> Iterator[Event]:
-        headers = {"accept": "text/event-stream", "Last-Event-ID": last_id}
-        timeout = httpx.Timeout(self._http.timeout.connect or 10.0, read=self.stream_timeout)
+    # ------------------------------------------------------------------ logs
+
+    def logs(self, job_id: str, *, rank: int = 0, tail: int = 200, attempt: int | None = None) -> dict[str, Any]:
+        """The last ``tail`` lines of ``rank``'s log: ``{"job_id", "attempt", "rank", "lines"}`` (newest attempt by default).
+
+        Raises :class:`NotFound` (unknown job, or one that never started),
+        :class:`Conflict` (not started yet), :class:`ValidationFailed` (a rank or
+        attempt the job does not have).
+        """
+        params: dict[str, Any] = {"rank": rank, "tail": tail}
+        if attempt is not None:
+            params["attempt"] = attempt
+        body: dict[str, Any] = self._request("GET", f"/jobs/{job_id}/logs", params=params)
+        return body
+
+    def follow_logs(self, job_id: str, *, rank: int = 0, tail: int = 200, attempt: int | None = None) -> Iterator[Event]:
+        """Follow ``rank``'s log: ``attempt``, ``lines`` (``data["lines"]``) and finally ``end`` events.
+
+        Waits for a queued job to start, moves on to a retry's attempt (unless
+        ``attempt`` is given) and returns after ``end``. A dropped connection is not
+        resumed: :class:`ServerUnavailable`.
+        """
+        params: dict[str, Any] = {"rank": rank, "tail": tail, "follow": "true"}
+        if attempt is not None:
+            params["attempt"] = attempt
         try:
-            with self._http.stream("GET", f"/jobs/{job_id}/events", headers=headers, timeout=timeout) as response:
+            for event in self._sse(f"/jobs/{job_id}/logs", params=params):
+                yield event
+                if event.event == "end":
+                    return
+        except httpx.TransportError as exc:
+            raise ServerUnavailable(f"lost the log stream of job {job_id} at {self.url}: {exc}") from exc
+        raise ServerUnavailable(f"the log stream of job {job_id} ended early")
+
+    def _sse(self, path: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> Iterator[Event]:
+        """The events of one SSE answer from ``path`` (typed errors for an error status)."""
+        timeout = httpx.Timeout(self._http.timeout.connect or 10.0, read=self.stream_timeout)
+        headers = {"accept": "text/event-stream", **(headers or {})}
+        try:
+            with self._http.stream("GET", path, params=params, headers=headers, timeout=timeout) as response:
                 if response.status_code >= 400:
                     response.read()
                     _raise_for(response)
                 yield from parse_sse(response.iter_lines())
         except httpx.ConnectError as exc:
             raise ServerUnavailable(f"cannot reach the Halfcast API at {self.url}: {exc}") from exc
+
+    def _stream(self, job_id: str, last_id: str) -> Iterator[Event]:
+        yield from self._sse(f"/jobs/{job_id}/events", headers={"Last-Event-ID": last_id})

@@ -20,6 +20,12 @@ Events (``data`` is one line of JSON):
   ``step``: records after it were discarded and will be sent again as they are redone.
   Only records this stream has seen are checked; a resume point the job has not
   reached yet is simply waited for.
+- ``event: precision_switch`` — a switch from fp16 to bf16 (``on_divergence:
+  "fallback_bf16"``) that happened while the stream was open (its record as in the
+  resource's ``precision_switches``), followed by ``event: rewind`` to its
+  ``rewound_to_step`` when this stream had sent records after it: those steps were
+  trained again in bf16 and are sent again. (Switches before the connection are in the
+  first ``status`` event.)
 - ``: keepalive`` comments after ``heartbeat_s`` without an event.
 
 The job is read before its step records, so a terminal status is only sent after
@@ -175,6 +181,8 @@ class Snapshot:
     records: list[dict[str, Any]]
     #: The record at the poll's ``after_step`` still exists (``True`` when ``after_step`` is 0).
     has_cursor_record: bool = True
+    #: The job's precision switches, oldest first (``jobs.precision_switches``).
+    switches: list[dict[str, Any]] = field(default_factory=list)
 
 
 def read_snapshot(
@@ -195,7 +203,8 @@ def read_snapshot(
         rows = repo.list_step_records(session, job_id, after_step=start, limit=limit + 1)
         has_cursor_record = after_step == 0 or (bool(rows) and rows[0].step == after_step)
         records = [step_point(row) for row in rows if row.step > after_step][:limit]
-        return Snapshot(job.status, job.step, job.eval, resource, records, has_cursor_record)
+        switches = list(job.precision_switches or [])
+        return Snapshot(job.status, job.step, job.eval, resource, records, has_cursor_record, switches)
 
 
 @dataclass
@@ -207,6 +216,8 @@ class _Cursor:
     eval: dict[str, Any] | None = None
     #: The record at ``step`` was seen by this stream (sent, or found by a poll): its later absence means a rewind.
     confirmed: bool = False
+    #: Precision switches known to this stream (``None`` before the first poll).
+    switches: int | None = None
 
 
 def _frames(snapshot: Snapshot, cursor: _Cursor) -> list[str]:
@@ -217,7 +228,13 @@ def _frames(snapshot: Snapshot, cursor: _Cursor) -> list[str]:
     if status_frame is not None and not terminal:
         out.append(status_frame)
     records = snapshot.records
-    if cursor.confirmed and not snapshot.has_cursor_record and snapshot.step < cursor.step:
+    switch_frames, rewound_to = _new_switches(snapshot, cursor)
+    out += switch_frames
+    if rewound_to is not None and rewound_to < cursor.step:
+        # Steps after the switch's checkpoint were trained again: re-read them from there next poll.
+        out.append(frame("rewind", {"step": rewound_to}, rewound_to))
+        cursor.step, cursor.confirmed, records = rewound_to, False, []
+    elif cursor.confirmed and not snapshot.has_cursor_record and snapshot.step < cursor.step:
         # A retry resumed from an earlier checkpoint; the records read are re-read from there next poll.
         out.append(frame("rewind", {"step": snapshot.step}, snapshot.step))
         cursor.step, cursor.confirmed, records = snapshot.step, False, []
@@ -235,6 +252,14 @@ def _frames(snapshot: Snapshot, cursor: _Cursor) -> list[str]:
         out.append(status_frame)
     cursor.status = snapshot.status
     return out
+
+
+def _new_switches(snapshot: Snapshot, cursor: _Cursor) -> tuple[list[str], int | None]:
+    """Frames for the precision switches made since the last poll, and the earliest step they rewound to."""
+    known, cursor.switches = cursor.switches, len(snapshot.switches)
+    new = snapshot.switches[known:] if known is not None else []
+    rewound = [int(s["rewound_to_step"]) for s in new if isinstance(s.get("rewound_to_step"), int)]
+    return [frame("precision_switch", s) for s in new], min(rewound, default=None)
 
 
 Poller = Callable[[str, int, str | None], Awaitable[Snapshot | None]]

@@ -30,6 +30,7 @@ class AttemptPublic(BaseModel):
     ended_at: datetime | None
     status: Literal["succeeded", "failed", "cancelled"] | None = Field(description="How it ended")
     reason: str | None = Field(description="The typed reason it ended with (e.g. worker_lost)")
+    gpus: list[int] | None = Field(default=None, description="GPU indices on the worker's host it was given; null: CPU")
 
     @classmethod
     def from_row(cls, row: Attempt) -> AttemptPublic:
@@ -41,6 +42,7 @@ class AttemptPublic(BaseModel):
             ended_at=as_utc_or_none(row.ended_at),
             status=row.status,  # type: ignore[arg-type]  # the column only holds these values
             reason=row.reason,
+            gpus=row.gpus,
         )
 
 
@@ -62,6 +64,14 @@ class JobPublic(BaseModel):
     eval: dict[str, Any] | None = Field(description="The newest evaluation record, or null")
     attempt: int = Field(description="Launch attempts so far (0 while queued)")
     attempts: list[AttemptPublic] = Field(default_factory=list, description="Every launch attempt, oldest first")
+    precision_switches: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description='Precision switches of the run (on_divergence "fallback_bf16"), oldest first: '
+        "{step, from, to, reason, message, rewound_to_step, time}",
+    )
+    effective_precision: str = Field(
+        default="fp32", description="The precision the job computes in: the spec's, or the last switch's 'to'"
+    )
 
     @classmethod
     def from_row(cls, job: Job) -> JobPublic:
@@ -85,7 +95,17 @@ class JobPublic(BaseModel):
             eval=job.eval,
             attempt=job.attempt,
             attempts=[AttemptPublic.from_row(row) for row in job.attempts],
+            precision_switches=list(job.precision_switches or []),
+            effective_precision=effective_precision(job),
         )
+
+
+def effective_precision(job: Job) -> str:
+    """The precision ``job`` computes in: its last precision switch's ``to``, else the spec's ``precision``."""
+    switches = job.precision_switches or []
+    if switches and isinstance(switches[-1].get("to"), str):
+        return str(switches[-1]["to"])
+    return str(job.spec.get("precision") or "fp32")
 
 
 class JobList(BaseModel):

@@ -26,8 +26,27 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535)
     allow_faults: bool = Field(default=False, description="Accept the spec's test-only `faults` block")
     data_roots: list[Path] = Field(default_factory=list, description="Directories text datasets may read from")
-    worker_concurrency: int = Field(default=2, ge=1, le=256, description="Jobs one worker runs at once")
-    worker_poll_interval_s: float = Field(default=0.25, gt=0.0, le=60.0)
+    worker_concurrency: int = Field(default=2, ge=1, le=256, description="CPU jobs (gpus 0) one worker runs at once")
+    worker_gpus: str | None = Field(
+        default=None,
+        description='GPU indices this worker hands to jobs: "0,1,2,3", "none", or unset to discover them',
+    )
+    gpu_lock_dir: Path | None = Field(
+        default=None, description="Folder of the per-GPU lock files (host-wide); default <data_dir>/gpu-locks"
+    )
+    worker_slot_wait_s: float = Field(
+        default=10.0, ge=0.0, le=3600.0,
+        description="Seconds a task waits for free slots before handing its message back to the queue",
+    )
+    worker_heartbeat_s: float = Field(default=5.0, gt=0.0, le=3600.0, description="Seconds between worker heartbeats")
+    worker_live_s: float = Field(
+        default=15.0, gt=0.0, le=86_400.0, description="A worker is live while its last heartbeat is younger than this"
+    )
+    worker_forget_s: float = Field(
+        default=600.0, gt=0.0, le=30 * 86_400.0,
+        description="Seconds after its last heartbeat a worker is dropped from the registry",
+    )
+    worker_poll_interval_s: float = Field(default=0.1, gt=0.0, le=60.0)
     cancel_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0)
     queue_name: str = "halfcast"
     lease_ttl_s: float = Field(
@@ -62,6 +81,11 @@ class Settings(BaseSettings):
     def effective_broker_url(self) -> str:
         """``broker_url``, or kombu's ``filesystem://`` transport (folders under ``data_dir``)."""
         return self.broker_url or "filesystem://"
+
+    @property
+    def resolved_gpu_lock_dir(self) -> Path:
+        """``gpu_lock_dir``, or ``<data_dir>/gpu-locks``; workers sharing a host's GPUs must share it."""
+        return (self.gpu_lock_dir or self.resolved_data_dir / "gpu-locks").expanduser().resolve()
 
     @property
     def broker_dir(self) -> Path:

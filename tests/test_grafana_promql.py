@@ -14,12 +14,17 @@ import os
 import re
 import shutil
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from server.db.models import Worker
+from server.db.workers import WorkerState
 from server.exporter import job_families, status_families
+from server.request_metrics import request_histogram
+from server.worker_metrics import worker_families
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
@@ -73,11 +78,17 @@ def exported_names() -> set[str]:
     """Sample names the exporter emits for a live job with every field (tokens included)."""
     latest = {"step": 3, "loss": 0.5, "loss_scale": 1024.0, "skipped_steps": 1, "samples_per_second": 10.0, "tokens_per_second": 99.0}
     registry = CollectorRegistry()
+    latency = request_histogram()
+    latency.labels("GET", "/jobs", "200").observe(0.01)
+    worker = Worker(id="host/1", hostname="host", pid=1, gpus=[0], concurrency=1,
+                    started_at=datetime.now(timezone.utc), heartbeat_at=datetime.now(timezone.utc))
 
     class Fixed:
         def collect(self):  # type: ignore[no-untyped-def]
             yield from job_families([("job", latest)])
             yield from status_families({"queued": 1, "running": 1})
+            yield from worker_families([WorkerState(worker, live=True, running_jobs=["job"])])
+            yield from latency.collect()
 
     registry.register(Fixed())
     return {sample.name for family in registry.collect() for sample in family.samples}

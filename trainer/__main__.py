@@ -1,8 +1,9 @@
 """Entry point: ``python -m trainer --spec SPEC.json --run-dir DIR [--resume-from CKPT]`` (directly or under torchrun).
 
-Exit status 0 on success. A typed failure (:class:`trainer.errors.TrainerError`, or
-``PrecisionUnsupportedError`` as ``precision_unsupported``, or a spec that does not
-validate as ``spec_invalid``) writes ``<run_dir>/error.json``
+Exit status 0 on success; :data:`trainer.preemption.STOPPED_EXIT` (143) after a
+SIGTERM stop that wrote its checkpoint (:mod:`trainer.preemption`). A typed failure (:class:`trainer.errors.TrainerError`, or
+``PrecisionUnsupportedError`` as ``precision_unsupported``, ``torch.OutOfMemoryError`` or
+``MemoryError`` as ``oom``, or a spec that does not validate as ``spec_invalid``) writes ``<run_dir>/error.json``
 ``{"reason", "message", "rank"}`` and exits with :data:`TYPED_FAILURE_EXIT`; any other
 exception propagates (non-zero exit; the worker reports ``rank_failed``).
 
@@ -27,6 +28,7 @@ from trainer.distributed import distributed_session
 from trainer.errors import TrainerError
 from trainer.loop import train
 from trainer.precision import PrecisionUnsupportedError
+from trainer.preemption import STOPPED_EXIT, StopRequested, StopSignal
 from trainer.spec import JobSpec
 
 log = logging.getLogger("trainer")
@@ -74,7 +76,7 @@ def run(spec_path: Path, run_dir: Path, resume_from: Path | None = None) -> None
     if resume_from is not None and not resume_from.is_file():
         raise TrainerError("spec_invalid", f"checkpoint to resume from does not exist: {resume_from}")
     with distributed_session(spec) as dist_ctx:
-        result = train(spec, run_dir, dist_ctx, resume_from)
+        result = train(spec, run_dir, dist_ctx, resume_from, stop=StopSignal().install())
         if os.environ.get(DUMP_PARAMS_ENV) == "1":
             params = {name: t.detach().cpu() for name, t in result.model.state_dict().items()}
             torch.save(params, run_dir / f"params-rank{dist_ctx.rank}.pt")
@@ -91,10 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         run(args.spec, args.run_dir, args.resume_from)
+    except StopRequested as stopped:
+        log.warning("%s", stopped)
+        return STOPPED_EXIT
     except TrainerError as exc:
         reason, message = exc.reason, exc.message
     except PrecisionUnsupportedError as exc:
         reason, message = "precision_unsupported", str(exc)
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        reason, message = "oom", f"out of memory: {exc}"
     else:
         return 0
     log.error("job failed: %s: %s", reason, message)

@@ -4,7 +4,9 @@ A checkpoint is a ``torch.save`` dict with ``model`` (unwrapped state dict),
 ``optimizer``, ``lr_scheduler``, ``precision`` (loss-scaler state and skipped-step
 counter, from ``PrecisionPolicy.state_dict()``), ``step`` (attempted steps done),
 ``counters`` (divergence-guard counters), ``rng`` (every rank's generator states,
-by rank) and ``spec`` (the job spec as JSON data).
+by rank), ``spec`` (the job spec as JSON data, as the user gave it) and, once a job
+fell back from fp16 to bf16, ``precision_switch`` (the switch; the other parts are then
+bf16's, see :mod:`trainer.fallback`).
 It is written to a temporary file in the same directory, fsynced, then moved into
 place with ``os.replace``, so a reader never sees a partial file.
 """
@@ -60,12 +62,14 @@ def save_checkpoint(
     rng: Sequence[Mapping[str, Any]] = (),
     model_state: Mapping[str, Any] | None = None,
     optimizer_state: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
     """Write ``state`` at attempted step ``step`` to ``path`` atomically. ``OSError`` propagates.
 
     ``rng`` holds every rank's generator states, indexed by rank (see :mod:`trainer.rng`).
     ``model_state`` / ``optimizer_state``: state dicts gathered beforehand by every rank
     (:func:`trainer.sharded.gather_state_dicts`, needed under FSDP2); default: ``state``'s own.
+    ``extra``: more top-level entries (e.g. ``precision_switch``, see :mod:`trainer.fallback`).
     """
     payload: dict[str, Any] = {
         "rng": [dict(r) for r in rng],
@@ -76,6 +80,7 @@ def save_checkpoint(
         "step": step,
         "counters": dict(counters),
         "spec": spec.model_dump(mode="json"),
+        **(extra or {}),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

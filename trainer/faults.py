@@ -21,11 +21,16 @@ log = logging.getLogger(__name__)
 
 
 class FaultInjector:
-    """Injects the faults of ``faults`` on rank ``rank``; every method is a no-op without faults."""
+    """Injects the faults of ``faults`` on rank ``rank``; every method is a no-op without faults.
 
-    def __init__(self, faults: FaultsSpec | None, rank: int) -> None:
+    ``precision``: the precision the run computes in (after a bf16 fallback, ``bf16``),
+    matched against ``faults.nonfinite_grad_precisions``; ``None`` matches any.
+    """
+
+    def __init__(self, faults: FaultsSpec | None, rank: int, precision: str | None = None) -> None:
         self.faults = faults
         self.rank = rank
+        self.precision = precision
 
     def at_step_start(self, step: int) -> None:
         """Before attempted step ``step``: sleep ``sleep_per_step_s``; kill this process with
@@ -46,13 +51,17 @@ class FaultInjector:
 
     def after_backward(self, step: int, parameters: Iterable[torch.Tensor]) -> None:
         """After the last backward of ``step`` (after DDP's all-reduce): if ``step`` is in
-        ``nonfinite_grad_steps`` and this rank is in ``ranks`` (default all), set element 0
+        ``nonfinite_grad_steps``, this rank is in ``ranks`` (default all) and the run's precision
+        is in ``nonfinite_grad_precisions`` (default any), set element 0
         of the first existing parameter gradient to ``+inf`` or ``nan``.
         """
         faults = self.faults
         if faults is None or step not in faults.nonfinite_grad_steps:
             return
         if faults.ranks is not None and self.rank not in faults.ranks:
+            return
+        only = faults.nonfinite_grad_precisions
+        if only is not None and self.precision is not None and self.precision not in only:
             return
         # This rank's part only (a DTensor's local shard under FSDP2; empty shards skipped).
         grad = next((g for g in (local_tensor(p.grad) for p in parameters if p.grad is not None) if g.numel()), None)

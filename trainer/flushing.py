@@ -8,9 +8,13 @@ at the same flush).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
+from collections.abc import Sequence
 
+from trainer.forensics import describe_overflow
 from trainer.guard import DivergenceGuard
 from trainer.records import RecordSink, StepRecord
 from trainer.telemetry import StepLog, StepRow
@@ -31,11 +35,22 @@ class RecordFlusher:
         guard: the divergence guard, given every flushed row (may raise ``TrainerError``).
         max_steps: the job's attempted steps (for progress logging).
         main: this is rank 0 (logs progress).
+        param_names: module paths of the trainable parameters, in model order (names the
+            overflow evidence of the step log's rows; empty when it keeps none).
+        max_latency_s: on rank 0, :meth:`flush_if_stale` writes pending records once the
+            oldest is this old (``None``: only :meth:`flush` writes).
+        totals: ``{"samples": n, "tokens": n}`` counted before this flusher's first row
+            (a resumed run's totals, from its checkpoint); updated in place as rows are written.
     """
 
     def __init__(self, step_log: StepLog, records: RecordSink, guard: DivergenceGuard, max_steps: int,
-                 main: bool) -> None:
+                 main: bool, param_names: Sequence[str] = (), max_latency_s: float | None = None,
+                 totals: dict[str, int] | None = None) -> None:
         self.step_log = step_log
+        self.param_names = list(param_names)
+        self.max_latency_s = max_latency_s if main else None
+        self.totals = totals if totals is not None else {"samples": 0, "tokens": 0}
+        self._unchecked: list[StepRow] = []
         self.records = records
         self.guard = guard
         self.max_steps = max_steps
@@ -48,14 +63,31 @@ class RecordFlusher:
         self._since = time.perf_counter()
 
     def flush(self) -> None:
-        """Drain the step log (one device-to-host copy), write records, then check the guard (may raise)."""
+        """Drain the step log (one device-to-host copy), write records, then check the guard (may raise).
+
+        Every rank calls this at the same steps, so the guard stops all ranks together; it
+        also sees the rows :meth:`flush_if_stale` wrote since the last call.
+        """
         rows = self.step_log.drain()
-        if not rows:
+        if rows:
+            self._write(rows, max(time.perf_counter() - self._since, 1e-9))
+            self.restart_clock()
+        checked, self._unchecked = self._unchecked + rows, []
+        self.guard.observe(checked)
+
+    def flush_if_stale(self) -> None:
+        """Rank 0: write the pending records if the oldest waited ``max_latency_s`` (one device-to-host copy).
+
+        Bounds the telemetry latency when steps are slow; the guard sees these rows at
+        the next :meth:`flush` (the ranks must decide together, and only rank 0 flushes here).
+        """
+        oldest = self.step_log.oldest_time
+        if self.max_latency_s is None or oldest is None or time.time() - oldest < self.max_latency_s:
             return
-        seconds = max(time.perf_counter() - self._since, 1e-9)
-        self._write(rows, seconds)
+        rows = self.step_log.drain()
+        self._write(rows, max(time.perf_counter() - self._since, 1e-9))
         self.restart_clock()
-        self.guard.observe(rows)
+        self._unchecked.extend(rows)
 
     def flush_after_failure(self) -> None:
         """Best effort on the way out of a failure: write the pending records, never raise."""
@@ -70,14 +102,25 @@ class RecordFlusher:
         samples_per_second = sum(r.samples for r in rows) / seconds
         token_rows = [r.tokens for r in rows if r.tokens is not None]
         tokens_per_second = sum(token_rows) / seconds if len(token_rows) == len(rows) else None
-        self.records.steps((r.time, _step_record(r, samples_per_second, tokens_per_second)) for r in rows)
+        records = []
+        for row in rows:
+            self.totals["samples"] += row.samples
+            self.totals["tokens"] += row.tokens or 0
+            record = _step_record(row, samples_per_second, tokens_per_second, self.param_names)
+            totals = {"samples_total": self.totals["samples"],
+                      "tokens_total": self.totals["tokens"] if row.tokens is not None else None}
+            records.append((row.time, dataclasses.replace(record, **totals)))
+        self.records.steps(records)
         self.skipped_steps = rows[-1].skipped_steps
         if self.main:
             for row in rows:
                 _log_progress(row, self.max_steps)
 
 
-def _step_record(row: StepRow, samples_per_second: float, tokens_per_second: float | None) -> StepRecord:
+def _step_record(
+    row: StepRow, samples_per_second: float, tokens_per_second: float | None, param_names: Sequence[str]
+) -> StepRecord:
+    report = describe_overflow(param_names, row.rank_kinds, row.param_kinds) if row.overflow and row.rank_kinds else None
     return StepRecord(
         step=row.step,
         loss=row.loss,
@@ -88,6 +131,10 @@ def _step_record(row: StepRow, samples_per_second: float, tokens_per_second: flo
         lr=row.lr,
         samples_per_second=samples_per_second,
         tokens_per_second=tokens_per_second,
+        underflow_fraction=row.underflow_fraction if math.isfinite(row.underflow_fraction) else None,
+        overflow_ranks=report.ranks if report else None,
+        nonfinite_params=report.parameters if report else None,
+        nonfinite_param_count=report.count if report else None,
     )
 
 

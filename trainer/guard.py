@@ -43,6 +43,17 @@ class DivergenceGuard:
         self.consecutive_skips = 0
         self.consecutive_nonfinite_losses = 0
         self.nan_skips_in_run = 0
+        self.last_step = 0
+
+    @property
+    def failing_run_start(self) -> int:
+        """First step of the current run of skipped steps or non-finite losses (the earlier of the two).
+
+        After a failure this is where the run that reached the limit began; it is
+        ``last_step + 1`` when no run is going on. Counters restored from a checkpoint
+        count too, so the start may lie before the resumed step.
+        """
+        return self.last_step - max(self.consecutive_skips, self.consecutive_nonfinite_losses) + 1
 
     def observe(self, rows: Iterable[StepRow]) -> None:
         """Account for ``rows`` (in step order); raise :class:`TrainerError` once a limit is reached."""
@@ -50,6 +61,7 @@ class DivergenceGuard:
             self._update(row)
 
     def _update(self, row: StepRow) -> None:
+        self.last_step = row.step
         if row.overflow:
             self.consecutive_skips += 1
             self.nan_skips_in_run += int(row.nan)

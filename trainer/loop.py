@@ -36,16 +36,19 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 
 from trainer.batching import plan_batches, windows
-from trainer.checkpoint import TrainingState, final_path, load_checkpoint, restore_state, save_checkpoint, step_path
+from trainer.checkpoint import TrainingState, final_path, restore_state, save_checkpoint, step_path
 from trainer.data import Batch, Dataset, build_dataset
 from trainer.distributed import DistContext, all_reduce_sum, barrier, gather_to_main
+from trainer.errors import TrainerError
 from trainer.evaluate import evaluate
+from trainer.fallback import Checkpoint, PrecisionFallback, RunStart
 from trainer.faults import FaultInjector
 from trainer.flushing import RecordFlusher
 from trainer.guard import DivergenceGuard
@@ -54,9 +57,10 @@ from trainer.losses import LossFn, task_loss
 from trainer.models import build_model
 from trainer.optim import build_lr_scheduler, build_optimizer
 from trainer.parallel import grad_sync, wrap_model
+from trainer.preemption import StopRequested, StopSignal
 from trainer.precision import PrecisionPolicy, StepOutcome, build_precision
 from trainer.records import RECORDS_FILE, RecordSink
-from trainer.resume import check_resumable
+from trainer.resume import PRECISION_SWITCH_KEY
 from trainer.rng import capture_rng_state, restore_rng_state
 from trainer.schedule import DeviceLRSchedule
 from trainer.sharded import gather_state_dicts
@@ -110,6 +114,23 @@ class Components:
     def training_state(self) -> TrainingState:
         """What a checkpoint captures."""
         return TrainingState(self.model, self.optimizer, self.lr_scheduler, self.precision)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RunState:
+    """A run in progress: what it computes with (``spec``: the job's spec, or its bf16 copy after a
+    precision switch), its components, guard and data stream, the steps ``done`` when it started,
+    and the switch record once the job has switched (:mod:`trainer.fallback`)."""
+
+    spec: JobSpec
+    parts: Components
+    guard: DivergenceGuard
+    window_stream: Iterator[list[Batch]]
+    done: int
+    precision_switch: dict[str, Any] | None = None
+    #: Samples and tokens of every attempted step so far (from the checkpoint, then counted
+    #: by the run's record flusher); checkpoints carry them, so totals survive a resume.
+    totals: dict[str, int] = dataclasses.field(default_factory=lambda: {"samples": 0, "tokens": 0})
 
 
 @dataclass(frozen=True)
@@ -183,12 +204,13 @@ def train_step(
     max_grad_norm: float | None,
     dist_ctx: DistContext,
     faults: FaultInjector | None = None,
+    sample_underflow: bool = False,
 ) -> StepResult:
     """Attempt optimizer step ``step`` (1-based) on one window of micro-batches (already on the device).
 
     The LR schedule advances by the step's ``applied`` flag (skipped steps leave it);
     gradients are zeroed (set to ``None``) afterwards in every case. Nothing is read
-    on the host.
+    on the host. With ``sample_underflow`` the step measures the fp16 underflow fraction.
     """
     lr = components.optimizer.param_groups[0]["lr"]  # the schedule replaces, never mutates, this tensor
     window = accumulate_window(
@@ -196,7 +218,9 @@ def train_step(
     )
     if faults is not None:
         faults.after_backward(step, components.parameters)
-    outcome = components.precision.step(components.optimizer, components.parameters, max_grad_norm)
+    outcome = components.precision.step(
+        components.optimizer, components.parameters, max_grad_norm, sample_underflow=sample_underflow
+    )
     components.lr_scheduler.step(outcome.applied)
     components.optimizer.zero_grad(set_to_none=True)
     return StepResult(window=window, outcome=outcome, lr=lr)
@@ -207,8 +231,9 @@ def record_step(step_log: StepLog, step: int, result: StepResult) -> None:
     window, outcome = result.window, result.outcome
     tokens = window.num_tokens if window.num_tokens is not None else window.num_samples
     values = [window.loss, outcome.loss_scale, outcome.overflow_kind, outcome.skipped_steps, outcome.grad_norm,
-              result.lr, window.num_samples, tokens]
-    step_log.record(step, values, has_tokens=window.num_tokens is not None)
+              result.lr, window.num_samples, tokens, outcome.underflow_fraction]
+    evidence = (outcome.rank_kinds, outcome.param_kinds) if step_log.num_ranks + step_log.num_params else ()
+    step_log.record(step, values, has_tokens=window.num_tokens is not None, evidence=evidence)
 
 
 # ----------------------------------------------------------------------------- the job
@@ -246,7 +271,9 @@ def build_components(spec: JobSpec, dist_ctx: DistContext) -> Components:
     )
 
 
-def train(spec: JobSpec, run_dir: Path, dist_ctx: DistContext, resume_from: Path | None = None) -> TrainResult:
+def train(
+    spec: JobSpec, run_dir: Path, dist_ctx: DistContext, resume_from: Path | None = None, stop: StopSignal | None = None
+) -> TrainResult:
     """Run the job ``spec`` for ``spec.max_steps`` attempted optimizer steps, writing into ``run_dir``.
 
     With ``resume_from`` (a checkpoint), training continues exactly where it stopped:
@@ -259,48 +286,85 @@ def train(spec: JobSpec, run_dir: Path, dist_ctx: DistContext, resume_from: Path
     (``nonfinite_gradients``, ``loss_scale_collapsed``, ``nonfinite_loss``,
     ``data_unavailable``, ``spec_invalid``), ``PrecisionUnsupportedError``, and
     ``RuntimeError`` from an injected ``raise_at_step`` fault; the records of the
-    steps attempted before a failure are written first.
+    steps attempted before a failure are written first. With ``stop`` (SIGTERM trapped,
+    :mod:`trainer.preemption`), once every rank has seen the signal the loop writes the
+    pending records and a checkpoint of the last step, then raises ``StopRequested``.
     """
-    parts = build_components(spec, dist_ctx)
-    faults = FaultInjector(spec.faults, dist_ctx.rank)
-    scaler = parts.precision.scaler
-    guard = DivergenceGuard(
-        spec.max_consecutive_skips,
-        spec.max_consecutive_nonfinite_losses,
-        min_scale=scaler.min_scale if isinstance(scaler, DynamicLossScaler) else None,
-    )
-    window_stream = _train_windows(parts.dataset, spec, dist_ctx)
-    done = 0 if resume_from is None else _resume(resume_from, spec, parts, guard, window_stream, dist_ctx)
+    fallback = PrecisionFallback(spec, run_dir, dist_ctx.is_main)
+    run = start_run(fallback.begin(resume_from), dist_ctx)
     with RecordSink(run_dir / RECORDS_FILE if dist_ctx.is_main else None) as records:
-        records.start(**_start_fields(spec, parts, dist_ctx), resumed_from_step=done)
-        flusher = RecordFlusher(StepLog(spec.log_interval, dist_ctx.device), records, guard, spec.max_steps, dist_ctx.is_main)
-        try:
-            for step in range(done + 1, spec.max_steps + 1):
-                faults.at_step_start(step)
-                micro_batches = _next_window(window_stream, dist_ctx.device)
-                result = train_step(
-                    parts, micro_batches, step=step, max_grad_norm=spec.max_grad_norm, dist_ctx=dist_ctx, faults=faults
-                )
-                record_step(flusher.step_log, step, result)
-                evaluate_now = _due(step, spec.eval_interval) and step < spec.max_steps
-                checkpoint_now = _due(step, spec.checkpoint_interval)
-                if flusher.step_log.full or evaluate_now or checkpoint_now or step == spec.max_steps:
-                    flusher.flush()
-                if evaluate_now:
-                    _evaluate_on_main(parts, spec, dist_ctx, records, step)
-                if checkpoint_now:
-                    _checkpoint(step_path(run_dir, step), parts, step, guard, spec, dist_ctx)
-                if evaluate_now or checkpoint_now:
-                    flusher.restart_clock()
-        except BaseException:
-            flusher.flush_after_failure()
-            raise
-        skipped = flusher.skipped_steps if flusher.skipped_steps is not None else int(parts.precision.skipped_steps)
-        final_eval = _evaluate_on_main(parts, spec, dist_ctx, records, spec.max_steps)
-        _checkpoint(final_path(run_dir), parts, spec.max_steps, guard, spec, dist_ctx)
+        records.start(**_start_fields(run, dist_ctx), resumed_from_step=run.done)
+        while True:
+            try:
+                skipped = _train_steps(run, spec, run_dir, records, dist_ctx, stop)
+                break
+            except TrainerError as failure:
+                restart = fallback.fall_back(failure, run.guard, records)  # on_divergence: "fallback_bf16"
+                if restart is None:
+                    raise
+            del run  # free the fp16 components before the bf16 ones are built
+            run = start_run(restart, dist_ctx)
+        final_eval = _evaluate_on_main(run.parts, run.spec, dist_ctx, records, spec.max_steps)
+        _checkpoint(final_path(run_dir), run, spec.max_steps, spec, dist_ctx)
         records.end(steps=spec.max_steps, skipped_steps=skipped)
     log.info("finished %d steps (%d skipped); final evaluation %s", spec.max_steps, skipped, final_eval)
-    return TrainResult(model=parts.model, steps=spec.max_steps, skipped_steps=skipped, final_eval=final_eval)
+    return TrainResult(model=run.parts.model, steps=spec.max_steps, skipped_steps=skipped, final_eval=final_eval)
+
+
+def start_run(start: RunStart, dist_ctx: DistContext) -> RunState:
+    """Build the components of ``start.spec`` and restore ``start.checkpoint`` into them, if any."""
+    parts = build_components(start.spec, dist_ctx)
+    guard = _divergence_guard(start.spec, parts)
+    window_stream = _train_windows(parts.dataset, start.spec, dist_ctx)
+    done = 0 if start.checkpoint is None else _resume(start.checkpoint, parts, guard, window_stream, dist_ctx)
+    counters = start.checkpoint.payload["counters"] if start.checkpoint is not None else {}
+    totals = {"samples": int(counters.get("samples_total", 0)), "tokens": int(counters.get("tokens_total", 0))}
+    return RunState(start.spec, parts, guard, window_stream, done, start.precision_switch, totals)
+
+
+def _train_steps(
+    run: RunState, spec: JobSpec, run_dir: Path, records: RecordSink, dist_ctx: DistContext, stop: StopSignal | None
+) -> int:
+    """Attempt steps ``run.done + 1`` to ``spec.max_steps`` (``spec``: the job's); return the skipped steps.
+
+    Every rank flushes at the same steps (every ``log_interval``, before evaluations and
+    checkpoints, at the end); between them rank 0 also writes records older than
+    ``log_interval_s``. Raises what a step raises, the divergence guard's
+    :class:`TrainerError` included, after writing the pending step records, and
+    ``StopRequested`` after the stop checkpoint.
+    """
+    parts = run.parts
+    faults = FaultInjector(spec.faults, dist_ctx.rank, run.spec.precision)
+    records.step_fields = {"precision": run.spec.precision} if run.precision_switch else {}
+    flusher = _record_flusher(run, records, dist_ctx)
+    underflow_every = _underflow_interval(run.spec)
+    try:
+        for step in range(run.done + 1, spec.max_steps + 1):
+            faults.at_step_start(step)
+            micro_batches = _next_window(run.window_stream, dist_ctx.device)
+            result = train_step(
+                parts, micro_batches, step=step, max_grad_norm=spec.max_grad_norm, dist_ctx=dist_ctx, faults=faults,
+                sample_underflow=_due(step, underflow_every),
+            )
+            record_step(flusher.step_log, step, result)
+            evaluate_now = _due(step, spec.eval_interval) and step < spec.max_steps
+            checkpoint_now = _due(step, spec.checkpoint_interval)
+            if _due(step, spec.log_interval) or evaluate_now or checkpoint_now or step == spec.max_steps:
+                flusher.flush()
+            else:
+                flusher.flush_if_stale()
+            if evaluate_now:
+                _evaluate_on_main(parts, run.spec, dist_ctx, records, step)
+            if checkpoint_now:
+                _checkpoint(step_path(run_dir, step), run, step, spec, dist_ctx)
+            if evaluate_now or checkpoint_now:
+                flusher.restart_clock()
+            if stop is not None and step < spec.max_steps and stop.agreed():
+                _stop_after(step, run, spec, run_dir, flusher, dist_ctx, checkpointed=checkpoint_now)
+    except BaseException:
+        flusher.flush_after_failure()
+        raise
+    return flusher.skipped_steps if flusher.skipped_steps is not None else int(parts.precision.skipped_steps)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -323,42 +387,81 @@ def _next_window(window_stream: Iterator[list[Batch]], device: torch.device) -> 
     return [batch.to(device) for batch in batches]
 
 
-def _checkpoint(
-    path: Path, parts: Components, step: int, guard: DivergenceGuard, spec: JobSpec, dist_ctx: DistContext
-) -> None:
-    """Every rank contributes its RNG state (a collective); rank 0 writes the file (pending records flushed first)."""
+def _checkpoint(path: Path, run: RunState, step: int, spec: JobSpec, dist_ctx: DistContext) -> None:
+    """Every rank contributes its RNG state (a collective); rank 0 writes the file (pending records flushed first).
+
+    ``spec`` is the job's (as the user gave it); after a precision switch the file also
+    holds the switch, so a resume from it continues in bf16.
+    """
     rng_states = gather_to_main(capture_rng_state(), dist_ctx)
-    model_state, optimizer_state = gather_state_dicts(parts.model, parts.optimizer)  # a collective under FSDP2
+    model_state, optimizer_state = gather_state_dicts(run.parts.model, run.parts.optimizer)  # a collective under FSDP2
     if dist_ctx.is_main:
+        extra = {PRECISION_SWITCH_KEY: run.precision_switch} if run.precision_switch else None
+        counters = {**run.guard.state_dict(), "samples_total": run.totals["samples"], "tokens_total": run.totals["tokens"]}
         save_checkpoint(
-            path, parts.training_state, step=step, counters=guard.state_dict(), spec=spec, rng=rng_states,
-            model_state=model_state, optimizer_state=optimizer_state,
+            path, run.parts.training_state, step=step, counters=counters, spec=spec, rng=rng_states,
+            model_state=model_state, optimizer_state=optimizer_state, extra=extra,
         )
         log.info("checkpoint written: %s", path)
 
 
 def _resume(
-    path: Path,
-    spec: JobSpec,
+    checkpoint: Checkpoint,
     parts: Components,
     guard: DivergenceGuard,
     window_stream: Iterator[list[Batch]],
     dist_ctx: DistContext,
 ) -> int:
-    """Restore a checkpoint into ``parts`` and ``guard``; return the attempted steps it had done.
+    """Restore a checkpoint (already checked against the spec) into ``parts`` and ``guard``; return its step.
 
     The data stream is advanced past the windows already consumed, and this rank's
     RNG state is restored last (building the model consumed random numbers).
     """
-    payload = load_checkpoint(path)
-    done = check_resumable(payload, spec, path)
+    payload, done = checkpoint.payload, checkpoint.step
     restore_state(payload, parts.training_state)
     guard.load_state_dict(payload["counters"])
     for _ in range(done):
         next(window_stream)
     restore_rng_state(payload["rng"][dist_ctx.rank])
-    log.info("resumed from %s at step %d (loss scale %g)", path, done, parts.precision.loss_scale)
+    log.info("resumed from %s at step %d in %s (loss scale %g)", checkpoint.path, done, parts.precision.name,
+             parts.precision.loss_scale)
     return done
+
+
+def _divergence_guard(spec: JobSpec, parts: Components) -> DivergenceGuard:
+    """The guard of ``spec``'s limits; it knows ``min_scale`` only with a dynamic loss scaler."""
+    scaler = parts.precision.scaler
+    return DivergenceGuard(
+        spec.max_consecutive_skips,
+        spec.max_consecutive_nonfinite_losses,
+        min_scale=scaler.min_scale if isinstance(scaler, DynamicLossScaler) else None,
+    )
+
+
+def _record_flusher(run: RunState, records: RecordSink, dist_ctx: DistContext) -> RecordFlusher:
+    """The flusher of the run's device step log (overflow evidence of every rank and parameter kept)."""
+    spec = run.spec
+    names = [name for name, p in run.parts.model.named_parameters() if p.requires_grad]
+    step_log = StepLog(spec.log_interval, dist_ctx.device, num_ranks=dist_ctx.world_size, num_params=len(names))
+    return RecordFlusher(step_log, records, run.guard, spec.max_steps, dist_ctx.is_main, param_names=names,
+                         max_latency_s=spec.log_interval_s, totals=run.totals)
+
+
+def _stop_after(
+    step: int, run: RunState, spec: JobSpec, run_dir: Path, flusher: RecordFlusher, dist_ctx: DistContext,
+    *, checkpointed: bool,
+) -> None:
+    """Every rank saw SIGTERM: write the pending records and a checkpoint of ``step``, then raise ``StopRequested``."""
+    flusher.flush()
+    if not checkpointed:
+        _checkpoint(step_path(run_dir, step), run, step, spec, dist_ctx)
+    raise StopRequested(step)
+
+
+def _underflow_interval(spec: JobSpec) -> int | None:
+    """Steps between underflow samples: fp16 only, from ``loss_scale.underflow_sample_interval``."""
+    scaling = spec.effective_loss_scale
+    return scaling.underflow_sample_interval if spec.precision == "fp16" and scaling is not None else None
 
 
 def _due(step: int, interval: int | None) -> bool:
@@ -382,9 +485,12 @@ def _evaluate_on_main(
     return metrics if dist_ctx.is_main else None
 
 
-def _start_fields(spec: JobSpec, parts: Components, dist_ctx: DistContext) -> dict[str, object]:
+def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:
+    spec, parts = run.spec, run.parts
     plan = plan_batches(spec)
+    switch = {PRECISION_SWITCH_KEY: run.precision_switch} if run.precision_switch else {}
     return {
+        **switch,
         "world_size": dist_ctx.world_size,
         "device": str(dist_ctx.device),
         "precision": spec.precision,

@@ -31,13 +31,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
+from trainer.forensics import agree_across_ranks, nonfinite_kinds
 from trainer.fp8 import Fp8LayerReport, Fp8Recipe, convert_to_fp8
-from trainer.loss_scale import DynamicLossScaler, LossScaler, NoOpLossScaler, StaticLossScaler
-from trainer.sharded import clip_grads_, global_grad_norm, local_tensors
+from trainer.loss_scale import (
+    DynamicLossScaler,
+    LossScaler,
+    NoOpLossScaler,
+    StaticLossScaler,
+)
+from trainer.sharded import clip_grads_, grad_norms, local_tensors
 from trainer.spec import JobSpec, LossScaleSpec
+from trainer.underflow import underflow_fraction
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +87,12 @@ class StepOutcome:
         grad_norm: float32, global L2 norm of the unscaled gradients before clipping;
             non-finite on an overflow step.
         skipped_steps: int64, skipped steps so far, this one included.
+        underflow_fraction: float32, fraction of gradient values zero or subnormal in
+            fp16 before unscaling (:mod:`trainer.underflow`); NaN on steps not sampled.
+        rank_kinds: float32 ``[world size]``, per rank the worst kind (0, 1 inf, 2 NaN)
+            its gradients held (:mod:`trainer.forensics`).
+        param_kinds: float32 ``[P]``, per trainable parameter (model order) the worst
+            kind over ranks.
     """
 
     overflow: Tensor
@@ -89,6 +101,9 @@ class StepOutcome:
     loss_scale: Tensor
     grad_norm: Tensor
     skipped_steps: Tensor
+    underflow_fraction: Tensor
+    rank_kinds: Tensor
+    param_kinds: Tensor
 
     def to_host(self) -> HostStepOutcome:
         """Read every field with one batched copy (a host synchronisation)."""
@@ -129,6 +144,7 @@ class PrecisionPolicy:
         self._overflow_sources: list[OverflowSource] = []
         self._warned_host_skip = False
         self.fp8_layers: list[str] = []
+        self._not_sampled = torch.full((), float("nan"), dtype=torch.float32, device=device)
 
     @property
     def skipped_steps(self) -> Tensor:
@@ -169,7 +185,13 @@ class PrecisionPolicy:
         """Backward of ``loss`` (0-d) multiplied by the current loss scale."""
         self.scaler.scale_loss(loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer, parameters: Sequence[Tensor], max_grad_norm: float | None) -> StepOutcome:
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        parameters: Sequence[Tensor],
+        max_grad_norm: float | None,
+        sample_underflow: bool = False,
+    ) -> StepOutcome:
         """Unscale, check, agree across ranks, clip, then step or skip on the device; update the scale.
 
         No host synchronisation for optimizers that follow PyTorch's AMP protocol
@@ -177,18 +199,28 @@ class PrecisionPolicy:
         fused ones): they get ``found_inf`` and skip on the device. Any other optimizer
         is stepped after one host read of the flag. The caller zeroes the gradients
         afterwards and advances the LR schedule by ``outcome.applied``.
+
+        With ``sample_underflow`` (fp16: every rank at the same steps), the fraction of
+        gradient values that are zero or subnormal in fp16 is measured before
+        unscaling (:mod:`trainer.underflow`). The per-parameter and per-rank overflow
+        evidence travels in the one cross-rank reduction (:mod:`trainer.forensics`).
         """
-        grads = [p.grad for p in parameters if p.grad is not None]
+        present = [i for i, p in enumerate(parameters) if p.grad is not None]
+        grads = [parameters[i].grad for i in present]
         scale_used = self.scaler.scale  # the scaler replaces, never mutates, its scale tensor
+        underflow = underflow_fraction(grads, self.device) if sample_underflow else self._not_sampled
         found = self.scaler.unscale_(local_tensors(grads))
         for source in self._overflow_sources:
             found = torch.maximum(found, source().to(found.device, torch.float32))
-        norm = global_grad_norm(grads, self.device)
-        kind = torch.where(norm.isnan(), 2.0, torch.maximum(found, norm.isinf().float()))
-        _max_across_ranks(kind)
+        norms = grad_norms(grads, self.device)
+        param_kinds = nonfinite_kinds(norms.per_tensor)
+        local_kind = torch.maximum(found, param_kinds.max()) if grads else found
+        verdict = agree_across_ranks(local_kind, param_kinds, None if len(present) == len(parameters) else present,
+                                     len(parameters))
+        kind = torch.maximum(verdict.kind, nonfinite_kinds(norms.total))
         found_inf = (kind > 0).float()
         if max_grad_norm is not None and grads:
-            clip_grads_(grads, max_grad_norm, norm)
+            clip_grads_(grads, max_grad_norm, norms.total)
         self._optimizer_step(optimizer, found_inf)
         self._skipped = self._skipped + found_inf.long()
         self.scaler.update(found_inf)
@@ -197,8 +229,11 @@ class PrecisionPolicy:
             applied=1.0 - found_inf,
             overflow_kind=kind,
             loss_scale=scale_used,
-            grad_norm=norm,
+            grad_norm=norms.total,
             skipped_steps=self._skipped,
+            underflow_fraction=underflow,
+            rank_kinds=verdict.rank_kinds,
+            param_kinds=verdict.param_kinds,
         )
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, found_inf: Tensor) -> None:
@@ -236,12 +271,6 @@ class PrecisionPolicy:
             raise ValueError(f"checkpoint precision {state['precision']!r} differs from the job's {self.name!r}")
         self.scaler.load_state_dict(state["scaler"])
         self._skipped = torch.full((), int(state["skipped_steps"]), dtype=torch.int64, device=self.device)
-
-
-def _max_across_ranks(flag: Tensor) -> None:
-    """Max-reduce ``flag`` in place over the default process group, if there is one."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
 
 
 def build_scaler(loss_scale: LossScaleSpec | None, device: torch.device) -> LossScaler:

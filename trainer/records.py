@@ -30,7 +30,17 @@ class StepRecord:
     cumulative; ``grad_norm``: pre-clip L2 norm of the unscaled gradients (None when
     skipped); ``lr``: learning rate used for this step; throughput in samples (tokens)
     per second over all ranks, measured over the logging interval the step belongs to
-    (samples of the interval / its wall time; ``tokens_per_second`` None for non-token data).
+    (samples of the interval / its wall time; ``tokens_per_second`` None for non-token data);
+    ``samples_total``/``tokens_total``: cumulative over all attempted steps of the job so
+    far, this one included (``tokens_total`` None for non-token data).
+
+    Overflow forensics (:mod:`trainer.forensics`), set on overflow steps only (None
+    otherwise): ``overflow_ranks``, the ranks whose gradients held non-finite values;
+    ``nonfinite_params``, the first parameters (module paths, model order) with their
+    kind, ``{"name", "kind": "inf" | "nan"}``; ``nonfinite_param_count``, how many in all
+    (0 when the overflow came from elsewhere, e.g. an fp8 quantisation). Underflow
+    telemetry (:mod:`trainer.underflow`): ``underflow_fraction``, the fraction of fp16
+    gradient values that were zero or subnormal, on sampled fp16 steps (None otherwise).
     """
 
     step: int
@@ -42,6 +52,12 @@ class StepRecord:
     lr: float
     samples_per_second: float
     tokens_per_second: float | None
+    underflow_fraction: float | None = None
+    overflow_ranks: list[int] | None = None
+    nonfinite_params: list[dict[str, str]] | None = None
+    nonfinite_param_count: int | None = None
+    samples_total: int | None = None
+    tokens_total: int | None = None
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -60,6 +76,8 @@ class RecordSink:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        #: Fields merged into every later ``step`` line (``{"precision": "bf16"}`` after a precision switch).
+        self.step_fields: dict[str, Any] = {}
         self._file: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,18 +101,29 @@ class RecordSink:
 
     def step(self, record: StepRecord, when: float | None = None) -> None:
         """A ``step`` line from a :class:`StepRecord` (``when``: the step's unix time, default now)."""
-        self.write("step", asdict(record), when)
+        self.write("step", {**asdict(record), **self.step_fields}, when)
 
     def steps(self, records: Iterable[tuple[float, StepRecord]]) -> None:
         """``step`` lines for ``(unix time, record)`` pairs, flushed once at the end."""
         for when, record in records:
-            self._write_line("step", asdict(record), when)
+            self._write_line("step", {**asdict(record), **self.step_fields}, when)
         if self._file is not None:
             self._file.flush()
 
     def eval(self, step: int, metrics: Mapping[str, float]) -> None:
         """An ``eval`` line: ``step`` and ``loss`` plus ``accuracy`` or ``perplexity``."""
         self.write("eval", {"step": step, **metrics})
+
+    def precision_switch(self, switch: Mapping[str, Any]) -> None:
+        """A ``precision_switch`` line (``on_divergence: "fallback_bf16"``, see :mod:`trainer.fallback`).
+
+        ``switch``: ``step`` (where the divergence guard tripped), ``from``, ``to``,
+        ``reason`` (the guard's typed reason), ``message``, ``rewound_to_step`` (the
+        checkpoint step training continues from, 0 for the start) and ``time`` (unix
+        seconds, the line's time).
+        """
+        fields = {key: value for key, value in switch.items() if key != "time"}
+        self.write("precision_switch", fields, switch.get("time"))
 
     def end(self, steps: int, skipped_steps: int) -> None:
         """The ``end`` line, written last on success."""

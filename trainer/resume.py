@@ -13,8 +13,10 @@ from trainer.spec import JobSpec
 #: other difference would change the trajectory, so it is refused.
 MAY_CHANGE = frozenset(
     {"name", "max_steps", "checkpoint_interval", "eval_interval", "log_interval", "faults", "resume_from",
-     "max_consecutive_skips", "max_consecutive_nonfinite_losses", "max_attempts", "max_runtime_s"}
+     "max_consecutive_skips", "max_consecutive_nonfinite_losses", "max_attempts", "max_runtime_s", "on_divergence"}
 )
+#: Checkpoint entry of a job that fell back from fp16 to bf16 (:mod:`trainer.fallback`).
+PRECISION_SWITCH_KEY = "precision_switch"
 
 
 def check_resumable(payload: Mapping[str, Any], spec: JobSpec, path: Path) -> int:
@@ -22,13 +24,21 @@ def check_resumable(payload: Mapping[str, Any], spec: JobSpec, path: Path) -> in
 
     Raises:
         TrainerError: ``spec_invalid`` if the checkpoint's spec differs from ``spec``
-            in a field outside :data:`MAY_CHANGE`, or it already reached ``max_steps``.
+            in a field outside :data:`MAY_CHANGE`, it already reached ``max_steps``, or it
+            was written after a switch to bf16 (:data:`PRECISION_SWITCH_KEY`) and ``spec``
+            does not allow it (``on_divergence`` is not ``fallback_bf16``): such a
+            checkpoint resumes in bf16, never silently.
     """
     saved = JobSpec.model_validate(payload["spec"]).model_dump(mode="json")
     wanted = spec.model_dump(mode="json")
     changed = sorted(k for k in wanted if k not in MAY_CHANGE and saved.get(k) != wanted[k])
     if changed:
         raise TrainerError("spec_invalid", f"cannot resume from {path}: the spec changed {changed}")
+    switch = payload.get(PRECISION_SWITCH_KEY)
+    if switch is not None and spec.on_divergence != "fallback_bf16":
+        msg = (f"cannot resume from {path}: the job switched from {switch.get('from')} to {switch.get('to')} "
+               f"at step {switch.get('step')}; resume it with on_divergence 'fallback_bf16'")
+        raise TrainerError("spec_invalid", msg)
     done = int(payload["step"])
     if done >= spec.max_steps:
         raise TrainerError("spec_invalid", f"checkpoint {path} is at step {done}, not before max_steps {spec.max_steps}")

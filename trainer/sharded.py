@@ -24,6 +24,7 @@ rank together: :func:`gather_state_dicts` and :func:`load_state_dicts`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -75,37 +76,53 @@ def _sharded_group(tensors: Sequence[Tensor]) -> dist.ProcessGroup:
     return next(iter(meshes.values())).get_group()
 
 
-def _sum_of_squares(tensors: Sequence[Tensor], device: torch.device) -> Tensor:
-    """Float64 0-d sum of squared elements (per-tensor fp32 norms, squared in fp64 so it cannot overflow)."""
-    if not tensors:
-        return torch.zeros((), dtype=torch.float64, device=device)
-    norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in tensors], 2.0)
-    return torch.stack(norms).to(device=device, dtype=torch.float64).square().sum()
+@dataclass(frozen=True)
+class GradNorms:
+    """Per-tensor and global L2 norms of a list of gradients.
+
+    ``per_tensor``: float32 ``[len(grads)]``, the norm of each gradient's **local**
+    part on this rank (its shard under FSDP2), in order; ``total``: float32 0-d, the
+    global norm over all ranks (see :func:`global_grad_norm`).
+    """
+
+    per_tensor: Tensor
+    total: Tensor
+
+
+def grad_norms(grads: Sequence[Tensor], device: torch.device) -> GradNorms:
+    """Per-tensor local norms (one ``_foreach_norm``) and the global norm of ``grads`` on ``device``.
+
+    Sharded DTensors contribute their local shards' squares, summed over the mesh's
+    ranks in one ``all_reduce`` (a collective: every rank must call this at the same
+    step); replicated and plain gradients contribute once. Non-finite values give a
+    non-finite global norm on every rank. Without sharded gradients there is no
+    collective and ``total`` equals ``torch.nn.utils.get_total_norm`` (the norm of the
+    per-tensor norms). 0 for no gradients.
+
+    Raises:
+        ValueError: sharded gradients on different or multi-dimensional meshes.
+    """
+    if not grads:
+        return GradNorms(torch.zeros(0, dtype=torch.float32, device=device), torch.zeros((), dtype=torch.float32, device=device))
+    local = [t.float() if t.dtype != torch.float32 else t for t in local_tensors(grads)]
+    per_tensor = torch.stack(torch._foreach_norm(local, 2.0)).to(device=device, dtype=torch.float32)
+    sharded = torch.tensor([is_sharded(g) for g in grads], device=device) if any(map(is_sharded, grads)) else None
+    if sharded is None:
+        return GradNorms(per_tensor, torch.linalg.vector_norm(per_tensor, 2.0))
+    group = _sharded_group([g for g in grads if is_sharded(g)])
+    squares = per_tensor.double().square()
+    sharded_squares = torch.where(sharded, squares, 0.0).sum()
+    dist.all_reduce(sharded_squares, op=dist.ReduceOp.SUM, group=group)
+    total = (sharded_squares + torch.where(sharded, 0.0, squares).sum()).sqrt().float()
+    return GradNorms(per_tensor, total)
 
 
 def global_grad_norm(grads: Sequence[Tensor], device: torch.device) -> Tensor:
     """Global L2 norm of ``grads`` (DTensor and/or plain) as a 0-d float32 tensor on ``device``.
 
-    Sharded DTensors contribute their local shards' squares, summed over the mesh's
-    ranks in one ``all_reduce`` (a collective: every rank must call this at the same
-    step); replicated gradients contribute once. Non-finite values give a non-finite
-    norm on every rank. Without sharded gradients this is
-    ``torch.nn.utils.get_total_norm`` (no collective). 0 for no gradients.
-
-    Raises:
-        ValueError: sharded gradients on different or multi-dimensional meshes.
+    ``grad_norms(grads, device).total``; a collective when some gradients are sharded.
     """
-    sharded = [g for g in grads if is_sharded(g)]
-    if not sharded:
-        if not grads:
-            return torch.zeros((), dtype=torch.float32, device=device)
-        plain = local_tensors(grads)
-        return torch.nn.utils.get_total_norm(plain, norm_type=2.0, error_if_nonfinite=False).float().to(device)
-    group = _sharded_group(sharded)
-    squares = _sum_of_squares(local_tensors(sharded), device)
-    dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=group)
-    replicated = [local_tensor(g) for g in grads if not is_sharded(g)]
-    return (squares + _sum_of_squares(replicated, device)).sqrt().float()
+    return grad_norms(grads, device).total
 
 
 def clip_grads_(grads: Sequence[Tensor], max_norm: float, total_norm: Tensor) -> None:

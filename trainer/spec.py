@@ -48,6 +48,9 @@ class LossScaleSpec(_Strict):
     max_scale: Annotated[float, Field(gt=0.0, le=MAX_LOSS_SCALE, allow_inf_nan=False)] = 2.0**24
     static_scale: Annotated[float, Field(gt=0.0, le=MAX_LOSS_SCALE, allow_inf_nan=False)] | None = None
     consecutive_hysteresis: bool = False
+    #: Measure the fraction of fp16 gradient values that are zero or subnormal every
+    #: this many steps (``underflow_fraction`` in step records); null turns it off.
+    underflow_sample_interval: Annotated[int, Field(ge=1, le=10_000_000)] | None = 100
 
     @model_validator(mode="after")
     def _check_bounds(self) -> Self:
@@ -107,7 +110,12 @@ class KillAtStep(_Strict):
 
 
 class FaultsSpec(_Strict):
-    """Test-only fault injection; the API accepts it only with ``HALFCAST_ALLOW_FAULTS=1``."""
+    """Test-only fault injection; the API accepts it only with ``HALFCAST_ALLOW_FAULTS=1``.
+
+    ``nonfinite_grad_precisions`` limits ``nonfinite_grad_steps`` to runs computing in
+    those precisions (default: any), e.g. ``["fp16"]`` simulates fp16 overflows that a
+    bf16 fallback (``on_divergence: "fallback_bf16"``) no longer has.
+    """
 
     nonfinite_grad_steps: Annotated[list[Annotated[int, Field(ge=1)]], Field(max_length=100_000)] = []
     nonfinite_value: Literal["inf", "nan"] = "inf"
@@ -115,6 +123,7 @@ class FaultsSpec(_Strict):
     sleep_per_step_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0
     kill_at_step: KillAtStep | None = None
     raise_at_step: Annotated[int, Field(ge=1)] | None = None
+    nonfinite_grad_precisions: Annotated[list[Precision], Field(max_length=4)] | None = None
 
 
 class JobSpec(_Strict):
@@ -140,12 +149,18 @@ class JobSpec(_Strict):
     (and written, one record per attempted step) every ``log_interval`` steps, before
     each evaluation and checkpoint, and at the end; the divergence guard checks them
     then, so a job fails at most ``log_interval - 1`` steps after a limit is reached.
+    ``log_interval_s``: rank 0 also writes the pending records once the oldest is this
+    many seconds old (slow steps still stream promptly; ``null``: steps only).
 
     Divergence guard: a job fails with reason ``nonfinite_gradients`` after
     ``max_consecutive_skips`` consecutive skipped steps, and with ``nonfinite_loss``
     after ``max_consecutive_nonfinite_losses`` consecutive non-finite losses, and with
     ``loss_scale_collapsed`` instead of ``nonfinite_gradients`` when the dynamic scale
     sat at ``min_scale`` and the skipped steps had only infinities (no NaN).
+    ``on_divergence`` (fp16 only for ``fallback_bf16``): ``fail`` (default) fails the job
+    then; ``fallback_bf16`` instead rewinds once to the last healthy checkpoint (or step
+    0) and continues in bf16 without loss scaling (:mod:`trainer.fallback`); a guard
+    failure in bf16 then fails the job as usual.
 
     Job-server limits (read by the worker, not the trainer): ``max_attempts`` launches
     at most (a lost worker's job is retried from its last checkpoint until then), and
@@ -172,8 +187,10 @@ class JobSpec(_Strict):
     checkpoint_interval: Annotated[int, Field(ge=1)] | None = None
     eval_interval: Annotated[int, Field(ge=1)] | None = None
     log_interval: Annotated[int, Field(ge=1, le=10_000)] = 10
+    log_interval_s: Annotated[float, Field(gt=0.0, le=3600.0, allow_inf_nan=False)] | None = 0.1
     max_consecutive_skips: Annotated[int, Field(ge=1, le=1_000_000)] = 50
     max_consecutive_nonfinite_losses: Annotated[int, Field(ge=1, le=1_000_000)] = 10
+    on_divergence: Literal["fail", "fallback_bf16"] = "fail"
     resume_from: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
     max_runtime_s: Annotated[float, Field(gt=0.0, le=MAX_RUNTIME_S, allow_inf_nan=False)] | None = None
@@ -195,6 +212,9 @@ class JobSpec(_Strict):
         if self.loss_scale is not None and self.precision != "fp16":
             msg = f"only fp16 uses loss scaling; precision is '{self.precision}'"
             raise field_error("JobSpec", "loss_scale", msg, self.loss_scale.model_dump())
+        if self.on_divergence == "fallback_bf16" and self.precision != "fp16":
+            msg = f"on_divergence 'fallback_bf16' is only meaningful with precision 'fp16'; precision is '{self.precision}'"
+            raise field_error("JobSpec", "on_divergence", msg, self.on_divergence)
         if self.fp8_recipe is not None and self.precision != "fp8":
             msg = f"fp8_recipe is only meaningful with precision 'fp8'; precision is '{self.precision}'"
             raise field_error("JobSpec", "fp8_recipe", msg, self.fp8_recipe)

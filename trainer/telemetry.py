@@ -1,11 +1,13 @@
 """Step records gathered on the device, copied to the host once per logging interval.
 
-Each attempted optimizer step writes one row of a preallocated ``[capacity, F]``
-float64 buffer on the training device with a single ``torch.stack(..., out=row)``:
-the window loss, the loss scale used, the overflow kind, the cumulative skipped steps,
-the raw gradient norm, the learning rate used and the global sample and token counts
-(:data:`FIELDS`). Nothing is read on the host while rows accumulate. :meth:`StepLog.drain`
-copies the filled rows with one ``tolist()`` (the interval's only device-to-host
+Each attempted optimizer step writes one row of a preallocated ``[capacity, F + W + P]``
+float64 buffer on the training device (``torch.stack(..., out=)`` and ``torch.cat(...,
+out=)``): the window loss, the loss scale used, the overflow kind, the cumulative
+skipped steps, the raw gradient norm, the learning rate used, the global sample and
+token counts and the sampled underflow fraction (:data:`FIELDS`), then the step's
+overflow evidence (:mod:`trainer.forensics`: the kind per rank, then per parameter).
+Nothing is read on the host while rows accumulate. :meth:`StepLog.drain` copies the
+filled rows with one ``tolist()`` (the interval's only device-to-host
 synchronisation) and returns them as :class:`StepRow` host values. float64 holds
 every field exactly: float32 values, and integer counts up to 2**53.
 """
@@ -20,7 +22,8 @@ import torch
 from torch import Tensor
 
 #: Columns of the device buffer, in order.
-FIELDS = ("loss", "loss_scale", "overflow_kind", "skipped_steps", "grad_norm", "lr", "samples", "tokens")
+FIELDS = ("loss", "loss_scale", "overflow_kind", "skipped_steps", "grad_norm", "lr", "samples", "tokens",
+          "underflow_fraction")
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,10 @@ class StepRow:
     ``time``: unix seconds when the host issued the step; ``loss``: global mean loss of
     the window (may be non-finite); ``overflow_kind``: 0 clean, 1 infinities, 2 NaN;
     ``grad_norm``: pre-clip norm of the unscaled gradients (non-finite on overflow);
-    ``samples``/``tokens``: global counts of the window (``tokens`` None for non-token data).
+    ``samples``/``tokens``: global counts of the window (``tokens`` None for non-token data);
+    ``underflow_fraction``: NaN when the step was not sampled; ``rank_kinds`` and
+    ``param_kinds``: the overflow evidence per rank and per parameter (0 finite, 1 inf,
+    2 NaN; empty when the log keeps none).
     """
 
     step: int
@@ -43,6 +49,9 @@ class StepRow:
     lr: float
     samples: int
     tokens: int | None
+    underflow_fraction: float = float("nan")
+    rank_kinds: tuple[float, ...] = ()
+    param_kinds: tuple[float, ...] = ()
 
     @property
     def overflow(self) -> bool:
@@ -61,16 +70,19 @@ class StepLog:
     Args:
         capacity: rows per logging interval (>= 1).
         device: where the rows are written (the training device).
+        num_ranks, num_params: widths of the overflow evidence kept per row (0: none).
 
     Raises:
         ValueError: ``capacity`` < 1.
     """
 
-    def __init__(self, capacity: int, device: torch.device) -> None:
+    def __init__(self, capacity: int, device: torch.device, num_ranks: int = 0, num_params: int = 0) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._buffer = torch.zeros((capacity, len(FIELDS)), dtype=torch.float64, device=device)
+        self.num_ranks, self.num_params = num_ranks, num_params
+        width = len(FIELDS) + num_ranks + num_params
+        self._buffer = torch.zeros((capacity, width), dtype=torch.float64, device=device)
         self._steps: list[int] = []
         self._times: list[float] = []
         self._has_tokens: list[bool] = []
@@ -81,22 +93,37 @@ class StepLog:
         return len(self._steps)
 
     @property
+    def oldest_time(self) -> float | None:
+        """Unix time of the oldest pending row, or ``None`` when none is pending."""
+        return self._times[0] if self._times else None
+
+    @property
     def full(self) -> bool:
         """True when the next :meth:`record` would not fit."""
         return self.pending >= self.capacity
 
-    def record(self, step: int, values: Sequence[Tensor], has_tokens: bool) -> None:
+    def record(self, step: int, values: Sequence[Tensor], has_tokens: bool,
+               evidence: Sequence[Tensor] = ()) -> None:
         """Write step ``step``'s 0-d ``values`` (one per :data:`FIELDS` entry, any dtypes) into the next row.
+
+        ``evidence``: ``(rank_kinds [num_ranks], param_kinds [num_params])`` when the log
+        keeps them (see :class:`trainer.precision.StepOutcome`).
 
         Raises:
             RuntimeError: the buffer is full (drain it first).
-            ValueError: the wrong number of values.
+            ValueError: the wrong number of values, or evidence of the wrong width.
         """
         if self.full:
             raise RuntimeError("step log is full: drain() before recording more steps")
         if len(values) != len(FIELDS):
             raise ValueError(f"expected {len(FIELDS)} values {FIELDS}, got {len(values)}")
-        torch.stack(list(values), out=self._buffer[self.pending])
+        row = self._buffer[self.pending]
+        torch.stack(list(values), out=row[: len(FIELDS)])
+        if self.num_ranks + self.num_params:
+            widths = [int(t.numel()) for t in evidence]
+            if widths != [self.num_ranks, self.num_params]:
+                raise ValueError(f"expected evidence widths [{self.num_ranks}, {self.num_params}], got {widths}")
+            torch.cat(list(evidence), out=row[len(FIELDS):])
         self._steps.append(step)
         self._times.append(time.time())
         self._has_tokens.append(has_tokens)
@@ -118,6 +145,9 @@ class StepLog:
                 lr=row[5],
                 samples=int(row[6]),
                 tokens=int(row[7]) if has_tokens else None,
+                underflow_fraction=row[8],
+                rank_kinds=tuple(row[len(FIELDS): len(FIELDS) + self.num_ranks]),
+                param_kinds=tuple(row[len(FIELDS) + self.num_ranks:]),
             )
             for step, when, has_tokens, row in zip(self._steps, self._times, self._has_tokens, values)
         ]

@@ -1,8 +1,8 @@
 """``python -m worker``: a Celery worker for the settings in the environment.
 
 Runs the thread pool (the training runs in torchrun subprocesses, so threads only
-supervise) with ``settings.worker_concurrency`` jobs at once on
-``settings.queue_name``. Extra command-line arguments go to Celery after the
+supervise) on ``settings.queue_name`` with one thread per slot:
+``settings.worker_concurrency`` CPU jobs plus one per GPU (:mod:`worker.slots`). Extra command-line arguments go to Celery after the
 defaults, so they override them (e.g. ``--hostname other@%h``). This process never
 imports torch.
 """
@@ -18,12 +18,12 @@ from worker.celery_app import create_celery_app
 from worker.tasks import register_tasks
 
 
-def worker_argv(settings: Settings, extra: Sequence[str] = ()) -> list[str]:
-    """The ``celery worker`` arguments for ``settings``, then ``extra``."""
+def worker_argv(settings: Settings, extra: Sequence[str] = (), threads: int | None = None) -> list[str]:
+    """The ``celery worker`` arguments for ``settings``, then ``extra``; ``threads`` defaults to the CPU concurrency."""
     return [
         "worker",
         "--pool", "threads",
-        "--concurrency", str(settings.worker_concurrency),
+        "--concurrency", str(threads or settings.worker_concurrency),
         "-Q", settings.queue_name,
         "--hostname", "halfcast@%h",
         "--loglevel", "INFO",
@@ -37,8 +37,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()
     app = create_celery_app(settings)
-    register_tasks(app)
-    app.worker_main(worker_argv(settings, sys.argv[1:] if argv is None else argv))
+    runtime = register_tasks(app).halfcast_runtime  # type: ignore[attr-defined]
+    threads = runtime.slots().threads
+    app.worker_main(worker_argv(settings, sys.argv[1:] if argv is None else argv, threads))
 
 
 if __name__ == "__main__":

@@ -22,16 +22,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from server.runlogs import launcher_log, logs_dir
 from server.settings import Settings
 from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
+#: The module each rank starts through: it puts the rank's output in its own log file.
+RANK_WRAPPER = "worker.rank_output"
 #: Environment variables passed through to the run when the worker has them.
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "LOGNAME")
 #: Seconds to wait for the session to empty after SIGKILL before giving up.
@@ -41,11 +44,15 @@ WAIT_STEP_S = 0.05
 
 
 def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "trainer") -> list[str]:
-    """The torchrun command line for one attempt (``world_size`` ranks on this host)."""
+    """The torchrun command line for one attempt (``world_size`` ranks on this host).
+
+    Each rank runs ``module`` through :mod:`worker.rank_output`, which keeps the
+    rank's stdout and stderr in ``<run_dir>/logs/rank-<r>.log`` (:mod:`server.runlogs`).
+    """
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
-        "-m", module, "--spec", str(spec_path), "--run-dir", str(run_dir),
+        "-m", RANK_WRAPPER, str(logs_dir(run_dir)), module, "--spec", str(spec_path), "--run-dir", str(run_dir),
     ]  # fmt: skip
 
 
@@ -57,14 +64,18 @@ def project_root() -> Path:
     return Path(next(iter(found.submodule_search_locations))).resolve().parent
 
 
-def build_environment(spec: JobSpec, settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def build_environment(
+    spec: JobSpec, settings: Settings, base: Mapping[str, str] | None = None, *, gpus: Sequence[int] = ()
+) -> dict[str, str]:
     """A minimal environment for the run, built from ``base`` (default: this process's).
 
     Holds ``PATH``, ``HOME``, ``LANG`` and friends, ``PYTHONPATH`` (so ``trainer``
     imports), ``PYTHONUNBUFFERED``, ``OMP_NUM_THREADS`` (the CPUs shared among the
-    ranks), ``HALFCAST_DATA_ROOTS`` (``os.pathsep``-joined) and, for GPU jobs,
-    ``CUDA_VISIBLE_DEVICES`` (the worker's own, else the first ``gpus`` devices).
-    Never the database or broker URLs.
+    ranks), ``HALFCAST_DATA_ROOTS`` (``os.pathsep``-joined) and
+    ``CUDA_VISIBLE_DEVICES``: exactly ``gpus``, the host indices allocated to the
+    attempt (:mod:`worker.gpu_locks`), or empty for a CPU job (it sees no GPU).
+    Never the database or broker URLs. Raises ``ValueError`` when ``gpus`` does
+    not hold exactly ``spec.gpus`` distinct devices.
     """
     base = os.environ if base is None else base
     env = {name: base[name] for name in PASSTHROUGH_ENV if name in base}
@@ -74,8 +85,9 @@ def build_environment(spec: JobSpec, settings: Settings, base: Mapping[str, str]
     env["HALFCAST_DATA_ROOTS"] = os.pathsep.join(str(Path(root).expanduser().resolve()) for root in settings.data_roots)
     if settings.allow_faults:
         env["HALFCAST_ALLOW_FAULTS"] = "1"
-    if spec.gpus > 0:
-        env["CUDA_VISIBLE_DEVICES"] = base.get("CUDA_VISIBLE_DEVICES") or ",".join(map(str, range(spec.gpus)))
+    if len(set(gpus)) != spec.gpus or len(gpus) != spec.gpus:
+        raise ValueError(f"the job needs {spec.gpus} GPU(s) but was given {list(gpus)}")
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     return env
 
 
@@ -253,12 +265,14 @@ def _ignore_gone(kill: Callable[[int, int], None], target: int, signum: signal.S
 def start_run(command: list[str], run_dir: Path, env: Mapping[str, str]) -> RunProcess:
     """Start ``command`` in ``run_dir`` as the leader of a new session, signalled if the worker dies.
 
-    stdout and stderr go to ``<run_dir>/logs/launcher.log``. Raises ``OSError``
-    when the command cannot be started (its program is not found or not executable).
+    stdout and stderr go to ``<run_dir>/logs/launcher.log`` (torchrun's own output;
+    each rank's goes to its ``rank-<r>.log``, see :func:`build_command`). Raises
+    ``OSError`` when the command cannot be started (its program is not found or not
+    executable).
     """
     if shutil.which(command[0], path=env.get("PATH")) is None:
         raise FileNotFoundError(f"no executable {command[0]!r}")
-    log_path = run_dir / "logs" / "launcher.log"
+    log_path = launcher_log(run_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     guarded = [sys.executable, "-m", "worker.deathsig", str(os.getpid()), "--", *command]
     with log_path.open("ab") as log_file:

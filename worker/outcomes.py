@@ -4,7 +4,9 @@ After the trainer exits: success needs exit 0 *and* the ``end`` record. Otherwis
 rank's ``error.json`` gives the reason; without one, the launcher log is searched
 for a known cause (out of memory, a collective that timed out), and a rank killed by
 SIGKILL while the kernel's OOM kill count rose is ``oom``; anything else is
-``rank_failed``. Every failure message ends with the tail of ``logs/launcher.log``.
+``rank_failed``. Every failure message ends with the tail of the failing rank's own
+``logs/rank-<r>.log`` when the rank is known (``error.json``, or torchrun's root-cause
+report), else of ``logs/launcher.log`` (:mod:`worker.failure_logs`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from server.runlogs import launcher_log
+from worker.failure_logs import failure_log, root_cause_rank, scan_text
 from worker.launch import log_tail
 
 log = logging.getLogger(__name__)
 
-#: Lines of ``launcher.log`` quoted in a failure message.
+#: Lines of the failing rank's log (or ``launcher.log``) quoted in a failure message.
 LOG_TAIL_LINES = 50
-#: Lines of ``launcher.log`` searched for a known cause (torchrun's own report follows the rank's).
+#: Lines of ``launcher.log`` and of each rank's log searched for a known cause.
 SCAN_LINES = 2000
 
 #: (reason, pattern, explanation): causes recognised in the log, first match wins (an OOM on one
@@ -56,25 +60,26 @@ def exit_outcome(code: int, ended: bool, run_dir: Path, oom_killed: bool = False
     """
     if code == 0 and ended:
         return Outcome("succeeded")
-    launcher_log = run_dir / "logs" / "launcher.log"
-    tail = log_tail(launcher_log, LOG_TAIL_LINES)
     error = read_error(run_dir / "error.json")
+    rank = error[2] if error is not None else root_cause_rank(log_tail(launcher_log(run_dir), SCAN_LINES))
+    source = failure_log(run_dir, rank)
+    label, tail = f"logs/{source.name}", log_tail(source, LOG_TAIL_LINES)
     if error is not None:
-        reason, message = error
-        return Outcome("failed", reason, with_tail(message, tail))
+        reason, message, _ = error
+        return Outcome("failed", reason, with_tail(message, label, tail))
     what = "exited 0 without an end record" if code == 0 else f"exited with {describe_exit(code)}"
-    scan = log_tail(launcher_log, SCAN_LINES)
+    scan = scan_text(run_dir, SCAN_LINES)
     for reason, pattern, explanation in LOG_CAUSES:
         if pattern.search(scan):
-            return Outcome("failed", reason, with_tail(f"the trainer {what}: {explanation}", tail))
+            return Outcome("failed", reason, with_tail(f"the trainer {what}: {explanation}", label, tail))
     if oom_killed and (code == -signal.SIGKILL or RANK_SIGKILLED.search(scan)):
         explanation = "a rank was killed with SIGKILL while the kernel's OOM killer was active"
-        return Outcome("failed", "oom", with_tail(f"the trainer {what}: {explanation}", tail))
-    return Outcome("failed", "rank_failed", with_tail(f"the trainer {what}", tail))
+        return Outcome("failed", "oom", with_tail(f"the trainer {what}: {explanation}", label, tail))
+    return Outcome("failed", "rank_failed", with_tail(f"the trainer {what}", label, tail))
 
 
-def read_error(path: Path) -> tuple[str, str] | None:
-    """``(reason, message)`` from a rank's ``error.json``; ``None`` if absent or unreadable."""
+def read_error(path: Path) -> tuple[str, str, int | None] | None:
+    """``(reason, message, rank)`` from a rank's ``error.json``; ``None`` if absent or unreadable."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -87,14 +92,15 @@ def read_error(path: Path) -> tuple[str, str] | None:
         return None
     rank = data.get("rank")
     message = str(data.get("message") or "")
-    return data["reason"], f"{message} (rank {rank})" if rank is not None else message
+    text = f"{message} (rank {rank})" if rank is not None else message
+    return data["reason"], text, rank if isinstance(rank, int) else None
 
 
-def with_tail(message: str, tail: str) -> str:
-    """``message`` followed by the log tail (if any)."""
+def with_tail(message: str, source: str, tail: str) -> str:
+    """``message`` followed by the tail of the log ``source`` (e.g. ``logs/rank-1.log``), if any."""
     if not tail:
         return message
-    return f"{message}\n--- last lines of logs/launcher.log ---\n{tail}"
+    return f"{message}\n--- last lines of {source} ---\n{tail}"
 
 
 def describe_exit(code: int) -> str:

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
+from sqlalchemy.exc import DBAPIError
 
 from server.settings import Settings
 from trainer.spec import JobSpec
@@ -48,6 +50,10 @@ log = logging.getLogger(__name__)
 
 #: Longest failure message stored.
 MAX_MESSAGE_CHARS = 16_000
+#: Seconds between retries of a write that must not be lost (last records, outcome) while the database is down.
+DB_RETRY_S = 1.0
+
+T = TypeVar("T")
 
 CommandBuilder = Callable[[JobSpec, Path, Path], list[str]]
 
@@ -56,13 +62,19 @@ def _nothing() -> object:
     return None
 
 
+def _up_to(step: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of ``records`` at or before ``step``."""
+    return [record for record in records if int(record.get("step") or 0) <= step]
+
+
 @dataclass
 class RunnerContext:
     """What the runner needs from its worker: settings, database, identity, shutdown flag, broker.
 
     ``enqueue`` sends a job id to the workers (for a retry; without it nothing is
     retried); ``on_claimed`` is called right after a successful claim (the task
-    acknowledges its message there).
+    acknowledges its message there); ``gpus`` are the host GPU indices the task
+    allocated for the attempt (empty for a CPU job).
     """
 
     settings: Settings
@@ -72,11 +84,14 @@ class RunnerContext:
     shutdown: threading.Event = field(default_factory=threading.Event)
     enqueue: Enqueue | None = None
     on_claimed: Callable[[], object] = _nothing
+    gpus: tuple[int, ...] = ()
 
 
 def run_job(job_id: str, context: RunnerContext) -> Outcome | None:
     """Run one attempt of ``job_id``; ``None`` when the job could not be claimed (dropped)."""
-    claim = context.store.claim(job_id, context.worker_id, context.settings.runs_dir, context.settings.lease_ttl_s)
+    claim = context.store.claim(
+        job_id, context.worker_id, context.settings.runs_dir, context.settings.lease_ttl_s, gpus=context.gpus
+    )
     if claim is None:
         log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
         return None
@@ -104,6 +119,9 @@ class Attempt:
         self.oom_kills_at_launch: int | None = None
         self.running = False
         self.ended = False
+        #: Records read from ``records.jsonl`` but not stored yet (the database was unreachable).
+        self.pending: list[dict[str, Any]] = []
+        self.database_error: str | None = None
 
     def run(self) -> Outcome:
         """Run the attempt to its end and record the outcome.
@@ -147,7 +165,8 @@ class Attempt:
             return self._lost()
         self.oom_kills_at_launch = oom_kill_count()
         try:
-            self.process = start_run(command, self.run_dir, build_environment(spec, self.context.settings))
+            environment = build_environment(spec, self.context.settings, gpus=self.context.gpus)
+            self.process = start_run(command, self.run_dir, environment)
         except OSError as exc:
             return Outcome("failed", "launch_failed", f"torchrun could not be started: {exc}")
         return self._supervise(self.process)
@@ -186,14 +205,14 @@ class Attempt:
     def _supervise(self, process: RunProcess) -> Outcome:
         poll_s = self.context.settings.worker_poll_interval_s
         while True:
-            self._ingest()
+            self._tolerant(self._ingest, None)
             code = process.poll()
             if code is not None:
-                self._ingest()
+                self._drain_last()
                 return exit_outcome(code, self.ended, self.run_dir, self._oom_killed())
             if not self.lease.renew_if_due():
                 return self._stop_for(self._lost())
-            if self.store.cancel_requested(self.claim.job_id):
+            if self._tolerant(lambda: self.store.cancel_requested(self.claim.job_id), False):
                 return self._stop_for(Outcome("cancelled", None, "cancelled by request"))
             if self.context.shutdown.is_set():
                 return self._stop_for(Outcome("failed", "worker_lost", "the worker shut down while the job ran"))
@@ -211,9 +230,47 @@ class Attempt:
     def _stop_for(self, outcome: Outcome) -> Outcome:
         log.info("job %s: stopping run (%s)", self.claim.job_id, outcome.message)
         self._stop_process()
-        if not self.lease.lost:
-            self._ingest()
+        self._drain_last()
         return outcome
+
+    def _tolerant(self, action: Callable[[], T], default: T) -> T:
+        """``action()``, or ``default`` when the database cannot be reached: the next poll tries again.
+
+        The run goes on meanwhile; the lease (renewed on this worker's clock) bounds
+        how long: once it would have expired, the attempt stops its run (self-fencing).
+        """
+        try:
+            result = action()
+        except DBAPIError as exc:
+            if self.database_error is None:
+                log.warning("job %s: database unreachable; the run goes on while the lease holds: %s", self.claim.job_id, exc)
+            self.database_error = str(exc)
+            return default
+        if self.database_error is not None:
+            log.info("job %s: database reachable again", self.claim.job_id)
+            self.database_error = None
+        return result
+
+    def _retrying(self, action: Callable[[], T]) -> T:
+        """``action()``, retried every ``DB_RETRY_S`` through database errors while the lease holds.
+
+        Raises the last ``DBAPIError`` once the lease is lost (a reaper may have recovered the job).
+        """
+        while True:
+            try:
+                return action()
+            except DBAPIError:
+                if not self.lease.renew_if_due():
+                    raise
+                log.warning("job %s: database unreachable; retrying in %.0f s", self.claim.job_id, DB_RETRY_S)
+                time.sleep(DB_RETRY_S)
+
+    def _drain_last(self) -> None:
+        """Store the run's remaining records, retrying through a database outage while the lease holds."""
+        try:
+            self._retrying(self._ingest)
+        except DBAPIError:
+            log.warning("job %s: lease lost while its last records could not be stored", self.claim.job_id)
 
     def _stop_process(self) -> None:
         if self.process is not None and self.process.members():
@@ -224,19 +281,24 @@ class Attempt:
         """Move new records from ``records.jsonl`` into the database (fenced by the lease)."""
         if self.lease.lost:
             return
-        records = self.tail.drain()
-        if not records:
+        self.pending += self.tail.drain()
+        if not self.pending:
             return
-        progress = self._progress(records)
+        progress, self.pending = self._progress(self.pending), []  # MUTANT
         if not self.running:
             self.store.mark_running(self.fence)
             self.running = True
         if not self.store.record_progress(self.fence, progress):
             self.lease.mark_lost("a progress write matched no row: the job is no longer this attempt's")
+        self.pending = []  # stored (kept on an error above, to be written again: insert-or-ignore)
 
     def _progress(self, records: list[dict[str, Any]]) -> Progress:
+        """The progress of ``records`` in file order; a ``precision_switch`` drops the batch's records after
+        its ``rewound_to_step`` (those steps are trained again and follow it)."""
         steps: list[dict[str, Any]] = []
-        evaluation: dict[str, Any] | None = None
+        evaluations: list[dict[str, Any]] = []
+        switches: list[dict[str, Any]] = []
+        known: list[dict[str, Any]] = []
         world_size: int | None = None
         for record in records:
             kind = record.get("type")
@@ -244,12 +306,17 @@ class Attempt:
             if kind == "step" and isinstance(body.get("step"), int):
                 steps.append(body)
             elif kind == "eval":
-                evaluation = body
-            elif kind == "start" and isinstance(body.get("world_size"), int):
-                world_size = body["world_size"]
+                evaluations.append(body)
+            elif kind == "precision_switch" and isinstance(body.get("rewound_to_step"), int):
+                steps, evaluations = _up_to(body["rewound_to_step"], steps), _up_to(body["rewound_to_step"], evaluations)
+                switches.append(body)
+            elif kind == "start":
+                world_size = body["world_size"] if isinstance(body.get("world_size"), int) else world_size
+                known += [body["precision_switch"]] if isinstance(body.get("precision_switch"), dict) else []
             elif kind == "end":
                 self.ended = True
-        return Progress(steps=steps, eval=evaluation, world_size=world_size)
+        evaluation = evaluations[-1] if evaluations else None
+        return Progress(steps=steps, eval=evaluation, world_size=world_size, switches=switches, known_switches=known)
 
     def _finish(self, outcome: Outcome) -> None:
         """Record the outcome: a retryable failure goes through the retry policy; nothing if the lease is lost."""
@@ -259,12 +326,7 @@ class Attempt:
             return
         message = outcome.message[-MAX_MESSAGE_CHARS:] if outcome.message else outcome.message
         try:
-            if outcome.status == "failed" and outcome.reason and RETRY_POLICY.get(outcome.reason, False):
-                result = Recovery(self.store, self.context.enqueue).release(self.fence, outcome.reason, message or "")
-                done, what = result is not None, f"{result} ({outcome.reason})"
-            else:
-                done = self.store.finish(self.fence, outcome.status, outcome.reason, message)
-                what = outcome.status + (f" ({outcome.reason})" if outcome.reason else "")
+            done, what = self._retrying(lambda: self._record(outcome, message))
         except Exception:
             log.exception("job %s: could not record its outcome %s", job_id, outcome.status)
             return
@@ -272,3 +334,11 @@ class Attempt:
             log.info("job %s: %s", job_id, what)
         else:
             log.warning("job %s: no longer owned by attempt %d; outcome %s not recorded", job_id, self.claim.attempt, what)
+
+    def _record(self, outcome: Outcome, message: str | None) -> tuple[bool, str]:
+        """Write the outcome once (fenced); return whether it was written and what it was."""
+        if outcome.status == "failed" and outcome.reason and RETRY_POLICY.get(outcome.reason, False):
+            result = Recovery(self.store, self.context.enqueue).release(self.fence, outcome.reason, message or "")
+            return result is not None, f"{result} ({outcome.reason})"
+        done = self.store.finish(self.fence, outcome.status, outcome.reason, message)
+        return done, outcome.status + (f" ({outcome.reason})" if outcome.reason else "")

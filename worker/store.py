@@ -11,7 +11,8 @@ AND worker_id = owner AND status`` is live, so a terminal status is never
 overwritten and a stale worker (one whose job was recovered and relaunched by
 someone else) writes nothing, step records included. Step records are inserted
 with insert-or-ignore on ``(job_id, step)``, so re-reading records never duplicates
-or fails. Each write is one short transaction that starts with ``BEGIN IMMEDIATE``
+or fails; a precision switch first deletes the records of the steps it trains again
+(:class:`Progress`). Each write is one short transaction that starts with ``BEGIN IMMEDIATE``
 on SQLite (see :mod:`server.db.engine`).
 """
 
@@ -70,11 +71,21 @@ class Claim:
 
 @dataclass(frozen=True)
 class Progress:
-    """What one poll of the step records adds to a job."""
+    """What one poll of the step records adds to a job.
+
+    ``switches``: the poll's ``precision_switch`` records (``on_divergence:
+    "fallback_bf16"``), in order; each first forgets the job's step records after its
+    ``rewound_to_step`` (the steps are trained again), so ``steps`` must hold only
+    records written after the switch or at or before ``rewound_to_step``.
+    ``known_switches``: switches a resumed run repeats in its ``start`` record (nothing
+    is rewound). Both are appended to ``jobs.precision_switches`` unless already there.
+    """
 
     steps: Sequence[dict[str, Any]] = ()
     eval: dict[str, Any] | None = None
     world_size: int | None = None
+    switches: Sequence[dict[str, Any]] = ()
+    known_switches: Sequence[dict[str, Any]] = ()
 
 
 class JobStore:
@@ -89,13 +100,16 @@ class JobStore:
         with self.engine.execution_options(**WRITE_TRANSACTION).begin() as conn:
             yield conn
 
-    def claim(self, job_id: str, worker_id: str, runs_dir: Path, lease_ttl_s: float = 30.0) -> Claim | None:
+    def claim(
+        self, job_id: str, worker_id: str, runs_dir: Path, lease_ttl_s: float = 30.0, gpus: Sequence[int] = ()
+    ) -> Claim | None:
         """Move a ``queued`` job to ``starting`` for ``worker_id`` with a lease; ``None`` if it is not queued.
 
         The new attempt is ``attempt + 1``; its run directory is
         ``<runs_dir>/<job_id>/attempt-<n>`` (recorded, not created). An ``attempts`` row
-        is added in the same transaction. ``runtime_used_s`` sums the running time of
-        the job's earlier attempts (for ``max_runtime_s``).
+        is added in the same transaction, with ``gpus`` (the host indices the attempt
+        was given; null when empty). ``runtime_used_s`` sums the running time of the
+        job's earlier attempts (for ``max_runtime_s``).
         """
         now = utcnow()
         with self.begin() as conn:
@@ -114,7 +128,8 @@ class JobStore:
                 return None
             used = _runtime_used(conn, job_id)
             conn.execute(delete(Attempt).where(Attempt.job_id == job_id, Attempt.attempt >= attempt))
-            conn.execute(insert(Attempt).values(job_id=job_id, attempt=attempt, worker_id=worker_id, started_at=now))
+            conn.execute(insert(Attempt).values(job_id=job_id, attempt=attempt, worker_id=worker_id, started_at=now,
+                                                gpus=list(gpus) or None))  # fmt: skip
         return Claim(job_id, attempt, run_dir, row.spec, owner=worker_id, runtime_used_s=used)
 
     def renew_lease(self, fence: Fence, lease_ttl_s: float) -> bool:
@@ -133,12 +148,18 @@ class JobStore:
 
         Returns ``False`` (and stores nothing) when the attempt no longer owns the job.
         The fenced job update runs first, so its row lock orders this write against
-        a concurrent recovery of the job.
+        a concurrent recovery of the job. Precision switches are applied next (rewind,
+        then the job's ``precision_switches``), then the poll's own values again and its
+        step records, so a re-run step replaces the abandoned one instead of being
+        ignored as a duplicate.
         """
         values = _progress_values(progress) or {"updated_at": utcnow()}
         with self.begin() as conn:
             if conn.execute(self._fenced(fence, LIVE_STATUSES).values(**values)).rowcount != 1:
                 return False
+            if progress.switches or progress.known_switches:
+                _record_switches(conn, fence.job_id, progress)
+                conn.execute(update(Job).where(Job.id == fence.job_id).values(**values))
             for start in range(0, len(progress.steps), BATCH_SIZE):
                 rows = [_step_row(fence.job_id, record) for record in progress.steps[start : start + BATCH_SIZE]]
                 if (statement := _insert_ignore(conn, rows)) is not None:
@@ -152,17 +173,22 @@ class JobStore:
         Returns ``False`` when the attempt no longer owns the job.
         """
         with self.begin() as conn:
-            latest = conn.execute(
-                select(StepRecord.data).where(StepRecord.job_id == fence.job_id, StepRecord.step == step)
-            ).scalar_one_or_none()
-            evaluation = conn.execute(select(Job.eval).where(Job.id == fence.job_id)).scalar_one_or_none()
-            if evaluation is not None and int(evaluation.get("step") or 0) > step:
-                evaluation = None
-            values = {"step": step, "latest": latest, "eval": evaluation}
-            if conn.execute(self._fenced(fence, LIVE_STATUSES).values(**values)).rowcount != 1:
+            if conn.execute(self._fenced(fence, LIVE_STATUSES).values(updated_at=utcnow())).rowcount != 1:
                 return False
-            conn.execute(delete(StepRecord).where(StepRecord.job_id == fence.job_id, StepRecord.step > step))
+            _rewind_job(conn, fence.job_id, step)
         return True
+
+    def queued_gpus(self, job_id: str) -> int | None:
+        """The GPUs a ``queued`` job asks for (0: CPU); ``None`` if the job is not queued or does not exist.
+
+        A spec without a valid ``gpus`` counts as 0 (the attempt then fails ``spec_invalid``).
+        """
+        with self.engine.connect() as conn:
+            row = conn.execute(select(Job.status, Job.spec).where(Job.id == job_id)).one_or_none()
+        if row is None or row.status != "queued":
+            return None
+        gpus = row.spec.get("gpus") if isinstance(row.spec, dict) else None
+        return gpus if isinstance(gpus, int) and gpus > 0 else 0
 
     def status(self, job_id: str) -> str | None:
         """The job's current status; ``None`` if there is no such job."""
@@ -214,6 +240,39 @@ def end_attempt(conn: Connection, fence: Fence, status: str, reason: str | None,
         .where(Attempt.job_id == fence.job_id, Attempt.attempt == fence.attempt, Attempt.ended_at.is_(None))
         .values(ended_at=ended_at, status=status, reason=reason[:MAX_REASON_CHARS] if reason else None)
     )
+
+
+def _rewind_job(conn: Connection, job_id: str, step: int) -> None:
+    """Delete the step records after ``step``; ``step``, ``latest`` and ``eval`` as the job had them at ``step``.
+
+    Runs inside a transaction whose fenced update already matched the job's row.
+    """
+    latest = conn.execute(
+        select(StepRecord.data).where(StepRecord.job_id == job_id, StepRecord.step == step)
+    ).scalar_one_or_none()
+    evaluation = conn.execute(select(Job.eval).where(Job.id == job_id)).scalar_one_or_none()
+    if evaluation is not None and int(evaluation.get("step") or 0) > step:
+        evaluation = None
+    conn.execute(update(Job).where(Job.id == job_id).values(step=step, latest=latest, eval=evaluation))
+    conn.execute(delete(StepRecord).where(StepRecord.job_id == job_id, StepRecord.step > step))
+
+
+#: The fields that identify a precision switch (a retry that replays one records it once).
+SWITCH_KEYS = ("step", "from", "to", "reason", "rewound_to_step")
+
+
+def _record_switches(conn: Connection, job_id: str, progress: Progress) -> None:
+    """Rewind for each of ``progress.switches`` in order, then append the new switches to ``precision_switches``."""
+    for switch in progress.switches:
+        _rewind_job(conn, job_id, int(switch["rewound_to_step"]))
+    stored = list(conn.execute(select(Job.precision_switches).where(Job.id == job_id)).scalar_one_or_none() or [])
+    known = {tuple(item.get(key) for key in SWITCH_KEYS) for item in stored}
+    for switch in [*progress.known_switches, *progress.switches]:
+        identity = tuple(switch.get(key) for key in SWITCH_KEYS)
+        if identity not in known:
+            known.add(identity)
+            stored.append(json_safe(dict(switch)))
+    conn.execute(update(Job).where(Job.id == job_id).values(precision_switches=stored))
 
 
 def _runtime_used(conn: Connection, job_id: str) -> float:

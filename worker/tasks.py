@@ -8,35 +8,49 @@ doing anything, so a redelivered or duplicate message is a logged no-op
 retried later rather than dropped. The training itself runs in a torchrun
 subprocess; this process never imports torch (celery#6036).
 
-When the worker is ready it starts the reaper (:mod:`worker.reaper`); a warm
-shutdown stops it and the running attempts.
+Before the claim, the task takes a slot for the job (:mod:`worker.placement`): a
+CPU slot, or exactly ``gpus`` of the worker's GPUs (:mod:`worker.gpus`,
+:mod:`worker.gpu_locks`), held until the attempt ends. If none frees up in time the
+message goes back to the queue (a retry with no delay), the job still ``queued``.
+
+When the worker is ready it starts the reaper (:mod:`worker.reaper`) and registers
+itself with a heartbeat (:mod:`worker.registry`); a warm shutdown stops them and the
+running attempts, and deregisters the worker.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from functools import partial
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from sqlalchemy.exc import DBAPIError
 
 from server.db.engine import make_engine
 from server.settings import Settings
 from worker.acks import acknowledge
 from worker.celery_app import RUN_JOB_TASK
+from worker.gpu_locks import GpuLocks
+from worker.gpus import discover_gpus
+from worker.placement import Placer, SlotUnavailable
 from worker.reaper import Reaper
 from worker.recovery import Recovery
+from worker.registry import Heartbeat, WorkerInfo, WorkerRegistry
 from worker.runner import RunnerContext, run_job
+from worker.slots import Slots
 from worker.store import JobStore
 
 log = logging.getLogger(__name__)
 
 #: Seconds before a task whose claim met a database error runs again.
 CLAIM_RETRY_S = 5.0
+#: Seconds a clean shutdown waits for the heartbeat thread to deregister the worker.
+DEREGISTER_WAIT_S = 5.0
 
 
 class WorkerRuntime:
@@ -48,7 +62,10 @@ class WorkerRuntime:
         self.shutdown = threading.Event()
         self._store: JobStore | None = None
         self._reaper: Reaper | None = None
+        self._slots: Slots | None = None
+        self._heartbeat: Heartbeat | None = None
         self._lock = threading.Lock()
+        self._slots_lock = threading.Lock()
 
     @property
     def store(self) -> JobStore:
@@ -66,7 +83,7 @@ class WorkerRuntime:
         """This worker's identity, the owner of its leases: ``<hostname>/<pid>``."""
         return f"{hostname or 'worker'}/{os.getpid()}"
 
-    def context(self, hostname: str | None, task_id: str | None = None) -> RunnerContext:
+    def context(self, hostname: str | None, task_id: str | None = None, gpus: tuple[int, ...] = ()) -> RunnerContext:
         """A runner context for one task; its message is acknowledged once the job is claimed."""
         return RunnerContext(
             settings=self.settings,
@@ -75,7 +92,34 @@ class WorkerRuntime:
             shutdown=self.shutdown,
             enqueue=self.enqueue,
             on_claimed=partial(acknowledge, task_id),
+            gpus=gpus,
         )
+
+    def slots(self) -> Slots:
+        """This worker's slots; its GPUs are discovered on first use (raises ``ValueError`` for a bad setting)."""
+        with self._slots_lock:
+            if self._slots is None:
+                gpus = discover_gpus(self.settings.worker_gpus)
+                log.info("GPUs for jobs: %s; CPU jobs at once: %d", gpus or "none", self.settings.worker_concurrency)
+                self._slots = Slots(self.settings.worker_concurrency, GpuLocks(self.settings.resolved_gpu_lock_dir, gpus))
+            return self._slots
+
+    def placer(self) -> Placer:
+        """Finds a slot for a job before it is claimed (waits up to ``worker_slot_wait_s``)."""
+        settings = self.settings
+        return Placer(self.slots(), self.store.queued_gpus, settings.worker_slot_wait_s,
+                      settings.worker_poll_interval_s, self.shutdown)  # fmt: skip
+
+    def heartbeat(self, hostname: str | None) -> Heartbeat:
+        """The registry heartbeat of this worker (created once)."""
+        slots, store = self.slots(), self.store
+        with self._lock:
+            if self._heartbeat is None:
+                info = WorkerInfo(self.worker_id(hostname), socket.gethostname(), os.getpid(), slots.gpus,
+                                  slots.concurrency)  # fmt: skip
+                registry = WorkerRegistry(store.engine, info, self.settings.worker_forget_s)
+                self._heartbeat = Heartbeat(registry, self.settings.worker_heartbeat_s, self.shutdown)
+            return self._heartbeat
 
     def reaper(self) -> Reaper:
         """The reaper of this worker (created once)."""
@@ -85,15 +129,22 @@ class WorkerRuntime:
                 self._reaper = Reaper(Recovery(store, self.enqueue), self.settings.reaper_interval_s, self.shutdown)
             return self._reaper
 
-    def on_ready(self, **_: Any) -> None:
-        """Celery ``worker_ready`` receiver: start the reaper (its first pass runs at once)."""
+    def on_ready(self, sender: Any = None, **_: Any) -> None:
+        """Celery ``worker_ready`` receiver: start the reaper (its first pass runs at once) and the heartbeat."""
         log.info("starting the reaper (every %.1f s)", self.settings.reaper_interval_s)
         self.reaper().start()
+        self.heartbeat(getattr(sender, "hostname", None)).start()
 
     def on_shutdown(self, **_: Any) -> None:
         """Celery ``worker_shutting_down`` receiver: the reaper stops; running attempts stop their runs."""
         log.info("worker shutting down: stopping running jobs")
         self.shutdown.set()
+
+    def on_stopped(self, **_: Any) -> None:
+        """Celery ``worker_shutdown`` receiver (after a warm shutdown): wait for the worker's deregistration."""
+        self.shutdown.set()
+        if self._heartbeat is not None and not self._heartbeat.join(DEREGISTER_WAIT_S):
+            log.warning("worker registry: deregistration did not finish in %.0f s", DEREGISTER_WAIT_S)
 
 
 def register_tasks(app: Celery) -> Task:
@@ -102,13 +153,22 @@ def register_tasks(app: Celery) -> Task:
     runtime = WorkerRuntime(settings, app)
     worker_shutting_down.connect(runtime.on_shutdown, weak=False)
     worker_ready.connect(runtime.on_ready, weak=False)
+    worker_shutdown.connect(runtime.on_stopped, weak=False)
 
     @app.task(name=RUN_JOB_TASK, bind=True, acks_late=True, ignore_result=True, max_retries=None)
     def run_job_task(self: Task, job_id: str) -> str | None:
-        """Run one attempt of ``job_id`` (a no-op unless the job is ``queued``)."""
+        """Run one attempt of ``job_id`` in a free slot (a no-op unless the job is ``queued``)."""
         try:
-            outcome = run_job(str(job_id), runtime.context(self.request.hostname, self.request.id))
-        except DBAPIError as exc:  # only the claim can raise: the attempt itself records its errors
+            placement = runtime.placer().place(str(job_id))
+            if placement is None:
+                log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
+                return None
+            with placement:
+                outcome = run_job(str(job_id), runtime.context(self.request.hostname, self.request.id, placement.gpus))
+        except SlotUnavailable as exc:
+            log.info("%s: handing the message back to the queue", exc)
+            raise self.retry(exc=exc, countdown=0) from exc
+        except DBAPIError as exc:  # only placement and the claim can raise: the attempt records its errors
             log.warning("job %s: database error before the claim; retrying in %.0f s: %s", job_id, CLAIM_RETRY_S, exc)
             raise self.retry(exc=exc, countdown=CLAIM_RETRY_S) from exc
         return outcome.status if outcome else None

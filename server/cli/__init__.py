@@ -11,10 +11,10 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from server.cli import db, jobs, services
+from server.cli import db, jobs, logs, services
 
 #: Command-group modules, in the order ``--help`` lists them.
-GROUPS = (services, db, jobs)
+GROUPS = (services, db, jobs, logs)
 
 
 def build_parser() -> argparse.ArgumentParser:

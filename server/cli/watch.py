@@ -85,7 +85,7 @@ class WatchView:
         throughput = f"{format_number(record.get('samples_per_second'), 5)} samples/s"
         if record.get("tokens_per_second") is not None:
             throughput += f" {format_number(record['tokens_per_second'], 5)} tok/s"
-        overflow = " OVERFLOW" if record.get("overflow") else ""
+        overflow = f" OVERFLOW{_overflow_where(record)}" if record.get("overflow") else ""
         return (
             f"{progress_bar(step, self.max_steps)} {step}/{self.max_steps} ETA {format_duration(self.eta_s())}"
             f" | loss {format_number(record.get('loss'))} | scale {format_scale(record.get('loss_scale'))}"
@@ -135,3 +135,15 @@ def write(out: TextIO, lines: list[str], tty: bool) -> None:
     """Write ``lines`` (newline-terminated unless they are TTY redraws) and flush."""
     out.writelines(line if tty else line + "\n" for line in lines)
     out.flush()
+
+
+def _overflow_where(record: dict[str, Any]) -> str:
+    """`` in fc1.weight (nan) +2 more on rank 1`` from a step record's overflow forensics; '' without them."""
+    params = record.get("nonfinite_params") or []
+    if not params:
+        return ""
+    text = f" in {params[0]['name']} ({params[0]['kind']})"
+    more = int(record.get("nonfinite_param_count") or len(params)) - 1
+    text += f" +{more} more" if more > 0 else ""
+    ranks = record.get("overflow_ranks") or []
+    return text + (f" on rank {','.join(map(str, ranks))}" if ranks else "")

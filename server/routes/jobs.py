@@ -9,6 +9,7 @@ from fastapi import APIRouter, Header, Query, Response
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
+from server.capacity import check_gpu_capacity
 from server.db import jobs as repo
 from server.db.models import Job
 from server.deps import QueueDep, SessionDep, SettingsDep
@@ -80,9 +81,11 @@ def submit_job(
     If the broker refuses the message, the job is marked ``failed`` with reason
     ``enqueue_failed`` and the answer is 503. With an ``Idempotency-Key`` already
     used for the same spec, nothing is stored or sent: the answer is 200 with that
-    job; used for a different spec, 422 at ``["header", "Idempotency-Key"]``.
+    job; used for a different spec, 422 at ``["header", "Idempotency-Key"]``. A GPU
+    job no registered worker can hold is 422 at ``["body", "gpus"]`` (:mod:`server.capacity`).
     """
     _reject_faults(spec, settings)
+    check_gpu_capacity(session, spec, settings, idempotency_key)
     try:
         job, created = repo.create_job(session, spec, idempotency_key)
     except repo.IdempotencyMismatch as exc:

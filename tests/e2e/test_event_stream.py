@@ -1,10 +1,11 @@
 """The event stream on the real stack: every step of a real job arrives once, in order, quickly.
 
 Latency is measured from a step record's ``time`` (the unix time rank 0 stamps on
-it when it writes ``records.jsonl``; ``log_interval`` 1 writes each step at once)
-to the moment this client receives its ``step`` event. It includes the worker's
-tail interval (``HALFCAST_WORKER_POLL_INTERVAL_S``, 0.1 s here) and the stream's
-poll interval (``HALFCAST_EVENTS_POLL_INTERVAL_S``, default 0.1 s). The distribution
+it when the host issues the step) to the moment this client receives its ``step``
+event, with every setting at its default: the trainer's ``log_interval`` (10) and
+``log_interval_s`` (0.1 s: 50 ms steps are written every two or three steps), the
+worker's tail interval (``HALFCAST_WORKER_POLL_INTERVAL_S``, 0.1 s) and the stream's
+poll interval (``HALFCAST_EVENTS_POLL_INTERVAL_S``, 0.1 s). The distribution
 is logged and written to ``test-artifacts/event-latency-<layout>.json``.
 """
 
@@ -57,7 +58,7 @@ def _stream(url: str, received: list[tuple[float, str, str | None, Any]], opened
 def test_a_real_jobs_steps_stream_once_in_order_within_half_a_second(layout: str, request: pytest.FixtureRequest) -> None:
     """On SQLite + filesystem broker, and on PostgreSQL + Redis."""
     stack: Stack = request.getfixturevalue(f"{layout}_stack")
-    spec = load_example("synthetic-fp16.json", max_steps=120, log_interval=1, faults={"sleep_per_step_s": 0.05})
+    spec = load_example("synthetic-fp16.json", max_steps=120, faults={"sleep_per_step_s": 0.05})
     job = stack.submit(spec)
     received: list[tuple[float, str, str | None, Any]] = []
     opened = threading.Event()

@@ -64,14 +64,17 @@ def test_fp8_without_gpus_is_rejected_at_submission(embedded_stack: Stack) -> No
     assert all(job["spec"]["precision"] != "fp8" for job in embedded_stack.client.get("/jobs").json()["jobs"])
 
 
-def test_fp8_on_a_gpu_less_worker_fails_with_a_typed_reason(embedded_stack: Stack) -> None:
-    """Never run as another precision: the job fails before any step."""
+def test_fp8_on_a_gpu_less_cluster_is_refused_at_submission(embedded_stack: Stack) -> None:
+    """Never run as another precision: the registered worker has no GPU, so a GPU job is a 422 naming `gpus`."""
+    done = embedded_stack.wait_terminal(embedded_stack.submit(_synthetic(max_steps=2))["id"])
+    workers = embedded_stack.client.get("/workers").json()["workers"]
+    assert [(w["gpus"], w["live"]) for w in workers] == [([], True)]  # registered on start, heartbeating
+    assert workers[0]["id"] == done["attempts"][0]["worker_id"]  # the registry id is the lease owner id
     spec = _synthetic(precision="fp8", gpus=1, max_steps=10)
     del spec["loss_scale"]
-    job = embedded_stack.wait_terminal(embedded_stack.submit(spec)["id"])
-    assert job["status"] == "failed"
-    assert job["error"]["reason"] in ("gpu_unavailable", "precision_unsupported"), job["error"]
-    assert job["step"] == 0 and job["latest"] is None
+    response = embedded_stack.client.post("/jobs", json=spec)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", "gpus"]
 
 
 def test_resume_from_a_finished_job_continues_its_trajectory(embedded_stack: Stack) -> None:

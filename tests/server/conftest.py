@@ -44,7 +44,7 @@ def _empty_postgres(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            conn.execute(text("TRUNCATE attempts, step_records, jobs"))
+            conn.execute(text("TRUNCATE attempts, step_records, jobs, workers"))
     finally:
         engine.dispose()
 

@@ -122,3 +122,14 @@ def test_openmetrics_is_served_when_asked_for(client: TestClient, sessions: sess
     assert families["halfcast_optimizer_steps"].type == "counter"
     assert families["halfcast_optimizer_steps"].samples[0].labels == {"job_id": job_id}
     assert families["halfcast_optimizer_steps"].samples[0].value == 5.0
+
+
+def test_request_latency_histogram_is_labelled_by_route_template(client: TestClient) -> None:
+    client.get("/jobs/00000000-0000-0000-0000-000000000000")  # 404 from the route
+    client.get("/jobs")
+    client.get("/no/such/route")
+    samples = scrape(client)["halfcast_http_request_duration_seconds_count"]
+    routes = {dict(labels)["route"]: dict(labels) for labels in samples}
+    assert routes["/jobs/{job_id}"]["status"] == "404" and routes["/jobs"]["status"] == "200"
+    assert routes["unmatched"]["method"] == "GET"
+    assert not any("0000" in route for route in routes)  # never the raw path

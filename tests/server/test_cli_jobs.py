@@ -106,7 +106,10 @@ def test_watch_prints_plain_lines_when_not_a_tty(url: str, sessions: sessionmake
     def work() -> None:
         time.sleep(0.2)
         for step in range(1, 6):
-            add_steps(sessions, job_id, [step_record(step, overflow=step == 2, skipped_steps=int(step >= 2), loss_scale=2.0**(12 - int(step >= 2)))])
+            forensics = {"overflow_ranks": [1], "nonfinite_params": [{"name": "net.0.weight", "kind": "nan"}],
+                         "nonfinite_param_count": 3} if step == 2 else {}
+            add_steps(sessions, job_id, [step_record(step, overflow=step == 2, skipped_steps=int(step >= 2),
+                                                     loss_scale=2.0**(12 - int(step >= 2)), **forensics)])
             time.sleep(0.05)
         set_status(sessions, job_id, "succeeded", eval={"step": 5, "loss": 0.25, "accuracy": 0.875})
 
@@ -120,7 +123,7 @@ def test_watch_prints_plain_lines_when_not_a_tty(url: str, sessions: sessionmake
     steps = [line for line in lines if line.startswith("[")]
     assert len(steps) == 5 and "\r" not in out and "\x1b" not in out
     assert "5/50" in steps[-1] and "scale 2048 (2^11)" in steps[-1] and "skipped 1" in steps[-1] and "500 samples/s" in steps[-1]
-    assert "OVERFLOW" in steps[1] and "eval at step 5: loss 0.25, accuracy 0.875" in out
+    assert "OVERFLOW in net.0.weight (nan) +2 more on rank 1" in steps[1] and "eval at step 5: loss 0.25, accuracy 0.875" in out
 
 
 def test_watch_exits_1_with_the_error_of_a_failed_job(url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:

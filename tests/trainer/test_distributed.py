@@ -100,6 +100,7 @@ def test_two_rank_torchrun_job_keeps_ranks_identical(tmp_path: Path) -> None:
     steps = [r for r in records if r["type"] == "step"]
     assert [s["overflow"] for s in steps] == [False, True, False, False, False, False]
     assert steps[2]["loss_scale"] == 512.0
+    assert steps[1]["overflow_ranks"] == [1] and steps[1]["nonfinite_param_count"] == 1  # forensics: rank 1 only
     assert records[-1]["skipped_steps"] == 1
     params = [torch.load(run_dir / f"params-rank{r}.pt") for r in range(2)]
     assert params[0].keys() == params[1].keys()

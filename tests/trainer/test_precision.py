@@ -147,12 +147,13 @@ def _c09_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
         with policy.autocast():
             loss = model(x).float().mean()
         policy.backward(loss)  # DDP all-reduces gradients here
-        if rank == 0:
+        if rank == 1:
             model.module.weight.grad[0, 0] = float("nan")
         outcome = policy.step(optimizer, list(model.parameters()), None)
         unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
         torch.save(
             {"skipped": outcome.overflow, "scale": policy.loss_scale, "unchanged": unchanged,
+             "rank_kinds": outcome.rank_kinds.tolist(), "param_kinds": outcome.param_kinds.tolist(),
              "params": [p.detach() for p in model.parameters()]},
             Path(out_dir) / f"rank{rank}.pt",
         )
@@ -161,10 +162,12 @@ def _c09_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 
 def test_c09_overflow_on_one_rank_is_an_overflow_on_all_ranks(tmp_path: Path) -> None:
-    """Field case C09 (pytorch/pytorch PR #115710): NaN on rank 0 only after the all-reduce."""
+    """Field case C09 (pytorch/pytorch PR #115710): NaN on one rank (1) only, after the all-reduce."""
     mp.start_processes(_c09_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for result in results:
         assert result["skipped"] and result["unchanged"] and result["scale"] == 512.0
+        # forensics: both ranks agree that rank 1 held a NaN, in the weight only
+        assert result["rank_kinds"] == [0.0, 2.0] and result["param_kinds"] == [2.0, 0.0]
     for a, b in zip(results[0]["params"], results[1]["params"]):
         assert torch.equal(a, b)

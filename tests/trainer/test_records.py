@@ -27,7 +27,8 @@ def test_lines_are_flushed_as_written(tmp_path: Path) -> None:
     assert all(isinstance(r["time"], float) for r in records)
     step = records[1]
     assert set(step) == {"type", "time", "step", "loss", "loss_scale", "overflow", "skipped_steps", "grad_norm",
-                         "lr", "samples_per_second", "tokens_per_second"}
+                         "lr", "samples_per_second", "tokens_per_second", "underflow_fraction", "overflow_ranks",
+                         "nonfinite_params", "nonfinite_param_count", "samples_total", "tokens_total"}
     assert records[2] == {**records[2], "step": 1, "loss": 0.5, "accuracy": 0.9}
 
 

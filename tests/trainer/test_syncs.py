@@ -16,55 +16,16 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer import loop
 from trainer.distributed import DistContext
 from trainer.loop import build_components, record_step, train_step
 from trainer.precision import build_precision
 from trainer.spec import JobSpec
+from trainer.sync_counter import HostSyncCounter as HostReads
 from trainer.telemetry import StepLog
 
 PATHS = [(name, impl) for name in ("adamw", "sgd") for impl in ("plain", "foreach", "fused")]
-
-
-class HostReads(TorchDispatchMode):
-    """Counts scalar reads (``_local_scalar_dense``) and ``tolist``/``numpy``/``cpu`` calls while active."""
-
-    WRAPPED = ("tolist", "numpy", "cpu")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scalar_reads = 0
-        self.copies = 0
-        self._originals: dict[str, Callable[..., Any]] = {}
-
-    @property
-    def total(self) -> int:
-        return self.scalar_reads + self.copies
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.scalar_reads += 1
-        return func(*args, **(kwargs or {}))
-
-    def __enter__(self) -> HostReads:
-        for name in self.WRAPPED:
-            original = getattr(torch.Tensor, name)
-            self._originals[name] = original
-
-            def counted(tensor: torch.Tensor, *args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
-                self.copies += 1
-                return _original(tensor, *args, **kwargs)
-
-            setattr(torch.Tensor, name, counted)
-        super().__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        super().__exit__(*exc)
-        for name, original in self._originals.items():
-            setattr(torch.Tensor, name, original)
 
 
 def _spec(tiny_mlp_spec: Callable[..., JobSpec], precision: str, name: str, implementation: str, **extra: Any) -> JobSpec:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,43 +23,64 @@ CPU = torch.device("cpu")
 def _values(loss: float, kind: float, skipped: int, samples: int, tokens: int) -> list[torch.Tensor]:
     return [torch.tensor(loss), torch.tensor(1024.0), torch.tensor(kind), torch.tensor(skipped),
             torch.tensor(float("nan") if kind else 0.5), torch.tensor(0.1, dtype=torch.float64),
-            torch.tensor(samples), torch.tensor(tokens)]
+            torch.tensor(samples), torch.tensor(tokens), torch.tensor(float("nan") if kind else 0.125)]
 
 
 def test_rows_round_trip_exactly_and_the_log_is_bounded() -> None:
     log = StepLog(2, CPU)
     log.record(7, _values(0.25, 0.0, 0, 64, 2**40 + 1), has_tokens=True)
     log.record(8, _values(float("inf"), 2.0, 1, 64, 0), has_tokens=False)
-    assert log.full and len(FIELDS) == 8
+    assert log.full and len(FIELDS) == 9
     with pytest.raises(RuntimeError, match="full"):
         log.record(9, _values(0.0, 0.0, 1, 1, 1), has_tokens=False)
     first, second = log.drain()
     assert (first.step, first.loss, first.loss_scale, first.lr, first.tokens) == (7, 0.25, 1024.0, 0.1, 2**40 + 1)
-    assert not first.overflow and first.grad_norm == 0.5
+    assert not first.overflow and first.grad_norm == 0.5 and first.underflow_fraction == 0.125
+    assert math.isnan(second.underflow_fraction) and first.rank_kinds == () and first.param_kinds == ()
     assert second.overflow and second.nan and second.tokens is None and second.skipped_steps == 1
     assert log.pending == 0 and log.drain() == []
     with pytest.raises(ValueError):
         log.record(1, _values(0.0, 0.0, 0, 1, 1)[:3], has_tokens=False)
 
 
-def test_records_are_batched_at_log_interval_one_per_step(
-    tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """log_interval 3, eval at 5, 8 steps: batches after steps 3, 5 (before the eval record), 8; each batch
-    shares its interval's throughput; the step records are exactly steps 1..8 in order."""
-    batches: list[list[int]] = []
+def test_rows_carry_the_overflow_evidence_of_every_rank_and_parameter() -> None:
+    log = StepLog(2, CPU, num_ranks=2, num_params=3)
+    log.record(1, _values(0.5, 0.0, 0, 8, 8), has_tokens=False,
+               evidence=(torch.zeros(2), torch.zeros(3)))
+    log.record(2, _values(0.5, 2.0, 1, 8, 8), has_tokens=False,
+               evidence=(torch.tensor([0.0, 2.0]), torch.tensor([1.0, 0.0, 2.0])))
+    clean, overflow = log.drain()
+    assert clean.rank_kinds == (0.0, 0.0) and clean.param_kinds == (0.0, 0.0, 0.0)
+    assert overflow.rank_kinds == (0.0, 2.0) and overflow.param_kinds == (1.0, 0.0, 2.0)
+    with pytest.raises(ValueError, match="evidence"):
+        log.record(3, _values(0.5, 0.0, 0, 8, 8), has_tokens=False, evidence=(torch.zeros(1), torch.zeros(3)))
+
+
+@pytest.fixture
+def batches(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The steps of each ``RecordSink.steps`` call (one call per flush), in order."""
+    written: list[list[int]] = []
     original = RecordSink.steps
 
     def spy(self: RecordSink, records: Any) -> None:
         items = list(records)
-        batches.append([record.step for _, record in items])
+        written.append([record.step for _, record in items])
         original(self, items)
 
     monkeypatch.setattr(RecordSink, "steps", spy)
-    spec = tiny_mlp_spec(precision="fp16", max_steps=8, log_interval=3, eval_interval=5,
+    return written
+
+
+def test_records_are_batched_at_log_interval_one_per_step(
+    tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path, batches: list[list[int]]
+) -> None:
+    """log_interval 3, eval at 5, 8 steps: batches after steps 3, 5 (before the eval record), 6 (a multiple
+    of 3), 8 (the end); the step records are exactly steps 1..8 in order."""
+    spec = tiny_mlp_spec(precision="fp16", max_steps=8, log_interval=3, eval_interval=5, log_interval_s=None,
                          faults={"nonfinite_grad_steps": [2]})
     train(spec, tmp_path, cpu_ctx)
-    assert batches == [[1, 2, 3], [4, 5], [6, 7, 8]]
+    assert batches == [[1, 2, 3], [4, 5], [6], [7, 8]]
+
     records = read_records(tmp_path)
     kinds = [(r["type"], r.get("step")) for r in records]
     assert kinds == [("start", None)] + [("step", s) for s in range(1, 6)] + [("eval", 5)] + \
@@ -71,6 +94,16 @@ def test_records_are_batched_at_log_interval_one_per_step(
         assert len(rates) == 1 and next(iter(rates)) > 0
     assert all(a["time"] <= b["time"] for a, b in zip(steps, steps[1:]))
     assert records[0]["log_interval"] == 3
+
+
+def test_slow_steps_are_written_once_the_oldest_waited_log_interval_s(
+    tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path, batches: list[list[int]]
+) -> None:
+    """log_interval 10 but 0.15 s per step and log_interval_s 0.1: records leave in pairs, not tens."""
+    spec = tiny_mlp_spec(max_steps=7, log_interval=10, log_interval_s=0.1, faults={"sleep_per_step_s": 0.15})
+    train(spec, tmp_path, cpu_ctx)
+    assert [step for batch in batches for step in batch] == list(range(1, 8))
+    assert max(len(batch) for batch in batches) <= 2 and len(batches) >= 4
 
 
 def test_records_pending_at_a_failure_are_written(

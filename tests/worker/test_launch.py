@@ -24,7 +24,8 @@ def test_command_runs_standalone_torchrun_with_one_rank_per_process(tmp_path: Pa
     assert command[command.index("--nproc-per-node") + 1] == "3"
     assert command[command.index("--nnodes") + 1] == "1"
     assert command[-5:] == ["trainer", "--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path)]
-    assert command[command.index("-m", 3) + 1] == "trainer"
+    wrapper = command.index("-m", 3)  # each rank runs the trainer through the per-rank log wrapper
+    assert command[wrapper + 1 : wrapper + 4] == ["worker.rank_output", str(tmp_path / "logs"), "trainer"]
     assert not any("rdzv-endpoint" in part or "master-port" in part for part in command)
 
 
@@ -36,7 +37,7 @@ def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> 
     env = build_environment(JobSpec.model_validate(small_spec(processes=2)), settings, base)
     assert "secret" not in repr(env)
     assert {"PATH", "HOME", "LANG", "PYTHONPATH", "OMP_NUM_THREADS", "HALFCAST_DATA_ROOTS"} <= set(env)
-    assert "AWS_SECRET_ACCESS_KEY" not in env and "CUDA_VISIBLE_DEVICES" not in env
+    assert "AWS_SECRET_ACCESS_KEY" not in env and env["CUDA_VISIBLE_DEVICES"] == ""  # a CPU job sees no GPU
     root = str(Path(__file__).resolve().parents[2])
     assert env["PYTHONPATH"].split(os.pathsep) == [root, "/extra"]
     assert env["HALFCAST_DATA_ROOTS"] == os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])
@@ -44,11 +45,16 @@ def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> 
     assert env["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
 
 
-def test_gpu_jobs_see_their_devices(tmp_path: Path) -> None:
+def test_gpu_jobs_see_exactly_their_allocated_devices(tmp_path: Path) -> None:
     spec = JobSpec.model_validate(small_spec(gpus=2))
-    assert build_environment(spec, Settings(data_dir=tmp_path), {})["CUDA_VISIBLE_DEVICES"] == "0,1"
-    inherited = build_environment(spec, Settings(data_dir=tmp_path), {"CUDA_VISIBLE_DEVICES": "3,5"})
-    assert inherited["CUDA_VISIBLE_DEVICES"] == "3,5"
+    settings = Settings(data_dir=tmp_path)
+    assert build_environment(spec, settings, {}, gpus=[5, 2])["CUDA_VISIBLE_DEVICES"] == "5,2"
+    # the worker's own CUDA_VISIBLE_DEVICES is never passed on: only the allocation counts
+    inherited = build_environment(spec, settings, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, gpus=[3, 1])
+    assert inherited["CUDA_VISIBLE_DEVICES"] == "3,1"
+    for wrong in ([], [3], [3, 3], [1, 2, 3]):
+        with pytest.raises(ValueError, match="needs 2 GPU"):
+            build_environment(spec, settings, {}, gpus=wrong)
 
 
 STUBBORN_TREE = Path(__file__).with_name("stubborn_tree.py")

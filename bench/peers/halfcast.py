@@ -1,0 +1,87 @@
+"""Halfcast's own step, through the trainer's public pieces, with its telemetry as in the real loop.
+
+Per step: :func:`trainer.loop.train_step` (forward and backward under the precision's
+autocast and loss scale, sync-free unscale, overflow check, clip, device-side
+skip, LR schedule advanced by the ``applied`` flag) and :func:`trainer.loop.record_step`
+into a :class:`trainer.telemetry.StepLog`. Every ``log_interval`` steps a
+:class:`trainer.flushing.RecordFlusher` copies the rows to the host, writes the step
+records to a temporary ``records.jsonl`` and runs the divergence guard, exactly like
+:func:`trainer.loop.train`, so its cost is part of the measured time.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bench.peers.base import PeerInfo
+from bench.workload import ActivationProbe, Workload, job_spec
+from trainer.data import Batch
+from trainer.distributed import DistContext
+from trainer.flushing import RecordFlusher
+from trainer.guard import DivergenceGuard
+from trainer.loop import build_components, record_step, train_step
+from trainer.loss_scale import DynamicLossScaler
+from trainer.optim import resolve_implementation
+from trainer.records import RECORDS_FILE, RecordSink
+from trainer.telemetry import StepLog
+
+CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+class HalfcastRunner:
+    """Halfcast's trainer step on one CPU rank.
+
+    Args:
+        work: the shared workload.
+        implementation: Halfcast's AdamW implementation (``fused`` = PyTorch's fused kernel
+            given ``found_inf``; ``foreach``/``plain`` = Halfcast's masked update; ``auto``).
+    """
+
+    def __init__(self, work: Workload, implementation: str = "fused") -> None:
+        self.work = work
+        self.spec = job_spec(work, implementation)
+        self.parts = build_components(self.spec, CPU)
+        self._dir = Path(tempfile.mkdtemp(prefix="halfcast-bench-"))
+        self._sink = RecordSink(self._dir / RECORDS_FILE)
+        self.flusher = RecordFlusher(StepLog(work.log_interval, CPU.device), self._sink, self._guard(),
+                                     self.spec.max_steps, main=True)
+        self._step = 0
+        self._probe = ActivationProbe(self.parts.model)
+        used = resolve_implementation(implementation, self.parts.parameters)
+        scaler = self.parts.precision.scaler
+        self.info = PeerInfo(
+            label="Halfcast", requested=work.precision,
+            loss_scaling="dynamic (on device)" if isinstance(scaler, DynamicLossScaler) else "none",
+            optimizer=f"trainer.optimizers.AdamW({used})",
+            lr_on_skip="not advanced (on device)",
+            version="halfcast (this checkout)",
+        )
+
+    def _guard(self) -> DivergenceGuard:
+        scaler = self.parts.precision.scaler
+        min_scale = scaler.min_scale if isinstance(scaler, DynamicLossScaler) else None
+        return DivergenceGuard(self.spec.max_consecutive_skips, self.spec.max_consecutive_nonfinite_losses, min_scale)
+
+    def step(self, batch: Batch) -> None:
+        """``train_step`` on the one-micro-batch window ``[batch]``, then ``record_step``."""
+        self._step += 1
+        result = train_step(self.parts, [batch], step=self._step, max_grad_norm=self.spec.max_grad_norm, dist_ctx=CPU)
+        record_step(self.flusher.step_log, self._step, result)
+        if self.info.compute_dtype == "unknown" and self._probe.dtype is not None:
+            self.info.compute_dtype = self._probe.name
+
+    def maybe_flush(self) -> bool:
+        """Flush when the step log is full (every ``log_interval`` steps), like ``trainer.loop.train``."""
+        if not self.flusher.step_log.full:
+            return False
+        self.flusher.flush()
+        return True
+
+    def close(self) -> None:
+        """Close the records file and delete its temporary directory."""
+        self._sink.close()
+        shutil.rmtree(self._dir, ignore_errors=True)

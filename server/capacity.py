@@ -1,0 +1,52 @@
+"""Submission check: a GPU job must fit on some registered worker (else 422 at ``body.gpus``).
+
+"Registered" means a worker that heartbeat within ``HALFCAST_WORKER_FORGET_S``
+(live now or lately, so a worker restarting does not turn jobs away). With no
+registered worker at all (the API started first, or every worker is being
+replaced) nothing is rejected: the job waits in the queue like any other. CPU
+jobs (``gpus`` 0) are never rejected here.
+"""
+
+from __future__ import annotations
+
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from server.db.models import Job, utcnow
+from server.db.workers import largest_gpu_count
+from server.settings import Settings
+from trainer.spec import JobSpec
+
+
+def check_gpu_capacity(session: Session, spec: JobSpec, settings: Settings, idempotency_key: str | None) -> None:
+    """Raise ``RequestValidationError`` (422 at ``["body", "gpus"]``) when no registered worker has ``spec.gpus`` GPUs.
+
+    A repeated request whose ``Idempotency-Key`` already names a job is not checked
+    (it answers with that job). The read transaction is ended before returning, so
+    the INSERT that follows starts a transaction of its own.
+    """
+    if spec.gpus <= 0:
+        return
+    try:
+        if idempotency_key is not None and _key_used(session, idempotency_key):
+            return
+        largest = largest_gpu_count(session, utcnow(), settings.worker_forget_s)
+    finally:
+        session.commit()
+    if largest is None or spec.gpus <= largest:
+        return
+    raise RequestValidationError(
+        [
+            {
+                "type": "value_error",
+                "loc": ("body", "gpus"),
+                "msg": f"no worker has {spec.gpus} GPUs (largest: {largest})",
+                "input": spec.gpus,
+            }
+        ]
+    )
+
+
+def _key_used(session: Session, key: str) -> bool:
+    return session.scalar(select(Job.id).where(Job.idempotency_key == key)) is not None

@@ -1,0 +1,107 @@
+"""``GET /jobs/{id}/logs``: the last lines of one rank's log of one attempt, or a live follow of it.
+
+The files are read from the API's own runs directory (:mod:`server.runlogs`); with
+the API and the workers on different hosts that directory must be shared (the
+docker-compose file mounts one volume in both). Without ``follow`` the answer is
+JSON (:class:`LogLines`); with ``follow=true`` it is a Server-Sent Events stream
+(:mod:`server.logstream`), counted in ``app.state.log_streams``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from server.db import jobs as repo
+from server.db.models import TERMINAL_STATUSES, Job
+from server.errors import ApiError
+from server.events import EventStreamSettings, StreamStats
+from server.logstream import LogTarget, database_state_poller, follow_log
+from server.logtail import read_tail
+from server.routes.events import STREAM_HEADERS
+from server.schemas import ErrorBody
+
+router = APIRouter(prefix="/jobs", tags=["logs"])
+
+#: Most lines one request may ask for.
+MAX_TAIL = 10_000
+#: Lines returned when ``tail`` is not given.
+DEFAULT_TAIL = 200
+
+
+class LogLines(BaseModel):
+    """The last lines of one rank's log of one attempt (oldest first; no line endings)."""
+
+    job_id: str
+    attempt: int = Field(description="The attempt the lines come from (1-based)")
+    rank: int = Field(description="The global rank whose stdout and stderr these are")
+    lines: list[str] = Field(description="At most `tail` lines; empty while the rank has written nothing")
+
+
+def install(app: FastAPI, settings: EventStreamSettings | None = None) -> None:
+    """Add the logs route to ``app`` and the bookkeeping of its follow streams (``app.state.log_streams``)."""
+    app.state.log_streams = StreamStats(settings or EventStreamSettings())
+    app.include_router(router)
+
+
+def _query_error(name: str, message: str, value: object) -> RequestValidationError:
+    """A 422 naming the query parameter ``name`` (FastAPI's format)."""
+    return RequestValidationError([{"type": "value_error", "loc": ("query", name), "msg": message, "input": value}])
+
+
+def _job(request: Request, job_id: str) -> Job:
+    with request.app.state.session_factory() as session:  # closed before any streaming starts
+        try:
+            return repo.get_job(session, job_id)
+        except repo.JobNotFound:
+            raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
+
+
+def _check(job: Job, rank: int, attempt: int | None, follow: bool) -> None:
+    """422 for a rank or attempt the job does not have; 409/404 for a job that never ran (unless following)."""
+    if rank >= job.world_size:
+        raise _query_error("rank", f"the job has ranks 0..{job.world_size - 1} (world size {job.world_size})", rank)
+    if attempt is not None and attempt > job.attempt:
+        raise _query_error("attempt", f"the job has {job.attempt} attempt(s) so far", attempt)
+    if job.attempt == 0 and not follow:
+        if job.status in TERMINAL_STATUSES:
+            raise ApiError(404, f"job {job.id} never started ({job.status}): it has no logs", job_id=job.id)
+        raise ApiError(409, f"job {job.id} has no logs yet: it is {job.status}", job_id=job.id)
+
+
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "`LogLines` JSON; with `follow=true`, SSE: `attempt`, `lines`, `end`"},
+    404: {"model": ErrorBody, "description": "Unknown job, or a job that ended without ever starting"},
+    409: {"model": ErrorBody, "description": "The job has not started yet (not with `follow=true`: that waits)"},
+}
+
+
+@router.get("/{job_id}/logs", response_model=LogLines, responses=_RESPONSES)
+def job_logs(
+    job_id: str,
+    request: Request,
+    rank: Annotated[int, Query(ge=0, description="Global rank (0..world_size-1)")] = 0,
+    tail: Annotated[int, Query(ge=0, le=MAX_TAIL, description="Last lines to return (to start with, when following)")] = DEFAULT_TAIL,
+    attempt: Annotated[int | None, Query(ge=1, description="Attempt (1-based); default the newest")] = None,
+    follow: Annotated[bool, Query(description="Stream new lines (SSE) until the job ends")] = False,
+) -> LogLines | StreamingResponse:
+    """The last ``tail`` lines of ``rank``'s stdout and stderr in ``attempt``, or a live follow of them."""
+    job = _job(request, job_id)
+    _check(job, rank, attempt, follow)
+    runs_dir = request.app.state.settings.runs_dir
+    target = LogTarget(job_id, rank, runs_dir, attempt, tail)
+    if follow:
+        stats: StreamStats = request.app.state.log_streams
+        poll = database_state_poller(request.app.state.session_factory)
+        body = follow_log(target, poll, request.is_disconnected, stats)
+        return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
+    number = attempt or job.attempt
+    try:
+        lines = read_tail(target.path(number), tail).lines
+    except FileNotFoundError:
+        lines = []
+    return LogLines(job_id=job_id, attempt=number, rank=rank, lines=lines)

@@ -1,0 +1,102 @@
+"""``halfcast logs JOB_ID [--rank] [--tail] [--attempt] [-f]`` against a live API (uvicorn in a thread, SQLite)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from api_support import FakeQueue, insert_job
+from live_server import LiveServer, free_port, set_status, sqlite_copy
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.app import create_app
+from server.cli import main
+from server.events import EventStreamSettings, StreamStats
+from server.runlogs import attempt_dir, rank_log
+from server.settings import Settings
+
+
+@pytest.fixture
+def database_url(data_dir: Path, sqlite_template: Path) -> str:
+    """SQLite only: the CLI's behaviour does not depend on the database."""
+    return sqlite_copy(data_dir, sqlite_template)
+
+
+@pytest.fixture
+def url(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A live API; ``HALFCAST_URL`` points at it."""
+    app = create_app(settings, FakeQueue())
+    app.state.log_streams = StreamStats(EventStreamSettings(poll_interval_s=0.05))
+    with LiveServer(app) as live:
+        monkeypatch.setenv("HALFCAST_URL", live.url)
+        yield live.url
+
+
+def _append(settings: Settings, job_id: str, text: str, attempt: int = 1, rank: int = 0) -> None:
+    path = rank_log(attempt_dir(settings.runs_dir, job_id, attempt), rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(text)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_logs_prints_the_last_lines_of_a_rank(url: str, settings: Settings, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+    job_id = insert_job(sessions, status="running")
+    set_status(sessions, job_id, "running", world_size=2, attempt=2)
+    _append(settings, job_id, "".join(f"r1 {i}\n" for i in range(10)), attempt=2, rank=1)
+    _append(settings, job_id, "attempt one\n", attempt=1, rank=1)
+    assert _run(capsys, "logs", job_id, "--rank", "1", "--tail", "2") == (0, "r1 8\nr1 9\n", "")
+    assert _run(capsys, "logs", job_id, "--rank", "1", "--attempt", "1") == (0, "attempt one\n", "")
+
+
+def test_logs_errors_are_one_line_with_the_usual_exit_codes(url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _run(capsys, "logs", "nope") == (1, "", "error: job nope not found\n")
+    queued = insert_job(sessions, status="queued")
+    assert _run(capsys, "logs", queued) == (1, "", f"error: job {queued} has no logs yet: it is queued\n")
+    running = insert_job(sessions, status="running")
+    code, out, err = _run(capsys, "logs", running, "--rank", "1")
+    assert (code, out) == (2, "") and err.startswith("error: query.rank: ") and "world size 1" in err
+    monkeypatch.setenv("HALFCAST_URL", f"http://127.0.0.1:{free_port()}")
+    code, _, err = _run(capsys, "logs", running)
+    assert code == 3 and err.startswith("error: cannot reach the Halfcast API")
+
+
+def test_logs_follow_prints_new_lines_until_the_job_ends(url: str, settings: Settings, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+    job_id = insert_job(sessions, status="running")
+    _append(settings, job_id, "before\n")
+
+    def job() -> None:  # the "worker": a few lines, then the job fails
+        for i in range(3):
+            time.sleep(0.1)
+            _append(settings, job_id, f"step {i}\n")
+        _append(settings, job_id, "Traceback: boom")
+        set_status(sessions, job_id, "failed")
+
+    writer = threading.Thread(target=job)
+    writer.start()
+    code, out, err = _run(capsys, "logs", job_id, "-f")
+    writer.join()
+    assert code == 1
+    assert out == "before\nstep 0\nstep 1\nstep 2\nTraceback: boom\n"
+    assert err == f"--- job {job_id}: attempt 1, rank 0 ---\n--- job {job_id}: failed ---\n"
+    set_status(sessions, job_id, "succeeded")
+    assert _run(capsys, "logs", job_id, "--follow", "--tail", "1")[:2] == (0, "Traceback: boom\n")
+
+
+def test_ctrl_c_while_following_exits_130_without_a_traceback(url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    job_id = insert_job(sessions, status="running")
+
+    def interrupted(*_args: object, **_kwargs: object) -> Iterator[object]:
+        raise KeyboardInterrupt
+        yield  # a generator, like the real one
+
+    monkeypatch.setattr("server.client.HalfcastClient.follow_logs", interrupted)
+    assert _run(capsys, "logs", job_id, "-f") == (130, "", "\ninterrupted\n")

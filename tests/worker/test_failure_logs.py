@@ -1,0 +1,84 @@
+"""Which log a failure quotes: the failing rank's own (from error.json or torchrun's root cause), else the launcher's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from server.runlogs import launcher_log, rank_log
+from worker.failure_logs import failure_log, root_cause_rank
+from worker.outcomes import exit_outcome
+
+#: torchrun 2.13's report when rank 1 failed first and rank 0 was then stopped (as printed into launcher.log).
+TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+worker.rank_output FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-30_05:51:13
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 9053)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 9053
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_05:51:13
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 9054)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def _run_dir(tmp_path: Path, launcher: str = "", ranks: dict[int, str] | None = None) -> Path:
+    launcher_log(tmp_path).parent.mkdir(parents=True, exist_ok=True)
+    launcher_log(tmp_path).write_text(launcher)
+    for rank, text in (ranks or {}).items():
+        rank_log(tmp_path, rank).write_text(text)
+    return tmp_path
+
+
+def test_root_cause_rank_is_read_from_torchruns_report() -> None:
+    assert root_cause_rank(TORCHRUN_REPORT) == 1  # not rank 0, which was only stopped afterwards
+    assert root_cause_rank("Traceback ...\nValueError: no report") is None
+
+
+def test_failure_log_is_the_ranks_own_when_it_has_output(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, ranks={0: "", 1: "boom"})
+    assert failure_log(run_dir, 1) == rank_log(run_dir, 1)
+    assert failure_log(run_dir, 0) == launcher_log(run_dir)  # empty
+    assert failure_log(run_dir, 5) == launcher_log(run_dir)  # absent
+    assert failure_log(run_dir, None) == launcher_log(run_dir)
+
+
+def test_rank_failed_quotes_the_root_cause_ranks_log(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, TORCHRUN_REPORT, {0: "rank 0 was fine\n", 1: "step 3\nValueError: bad batch\n"})
+    outcome = exit_outcome(1, False, run_dir)
+    assert outcome.reason == "rank_failed" and outcome.message is not None
+    assert outcome.message == "the trainer exited with exit code 1\n--- last lines of logs/rank-1.log ---\nstep 3\nValueError: bad batch"
+
+
+def test_error_json_names_the_rank_whose_log_is_quoted(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, "", {0: "rank 0 waiting\n", 1: "loss is nan\n"})
+    (run_dir / "error.json").write_text(json.dumps({"reason": "nonfinite_loss", "message": "NaN", "rank": 1}))
+    outcome = exit_outcome(3, False, run_dir)
+    assert outcome.reason == "nonfinite_loss"
+    assert outcome.message == "NaN (rank 1)\n--- last lines of logs/rank-1.log ---\nloss is nan"
+
+
+def test_known_causes_are_found_in_a_ranks_log(tmp_path: Path) -> None:
+    """Rank output no longer reaches launcher.log: an OOM printed by a rank must still be recognised."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    run_dir = _run_dir(tmp_path, TORCHRUN_REPORT, {0: "fine\n", 1: oom + "\n"})
+    outcome = exit_outcome(1, False, run_dir)
+    assert outcome.reason == "oom" and outcome.message is not None and outcome.message.endswith(oom)
+
+
+def test_without_rank_logs_the_launcher_log_is_quoted_as_before(tmp_path: Path) -> None:
+    outcome = exit_outcome(1, False, _run_dir(tmp_path, "RuntimeError: injected\n"))
+    assert outcome.message == "the trainer exited with exit code 1\n--- last lines of logs/launcher.log ---\nRuntimeError: injected"

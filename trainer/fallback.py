@@ -1,0 +1,179 @@
+"""``on_divergence: "fallback_bf16"``: an fp16 job whose divergence guard trips goes on in bf16 once.
+
+When the guard (:mod:`trainer.guard`) fails an fp16 job that opted in, the loop asks
+:meth:`PrecisionFallback.fall_back` where to start again instead of failing:
+
+1. the **healthy checkpoint** is the newest checkpoint written at a step *before* the
+   failing run began (the earlier start of the current run of skipped steps and of
+   non-finite losses, :attr:`DivergenceGuard.failing_run_start`): this run's
+   ``checkpoints/step-<N>.pt`` (``N`` a multiple of ``checkpoint_interval`` after the
+   step it started from) or the checkpoint it resumed from; with none, step 0 (the
+   freshly initialised model of the same seed);
+2. a ``precision_switch`` record names the step where the guard tripped, ``from``
+   ``fp16``, ``to`` ``bf16``, the guard's typed reason and message and
+   ``rewound_to_step``; later step records carry ``"precision": "bf16"``;
+3. rank 0 deletes this run's checkpoints after ``rewound_to_step`` (they hold the
+   abandoned fp16 trajectory, and a retry must never resume from them);
+4. the loop rebuilds its components from a bf16 copy of the spec (no loss scaler) and
+   restores the checkpoint's model, optimizer, LR schedule, guard counters, RNG and
+   data position (the skipped-step counter carries over; the fp16 scaler state is
+   dropped), then trains on to ``max_steps``.
+
+Every rank sees the same step rows, so every rank trips at the same flush and takes the
+same decision from the same numbers (no collective is needed to agree); the rebuild's
+collectives (DDP's broadcast, FSDP2's state-dict loads) then run on all ranks alike.
+A job switches at most once: a guard failure in bf16 fails the job as usual.
+
+Checkpoints written after the switch keep the user's spec and add
+``precision_switch``; resuming from one (a retry or ``resume_from``) runs in bf16
+again and repeats the switch in the ``start`` record (:meth:`PrecisionFallback.begin`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint import CHECKPOINT_DIR, load_checkpoint, step_path
+from trainer.errors import TrainerError
+from trainer.guard import DivergenceGuard
+from trainer.loss_scale import NoOpLossScaler
+from trainer.records import RecordSink
+from trainer.resume import PRECISION_SWITCH_KEY, check_resumable
+from trainer.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+#: The divergence guard's typed reasons: the only failures a fallback answers.
+GUARD_REASONS = frozenset({"nonfinite_gradients", "loss_scale_collapsed", "nonfinite_loss"})
+FALLBACK_PRECISION = "bf16"
+_STEP_FILE = re.compile(r"step-(\d+)\.pt$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint read from ``path`` (``payload``: what :func:`trainer.checkpoint.load_checkpoint` returns)."""
+
+    path: Path
+    payload: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        """Attempted steps done when it was written."""
+        return int(self.payload["step"])
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Where a run (or its continuation after a switch) starts.
+
+    ``spec``: the spec to build the components from (the job's, or its bf16 copy);
+    ``checkpoint``: what to restore (``None``: step 0); ``precision_switch``: the switch
+    record once the job has switched (checkpoints and the ``start`` record repeat it).
+    """
+
+    spec: JobSpec
+    checkpoint: Checkpoint | None = None
+    precision_switch: dict[str, Any] | None = None
+
+
+def bf16_spec(spec: JobSpec) -> JobSpec:
+    """``spec`` computing in bf16 without loss scaling (a copy; not re-validated, never stored)."""
+    return spec.model_copy(update={"precision": FALLBACK_PRECISION, "loss_scale": None})
+
+
+class PrecisionFallback:
+    """Decides and records the one switch from fp16 to bf16 of a job (see the module docstring).
+
+    Args:
+        spec: the job's spec, as the user gave it.
+        run_dir: this run's directory (its ``checkpoints/``).
+        main: this is rank 0 (deletes stale checkpoints).
+    """
+
+    def __init__(self, spec: JobSpec, run_dir: Path, main: bool) -> None:
+        self.spec = spec
+        self.run_dir = run_dir
+        self.main = main
+        self.resumed: Checkpoint | None = None
+        self.switched = False
+
+    def begin(self, resume_from: Path | None) -> RunStart:
+        """Where training starts: scratch, or ``resume_from`` (checked), in bf16 if it was written after a switch.
+
+        Raises:
+            TrainerError: ``spec_invalid`` from :func:`trainer.resume.check_resumable`.
+            FileNotFoundError: no file at ``resume_from``.
+        """
+        if resume_from is None:
+            return RunStart(self.spec)
+        self.resumed = Checkpoint(resume_from, load_checkpoint(resume_from))
+        check_resumable(self.resumed.payload, self.spec, resume_from)
+        switch = self.resumed.payload.get(PRECISION_SWITCH_KEY)
+        if switch is None:
+            return RunStart(self.spec, self.resumed)
+        self.switched = True
+        log.info("resuming in %s: the job switched precision at step %s", switch["to"], switch["step"])
+        return RunStart(bf16_spec(self.spec), self.resumed, dict(switch))
+
+    def fall_back(self, failure: TrainerError, guard: DivergenceGuard, records: RecordSink) -> RunStart | None:
+        """The bf16 restart after the guard's ``failure``, or ``None`` when the job must fail with it.
+
+        Falls back only for an fp16 job with ``on_divergence: "fallback_bf16"`` that has
+        not switched yet, and only for a guard reason. Writes the ``precision_switch``
+        record, marks later step lines ``precision: bf16`` and (rank 0) deletes the
+        checkpoints of the abandoned trajectory.
+        """
+        if not self._may_fall_back(failure):
+            return None
+        checkpoint = self._healthy_checkpoint(guard.failing_run_start)
+        rewound_to = 0 if checkpoint is None else checkpoint.step
+        switch = {"step": guard.last_step, "from": self.spec.precision, "to": FALLBACK_PRECISION,
+                  "reason": failure.reason, "message": failure.message, "rewound_to_step": rewound_to,
+                  "time": time.time()}  # fmt: skip
+        log.warning("divergence at step %d (%s); rewinding to step %d and continuing in %s",
+                    guard.last_step, failure.reason, rewound_to, FALLBACK_PRECISION)
+        records.precision_switch(switch)
+        if self.main:
+            self._delete_checkpoints_after(rewound_to)
+        self.switched = True
+        restored = None if checkpoint is None else Checkpoint(checkpoint.path, _as_bf16(checkpoint.payload))
+        return RunStart(bf16_spec(self.spec), restored, switch)
+
+    def _may_fall_back(self, failure: TrainerError) -> bool:
+        return (self.spec.on_divergence == "fallback_bf16" and self.spec.precision == "fp16"
+                and not self.switched and failure.reason in GUARD_REASONS)  # fmt: skip
+
+    def _healthy_checkpoint(self, failing_run_start: int) -> Checkpoint | None:
+        """The newest checkpoint written before step ``failing_run_start``, or ``None``.
+
+        Computed from the spec, not by listing files, so every rank picks the same one.
+        """
+        resumed_step = self.resumed.step if self.resumed is not None else 0
+        interval = self.spec.checkpoint_interval
+        if interval is not None:
+            newest = (failing_run_start - 1) // interval * interval
+            if newest > resumed_step:
+                path = step_path(self.run_dir, newest)
+                return Checkpoint(path, load_checkpoint(path))
+        if self.resumed is not None and resumed_step < failing_run_start:
+            return self.resumed
+        return None
+
+    def _delete_checkpoints_after(self, step: int) -> None:
+        for path in (self.run_dir / CHECKPOINT_DIR).glob("step-*.pt"):
+            match = _STEP_FILE.match(path.name)
+            if match is not None and int(match.group(1)) > step:
+                path.unlink(missing_ok=True)
+                log.info("deleted %s (abandoned fp16 trajectory)", path)
+
+
+def _as_bf16(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` with its precision state replaced by bf16's: no scaler, the skipped-step count kept."""
+    skipped = int(payload["precision"]["skipped_steps"])
+    precision = {"precision": FALLBACK_PRECISION, "scaler": NoOpLossScaler().state_dict(), "skipped_steps": skipped}
+    return {**payload, "precision": precision}
