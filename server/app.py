@@ -16,12 +16,15 @@ from fastapi import FastAPI
 
 from server.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
 from server.db.engine import make_engine, make_session_factory
+from server.body_errors import install_body_error_handlers
 from server.errors import install_error_handlers
+from server.openapi_errors import declare_error_responses
 from server.exporter import build_registry
 from server.queue import CeleryJobQueue, JobQueue
 from server.request_metrics import RequestMetricsMiddleware, request_histogram
 from server.events import StreamCollector
-from server.routes import dashboard, events, health, jobs, logs, metrics, workers
+from server.auth import check_exposure
+from server.routes import audit, dashboard, events, health, jobs, logs, metrics, session, workers
 from server.settings import Settings
 from server.worker_metrics import WorkerMetricsCollector
 
@@ -58,8 +61,14 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
 
 
 def create_app(settings: Settings | None = None, queue: JobQueue | None = None) -> FastAPI:
-    """Build the API for ``settings`` (default: from ``HALFCAST_*``) and ``queue`` (default: Celery)."""
+    """Build the API for ``settings`` (default: from ``HALFCAST_*``) and ``queue`` (default: Celery).
+
+    Every route but the probes, the dashboard's files and the OpenAPI description needs
+    a token (:mod:`server.auth`). Raises :class:`server.auth.ExposureError` when
+    authentication is off and ``settings.host`` is not a loopback address.
+    """
     settings = settings or Settings()
+    check_exposure(settings)
     app = FastAPI(
         title="Halfcast",
         summary="Training as a service: mixed-precision jobs with automatic loss scaling",
@@ -70,11 +79,15 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     app.state.request_histogram = request_histogram()
     app.add_middleware(RequestMetricsMiddleware, histogram=app.state.request_histogram)
     install_error_handlers(app)
+    install_body_error_handlers(app)
     app.include_router(jobs.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(workers.router)
+    app.include_router(audit.router)
+    app.include_router(session.router)
     events.install(app)
     logs.install(app)
     dashboard.install(app)
+    declare_error_responses(app)  # after every router: 401/403/413/503 by dependency
     return app

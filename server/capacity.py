@@ -19,17 +19,19 @@ from server.settings import Settings
 from trainer.spec import JobSpec
 
 
-def check_gpu_capacity(session: Session, spec: JobSpec, settings: Settings, idempotency_key: str | None) -> None:
+def check_gpu_capacity(
+    session: Session, spec: JobSpec, settings: Settings, idempotency_key: str | None, owner: str
+) -> None:
     """Raise ``RequestValidationError`` (422 at ``["body", "gpus"]``) when no registered worker has ``spec.gpus`` GPUs.
 
-    A repeated request whose ``Idempotency-Key`` already names a job is not checked
+    A repeated request whose ``Idempotency-Key`` already names a job of ``owner`` is not checked
     (it answers with that job). The read transaction is ended before returning, so
     the INSERT that follows starts a transaction of its own.
     """
     if spec.gpus <= 0:
         return
     try:
-        if idempotency_key is not None and _key_used(session, idempotency_key):
+        if idempotency_key is not None and _key_used(session, idempotency_key, owner):
             return
         largest = largest_gpu_count(session, utcnow(), settings.worker_forget_s)
     finally:
@@ -48,5 +50,5 @@ def check_gpu_capacity(session: Session, spec: JobSpec, settings: Settings, idem
     )
 
 
-def _key_used(session: Session, key: str) -> bool:
-    return session.scalar(select(Job.id).where(Job.idempotency_key == key)) is not None
+def _key_used(session: Session, key: str, owner: str) -> bool:
+    return session.scalar(select(Job.id).where(Job.owner == owner, Job.idempotency_key == key)) is not None

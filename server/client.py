@@ -8,7 +8,9 @@
 
 Errors are typed: :class:`ServerUnavailable` (no connection, a timeout, or a 503),
 :class:`ValidationFailed` (422, with every field error), :class:`NotFound` (404),
-:class:`Conflict` (409), and :class:`HalfcastError` for anything else.
+:class:`Conflict` (409), :class:`Unauthorized` (401: no, an unknown or a revoked
+token), :class:`Forbidden` (403: needs an admin token), and :class:`HalfcastError`
+for anything else. Pass the API token as ``token`` (sent as ``Authorization: Bearer``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ class NotFound(HalfcastError):
 
 class Conflict(HalfcastError):
     """409: the request conflicts with the job's state (e.g. cancelling a finished job)."""
+
+
+class Unauthorized(HalfcastError):
+    """401: no token was sent, or it is unknown or revoked."""
+
+
+class Forbidden(HalfcastError):
+    """403: the request needs an admin token."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,10 @@ def _raise_for(response: httpx.Response) -> None:
         raise NotFound(message, 404)
     if response.status_code == 409:
         raise Conflict(message, 409)
+    if response.status_code == 401:
+        raise Unauthorized(f"not authenticated: {message}", 401)
+    if response.status_code == 403:
+        raise Forbidden(f"forbidden: {message}", 403)
     if response.status_code == 503:
         raise ServerUnavailable(message, 503)
     raise HalfcastError(f"HTTP {response.status_code}: {message}", response.status_code)
@@ -129,14 +143,19 @@ class HalfcastClient:
     """A client of one Halfcast API at ``url``; ``timeout`` (seconds) applies to each request.
 
     Event streams use ``stream_timeout`` as their read timeout: it must exceed the
-    server's heartbeat interval (15 s by default). Use as a context manager or call
-    :meth:`close`.
+    server's heartbeat interval (15 s by default). ``token`` is the API token (none:
+    for a server with authentication off). Use as a context manager or call :meth:`close`.
     """
 
-    def __init__(self, url: str = DEFAULT_URL, timeout: float = 10.0, *, stream_timeout: float = 60.0) -> None:
+    def __init__(
+        self, url: str = DEFAULT_URL, timeout: float = 10.0, *, stream_timeout: float = 60.0, token: str | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         self.stream_timeout = stream_timeout
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers={"accept": "application/json"})
+        headers = {"accept": "application/json"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
 
     def close(self) -> None:
         """Close the connections."""
@@ -209,6 +228,23 @@ class HalfcastClient:
         """Ask to cancel; the job resource (``cancelled`` or ``cancelling``). Raises :class:`Conflict` if it ended."""
         job: dict[str, Any] = self._request("POST", f"/jobs/{job_id}/cancel")
         return job
+
+    # ------------------------------------------------------------------ audit
+
+    def audit(self, *, limit: int = 50, action: str | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """One page of the audit log, newest first: ``{"events", "next_cursor"}``. Raises :class:`Forbidden` for a non-admin."""
+        params: dict[str, Any] = {"limit": limit}
+        if action is not None:
+            params["action"] = action
+        if cursor is not None:
+            params["cursor"] = cursor
+        page: dict[str, Any] = self._request("GET", "/audit", params=params)
+        return page
+
+    def whoami(self) -> dict[str, Any]:
+        """The token's ``{"owner", "admin"}``. Raises :class:`Unauthorized` for a bad token."""
+        body: dict[str, Any] = self._request("GET", "/session")
+        return body
 
     # ------------------------------------------------------------------ events
 

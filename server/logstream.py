@@ -138,7 +138,7 @@ class _LogFrames:
         """The frames for one poll of ``state`` (blocking file reads: call it in a worker thread)."""
         wanted = self.target.attempt or state.attempt
         out: list[str] = []
-        finished = state.status in TERMINAL_STATUSES
+        finished = state.status in TERMINAL_STATUSES or (self.target.attempt is not None and state.attempt > wanted)
         current = self.current
         if current is not None and current.attempt != wanted:  # a retry began: finish the old attempt's log
             out += self._lines(current.attempt, _drain(current.follower))

@@ -123,6 +123,10 @@ def step_point(record: StepRecord) -> dict[str, Any]:
     return point
 
 
+#: Largest step number a query may name (``step_records.step`` is a 64-bit integer; larger ones crashed the query).
+MAX_STEP_NUMBER = 2**63 - 1
+
+
 class MetricsPage(BaseModel):
     """Step records of one job in step order (``GET /jobs/{id}/metrics``).
 

@@ -23,6 +23,10 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite under data_dir")
     broker_url: str | None = Field(default=None, description="Celery broker URL; default filesystem:// under data_dir")
     host: str = "127.0.0.1"
+    auth: bool = Field(
+        default=True,
+        description="Require a bearer token on the API (off: only when the API listens on a loopback address)",
+    )
     port: int = Field(default=8000, ge=1, le=65535)
     allow_faults: bool = Field(default=False, description="Accept the spec's test-only `faults` block")
     data_roots: list[Path] = Field(default_factory=list, description="Directories text datasets may read from")

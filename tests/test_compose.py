@@ -29,9 +29,12 @@ EXPORTED_METRICS = {
     "halfcast_train_loss",
     "halfcast_jobs",
     "halfcast_queue_depth",
+    "halfcast_worker_up",
+    "halfcast_worker_running_jobs",
+    "halfcast_http_request_duration_seconds_bucket",
 }
 SERVICES = {"postgres", "redis", "migrate", "api", "worker", "prometheus", "grafana"}
-ONE_SHOT = {"migrate"}
+ONE_SHOT = {"migrate", "prometheus-token"}
 #: service -> {dependency: condition} that the start order relies on.
 REQUIRED_DEPENDENCIES = {
     "migrate": {"postgres": "service_healthy"},
@@ -163,6 +166,13 @@ def test_prometheus_scrapes_the_api(services: dict[str, dict]) -> None:
     assert scraping, f"no scrape config for api:{api_port}/metrics"
     interval = scraping[0].get("scrape_interval", config.get("global", {}).get("scrape_interval"))
     assert interval == "5s"
+    # /metrics needs an admin token: the file the prometheus-token service writes, mounted into Prometheus
+    token_file = PurePosixPath(scraping[0]["authorization"]["credentials_file"])
+    writer = argv(services["prometheus-token"]["command"])
+    assert writer[writer.index("--file") + 1] == str(token_file) and "--admin" in writer
+    for name in ("prometheus", "prometheus-token"):
+        targets = [PurePosixPath(v.split(":")[1]) for v in services[name]["volumes"] if v.startswith("halfcast-secrets:")]
+        assert targets and token_file.is_relative_to(targets[0]), f"{name} does not mount the token's volume"
 
 
 def grafana_dashboards(services: dict[str, dict]) -> list[Path]:

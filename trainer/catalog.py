@@ -75,7 +75,8 @@ class DigitsConfig(_Strict):
     """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes)."""
 
     test_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
-    split_seed: Annotated[int, Field(ge=0)] = 0
+    #: scikit-learn's ``random_state`` takes 0..2**32-1.
+    split_seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
 
 
 class DigitsDataset(_Strict):
@@ -98,6 +99,8 @@ class TextConfig(_Strict):
 
     @model_validator(mode="after")
     def _path_matches_source(self) -> Self:
+        if self.path is not None and not self.path.isprintable():
+            raise field_error("TextConfig", "path", "path must be printable text (no control characters or NUL)", self.path)
         if self.source == "file" and self.path is None:
             raise field_error("TextConfig", "path", "source 'file' needs a path under a data root", None)
         if self.source == "python-stdlib" and self.path is not None:
@@ -123,7 +126,7 @@ class SyntheticConfig(_Strict):
     num_classes: Annotated[int, Field(ge=2, le=65536)] = 10
     target_scale: Annotated[float, Field(gt=0.0, le=1e6)] = 1.0
     noise: Annotated[float, Field(ge=0.0, le=1e3)] = 0.0
-    seed: Annotated[int, Field(ge=0)] = 0
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
 
 
 class SyntheticDataset(_Strict):

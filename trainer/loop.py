@@ -314,7 +314,7 @@ def train(
 def start_run(start: RunStart, dist_ctx: DistContext) -> RunState:
     """Build the components of ``start.spec`` and restore ``start.checkpoint`` into them, if any."""
     parts = build_components(start.spec, dist_ctx)
-    guard = _divergence_guard(start.spec, parts)
+    guard = divergence_guard(start.spec, parts)
     window_stream = _train_windows(parts.dataset, start.spec, dist_ctx)
     done = 0 if start.checkpoint is None else _resume(start.checkpoint, parts, guard, window_stream, dist_ctx)
     counters = start.checkpoint.payload["counters"] if start.checkpoint is not None else {}
@@ -428,7 +428,7 @@ def _resume(
     return done
 
 
-def _divergence_guard(spec: JobSpec, parts: Components) -> DivergenceGuard:
+def divergence_guard(spec: JobSpec, parts: Components) -> DivergenceGuard:
     """The guard of ``spec``'s limits; it knows ``min_scale`` only with a dynamic loss scaler."""
     scaler = parts.precision.scaler
     return DivergenceGuard(
@@ -439,12 +439,20 @@ def _divergence_guard(spec: JobSpec, parts: Components) -> DivergenceGuard:
 
 
 def _record_flusher(run: RunState, records: RecordSink, dist_ctx: DistContext) -> RecordFlusher:
-    """The flusher of the run's device step log (overflow evidence of every rank and parameter kept)."""
-    spec = run.spec
-    names = [name for name, p in run.parts.model.named_parameters() if p.requires_grad]
+    """The flusher of the run's device step log (its totals continue the checkpoint's)."""
+    return build_record_flusher(run.spec, run.parts, run.guard, records, dist_ctx, totals=run.totals)
+
+
+def build_record_flusher(
+    spec: JobSpec, parts: Components, guard: DivergenceGuard, records: RecordSink, dist_ctx: DistContext,
+    totals: dict[str, int] | None = None,
+) -> RecordFlusher:
+    """The record flusher a job's loop uses: a ``log_interval``-row device step log that keeps the
+    overflow evidence of every rank and parameter, flushed by time on rank 0 (``log_interval_s``)."""
+    names = [name for name, p in parts.model.named_parameters() if p.requires_grad]
     step_log = StepLog(spec.log_interval, dist_ctx.device, num_ranks=dist_ctx.world_size, num_params=len(names))
-    return RecordFlusher(step_log, records, run.guard, spec.max_steps, dist_ctx.is_main, param_names=names,
-                         max_latency_s=spec.log_interval_s, totals=run.totals)
+    return RecordFlusher(step_log, records, guard, spec.max_steps, dist_ctx.is_main, param_names=names,
+                         max_latency_s=spec.log_interval_s, totals=totals)
 
 
 def _stop_after(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from trainer.catalog import MODEL_DATASETS, DatasetSpec, ModelSpec, field_error
 
@@ -21,6 +21,12 @@ MAX_LOSS_SCALE = 2.0**64
 MIN_LOSS_SCALE = 2.0**-24
 #: Longest allowed ``max_runtime_s``: 30 days.
 MAX_RUNTIME_S = 30 * 24 * 3600.0
+#: Most optimizer steps a job may attempt; also bounds every step number and interval.
+MAX_STEPS = 100_000_000
+#: Largest allowed ``max_grad_norm`` (clipping beyond it never triggers on finite gradients worth training).
+MAX_GRAD_NORM = 1e9
+#: Most ranks a job may have (``gpus`` <= 1024, ``processes`` <= 256); bounds rank numbers.
+MAX_RANKS = 1024
 
 
 class _Strict(BaseModel):
@@ -104,8 +110,8 @@ class LRSchedulerSpec(_Strict):
 
 
 class KillAtStep(_Strict):
-    step: Annotated[int, Field(ge=1)]
-    rank: Annotated[int, Field(ge=0)] = 0
+    step: Annotated[int, Field(ge=1, le=MAX_STEPS)]
+    rank: Annotated[int, Field(ge=0, lt=MAX_RANKS)] = 0
     signal: Literal["SIGKILL", "SIGTERM", "SIGSEGV", "SIGABRT"] = "SIGKILL"
 
 
@@ -117,12 +123,12 @@ class FaultsSpec(_Strict):
     bf16 fallback (``on_divergence: "fallback_bf16"``) no longer has.
     """
 
-    nonfinite_grad_steps: Annotated[list[Annotated[int, Field(ge=1)]], Field(max_length=100_000)] = []
+    nonfinite_grad_steps: Annotated[list[Annotated[int, Field(ge=1, le=MAX_STEPS)]], Field(max_length=100_000)] = []
     nonfinite_value: Literal["inf", "nan"] = "inf"
-    ranks: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=1024)] | None = None
+    ranks: Annotated[list[Annotated[int, Field(ge=0, lt=MAX_RANKS)]], Field(max_length=MAX_RANKS)] | None = None
     sleep_per_step_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0
     kill_at_step: KillAtStep | None = None
-    raise_at_step: Annotated[int, Field(ge=1)] | None = None
+    raise_at_step: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
     nonfinite_grad_precisions: Annotated[list[Precision], Field(max_length=4)] | None = None
 
 
@@ -179,13 +185,13 @@ class JobSpec(_Strict):
     gpus: Annotated[int, Field(ge=0, le=1024)] = 0
     processes: Annotated[int, Field(ge=1, le=256)] = 1
     parallelism: Literal["ddp", "fsdp"] = "ddp"
-    max_steps: Annotated[int, Field(ge=1, le=100_000_000)] = 100
+    max_steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 100
     optimizer: OptimizerSpec = OptimizerSpec()
     lr_scheduler: LRSchedulerSpec = LRSchedulerSpec()
-    max_grad_norm: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
+    max_grad_norm: Annotated[float, Field(gt=0.0, le=MAX_GRAD_NORM, allow_inf_nan=False)] | None = None
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
-    checkpoint_interval: Annotated[int, Field(ge=1)] | None = None
-    eval_interval: Annotated[int, Field(ge=1)] | None = None
+    checkpoint_interval: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
+    eval_interval: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
     log_interval: Annotated[int, Field(ge=1, le=10_000)] = 10
     log_interval_s: Annotated[float, Field(gt=0.0, le=3600.0, allow_inf_nan=False)] | None = 0.1
     max_consecutive_skips: Annotated[int, Field(ge=1, le=1_000_000)] = 50
@@ -196,11 +202,12 @@ class JobSpec(_Strict):
     max_runtime_s: Annotated[float, Field(gt=0.0, le=MAX_RUNTIME_S, allow_inf_nan=False)] | None = None
     faults: FaultsSpec | None = None
 
-    @field_validator("name")
+    @field_validator("name", "resume_from")
     @classmethod
-    def _printable_name(cls, value: str | None) -> str | None:
+    def _printable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """No control characters, NUL or lone surrogates: they cannot be stored, rendered or used as paths."""
         if value is not None and not value.isprintable():
-            raise ValueError("name must be printable text")
+            raise ValueError(f"{info.field_name} must be printable text")
         return value
 
     @model_validator(mode="after")

@@ -10,19 +10,35 @@ rank's output now lives in its own file (:mod:`server.runlogs`).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from server.runlogs import launcher_log, logs_dir, rank_log
 from worker.launch import log_tail
 
-#: torchrun's report of the first rank that failed: ``rank : 1 (local_rank: 1)`` under "Root Cause".
-ROOT_CAUSE_RANK = re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:(?:\n[^\n]*){0,3}?\n\s*rank\s*:\s*(\d+)")
+#: torchrun's report of the first rank that failed, under "Root Cause": ``rank : 1 (local_rank: 1)``,
+#: then ``exitcode : -9 (pid: …)`` (negative: killed by that signal).
+ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):\s*\[\d+\]:(?:\n[^\n]*){0,3}?\n\s*rank\s*:\s*(\d+)[^\n]*"
+    r"(?:\n\s*exitcode\s*:\s*(-?\d+))?"
+)
 
 
-def root_cause_rank(launcher_text: str) -> int | None:
-    """The rank torchrun names as the root cause in ``launcher_text`` (the last report), else ``None``."""
-    found = ROOT_CAUSE_RANK.findall(launcher_text)
-    return int(found[-1]) if found else None
+@dataclass(frozen=True)
+class RootCause:
+    """The rank torchrun saw fail first and its exit code (``None`` if not reported)."""
+
+    rank: int
+    exitcode: int | None
+
+
+def root_cause(launcher_text: str) -> RootCause | None:
+    """The root cause torchrun reports in ``launcher_text`` (the last report), else ``None``."""
+    found = ROOT_CAUSE.findall(launcher_text)
+    if not found:
+        return None
+    rank, exitcode = found[-1]
+    return RootCause(int(rank), int(exitcode) if exitcode else None)
 
 
 def failure_log(run_dir: Path, rank: int | None) -> Path:

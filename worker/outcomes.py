@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.runlogs import launcher_log
-from worker.failure_logs import failure_log, root_cause_rank, scan_text
+from worker.failure_logs import failure_log, root_cause, scan_text
 from worker.launch import log_tail
 
 log = logging.getLogger(__name__)
@@ -61,13 +61,17 @@ def exit_outcome(code: int, ended: bool, run_dir: Path, oom_killed: bool = False
     if code == 0 and ended:
         return Outcome("succeeded")
     error = read_error(run_dir / "error.json")
-    rank = error[2] if error is not None else root_cause_rank(log_tail(launcher_log(run_dir), SCAN_LINES))
+    cause = root_cause(log_tail(launcher_log(run_dir), SCAN_LINES))
+    rank = error[2] if error is not None else cause.rank if cause is not None else None
     source = failure_log(run_dir, rank)
     label, tail = f"logs/{source.name}", log_tail(source, LOG_TAIL_LINES)
     if error is not None:
         reason, message, _ = error
         return Outcome("failed", reason, with_tail(message, label, tail))
     what = "exited 0 without an end record" if code == 0 else f"exited with {describe_exit(code)}"
+    if cause is not None:  # torchrun's own exit code says little; which rank died of what says more
+        exit_text = f": {describe_exit(cause.exitcode)}" if cause.exitcode is not None else ""
+        what += f" (rank {cause.rank} failed first{exit_text})"
     scan = scan_text(run_dir, SCAN_LINES)
     for reason, pattern, explanation in LOG_CAUSES:
         if pattern.search(scan):

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 
 from server.settings import Settings
+from trainer.records import RECORDS_FILE
 from trainer.spec import JobSpec
 from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
 from worker.deadline import Deadline
@@ -42,7 +43,7 @@ from worker.outcomes import Outcome, exit_outcome
 from worker.reasons import RETRY_POLICY
 from worker.recovery import Enqueue, Recovery
 from worker.store import Claim, JobStore, Progress
-from worker.tail import RecordTail
+from worker.tail import RecordTail, step_records_up_to
 
 __all__ = ["Attempt", "Outcome", "RunnerContext", "run_job"]
 
@@ -114,7 +115,7 @@ class Attempt:
         self.run_dir = claim.run_dir
         self.lease = Lease(context.store, claim.fence, context.settings.lease_ttl_s)
         self.deadline = Deadline.for_spec(claim.spec, claim.runtime_used_s)
-        self.tail = RecordTail(self.run_dir / "records.jsonl")
+        self.tail = RecordTail(self.run_dir / RECORDS_FILE)
         self.process: RunProcess | None = None
         self.oom_kills_at_launch: int | None = None
         self.running = False
@@ -194,6 +195,8 @@ class Attempt:
             found = retry_checkpoint(job_dir, self.claim.attempt, spec.max_steps)
             checkpoint, step = found if found is not None else (None, 0)
             log.info("job %s: attempt %d resumes from %s", self.claim.job_id, self.claim.attempt, checkpoint or "the start")
+            if checkpoint is not None:
+                self._backfill(checkpoint, step)
             if not self.store.rewind(self.fence, step):
                 self.lease.mark_lost("the job was taken over before launch")
         if checkpoint is None and spec.resume_from is not None:
@@ -201,6 +204,18 @@ class Attempt:
         if checkpoint is not None:
             command += ["--resume-from", str(checkpoint)]
         return command
+
+    def _backfill(self, checkpoint: Path, step: int) -> None:
+        """Store the earlier attempt's step records up to the checkpoint this attempt resumes from.
+
+        A run that lost its worker can still write its last records and a checkpoint (it
+        gets SIGTERM and checkpoints the step in flight) after nobody tails it any more;
+        without this, the steps between the last stored record and the checkpoint would
+        be missing from the job for good.
+        """
+        records = step_records_up_to(checkpoint.parents[1] / RECORDS_FILE, step)
+        if records and not self.store.record_progress(self.fence, Progress(steps=records)):
+            self.lease.mark_lost("the job was taken over before launch")
 
     def _supervise(self, process: RunProcess) -> Outcome:
         poll_s = self.context.settings.worker_poll_interval_s
@@ -284,7 +299,7 @@ class Attempt:
         self.pending += self.tail.drain()
         if not self.pending:
             return
-        progress, self.pending = self._progress(self.pending), []  # MUTANT
+        progress = self._progress(self.pending)
         if not self.running:
             self.store.mark_running(self.fence)
             self.running = True

@@ -66,6 +66,21 @@ class RecordTail:
             return b""
 
 
+def step_records_up_to(path: Path, step: int) -> list[dict[str, Any]]:
+    """The step records of a finished run's ``records.jsonl`` with ``step <= step``, in step order.
+
+    ``"type"`` is dropped, as the worker stores them. When a step appears more than once
+    (a precision switch rewound and re-ran it) the last occurrence wins: it is the one the
+    run continued from. ``[]`` when the file does not exist.
+    """
+    latest: dict[int, dict[str, Any]] = {}
+    for record in RecordTail(path).drain():
+        number = record.get("step")
+        if record.get("type") == "step" and isinstance(number, int) and number <= step:
+            latest[number] = {key: value for key, value in record.items() if key != "type"}
+    return [latest[number] for number in sorted(latest)]
+
+
 def _parse(line: bytes) -> dict[str, Any] | None:
     text = line.strip()
     if not text:

@@ -21,13 +21,10 @@ from bench.peers.base import PeerInfo
 from bench.workload import ActivationProbe, Workload, job_spec
 from trainer.data import Batch
 from trainer.distributed import DistContext
-from trainer.flushing import RecordFlusher
-from trainer.guard import DivergenceGuard
-from trainer.loop import build_components, record_step, train_step
+from trainer.loop import build_components, build_record_flusher, divergence_guard, record_step, train_step
 from trainer.loss_scale import DynamicLossScaler
 from trainer.optim import resolve_implementation
 from trainer.records import RECORDS_FILE, RecordSink
-from trainer.telemetry import StepLog
 
 CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -47,8 +44,8 @@ class HalfcastRunner:
         self.parts = build_components(self.spec, CPU)
         self._dir = Path(tempfile.mkdtemp(prefix="halfcast-bench-"))
         self._sink = RecordSink(self._dir / RECORDS_FILE)
-        self.flusher = RecordFlusher(StepLog(work.log_interval, CPU.device), self._sink, self._guard(),
-                                     self.spec.max_steps, main=True)
+        guard = divergence_guard(self.spec, self.parts)
+        self.flusher = build_record_flusher(self.spec, self.parts, guard, self._sink, CPU)  # as a real job's
         self._step = 0
         self._probe = ActivationProbe(self.parts.model)
         used = resolve_implementation(implementation, self.parts.parameters)
@@ -61,11 +58,6 @@ class HalfcastRunner:
             version="halfcast (this checkout)",
         )
 
-    def _guard(self) -> DivergenceGuard:
-        scaler = self.parts.precision.scaler
-        min_scale = scaler.min_scale if isinstance(scaler, DynamicLossScaler) else None
-        return DivergenceGuard(self.spec.max_consecutive_skips, self.spec.max_consecutive_nonfinite_losses, min_scale)
-
     def step(self, batch: Batch) -> None:
         """``train_step`` on the one-micro-batch window ``[batch]``, then ``record_step``."""
         self._step += 1
@@ -75,11 +67,14 @@ class HalfcastRunner:
             self.info.compute_dtype = self._probe.name
 
     def maybe_flush(self) -> bool:
-        """Flush when the step log is full (every ``log_interval`` steps), like ``trainer.loop.train``."""
-        if not self.flusher.step_log.full:
-            return False
-        self.flusher.flush()
-        return True
+        """Flush every ``log_interval`` steps, else when the oldest record waited ``log_interval_s``,
+        like ``trainer.loop.train``; True when a flush copied anything."""
+        if self.flusher.step_log.full:
+            self.flusher.flush()
+            return True
+        pending = self.flusher.step_log.pending
+        self.flusher.flush_if_stale()
+        return self.flusher.step_log.pending < pending
 
     def close(self) -> None:
         """Close the records file and delete its temporary directory."""

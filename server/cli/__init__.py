@@ -11,10 +11,10 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from server.cli import db, jobs, logs, services
+from server.cli import audit, db, jobs, logs, services, tokens
 
 #: Command-group modules, in the order ``--help`` lists them.
-GROUPS = (services, db, jobs, logs)
+GROUPS = (services, db, tokens, jobs, logs, audit)
 
 
 def build_parser() -> argparse.ArgumentParser:

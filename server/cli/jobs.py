@@ -1,6 +1,7 @@
 """Job commands talking to a running API: ``submit``, ``list``, ``status``, ``watch``, ``cancel``.
 
-The API is ``--url``, else ``HALFCAST_URL``, else ``http://127.0.0.1:8000``. Errors
+The API is ``--url``, else ``HALFCAST_URL``, else ``http://127.0.0.1:8000``; the token
+``--token``, else ``HALFCAST_TOKEN``, else ``<data dir>/token`` (:mod:`server.cli.credentials`). Errors
 are one line each on stderr: an unreachable server (exit 3), a spec the server
 rejects (exit 2, one ``error: <field path>: <message>`` line per field), anything
 else (exit 1). ``watch`` exits 0 when the job succeeds and 1 when it fails or is
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from server.cli.credentials import resolve_token
 from server.cli.watch import WatchView, format_number, format_scale, write
 from server.client import (
     DEFAULT_URL,
@@ -37,27 +39,28 @@ Handler = Callable[[argparse.Namespace], int]
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``submit``, ``list``, ``status``, ``watch`` and ``cancel``."""
-    submit = _add(subparsers, "submit", "submit a job spec (YAML or JSON file; - reads stdin)", run_submit)
+    submit = add_api_command(subparsers, "submit", "submit a job spec (YAML or JSON file; - reads stdin)", run_submit)
     submit.add_argument("spec", help="SPEC.yaml, SPEC.yml, SPEC.json, or - for stdin")
     submit.add_argument("--idempotency-key", help="makes a retried submit return the same job")
     submit.add_argument("-w", "--watch", action="store_true", help="watch the job after submitting it")
-    listing = _add(subparsers, "list", "list jobs, newest first", run_list)
+    listing = add_api_command(subparsers, "list", "list jobs, newest first", run_list)
     listing.add_argument("--status", help="only jobs in this status")
     listing.add_argument("--limit", type=int, default=20, help="at most this many jobs (default 20)")
     listing.add_argument("--json", action="store_true", help="print the job resources as JSON")
-    status = _add(subparsers, "status", "show one job", run_status)
+    status = add_api_command(subparsers, "status", "show one job", run_status)
     status.add_argument("job_id")
     status.add_argument("--json", action="store_true", help="print the job resource as JSON")
-    watch = _add(subparsers, "watch", "follow a job live until it ends", run_watch)
+    watch = add_api_command(subparsers, "watch", "follow a job live until it ends", run_watch)
     watch.add_argument("job_id")
-    cancel = _add(subparsers, "cancel", "cancel a job", run_cancel)
+    cancel = add_api_command(subparsers, "cancel", "cancel a job", run_cancel)
     cancel.add_argument("job_id")
 
 
-def _add(subparsers: argparse._SubParsersAction, name: str, help_text: str, handler: Handler) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_api_command(subparsers: argparse._SubParsersAction, name: str, help_text: str, handler: Handler) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help_text)
     parser.add_argument("--url", default=None, help=f"the Halfcast API (HALFCAST_URL, default {DEFAULT_URL})")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
+    parser.add_argument("--token", default=None, help="API token (HALFCAST_TOKEN, else <data dir>/token)")
     parser.set_defaults(handler=_reporting_errors(handler))
     return parser
 
@@ -87,8 +90,9 @@ def _reporting_errors(handler: Handler) -> Handler:
 
 
 def client_for(args: argparse.Namespace) -> HalfcastClient:
-    """A client of ``--url``, ``HALFCAST_URL`` or the default URL."""
-    return HalfcastClient(args.url or os.environ.get("HALFCAST_URL") or DEFAULT_URL, timeout=args.timeout)
+    """A client of ``--url``, ``HALFCAST_URL`` or the default URL, with the token of :func:`resolve_token`."""
+    url = args.url or os.environ.get("HALFCAST_URL") or DEFAULT_URL
+    return HalfcastClient(url, timeout=args.timeout, token=resolve_token(getattr(args, "token", None)))
 
 
 class SpecFileError(ValueError):
@@ -157,7 +161,8 @@ def describe(job: dict[str, Any]) -> list[tuple[str, str]]:
     """``(label, text)`` lines describing a job resource."""
     latest = job.get("latest") or {}
     lines = [("id", job["id"]), ("name", job.get("name") or "-"), ("status", job["status"]),
-             ("step", f"{job['step']}/{job['max_steps']} (world size {job['world_size']})")]  # fmt: skip
+             ("step", f"{job['step']}/{job['max_steps']} (world size {job['world_size']})"),
+             ("precision", _precision_text(job))]  # fmt: skip
     if latest:
         lines += [("loss", format_number(latest.get("loss"))), ("scale", format_scale(latest.get("loss_scale"))),
                   ("skipped", str(latest.get("skipped_steps"))),
@@ -168,6 +173,16 @@ def describe(job: dict[str, Any]) -> list[tuple[str, str]]:
         lines.append(("error", f"{job['error']['reason']}: {job['error']['message']}"))
     lines.append(("created", job["created_at"]))
     return lines
+
+
+def _precision_text(job: dict[str, Any]) -> str:
+    """The spec's precision, or ``fp16 -> bf16 at step 12 (reason; rewound to step 8)`` after a switch."""
+    switches = job.get("precision_switches") or []
+    if not switches:
+        return str(job["spec"]["precision"])
+    last = switches[-1]
+    return (f"{last['from']} -> {last['to']} at step {last['step']} "
+            f"({last['reason']}; rewound to step {last['rewound_to_step']})")
 
 
 def run_watch(args: argparse.Namespace) -> int:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-# ``_add`` gives the command the shared --url/--timeout options and error reporting.
+# ``add_api_command`` gives the command the shared --url/--timeout options and error reporting.
 from server.cli.jobs import EXIT_ERROR, client_for
-from server.cli.jobs import _add as add_api_command
+from server.cli.jobs import add_api_command
 from server.client import HalfcastClient
 
 

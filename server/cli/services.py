@@ -2,7 +2,10 @@
 
 Settings come from ``HALFCAST_*`` environment variables; ``--host``, ``--port``
 and ``--data-dir`` override them by setting those variables, so every process of
-the stack sees the same settings.
+the stack sees the same settings. ``up`` and ``api`` refuse to start (exit 2) with
+authentication off (``HALFCAST_AUTH=off``) on a non-loopback address. On its first
+start ``up`` creates an admin token, prints it once and saves it to
+``<data_dir>/token`` (:mod:`server.cli.bootstrap`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from server.auth import ExposureError, check_exposure
 from server.cli.supervisor import Child, Supervisor
 from server.settings import Settings
 
@@ -22,6 +26,8 @@ log = logging.getLogger(__name__)
 API_GRACE_S = 10.0
 #: Seconds the worker gets beyond the cancel grace period to stop its runs and record them.
 WORKER_EXTRA_GRACE_S = 30.0
+#: Exit status when the settings forbid starting (authentication off on an open address).
+EXIT_REFUSED = 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -42,6 +48,31 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to listen on (HALFCAST_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (HALFCAST_PORT, default 8000)")
     parser.add_argument("--data-dir", type=Path, help="data directory (HALFCAST_DATA_DIR, default .halfcast)")
+
+
+def _refused(settings: Settings) -> bool:
+    """Write why and return ``True`` when authentication is off on a non-loopback address."""
+    try:
+        check_exposure(settings)
+    except ExposureError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return True
+    return False
+
+
+def _announce_token(settings: Settings) -> None:
+    """Create the first admin token if there is none yet, and say where the token is."""
+    from server.cli.bootstrap import ensure_first_token
+    from server.cli.credentials import token_path
+
+    if not settings.auth:
+        sys.stdout.write("Authentication is OFF (HALFCAST_AUTH=off): anyone on this machine can use the API\n")
+        return
+    secret = ensure_first_token(settings)
+    if secret is not None:
+        sys.stdout.write(f"Admin API token (shown once; saved to {token_path(settings)}, mode 0600):\n  {secret}\n")
+    elif token_path(settings).exists():
+        sys.stdout.write(f"API token: {token_path(settings)}\n")
 
 
 def apply_overrides(args: argparse.Namespace) -> Settings:
@@ -79,8 +110,11 @@ def run_up(args: argparse.Namespace) -> int:
     from server.db.migrate import upgrade_database
 
     settings = apply_overrides(args)
+    if _refused(settings):
+        return EXIT_REFUSED
     settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
     upgrade_database(settings.effective_database_url)
+    _announce_token(settings)
     children = [
         Child("api", api_command(settings), grace_s=API_GRACE_S),
         Child("worker", [sys.executable, "-m", "worker"], grace_s=settings.cancel_grace_s + WORKER_EXTRA_GRACE_S),
@@ -97,6 +131,8 @@ def run_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     settings = apply_overrides(args)
+    if _refused(settings):
+        return EXIT_REFUSED
     uvicorn.run("server.app:create_app", factory=True, host=settings.host, port=settings.port)
     return 0
 

@@ -22,6 +22,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from server.db import audit
 from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, Job, StepRecord, utcnow
 from server.timeutil import as_utc
 from trainer.spec import JobSpec
@@ -71,32 +72,37 @@ class IdempotencyMismatch(ValueError):
         self.job = job
 
 
-def create_job(session: Session, spec: JobSpec, idempotency_key: str | None = None) -> tuple[Job, bool]:
-    """Store a new ``queued`` job for a validated ``spec`` and commit it; return ``(job, created)``.
+def create_job(
+    session: Session, spec: JobSpec, idempotency_key: str | None = None, *, owner: str
+) -> tuple[Job, bool]:
+    """Store a new ``queued`` job of ``owner`` for a validated ``spec``, audit it, commit; return ``(job, created)``.
 
-    With an ``idempotency_key``, a job already stored under that key is returned
-    instead (``created`` is ``False``); the key's unique index makes this safe when
-    requests race: the loser's INSERT fails and it reads the winner's job. Raises
-    :class:`IdempotencyMismatch` if that job was created from a different spec.
+    The ``job.create`` audit event (actor ``owner``) is committed with the job. With an
+    ``idempotency_key``, a job ``owner`` already stored under that key is returned
+    instead (``created`` is ``False``; keys are per owner); the ``(owner, key)`` unique
+    index makes this safe when requests race: the loser's INSERT fails and it reads
+    the winner's job. Raises :class:`IdempotencyMismatch` if that job was created
+    from a different spec.
     """
     digest = spec_hash(spec) if idempotency_key is not None else None
-    if idempotency_key is not None and (existing := _by_key(session, idempotency_key)) is not None:
+    if idempotency_key is not None and (existing := _by_key(session, idempotency_key, owner)) is not None:
         return _same_request(existing, digest), False
-    job = _new_job(spec, idempotency_key, digest)
+    job = _new_job(spec, idempotency_key, digest, owner)
     session.add(job)
+    audit.add_event(session, owner, "job.create", job.id, {"owner": owner, "name": spec.name})
     try:
         session.commit()
     except IntegrityError:
         session.rollback()
-        existing = _by_key(session, idempotency_key) if idempotency_key is not None else None
+        existing = _by_key(session, idempotency_key, owner) if idempotency_key is not None else None
         if existing is None:
             raise
         return _same_request(existing, digest), False
     return job, True
 
 
-def _by_key(session: Session, key: str) -> Job | None:
-    job = session.scalars(select(Job).where(Job.idempotency_key == key)).one_or_none()
+def _by_key(session: Session, key: str, owner: str) -> Job | None:
+    job = session.scalars(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).one_or_none()
     session.commit()  # end the read: the INSERT that may follow starts a transaction of its own
     return job
 
@@ -107,10 +113,11 @@ def _same_request(job: Job, digest: str | None) -> Job:
     return job
 
 
-def _new_job(spec: JobSpec, idempotency_key: str | None, digest: str | None) -> Job:
+def _new_job(spec: JobSpec, idempotency_key: str | None, digest: str | None, owner: str) -> Job:
     now = utcnow()
     return Job(
         id=str(uuid.uuid4()),
+        owner=owner,
         name=spec.name,
         status="queued",
         spec=spec.model_dump(mode="json"),
@@ -184,7 +191,10 @@ def request_cancel(session: Session, job_id: str) -> Job:
 
 
 def get_job(session: Session, job_id: str) -> Job:
-    """The job with ``job_id``, freshly read. Raises :class:`JobNotFound`."""
+    """The job with ``job_id``, freshly read. Raises :class:`JobNotFound` (also for an id with NUL, which
+    PostgreSQL cannot even compare)."""
+    if "\x00" in job_id:
+        raise JobNotFound(job_id)
     job = session.get(Job, job_id, populate_existing=True)
     if job is None:
         raise JobNotFound(job_id)
@@ -203,17 +213,24 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, job_id = json.loads(raw)
-        return datetime.fromisoformat(created), str(job_id)
+        if not isinstance(job_id, str) or "\x00" in job_id:  # PostgreSQL cannot compare text with NUL
+            raise ValueError("the cursor's job id is not an id")
+        return datetime.fromisoformat(created), job_id
     except (binascii.Error, ValueError, TypeError) as exc:
         raise InvalidCursor(f"invalid cursor {cursor!r}") from exc
 
 
-def list_jobs(session: Session, *, status: str | None = None, limit: int = 50, cursor: str | None = None) -> JobPage:
-    """Jobs newest first (ties broken by id), optionally of one ``status``, after ``cursor``.
+def list_jobs(
+    session: Session, *, status: str | None = None, limit: int = 50, cursor: str | None = None, owner: str | None = None
+) -> JobPage:
+    """Jobs newest first (ties broken by id), optionally of one ``status`` and one ``owner``, after ``cursor``.
 
-    Raises :class:`InvalidCursor` for a malformed cursor.
+    ``owner=None`` lists every owner's jobs (an admin's view). Raises
+    :class:`InvalidCursor` for a malformed cursor.
     """
     query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    if owner is not None:
+        query = query.where(Job.owner == owner)
     if status is not None:
         query = query.where(Job.status == status)
     if cursor is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 #: Job statuses (DESIGN.md §3). Terminal statuses never change again.
@@ -55,8 +55,8 @@ class Job(Base):
     #: The lease of the current attempt: owned by ``worker_id``, fenced by ``attempt``,
     #: renewed by the owner's heartbeat; past it, any worker's reaper may recover the job.
     lease_expires_at: Mapped[datetime | None]
-    #: ``Idempotency-Key`` of the POST that created the job, and the hash of its spec.
-    idempotency_key: Mapped[str | None] = mapped_column(String(255), index=True, unique=True)
+    #: ``Idempotency-Key`` of the POST that created the job (unique per owner), and the hash of its spec.
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     #: Precision switches the run made (``on_divergence: "fallback_bf16"``), oldest first; null when none.
     precision_switches: Mapped[list[dict[str, Any]] | None]
@@ -65,7 +65,15 @@ class Job(Base):
         order_by="Attempt.attempt", lazy="selectin", viewonly=True
     )
 
-    __table_args__ = (Index("ix_jobs_status_created", "status", "created_at"),)
+    #: Owner of the token that created the job (``server/auth.py``); null for jobs from before
+    #: authentication (migration 0004), which only admins see.
+    owner: Mapped[str | None] = mapped_column(String(255))
+
+    __table_args__ = (
+        Index("ix_jobs_status_created", "status", "created_at"),
+        Index("ix_jobs_owner_created", "owner", "created_at"),
+        Index("ix_jobs_owner_idempotency_key", "owner", "idempotency_key", unique=True),
+    )
 
 
 class Attempt(Base):
@@ -108,3 +116,35 @@ class Worker(Base):
     concurrency: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime]
     heartbeat_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class ApiToken(Base):
+    """A bearer token of the API: only the SHA-256 of the secret is stored (``server/auth.py``)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Lowercase hex SHA-256 of the whole token string (prefix included).
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+    #: When the token last authenticated a request (updated at most once a minute); null if never.
+    last_used_at: Mapped[datetime | None]
+
+
+class AuditEvent(Base):
+    """One audited action: who (``actor``), when (``at``), what (``action``), on what (``subject``)."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    #: The owner of the token that acted, or ``cli:<os user>`` for operator commands.
+    actor: Mapped[str] = mapped_column(String(255))
+    #: ``job.create``, ``job.cancel``, ``token.create``, ``token.revoke``.
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    #: The job id or the token id acted on.
+    subject: Mapped[str] = mapped_column(String(255))
+    details: Mapped[dict[str, Any] | None]

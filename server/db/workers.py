@@ -22,13 +22,20 @@ class WorkerState:
     running_jobs: Sequence[str]
 
 
-def list_workers(session: Session, now: datetime, live_s: float, forget_s: float) -> list[WorkerState]:
-    """Workers that heartbeat within ``forget_s`` seconds of ``now``, by id; live if within ``live_s``."""
+def list_workers(
+    session: Session, now: datetime, live_s: float, forget_s: float, *, owner: str | None = None
+) -> list[WorkerState]:
+    """Workers that heartbeat within ``forget_s`` seconds of ``now``, by id; live if within ``live_s``.
+
+    ``running_jobs`` lists only ``owner``'s jobs when ``owner`` is given (every job when ``None``).
+    """
     since = now - timedelta(seconds=forget_s)
     rows = session.scalars(select(Worker).where(Worker.heartbeat_at >= since).order_by(Worker.id)).all()
     jobs: dict[str, list[str]] = {row.id: [] for row in rows}
     if jobs:
         query = select(Job.worker_id, Job.id).where(Job.worker_id.in_(jobs), Job.status.in_(ACTIVE_STATUSES))
+        if owner is not None:
+            query = query.where(Job.owner == owner)
         for worker_id, job_id in session.execute(query.order_by(Job.created_at, Job.id)):
             jobs[worker_id].append(job_id)
     live_since = now - timedelta(seconds=live_s)

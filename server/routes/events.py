@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, Header, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
-from server.db import jobs as repo
-from server.errors import ApiError
+from server.access import visible_job_or_404
+from server.auth import PrincipalDep, authenticate
 from server.events import EventStreamSettings, StreamStats, database_poller, job_events
-from server.schemas import ErrorBody
+from server.schemas import MAX_STEP_NUMBER, ErrorBody
 
-router = APIRouter(prefix="/jobs", tags=["events"])
+router = APIRouter(prefix="/jobs", tags=["events"], dependencies=[Depends(authenticate)])
 
 #: Headers of every stream: never cached, never buffered by a reverse proxy (nginx honours ``X-Accel-Buffering``).
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -46,7 +46,8 @@ def _stream_stats(request: Request) -> StreamStats:
 def job_event_stream(
     job_id: str,
     request: Request,
-    after_step: Annotated[int, Query(ge=0, description="Send step records with step > after_step")] = 0,
+    principal: PrincipalDep,
+    after_step: Annotated[int, Query(ge=0, le=MAX_STEP_NUMBER, description="Send step records with step > after_step")] = 0,
     last_event_id: Annotated[
         str | None,
         Header(alias="Last-Event-ID", pattern=r"^\d{1,18}$", description="Resume after this step (set by EventSource)"),
@@ -54,10 +55,7 @@ def job_event_stream(
 ) -> StreamingResponse:
     """Stream the job's events until it is terminal (see :mod:`server.events` for the event types)."""
     with request.app.state.session_factory() as session:  # closed before streaming starts
-        try:
-            repo.get_job(session, job_id)
-        except repo.JobNotFound:
-            raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
+        visible_job_or_404(session, job_id, principal)
     start = int(last_event_id) if last_event_id is not None else after_step
     stats = _stream_stats(request)
     poll = database_poller(request.app.state.session_factory, stats.settings.page_size)

@@ -1,26 +1,34 @@
-"""``/jobs``: submit, list, read, page step records, cancel."""
+"""``/jobs``: submit, list, read, page step records, cancel.
+
+Every route needs a token (:mod:`server.auth`). A job belongs to the owner of the
+token that created it; another owner gets the same 404 as for a missing job on
+every route keyed by a job, and ``GET /jobs`` lists only the caller's jobs (an
+admin's: everyone's).
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
+from server.access import visible_job_or_404
+from server.auth import PrincipalDep, authenticate
 from server.capacity import check_gpu_capacity
+from server.db import audit
 from server.db import jobs as repo
-from server.db.models import Job
 from server.deps import QueueDep, SessionDep, SettingsDep
 from server.errors import ApiError
-from server.schemas import ErrorBody, JobList, JobPublic, JobStatus, MetricsPage, step_point
+from server.schemas import MAX_STEP_NUMBER, ErrorBody, JobList, JobPublic, JobStatus, MetricsPage, step_point
 from server.settings import Settings
 from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(authenticate)])
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown job"}}
 
@@ -52,13 +60,6 @@ def _reject_faults(spec: JobSpec, settings: Settings) -> None:
     )
 
 
-def _job_or_404(session: Session, job_id: str) -> Job:
-    try:
-        return repo.get_job(session, job_id)
-    except repo.JobNotFound:
-        raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
-
-
 @router.post(
     "",
     status_code=201,
@@ -74,6 +75,7 @@ def submit_job(
     queue: QueueDep,
     settings: SettingsDep,
     response: Response,
+    principal: PrincipalDep,
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic:
     """Store the job (committed first), then enqueue its id. ``Location`` points at the new job.
@@ -83,11 +85,12 @@ def submit_job(
     used for the same spec, nothing is stored or sent: the answer is 200 with that
     job; used for a different spec, 422 at ``["header", "Idempotency-Key"]``. A GPU
     job no registered worker can hold is 422 at ``["body", "gpus"]`` (:mod:`server.capacity`).
+    The job belongs to the caller; idempotency keys are per owner.
     """
     _reject_faults(spec, settings)
-    check_gpu_capacity(session, spec, settings, idempotency_key)
+    check_gpu_capacity(session, spec, settings, idempotency_key, principal.owner)
     try:
-        job, created = repo.create_job(session, spec, idempotency_key)
+        job, created = repo.create_job(session, spec, idempotency_key, owner=principal.owner)
     except repo.IdempotencyMismatch as exc:
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("header", "Idempotency-Key"), "msg": str(exc), "input": idempotency_key}]
@@ -115,13 +118,15 @@ def _record_enqueue_failure(session: Session, job_id: str, exc: Exception) -> No
 @router.get("", response_model=JobList)
 def list_jobs(
     session: SessionDep,
+    principal: PrincipalDep,
     status: Annotated[JobStatus | None, Query(description="Only jobs in this status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     cursor: Annotated[str | None, Query(max_length=512, description="next_cursor of the previous page")] = None,
 ) -> JobList:
-    """Jobs, newest first."""
+    """The caller's jobs (an admin's: every job), newest first."""
+    owner = None if principal.admin else principal.owner
     try:
-        page = repo.list_jobs(session, status=status, limit=limit, cursor=cursor)
+        page = repo.list_jobs(session, status=status, limit=limit, cursor=cursor, owner=owner)
     except repo.InvalidCursor as exc:
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("query", "cursor"), "msg": str(exc), "input": cursor}]
@@ -130,19 +135,22 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=_NOT_FOUND)
-def get_job(job_id: str, session: SessionDep) -> JobPublic:
+def get_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobPublic:
     """The job resource."""
-    return JobPublic.from_row(_job_or_404(session, job_id))
+    return JobPublic.from_row(visible_job_or_404(session, job_id, principal))
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage, responses=_NOT_FOUND)
 def get_job_metrics(
     job_id: str,
     session: SessionDep,
-    after_step: Annotated[int, Query(ge=0, description="Return records with step > after_step")] = 0,
+    principal: PrincipalDep,
+    after_step: Annotated[int, Query(ge=0, le=MAX_STEP_NUMBER, description="Return records with step > after_step")] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> MetricsPage:
     """Step records of the job in step order."""
+    visible_job_or_404(session, job_id, principal)
+    session.commit()  # end the read
     try:
         records = repo.list_step_records(session, job_id, after_step=after_step, limit=limit)
     except repo.JobNotFound:
@@ -156,11 +164,18 @@ def get_job_metrics(
     response_model=JobPublic,
     responses={**_NOT_FOUND, 409: {"model": ErrorBody, "description": "The job already ended"}},
 )
-def cancel_job(job_id: str, session: SessionDep) -> JobPublic:
-    """Cancel: a queued job ends ``cancelled`` now; a starting or running one goes ``cancelling``."""
+def cancel_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobPublic:
+    """Cancel: a queued job ends ``cancelled`` now; a starting or running one goes ``cancelling``.
+
+    Each accepted request is audited (``job.cancel`` by the caller).
+    """
+    owner = visible_job_or_404(session, job_id, principal).owner
+    session.commit()  # end the read before the compare-and-set writes (SQLite)
     try:
-        return JobPublic.from_row(repo.request_cancel(session, job_id))
+        job = repo.request_cancel(session, job_id)
     except repo.JobNotFound:
         raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
     except repo.JobConflict as exc:
         raise ApiError(409, str(exc), job_id=job_id) from None
+    audit.record(session, principal.owner, "job.cancel", job_id, {"owner": owner, "status": job.status})
+    return JobPublic.from_row(job)

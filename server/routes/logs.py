@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from server.db import jobs as repo
+from server.access import visible_job_or_404
+from server.auth import Principal, PrincipalDep, authenticate
 from server.db.models import TERMINAL_STATUSES, Job
 from server.errors import ApiError
 from server.events import EventStreamSettings, StreamStats
@@ -25,7 +26,7 @@ from server.logtail import read_tail
 from server.routes.events import STREAM_HEADERS
 from server.schemas import ErrorBody
 
-router = APIRouter(prefix="/jobs", tags=["logs"])
+router = APIRouter(prefix="/jobs", tags=["logs"], dependencies=[Depends(authenticate)])
 
 #: Most lines one request may ask for.
 MAX_TAIL = 10_000
@@ -53,12 +54,9 @@ def _query_error(name: str, message: str, value: object) -> RequestValidationErr
     return RequestValidationError([{"type": "value_error", "loc": ("query", name), "msg": message, "input": value}])
 
 
-def _job(request: Request, job_id: str) -> Job:
+def _job(request: Request, job_id: str, principal: Principal) -> Job:
     with request.app.state.session_factory() as session:  # closed before any streaming starts
-        try:
-            return repo.get_job(session, job_id)
-        except repo.JobNotFound:
-            raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
+        return visible_job_or_404(session, job_id, principal)
 
 
 def _check(job: Job, rank: int, attempt: int | None, follow: bool) -> None:
@@ -84,13 +82,14 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 def job_logs(
     job_id: str,
     request: Request,
+    principal: PrincipalDep,
     rank: Annotated[int, Query(ge=0, description="Global rank (0..world_size-1)")] = 0,
     tail: Annotated[int, Query(ge=0, le=MAX_TAIL, description="Last lines to return (to start with, when following)")] = DEFAULT_TAIL,
     attempt: Annotated[int | None, Query(ge=1, description="Attempt (1-based); default the newest")] = None,
     follow: Annotated[bool, Query(description="Stream new lines (SSE) until the job ends")] = False,
 ) -> LogLines | StreamingResponse:
     """The last ``tail`` lines of ``rank``'s stdout and stderr in ``attempt``, or a live follow of them."""
-    job = _job(request, job_id)
+    job = _job(request, job_id, principal)
     _check(job, rank, attempt, follow)
     runs_dir = request.app.state.settings.runs_dir
     target = LogTarget(job_id, rank, runs_dir, attempt, tail)

@@ -12,17 +12,54 @@ export class ApiError extends Error {
   }
 }
 
-/** fetch `path` and decode its JSON; throws ApiError on an error status. */
+// The API token lives in this tab's sessionStorage and goes out as a bearer header on every
+// fetch. EventSource cannot send headers: its streams use the HttpOnly session cookie that
+// POST /session sets (the server accepts the cookie on GET only, so it cannot be used for CSRF).
+const TOKEN_KEY = "halfcast-token";
+
+export const getToken = () => sessionStorage.getItem(TOKEN_KEY);
+
+/** Headers of `options` plus the bearer token, if there is one. */
+function withAuth(headers = {}) {
+  const token = getToken();
+  return token ? { ...headers, authorization: `Bearer ${token}` } : headers;
+}
+
+/** fetch `path` and decode its JSON; throws ApiError on an error status (a 401 also asks for a login). */
 export async function api(path, options = {}) {
-  const response = await fetch(path, { headers: { accept: "application/json" }, ...options });
+  const headers = withAuth(options.headers || { accept: "application/json" });
+  const response = await fetch(path, { ...options, headers });
   let body = null;
   try {
     body = await response.json();
   } catch {
     body = { detail: response.statusText };
   }
+  if (response.status === 401) window.dispatchEvent(new CustomEvent("halfcast:unauthorized"));
   if (!response.ok) throw new ApiError(response.status, body);
   return body;
+}
+
+/** Check `token` (POST /session, which also sets the stream cookie) and keep it for this tab; the owner's `{owner, admin}`. */
+export async function login(token) {
+  const response = await fetch("/session", { method: "POST", headers: { accept: "application/json", authorization: `Bearer ${token}` } });
+  const body = await response.json().catch(() => ({ detail: response.statusText }));
+  if (!response.ok) throw new ApiError(response.status, body);
+  sessionStorage.setItem(TOKEN_KEY, token);
+  return body;
+}
+
+/** Forget the token and clear the stream cookie. */
+export async function logout() {
+  const headers = withAuth();
+  sessionStorage.removeItem(TOKEN_KEY);
+  await fetch("/session", { method: "DELETE", headers }).catch(() => {});
+}
+
+/** Who the page is signed in as (`{owner, admin}`), or null when it must log in first. */
+export async function whoami() {
+  const response = await fetch("/session", { headers: withAuth({ accept: "application/json" }) });
+  return response.ok ? response.json() : null;
 }
 
 export const listJobs = (limit = 100) => api(`/jobs?limit=${limit}`);

@@ -1,9 +1,13 @@
-// The dashboard's router: #/ (jobs), #/jobs/<id> (one job), #/submit (the form).
+// The dashboard's router: #/ (jobs), #/jobs/<id> (one job), #/submit (the form); a login view first when the API wants a token.
 
+import { getToken, login, logout, whoami } from "./api.js";
 import { jobList, jobPage } from "./jobs.js";
+import { loginPage } from "./login.js";
 import { submitPage } from "./submit.js";
 
 const view = document.getElementById("view");
+const who = document.getElementById("who");
+const signOut = document.getElementById("logout");
 let cleanup = () => {};
 
 function route() {
@@ -18,5 +22,32 @@ function route() {
   }
 }
 
-window.addEventListener("hashchange", route);
-route();
+function signedIn(principal) {
+  who.textContent = `${principal.owner}${principal.admin ? " (admin)" : ""}`;
+  signOut.hidden = false;
+  route();
+}
+
+function showLogin() {
+  cleanup();
+  who.textContent = "";
+  signOut.hidden = true;
+  cleanup = loginPage(view, signedIn);
+}
+
+async function start() {
+  // A token kept by this tab is posted again, so the stream cookie is there even if the browser dropped it.
+  const token = getToken();
+  const principal = token ? await login(token).catch(() => null) : await whoami();
+  if (principal) signedIn(principal);
+  else showLogin();
+}
+
+window.addEventListener("hashchange", () => (signOut.hidden ? null : route()));
+window.addEventListener("halfcast:unauthorized", showLogin);
+signOut.addEventListener("click", async (event) => {
+  event.preventDefault();
+  await logout();
+  showLogin();
+});
+start();

@@ -81,7 +81,8 @@ export function jobPage(view, id) {
       ["Skipped steps", latest.skipped_steps ?? "-"],
       ["Samples/s", fmt(latest.samples_per_second, 5)],
       ["Tokens/s", fmt(latest.tokens_per_second, 5)],
-      ["Precision", job.spec.precision],
+      ["Precision", precisionText(job)],
+      ["Last overflow", overflowText(lastOverflow)],
       ["World size", job.world_size],
     ].flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     if (job.error) {
@@ -95,10 +96,28 @@ export function jobPage(view, id) {
     }
   }
 
+  function precisionText(job) {
+    const switches = job.precision_switches || [];
+    if (!switches.length) return job.spec.precision;
+    const s = switches[switches.length - 1];
+    return `${s.from} → ${s.to} at step ${s.step} (${s.reason}; rewound to step ${s.rewound_to_step})`;
+  }
+
+  function overflowText(record) {
+    if (!record) return "-";
+    const params = record.nonfinite_params || [];
+    if (!params.length) return `step ${record.step}`;
+    const more = (record.nonfinite_param_count || params.length) - 1;
+    const ranks = (record.overflow_ranks || []).join(",");
+    return `step ${record.step}: ${params[0].name} (${params[0].kind})${more > 0 ? ` +${more} more` : ""}${ranks ? ` on rank ${ranks}` : ""}`;
+  }
+
   let lastRecord = {};
+  let lastOverflow = null;
   function addRecord(record) {
     data.push(record);
     lastRecord = record;
+    if (record.overflow) lastOverflow = record;
   }
 
   async function onCancel(event) {
@@ -119,7 +138,9 @@ export function jobPage(view, id) {
       renderSoon();
     });
     source.addEventListener("rewind", (e) => {
-      data.truncate(JSON.parse(e.data).step);
+      const step = JSON.parse(e.data).step;
+      data.truncate(step);
+      if (lastOverflow && lastOverflow.step > step) lastOverflow = null;
       charts.update();
     });
     source.addEventListener("eval", (e) => {

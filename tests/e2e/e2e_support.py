@@ -2,7 +2,10 @@
 
 All processes get the same ``HALFCAST_*`` environment (data directory in tmp, a
 unique queue name, optionally Postgres and Redis). The database is migrated first
-with ``python -m server.cli db upgrade``. A stack may run several workers
+with ``python -m server.cli db upgrade``; then an admin token is made with
+``halfcast tokens create`` (:attr:`Stack.token`): the stack's client sends it, and
+``HALFCAST_TOKEN`` in the stack's environment hands it to CLI subprocesses (a stack
+started with ``auth="off"`` has none). A stack may run several workers
 (``worker``, ``worker-2``, ...; each with its own ``--hostname``), which tests can
 kill with SIGKILL and start again. On teardown everything is stopped with SIGTERM;
 the logs are attached to the test log.
@@ -74,6 +77,7 @@ class Stack:
     port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     client: httpx.Client = field(init=False)
+    token: str | None = None
     _ready_marks: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -84,12 +88,22 @@ class Stack:
         """Migrate the database, start the worker and the API, wait until the API answers."""
         subprocess.run([sys.executable, "-m", "server.cli", "db", "upgrade"], env=self.env, cwd=ROOT, check=True,
                        capture_output=True, timeout=120)  # fmt: skip
+        if self.env.get("HALFCAST_AUTH", "on").lower() not in ("off", "0", "false", "no"):
+            self._make_token()
         for name in self.worker_names:
             self._spawn_worker(name)
         api = [sys.executable, "-m", "uvicorn", "--factory", "server.app:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
         self._spawn("api", api)
         self._wait_ready()
         return self
+
+    def _make_token(self) -> None:
+        """Create an admin token; the client sends it and CLI subprocesses get it as ``HALFCAST_TOKEN``."""
+        made = subprocess.run([sys.executable, "-m", "server.cli", "tokens", "create", "--owner", "e2e", "--admin"],
+                              env=self.env, cwd=ROOT, check=True, capture_output=True, text=True, timeout=120)  # fmt: skip
+        self.token = made.stdout.strip()
+        self.env["HALFCAST_TOKEN"] = self.token
+        self.client.headers["Authorization"] = f"Bearer {self.token}"
 
     @property
     def worker_names(self) -> list[str]:

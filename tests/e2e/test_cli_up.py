@@ -39,6 +39,8 @@ def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[bytes], httpx
         assert up.poll() is None, (data_dir.parent / "up.log").read_text()
         try:
             if client.get("/readyz").status_code == 200 and len(children(up.pid)) == 2:
+                # the first start made an admin token and saved it where the CLI looks
+                client.headers["Authorization"] = f"Bearer {(data_dir / 'token').read_text().strip()}"
                 return up, client
         except httpx.TransportError:
             pass
@@ -63,6 +65,10 @@ def test_up_runs_jobs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     up, client = _start_up(data_dir, free_port())
     kids = children(up.pid)
+    token = (data_dir / "token").read_text().strip()
+    assert (data_dir.parent / "up.log").read_text().count(token) == 1  # printed once, on the first start
+    assert (data_dir / "token").stat().st_mode & 0o777 == 0o600
+    assert httpx.get(str(client.base_url).rstrip("/") + "/jobs").status_code == 401  # no token, no jobs
     done = client.post("/jobs", json=load_example("synthetic-fp16.json", max_steps=10)).json()
     assert _wait_job(client, done["id"], lambda j: j["status"] == "succeeded")["step"] == 10
     long = load_example("synthetic-fp16.json", max_steps=100_000, faults={"sleep_per_step_s": 0.2})

@@ -1,6 +1,7 @@
 """The web dashboard in headless Chromium (Debian's ``chromium``, driven by Playwright) on the real stack.
 
-Submits a spec through the form (first a bad one: the 422 errors appear next to
+Signs in with the stack's token (a wrong one is refused; signing out asks again),
+submits a spec through the form (first a bad one: the 422 errors appear next to
 their lines), watches the job reach ``succeeded`` with its charts drawn, cancels
 another job from its page, sees a failed job's reason, and watches the job list
 update without a reload. Screenshots go to ``test-artifacts/dashboard-*.png``.
@@ -88,9 +89,44 @@ def page(browser: Any, embedded_stack: Stack) -> Iterator[Any]:
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.on("console", lambda message: errors.append(message.text) if _unexpected(message) else None)
     page.set_default_timeout(30_000)
+    _sign_in(page, embedded_stack)
     yield page
     context.close()
     assert errors == [], errors
+
+
+def _sign_in(page: Any, stack: Stack) -> None:
+    """Paste the stack's token into the login view (the tab keeps it; streams use the cookie it gets)."""
+    from playwright.sync_api import expect
+
+    assert stack.token is not None
+    page.goto("/")
+    page.get_by_test_id("login-token").fill(stack.token)
+    page.get_by_test_id("login-submit").click()
+    expect(page.get_by_test_id("who")).to_have_text("e2e (admin)")
+
+
+def test_the_dashboard_asks_for_a_token_refuses_a_wrong_one_and_signs_out(browser: Any, embedded_stack: Stack) -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context(base_url=str(embedded_stack.client.base_url))
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto("/#/submit")
+    expect(page.get_by_test_id("login-form")).to_be_visible()
+    page.get_by_test_id("login-token").fill("hc_wrong")
+    page.get_by_test_id("login-submit").click()
+    expect(page.get_by_test_id("login-error")).to_contain_text("unknown or revoked")
+    _shot(page, "login")
+    _sign_in(page, embedded_stack)
+    expect(page.get_by_test_id("nav-jobs")).to_be_visible()
+    cookies = {cookie["name"]: cookie for cookie in context.cookies()}
+    assert cookies["halfcast_session"]["httpOnly"] and cookies["halfcast_session"]["sameSite"] == "Strict"
+    page.get_by_test_id("logout").click()
+    expect(page.get_by_test_id("login-form")).to_be_visible()
+    page.reload()
+    expect(page.get_by_test_id("login-form")).to_be_visible()  # nothing kept: token and cookie are gone
+    context.close()
 
 
 def _spec(label: str, **overrides: Any) -> dict[str, Any]:
@@ -101,8 +137,8 @@ def _spec(label: str, **overrides: Any) -> dict[str, Any]:
 
 
 def _unexpected(message: Any) -> bool:
-    """A console error other than Chromium's note on an answer the page expects (the 422 of a bad spec)."""
-    return bool(message.type == "error" and "status of 422" not in message.text)
+    """A console error other than Chromium's note on an answer the page expects (the 422 of a bad spec, the 401 before login)."""
+    return bool(message.type == "error" and "status of 422" not in message.text and "status of 401" not in message.text)
 
 
 def _shot(page: Any, name: str) -> None:
@@ -147,6 +183,8 @@ def test_submit_through_the_form_and_watch_the_job_succeed_with_charts(page: Any
     assert _pixels(page, "chart-throughput", (0x1A, 0x7F, 0x37))[1] > 100, "no throughput line drawn"
     expect(page.get_by_test_id("job-eval")).to_contain_text("Evaluation at step 80")
     expect(page.get_by_test_id("job-progress")).to_contain_text("80/80")
+    # overflow forensics of the last injected overflow (the fault hits the first parameter, "0.weight")
+    expect(page.get_by_test_id("job-stats")).to_contain_text("step 55: 0.weight (inf) on rank 0")
     expect(page.get_by_test_id("cancel")).to_be_disabled()
     _shot(page, "job-succeeded")
 

@@ -45,8 +45,11 @@ def prometheus(embedded_stack: Stack, tmp_path_factory: pytest.TempPathFactory) 
     folder = tmp_path_factory.mktemp("prometheus")
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "halfcast-api", "static_configs": [{"targets": [f"127.0.0.1:{embedded_stack.port}"]}]}],
+        "scrape_configs": [{"job_name": "halfcast-api", "static_configs": [{"targets": [f"127.0.0.1:{embedded_stack.port}"]}],
+                            "authorization": {"credentials_file": str(folder / "token")}}],  # /metrics needs an admin token
     }
+    assert embedded_stack.token is not None
+    (folder / "token").write_text(embedded_stack.token)
     (folder / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
     port = free_port()
     log = (folder / "prometheus.log").open("wb")

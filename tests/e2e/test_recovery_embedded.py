@@ -72,7 +72,9 @@ def test_c25_two_multi_rank_jobs_started_together_both_succeed(stack: Stack) -> 
     assert [job["status"] for job in finished] == ["succeeded", "succeeded"], [job["error"] for job in finished]
     assert all(len(p) == 1 for p in ports.values()), ports  # each job found its rendezvous port
     assert ports[ids[0]] != ports[ids[1]], ports  # and they differ
-    texts = [(stack.data_dir / "runs" / job_id / "attempt-1" / "logs" / "launcher.log").read_text() for job_id in ids]
+    logs = [path for job_id in ids for path in (stack.data_dir / "runs" / job_id / "attempt-1" / "logs").glob("*.log")]
+    assert len(logs) == 6, logs  # launcher.log and rank-0.log, rank-1.log of each job
+    texts = [path.read_text() for path in logs]
     texts.append(stack.log_tail("worker", 100_000))
     assert not any(re.search(r"address already in use|EADDRINUSE", text, re.IGNORECASE) for text in texts)
     first, second = (job["attempts"][0] for job in finished)

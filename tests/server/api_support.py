@@ -10,7 +10,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from server.db.engine import make_engine, make_session_factory
 from server.db.models import Job, StepRecord
+from server.db.tokens import create_token
 
 #: A small valid job spec (the digits example, shortened).
 VALID_SPEC: dict[str, Any] = {
@@ -43,6 +45,16 @@ class FakeQueue:
         self.sent.append(job_id)
 
 
+def make_token(database_url: str, owner: str, *, admin: bool = False) -> str:
+    """Create a token for ``owner`` directly in the database at ``database_url``; return its secret."""
+    engine = make_engine(database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            return create_token(session, owner, admin=admin, actor="cli:test").secret
+    finally:
+        engine.dispose()
+
+
 def count_rows(sessions: sessionmaker[Session], model: type[Job] | type[StepRecord] = Job) -> int:
     """Number of rows in ``model``'s table."""
     with sessions() as session:
@@ -60,8 +72,12 @@ def insert_job(
     latest: dict[str, Any] | None = None,
     job_id: str | None = None,
     seconds: float = 0.0,
+    owner: str | None = None,
 ) -> str:
-    """Insert a job row directly (``created_at`` = ``BASE_TIME + seconds`` unless given); return its id."""
+    """Insert a job row directly (``created_at`` = ``BASE_TIME + seconds`` unless given); return its id.
+
+    ``owner`` null makes a job from before authentication (only admins see it).
+    """
     created = created_at or BASE_TIME + timedelta(seconds=seconds)
     job = Job(
         id=job_id or str(uuid.uuid4()),
@@ -75,6 +91,7 @@ def insert_job(
         world_size=1,
         latest=latest,
         attempt=0 if status == "queued" else 1,
+        owner=owner,
     )
     with sessions() as session:
         session.add(job)

@@ -1,5 +1,8 @@
 """Fixtures for the API tests: a migrated database on each backend, a fake queue, a client.
 
+``client`` authenticates as an admin (``admin_token``), so tests that are not about
+authentication need no token handling; ``tests/server/test_auth_routes.py`` covers it.
+
 ``database_url`` is parametrized over SQLite (a migrated file in the test's data dir)
 and PostgreSQL (the session database, migrated once, emptied before each test), so
 every test that uses it runs on both backends. The schema always comes from the
@@ -22,7 +25,7 @@ from server.db.engine import make_engine, make_session_factory
 from server.db.migrate import upgrade_database
 from server.settings import Settings
 
-from api_support import FakeQueue
+from api_support import FakeQueue, make_token
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +47,7 @@ def _empty_postgres(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            conn.execute(text("TRUNCATE attempts, step_records, jobs, workers"))
+            conn.execute(text("TRUNCATE attempts, step_records, jobs, workers, api_tokens, audit_events RESTART IDENTITY"))
     finally:
         engine.dispose()
 
@@ -74,9 +77,21 @@ def fake_queue() -> FakeQueue:
 
 
 @pytest.fixture
-def client(settings: Settings, fake_queue: FakeQueue) -> Iterator[TestClient]:
-    """A client of an app on ``settings`` with the fake queue (lifespan started)."""
-    with TestClient(create_app(settings, fake_queue)) as test_client:
+def admin_token(database_url: str) -> str:
+    """A live admin token (owner ``tester``) in the test database."""
+    return make_token(database_url, "tester", admin=True)
+
+
+@pytest.fixture
+def auth_headers(admin_token: str) -> dict[str, str]:
+    """``Authorization`` header of :func:`admin_token`."""
+    return {"Authorization": f"Bearer {admin_token}"}
+
+
+@pytest.fixture
+def client(settings: Settings, fake_queue: FakeQueue, auth_headers: dict[str, str]) -> Iterator[TestClient]:
+    """A client of an app on ``settings`` with the fake queue (lifespan started), authenticated as an admin."""
+    with TestClient(create_app(settings, fake_queue), headers=auth_headers) as test_client:
         yield test_client
 
 

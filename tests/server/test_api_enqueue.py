@@ -36,11 +36,11 @@ def redis_queue(redis_url: str) -> Iterator[str]:
 
 
 @pytest.mark.redis
-def test_job_id_reaches_redis(settings: Settings, redis_url: str, redis_queue: str) -> None:
+def test_job_id_reaches_redis(settings: Settings, redis_url: str, redis_queue: str, auth_headers: dict[str, str]) -> None:
     settings.broker_url = redis_url
     settings.queue_name = redis_queue
 
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), headers=auth_headers) as client:
         response = client.post("/jobs", json=VALID_SPEC)
 
     assert response.status_code == 201, response.text
@@ -49,8 +49,8 @@ def test_job_id_reaches_redis(settings: Settings, redis_url: str, redis_queue: s
     assert task_of(json.loads(raw[0])) == (RUN_JOB_TASK, [response.json()["id"]])
 
 
-def test_job_id_reaches_the_filesystem_broker(settings: Settings) -> None:
-    with TestClient(create_app(settings)) as client:
+def test_job_id_reaches_the_filesystem_broker(settings: Settings, auth_headers: dict[str, str]) -> None:
+    with TestClient(create_app(settings), headers=auth_headers) as client:
         response = client.post("/jobs", json=VALID_SPEC)
 
     assert response.status_code == 201, response.text
@@ -59,10 +59,10 @@ def test_job_id_reaches_the_filesystem_broker(settings: Settings) -> None:
     assert task_of(json.loads(files[0].read_text())) == (RUN_JOB_TASK, [response.json()["id"]])
 
 
-def test_unreachable_broker_fails_the_job_with_503(settings: Settings) -> None:
+def test_unreachable_broker_fails_the_job_with_503(settings: Settings, auth_headers: dict[str, str]) -> None:
     settings.broker_url = "redis://127.0.0.1:1/0"
 
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), headers=auth_headers) as client:
         started = time.monotonic()
         response = client.post("/jobs", json=VALID_SPEC)
         elapsed = time.monotonic() - started

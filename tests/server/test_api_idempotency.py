@@ -75,7 +75,7 @@ def test_racing_requests_with_one_key_create_one_job(sessions: sessionmaker[Sess
         try:
             with sessions() as session:
                 barrier.wait()
-                job, created = repo.create_job(session, spec, "race-key")
+                job, created = repo.create_job(session, spec, "race-key", owner="tester")
                 results.append((job.id, created))
         except BaseException as exc:  # noqa: BLE001  # reported below
             errors.append(exc)

@@ -120,11 +120,11 @@ def test_non_object_body_is_422(client: TestClient, sessions: sessionmaker[Sessi
     assert count_rows(sessions) == 0
 
 
-def test_faults_are_accepted_when_the_server_allows_them(settings: Any, fake_queue: FakeQueue) -> None:
+def test_faults_are_accepted_when_the_server_allows_them(settings: Any, fake_queue: FakeQueue, auth_headers: dict[str, str]) -> None:
     from server.app import create_app
 
     settings.allow_faults = True
-    with TestClient(create_app(settings, fake_queue)) as client:
+    with TestClient(create_app(settings, fake_queue), headers=auth_headers) as client:
         response = client.post("/jobs", json=spec_with(faults={"nonfinite_grad_steps": [1, 2]}))
 
     assert response.status_code == 201, response.text

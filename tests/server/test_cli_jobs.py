@@ -31,12 +31,13 @@ def database_url(data_dir: Path, sqlite_template: Path) -> str:
 
 
 @pytest.fixture
-def url(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A live API; ``HALFCAST_URL`` points at it."""
+def url(settings: Settings, monkeypatch: pytest.MonkeyPatch, admin_token: str) -> Iterator[str]:
+    """A live API; ``HALFCAST_URL`` points at it and ``HALFCAST_TOKEN`` holds an admin token."""
     app = create_app(settings, FakeQueue())
     app.state.event_streams = StreamStats(EventStreamSettings(poll_interval_s=0.05))
     with LiveServer(app) as live:
         monkeypatch.setenv("HALFCAST_URL", live.url)
+        monkeypatch.setenv("HALFCAST_TOKEN", admin_token)
         yield live.url
 
 
@@ -153,3 +154,14 @@ def test_formatting() -> None:
     assert [format_duration(s) for s in (None, 5, 65, 3725)] == ["?", "5s", "1m05s", "1h02m"]
     assert format_scale(1024.0) == "1024 (2^10)" and format_scale(3.0) == "3" and format_scale(None) == "-"
     assert progress_bar(5, 10, width=4) == "[##..]" and progress_bar(0, 0, width=2) == "[..]"
+
+
+def test_status_names_a_precision_switch() -> None:
+    from server.cli.jobs import describe
+
+    job = {"id": "j", "status": "running", "step": 12, "max_steps": 20, "world_size": 1, "created_at": "t",
+           "spec": {"precision": "fp16"}, "precision_switches": []}
+    assert ("precision", "fp16") in describe(job)
+    job["precision_switches"] = [{"step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed",
+                                  "message": "...", "rewound_to_step": 8}]
+    assert ("precision", "fp16 -> bf16 at step 12 (loss_scale_collapsed; rewound to step 8)") in describe(job)

@@ -26,12 +26,13 @@ def database_url(data_dir: Path, sqlite_template: Path) -> str:
 
 
 @pytest.fixture
-def url(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A live API; ``HALFCAST_URL`` points at it."""
+def url(settings: Settings, monkeypatch: pytest.MonkeyPatch, admin_token: str) -> Iterator[str]:
+    """A live API; ``HALFCAST_URL`` points at it and ``HALFCAST_TOKEN`` holds an admin token."""
     app = create_app(settings, FakeQueue())
     app.state.log_streams = StreamStats(EventStreamSettings(poll_interval_s=0.05))
     with LiveServer(app) as live:
         monkeypatch.setenv("HALFCAST_URL", live.url)
+        monkeypatch.setenv("HALFCAST_TOKEN", admin_token)
         yield live.url
 
 

@@ -41,8 +41,8 @@ def server(settings: Settings, queue: FakeQueue) -> Iterator[LiveServer]:
 
 
 @pytest.fixture
-def halfcast(server: LiveServer) -> Iterator[HalfcastClient]:
-    with HalfcastClient(server.url, timeout=10) as client:
+def halfcast(server: LiveServer, admin_token: str) -> Iterator[HalfcastClient]:
+    with HalfcastClient(server.url, timeout=10, token=admin_token) as client:
         yield client
 
 

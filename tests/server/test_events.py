@@ -153,6 +153,7 @@ def test_a_finished_job_streams_its_records_then_its_status_and_closes(client: T
 
 
 def _app(settings: Settings, poll_interval_s: float = 0.05) -> Any:
+    settings.auth = False  # a stream test; authentication is tests/server/test_auth_routes.py's
     app = create_app(settings, FakeQueue())
     app.state.event_streams = StreamStats(EventStreamSettings(poll_interval_s=poll_interval_s))
     return app

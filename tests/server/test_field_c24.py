@@ -53,6 +53,7 @@ def test_c24_closed_streams_stop_within_two_seconds_and_stop_reading(
             add_steps(sessions, job_id, [step_record(step)])
             stop.wait(0.05)
 
+    settings.auth = False  # a stream test; authentication is tests/server/test_auth_routes.py's
     app = create_app(settings, FakeQueue())
     stats = app.state.event_streams = StreamStats(EventStreamSettings(poll_interval_s=0.1))
     writer = threading.Thread(target=run_job)

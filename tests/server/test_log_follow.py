@@ -40,6 +40,7 @@ def database_url(data_dir: Path, sqlite_template: Path) -> str:
 
 
 def _app_and_stats(settings: Settings, spec_24: bool = False) -> tuple[object, StreamStats]:
+    settings.auth = False  # a stream test; authentication is tests/server/test_auth_routes.py's
     app = create_app(settings, FakeQueue())
     stats = app.state.log_streams = StreamStats(EventStreamSettings(poll_interval_s=0.05))
     return (AsgiSpec24(app) if spec_24 else app), stats
@@ -76,7 +77,7 @@ def _follow(url: str, events: list[Event], params: dict[str, object] | None = No
             assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
             events.extend(iter_events(response.iter_lines()))
 
-    thread = threading.Thread(target=read)
+    thread = threading.Thread(target=read, daemon=True)  # a stream that never ends fails the test, not hangs it
     thread.start()
     return thread
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from server.runlogs import launcher_log, rank_log
-from worker.failure_logs import failure_log, root_cause_rank
+from worker.failure_logs import RootCause, failure_log, root_cause
 from worker.outcomes import exit_outcome
 
 #: torchrun 2.13's report when rank 1 failed first and rank 0 was then stopped (as printed into launcher.log).
@@ -43,9 +43,11 @@ def _run_dir(tmp_path: Path, launcher: str = "", ranks: dict[int, str] | None = 
     return tmp_path
 
 
-def test_root_cause_rank_is_read_from_torchruns_report() -> None:
-    assert root_cause_rank(TORCHRUN_REPORT) == 1  # not rank 0, which was only stopped afterwards
-    assert root_cause_rank("Traceback ...\nValueError: no report") is None
+def test_root_cause_is_read_from_torchruns_report() -> None:
+    assert root_cause(TORCHRUN_REPORT) == RootCause(1, 1)  # not rank 0, which was only stopped afterwards
+    killed = "Root Cause (first observed failure):\n[0]:\n  rank      : 3 (local_rank: 3)\n  exitcode  : -9 (pid: 7)"
+    assert root_cause(killed) == RootCause(3, -9)
+    assert root_cause("Traceback ...\nValueError: no report") is None
 
 
 def test_failure_log_is_the_ranks_own_when_it_has_output(tmp_path: Path) -> None:
@@ -60,7 +62,10 @@ def test_rank_failed_quotes_the_root_cause_ranks_log(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, TORCHRUN_REPORT, {0: "rank 0 was fine\n", 1: "step 3\nValueError: bad batch\n"})
     outcome = exit_outcome(1, False, run_dir)
     assert outcome.reason == "rank_failed" and outcome.message is not None
-    assert outcome.message == "the trainer exited with exit code 1\n--- last lines of logs/rank-1.log ---\nstep 3\nValueError: bad batch"
+    assert outcome.message == (
+        "the trainer exited with exit code 1 (rank 1 failed first: exit code 1)\n"
+        "--- last lines of logs/rank-1.log ---\nstep 3\nValueError: bad batch"
+    )
 
 
 def test_error_json_names_the_rank_whose_log_is_quoted(tmp_path: Path) -> None:
@@ -82,3 +87,13 @@ def test_known_causes_are_found_in_a_ranks_log(tmp_path: Path) -> None:
 def test_without_rank_logs_the_launcher_log_is_quoted_as_before(tmp_path: Path) -> None:
     outcome = exit_outcome(1, False, _run_dir(tmp_path, "RuntimeError: injected\n"))
     assert outcome.message == "the trainer exited with exit code 1\n--- last lines of logs/launcher.log ---\nRuntimeError: injected"
+
+
+def test_a_killed_ranks_signal_is_named_even_though_its_own_log_is_quoted(tmp_path: Path) -> None:
+    """The rank's log cannot say it was SIGKILLed; torchrun's report can, so the headline carries it."""
+    report = "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 7)\n"
+    run_dir = _run_dir(tmp_path, report, {0: "fine\n", 1: "step 14\n"})
+    outcome = exit_outcome(1, False, run_dir)
+    assert outcome.reason == "rank_failed" and outcome.message is not None
+    assert outcome.message.startswith("the trainer exited with exit code 1 (rank 1 failed first: signal SIGKILL)\n")
+    assert outcome.message.endswith("--- last lines of logs/rank-1.log ---\nstep 14")

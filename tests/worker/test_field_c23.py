@@ -39,7 +39,7 @@ class NoQueue:
 
 
 def test_c23_concurrent_sqlite_writers_lose_nothing(data_dir: Path, tmp_path: Path) -> None:
-    settings = Settings(data_dir=data_dir)
+    settings = Settings(data_dir=data_dir, auth=False)  # the API only reads here; auth is tested in tests/server
     url = settings.effective_database_url
     upgrade_database(url)
     engine = make_engine(url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -320,3 +321,26 @@ def test_a_cancelled_job_has_no_error(settings: Settings, store: JobStore, engin
     row = _row(engine, job_id)
     assert (row.status, row.error_reason, row.error_message) == ("cancelled", None, None)
     assert _attempts(engine, job_id) == [(1, "cancelled", None)]
+
+
+def test_records_and_checkpoint_written_after_the_worker_left_are_stored_by_the_retry(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
+    """A run that outlives its worker (SIGTERM checkpoint of the step in flight) leaves records nobody
+    stored; the retry resumes from that checkpoint and stores them first, so no step is missing."""
+    job_id = make_job(small_spec(max_steps=30, checkpoint_interval=3, faults={"sleep_per_step_s": 0.05}))
+    context = _context(settings, store, enqueue=lambda _: None)
+    thread, _ = _run_in_thread(job_id, context)
+    _wait_until(lambda: _row(engine, job_id).step >= 6)
+    context.shutdown.set()
+    thread.join(timeout=30)
+    stored = _steps(engine, job_id)
+    first_run = settings.runs_dir / job_id / "attempt-1"
+    late = [max(stored) + 1, max(stored) + 2]  # written by the dying run after the worker stopped tailing
+    with (first_run / "records.jsonl").open("a") as records:
+        for step in late:
+            records.write(json.dumps({"type": "step", "time": time.time(), "step": step, "loss": 0.5}) + "\n")
+    (first_run / "checkpoints" / f"step-{late[-1]}.pt").write_text(str(late[-1]))
+    assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
+    assert _start_record(settings.runs_dir / job_id / "attempt-2")["resumed_from_step"] == late[-1]
+    assert _steps(engine, job_id) == list(range(1, 31))

@@ -1,0 +1,21 @@
+"""Job isolation: a job is visible to its owner and to admins; to anyone else it does not exist."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from server.auth import Principal, can_see
+from server.db import jobs as repo
+from server.db.models import Job
+from server.errors import ApiError
+
+
+def visible_job_or_404(session: Session, job_id: str, principal: Principal) -> Job:
+    """The job, if ``principal`` may see it; else ``ApiError`` 404, the same answer as for a missing job."""
+    try:
+        job = repo.get_job(session, job_id)
+    except repo.JobNotFound:
+        job = None
+    if job is None or not can_see(principal, job):
+        raise ApiError(404, f"job {job_id} not found", job_id=job_id)
+    return job

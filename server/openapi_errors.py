@@ -1,0 +1,72 @@
+"""Declare in the OpenAPI schema the error answers that come from dependencies and middleware.
+
+A route's own ``responses=`` names what its handler raises (404, 409, ...). Some
+errors come from elsewhere and apply to every route that shares a dependency:
+
+- ``401`` from :func:`server.auth.authenticate` (no, a malformed, unknown or revoked token);
+- ``403`` from :func:`server.auth.require_admin` (a token that is not an admin's);
+- ``503`` ``database unavailable`` (:mod:`server.errors`) for every route that uses
+  the database: a session, or token resolution;
+- ``413`` from :class:`server.body_limit.BodySizeLimitMiddleware` for every route
+  with a request body.
+
+:func:`declare_error_responses` adds them to each route after all routers are
+included, so a new route is documented by what it depends on, and clients and
+schema-driven tests (``tests/server/test_fuzz_api.py``) see every status the API sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from fastapi import FastAPI, routing
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+
+from server.auth import authenticate, require_admin
+from server.deps import get_session
+from server.schemas import ErrorBody
+
+_UNAUTHORIZED = {"model": ErrorBody, "description": "No token, or a malformed, unknown or revoked one"}
+_FORBIDDEN = {"model": ErrorBody, "description": "The token is not an admin's"}
+_TOO_LARGE = {"model": ErrorBody, "description": "The request body exceeds 1 MiB"}
+_UNAVAILABLE = {"model": ErrorBody, "description": "The database is unreachable (`database unavailable`)"}
+
+
+def dependency_calls(dependant: Dependant) -> Iterator[Callable[..., Any] | None]:
+    """Every dependency callable of ``dependant``, sub-dependencies included."""
+    for sub in dependant.dependencies:
+        yield sub.call
+        yield from dependency_calls(sub)
+
+
+def _api_routes(app: FastAPI) -> Iterator[APIRoute]:
+    """The app's API routes, included routers' ones too (FastAPI >= 0.165 keeps those nested)."""
+    iter_contexts = getattr(routing, "iter_route_contexts", None)
+    routes = [context.route for context in iter_contexts(app.routes)] if iter_contexts else app.routes
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+
+
+def _extra_responses(route: APIRoute) -> dict[int, dict[str, Any]]:
+    calls = set(dependency_calls(route.dependant))
+    extra: dict[int, dict[str, Any]] = {}
+    if authenticate in calls:
+        extra[401] = _UNAUTHORIZED
+    if require_admin in calls:
+        extra[403] = _FORBIDDEN
+    if route.body_field is not None:
+        extra[413] = _TOO_LARGE
+    if calls & {authenticate, get_session}:
+        extra[503] = _UNAVAILABLE
+    return extra
+
+
+def declare_error_responses(app: FastAPI) -> None:
+    """Add 401/403/413/503 to the ``responses`` of every route that can answer them (a route's own entry wins)."""
+    for route in _api_routes(app):
+        for status_code, declaration in _extra_responses(route).items():
+            if status_code not in route.responses and str(status_code) not in route.responses:
+                route.responses[status_code] = declaration

@@ -1,0 +1,162 @@
+"""Every route × every kind of caller: no token and a revoked token get 401, another owner 404 (403 for admin routes).
+
+The routes come from the app itself, so a route added without deciding its access
+fails here (add it to ``CASES`` or, for a public one, to ``PUBLIC``). Each job route
+is asked about one job owned by ``alice``: ``bob`` gets exactly the answer of a
+missing job and changes nothing, ``alice`` and an admin get a 2xx.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.routing import Mount, Route
+
+from server.app import create_app
+from server.db.models import Job
+from server.db.tokens import revoke_token
+from server.settings import Settings
+
+from api_support import VALID_SPEC, FakeQueue, insert_job, make_token
+
+#: Routes answered without a token: probes, the dashboard page, the OpenAPI description.
+PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/"), ("GET", "/openapi.json"), ("GET", "/docs"),
+          ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc")}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    """How one route is called, and who may: ``job`` (owner or admin), ``admin`` (admins), ``any`` (any token)."""
+
+    access: str
+    json: dict[str, Any] | None = None
+    job_status: str = "succeeded"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+CASES: dict[tuple[str, str], Case] = {
+    ("POST", "/jobs"): Case("any", json=VALID_SPEC),
+    ("GET", "/jobs"): Case("any"),
+    ("GET", "/jobs/{job_id}"): Case("job"),
+    ("GET", "/jobs/{job_id}/metrics"): Case("job"),
+    ("POST", "/jobs/{job_id}/cancel"): Case("job", job_status="running"),
+    ("GET", "/jobs/{job_id}/events"): Case("job"),
+    ("GET", "/jobs/{job_id}/logs"): Case("job", params={"tail": 5}),
+    ("GET", "/workers"): Case("any"),
+    ("GET", "/metrics"): Case("admin"),
+    ("GET", "/audit"): Case("admin"),
+    ("GET", "/session"): Case("any"),
+    ("POST", "/session"): Case("any"),
+    ("DELETE", "/session"): Case("any"),
+}
+
+
+def _flatten(routes: list[Any]) -> Iterator[Any]:
+    """Routes with a path and methods; FastAPI 0.165 wraps included routers (``effective_route_contexts``)."""
+    for route in routes:
+        if isinstance(route, Mount):
+            continue  # the dashboard's static files
+        if isinstance(route, (APIRoute, Route)):
+            yield route
+        elif hasattr(route, "effective_route_contexts"):
+            yield from route.effective_route_contexts()
+        else:
+            raise AssertionError(f"unknown kind of route: {route!r}")
+
+
+def app_routes() -> list[tuple[str, str]]:
+    """Every (method, path) the app serves (mounted static files excluded)."""
+    app = create_app(Settings(auth=True))
+    found = {(method, route.path) for route in _flatten(app.routes) for method in (route.methods or ()) if method != "HEAD"}
+    return sorted(found)
+
+
+PROTECTED = [route for route in app_routes() if route not in PUBLIC]
+
+
+@dataclass
+class World:
+    """A client (no default token), the tokens of every caller, and alice's job."""
+
+    client: TestClient
+    tokens: dict[str, str | None]
+    job_id: str
+    sessions: sessionmaker[Session]
+
+
+@pytest.fixture
+def world(settings: Settings, database_url: str, sessions: sessionmaker[Session], request: pytest.FixtureRequest) -> Iterator[World]:
+    method, path = request.node.callspec.params["route"]
+    case = CASES.get((method, path))
+    job_id = insert_job(sessions, status=case.job_status if case else "succeeded", owner="alice")
+    tokens: dict[str, str | None] = {
+        "none": None,
+        "owner": make_token(database_url, "alice"),
+        "other": make_token(database_url, "bob"),
+        "admin": make_token(database_url, "root", admin=True),
+        "revoked": make_token(database_url, "alice"),
+    }
+    with sessions() as session:
+        revoke_token(session, 4, actor="cli:test")  # the fourth token made: alice's second
+    with TestClient(create_app(settings, FakeQueue())) as client:
+        yield World(client, tokens, job_id, sessions)
+
+
+def _call(world: World, method: str, path: str, caller: str, job_id: str | None = None) -> Any:
+    case = CASES[(method, path)]
+    token = world.tokens[caller]
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = path.replace("{job_id}", job_id or world.job_id)
+    return world.client.request(method, url, headers=headers, json=case.json, params=case.params)
+
+
+def _status_of(world: World) -> str:
+    with world.sessions() as session:
+        job = session.get(Job, world.job_id)
+        assert job is not None
+        return job.status
+
+
+def test_every_route_is_classified() -> None:
+    unclassified = sorted(set(PROTECTED) - set(CASES))
+    assert not unclassified, f"decide who may call these routes (CASES or PUBLIC): {unclassified}"
+    assert sorted(set(CASES) - set(PROTECTED)) == [], "CASES names routes the app no longer has"
+
+
+@pytest.mark.parametrize("caller", ["none", "revoked", "other", "owner", "admin"])
+@pytest.mark.parametrize("route", PROTECTED, ids=[f"{m} {p}" for m, p in PROTECTED])
+def test_route_access(world: World, route: tuple[str, str], caller: str) -> None:
+    method, path = route
+    assert route in CASES, f"{method} {path}: decide who may call it (CASES or PUBLIC)"
+    case = CASES[route]
+    response = _call(world, method, path, caller)
+
+    if caller in ("none", "revoked"):
+        assert response.status_code == 401, response.text
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert isinstance(response.json()["detail"], str)
+    elif case.access == "admin" and caller != "admin":
+        assert response.status_code == 403, response.text
+    elif case.access == "job" and caller == "other":
+        missing = _call(world, method, path, caller, job_id=(missing_id := str(uuid.uuid4())))
+        assert response.status_code == 404, response.text
+        assert response.json() == {**missing.json(), "job_id": world.job_id, "detail": missing.json()["detail"].replace(missing_id, world.job_id)}
+        assert _status_of(world) == case.job_status  # nothing changed
+    else:
+        assert 200 <= response.status_code < 300, response.text
+    if (method, path) == ("GET", "/jobs") and response.status_code == 200:
+        listed = [job["id"] for job in response.json()["jobs"]]
+        assert listed == ([world.job_id] if caller in ("owner", "admin") else [])
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/", "/static/app.js", "/openapi.json", "/docs"])
+def test_public_paths_need_no_token(client: TestClient, path: str) -> None:
+    response = client.get(path, headers={"Authorization": ""})
+    assert response.status_code == 200, response.text
