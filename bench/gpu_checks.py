@@ -45,7 +45,8 @@ import torch
 from pydantic import ValidationError
 
 from trainer.distributed import DistContext
-from trainer.loop import Components, build_components, record_step, train_step
+from trainer.components import Components, build_components
+from trainer.step import record_step, train_step
 from trainer.optim import resolve_implementation
 from trainer.precision import PrecisionUnsupportedError
 from trainer.spec import JobSpec

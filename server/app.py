@@ -21,6 +21,7 @@ from server.errors import install_error_handlers
 from server.openapi_errors import declare_error_responses
 from server.exporter import build_registry
 from server.queue import CeleryJobQueue, JobQueue
+from server.redact import install_log_redaction
 from server.request_metrics import RequestMetricsMiddleware, request_histogram
 from server.events import StreamCollector
 from server.auth import check_exposure
@@ -69,6 +70,7 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     """
     settings = settings or Settings()
     check_exposure(settings)
+    install_log_redaction()  # after uvicorn configured logging; idempotent
     app = FastAPI(
         title="Halfcast",
         summary="Training as a service: mixed-precision jobs with automatic loss scaling",

@@ -9,8 +9,8 @@
 Errors are typed: :class:`ServerUnavailable` (no connection, a timeout, or a 503),
 :class:`ValidationFailed` (422, with every field error), :class:`NotFound` (404),
 :class:`Conflict` (409), :class:`Unauthorized` (401: no, an unknown or a revoked
-token), :class:`Forbidden` (403: needs an admin token), and :class:`HalfcastError`
-for anything else. Pass the API token as ``token`` (sent as ``Authorization: Bearer``).
+token), :class:`Forbidden` (403: needs an admin token), :class:`QuotaExceeded` (429: the
+job would take its owner over a quota limit), and :class:`HalfcastError` for anything else. Pass the API token as ``token`` (sent as ``Authorization: Bearer``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,24 @@ class HalfcastError(Exception):
 
 class ServerUnavailable(HalfcastError):
     """The API could not be reached, timed out, or answered 503."""
+
+
+class QuotaExceeded(HalfcastError):
+    """429: the job would take its owner over quota ``limit`` (whose value is ``value``); retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, limit: str | None, value: int | None, retry_after: float | None) -> None:
+        super().__init__(f"quota exceeded: {message}" if not message.startswith("quota") else message, 429)
+        self.limit = limit
+        self.value = value
+        self.retry_after = retry_after
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The ``Retry-After`` header in seconds, or ``None`` when absent or not a number."""
+    try:
+        return float(response.headers["retry-after"])
+    except (KeyError, ValueError):
+        return None
 
 
 class NotFound(HalfcastError):
@@ -136,6 +154,8 @@ def _raise_for(response: httpx.Response) -> None:
         raise Forbidden(f"forbidden: {message}", 403)
     if response.status_code == 503:
         raise ServerUnavailable(message, 503)
+    if response.status_code == 429 and isinstance(body, dict):
+        raise QuotaExceeded(message, body.get("limit"), body.get("value"), _retry_after(response))
     raise HalfcastError(f"HTTP {response.status_code}: {message}", response.status_code)
 
 

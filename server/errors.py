@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from server.redact import redact_urls
 from server.schemas import ErrorBody
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ class ApiError(Exception):
     def __init__(self, status_code: int, detail: str, *, job_id: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status_code = status_code
-        self.body = ErrorBody(detail=detail, job_id=job_id)
+        self.body = ErrorBody(detail=redact_urls(detail), job_id=job_id)
         self.headers = headers
 
 

@@ -143,3 +143,10 @@ class ErrorBody(BaseModel):
 
     detail: str
     job_id: str | None = None
+
+
+class QuotaErrorBody(ErrorBody):
+    """Body of a ``429``: the job would take its owner over ``limit``, whose value is ``value``."""
+
+    limit: Literal["max_active_jobs", "max_gpus", "max_queued_jobs"]
+    value: int

@@ -7,11 +7,18 @@ for the production layout.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from server.redact import redact_urls
+
+#: Settings that may hold a password (inside a URL): masked in ``repr`` and ``str``.
+SECRET_URL_FIELDS = frozenset({"database_url", "broker_url"})
 
 
 class Settings(BaseSettings):
@@ -65,6 +72,20 @@ class Settings(BaseSettings):
         le=30 * 24 * 3600.0,
         description="Redis: seconds before a delivered, unacknowledged message is delivered again",
     )
+    quota_max_active_jobs: int | None = Field(
+        default=None, ge=0, description="Default per-owner limit on jobs not yet terminal (unset: unlimited)"
+    )
+    quota_max_gpus: int | None = Field(
+        default=None, ge=0, description="Default per-owner limit on the GPUs of jobs not yet terminal (unset: unlimited)"
+    )
+    quota_max_queued_jobs: int | None = Field(
+        default=None, ge=0, description="Default per-owner limit on queued jobs (unset: unlimited)"
+    )
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """pydantic's ``repr``/``str`` fields, with the passwords in the service URLs masked."""
+        for name, value in super().__repr_args__():
+            yield name, redact_urls(value) if name in SECRET_URL_FIELDS and isinstance(value, str) else value
 
     @cached_property
     def resolved_data_dir(self) -> Path:

@@ -36,6 +36,9 @@ log = logging.getLogger("trainer")
 TYPED_FAILURE_EXIT = 3
 ERROR_FILE = "error.json"
 DUMP_PARAMS_ENV = "HALFCAST_DUMP_PARAMS"
+#: The worker sets it to ``1`` only when its settings allow fault injection; a spec with a
+#: ``faults`` block is refused otherwise (defence in depth behind the API's 422).
+ALLOW_FAULTS_ENV = "HALFCAST_ALLOW_FAULTS"
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -72,6 +75,8 @@ def write_error(run_dir: Path, reason: str, message: str, rank: int) -> None:
 def run(spec_path: Path, run_dir: Path, resume_from: Path | None = None) -> None:
     """Load the spec, join the job's ranks, train (from ``resume_from`` if given); optionally dump parameters."""
     spec = load_spec(spec_path)
+    if spec.faults is not None and os.environ.get(ALLOW_FAULTS_ENV) != "1":
+        raise TrainerError("spec_invalid", f"the spec has a faults block but fault injection is off ({ALLOW_FAULTS_ENV}=1)")
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume_from is not None and not resume_from.is_file():
         raise TrainerError("spec_invalid", f"checkpoint to resume from does not exist: {resume_from}")

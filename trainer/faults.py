@@ -1,7 +1,8 @@
 """Test-only fault injection from ``spec.faults`` (off when it is ``None``).
 
-The API accepts a ``faults`` block only with ``HALFCAST_ALLOW_FAULTS=1``; the trainer
-obeys whatever the spec holds.
+The API accepts a ``faults`` block only with ``HALFCAST_ALLOW_FAULTS=1``, and the
+trainer's entry point refuses one unless its worker passed ``HALFCAST_ALLOW_FAULTS=1``;
+this module obeys whatever the spec holds.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The training loop: one path for every precision, readable top to bottom.
 
-One optimizer step consumes a *window* of K micro-batches (K = accumulation steps)
+A job is built from its spec (:mod:`trainer.components`); one optimizer step
+(:mod:`trainer.step`) consumes a *window* of K micro-batches (K = accumulation steps)
 on every rank:
 
 1. count the loss-bearing elements of the window (samples, or valid tokens) and
@@ -32,88 +33,35 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from trainer.batching import plan_batches, windows
-from trainer.checkpoint import TrainingState, final_path, restore_state, save_checkpoint, step_path
-from trainer.data import Batch, Dataset, build_dataset
-from trainer.distributed import DistContext, all_reduce_sum, barrier, gather_to_main
+from trainer.components import Components, build_components, build_record_flusher, divergence_guard
+from trainer.checkpoint import final_path, restore_state, save_checkpoint, step_path
+from trainer.data import Batch, Dataset
+from trainer.distributed import DistContext, barrier, gather_to_main
 from trainer.errors import TrainerError
 from trainer.evaluate import evaluate
 from trainer.fallback import Checkpoint, PrecisionFallback, RunStart
 from trainer.faults import FaultInjector
 from trainer.flushing import RecordFlusher
 from trainer.guard import DivergenceGuard
-from trainer.loss_scale import DynamicLossScaler
-from trainer.losses import LossFn, task_loss
-from trainer.models import build_model
-from trainer.optim import build_lr_scheduler, build_optimizer
-from trainer.parallel import grad_sync, wrap_model
 from trainer.preemption import StopRequested, StopSignal
-from trainer.precision import PrecisionPolicy, StepOutcome, build_precision
 from trainer.records import RECORDS_FILE, RecordSink
 from trainer.resume import PRECISION_SWITCH_KEY
 from trainer.rng import capture_rng_state, restore_rng_state
-from trainer.schedule import DeviceLRSchedule
 from trainer.sharded import gather_state_dicts
 from trainer.spec import JobSpec
-from trainer.telemetry import StepLog
+from trainer.step import record_step, train_step
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WindowStats:
-    """Global totals of one window over all ranks, as 0-d device tensors.
-
-    ``loss``: float64 mean loss per loss-bearing element; ``num_elements``,
-    ``num_samples``, ``num_tokens``: int64 (``num_tokens`` is ``None`` for non-token data).
-    """
-
-    loss: Tensor
-    num_elements: Tensor
-    num_samples: Tensor
-    num_tokens: Tensor | None
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One attempted optimizer step: the window's totals, the precision's outcome, the lr used (0-d tensor)."""
-
-    window: WindowStats
-    outcome: StepOutcome
-    lr: Tensor
-
-
-@dataclass(frozen=True)
-class Components:
-    """Everything :func:`train` builds from a spec; ``model`` is unwrapped, ``train_model`` maybe DDP."""
-
-    dataset: Dataset
-    model: nn.Module
-    train_model: nn.Module
-    precision: PrecisionPolicy
-    optimizer: torch.optim.Optimizer
-    lr_scheduler: DeviceLRSchedule
-    loss_fn: LossFn
-
-    @property
-    def parameters(self) -> list[torch.Tensor]:
-        """The trainable parameters, in model order."""
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    @property
-    def training_state(self) -> TrainingState:
-        """What a checkpoint captures."""
-        return TrainingState(self.model, self.optimizer, self.lr_scheduler, self.precision)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -143,132 +91,7 @@ class TrainResult:
     final_eval: dict[str, float] | None
 
 
-# ----------------------------------------------------------------------------- one step
-
-
-def accumulate_window(
-    model: nn.Module,
-    micro_batches: Sequence[Batch],
-    precision: PrecisionPolicy,
-    loss_fn: LossFn,
-    dist_ctx: DistContext,
-) -> WindowStats:
-    """Forward and backward over the micro-batches of one window, leaving the summed gradient in ``.grad``.
-
-    Each micro-batch contributes ``loss_fn(model, batch) / global_count * world_size``,
-    so after DDP's averaging the gradient equals that of the mean loss over all
-    ``global_count`` elements of the window on all ranks (``global_count`` is floored
-    at 1 for a window without loss-bearing elements). Gradients are synchronised
-    only on the last micro-batch. No host synchronisation: the counts are all-reduced
-    as a device tensor and the loss stays on the device.
-    """
-    counts = _global_counts(micro_batches, dist_ctx.device)
-    count = counts[0].clamp_min(1)
-    normaliser = count.float()
-    loss_sum = torch.zeros((), dtype=torch.float32, device=dist_ctx.device)
-    last = len(micro_batches) - 1
-    for index, batch in enumerate(micro_batches):
-        with grad_sync(model, sync=index == last):
-            with precision.autocast():
-                batch_loss = loss_fn(model, batch)
-                loss = batch_loss / normaliser * dist_ctx.world_size
-            precision.backward(loss)
-        loss_sum += batch_loss.detach().float()
-    global_loss = all_reduce_sum(loss_sum).double() / count
-    tokens = None if any(b.num_tokens is None for b in micro_batches) else counts[2]
-    return WindowStats(loss=global_loss, num_elements=counts[0], num_samples=counts[1], num_tokens=tokens)
-
-
-def _global_counts(micro_batches: Sequence[Batch], device: torch.device) -> Tensor:
-    """``[elements, samples, tokens]`` of the window summed over all ranks: int64 ``[3]`` on ``device``.
-
-    The local counts come from host-side batch metadata; they travel to the device
-    without blocking (pinned memory on CUDA) and are all-reduced there.
-    """
-    local = [
-        sum(b.num_elements for b in micro_batches),
-        sum(b.num_samples for b in micro_batches),
-        sum(b.num_tokens or 0 for b in micro_batches),
-    ]
-    if device.type == "cpu":
-        return all_reduce_sum(torch.tensor(local, dtype=torch.int64))
-    pinned = torch.tensor(local, dtype=torch.int64).pin_memory() if device.type == "cuda" else torch.tensor(local)
-    return all_reduce_sum(pinned.to(device, non_blocking=True))
-
-
-def train_step(
-    components: Components,
-    micro_batches: Sequence[Batch],
-    *,
-    step: int,
-    max_grad_norm: float | None,
-    dist_ctx: DistContext,
-    faults: FaultInjector | None = None,
-    sample_underflow: bool = False,
-) -> StepResult:
-    """Attempt optimizer step ``step`` (1-based) on one window of micro-batches (already on the device).
-
-    The LR schedule advances by the step's ``applied`` flag (skipped steps leave it);
-    gradients are zeroed (set to ``None``) afterwards in every case. Nothing is read
-    on the host. With ``sample_underflow`` the step measures the fp16 underflow fraction.
-    """
-    lr = components.optimizer.param_groups[0]["lr"]  # the schedule replaces, never mutates, this tensor
-    window = accumulate_window(
-        components.train_model, micro_batches, components.precision, components.loss_fn, dist_ctx
-    )
-    if faults is not None:
-        faults.after_backward(step, components.parameters)
-    outcome = components.precision.step(
-        components.optimizer, components.parameters, max_grad_norm, sample_underflow=sample_underflow
-    )
-    components.lr_scheduler.step(outcome.applied)
-    components.optimizer.zero_grad(set_to_none=True)
-    return StepResult(window=window, outcome=outcome, lr=lr)
-
-
-def record_step(step_log: StepLog, step: int, result: StepResult) -> None:
-    """Write ``result`` into the next row of ``step_log`` (device ops only; see :data:`trainer.telemetry.FIELDS`)."""
-    window, outcome = result.window, result.outcome
-    tokens = window.num_tokens if window.num_tokens is not None else window.num_samples
-    values = [window.loss, outcome.loss_scale, outcome.overflow_kind, outcome.skipped_steps, outcome.grad_norm,
-              result.lr, window.num_samples, tokens, outcome.underflow_fraction]
-    evidence = (outcome.rank_kinds, outcome.param_kinds) if step_log.num_ranks + step_log.num_params else ()
-    step_log.record(step, values, has_tokens=window.num_tokens is not None, evidence=evidence)
-
-
 # ----------------------------------------------------------------------------- the job
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's and torch's generators (CPU and every CUDA device)."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def build_components(spec: JobSpec, dist_ctx: DistContext) -> Components:
-    """Precision, dataset, model (seeded by ``spec.seed``, identical on every rank), optimizer, schedule.
-
-    The optimizer is built after wrapping (FSDP2 replaces the parameters by sharded
-    ones). Raises ``PrecisionUnsupportedError`` before anything else is built, then
-    :class:`trainer.errors.TrainerError` for unavailable data or a model that cannot
-    be built.
-    """
-    precision = build_precision(spec, dist_ctx.device)
-    dataset = build_dataset(spec.dataset)
-    seed_everything(spec.seed)
-    model = build_model(spec.model, dataset.info).to(dist_ctx.device)
-    model = precision.prepare_model(model)
-    train_model = wrap_model(model, dist_ctx, spec.parallelism, spec.precision)
-    optimizer = build_optimizer(spec.optimizer, (p for p in model.parameters() if p.requires_grad))
-    return Components(
-        dataset=dataset,
-        model=model,
-        train_model=train_model,
-        precision=precision,
-        optimizer=optimizer,
-        lr_scheduler=build_lr_scheduler(spec.lr_scheduler, optimizer, spec.max_steps),
-        loss_fn=task_loss(dataset.info.task),
-    )
 
 
 def train(
@@ -428,31 +251,9 @@ def _resume(
     return done
 
 
-def divergence_guard(spec: JobSpec, parts: Components) -> DivergenceGuard:
-    """The guard of ``spec``'s limits; it knows ``min_scale`` only with a dynamic loss scaler."""
-    scaler = parts.precision.scaler
-    return DivergenceGuard(
-        spec.max_consecutive_skips,
-        spec.max_consecutive_nonfinite_losses,
-        min_scale=scaler.min_scale if isinstance(scaler, DynamicLossScaler) else None,
-    )
-
-
 def _record_flusher(run: RunState, records: RecordSink, dist_ctx: DistContext) -> RecordFlusher:
     """The flusher of the run's device step log (its totals continue the checkpoint's)."""
     return build_record_flusher(run.spec, run.parts, run.guard, records, dist_ctx, totals=run.totals)
-
-
-def build_record_flusher(
-    spec: JobSpec, parts: Components, guard: DivergenceGuard, records: RecordSink, dist_ctx: DistContext,
-    totals: dict[str, int] | None = None,
-) -> RecordFlusher:
-    """The record flusher a job's loop uses: a ``log_interval``-row device step log that keeps the
-    overflow evidence of every rank and parameter, flushed by time on rank 0 (``log_interval_s``)."""
-    names = [name for name, p in parts.model.named_parameters() if p.requires_grad]
-    step_log = StepLog(spec.log_interval, dist_ctx.device, num_ranks=dist_ctx.world_size, num_params=len(names))
-    return RecordFlusher(step_log, records, guard, spec.max_steps, dist_ctx.is_main, param_names=names,
-                         max_latency_s=spec.log_interval_s, totals=totals)
 
 
 def _stop_after(

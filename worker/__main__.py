@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from server.redact import install_log_redaction
 from server.settings import Settings
 from worker.celery_app import create_celery_app
 from worker.tasks import register_tasks
@@ -35,6 +36,7 @@ def worker_argv(settings: Settings, extra: Sequence[str] = (), threads: int | No
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the worker until it is stopped (SIGTERM or Ctrl-C: running jobs are stopped and ended)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
     settings = Settings()
     app = create_celery_app(settings)
     runtime = register_tasks(app).halfcast_runtime  # type: ignore[attr-defined]

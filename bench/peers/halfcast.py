@@ -1,8 +1,8 @@
 """Halfcast's own step, through the trainer's public pieces, with its telemetry as in the real loop.
 
-Per step: :func:`trainer.loop.train_step` (forward and backward under the precision's
+Per step: :func:`trainer.step.train_step` (forward and backward under the precision's
 autocast and loss scale, sync-free unscale, overflow check, clip, device-side
-skip, LR schedule advanced by the ``applied`` flag) and :func:`trainer.loop.record_step`
+skip, LR schedule advanced by the ``applied`` flag) and :func:`trainer.step.record_step`
 into a :class:`trainer.telemetry.StepLog`. Every ``log_interval`` steps a
 :class:`trainer.flushing.RecordFlusher` copies the rows to the host, writes the step
 records to a temporary ``records.jsonl`` and runs the divergence guard, exactly like
@@ -21,7 +21,8 @@ from bench.peers.base import PeerInfo
 from bench.workload import ActivationProbe, Workload, job_spec
 from trainer.data import Batch
 from trainer.distributed import DistContext
-from trainer.loop import build_components, build_record_flusher, divergence_guard, record_step, train_step
+from trainer.components import build_components, build_record_flusher, divergence_guard
+from trainer.step import record_step, train_step
 from trainer.loss_scale import DynamicLossScaler
 from trainer.optim import resolve_implementation
 from trainer.records import RECORDS_FILE, RecordSink

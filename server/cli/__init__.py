@@ -11,10 +11,11 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from server.cli import audit, db, jobs, logs, services, tokens
+from server.cli import audit, db, jobs, logs, quotas, services, tokens
+from server.redact import install_log_redaction
 
 #: Command-group modules, in the order ``--help`` lists them.
-GROUPS = (services, db, tokens, jobs, logs, audit)
+GROUPS = (services, db, tokens, quotas, jobs, logs, audit)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,4 +32,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``halfcast`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
     return int(args.handler(args) or 0)

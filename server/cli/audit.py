@@ -15,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add ``audit``."""
     audit = add_api_command(subparsers, "audit", "show the audit log, newest first (admin token)", run_audit)
     audit.add_argument("--limit", type=int, default=50, help="at most this many events (default 50, at most 1000)")
-    audit.add_argument("--action", help="only this action: job.create, job.cancel, token.create, token.revoke")
+    audit.add_argument("--action", help="only this action: job.create, job.cancel, job.requeue, token.create, token.revoke, quota.set, quota.clear")
     audit.add_argument("--json", action="store_true", help="print the events as JSON")
 
 

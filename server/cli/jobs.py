@@ -16,12 +16,12 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from server.cli.credentials import resolve_token
+from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
 from server.cli.watch import WatchView, format_number, format_scale, write
 from server.client import (
     DEFAULT_URL,
@@ -100,13 +100,23 @@ class SpecFileError(ValueError):
 
 
 def load_spec(source: str) -> dict[str, Any]:
-    """The spec in ``source`` (a path, or ``-`` for stdin): JSON for ``.json``, else YAML (``yaml.safe_load``)."""
+    """The spec in ``source`` (a path, or ``-`` for stdin): JSON for ``.json``, else YAML (``yaml.safe_load``).
+
+    Bounded by :mod:`server.cli.spec_limits` (file size, alias expansion, nesting depth).
+    """
     try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+        text = read_spec_text(source)
     except OSError as exc:
         raise SpecFileError(f"cannot read {source}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # too large, or not UTF-8
+        raise SpecFileError(str(exc) if isinstance(exc, SpecTooLarge) else f"{source} is not UTF-8 text") from exc
     try:
         spec = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
+        check_expansion(spec, source)
+    except SpecTooLarge as exc:
+        raise SpecFileError(str(exc)) from exc
+    except RecursionError as exc:
+        raise SpecFileError(f"{source} is nested too deeply") from exc
     except (ValueError, yaml.YAMLError) as exc:
         raise SpecFileError(f"{source} is not valid {'JSON' if source.endswith('.json') else 'YAML'}: {' '.join(str(exc).split())}") from exc
     if not isinstance(spec, dict):

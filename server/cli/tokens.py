@@ -13,13 +13,10 @@ import argparse
 import getpass
 import logging
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy.orm import Session
 
-from server.settings import Settings
+from server.cli.db import operator_session
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +51,6 @@ def cli_actor() -> str:
         return "cli:unknown"
 
 
-@contextmanager
-def _session() -> Iterator[Session]:
-    from server.db.engine import make_engine, make_session_factory
-
-    engine = make_engine(Settings().effective_database_url)
-    try:
-        with make_session_factory(engine)() as session:
-            yield session
-    finally:
-        engine.dispose()
-
-
 def run_create(args: argparse.Namespace) -> int:
     """Create a token; print it (or write ``--file``); 2 for an invalid owner."""
     from server.cli.credentials import write_token_file
@@ -75,7 +60,7 @@ def run_create(args: argparse.Namespace) -> int:
         sys.stderr.write(f"{args.file} exists; no token created\n")
         return 0
     try:
-        with _session() as session:
+        with operator_session() as session:
             token = create_token(session, args.owner, admin=args.admin, actor=cli_actor())
     except ValueError as exc:
         sys.stderr.write(f"error: {exc}\n")
@@ -98,7 +83,7 @@ def run_list(_args: argparse.Namespace) -> int:
     """Print a table of every token (no secrets, no hashes)."""
     from server.db.tokens import list_tokens
 
-    with _session() as session:
+    with operator_session() as session:
         rows = [("ID", "OWNER", "ADMIN", "CREATED", "LAST USED", "REVOKED")]
         for row in list_tokens(session):
             rows.append((str(row.id), row.owner, "yes" if row.admin else "no", _when(row.created_at),
@@ -114,7 +99,7 @@ def run_revoke(args: argparse.Namespace) -> int:
     from server.db.tokens import TokenNotFound, revoke_token
 
     try:
-        with _session() as session:
+        with operator_session() as session:
             row = revoke_token(session, args.token_id, actor=cli_actor())
     except TokenNotFound:
         sys.stderr.write(f"error: no token has id {args.token_id}\n")

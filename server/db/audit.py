@@ -1,4 +1,4 @@
-"""The audit log (``audit_events``): job creation, cancellation and token changes, with actor and time.
+"""The audit log (``audit_events``): job creation, cancellation and requeueing, token and quota changes, with actor and time.
 
 :func:`add_event` only adds the row to the session, so a caller can commit it in
 the same transaction as the change it describes; :func:`record` commits it alone.
@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from server.db.models import AuditEvent, utcnow
 
 #: The audited actions.
-ACTIONS = ("job.create", "job.cancel", "token.create", "token.revoke")
+ACTIONS = ("job.create", "job.cancel", "job.requeue", "token.create", "token.revoke", "quota.set", "quota.clear")
 
 
 @dataclass(frozen=True)

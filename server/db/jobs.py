@@ -22,8 +22,10 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server.db import audit
+from server.db import audit, quota_check
 from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, Job, StepRecord, utcnow
+from server.db.quota_check import begin_owner_transaction
+from server.db.quotas import UNLIMITED, QuotaLimits
 from server.timeutil import as_utc
 from trainer.spec import JobSpec
 
@@ -73,36 +75,66 @@ class IdempotencyMismatch(ValueError):
 
 
 def create_job(
-    session: Session, spec: JobSpec, idempotency_key: str | None = None, *, owner: str
+    session: Session,
+    spec: JobSpec,
+    idempotency_key: str | None = None,
+    *,
+    owner: str,
+    quota_defaults: QuotaLimits = UNLIMITED,
 ) -> tuple[Job, bool]:
     """Store a new ``queued`` job of ``owner`` for a validated ``spec``, audit it, commit; return ``(job, created)``.
 
     The ``job.create`` audit event (actor ``owner``) is committed with the job. With an
     ``idempotency_key``, a job ``owner`` already stored under that key is returned
-    instead (``created`` is ``False``; keys are per owner); the ``(owner, key)`` unique
-    index makes this safe when requests race: the loser's INSERT fails and it reads
-    the winner's job. Raises :class:`IdempotencyMismatch` if that job was created
-    from a different spec.
+    instead (``created`` is ``False``; keys are per owner; a replay is never counted
+    against a quota). The owner's quota (``quota_defaults`` overridden by its
+    ``owner_quotas`` row) is checked in the transaction of the INSERT, under the
+    owner's lock (:mod:`server.db.quota_check`), which also serialises racing requests
+    with one key; the ``(owner, key)`` unique index backs this up.
+
+    Raises :class:`IdempotencyMismatch` if the key's job was created from a different
+    spec, and :class:`server.db.quota_check.QuotaExceeded` (nothing stored) when the
+    job would take the owner over a limit.
     """
     digest = spec_hash(spec) if idempotency_key is not None else None
     if idempotency_key is not None and (existing := _by_key(session, idempotency_key, owner)) is not None:
         return _same_request(existing, digest), False
-    job = _new_job(spec, idempotency_key, digest, owner)
+    begin_owner_transaction(session, owner)
+    try:
+        existing = _find_key(session, idempotency_key, owner) if idempotency_key is not None else None
+        if existing is None:
+            quota_check.enforce(session, owner, spec.gpus, quota_defaults)
+    except BaseException:
+        session.rollback()
+        raise
+    if existing is not None:  # a racer with this key committed while we waited for the lock
+        session.commit()
+        return _same_request(existing, digest), False
+    return _insert(session, _new_job(spec, idempotency_key, digest, owner), owner, digest)
+
+
+def _insert(session: Session, job: Job, owner: str, digest: str | None) -> tuple[Job, bool]:
+    """Add ``job`` and its ``job.create`` event to the open transaction and commit; a lost key race reads the winner."""
     session.add(job)
-    audit.add_event(session, owner, "job.create", job.id, {"owner": owner, "name": spec.name})
+    audit.add_event(session, owner, "job.create", job.id, {"owner": owner, "name": job.name})
     try:
         session.commit()
     except IntegrityError:
         session.rollback()
-        existing = _by_key(session, idempotency_key, owner) if idempotency_key is not None else None
+        key = job.idempotency_key
+        existing = _by_key(session, key, owner) if key is not None else None
         if existing is None:
             raise
         return _same_request(existing, digest), False
     return job, True
 
 
+def _find_key(session: Session, key: str, owner: str) -> Job | None:
+    return session.scalars(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).one_or_none()
+
+
 def _by_key(session: Session, key: str, owner: str) -> Job | None:
-    job = session.scalars(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).one_or_none()
+    job = _find_key(session, key, owner)
     session.commit()  # end the read: the INSERT that may follow starts a transaction of its own
     return job
 

@@ -8,6 +8,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from server.db.redacted import RedactedText
+
 #: Job statuses (DESIGN.md §3). Terminal statuses never change again.
 STATUSES = ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled")
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
@@ -42,7 +44,7 @@ class Job(Base):
     finished_at: Mapped[datetime | None]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     error_reason: Mapped[str | None] = mapped_column(String(64))
-    error_message: Mapped[str | None] = mapped_column(Text)
+    error_message: Mapped[str | None] = mapped_column(RedactedText)  # URL passwords masked on write
     step: Mapped[int] = mapped_column(Integer, default=0)
     max_steps: Mapped[int] = mapped_column(Integer)
     world_size: Mapped[int] = mapped_column(Integer)
@@ -73,6 +75,7 @@ class Job(Base):
         Index("ix_jobs_status_created", "status", "created_at"),
         Index("ix_jobs_owner_created", "owner", "created_at"),
         Index("ix_jobs_owner_idempotency_key", "owner", "idempotency_key", unique=True),
+        Index("ix_jobs_owner_status", "owner", "status"),  # quota usage at submission (migration 0005)
     )
 
 
@@ -143,8 +146,23 @@ class AuditEvent(Base):
     at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     #: The owner of the token that acted, or ``cli:<os user>`` for operator commands.
     actor: Mapped[str] = mapped_column(String(255))
-    #: ``job.create``, ``job.cancel``, ``token.create``, ``token.revoke``.
+    #: One of ``server.db.audit.ACTIONS`` (``job.create``, ``quota.set``, ...).
     action: Mapped[str] = mapped_column(String(64), index=True)
-    #: The job id or the token id acted on.
+    #: The job id or the token id acted on; the owner for ``quota.*``.
     subject: Mapped[str] = mapped_column(String(255))
     details: Mapped[dict[str, Any] | None]
+
+
+class OwnerQuota(Base):
+    """Per-owner submission limits (``server/db/quotas.py``); a null limit means "the server's default"."""
+
+    __tablename__ = "owner_quotas"
+
+    owner: Mapped[str] = mapped_column(String(255), primary_key=True)
+    #: Jobs not yet terminal (queued, starting, running, cancelling).
+    max_active_jobs: Mapped[int | None] = mapped_column(Integer)
+    #: Sum of ``spec.gpus`` over the owner's jobs not yet terminal.
+    max_gpus: Mapped[int | None] = mapped_column(Integer)
+    #: Jobs in ``queued``.
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

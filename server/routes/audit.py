@@ -17,7 +17,9 @@ from server.timeutil import as_utc
 
 router = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(require_admin)])
 
-AuditAction = Literal["job.create", "job.cancel", "token.create", "token.revoke"]
+AuditAction = Literal[
+    "job.create", "job.cancel", "job.requeue", "token.create", "token.revoke", "quota.set", "quota.clear"
+]
 
 
 class AuditEventPublic(BaseModel):
@@ -27,7 +29,7 @@ class AuditEventPublic(BaseModel):
     at: datetime = Field(description="When (UTC)")
     actor: str = Field(description="Owner of the token that acted, or `cli:<os user>` for operator commands")
     action: AuditAction
-    subject: str = Field(description="The job id, or the token id")
+    subject: str = Field(description="The job id, the token id, or the owner (quota changes)")
     details: dict[str, Any] | None = Field(description="e.g. the job's owner, the token's owner and admin flag")
 
     @classmethod

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from server.probes import check_broker, check_database
+from server.redact import redact_urls
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,8 @@ def _outcome(name: str, probe: Callable[[], None]) -> str:
     try:
         probe()
     except Exception as exc:  # a probe reports any failure as "down", it never raises
-        log.warning("readiness: %s is down: %s", name, exc)
-        return f"down: {type(exc).__name__}: {exc}"
+        log.warning("readiness: %s is down: %s", name, redact_urls(str(exc)))
+        return redact_urls(f"down: {type(exc).__name__}: {exc}")
     return "ok"
 
 

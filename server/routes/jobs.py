@@ -18,10 +18,15 @@ from sqlalchemy.orm import Session
 from server.access import visible_job_or_404
 from server.auth import PrincipalDep, authenticate
 from server.capacity import check_gpu_capacity
-from server.db import audit
+from server.db import audit, requeue
 from server.db import jobs as repo
+from server.db.models import Job
+from server.db.quota_check import QuotaExceeded
+from server.db.quotas import QuotaLimits
 from server.deps import QueueDep, SessionDep, SettingsDep
 from server.errors import ApiError
+from server.queue import JobQueue
+from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.schemas import MAX_STEP_NUMBER, ErrorBody, JobList, JobPublic, JobStatus, MetricsPage, step_point
 from server.settings import Settings
 from trainer.spec import JobSpec
@@ -66,6 +71,7 @@ def _reject_faults(spec: JobSpec, settings: Settings) -> None:
     response_model=JobPublic,
     responses={
         200: {"model": JobPublic, "description": "The job this Idempotency-Key created before"},
+        429: QUOTA_RESPONSE,
         503: {"model": ErrorBody, "description": "The job could not be queued; it is stored as failed"},
     },
 )
@@ -85,25 +91,50 @@ def submit_job(
     used for the same spec, nothing is stored or sent: the answer is 200 with that
     job; used for a different spec, 422 at ``["header", "Idempotency-Key"]``. A GPU
     job no registered worker can hold is 422 at ``["body", "gpus"]`` (:mod:`server.capacity`).
-    The job belongs to the caller; idempotency keys are per owner.
+    The job belongs to the caller; idempotency keys are per owner. A job that would take
+    the caller over a quota limit is 429 (:mod:`server.quotas`; a replay is not counted).
+    A replay of a job whose message never reached the broker (``failed``/``enqueue_failed``,
+    never claimed) puts it back to ``queued`` and sends it again (:mod:`server.db.requeue`).
     """
     _reject_faults(spec, settings)
     check_gpu_capacity(session, spec, settings, idempotency_key, principal.owner)
+    defaults = default_limits(settings)
     try:
-        job, created = repo.create_job(session, spec, idempotency_key, owner=principal.owner)
+        job, created = repo.create_job(session, spec, idempotency_key, owner=principal.owner, quota_defaults=defaults)
     except repo.IdempotencyMismatch as exc:
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("header", "Idempotency-Key"), "msg": str(exc), "input": idempotency_key}]
         ) from None
+    except QuotaExceeded as exc:
+        raise QuotaApiError(exc) from None
     response.headers["Location"] = f"/jobs/{job.id}"
     if not created:
         response.status_code = 200
-        return JobPublic.from_row(repo.get_job(session, job.id))
-    try:
-        queue.enqueue(job.id)
-    except Exception as exc:  # any broker failure: the job must not stay queued forever
-        _record_enqueue_failure(session, job.id, exc)
+        if not _requeue_if_never_sent(session, job, spec, principal.owner, defaults):
+            return JobPublic.from_row(repo.get_job(session, job.id))
+    _send(session, queue, job.id)
     return JobPublic.from_row(repo.get_job(session, job.id))
+
+
+def _requeue_if_never_sent(session: Session, job: Job, spec: JobSpec, owner: str, defaults: QuotaLimits) -> bool:
+    """On a replay, put a job whose message never reached the broker back to ``queued``; 429 at a quota limit."""
+    if not requeue.never_sent(job):
+        return False
+    try:
+        requeued = requeue.requeue_never_sent(session, job.id, owner=owner, gpus=spec.gpus, quota_defaults=defaults)
+    except QuotaExceeded as exc:
+        raise QuotaApiError(exc) from None
+    if requeued:
+        log.info("job %s requeued: its Idempotency-Key was replayed after the broker refused it", job.id)
+    return requeued
+
+
+def _send(session: Session, queue: JobQueue, job_id: str) -> None:
+    """Send the job's id to the broker; on any failure fail the job and raise 503 (:func:`_record_enqueue_failure`)."""
+    try:
+        queue.enqueue(job_id)
+    except Exception as exc:  # noqa: BLE001  # any broker failure: the job must not stay queued forever
+        _record_enqueue_failure(session, job_id, exc)
 
 
 def _record_enqueue_failure(session: Session, job_id: str, exc: Exception) -> None:

@@ -47,7 +47,7 @@ def _empty_postgres(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            conn.execute(text("TRUNCATE attempts, step_records, jobs, workers, api_tokens, audit_events RESTART IDENTITY"))
+            conn.execute(text("TRUNCATE attempts, step_records, jobs, workers, api_tokens, audit_events, owner_quotas RESTART IDENTITY"))
     finally:
         engine.dispose()
 

@@ -238,6 +238,10 @@ def test_fuzz_operation(
 
 
 def test_fuzzed_database_is_consistent(fuzz_target: FuzzTarget) -> None:
-    """After the fuzz run the database holds nothing half-written."""
+    """After the fuzz run the database holds nothing half-written.
+
+    It shares the module-scoped database with :func:`test_fuzz_operation` and runs after
+    it (pytest keeps the file's order); run alone it checks only the seeded rows.
+    """
     problems = database_problems(fuzz_target.sessions)
     assert not problems, "\n".join(problems)

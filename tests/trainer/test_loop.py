@@ -21,7 +21,9 @@ from trainer.data.base import feature_batch, token_batch
 from trainer.distributed import DistContext
 from trainer.errors import TrainerError
 from trainer.losses import task_loss
-from trainer.loop import accumulate_window, build_components, train, train_step
+from trainer.components import build_components
+from trainer.loop import train
+from trainer.step import accumulate_window, train_step
 from trainer.models.gpt import GPT
 from trainer.precision import build_precision
 from trainer.records import read_records

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import loop
+from trainer import components
 from trainer.__main__ import main
 from trainer.precision import PrecisionUnsupportedError
 
@@ -37,6 +37,15 @@ def _error(run_dir: Path) -> dict:
 def _single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HALFCAST_ALLOW_FAULTS", "1")  # as a worker with fault injection enabled
+
+
+def test_faults_are_refused_unless_the_worker_enables_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HALFCAST_ALLOW_FAULTS")
+    run_dir = tmp_path / "run"
+    assert main(["--spec", str(_write_spec(tmp_path, faults={"raise_at_step": 2})), "--run-dir", str(run_dir)]) == 3
+    error = _error(run_dir)
+    assert error["reason"] == "spec_invalid" and "HALFCAST_ALLOW_FAULTS=1" in error["message"]
 
 
 def test_a_crash_exits_non_zero_without_error_json(tmp_path: Path) -> None:
@@ -89,6 +98,6 @@ def test_unsupported_precision_is_typed(tmp_path: Path, monkeypatch: pytest.Monk
     def refuse(*_: object) -> None:
         raise PrecisionUnsupportedError("no such hardware")
 
-    monkeypatch.setattr(loop, "build_precision", refuse)
+    monkeypatch.setattr(components, "build_precision", refuse)
     assert main(["--spec", str(_write_spec(tmp_path)), "--run-dir", str(tmp_path / "run")]) == 3
     assert _error(tmp_path / "run") == {"reason": "precision_unsupported", "message": "no such hardware", "rank": 0}

@@ -13,7 +13,7 @@ from trainer.data import IGNORE_INDEX, Batch, Task
 from trainer.data.base import token_batch
 from trainer.distributed import DistContext
 from trainer.losses import task_loss
-from trainer.loop import accumulate_window
+from trainer.step import accumulate_window
 from trainer.models.gpt import GPT
 from trainer.parallel import unwrap_model, wrap_model
 from trainer.precision import build_precision

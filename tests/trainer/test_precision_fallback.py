@@ -228,7 +228,7 @@ def test_two_ranks_fall_back_in_lockstep(tmp_path: Path) -> None:
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV} | {"HALFCAST_DUMP_PARAMS": "1", "OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV} | {"HALFCAST_DUMP_PARAMS": "1", "OMP_NUM_THREADS": "1", "HALFCAST_ALLOW_FAULTS": "1"}
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
         "-m", "trainer", "--spec", str(spec_path), "--run-dir", str(run_dir),

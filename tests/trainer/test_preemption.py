@@ -75,7 +75,7 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path: Path) -> None
         "faults": {"kill_at_step": {"step": 3, "rank": 1, "signal": "SIGTERM"}},
     }  # fmt: skip
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_ENV} | {"OMP_NUM_THREADS": "1"}
+    env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_ENV} | {"OMP_NUM_THREADS": "1", "HALFCAST_ALLOW_FAULTS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
                "-m", "trainer", "--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path / "run")]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False)

@@ -19,7 +19,8 @@ import torch
 
 from trainer import loop
 from trainer.distributed import DistContext
-from trainer.loop import build_components, record_step, train_step
+from trainer.components import build_components
+from trainer.step import record_step, train_step
 from trainer.precision import build_precision
 from trainer.spec import JobSpec
 from trainer.sync_counter import HostSyncCounter as HostReads

@@ -1,0 +1,102 @@
+"""What a job is built from: precision, dataset, model, optimizer, LR schedule, guard, record flusher."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from trainer.checkpoint import TrainingState
+from trainer.data import Dataset, build_dataset
+from trainer.distributed import DistContext
+from trainer.flushing import RecordFlusher
+from trainer.guard import DivergenceGuard
+from trainer.loss_scale import DynamicLossScaler
+from trainer.losses import LossFn, task_loss
+from trainer.models import build_model
+from trainer.optim import build_lr_scheduler, build_optimizer
+from trainer.parallel import wrap_model
+from trainer.precision import PrecisionPolicy, build_precision
+from trainer.records import RecordSink
+from trainer.schedule import DeviceLRSchedule
+from trainer.spec import JobSpec
+from trainer.telemetry import StepLog
+
+
+@dataclass(frozen=True)
+class Components:
+    """Everything :func:`train` builds from a spec; ``model`` is unwrapped, ``train_model`` maybe DDP."""
+
+    dataset: Dataset
+    model: nn.Module
+    train_model: nn.Module
+    precision: PrecisionPolicy
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: DeviceLRSchedule
+    loss_fn: LossFn
+
+    @property
+    def parameters(self) -> list[torch.Tensor]:
+        """The trainable parameters, in model order."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @property
+    def training_state(self) -> TrainingState:
+        """What a checkpoint captures."""
+        return TrainingState(self.model, self.optimizer, self.lr_scheduler, self.precision)  # type: ignore[arg-type]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's and torch's generators (CPU and every CUDA device)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_components(spec: JobSpec, dist_ctx: DistContext) -> Components:
+    """Precision, dataset, model (seeded by ``spec.seed``, identical on every rank), optimizer, schedule.
+
+    The optimizer is built after wrapping (FSDP2 replaces the parameters by sharded
+    ones). Raises ``PrecisionUnsupportedError`` before anything else is built, then
+    :class:`trainer.errors.TrainerError` for unavailable data or a model that cannot
+    be built.
+    """
+    precision = build_precision(spec, dist_ctx.device)
+    dataset = build_dataset(spec.dataset)
+    seed_everything(spec.seed)
+    model = build_model(spec.model, dataset.info).to(dist_ctx.device)
+    model = precision.prepare_model(model)
+    train_model = wrap_model(model, dist_ctx, spec.parallelism, spec.precision)
+    optimizer = build_optimizer(spec.optimizer, (p for p in model.parameters() if p.requires_grad))
+    return Components(
+        dataset=dataset,
+        model=model,
+        train_model=train_model,
+        precision=precision,
+        optimizer=optimizer,
+        lr_scheduler=build_lr_scheduler(spec.lr_scheduler, optimizer, spec.max_steps),
+        loss_fn=task_loss(dataset.info.task),
+    )
+
+
+def divergence_guard(spec: JobSpec, parts: Components) -> DivergenceGuard:
+    """The guard of ``spec``'s limits; it knows ``min_scale`` only with a dynamic loss scaler."""
+    scaler = parts.precision.scaler
+    return DivergenceGuard(
+        spec.max_consecutive_skips,
+        spec.max_consecutive_nonfinite_losses,
+        min_scale=scaler.min_scale if isinstance(scaler, DynamicLossScaler) else None,
+    )
+
+
+def build_record_flusher(
+    spec: JobSpec, parts: Components, guard: DivergenceGuard, records: RecordSink, dist_ctx: DistContext,
+    totals: dict[str, int] | None = None,
+) -> RecordFlusher:
+    """The record flusher a job's loop uses: a ``log_interval``-row device step log that keeps the
+    overflow evidence of every rank and parameter, flushed by time on rank 0 (``log_interval_s``)."""
+    names = [name for name, p in parts.model.named_parameters() if p.requires_grad]
+    step_log = StepLog(spec.log_interval, dist_ctx.device, num_ranks=dist_ctx.world_size, num_params=len(names))
+    return RecordFlusher(step_log, records, guard, spec.max_steps, dist_ctx.is_main, param_names=names,
+                         max_latency_s=spec.log_interval_s, totals=totals)

@@ -1,0 +1,143 @@
+"""One optimizer step: forward and backward over a window of micro-batches, then the precision step.
+
+One optimizer step consumes a *window* of K micro-batches (K = accumulation steps)
+on every rank: the loss-bearing elements of the window are counted and all-reduced,
+so each micro-batch's SUM loss is divided by the global count (times the world size,
+as DDP averages); gradients are synchronised on the last micro-batch only; then
+``precision.step`` unscales, checks, agrees across ranks, clips and steps or skips on
+the device, and the LR schedule advances by the step's ``applied`` flag. Nothing is
+read on the host (see :mod:`trainer.loop` for the whole job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from trainer.components import Components
+from trainer.data import Batch
+from trainer.distributed import DistContext, all_reduce_sum
+from trainer.faults import FaultInjector
+from trainer.losses import LossFn
+from trainer.parallel import grad_sync
+from trainer.precision import PrecisionPolicy, StepOutcome
+from trainer.telemetry import StepLog
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """Global totals of one window over all ranks, as 0-d device tensors.
+
+    ``loss``: float64 mean loss per loss-bearing element; ``num_elements``,
+    ``num_samples``, ``num_tokens``: int64 (``num_tokens`` is ``None`` for non-token data).
+    """
+
+    loss: Tensor
+    num_elements: Tensor
+    num_samples: Tensor
+    num_tokens: Tensor | None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One attempted optimizer step: the window's totals, the precision's outcome, the lr used (0-d tensor)."""
+
+    window: WindowStats
+    outcome: StepOutcome
+    lr: Tensor
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+def accumulate_window(
+    model: nn.Module,
+    micro_batches: Sequence[Batch],
+    precision: PrecisionPolicy,
+    loss_fn: LossFn,
+    dist_ctx: DistContext,
+) -> WindowStats:
+    """Forward and backward over the micro-batches of one window, leaving the summed gradient in ``.grad``.
+
+    Each micro-batch contributes ``loss_fn(model, batch) / global_count * world_size``,
+    so after DDP's averaging the gradient equals that of the mean loss over all
+    ``global_count`` elements of the window on all ranks (``global_count`` is floored
+    at 1 for a window without loss-bearing elements). Gradients are synchronised
+    only on the last micro-batch. No host synchronisation: the counts are all-reduced
+    as a device tensor and the loss stays on the device.
+    """
+    counts = _global_counts(micro_batches, dist_ctx.device)
+    count = counts[0].clamp_min(1)
+    normaliser = count.float()
+    loss_sum = torch.zeros((), dtype=torch.float32, device=dist_ctx.device)
+    last = len(micro_batches) - 1
+    for index, batch in enumerate(micro_batches):
+        with grad_sync(model, sync=index == last):
+            with precision.autocast():
+                batch_loss = loss_fn(model, batch)
+                loss = batch_loss / normaliser * dist_ctx.world_size
+            precision.backward(loss)
+        loss_sum += batch_loss.detach().float()
+    global_loss = all_reduce_sum(loss_sum).double() / count
+    tokens = None if any(b.num_tokens is None for b in micro_batches) else counts[2]
+    return WindowStats(loss=global_loss, num_elements=counts[0], num_samples=counts[1], num_tokens=tokens)
+
+
+def _global_counts(micro_batches: Sequence[Batch], device: torch.device) -> Tensor:
+    """``[elements, samples, tokens]`` of the window summed over all ranks: int64 ``[3]`` on ``device``.
+
+    The local counts come from host-side batch metadata; they travel to the device
+    without blocking (pinned memory on CUDA) and are all-reduced there.
+    """
+    local = [
+        sum(b.num_elements for b in micro_batches),
+        sum(b.num_samples for b in micro_batches),
+        sum(b.num_tokens or 0 for b in micro_batches),
+    ]
+    if device.type == "cpu":
+        return all_reduce_sum(torch.tensor(local, dtype=torch.int64))
+    pinned = torch.tensor(local, dtype=torch.int64).pin_memory() if device.type == "cuda" else torch.tensor(local)
+    return all_reduce_sum(pinned.to(device, non_blocking=True))
+
+
+def train_step(
+    components: Components,
+    micro_batches: Sequence[Batch],
+    *,
+    step: int,
+    max_grad_norm: float | None,
+    dist_ctx: DistContext,
+    faults: FaultInjector | None = None,
+    sample_underflow: bool = False,
+) -> StepResult:
+    """Attempt optimizer step ``step`` (1-based) on one window of micro-batches (already on the device).
+
+    The LR schedule advances by the step's ``applied`` flag (skipped steps leave it);
+    gradients are zeroed (set to ``None``) afterwards in every case. Nothing is read
+    on the host. With ``sample_underflow`` the step measures the fp16 underflow fraction.
+    """
+    lr = components.optimizer.param_groups[0]["lr"]  # the schedule replaces, never mutates, this tensor
+    window = accumulate_window(
+        components.train_model, micro_batches, components.precision, components.loss_fn, dist_ctx
+    )
+    if faults is not None:
+        faults.after_backward(step, components.parameters)
+    outcome = components.precision.step(
+        components.optimizer, components.parameters, max_grad_norm, sample_underflow=sample_underflow
+    )
+    components.lr_scheduler.step(outcome.applied)
+    components.optimizer.zero_grad(set_to_none=True)
+    return StepResult(window=window, outcome=outcome, lr=lr)
+
+
+def record_step(step_log: StepLog, step: int, result: StepResult) -> None:
+    """Write ``result`` into the next row of ``step_log`` (device ops only; see :data:`trainer.telemetry.FIELDS`)."""
+    window, outcome = result.window, result.outcome
+    tokens = window.num_tokens if window.num_tokens is not None else window.num_samples
+    values = [window.loss, outcome.loss_scale, outcome.overflow_kind, outcome.skipped_steps, outcome.grad_norm,
+              result.lr, window.num_samples, tokens, outcome.underflow_fraction]
+    evidence = (outcome.rank_kinds, outcome.param_kinds) if step_log.num_ranks + step_log.num_params else ()
+    step_log.record(step, values, has_tokens=window.num_tokens is not None, evidence=evidence)
