@@ -10,8 +10,9 @@ cancels the generator when the ASGI server reports the disconnect).
 Events (``data`` is one line of JSON):
 
 - ``event: status`` — the job resource (as ``GET /jobs/{id}``); sent first on every
-  connection (a snapshot), then on every status change; a terminal status is the
-  last event, after which the server closes the stream. No ``id``.
+  connection to a job that has not ended (a snapshot), then on every status change; a
+  terminal status is always the last event (a job that already ended gets its records,
+  then its one status), after which the server closes the stream. No ``id``.
 - ``event: step``, ``id: <step>`` — one step record, in step order. A client that
   reconnects with ``Last-Event-ID: <step>`` (or ``?after_step=<step>``) gets exactly
   the records after that step: no gaps, no duplicates.

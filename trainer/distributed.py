@@ -121,9 +121,17 @@ def destroy_distributed() -> None:
 
 @contextmanager
 def distributed_session(spec: JobSpec) -> Iterator[DistContext]:
-    """:func:`init_distributed` on entry, :func:`destroy_distributed` on exit (also on error)."""
+    """:func:`init_distributed` on entry, :func:`destroy_distributed` on exit (also on error).
+
+    On a normal exit every rank first meets at a barrier: a rank that tore its process
+    group down while another still finished its last collective's bookkeeping (rank 0
+    writing the final checkpoint) made gloo abort the early rank ("terminate called
+    without an active exception", SIGABRT) after a successful run. After an error there
+    is no barrier: the other ranks may never arrive.
+    """
     try:
         yield init_distributed(spec)
+        barrier()
     finally:
         destroy_distributed()
 

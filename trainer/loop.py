@@ -130,7 +130,8 @@ def train(
         final_eval = _evaluate_on_main(run.parts, run.spec, dist_ctx, records, spec.max_steps)
         _checkpoint(final_path(run_dir), run, spec.max_steps, spec, dist_ctx)
         records.end(steps=spec.max_steps, skipped_steps=skipped)
-    log.info("finished %d steps (%d skipped); final evaluation %s", spec.max_steps, skipped, final_eval)
+    evaluation = f"; final evaluation {final_eval}" if dist_ctx.is_main else " (rank 0 evaluates)"
+    log.info("finished %d steps (%d skipped)%s", spec.max_steps, skipped, evaluation)
     return TrainResult(model=run.parts.model, steps=spec.max_steps, skipped_steps=skipped, final_eval=final_eval)
 
 

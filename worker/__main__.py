@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from server.quiet_logs import quiet_third_party_logs
 from server.redact import install_log_redaction
 from server.settings import Settings
 from worker.celery_app import create_celery_app
@@ -37,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run the worker until it is stopped (SIGTERM or Ctrl-C: running jobs are stopped and ended)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
+    quiet_third_party_logs()
     settings = Settings()
     app = create_celery_app(settings)
     runtime = register_tasks(app).halfcast_runtime  # type: ignore[attr-defined]

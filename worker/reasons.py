@@ -2,9 +2,10 @@
 
 One table for the whole project: docs/architecture.md and README.md list the same
 reasons (a test checks it). Only a lost worker is retried (from the attempt's last
-checkpoint, up to the spec's ``max_attempts``); a failure of the job itself (out of
-memory, diverging numerics, a bad spec) would fail the same way again, so it is not
-retried blindly.
+checkpoint, up to the spec's ``max_attempts``), and a worker's graceful shutdown
+(``worker_shutdown``: the run was stopped and checkpointed on purpose), which does not
+use up an attempt; a failure of the job itself (out of memory, diverging numerics, a bad
+spec) would fail the same way again, so it is not retried blindly.
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ RETRY_POLICY: Mapping[str, bool] = MappingProxyType(
         "nonfinite_gradients": False,
         "deadline_exceeded": False,
         "worker_lost": True,
+        "worker_shutdown": True,
         "worker_error": False,
         "enqueue_failed": False,
     }
 )
+
+#: Attempts ended with these reasons do not count against ``max_attempts``.
+UNCOUNTED_REASONS: frozenset[str] = frozenset({"worker_shutdown"})
 
 #: Every typed failure reason.
 FAILURE_REASONS: frozenset[str] = frozenset(RETRY_POLICY)

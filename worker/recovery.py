@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import Connection, func, or_, select, update
 
-from server.db.models import Job, utcnow
+from server.db.models import Attempt, Job, utcnow
 from server.timeutil import as_utc
-from worker.reasons import should_retry
+from worker.reasons import UNCOUNTED_REASONS, should_retry
 from worker.store import LIVE_STATUSES, MAX_REASON_CHARS, Fence, JobStore, end_attempt
 
 log = logging.getLogger(__name__)
@@ -98,9 +98,10 @@ class Recovery:
             if expired_before is not None and renewed:
                 return None  # renewed meanwhile: its worker is alive
             max_attempts = _max_attempts(row.spec)
-            retry = self.enqueue is not None and should_retry(reason, attempt, max_attempts)
+            used = _counted_attempts(conn, job_id, attempt, reason)
+            retry = self.enqueue is not None and should_retry(reason, used, max_attempts)
             if not retry and should_retry(reason, 0, max_attempts):
-                message = f"{message} (attempt {attempt} of max_attempts {max_attempts}: no retry left)"
+                message = f"{message} (attempt {used} of max_attempts {max_attempts}: no retry left)"
             resolution, values = _decide(row.status, reason, message, retry, now)
             guard = [Job.id == job_id, Job.attempt == attempt, Job.status == row.status]
             guard.append(Job.worker_id.is_(None) if owner is None else Job.worker_id == owner)
@@ -152,3 +153,16 @@ def _max_attempts(spec: Any) -> int:
         return max(1, int(spec.get("max_attempts", DEFAULT_MAX_ATTEMPTS)))
     except (AttributeError, TypeError, ValueError):
         return DEFAULT_MAX_ATTEMPTS
+
+
+def _counted_attempts(conn: Connection, job_id: str, attempt: int, reason: str) -> int:
+    """Attempts up to ``attempt`` (ending now with ``reason``) that count against ``max_attempts``.
+
+    Attempts ended by a graceful worker shutdown (:data:`UNCOUNTED_REASONS`) do not: a
+    restarted service must not use up a job's retries.
+    """
+    earlier = conn.execute(
+        select(func.count()).select_from(Attempt)
+        .where(Attempt.job_id == job_id, Attempt.attempt < attempt, Attempt.reason.in_(UNCOUNTED_REASONS))
+    ).scalar_one()
+    return attempt - int(earlier) - (1 if reason in UNCOUNTED_REASONS else 0)

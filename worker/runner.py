@@ -7,7 +7,7 @@
                                   │                         │ ──other exit─────────────> failed (rank_failed)
                                   │                         │ ──past max_runtime_s─────> failed (deadline_exceeded)
                                   └──── cancelling ─────────┴──stop the run───────────> cancelled
-                  worker shutting down: stop the run ──> queued again (retry) or failed (worker_lost)
+                  worker shutting down: stop the run ──> queued again (worker_shutdown, not counted)
                   lease lost (recovered elsewhere): stop the run, write nothing
 
 Every claimed attempt ends in a terminal status or hands the job back: the
@@ -230,7 +230,7 @@ class Attempt:
             if self._tolerant(lambda: self.store.cancel_requested(self.claim.job_id), False):
                 return self._stop_for(Outcome("cancelled", None, "cancelled by request"))
             if self.context.shutdown.is_set():
-                return self._stop_for(Outcome("failed", "worker_lost", "the worker shut down while the job ran"))
+                return self._stop_for(Outcome("failed", "worker_shutdown", "the worker shut down while the job ran"))
             if self.deadline.passed():
                 return self._stop_for(Outcome("failed", "deadline_exceeded", self.deadline.message()))
             self.context.shutdown.wait(poll_s)

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Sequence
 
 from server.cli import audit, db, jobs, logs, quotas, services, tokens
+from server.quiet_logs import quiet_third_party_logs
 from server.redact import install_log_redaction
 
 #: Command-group modules, in the order ``--help`` lists them.
@@ -33,4 +34,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
+    quiet_third_party_logs(args.log_level)
     return int(args.handler(args) or 0)

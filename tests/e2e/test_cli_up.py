@@ -72,7 +72,7 @@ def test_up_runs_jobs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     done = client.post("/jobs", json=load_example("synthetic-fp16.json", max_steps=10)).json()
     assert _wait_job(client, done["id"], lambda j: j["status"] == "succeeded")["step"] == 10
     long = load_example("synthetic-fp16.json", max_steps=100_000, faults={"sleep_per_step_s": 0.2})
-    assert long.get("max_attempts") is None  # the default policy retries worker_lost
+    assert long.get("max_attempts") is None
     running = client.post("/jobs", json=long).json()
     _wait_job(client, running["id"], lambda j: j["status"] == "running")
     assert run_processes(running["id"])
@@ -81,7 +81,7 @@ def test_up_runs_jobs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     assert up.wait(timeout=60) == 0
     assert len(kids) == 2 and not any(Path(f"/proc/{pid}").exists() for pid in kids)
     assert run_processes(running["id"]) == []
-    # never left running: requeued (worker_lost is retried up to max_attempts) to resume on the next start
+    # never left running: requeued (worker_shutdown, not counted against max_attempts) to resume on the next start
     assert _status(data_dir, running["id"]) == ("queued", None)
     assert _status(data_dir, done["id"]) == ("succeeded", None)
 

@@ -39,10 +39,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _stream(url: str, received: list[tuple[float, str, str | None, Any]], opened: threading.Event) -> None:
+def _stream(url: str, headers: dict[str, str], received: list[tuple[float, str, str | None, Any]],
+            opened: threading.Event) -> None:
     """Read the stream until the server closes it, stamping each event with its arrival time."""
     fields: dict[str, str] = {}
-    with httpx.Client(timeout=120) as client, client.stream("GET", url) as response:
+    with httpx.Client(timeout=120, headers=headers) as client, client.stream("GET", url) as response:
         response.raise_for_status()
         opened.set()
         for line in response.iter_lines():
@@ -62,7 +63,8 @@ def test_a_real_jobs_steps_stream_once_in_order_within_half_a_second(layout: str
     job = stack.submit(spec)
     received: list[tuple[float, str, str | None, Any]] = []
     opened = threading.Event()
-    reader = threading.Thread(target=_stream, args=(f"{stack.client.base_url}/jobs/{job['id']}/events", received, opened))
+    url = f"{stack.client.base_url}/jobs/{job['id']}/events"
+    reader = threading.Thread(target=_stream, args=(url, dict(stack.client.headers), received, opened))
     reader.start()
     assert opened.wait(30)
     reader.join(timeout=300)

@@ -14,7 +14,7 @@ def test_follow_rank_1_of_a_two_process_job_until_it_ends(embedded_stack: Stack)
     spec = load_example("synthetic-fp16.json", processes=2, max_steps=20, faults={"sleep_per_step_s": 0.05})
     job_id = embedded_stack.submit(spec)["id"]
     url = str(embedded_stack.client.base_url)
-    with HalfcastClient(url, stream_timeout=60) as client:
+    with HalfcastClient(url, stream_timeout=60, token=embedded_stack.token) as client:
         events = list(client.follow_logs(job_id, rank=1))  # submitted just now: the stream waits for the claim
         lines = [line for event in events if event.event == "lines" for line in event.data["lines"]]
         assert events[0].event == "attempt" and events[0].data == {"attempt": 1, "rank": 1}

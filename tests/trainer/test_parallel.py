@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -40,7 +41,9 @@ def _micro_batch(valid: int, seed: int) -> Batch:
 
 def _rank_worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
+    # a bounded collective timeout: a rank that dies turns into a failure here, never a hang
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE,
+                            timeout=timedelta(seconds=120))
     try:
         ctx = DistContext(rank=rank, local_rank=rank, world_size=WORLD_SIZE, device=torch.device("cpu"))
         model = wrap_model(_tiny_lm(), ctx)

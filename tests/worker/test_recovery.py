@@ -166,4 +166,4 @@ def test_the_retry_policy_covers_the_issue_reasons() -> None:
     required = {"spec_invalid", "launch_failed", "rank_failed", "oom", "nonfinite_gradients", "loss_scale_collapsed",
                 "worker_lost", "deadline_exceeded", "collective_timeout"}  # fmt: skip
     assert required <= set(RETRY_POLICY)
-    assert [reason for reason, retried in RETRY_POLICY.items() if retried] == ["worker_lost"]
+    assert [reason for reason, retried in RETRY_POLICY.items() if retried] == ["worker_lost", "worker_shutdown"]

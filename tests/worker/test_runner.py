@@ -146,7 +146,7 @@ def test_cancel_stops_the_whole_run(settings: Settings, store: JobStore, engine:
 
 
 def test_worker_shutdown_stops_the_run_and_fails_the_job(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
-    """Without a broker to send a retry through (no ``enqueue``), a lost worker's job fails ``worker_lost``."""
+    """Without a broker to send a retry through (no ``enqueue``), the job fails ``worker_shutdown``."""
     job_id = make_job(small_spec(max_steps=1000, faults={"sleep_per_step_s": 0.1}))
     context = _context(settings, store)
     thread, result = _run_in_thread(job_id, context)
@@ -154,7 +154,7 @@ def test_worker_shutdown_stops_the_run_and_fails_the_job(settings: Settings, sto
     leader = _leader_pid(Path(row.run_dir))
     context.shutdown.set()
     thread.join(timeout=30)
-    assert _row(engine, job_id).error_reason == "worker_lost"
+    assert _row(engine, job_id).error_reason == "worker_shutdown"
     assert session_members(leader) == []
 
 
@@ -218,7 +218,7 @@ def _start_record(run_dir: Path) -> dict:  # type: ignore[type-arg]
 def test_a_shutdown_requeues_the_job_and_the_retry_resumes_from_its_checkpoint(
     settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
 ) -> None:
-    """worker_lost is retried: attempt 2 resumes from attempt 1's newest checkpoint; the records stay contiguous."""
+    """A graceful shutdown requeues: attempt 2 resumes from attempt 1's newest checkpoint; the records stay contiguous."""
     job_id = make_job(small_spec(max_steps=30, checkpoint_interval=3, faults={"sleep_per_step_s": 0.05}))
     sent: list[str] = []
     context = _context(settings, store, enqueue=sent.append)
@@ -226,7 +226,7 @@ def test_a_shutdown_requeues_the_job_and_the_retry_resumes_from_its_checkpoint(
     _wait_until(lambda: _row(engine, job_id).step >= 8)
     context.shutdown.set()  # the worker shuts down (warm): the run is stopped, the job handed back
     thread.join(timeout=30)
-    assert result == [Outcome("failed", "worker_lost", "the worker shut down while the job ran")]
+    assert result == [Outcome("failed", "worker_shutdown", "the worker shut down while the job ran")]
     row = _row(engine, job_id)
     assert (row.status, row.worker_id, row.error_reason) == ("queued", None, None) and sent == [job_id]
     stopped_at = row.step
@@ -234,21 +234,23 @@ def test_a_shutdown_requeues_the_job_and_the_retry_resumes_from_its_checkpoint(
     resumed = _start_record(settings.runs_dir / job_id / "attempt-2")["resumed_from_step"]
     assert resumed % 3 == 0 and 6 <= resumed <= stopped_at
     assert _steps(engine, job_id) == list(range(1, 31))
-    assert _attempts(engine, job_id) == [(1, "failed", "worker_lost"), (2, "succeeded", None)]
+    assert _attempts(engine, job_id) == [(1, "failed", "worker_shutdown"), (2, "succeeded", None)]
     assert _row(engine, job_id).attempt == 2
 
 
-def test_a_shutdown_without_attempts_left_fails_worker_lost(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
-    job_id = make_job(small_spec(max_steps=1000, max_attempts=1, faults={"sleep_per_step_s": 0.1}))
+def test_graceful_shutdowns_do_not_use_up_max_attempts(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+    """max_attempts 1, the worker shut down twice mid-job: requeued both times, then it succeeds (attempt 3)."""
+    job_id = make_job(small_spec(max_steps=60, max_attempts=1, checkpoint_interval=5, faults={"sleep_per_step_s": 0.05}))
     sent: list[str] = []
-    context = _context(settings, store, enqueue=sent.append)
-    thread, _ = _run_in_thread(job_id, context)
-    _wait_status(engine, job_id, "running")
-    context.shutdown.set()
-    thread.join(timeout=30)
-    row = _row(engine, job_id)
-    assert (row.status, row.error_reason) == ("failed", "worker_lost") and sent == []
-    assert "no retry left" in row.error_message
+    for attempt in (1, 2):
+        context = _context(settings, store, enqueue=sent.append)
+        thread, _ = _run_in_thread(job_id, context)
+        _wait_until(lambda: _row(engine, job_id).status == "running" and _row(engine, job_id).attempt == attempt)
+        context.shutdown.set()
+        thread.join(timeout=30)
+        assert _row(engine, job_id).status == "queued" and sent == [job_id] * attempt
+    assert run_job(job_id, _context(settings, store, enqueue=sent.append)) == Outcome("succeeded")
+    assert [a[2] for a in _attempts(engine, job_id)] == ["worker_shutdown", "worker_shutdown", None]
 
 
 def test_past_max_runtime_the_run_is_stopped_and_the_job_fails(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
