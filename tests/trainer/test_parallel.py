@@ -60,6 +60,12 @@ def _rank_worker(rank: int, init_file: str, out_dir: str) -> None:
         grads = [p.grad.clone() for p in unwrap_model(model).parameters()]
         torch.save({"grads": grads, "synced": synced, "loss": stats.loss, "elements": stats.num_elements},
                    Path(out_dir) / f"rank{rank}.pt")
+        # The Python comm hook's all-reduce work holds Python tensors; gloo destroys each work on its
+        # own thread, which needs the GIL. Wait until that is done (a barrier runs after it), and drop
+        # DDP's reducer while the process group is alive: freeing it later, with the GIL held, while
+        # that thread still wanted the GIL deadlocked the rank (torch 2.13).
+        dist.barrier()
+        del model
     finally:
         dist.destroy_process_group()
 
