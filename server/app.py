@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from server.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
 from server.db.engine import make_engine, make_session_factory
@@ -31,6 +32,9 @@ from server.worker_metrics import WorkerMetricsCollector
 
 log = logging.getLogger(__name__)
 
+#: Where the interactive API docs (/docs, /redoc) load Swagger UI and ReDoc from: this server.
+DOCS_ASSETS_URL = "/docs/assets"
+
 
 def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """The lifespan: build shared resources on start, release them on shutdown."""
@@ -45,7 +49,8 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         app.state.session_factory = make_session_factory(engine)
         app.state.queue = own_queue or queue
         app.state.registry = build_registry(app.state.session_factory)
-        app.state.registry.register(StreamCollector(app.state.event_streams))
+        app.state.registry.register(StreamCollector(app.state.event_streams, "event"))
+        app.state.registry.register(StreamCollector(app.state.log_streams, "log"))
         app.state.registry.register(app.state.request_histogram)
         app.state.registry.register(
             WorkerMetricsCollector(app.state.session_factory, settings.worker_live_s, settings.worker_forget_s)
@@ -64,14 +69,16 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
 def create_app(settings: Settings | None = None, queue: JobQueue | None = None) -> FastAPI:
     """Build the API for ``settings`` (default: from ``HALFCAST_*``) and ``queue`` (default: Celery).
 
-    Every route but the probes, the dashboard's files and the OpenAPI description needs
-    a token (:mod:`server.auth`). Raises :class:`server.auth.ExposureError` when
-    authentication is off and ``settings.host`` is not a loopback address.
+    Every route but the probes, the dashboard's files, the OpenAPI description and the
+    docs (``/openapi.json``, ``/docs``, ``/redoc``, their scripts served here, never from a
+    CDN) needs a token (:mod:`server.auth`). Raises :class:`server.auth.ExposureError`
+    when authentication is off and ``settings.host`` is not a loopback address.
     """
     settings = settings or Settings()
     check_exposure(settings)
     install_log_redaction()  # after uvicorn configured logging; idempotent
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs and /redoc with their scripts served here, not from a CDN
+        static_url=DOCS_ASSETS_URL,
         title="Halfcast",
         summary="Training as a service: mixed-precision jobs with automatic loss scaling",
         version="0.1.0",

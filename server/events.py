@@ -130,17 +130,20 @@ class StreamStats:
 
 
 class StreamCollector:
-    """Prometheus collector of :class:`StreamStats`: ``halfcast_event_streams`` and its polls counter."""
+    """Prometheus collector of :class:`StreamStats`: ``halfcast_<kind>_streams`` and its polls counter.
 
-    def __init__(self, stats: StreamStats) -> None:
+    ``kind`` is ``event`` (``GET /jobs/{id}/events``) or ``log`` (``GET /jobs/{id}/logs?follow=true``).
+    """
+
+    def __init__(self, stats: StreamStats, kind: str = "event") -> None:
         self.stats = stats
+        self.kind = kind
 
     def collect(self) -> Iterator[Metric]:
         """The gauge of open streams and the counter of their database polls."""
-        yield GaugeMetricFamily("halfcast_event_streams", "Open job event streams (SSE)", value=self.stats.active)
-        yield CounterMetricFamily(
-            "halfcast_event_stream_polls", "Database polls made by job event streams", value=self.stats.polls
-        )
+        name = f"halfcast_{self.kind}_stream"
+        yield GaugeMetricFamily(f"{name}s", f"Open job {self.kind} streams (SSE)", value=self.stats.active)
+        yield CounterMetricFamily(f"{name}_polls", f"Database polls made by job {self.kind} streams", value=self.stats.polls)
 
 
 # ----------------------------------------------------------------------------- frames
@@ -275,7 +278,66 @@ def database_poller(sessions: sessionmaker[Session], page_size: int) -> Poller:
     return poll
 
 
-async def job_events(
+@dataclass(frozen=True)
+class Tick:
+    """What one poll of a stream produced: its frames, whether the stream is over, whether more is already waiting."""
+
+    frames: list[str]
+    done: bool = False
+    more: bool = False
+
+
+#: One poll of a stream (its own short database session inside): a :class:`Tick`, or ``None`` when the job is gone.
+Ticker = Callable[[], Awaitable[Tick | None]]
+
+
+async def poll_stream(
+    kind: str,
+    job_id: str,
+    tick: Ticker,
+    is_disconnected: Callable[[], Awaitable[bool]],
+    stats: StreamStats,
+    first: str = "",
+) -> AsyncIterator[str]:
+    """The SSE text of a stream of polls: ``first``, then each ``tick()``'s frames, until it is done.
+
+    Checks ``is_disconnected()`` before every poll; sleeps ``poll_interval_s`` between
+    polls (not when the tick says more is waiting) and sends a keepalive comment after
+    ``heartbeat_s`` without an event. Stops when a tick is ``done`` (after sending its
+    frames), when the job is gone, or when the client has gone; cancellation
+    (Starlette's disconnect watcher) stops it at its current ``await``. ``stats``
+    counts it open until it ends, whichever way. ``kind`` names the stream in logs.
+    """
+    settings = stats.settings
+    record = stats.open(job_id)
+    try:
+        if first:
+            yield first
+        last_sent = time.monotonic()
+        while not await is_disconnected():
+            stats.poll(record)
+            result = await tick()
+            if result is None:
+                log.info("%s stream of job %s: the job is gone", kind, job_id)
+                return
+            if result.frames:
+                record.events += len(result.frames)
+                yield "".join(result.frames)
+                last_sent = time.monotonic()
+            if result.done:
+                return
+            if result.more:
+                continue  # read on without sleeping
+            if time.monotonic() - last_sent >= settings.heartbeat_s:
+                yield comment("keepalive")
+                last_sent = time.monotonic()
+            await anyio.sleep(settings.poll_interval_s)
+    finally:
+        stats.close(record)
+        log.debug("%s stream of job %s closed after %d polls", kind, job_id, record.polls)
+
+
+def job_events(
     job_id: str,
     after_step: int,
     poll: Poller,
@@ -284,36 +346,17 @@ async def job_events(
 ) -> AsyncIterator[str]:
     """The SSE text of one job's stream, from records after ``after_step`` until the job is terminal.
 
-    Stops at a terminal status (after sending it), when the job disappears, or when
-    ``is_disconnected()`` says the client has gone; cancellation (Starlette's
-    disconnect watcher) stops it at its current ``await``. ``stats`` counts it open
-    until it ends, whichever way.
+    A :func:`poll_stream` that ends after sending a terminal status, when the job
+    disappears, or when the client has gone.
     """
-    settings = stats.settings
-    record = stats.open(job_id)
     cursor = _Cursor(step=after_step)
-    try:
-        yield f"retry: {RETRY_MS}\n\n"
-        last_sent = time.monotonic()
-        while not await is_disconnected():
-            stats.poll(record)
-            snapshot = await poll(job_id, cursor.step, cursor.status)
-            if snapshot is None:
-                log.info("event stream of job %s: the job is gone", job_id)
-                return
-            frames = _frames(snapshot, cursor)
-            if frames:
-                record.events += len(frames)
-                yield "".join(frames)
-                last_sent = time.monotonic()
-            if snapshot.status in TERMINAL_STATUSES:
-                return
-            if len(snapshot.records) >= settings.page_size:
-                continue  # more records are waiting: read on without sleeping
-            if time.monotonic() - last_sent >= settings.heartbeat_s:
-                yield comment("keepalive")
-                last_sent = time.monotonic()
-            await anyio.sleep(settings.poll_interval_s)
-    finally:
-        stats.close(record)
-        log.debug("event stream of job %s closed after %d polls", job_id, record.polls)
+    page_size = stats.settings.page_size
+
+    async def tick() -> Tick | None:
+        snapshot = await poll(job_id, cursor.step, cursor.status)
+        if snapshot is None:
+            return None
+        frames = _frames(snapshot, cursor)
+        return Tick(frames, done=snapshot.status in TERMINAL_STATUSES, more=len(snapshot.records) >= page_size)
+
+    return poll_stream("event", job_id, tick, is_disconnected, stats, first=f"retry: {RETRY_MS}\n\n")

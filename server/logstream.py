@@ -25,7 +25,6 @@ Events (``data`` is one line of JSON):
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db.models import TERMINAL_STATUSES, Job
-from server.events import StreamStats, comment, frame
+from server.events import StreamStats, Tick, frame, poll_stream
 from server.logtail import LineFollower, read_tail
 from server.runlogs import attempt_dir, rank_log
 
@@ -161,7 +160,7 @@ class _LogFrames:
         return self.current is not None and self.current.follower.behind
 
 
-async def follow_log(
+def follow_log(
     target: LogTarget,
     poll: StatePoller,
     is_disconnected: Callable[[], Awaitable[bool]],
@@ -169,34 +168,16 @@ async def follow_log(
 ) -> AsyncIterator[str]:
     """The SSE text following ``target``'s log until the job (or the attempt asked for) ends.
 
-    Stops after the ``end`` event, when the job disappears, or when
-    ``is_disconnected()`` says the client has gone; cancellation stops it at its
-    current ``await``. ``stats`` counts it open until it ends, whichever way.
+    A :func:`server.events.poll_stream` that ends after the ``end`` event, when the
+    job disappears, or when the client has gone.
     """
-    settings = stats.settings
-    record = stats.open(target.job_id)
     frames = _LogFrames(target)
-    try:
-        last_sent = time.monotonic()
-        while not await is_disconnected():
-            stats.poll(record)
-            state = await poll(target.job_id)
-            if state is None:
-                log.info("log stream of job %s: the job is gone", target.job_id)
-                return
-            out = await anyio.to_thread.run_sync(frames.step, state)
-            if out:
-                record.events += len(out)
-                yield "".join(out)
-                last_sent = time.monotonic()
-            if frames.ended:
-                return
-            if frames.behind:
-                continue
-            if time.monotonic() - last_sent >= settings.heartbeat_s:
-                yield comment("keepalive")
-                last_sent = time.monotonic()
-            await anyio.sleep(settings.poll_interval_s)
-    finally:
-        stats.close(record)
-        log.debug("log stream of job %s closed after %d polls", target.job_id, record.polls)
+
+    async def tick() -> Tick | None:
+        state = await poll(target.job_id)
+        if state is None:
+            return None
+        out = await anyio.to_thread.run_sync(frames.step, state)  # file reads: never on the event loop
+        return Tick(out, done=frames.ended, more=frames.behind)
+
+    return poll_stream("log", target.job_id, tick, is_disconnected, stats)

@@ -16,7 +16,11 @@ Dynamic loss scaling follows Micikevicius et al., "Mixed Precision Training"
   ``consecutive_hysteresis`` every clean step refills it, so only *consecutive*
   overflows back off);
 * the scale is always clamped to ``[min_scale, max_scale]``, so it is never 0,
-  subnormal or infinite.
+  subnormal or infinite. The scale is float32, so the bounds are first rounded
+  *inward* to float32 (:mod:`trainer.scale_bounds`): a bound float32 cannot hold is
+  never crossed by rounding (``max_scale = 2**24 + 3`` holds the scale at ``2**24 + 2``);
+* a step that measured nothing (``hold``: a window without loss-bearing elements)
+  leaves the scale and both trackers as they are.
 
 With ``hysteresis=1`` and no bound reached, the scale trajectory equals
 ``torch.amp.GradScaler``'s for the same overflow pattern.
@@ -33,6 +37,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from trainer.scale_bounds import FLOAT32_MAX, float32_bounds
 
 
 class LossScaler(Protocol):
@@ -54,8 +60,12 @@ class LossScaler(Protocol):
         """
         ...
 
-    def update(self, found_inf: Tensor) -> None:
-        """Advance the scale after a step whose overflow flag is ``found_inf`` (0-d)."""
+    def update(self, found_inf: Tensor, hold: Tensor | None = None) -> None:
+        """Advance the scale after a step whose overflow flag is ``found_inf`` (0-d).
+
+        ``hold`` (0-d bool, optional): when true the step measured nothing (no
+        loss-bearing element in its window) and the state is left as it is.
+        """
         ...
 
     def state_dict(self) -> dict[str, Any]: ...
@@ -105,7 +115,7 @@ class _FixedScaler:
         unscale_and_check_(grads, self._inv_scale, found_inf)
         return found_inf
 
-    def update(self, found_inf: Tensor) -> None:
+    def update(self, found_inf: Tensor, hold: Tensor | None = None) -> None:
         """A fixed scale does not change."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -139,17 +149,19 @@ class DynamicLossScaler:
     """Dynamic loss scaling with growth, backoff, hysteresis and ``[min_scale, max_scale]`` bounds.
 
     Args:
-        init_scale: first scale; must lie in ``[min_scale, max_scale]``.
+        init_scale: first scale; must lie in ``[min_scale, max_scale]`` (then clamped to
+            the float32 bounds, so a bound float32 cannot hold is never crossed).
         growth_factor: multiplier after ``growth_interval`` clean steps (> 1).
         backoff_factor: multiplier on a counted overflow (in (0, 1)).
         growth_interval: clean steps between growths (>= 1).
         hysteresis: overflows tolerated before a backoff (>= 1; 1 = back off on every overflow).
-        min_scale, max_scale: clamp bounds (finite, > 0).
+        min_scale, max_scale: clamp bounds (finite, > 0); kept rounded inward to float32 in
+            :attr:`min_scale` and :attr:`max_scale` (what the scale can actually reach).
         consecutive_hysteresis: refill the hysteresis tracker on every clean step.
         device: where the state tensors live (the gradients' device).
 
     Raises:
-        ValueError: for any argument out of range.
+        ValueError: for any argument out of range, or bounds that bracket no float32.
     """
 
     def __init__(
@@ -169,10 +181,10 @@ class DynamicLossScaler:
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = int(growth_interval)
         self.hysteresis = int(hysteresis)
-        self.min_scale = float(min_scale)
-        self.max_scale = float(max_scale)
+        self.min_scale, self.max_scale = float32_bounds(float(min_scale), float(max_scale))
         self.consecutive_hysteresis = bool(consecutive_hysteresis)
-        self._scale = torch.tensor(float(init_scale), dtype=torch.float32, device=device)
+        init = torch.tensor(float(init_scale), dtype=torch.float32, device=device)
+        self._scale = init.clamp(self.min_scale, self.max_scale)
         self._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
         self._hysteresis_tracker = torch.full((), self.hysteresis, dtype=torch.int32, device=device)
 
@@ -198,11 +210,13 @@ class DynamicLossScaler:
         unscale_and_check_(grads, torch.reciprocal(self._scale), found_inf)
         return found_inf
 
-    def update(self, found_inf: Tensor) -> None:
+    def update(self, found_inf: Tensor, hold: Tensor | None = None) -> None:
         """Apply the growth/backoff/hysteresis rule for one step, on the device (no host sync).
 
-        The state tensors are replaced, not written in place, so a tensor taken from
-        :attr:`scale` before the update still holds the scale that step used.
+        With ``hold`` (0-d bool) true the step measured nothing (a window without
+        loss-bearing elements): scale and trackers keep their values. The state tensors
+        are replaced, not written in place, so a tensor taken from :attr:`scale` before
+        the update still holds the scale that step used.
         """
         found = found_inf.to(self._scale.device) > 0
         hysteresis = torch.where(found, (self._hysteresis_tracker - 1).clamp_min(0), self._hysteresis_tracker)
@@ -211,9 +225,15 @@ class DynamicLossScaler:
         grow = growth >= self.growth_interval  # never on an overflow: growth is 0 and growth_interval >= 1
         factor = torch.where(back_off, self.backoff_factor, torch.where(grow, self.growth_factor, 1.0))
         refill = (grow | ~found) if self.consecutive_hysteresis else grow
-        self._scale = (self._scale * factor).clamp(self.min_scale, self.max_scale)
-        self._growth_tracker = torch.where(grow, 0, growth)
-        self._hysteresis_tracker = torch.where(refill, self.hysteresis, hysteresis)
+        scale = (self._scale * factor).clamp(self.min_scale, self.max_scale)
+        growth_tracker = torch.where(grow, 0, growth)
+        hysteresis_tracker = torch.where(refill, self.hysteresis, hysteresis)
+        if hold is not None:
+            keep = hold.to(device=self._scale.device, dtype=torch.bool)
+            scale = torch.where(keep, self._scale, scale)
+            growth_tracker = torch.where(keep, self._growth_tracker, growth_tracker)
+            hysteresis_tracker = torch.where(keep, self._hysteresis_tracker, hysteresis_tracker)
+        self._scale, self._growth_tracker, self._hysteresis_tracker = scale, growth_tracker, hysteresis_tracker
 
     def state_dict(self) -> dict[str, Any]:
         """Exact state: scale, trackers and configuration (python scalars; syncs the host)."""
@@ -259,7 +279,7 @@ def _check_dynamic_args(
     inf = float("inf")
     checks = {
         "min_scale": 0.0 < min_scale < inf,
-        "max_scale": min_scale <= max_scale < inf,
+        "max_scale": min_scale <= max_scale <= FLOAT32_MAX,
         "init_scale": min_scale <= init_scale <= max_scale,
         "growth_factor": 1.0 < growth_factor < inf,
         "backoff_factor": 0.0 < backoff_factor < 1.0,
@@ -267,6 +287,11 @@ def _check_dynamic_args(
         "hysteresis": hysteresis >= 1,
     }
     bad = [name for name, ok in checks.items() if not ok]
+    if not bad:
+        try:
+            float32_bounds(min_scale, max_scale)
+        except ValueError:
+            bad = ["min_scale", "max_scale"]
     if bad:
         raise ValueError(
             f"invalid loss-scaler arguments {bad}: init_scale={init_scale}, growth_factor={growth_factor}, "

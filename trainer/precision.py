@@ -80,7 +80,8 @@ class StepOutcome:
     Attributes:
         overflow: float32, 1.0 if non-finite gradients were found on some rank and the
             update was skipped, else 0.0 (``bool(outcome.overflow)`` reads it).
-        applied: float32, ``1 - overflow``.
+        applied: float32, 1.0 if the optimizer applied the update: ``1 - overflow``, and 0.0
+            for a window without loss-bearing elements (see :meth:`PrecisionPolicy.step`).
         overflow_kind: float32, 0 clean, 1 only infinities, 2 a NaN was present
             (max over ranks; the divergence guard tells NaN from overflow with it).
         loss_scale: float32, the scale used for this step's backward passes (1.0 without scaling).
@@ -191,6 +192,7 @@ class PrecisionPolicy:
         parameters: Sequence[Tensor],
         max_grad_norm: float | None,
         sample_underflow: bool = False,
+        no_data: Tensor | None = None,
     ) -> StepOutcome:
         """Unscale, check, agree across ranks, clip, then step or skip on the device; update the scale.
 
@@ -204,6 +206,13 @@ class PrecisionPolicy:
         gradient values that are zero or subnormal in fp16 is measured before
         unscaling (:mod:`trainer.underflow`). The per-parameter and per-rank overflow
         evidence travels in the one cross-rank reduction (:mod:`trainer.forensics`).
+
+        ``no_data`` (0-d bool, the same on every rank): the window held no loss-bearing
+        element on any rank, so its (zero) gradient carries nothing to learn. The optimizer
+        is then skipped on the device (weights, moments and step counters keep their bits;
+        weight decay and momentum do not act), ``applied`` is 0 so the LR schedule holds,
+        and the loss scale and its trackers are left; it is not an overflow and not a
+        skipped step (``overflow`` 0, ``skipped_steps`` unchanged).
         """
         present = [i for i, p in enumerate(parameters) if p.grad is not None]
         grads = [parameters[i].grad for i in present]
@@ -219,14 +228,15 @@ class PrecisionPolicy:
                                      len(parameters))
         kind = torch.maximum(verdict.kind, nonfinite_kinds(norms.total))
         found_inf = (kind > 0).float()
+        skip = found_inf if no_data is None else torch.maximum(found_inf, no_data.to(found_inf.device, torch.float32))
         if max_grad_norm is not None and grads:
             clip_grads_(grads, max_grad_norm, norms.total)
-        self._optimizer_step(optimizer, found_inf)
+        self._optimizer_step(optimizer, skip)
         self._skipped = self._skipped + found_inf.long()
-        self.scaler.update(found_inf)
+        self.scaler.update(found_inf, hold=no_data)
         return StepOutcome(
             overflow=found_inf,
-            applied=1.0 - found_inf,
+            applied=1.0 - skip,
             overflow_kind=kind,
             loss_scale=scale_used,
             grad_norm=norms.total,

@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from trainer.catalog import MODEL_DATASETS, DatasetSpec, ModelSpec, field_error
+from trainer.scale_bounds import float32_bounds
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 #: Largest allowed loss scale; the scale is held in float32, so any finite bound works,
@@ -40,8 +41,10 @@ class LossScaleSpec(_Strict):
     (non-finite gradients) it is multiplied by ``backoff_factor``; after
     ``growth_interval`` consecutive clean steps by ``growth_factor`` (which also refills
     the hysteresis; with ``consecutive_hysteresis`` every clean step refills it); always
-    clamped to ``[min_scale, max_scale]``. ``static``: ``static_scale`` (default
-    ``init_scale``) is used on every step; overflowing steps are still skipped.
+    clamped to ``[min_scale, max_scale]`` (the scale is float32: the bounds are rounded
+    inward to float32, and bounds that bracket no float32 are rejected). ``static``:
+    ``static_scale`` (default ``init_scale``) is used on every step, as given (the
+    bounds belong to the dynamic rule); overflowing steps are still skipped.
     """
 
     mode: Literal["dynamic", "static"] = "dynamic"
@@ -63,6 +66,10 @@ class LossScaleSpec(_Strict):
         if self.min_scale > self.max_scale:
             msg = f"min_scale ({self.min_scale}) must not exceed max_scale ({self.max_scale})"
             raise field_error("LossScaleSpec", "min_scale", msg, self.min_scale)
+        try:
+            float32_bounds(self.min_scale, self.max_scale)
+        except ValueError as exc:
+            raise field_error("LossScaleSpec", "max_scale", str(exc), self.max_scale) from None
         if self.mode == "dynamic" and not self.min_scale <= self.init_scale <= self.max_scale:
             msg = (
                 f"init_scale ({self.init_scale}) must lie in [min_scale, max_scale] = "

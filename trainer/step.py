@@ -65,7 +65,8 @@ def accumulate_window(
     Each micro-batch contributes ``loss_fn(model, batch) / global_count * world_size``,
     so after DDP's averaging the gradient equals that of the mean loss over all
     ``global_count`` elements of the window on all ranks (``global_count`` is floored
-    at 1 for a window without loss-bearing elements). Gradients are synchronised
+    at 1 for a window without loss-bearing elements: zero gradients and a loss of 0.0,
+    never NaN; :func:`train_step` then applies no update). Gradients are synchronised
     only on the last micro-batch. No host synchronisation: the counts are all-reduced
     as a device tensor and the loss stays on the device.
     """
@@ -103,6 +104,15 @@ def _global_counts(micro_batches: Sequence[Batch], device: torch.device) -> Tens
     return all_reduce_sum(pinned.to(device, non_blocking=True))
 
 
+def _maybe_empty(micro_batches: Sequence[Batch], window: WindowStats) -> Tensor | None:
+    """``window.num_elements == 0`` (0-d bool) if the window may be empty on every rank, else ``None``.
+
+    Decided from host metadata without a sync: a rank whose own micro-batches hold a
+    loss-bearing element knows the global count is positive, and skips the check's ops.
+    """
+    return None if any(b.num_elements > 0 for b in micro_batches) else window.num_elements == 0
+
+
 def train_step(
     components: Components,
     micro_batches: Sequence[Batch],
@@ -118,6 +128,9 @@ def train_step(
     The LR schedule advances by the step's ``applied`` flag (skipped steps leave it);
     gradients are zeroed (set to ``None``) afterwards in every case. Nothing is read
     on the host. With ``sample_underflow`` the step measures the fp16 underflow fraction.
+    A window without loss-bearing elements on any rank (all padding) is no update: the
+    precision step skips the optimizer and holds the schedule and the loss scale
+    (``no_data``); its logged loss is 0.0 and it is neither an overflow nor a skipped step.
     """
     lr = components.optimizer.param_groups[0]["lr"]  # the schedule replaces, never mutates, this tensor
     window = accumulate_window(
@@ -126,7 +139,8 @@ def train_step(
     if faults is not None:
         faults.after_backward(step, components.parameters)
     outcome = components.precision.step(
-        components.optimizer, components.parameters, max_grad_norm, sample_underflow=sample_underflow
+        components.optimizer, components.parameters, max_grad_norm, sample_underflow=sample_underflow,
+        no_data=_maybe_empty(micro_batches, window),
     )
     components.lr_scheduler.step(outcome.applied)
     components.optimizer.zero_grad(set_to_none=True)

@@ -7,7 +7,9 @@ last checkpoint, ``cancelled`` if it was being cancelled, or ``failed`` with
 ``worker_lost`` once ``max_attempts`` are used. It trusts only live leases, never a
 worker's word. It runs in every worker, once at start and then every
 ``HALFCAST_REAPER_INTERVAL_S``; each recovery is a compare-and-set, so reapers
-running at once recover each job once.
+running at once recover each job once. Each pass also asks the optional
+:class:`worker.broker_watch.BrokerWatch` whether the broker lost the messages of
+queued jobs, and re-sends them if it did.
 """
 
 from __future__ import annotations
@@ -15,18 +17,25 @@ from __future__ import annotations
 import logging
 import threading
 
+from worker.broker_watch import BrokerWatch
 from worker.recovery import Recovery, Resolution
 
 log = logging.getLogger(__name__)
 
 
 class Reaper:
-    """Recovers expired leases with ``recovery``, every ``interval_s`` seconds until ``stop`` is set."""
+    """Recovers expired leases with ``recovery`` (and lost broker messages with ``broker_watch``).
 
-    def __init__(self, recovery: Recovery, interval_s: float, stop: threading.Event) -> None:
+    Runs every ``interval_s`` seconds until ``stop`` is set.
+    """
+
+    def __init__(
+        self, recovery: Recovery, interval_s: float, stop: threading.Event, broker_watch: BrokerWatch | None = None
+    ) -> None:
         self.recovery = recovery
         self.interval_s = interval_s
         self.stop = stop
+        self.broker_watch = broker_watch
         self.thread: threading.Thread | None = None
 
     def reap_once(self) -> dict[str, Resolution]:
@@ -43,13 +52,18 @@ class Reaper:
                 done[lease.job_id] = resolution
         return done
 
+    def watch_broker(self) -> list[str] | None:
+        """Re-send the queued jobs' messages if the broker lost its data (see :class:`BrokerWatch`)."""
+        return None if self.broker_watch is None else self.broker_watch.check()
+
     def run(self) -> None:
         """Reap now, then every ``interval_s`` seconds, until ``stop`` is set; errors are logged, never fatal."""
         while not self.stop.is_set():
-            try:
-                self.reap_once()
-            except Exception:
-                log.exception("reaper: pass failed")
+            for duty in (self.reap_once, self.watch_broker):
+                try:
+                    duty()
+                except Exception:
+                    log.exception("reaper: %s failed", duty.__name__)
             self.stop.wait(self.interval_s)
 
     def start(self) -> threading.Thread:

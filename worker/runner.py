@@ -243,9 +243,18 @@ class Attempt:
         return before is not None and after is not None and after > before
 
     def _stop_for(self, outcome: Outcome) -> Outcome:
+        """Stop the run for ``outcome``; a run that had already written its ``end`` record succeeded.
+
+        The ``end`` record follows the final checkpoint and evaluation, so a cancel, a
+        deadline or a worker shutdown that meets a run tearing down after it stops only
+        the tear-down: the job did all it was asked, and says so (``succeeded``).
+        """
         log.info("job %s: stopping run (%s)", self.claim.job_id, outcome.message)
         self._stop_process()
         self._drain_last()
+        if self.ended and not self.lease.lost:
+            log.info("job %s: the run had finished every step before it was stopped", self.claim.job_id)
+            return Outcome("succeeded", None, f"finished before it was stopped ({outcome.message})")
         return outcome
 
     def _tolerant(self, action: Callable[[], T], default: T) -> T:

@@ -34,6 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from server.db.engine import make_engine
 from server.settings import Settings
 from worker.acks import acknowledge
+from worker.broker_watch import BrokerWatch, queued_job_ids, redis_marker_store
 from worker.celery_app import RUN_JOB_TASK
 from worker.gpu_locks import GpuLocks
 from worker.gpus import discover_gpus
@@ -126,8 +127,16 @@ class WorkerRuntime:
         store = self.store
         with self._lock:
             if self._reaper is None:
-                self._reaper = Reaper(Recovery(store, self.enqueue), self.settings.reaper_interval_s, self.shutdown)
+                self._reaper = Reaper(Recovery(store, self.enqueue), self.settings.reaper_interval_s, self.shutdown,
+                                      self._broker_watch(store))  # fmt: skip
             return self._reaper
+
+    def _broker_watch(self, store: JobStore) -> BrokerWatch | None:
+        """A watch for a Redis broker that lost its data; ``None`` for the embedded (on-disk) broker."""
+        redis = redis_marker_store(self.settings.effective_broker_url)
+        if redis is None:
+            return None
+        return BrokerWatch(redis, self.settings.queue_name, partial(queued_job_ids, store.engine), self.enqueue)
 
     def on_ready(self, sender: Any = None, **_: Any) -> None:
         """Celery ``worker_ready`` receiver: start the reaper (its first pass runs at once) and the heartbeat."""

@@ -31,7 +31,7 @@ def ensure_first_token(settings: Settings) -> str | None:
     Raises ``OSError`` when the token file cannot be written (the token is created first).
     """
     from server.cli.tokens import cli_actor
-    from server.db.engine import make_engine, make_session_factory
+    from server.db.engine import begin_write, make_engine, make_session_factory
     from server.db.tokens import count_tokens, create_token
 
     if not settings.auth:
@@ -39,6 +39,7 @@ def ensure_first_token(settings: Settings) -> str | None:
     engine = make_engine(settings.effective_database_url)
     try:
         with make_session_factory(engine)() as session:
+            begin_write(session)  # count and insert in one write transaction: two starts make one token
             if count_tokens(session) > 0:
                 return None
             token = create_token(session, local_owner(), admin=True, actor=cli_actor(), via="halfcast up")

@@ -2,10 +2,11 @@
 
 SQLite transactions are begun by SQLAlchemy, not by the driver, so a transaction
 that reads before it writes can ask for the write lock up front: run it on
-``engine.execution_options(**WRITE_TRANSACTION)`` and it starts with ``BEGIN
-IMMEDIATE``. A deferred transaction that reads first and then writes fails at once
-with "database is locked" (``SQLITE_BUSY_SNAPSHOT``, no busy wait) when another
-connection committed in between (phoenix#3949); an immediate one waits its turn.
+``engine.execution_options(**WRITE_TRANSACTION)`` (a session: call :func:`begin_write`
+first) and it starts with ``BEGIN IMMEDIATE``. A deferred transaction that reads
+first and then writes fails at once with "database is locked"
+(``SQLITE_BUSY_SNAPSHOT``, no busy wait) when another connection committed in
+between (phoenix#3949); an immediate one waits its turn.
 """
 
 from __future__ import annotations
@@ -50,6 +51,20 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "begin", _begin_sqlite)
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def begin_write(session: Session) -> Connection:
+    """Begin ``session``'s transaction as a write transaction (``BEGIN IMMEDIATE`` on SQLite; plain elsewhere).
+
+    Call it before the first read of a transaction that will write: it waits for the
+    write lock (up to the busy timeout) instead of failing at its first write when
+    another connection, e.g. a worker storing step records, committed after the read.
+    Returns the transaction's connection. Raises ``RuntimeError`` if ``session`` is
+    already in a transaction (commit first).
+    """
+    if session.in_transaction():
+        raise RuntimeError("begin_write needs a session with no transaction open (commit first)")
+    return session.connection(execution_options=WRITE_TRANSACTION)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -201,6 +201,8 @@ def request_cancel(session: Session, job_id: str) -> Job:
     the worker, which stops the process group and records ``cancelled``. Asking again
     while ``cancelling`` is a no-op.
 
+    Returns the job as it is now, with no transaction left open (so a write that follows,
+    like the route's audit event, never needs a read-to-write lock upgrade on SQLite).
     Raises :class:`JobNotFound` for an unknown id and :class:`JobConflict` when the
     job is already terminal.
     """
@@ -216,7 +218,9 @@ def request_cancel(session: Session, job_id: str) -> Job:
             return job
         if job.status in TERMINAL_STATUSES:
             raise JobConflict(job, f"job {job_id} is already {job.status}")
-    return get_job(session, job_id)
+    job = get_job(session, job_id)
+    session.commit()  # end the read: the caller's next write (the audit event) starts a transaction of its own
+    return job
 
 
 # ----------------------------------------------------------------------------- reads

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from server.db.engine import WRITE_TRANSACTION
+from server.db.engine import begin_write
 from server.db.models import ACTIVE_STATUSES, Job
 from server.db.quotas import QuotaLimits, effective_limits
 
@@ -59,10 +59,7 @@ def begin_owner_transaction(session: Session, owner: str) -> None:
     Blocks while another transaction holds it (SQLite: up to the busy timeout).
     Raises ``RuntimeError`` if ``session`` is already in a transaction (commit first).
     """
-    if session.in_transaction():
-        raise RuntimeError("begin_owner_transaction needs a session with no transaction open")
-    connection = session.connection(execution_options=WRITE_TRANSACTION)
-    if connection.dialect.name == "postgresql":
+    if begin_write(session).dialect.name == "postgresql":
         session.execute(select(func.pg_advisory_xact_lock(owner_lock_key(owner))))
 
 

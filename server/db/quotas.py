@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db import audit
+from server.db.engine import begin_write
 from server.db.models import OwnerQuota, utcnow
 from server.db.tokens import validate_owner
 
@@ -82,6 +83,7 @@ def set_quota(session: Session, owner: str, values: dict[str, int | None], *, ac
     """
     owner = validate_owner(owner)
     _validate(values)
+    begin_write(session)  # the read and the write are one write transaction (SQLite: no lock upgrade)
     row = session.get(OwnerQuota, owner, populate_existing=True)
     if row is None:
         row = OwnerQuota(owner=owner)
@@ -100,6 +102,7 @@ def clear_quota(session: Session, owner: str, *, actor: str, via: str = "cli") -
 
     Returns whether there was one (nothing is audited when there was not).
     """
+    begin_write(session)  # the read and the write are one write transaction (SQLite: no lock upgrade)
     row = session.get(OwnerQuota, owner.strip(), populate_existing=True)
     if row is None:
         session.commit()

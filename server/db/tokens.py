@@ -21,6 +21,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from server.db import audit
+from server.db.engine import begin_write
 from server.db.models import ApiToken, utcnow
 from server.timeutil import as_utc
 
@@ -82,8 +83,12 @@ def create_token(session: Session, owner: str, *, admin: bool = False, actor: st
 def revoke_token(session: Session, token_id: int, *, actor: str, via: str = "cli") -> ApiToken:
     """Revoke token ``token_id`` (idempotent: a revoked token keeps its first ``revoked_at``) and audit it.
 
-    Raises :class:`TokenNotFound` for an unknown id.
+    Read and write are one write transaction (:func:`server.db.engine.begin_write`), so
+    a concurrent writer never makes it fail with "database is locked" on SQLite.
+    Raises :class:`TokenNotFound` for an unknown id, ``RuntimeError`` if ``session`` is
+    already in a transaction.
     """
+    begin_write(session)
     row = session.get(ApiToken, token_id, populate_existing=True)
     if row is None:
         raise TokenNotFound(token_id)

@@ -1,6 +1,6 @@
-"""Faults of the services themselves (issue 4): Redis restarted and PostgreSQL stopped during a job, and
-50 jobs submitted at once, on the real stack pointed at PRIVATE servers (:mod:`private_services`), since
-the shared ones must never be stopped.
+"""Faults of the services themselves (issue 4): Redis restarted (mid-job, and empty while jobs wait
+queued), PostgreSQL stopped during a job, and 50 jobs submitted at once, on the real stack pointed at
+PRIVATE servers (:mod:`private_services`), since the shared ones must never be stopped.
 
 Every test asserts that each job runs exactly once (one attempt, one run directory,
 step records 1..N once each) and ends terminal, and that no process of a run is
@@ -135,6 +135,25 @@ def test_redis_restarted_during_a_job(stack: Stack, private_redis: PrivateRedis)
 
     after = stack.wait_terminal(stack.submit(_spec(max_steps=5))["id"], timeout_s=120)
     _assert_ran_once(stack, after, 5)
+
+
+def test_queued_jobs_survive_a_redis_restart_while_no_worker_runs(stack: Stack, private_redis: PrivateRedis) -> None:  # noqa: F811
+    """Jobs wait ``queued`` (their messages only in Redis) when Redis restarts empty and a worker comes back.
+
+    The messages are gone with Redis's data; the rows are not. The worker's broker
+    watch finds the marker gone and sends one message per queued job again
+    (:mod:`worker.broker_watch`), so each job runs, once.
+    """
+    stack.kill_worker("worker")
+    job_ids = [stack.submit(_spec(max_steps=5))["id"] for _ in range(2)]
+    fault_at = time.monotonic()
+    private_redis.restart()
+    stack.restart_worker("worker")
+    for job_id in job_ids:
+        job = stack.wait_terminal(job_id, timeout_s=120)
+        _matrix("Redis restarted empty while jobs were queued", _outcome(job), time.monotonic() - fault_at,
+                len(run_processes(job_id)))  # fmt: skip
+        _assert_ran_once(stack, job, 5)
 
 
 def test_postgres_stopped_during_a_job(stack: Stack, private_postgres: PrivatePostgres) -> None:  # noqa: F811

@@ -156,7 +156,8 @@ def test_route_access(world: World, route: tuple[str, str], caller: str) -> None
         assert listed == ([world.job_id] if caller in ("owner", "admin") else [])
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/", "/static/app.js", "/openapi.json", "/docs"])
+@pytest.mark.parametrize("path", ["/healthz", "/", "/static/app.js", "/openapi.json", "/docs", "/redoc",
+                                  "/docs/assets/swagger-ui-bundle.js"])  # fmt: skip
 def test_public_paths_need_no_token(client: TestClient, path: str) -> None:
     response = client.get(path, headers={"Authorization": ""})
     assert response.status_code == 200, response.text

@@ -8,9 +8,6 @@ each other and with a single-process reference.
 
 from __future__ import annotations
 
-import os
-import socket
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,8 @@ from pydantic import ValidationError
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+
+from trainer_support import free_port, init_gloo
 
 from trainer.distributed import DistContext
 from trainer.models.gpt import GPT
@@ -127,22 +126,8 @@ def _train(model: nn.Module, precision: str, rank_batches: list[int], ctx: DistC
             "fsdp_module": isinstance(model, FSDPModule), "compute_weight_dtype": seen[0]}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _init(rank: int, port: int) -> DistContext:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    # A bounded collective timeout: a rank stuck in a mismatched collective fails the test instead of hanging it.
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=60))
-    return DistContext(rank=rank, local_rank=rank, world_size=WORLD_SIZE, device=CPU)
-
-
 def _rank_worker(rank: int, port: int, out_dir: str) -> None:
-    ctx = _init(rank, port)
+    ctx = init_gloo(rank, port, WORLD_SIZE)
     try:
         results: dict[str, Any] = {}
         for parallelism in ("ddp", "fsdp"):
@@ -170,7 +155,7 @@ def _rank_worker(rank: int, port: int, out_dir: str) -> None:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Per-rank results of the two-rank runs, and the single-process reference per precision."""
     out = tmp_path_factory.mktemp("fsdp")
-    mp.start_processes(_rank_worker, args=(_free_port(), str(out)), nprocs=WORLD_SIZE, start_method="spawn")
+    mp.start_processes(_rank_worker, args=(free_port(), str(out)), nprocs=WORLD_SIZE, start_method="spawn")
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     single = {p: _train(_mlp(), p, list(range(WORLD_SIZE)), None) for p in PRECISIONS}
     return {"ranks": ranks, "single": single}
@@ -276,7 +261,7 @@ def _overflow_run(rank: int, ctx: DistContext, name: str, implementation: str) -
 
 
 def _overflow_worker(rank: int, port: int, out_dir: str) -> None:
-    ctx = _init(rank, port)
+    ctx = init_gloo(rank, port, WORLD_SIZE)
     try:
         results: dict[str, Any] = {}
         for name, implementation in OPTIMIZER_PATHS:
@@ -293,7 +278,7 @@ def _overflow_worker(rank: int, port: int, out_dir: str) -> None:
 def overflow_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Per rank, per optimizer path: two fp16 FSDP2 steps, the first with inf in rank 1's shard."""
     out = tmp_path_factory.mktemp("fsdp_overflow")
-    mp.start_processes(_overflow_worker, args=(_free_port(), str(out)), nprocs=WORLD_SIZE, start_method="spawn")
+    mp.start_processes(_overflow_worker, args=(free_port(), str(out)), nprocs=WORLD_SIZE, start_method="spawn")
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
 
 
@@ -332,7 +317,7 @@ def _adamw_steps(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, 
 
 
 def _resume_worker(rank: int, port: int, out_dir: str) -> None:
-    ctx = _init(rank, port)
+    ctx = init_gloo(rank, port, WORLD_SIZE)
     try:
         path = Path(out_dir) / "state.pt"
         model = wrap_model(_mlp(), ctx, "fsdp", "bf16")
@@ -362,7 +347,7 @@ def _resume_worker(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_fsdp_full_state_dicts_resume_exactly(tmp_path: Path) -> None:
-    mp.start_processes(_resume_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, start_method="spawn")
+    mp.start_processes(_resume_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, start_method="spawn")
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     saved = results[0]["saved"]
     shapes = {name: tuple(p.shape) for name, p in _mlp().named_parameters()}
@@ -391,7 +376,7 @@ def _job_spec(parallelism: str) -> JobSpec:
 def _job_worker(rank: int, port: int, out_dir: str) -> None:
     from trainer.loop import train
 
-    ctx = _init(rank, port)
+    ctx = init_gloo(rank, port, WORLD_SIZE)
     try:
         out: dict[str, Any] = {}
         runs = [("ddp", "ddp", None), ("fsdp", "fsdp", None),
@@ -408,7 +393,7 @@ def _job_worker(rank: int, port: int, out_dir: str) -> None:
 def test_fsdp_fp16_job_with_a_fault_on_one_rank_matches_ddp_and_resumes_exactly(tmp_path: Path) -> None:
     from trainer.records import read_records
 
-    mp.start_processes(_job_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, start_method="spawn")
+    mp.start_processes(_job_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, start_method="spawn")
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     steps = {k: [r for r in read_records(tmp_path / k) if r["type"] == "step"] for k in ("ddp", "fsdp", "fsdp-resumed")}
     assert [s["overflow"] for s in steps["fsdp"]] == [False, True, False, False]

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer_support import lm_micro_batch, tiny_lm
+
 from trainer.batching import windows
 from trainer.checkpoint import final_path, load_checkpoint, step_path
-from trainer.data import IGNORE_INDEX, Batch, Task
+from trainer.data import Task
 from trainer.data.base import feature_batch, token_batch
 from trainer.distributed import DistContext
 from trainer.errors import TrainerError
@@ -24,7 +26,6 @@ from trainer.losses import task_loss
 from trainer.components import build_components
 from trainer.loop import train
 from trainer.step import accumulate_window, train_step
-from trainer.models.gpt import GPT
 from trainer.precision import build_precision
 from trainer.records import read_records
 from trainer.spec import JobSpec
@@ -61,27 +62,13 @@ def test_window_gradient_equals_full_batch_for_unequal_micro_batches(cpu_ctx: Di
         assert (stats.num_elements, stats.num_samples, stats.num_tokens) == (full.num_samples, full.num_samples, None)
 
 
-def _tiny_lm() -> GPT:
-    torch.manual_seed(0)
-    return GPT(vocab_size=32, context=8, n_layer=1, n_head=2, d_model=16)
-
-
-def lm_micro_batch(valid: int, seed: int, rows: int = 2, length: int = 8) -> Batch:
-    """Random tokens ``[rows, length]`` whose first ``valid`` targets (row-major) are real, the rest padding."""
-    generator = torch.Generator().manual_seed(seed)
-    inputs = torch.randint(0, 32, (rows, length), generator=generator)
-    targets = torch.randint(0, 32, (rows, length), generator=generator)
-    targets.view(-1)[valid:] = IGNORE_INDEX
-    return token_batch(inputs, targets)
-
-
 def test_C17_token_losses_with_accumulation_equal_the_full_batch(cpu_ctx: DistContext, tiny_mlp_spec) -> None:
     """C17: tiny causal LM (vocab 32, emb 16), K=2 micro-batches with 10 and 2 valid tokens.
 
     The accumulated gradient equals the full-batch gradient normalised by the 12 valid
     tokens (within 1e-6), and the logged loss is the full-batch mean, not K times it.
     """
-    model = _tiny_lm()
+    model = tiny_lm()
     precision = build_precision(tiny_mlp_spec(), cpu_ctx.device)
     loss_fn = task_loss(Task.LM)
     micro = [lm_micro_batch(10, seed=1), lm_micro_batch(2, seed=2)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from trainer_support import free_port
 
 from trainer.precision import PrecisionPolicy, PrecisionUnsupportedError, build_precision, build_scaler
 from trainer.spec import JobSpec, LossScaleSpec
@@ -127,12 +127,6 @@ def test_state_dict_round_trip_and_precision_mismatch() -> None:
 # ----------------------------------------------------------------------------- C09
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _c09_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -163,7 +157,7 @@ def _c09_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 def test_c09_overflow_on_one_rank_is_an_overflow_on_all_ranks(tmp_path: Path) -> None:
     """Field case C09 (pytorch/pytorch PR #115710): NaN on one rank (1) only, after the all-reduce."""
-    mp.start_processes(_c09_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(_c09_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for result in results:
         assert result["skipped"] and result["unchanged"] and result["scale"] == 512.0

@@ -4,7 +4,8 @@ Usage: ``python fake_trainer.py --spec S --run-dir D [--resume-from CKPT]``. Beh
 by the spec: ``faults.sleep_per_step_s`` slows it down, ``faults.raise_at_step`` crashes with a
 traceback, ``checkpoint_interval`` writes ``checkpoints/step-<N>.pt`` (text files holding N), and
 ``--resume-from`` continues after the checkpoint's step. The spec ``name`` selects special cases:
-``typed-error`` writes ``error.json``; ``no-end`` exits 0 without an ``end`` record; ``stubborn``
+``typed-error`` writes ``error.json``; ``no-end`` exits 0 without an ``end`` record;
+``slow-teardown`` lingers 600 s after it; ``stubborn``
 starts a grandchild that ignores SIGTERM; ``partial`` leaves a half-written last line; ``oom`` and
 ``collective-timeout`` die at step 2 printing what PyTorch prints for those. It writes its pid to
 ``trainer.pid``.
@@ -76,6 +77,8 @@ def main() -> int:
         return 0
     if name != "no-end":
         write({"type": "end", "time": time.time(), "steps": spec["max_steps"], "skipped_steps": 0})
+    if name == "slow-teardown":
+        time.sleep(600)  # a tear-down (process group, file handles) that lingers after the end record
     return 0
 
 

@@ -145,6 +145,21 @@ def test_cancel_stops_the_whole_run(settings: Settings, store: JobStore, engine:
     assert session_members(leader) == []
 
 
+def test_cancel_after_the_run_finished_every_step_keeps_it_succeeded(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+    """A cancel that meets a run tearing down after its ``end`` record stops it, and the job stays ``succeeded``."""
+    job_id = make_job(small_spec(name="slow-teardown", max_steps=3))
+    thread, result = _run_in_thread(job_id, _context(settings, store))
+    row = _wait_status(engine, job_id, "running")
+    leader = _leader_pid(Path(row.run_dir))
+    _wait_until(lambda: _row(engine, job_id).eval is not None)  # the eval record comes just before the end
+    _set_status(engine, job_id, "cancelling")
+    thread.join(timeout=30)
+    assert [outcome.status for outcome in result] == ["succeeded"]
+    row = _row(engine, job_id)
+    assert (row.status, row.error_reason, row.step) == ("succeeded", None, 3)
+    assert session_members(leader) == []
+
+
 def test_worker_shutdown_stops_the_run_and_fails_the_job(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
     """Without a broker to send a retry through (no ``enqueue``), the job fails ``worker_shutdown``."""
     job_id = make_job(small_spec(max_steps=1000, faults={"sleep_per_step_s": 0.1}))
