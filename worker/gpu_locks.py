@@ -5,7 +5,12 @@ A GPU is busy while some process holds an exclusive ``flock`` on
 description, so two threads of one worker, two pool processes and two workers on
 one host (sharing ``lock_dir``) all exclude each other, and the kernel drops the
 lock when its holder dies, even by SIGKILL: a crashed worker never leaves a GPU
-taken. The run's processes do not inherit the descriptors (``close_fds``).
+taken. The run's launcher (torchrun) inherits the descriptors (``pass_fds``, see
+:attr:`GpuLease.descriptors`), so a worker that dies while its run still tears down
+(its ranks get SIGTERM and checkpoint) leaves the devices locked until that run is
+gone too: no other job is placed on a GPU still in use. The worker's own
+:meth:`GpuLease.release` unlocks the shared open file description, which frees the
+device at once whoever else still holds a descriptor of it.
 
 An allocation takes exactly ``n`` devices or none: it runs under an exclusive lock
 on ``<lock_dir>/allocate.lock`` (so two allocations never each take half of what
@@ -32,6 +37,11 @@ class GpuLease:
     def __init__(self, gpus: Sequence[int], descriptors: Sequence[int]) -> None:
         self.gpus: tuple[int, ...] = tuple(gpus)
         self._descriptors = list(descriptors)
+
+    @property
+    def descriptors(self) -> tuple[int, ...]:
+        """The open, locked descriptors (one per device) for a run to inherit; empty once released."""
+        return tuple(self._descriptors)
 
     def release(self) -> None:
         """Unlock and close every device's lock file (idempotent)."""

@@ -262,13 +262,14 @@ def _ignore_gone(kill: Callable[[int, int], None], target: int, signum: signal.S
         pass
 
 
-def start_run(command: list[str], run_dir: Path, env: Mapping[str, str]) -> RunProcess:
+def start_run(command: list[str], run_dir: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()) -> RunProcess:
     """Start ``command`` in ``run_dir`` as the leader of a new session, signalled if the worker dies.
 
     stdout and stderr go to ``<run_dir>/logs/launcher.log`` (torchrun's own output;
-    each rank's goes to its ``rank-<r>.log``, see :func:`build_command`). Raises
-    ``OSError`` when the command cannot be started (its program is not found or not
-    executable).
+    each rank's goes to its ``rank-<r>.log``, see :func:`build_command`). The
+    descriptors ``pass_fds`` (the attempt's GPU locks) are inherited by the command, so
+    the locks outlive a worker that dies before its run does. Raises ``OSError`` when
+    the command cannot be started (its program is not found or not executable).
     """
     if shutil.which(command[0], path=env.get("PATH")) is None:
         raise FileNotFoundError(f"no executable {command[0]!r}")
@@ -276,12 +277,14 @@ def start_run(command: list[str], run_dir: Path, env: Mapping[str, str]) -> RunP
     log_path.parent.mkdir(parents=True, exist_ok=True)
     guarded = [sys.executable, "-m", "worker.deathsig", str(os.getpid()), "--", *command]
     with log_path.open("ab") as log_file:
-        popen = _popen(guarded, run_dir, env, log_file)
+        popen = _popen(guarded, run_dir, env, log_file, pass_fds)
     log.info("started run %d in %s: %s", popen.pid, run_dir, " ".join(command))
     return RunProcess(popen, log_path)
 
 
-def _popen(command: list[str], cwd: Path, env: Mapping[str, str], log_file: IO[bytes]) -> subprocess.Popen[bytes]:
+def _popen(
+    command: list[str], cwd: Path, env: Mapping[str, str], log_file: IO[bytes], pass_fds: Sequence[int] = ()
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         command,
         cwd=cwd,
@@ -291,6 +294,7 @@ def _popen(command: list[str], cwd: Path, env: Mapping[str, str], log_file: IO[b
         stderr=subprocess.STDOUT,
         start_new_session=True,
         close_fds=True,
+        pass_fds=tuple(pass_fds),
     )
 
 

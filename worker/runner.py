@@ -75,7 +75,8 @@ class RunnerContext:
     ``enqueue`` sends a job id to the workers (for a retry; without it nothing is
     retried); ``on_claimed`` is called right after a successful claim (the task
     acknowledges its message there); ``gpus`` are the host GPU indices the task
-    allocated for the attempt (empty for a CPU job).
+    allocated for the attempt (empty for a CPU job) and ``gpu_lock_fds`` the locked
+    descriptors of their lock files, which the run inherits (:mod:`worker.gpu_locks`).
     """
 
     settings: Settings
@@ -86,6 +87,7 @@ class RunnerContext:
     enqueue: Enqueue | None = None
     on_claimed: Callable[[], object] = _nothing
     gpus: tuple[int, ...] = ()
+    gpu_lock_fds: tuple[int, ...] = ()
 
 
 def run_job(job_id: str, context: RunnerContext) -> Outcome | None:
@@ -167,7 +169,7 @@ class Attempt:
         self.oom_kills_at_launch = oom_kill_count()
         try:
             environment = build_environment(spec, self.context.settings, gpus=self.context.gpus)
-            self.process = start_run(command, self.run_dir, environment)
+            self.process = start_run(command, self.run_dir, environment, pass_fds=self.context.gpu_lock_fds)
         except OSError as exc:
             return Outcome("failed", "launch_failed", f"torchrun could not be started: {exc}")
         return self._supervise(self.process)

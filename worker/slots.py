@@ -22,8 +22,11 @@ def _nothing() -> None:
 class Placement:
     """The slot one job holds: its GPU indices (empty for a CPU job) and how to give them back."""
 
-    def __init__(self, gpus: tuple[int, ...] = (), release: Callable[[], None] = _nothing) -> None:
+    def __init__(
+        self, gpus: tuple[int, ...] = (), release: Callable[[], None] = _nothing, lock_fds: tuple[int, ...] = ()
+    ) -> None:
         self.gpus = gpus
+        self.lock_fds = lock_fds
         self._release: Callable[[], None] | None = release
 
     def release(self) -> None:
@@ -72,7 +75,7 @@ class Slots:
         if gpus <= 0:
             return self._try_cpu()
         lease: GpuLease | None = self.gpu_locks.try_acquire(gpus)
-        return None if lease is None else Placement(lease.gpus, lease.release)
+        return None if lease is None else Placement(lease.gpus, lease.release, lease.descriptors)
 
     def _try_cpu(self) -> Placement | None:
         with self._lock:

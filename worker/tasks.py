@@ -43,7 +43,7 @@ from worker.reaper import Reaper
 from worker.recovery import Recovery
 from worker.registry import Heartbeat, WorkerInfo, WorkerRegistry
 from worker.runner import RunnerContext, run_job
-from worker.slots import Slots
+from worker.slots import Placement, Slots
 from worker.store import JobStore
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,8 @@ class WorkerRuntime:
         """This worker's identity, the owner of its leases: ``<hostname>/<pid>``."""
         return f"{hostname or 'worker'}/{os.getpid()}"
 
-    def context(self, hostname: str | None, task_id: str | None = None, gpus: tuple[int, ...] = ()) -> RunnerContext:
-        """A runner context for one task; its message is acknowledged once the job is claimed."""
+    def context(self, hostname: str | None, task_id: str | None = None, placement: Placement | None = None) -> RunnerContext:
+        """A runner context for one task in ``placement``; its message is acknowledged once the job is claimed."""
         return RunnerContext(
             settings=self.settings,
             store=self.store,
@@ -93,7 +93,8 @@ class WorkerRuntime:
             shutdown=self.shutdown,
             enqueue=self.enqueue,
             on_claimed=partial(acknowledge, task_id),
-            gpus=gpus,
+            gpus=placement.gpus if placement else (),
+            gpu_lock_fds=placement.lock_fds if placement else (),
         )
 
     def slots(self) -> Slots:
@@ -173,7 +174,7 @@ def register_tasks(app: Celery) -> Task:
                 log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
                 return None
             with placement:
-                outcome = run_job(str(job_id), runtime.context(self.request.hostname, self.request.id, placement.gpus))
+                outcome = run_job(str(job_id), runtime.context(self.request.hostname, self.request.id, placement))
         except SlotUnavailable as exc:
             log.info("%s: handing the message back to the queue", exc)
             raise self.retry(exc=exc, countdown=0) from exc

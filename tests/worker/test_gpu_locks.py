@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from worker.gpu_locks import GpuLocks
+from worker.launch import start_run
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = Path(__file__).with_name("gpu_holder.py")
@@ -120,3 +121,39 @@ def test_a_process_cannot_take_what_this_one_holds(tmp_path: Path) -> None:
     process.kill()
     process.wait(timeout=10)
     assert taken == "none"
+
+
+def test_a_run_inheriting_the_locks_keeps_its_devices_after_the_worker_died(tmp_path: Path) -> None:
+    """The worker dies (its descriptors close without an unlock) while its run still lives: the GPU stays taken.
+
+    The run is started as the worker starts it (:func:`worker.launch.start_run`, through the
+    death-signal wrapper's ``exec``); only when the run is gone is the device free again.
+    """
+    locks = GpuLocks(tmp_path / "locks", [0])
+    lease = locks.try_acquire(1)
+    assert lease is not None
+    run_dir = tmp_path / "run"
+    run = start_run(["sleep", "60"], run_dir, {"PATH": os.environ["PATH"]}, pass_fds=lease.descriptors)
+    try:
+        for descriptor in lease.descriptors:
+            os.close(descriptor)  # what the kernel does when the worker dies: no LOCK_UN
+        assert locks.try_acquire(1) is None, "the device was free while its run still ran"
+    finally:
+        assert run.stop(5.0)
+    again = locks.try_acquire(1)
+    assert again is not None and again.gpus == (0,)
+
+
+def test_the_workers_release_frees_a_device_its_run_still_holds_a_descriptor_of(tmp_path: Path) -> None:
+    """The attempt ended (the worker unlocks): the inherited descriptor does not keep the device taken."""
+    locks = GpuLocks(tmp_path / "locks", [0])
+    lease = locks.try_acquire(1)
+    assert lease is not None
+    child = subprocess.Popen(["sleep", "60"], pass_fds=lease.descriptors)
+    try:
+        lease.release()
+        again = locks.try_acquire(1)
+        assert again is not None and again.gpus == (0,)
+    finally:
+        child.kill()
+        child.wait()
