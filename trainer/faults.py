@@ -32,6 +32,12 @@ class FaultInjector:
         self.faults = faults
         self.rank = rank
         self.precision = precision
+        self._steps = frozenset(faults.nonfinite_grad_steps) if faults is not None else frozenset()
+
+    def _nonfinite_at(self, step: int) -> bool:
+        """Whether ``step`` is in ``nonfinite_grad_steps`` or at or after ``nonfinite_grad_from_step``."""
+        start = self.faults.nonfinite_grad_from_step if self.faults is not None else None
+        return step in self._steps or (start is not None and step >= start)
 
     def at_step_start(self, step: int) -> None:
         """Before attempted step ``step``: sleep ``sleep_per_step_s``; kill this process with
@@ -52,12 +58,13 @@ class FaultInjector:
 
     def after_backward(self, step: int, parameters: Iterable[torch.Tensor]) -> None:
         """After the last backward of ``step`` (after DDP's all-reduce): if ``step`` is in
-        ``nonfinite_grad_steps``, this rank is in ``ranks`` (default all) and the run's precision
+        ``nonfinite_grad_steps`` or at or after ``nonfinite_grad_from_step``, this rank is in
+        ``ranks`` (default all) and the run's precision
         is in ``nonfinite_grad_precisions`` (default any), set element 0
         of the first existing parameter gradient to ``+inf`` or ``nan``.
         """
         faults = self.faults
-        if faults is None or step not in faults.nonfinite_grad_steps:
+        if faults is None or not self._nonfinite_at(step):
             return
         if faults.ranks is not None and self.rank not in faults.ranks:
             return

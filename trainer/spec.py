@@ -131,6 +131,8 @@ class FaultsSpec(_Strict):
     """
 
     nonfinite_grad_steps: Annotated[list[Annotated[int, Field(ge=1, le=MAX_STEPS)]], Field(max_length=100_000)] = []
+    #: Every step from this one on also gets the non-finite gradient (field case C11: "NaN on every step").
+    nonfinite_grad_from_step: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
     nonfinite_value: Literal["inf", "nan"] = "inf"
     ranks: Annotated[list[Annotated[int, Field(ge=0, lt=MAX_RANKS)]], Field(max_length=MAX_RANKS)] | None = None
     sleep_per_step_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 0.0

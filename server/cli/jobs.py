@@ -43,6 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     submit.add_argument("spec", help="SPEC.yaml, SPEC.yml, SPEC.json, or - for stdin")
     submit.add_argument("--idempotency-key", help="makes a retried submit return the same job")
     submit.add_argument("-w", "--watch", action="store_true", help="watch the job after submitting it")
+    submit.add_argument("-q", "--quiet", action="store_true",
+                        help="print only the job id (for scripts: JOB=$(halfcast submit -q spec.yaml))")  # fmt: skip
     listing = add_api_command(subparsers, "list", "list jobs, newest first", run_list)
     listing.add_argument("--status", help="only jobs in this status")
     listing.add_argument("--limit", type=int, default=20, help="at most this many jobs (default 20)")
@@ -128,11 +130,11 @@ def load_spec(source: str) -> dict[str, Any]:
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    """POST the spec; print the new job's id and status (then watch it with ``--watch``)."""
+    """POST the spec; print the new job's id and status, or only its id with ``--quiet`` (then ``--watch`` it)."""
     spec = load_spec(args.spec)
     with client_for(args) as client:
         job = client.submit(spec, idempotency_key=args.idempotency_key)
-        sys.stdout.write(f"submitted job {job['id']} ({job['status']})\n")
+        sys.stdout.write(f"{job['id']}\n" if args.quiet else f"submitted job {job['id']} ({job['status']})\n")
         sys.stdout.flush()
         return watch_job(client, job["id"]) if args.watch else 0
 

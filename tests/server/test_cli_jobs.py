@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ import yaml
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
-from server.cli import main
+from server.cli import EXIT_BROKEN_PIPE, main
 from server.cli.watch import WatchView, format_duration, format_scale, progress_bar
 from server.client import Event
 from server.events import EventStreamSettings, StreamStats
@@ -22,6 +24,9 @@ from server.settings import Settings
 
 from api_support import VALID_SPEC, FakeQueue, insert_job
 from live_server import LiveServer, add_steps, free_port, set_status, sqlite_copy, step_record
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -65,6 +70,25 @@ def test_submit_yaml_and_json_then_list_status_cancel(url: str, tmp_path: Path, 
     assert (code, out) == (0, f"job {yaml_id}: cancelled\n")
     code, _, err = _run(capsys, "cancel", yaml_id)
     assert code == 1 and err == f"error: job {yaml_id} is already cancelled\n"
+
+
+def test_submit_quiet_prints_only_the_id(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "job.json").write_text(json.dumps(VALID_SPEC))
+    code, out, _ = _run(capsys, "submit", "-q", str(tmp_path / "job.json"))
+    job_id = out.strip()
+    assert code == 0 and out == f"{job_id}\n" and " " not in job_id
+    assert json.loads(_run(capsys, "status", job_id, "--json")[1])["id"] == job_id
+
+
+def test_a_closed_pipe_ends_the_command_quietly(url: str) -> None:
+    """``halfcast list | head -1``: the reader leaves early; no traceback, exit 141 (128 + SIGPIPE)."""
+    process = subprocess.Popen([sys.executable, "-m", "server.cli", "list"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)  # fmt: skip
+    assert process.stdout is not None
+    process.stdout.close()  # the reader is gone before the command writes its first line
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == EXIT_BROKEN_PIPE, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
 
 
 def test_an_invalid_spec_prints_each_field_and_its_message(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,6 +29,17 @@ def test_nonfinite_gradient_on_listed_steps_and_ranks() -> None:
     assert math.isnan(params[1].grad[0].item()) and params[1].grad[1:].tolist() == [1.0, 1.0]
 
 
+def test_nonfinite_gradient_on_every_step_from_one_on() -> None:
+    """C11 as a spec: ``nonfinite_grad_from_step`` poisons that step and every later one, with the listed steps."""
+    spec = FaultsSpec(nonfinite_grad_steps=[1], nonfinite_grad_from_step=5)
+    hit = []
+    for step in range(1, 9):
+        params = _params()
+        FaultInjector(spec, rank=0).after_backward(step, params)
+        hit.append(params[1].grad[0].item() == math.inf)
+    assert hit == [True, False, False, False, True, True, True, True]
+
+
 def test_default_is_inf_on_every_rank_and_none_is_off() -> None:
     params = _params()
     FaultInjector(None, rank=0).after_backward(1, params)
