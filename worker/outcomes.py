@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 #: Lines of the failing rank's log (or ``launcher.log``) quoted in a failure message.
 LOG_TAIL_LINES = 50
+#: Lines quoted after a typed error (``error.json``): its own message says what went wrong, and the
+#: lines before it are mostly the failing steps' warnings (all of them: ``GET /jobs/{id}/logs``).
+TYPED_TAIL_LINES = 10
 #: Lines of ``launcher.log`` and of each rank's log searched for a known cause.
 SCAN_LINES = 2000
 
@@ -64,10 +67,11 @@ def exit_outcome(code: int, ended: bool, run_dir: Path, oom_killed: bool = False
     cause = root_cause(log_tail(launcher_log(run_dir), SCAN_LINES))
     rank = error[2] if error is not None else cause.rank if cause is not None else None
     source = failure_log(run_dir, rank)
-    label, tail = f"logs/{source.name}", log_tail(source, LOG_TAIL_LINES)
+    label = f"logs/{source.name}"
     if error is not None:
         reason, message, _ = error
-        return Outcome("failed", reason, with_tail(message, label, tail))
+        return Outcome("failed", reason, with_tail(message, label, log_tail(source, TYPED_TAIL_LINES)))
+    tail = log_tail(source, LOG_TAIL_LINES)
     what = "exited 0 without an end record" if code == 0 else f"exited with {describe_exit(code)}"
     if cause is not None:  # torchrun's own exit code says little; which rank died of what says more
         exit_text = f": {describe_exit(cause.exitcode)}" if cause.exitcode is not None else ""

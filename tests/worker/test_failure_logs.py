@@ -7,7 +7,7 @@ from pathlib import Path
 
 from server.runlogs import launcher_log, rank_log
 from worker.failure_logs import RootCause, failure_log, root_cause
-from worker.outcomes import exit_outcome
+from worker.outcomes import TYPED_TAIL_LINES, exit_outcome
 
 #: torchrun 2.13's report when rank 1 failed first and rank 0 was then stopped (as printed into launcher.log).
 TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -74,6 +74,17 @@ def test_error_json_names_the_rank_whose_log_is_quoted(tmp_path: Path) -> None:
     outcome = exit_outcome(3, False, run_dir)
     assert outcome.reason == "nonfinite_loss"
     assert outcome.message == "NaN (rank 1)\n--- last lines of logs/rank-1.log ---\nloss is nan"
+
+
+def test_a_typed_error_quotes_only_the_last_lines_before_it(tmp_path: Path) -> None:
+    """C11-like: 50 steps of warnings precede ``nonfinite_gradients``; the message keeps its point, not all of them."""
+    warnings = "".join(f"fault injection: gradient element set to nan at step {n}\n" for n in range(1, 51))
+    run_dir = _run_dir(tmp_path, "", {0: warnings + "TrainerError: nonfinite_gradients\n"})
+    (run_dir / "error.json").write_text(json.dumps({"reason": "nonfinite_gradients", "message": "50 skips", "rank": 0}))
+    outcome = exit_outcome(3, False, run_dir)
+    assert outcome.message is not None
+    quoted = outcome.message.split("--- last lines of logs/rank-0.log ---\n")[1].splitlines()
+    assert len(quoted) == TYPED_TAIL_LINES and quoted[-1] == "TrainerError: nonfinite_gradients"
 
 
 def test_known_causes_are_found_in_a_ranks_log(tmp_path: Path) -> None:
