@@ -12,7 +12,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -31,6 +31,16 @@ def sqlite_copy(data_dir: Path, template: Path) -> str:
     path = data_dir / "halfcast.db"
     shutil.copyfile(template, path)
     return f"sqlite:///{path}"
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``predicate`` every 10 ms until it holds (``True``) or ``timeout_s`` passed (``False``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def free_port() -> int:

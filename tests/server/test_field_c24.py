@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 from api_support import FakeQueue, insert_job
-from live_server import AsgiSpec24, LiveServer, add_steps, iter_events, step_record
+from live_server import AsgiSpec24, LiveServer, add_steps, iter_events, step_record, wait_until
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
@@ -27,15 +27,6 @@ from server.settings import Settings
 STREAMS = 20
 #: Seconds within which a server-side stream must end after its client disconnected.
 END_WITHIN_S = 2.0
-
-
-def _wait(predicate: object, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @pytest.mark.parametrize("asgi_spec", ["2.3", "2.4"])
@@ -70,7 +61,7 @@ def test_c24_closed_streams_stop_within_two_seconds_and_stop_reading(
                 disconnected_at = time.monotonic()
                 assert received[0].event == "status" and received[0].data["status"] == "running"
                 assert received[1].event == "step"
-                assert _wait(lambda n=n: len(stats.closed) == n + 1, END_WITHIN_S + 3), f"stream {n} still open"
+                assert wait_until(lambda n=n: len(stats.closed) == n + 1, END_WITHIN_S + 3), f"stream {n} still open"
                 end_delays.append(stats.closed[-1].closed_at - disconnected_at)  # type: ignore[operator]
             polls_after_close = stats.polls
             time.sleep(1.0)  # the job keeps writing; nobody listens

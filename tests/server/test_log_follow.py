@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,6 +21,7 @@ from live_server import (
     iter_events,
     set_status,
     sqlite_copy,
+    wait_until,
 )
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -60,15 +61,6 @@ def _append(settings: Settings, job_id: str, attempt: int, text: str, rank: int 
         handle.write(text)
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 def _follow(url: str, events: list[Event], params: dict[str, object] | None = None) -> threading.Thread:
     """Read the whole stream in a thread, appending each event to ``events`` as it arrives."""
 
@@ -94,16 +86,16 @@ def test_follow_sends_the_tail_then_new_lines_and_ends_with_the_job(
     _append(settings, job_id, 1, "".join(f"old {i}\n" for i in range(10)) + "half")
     events: list[Event] = []
     reader = _follow(f"{server.url}/jobs/{job_id}/logs", events, {"tail": 2})
-    assert _wait(lambda: _lines(events) == ["old 8", "old 9"], 10), events  # the partial line is held back
+    assert wait_until(lambda: _lines(events) == ["old 8", "old 9"], 10), events  # the partial line is held back
     _append(settings, job_id, 1, " done\nnew 1\nnew 2\nlast, no newline")
-    assert _wait(lambda: _lines(events)[-1:] == ["new 2"], 10), events
+    assert wait_until(lambda: _lines(events)[-1:] == ["new 2"], 10), events
     set_status(sessions, job_id, "failed")
     reader.join(timeout=10)
     assert not reader.is_alive(), "the stream did not end with the job"
     assert _lines(events) == ["old 8", "old 9", "half done", "new 1", "new 2", "last, no newline"]
     assert [e.event for e in events][:2] == ["attempt", "lines"] and events[0].data == {"attempt": 1, "rank": 0}
     assert events[-1].event == "end" and events[-1].data == {"status": "failed", "attempt": 1}
-    assert _wait(lambda: stats.active == 0, 5)
+    assert wait_until(lambda: stats.active == 0, 5)
 
 
 def test_follow_waits_for_a_queued_job_and_moves_on_to_a_retry(
@@ -117,7 +109,7 @@ def test_follow_waits_for_a_queued_job_and_moves_on_to_a_retry(
     assert events == [] and reader.is_alive()
     _append(settings, job_id, 1, "attempt 1 says hi\n")
     set_status(sessions, job_id, "running", attempt=1)
-    assert _wait(lambda: _lines(events) == ["attempt 1 says hi"], 10), events
+    assert wait_until(lambda: _lines(events) == ["attempt 1 says hi"], 10), events
     _append(settings, job_id, 1, "lost its worker\n")
     set_status(sessions, job_id, "queued")  # retried (the attempt number moves at the next claim)
     _append(settings, job_id, 2, "".join(f"attempt 2 line {i}\n" for i in range(300)))
@@ -182,7 +174,7 @@ def test_a_closed_follow_stream_stops_within_two_seconds_and_stops_polling(
                     assert next(events).event == "attempt" and next(events).event == "lines"
                     assert stats.active == 1
                 closed_at = time.monotonic()
-                assert _wait(lambda n=n: len(stats.closed) == n + 1, END_WITHIN_S + 3), f"stream {n} still open"
+                assert wait_until(lambda n=n: len(stats.closed) == n + 1, END_WITHIN_S + 3), f"stream {n} still open"
                 delays.append(stats.closed[-1].closed_at - closed_at)  # type: ignore[operator]
             polls = stats.polls
             time.sleep(0.5)

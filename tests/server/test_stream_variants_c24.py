@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from live_server import (
     iter_events,
     set_status,
     step_record,
+    wait_until,
 )
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
@@ -50,15 +51,6 @@ END_WITHIN_S = 2.0
 #: Streams opened at once: more than either backend's pool holds (SQLite 5 + 10 overflow, PostgreSQL 10 + 20).
 MANY_STREAMS = 40
 KINDS = ("events", "logs")
-
-
-def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def _app(settings: Settings, kind: str, poll_interval_s: float, auth: bool = False) -> tuple[FastAPI, StreamStats]:
@@ -113,9 +105,9 @@ def test_c24_variant_disconnect_before_the_first_event_ends_the_stream(
         for n in range(3):
             with httpx.Client(timeout=10) as client, client.stream("GET", url, params=params) as response:
                 assert response.status_code == 200
-                assert _wait(lambda: stats.active == 1, 5), "the stream never started"
+                assert wait_until(lambda: stats.active == 1, 5), "the stream never started"
             gone_at = time.monotonic()
-            assert _wait(lambda n=n: len(stats.closed) == n + 1, END_WITHIN_S + 3), f"stream {n} still open"
+            assert wait_until(lambda n=n: len(stats.closed) == n + 1, END_WITHIN_S + 3), f"stream {n} still open"
             delays.append(stats.closed[-1].closed_at - gone_at)  # type: ignore[operator]
         polls = stats.polls
         time.sleep(0.5)
@@ -160,7 +152,7 @@ def test_c24_variant_a_job_that_ends_while_streamed_ends_its_stream(
             events = list(iter_events(response.iter_lines()))  # returns only when the server ends the body
         ended_at = time.monotonic()
         writer.join()
-        assert _wait(lambda: stats.active == 0, 5)
+        assert wait_until(lambda: stats.active == 0, 5)
         polls = stats.polls
         time.sleep(0.3)
         assert stats.polls == polls
