@@ -244,6 +244,11 @@ class HalfcastClient:
             if len(points) < page_size:
                 return
 
+    def evals(self, job_id: str) -> JsonList:
+        """Every evaluation record of the job, in step order. Raises :class:`NotFound`."""
+        evaluations: JsonList = self._request("GET", f"/jobs/{job_id}/evals")["evals"]
+        return evaluations
+
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Ask to cancel; the job resource (``cancelled`` or ``cancelling``). Raises :class:`Conflict` if it ended."""
         job: dict[str, Any] = self._request("POST", f"/jobs/{job_id}/cancel")

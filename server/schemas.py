@@ -138,6 +138,17 @@ class MetricsPage(BaseModel):
     points: list[dict[str, Any]]
 
 
+class EvalList(BaseModel):
+    """Every evaluation of one job in step order (``GET /jobs/{id}/evals``): its validation curve.
+
+    Each is ``{"step", "time", "loss", "accuracy"|"perplexity"}``; the job resource's
+    ``eval`` is the last of them.
+    """
+
+    job_id: str
+    evals: list[dict[str, Any]]
+
+
 class ErrorBody(BaseModel):
     """Body of every non-422 error: ``{"detail": "..."}`` (``job_id`` where one job is concerned)."""
 

@@ -331,7 +331,7 @@ class Attempt:
             body = {key: value for key, value in record.items() if key != "type"}
             if kind == "step" and isinstance(body.get("step"), int):
                 steps.append(body)
-            elif kind == "eval":
+            elif kind == "eval" and isinstance(body.get("step"), int):
                 evaluations.append(body)
             elif kind == "precision_switch" and isinstance(body.get("rewound_to_step"), int):
                 steps, evaluations = _up_to(body["rewound_to_step"], steps), _up_to(body["rewound_to_step"], evaluations)
@@ -341,8 +341,7 @@ class Attempt:
                 known += [body["precision_switch"]] if isinstance(body.get("precision_switch"), dict) else []
             elif kind == "end":
                 self.ended = True
-        evaluation = evaluations[-1] if evaluations else None
-        return Progress(steps=steps, eval=evaluation, world_size=world_size, switches=switches, known_switches=known)
+        return Progress(steps=steps, evals=evaluations, world_size=world_size, switches=switches, known_switches=known)
 
     def _finish(self, outcome: Outcome) -> None:
         """Record the outcome: a retryable failure goes through the retry policy; nothing if the lease is lost."""

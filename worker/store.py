@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Insert, delete, insert, select, update
 
 from server.db.engine import WRITE_TRANSACTION
-from server.db.models import TERMINAL_STATUSES, Attempt, Job, StepRecord, utcnow
+from server.db.models import TERMINAL_STATUSES, Attempt, EvalRecord, Job, StepRecord, utcnow
 from server.timeutil import as_utc
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,12 @@ class Progress:
     records written after the switch or at or before ``rewound_to_step``.
     ``known_switches``: switches a resumed run repeats in its ``start`` record (nothing
     is rewound). Both are appended to ``jobs.precision_switches`` unless already there.
+    ``evals``: the poll's evaluation records (each stored in ``eval_records``; the newest
+    stored one, by step, becomes ``jobs.eval``), under the same rule as ``steps``.
     """
 
     steps: Sequence[dict[str, Any]] = ()
-    eval: dict[str, Any] | None = None
+    evals: Sequence[dict[str, Any]] = ()
     world_size: int | None = None
     switches: Sequence[dict[str, Any]] = ()
     known_switches: Sequence[dict[str, Any]] = ()
@@ -144,7 +146,7 @@ class JobStore:
             return conn.execute(self._fenced(fence, ("starting",)).values(status="running")).rowcount == 1
 
     def record_progress(self, fence: Fence, progress: Progress) -> bool:
-        """Store new step records (insert-or-ignore) and update ``step``/``latest``/``eval``/``world_size``.
+        """Store new step and evaluation records (insert-or-ignore); update ``step``/``latest``/``eval``/``world_size``.
 
         Returns ``False`` (and stores nothing) when the attempt no longer owns the job.
         The fenced job update runs first, so its row lock orders this write against
@@ -160,10 +162,13 @@ class JobStore:
             if progress.switches or progress.known_switches:
                 _record_switches(conn, fence.job_id, progress)
                 conn.execute(update(Job).where(Job.id == fence.job_id).values(**values))
-            for start in range(0, len(progress.steps), BATCH_SIZE):
-                rows = [_step_row(fence.job_id, record) for record in progress.steps[start : start + BATCH_SIZE]]
-                if (statement := _insert_ignore(conn, rows)) is not None:
-                    conn.execute(statement)
+            for table, records in ((StepRecord, progress.steps), (EvalRecord, progress.evals)):
+                for start in range(0, len(records), BATCH_SIZE):
+                    rows = [_record_row(fence.job_id, record) for record in records[start : start + BATCH_SIZE]]
+                    if (statement := _insert_ignore(conn, table, rows)) is not None:
+                        conn.execute(statement)
+            if progress.evals:
+                conn.execute(update(Job).where(Job.id == fence.job_id).values(eval=_newest_eval(fence.job_id)))
         return True
 
     def rewind(self, fence: Fence, step: int) -> bool:
@@ -243,18 +248,23 @@ def end_attempt(conn: Connection, fence: Fence, status: str, reason: str | None,
 
 
 def _rewind_job(conn: Connection, job_id: str, step: int) -> None:
-    """Delete the step records after ``step``; ``step``, ``latest`` and ``eval`` as the job had them at ``step``.
+    """Delete the step and evaluation records after ``step``; ``step``, ``latest`` and ``eval`` as at ``step``.
 
+    ``eval`` becomes the newest evaluation at or before ``step`` (``None`` if none).
     Runs inside a transaction whose fenced update already matched the job's row.
     """
     latest = conn.execute(
         select(StepRecord.data).where(StepRecord.job_id == job_id, StepRecord.step == step)
     ).scalar_one_or_none()
-    evaluation = conn.execute(select(Job.eval).where(Job.id == job_id)).scalar_one_or_none()
-    if evaluation is not None and int(evaluation.get("step") or 0) > step:
-        evaluation = None
-    conn.execute(update(Job).where(Job.id == job_id).values(step=step, latest=latest, eval=evaluation))
     conn.execute(delete(StepRecord).where(StepRecord.job_id == job_id, StepRecord.step > step))
+    conn.execute(delete(EvalRecord).where(EvalRecord.job_id == job_id, EvalRecord.step > step))
+    conn.execute(update(Job).where(Job.id == job_id).values(step=step, latest=latest, eval=_newest_eval(job_id)))
+
+
+def _newest_eval(job_id: str) -> Any:
+    """The stored evaluation of ``job_id`` with the highest step, as a scalar subquery (NULL if none)."""
+    query = select(EvalRecord.data).where(EvalRecord.job_id == job_id).order_by(EvalRecord.step.desc()).limit(1)
+    return query.scalar_subquery()
 
 
 #: The fields that identify a precision switch (a retry that replays one records it once).
@@ -289,33 +299,34 @@ def _progress_values(progress: Progress) -> dict[str, Any]:
         latest = max(progress.steps, key=lambda record: int(record["step"]))
         values["latest"] = json_safe(latest)
         values["step"] = int(latest["step"])
-    if progress.eval is not None:
-        values["eval"] = json_safe(progress.eval)
     if progress.world_size is not None:
         values["world_size"] = progress.world_size
     return values
 
 
-def _step_row(job_id: str, record: dict[str, Any]) -> dict[str, Any]:
+def _record_row(job_id: str, record: dict[str, Any]) -> dict[str, Any]:
+    """A ``step_records``/``eval_records`` row: the record keyed by ``(job_id, step)``, whole in ``data``."""
     return {"job_id": job_id, "step": int(record["step"]), "time": float(record.get("time") or 0.0), "data": json_safe(record)}
 
 
-def _insert_ignore(conn: Connection, rows: list[dict[str, Any]]) -> Insert | None:
-    """INSERT of ``rows`` that skips steps already stored (``None``: nothing to insert)."""
+def _insert_ignore(conn: Connection, table: type[StepRecord] | type[EvalRecord], rows: list[dict[str, Any]]) -> Insert | None:
+    """INSERT of ``rows`` into ``table`` that skips steps already stored (``None``: nothing to insert)."""
+    if not rows:
+        return None
     dialect = conn.dialect.name
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        return pg_insert(StepRecord).values(rows).on_conflict_do_nothing(index_elements=["job_id", "step"])
+        return pg_insert(table).values(rows).on_conflict_do_nothing(index_elements=["job_id", "step"])
     if dialect == "sqlite":
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-        return sqlite_insert(StepRecord).values(rows).on_conflict_do_nothing(index_elements=["job_id", "step"])
+        return sqlite_insert(table).values(rows).on_conflict_do_nothing(index_elements=["job_id", "step"])
     steps = [row["step"] for row in rows]
-    query = select(StepRecord.step).where(StepRecord.job_id == rows[0]["job_id"], StepRecord.step.in_(steps))
+    query = select(table.step).where(table.job_id == rows[0]["job_id"], table.step.in_(steps))
     existing = set(conn.execute(query).scalars())
     fresh = [row for row in rows if row["step"] not in existing]
-    return insert(StepRecord).values(fresh) if fresh else None
+    return insert(table).values(fresh) if fresh else None
 
 
 def json_safe(value: Any) -> Any:

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server.db import audit, quota_check
-from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, Job, StepRecord, utcnow
+from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, EvalRecord, Job, StepRecord, utcnow
 from server.db.quota_check import begin_owner_transaction
 from server.db.quotas import UNLIMITED, QuotaLimits
 from server.timeutil import as_utc
@@ -294,6 +294,16 @@ def list_step_records(session: Session, job_id: str, *, after_step: int = 0, lim
         .limit(limit)
     )
     return list(session.scalars(query))
+
+
+def list_eval_records(session: Session, job_id: str) -> list[EvalRecord]:
+    """Every evaluation record of a job, in step order (a few per job: one per ``eval_interval`` steps and the last).
+
+    Raises :class:`JobNotFound` for an unknown job.
+    """
+    if session.get(Job, job_id) is None:
+        raise JobNotFound(job_id)
+    return list(session.scalars(select(EvalRecord).where(EvalRecord.job_id == job_id).order_by(EvalRecord.step)))
 
 
 def count_by_status(session: Session) -> dict[str, int]:

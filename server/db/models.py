@@ -106,6 +106,20 @@ class StepRecord(Base):
     data: Mapped[dict[str, Any]]
 
 
+class EvalRecord(Base):
+    """One evaluation record (``{"step", "time", "loss", "accuracy"|"perplexity"}``) of a job, in ``data``.
+
+    Every evaluation the job ran, so its validation curve survives; ``jobs.eval`` holds the newest.
+    """
+
+    __tablename__ = "eval_records"
+
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    time: Mapped[float] = mapped_column(Float)
+    data: Mapped[dict[str, Any]]
+
+
 class Worker(Base):
     """A worker process that registered; ``heartbeat_at`` is renewed while it lives (``GET /workers``)."""
 

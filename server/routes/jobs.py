@@ -27,7 +27,7 @@ from server.deps import QueueDep, SessionDep, SettingsDep
 from server.errors import ApiError
 from server.queue import JobQueue
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
-from server.schemas import MAX_STEP_NUMBER, ErrorBody, JobList, JobPublic, JobStatus, MetricsPage, step_point
+from server.schemas import MAX_STEP_NUMBER, ErrorBody, EvalList, JobList, JobPublic, JobStatus, MetricsPage, step_point
 from server.settings import Settings
 from trainer.spec import JobSpec
 
@@ -187,6 +187,18 @@ def get_job_metrics(
     except repo.JobNotFound:
         raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
     return MetricsPage(job_id=job_id, points=[step_point(record) for record in records])
+
+
+@router.get("/{job_id}/evals", response_model=EvalList, responses=_NOT_FOUND)
+def get_job_evals(job_id: str, session: SessionDep, principal: PrincipalDep) -> EvalList:
+    """Every evaluation of the job in step order (the job resource's ``eval`` is the newest)."""
+    visible_job_or_404(session, job_id, principal)
+    session.commit()  # end the read
+    try:
+        records = repo.list_eval_records(session, job_id)
+    except repo.JobNotFound:
+        raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
+    return EvalList(job_id=job_id, evals=[record.data for record in records])
 
 
 @router.post(

@@ -65,6 +65,9 @@ def check_digits_fp16(stack: Stack, layout: str) -> None:
         assert latest[key] is not None, key
     assert latest["skipped_steps"] > 0 and latest["loss_scale"] < INIT_SCALE
     assert job["eval"]["accuracy"] >= 0.90, job["eval"]
+    evals = stack.client.get(f"/jobs/{job['id']}/evals").json()["evals"]
+    assert [e["step"] for e in evals] == list(range(spec["eval_interval"], max_steps + 1, spec["eval_interval"]))
+    assert evals[-1] == job["eval"]  # the validation curve ends with the job's newest evaluation
     points = stack.metric_points(job["id"], limit=64)
     assert [point["step"] for point in points] == list(range(1, max_steps + 1))
     assert points[0]["overflow"] is True and points[0]["loss_scale"] == INIT_SCALE

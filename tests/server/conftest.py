@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from server.app import create_app
 from server.db.engine import make_engine, make_session_factory
 from server.db.migrate import upgrade_database
+from server.db.models import Base
 from server.settings import Settings
 
 from api_support import FakeQueue, make_token
@@ -47,7 +48,7 @@ def _empty_postgres(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            conn.execute(text("TRUNCATE attempts, step_records, jobs, workers, api_tokens, audit_events, owner_quotas RESTART IDENTITY"))
+            conn.execute(text(f"TRUNCATE {', '.join(Base.metadata.tables)} RESTART IDENTITY"))  # every table of the models
     finally:
         engine.dispose()
 

@@ -46,6 +46,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/jobs"): Case("any"),
     ("GET", "/jobs/{job_id}"): Case("job"),
     ("GET", "/jobs/{job_id}/metrics"): Case("job"),
+    ("GET", "/jobs/{job_id}/evals"): Case("job"),
     ("POST", "/jobs/{job_id}/cancel"): Case("job", job_status="running"),
     ("GET", "/jobs/{job_id}/events"): Case("job"),
     ("GET", "/jobs/{job_id}/logs"): Case("job", params={"tail": 5}),

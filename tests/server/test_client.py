@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
+from server.db.models import EvalRecord
 from server.client import Conflict, FieldError, HalfcastClient, NotFound, ServerUnavailable, ValidationFailed, parse_sse
 from server.events import EventStreamSettings, StreamStats
 from server.settings import Settings
@@ -90,6 +91,18 @@ def test_list_pages_and_metrics_pages(halfcast: HalfcastClient, sessions: sessio
     pages = list(halfcast.metrics(ids[0], page_size=3))
     assert [[point["step"] for point in page] for page in pages] == [[1, 2, 3], [4, 5, 6], [7]]
     assert [point["step"] for page in halfcast.metrics(ids[0], after_step=5) for point in page] == [6, 7]
+
+
+def test_evals_are_the_jobs_validation_curve_in_step_order(halfcast: HalfcastClient, sessions: sessionmaker[Session]) -> None:
+    job_id = insert_job(sessions, status="running")
+    assert halfcast.evals(job_id) == []
+    evaluations = [{"step": step, "time": float(step), "loss": 1.0 / step, "accuracy": step / 10} for step in (6, 3, 9)]
+    with sessions() as session:
+        session.add_all(EvalRecord(job_id=job_id, step=e["step"], time=e["time"], data=e) for e in evaluations)
+        session.commit()
+    assert [e["step"] for e in halfcast.evals(job_id)] == [3, 6, 9]
+    with pytest.raises(NotFound):
+        halfcast.evals("no-such-job")
 
 
 def test_events_follow_a_job_to_its_end(halfcast: HalfcastClient, sessions: sessionmaker[Session]) -> None:

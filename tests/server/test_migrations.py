@@ -147,3 +147,23 @@ def test_0002_keeps_rows_and_backfills_the_attempts(empty_database_url: str) -> 
     finally:
         engine.dispose()
     assert schema_diff(empty_database_url) == []
+
+
+def test_0006_copies_each_jobs_newest_evaluation_into_eval_records(empty_database_url: str) -> None:
+    command.upgrade(alembic_config(empty_database_url), "0005")
+    engine = make_engine(empty_database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO jobs (id, status, spec, created_at, updated_at, step, max_steps, world_size, attempt, eval) "
+                "VALUES ('evaluated', 'succeeded', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 5, 5, 1, 1, "
+                "'{\"step\": 5, \"time\": 12.5, \"loss\": 0.25, \"accuracy\": 0.9}'), "
+                "('never', 'queued', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 0, 5, 1, 0, NULL)"
+            ))  # fmt: skip
+        upgrade_database(empty_database_url)
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT job_id, step, time FROM eval_records")).all()
+        assert [tuple(row) for row in rows] == [("evaluated", 5, 12.5)]
+    finally:
+        engine.dispose()
+    assert schema_diff(empty_database_url) == []

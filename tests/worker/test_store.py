@@ -14,7 +14,7 @@ import pytest
 from worker_support import insert_job, small_spec
 from sqlalchemy import Engine, select
 
-from server.db.models import Attempt, Job, StepRecord, utcnow
+from server.db.models import Attempt, EvalRecord, Job, StepRecord, utcnow
 from server.timeutil import as_utc
 from worker.store import Fence, JobStore, Progress
 
@@ -86,7 +86,7 @@ def test_progress_keeps_eval_and_replaces_non_finite_numbers(db: Engine, tmp_pat
     fence = Fence(job_id, 1, "w")
     store.claim(job_id, "w", tmp_path)
     step = {"step": 1, "time": 1.0, "loss": float("nan"), "grad_norm": float("inf"), "overflow": True}
-    store.record_progress(fence, Progress(steps=[step], eval={"step": 1, "loss": 0.5, "accuracy": 0.9}))
+    store.record_progress(fence, Progress(steps=[step], evals=[{"step": 1, "loss": 0.5, "accuracy": 0.9}]))
     row = _job(db, job_id)
     assert row.latest == {"step": 1, "time": 1.0, "loss": None, "grad_norm": None, "overflow": True}
     assert row.eval == {"step": 1, "loss": 0.5, "accuracy": 0.9}
@@ -177,13 +177,36 @@ def test_rewind_drops_records_after_the_resume_step(db: Engine, tmp_path: Path) 
     claim = store.claim(job_id, "w", tmp_path)
     assert claim is not None
     records = [{"step": step, "time": float(step), "loss": 1.0 / step} for step in range(1, 11)]
-    store.record_progress(claim.fence, Progress(steps=records, eval={"step": 8, "loss": 0.5}))
+    store.record_progress(claim.fence, Progress(steps=records, evals=[{"step": 8, "loss": 0.5}]))
     assert store.rewind(claim.fence, 6) is True
     row = _job(db, job_id)
     assert _steps(db, job_id) == [1, 2, 3, 4, 5, 6]
     assert (row.step, row.latest["step"], row.eval) == (6, 6, None)
     assert store.rewind(claim.fence, 0) is True
     assert _steps(db, job_id) == [] and _job(db, job_id).latest is None
+
+
+def _evals(engine: Engine, job_id: str) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.execute(select(EvalRecord.step).where(EvalRecord.job_id == job_id).order_by(EvalRecord.step)).scalars())
+
+
+def test_every_evaluation_is_kept_and_a_rewind_restores_the_one_before(db: Engine, tmp_path: Path) -> None:
+    """The validation curve survives (``eval_records``); a rewind drops later evaluations and brings back the last one kept."""
+    store = JobStore(db)
+    job_id = insert_job(db)
+    claim = store.claim(job_id, "w", tmp_path)
+    assert claim is not None
+    records = [{"step": step, "time": float(step), "loss": 1.0 / step} for step in range(1, 11)]
+    evals = [{"step": step, "time": float(step), "loss": 1.0 / step, "accuracy": step / 10} for step in (3, 6, 9)]
+    store.record_progress(claim.fence, Progress(steps=records[:5], evals=evals[:1]))
+    store.record_progress(claim.fence, Progress(steps=records[5:], evals=evals[1:]))
+    store.record_progress(claim.fence, Progress(evals=evals[1:2]))  # replayed after a lost write: ignored
+    assert _evals(db, job_id) == [3, 6, 9] and _job(db, job_id).eval["step"] == 9
+    assert store.rewind(claim.fence, 7) is True
+    assert _evals(db, job_id) == [3, 6] and _job(db, job_id).eval == evals[1]
+    assert store.rewind(claim.fence, 2) is True
+    assert _evals(db, job_id) == [] and _job(db, job_id).eval is None
 
 
 def test_runtime_used_sums_the_ended_attempts(db: Engine, tmp_path: Path) -> None:
