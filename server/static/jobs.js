@@ -1,6 +1,6 @@
 // The job list (polled every 2 s) and the job page (history from /metrics, then live from the event stream).
 
-import { ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, fmtScale, getJob, listJobs, statusBadge } from "./api.js";
+import { ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, fmtScale, getEvals, getJob, listJobs, statusBadge } from "./api.js";
 import { ChartData, JobCharts } from "./charts.js";
 
 const LIST_REFRESH_MS = 2000;
@@ -91,9 +91,21 @@ export function jobPage(view, id) {
     }
     if (job.eval) {
       evalBox.hidden = false;
-      const parts = Object.entries(job.eval).filter(([k]) => !["step", "time", "type"].includes(k)).map(([k, v]) => `${k} ${fmt(v)}`);
-      evalBox.replaceChildren(el("strong", {}, `Evaluation at step ${job.eval.step}: `), parts.join(", "));
+      const history = evals.length > 1
+        ? [el("ol", { class: "eval-history", dataset: { testid: "eval-history" } },
+          ...evals.map((e) => el("li", {}, `step ${e.step}: ${evalText(e)}`)))]
+        : [];
+      evalBox.replaceChildren(el("strong", {}, `Evaluation at step ${job.eval.step}: `), evalText(job.eval), ...history);
     }
+  }
+
+  function evalText(record) {
+    return Object.entries(record).filter(([k]) => !["step", "time", "type"].includes(k)).map(([k, v]) => `${k} ${fmt(v)}`).join(", ");
+  }
+
+  let evals = [];
+  function addEval(record) {
+    evals = [...evals.filter((e) => e.step !== record.step), record].sort((a, b) => a.step - b.step);
   }
 
   function precisionText(job) {
@@ -141,10 +153,12 @@ export function jobPage(view, id) {
       const step = JSON.parse(e.data).step;
       data.truncate(step);
       if (lastOverflow && lastOverflow.step > step) lastOverflow = null;
+      evals = evals.filter((e) => e.step <= step);
       charts.update();
     });
     source.addEventListener("eval", (e) => {
       job = { ...job, eval: JSON.parse(e.data) };
+      addEval(job.eval);
       renderSoon();
     });
     source.addEventListener("status", (e) => {
@@ -163,6 +177,7 @@ export function jobPage(view, id) {
     try {
       job = await getJob(id);
       for (const record of await allMetrics(id)) addRecord(record);
+      for (const record of await getEvals(id)) addEval(record);
     } catch (error) {
       view.replaceChildren(el("h1", {}, "Job"), el("p", { class: "error-box" }, error.status === 404 ? `No job ${id}.` : error.message));
       return;

@@ -44,6 +44,7 @@ loss_scale:
   growth_interval: 20
 micro_batch_size: 32
 max_steps: 80
+eval_interval: 40
 log_interval: 1
 faults:
   nonfinite_grad_steps: [30, 31, 55]
@@ -182,6 +183,9 @@ def test_submit_through_the_form_and_watch_the_job_succeed_with_charts(page: Any
     assert _pixels(page, "chart-scale", (0xD1, 0x24, 0x2F))[1] > 20, "no overflow marks drawn"
     assert _pixels(page, "chart-throughput", (0x1A, 0x7F, 0x37))[1] > 100, "no throughput line drawn"
     expect(page.get_by_test_id("job-eval")).to_contain_text("Evaluation at step 80")
+    history = page.get_by_test_id("eval-history").locator("li")  # the validation curve: every evaluation
+    expect(history).to_have_count(2)
+    expect(history.first).to_contain_text("step 40: loss")
     expect(page.get_by_test_id("job-progress")).to_contain_text("80/80")
     # overflow forensics of the last injected overflow (the fault hits the first parameter, "0.weight")
     expect(page.get_by_test_id("job-stats")).to_contain_text("step 55: 0.weight (inf) on rank 0")
