@@ -24,9 +24,10 @@ def _job(engine: Engine, job_id: str) -> Job:
         return conn.execute(select(Job).where(Job.id == job_id)).one()  # type: ignore[return-value]
 
 
-def _steps(engine: Engine, job_id: str) -> list[int]:
+def _steps(engine: Engine, job_id: str, table: type[StepRecord] | type[EvalRecord] = StepRecord) -> list[int]:
+    """The steps of the job's stored records in ``table`` (step records by default), in order."""
     with engine.connect() as conn:
-        return list(conn.execute(select(StepRecord.step).where(StepRecord.job_id == job_id).order_by(StepRecord.step)).scalars())
+        return list(conn.execute(select(table.step).where(table.job_id == job_id).order_by(table.step)).scalars())
 
 
 def test_claim_moves_a_queued_job_to_starting_once(db: Engine, tmp_path: Path) -> None:
@@ -186,11 +187,6 @@ def test_rewind_drops_records_after_the_resume_step(db: Engine, tmp_path: Path) 
     assert _steps(db, job_id) == [] and _job(db, job_id).latest is None
 
 
-def _evals(engine: Engine, job_id: str) -> list[int]:
-    with engine.connect() as conn:
-        return list(conn.execute(select(EvalRecord.step).where(EvalRecord.job_id == job_id).order_by(EvalRecord.step)).scalars())
-
-
 def test_every_evaluation_is_kept_and_a_rewind_restores_the_one_before(db: Engine, tmp_path: Path) -> None:
     """The validation curve survives (``eval_records``); a rewind drops later evaluations and brings back the last one kept."""
     store = JobStore(db)
@@ -202,11 +198,11 @@ def test_every_evaluation_is_kept_and_a_rewind_restores_the_one_before(db: Engin
     store.record_progress(claim.fence, Progress(steps=records[:5], evals=evals[:1]))
     store.record_progress(claim.fence, Progress(steps=records[5:], evals=evals[1:]))
     store.record_progress(claim.fence, Progress(evals=evals[1:2]))  # replayed after a lost write: ignored
-    assert _evals(db, job_id) == [3, 6, 9] and _job(db, job_id).eval["step"] == 9
+    assert _steps(db, job_id, EvalRecord) == [3, 6, 9] and _job(db, job_id).eval["step"] == 9
     assert store.rewind(claim.fence, 7) is True
-    assert _evals(db, job_id) == [3, 6] and _job(db, job_id).eval == evals[1]
+    assert _steps(db, job_id, EvalRecord) == [3, 6] and _job(db, job_id).eval == evals[1]
     assert store.rewind(claim.fence, 2) is True
-    assert _evals(db, job_id) == [] and _job(db, job_id).eval is None
+    assert _steps(db, job_id, EvalRecord) == [] and _job(db, job_id).eval is None
 
 
 def test_runtime_used_sums_the_ended_attempts(db: Engine, tmp_path: Path) -> None:
