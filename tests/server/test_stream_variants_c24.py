@@ -18,6 +18,7 @@ stream bookkeeping (``app.state.event_streams`` / ``app.state.log_streams``).
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -188,11 +189,6 @@ class CheckoutLog:
             if started is not None:
                 self.held_s.append(time.monotonic() - started)
 
-    def longest_open_s(self) -> float:
-        """The longest time a connection checked out right now has been out."""
-        with self.lock:
-            return max((time.monotonic() - t for t in self.out.values()), default=0.0)
-
 
 def _listen(app: FastAPI) -> CheckoutLog:
     checkouts = CheckoutLog()
@@ -260,7 +256,6 @@ def test_c24_variant_many_open_streams_do_not_exhaust_the_pool(
             started = time.monotonic()
             answer = httpx.get(f"{server.url}/jobs", headers=auth_headers, timeout=10)
             answered_s = time.monotonic() - started
-            longest_now = checkouts.longest_open_s()
         finally:
             stop.set()
             set_status(sessions, job_id, "succeeded")  # every stream ends by itself
@@ -270,4 +265,8 @@ def test_c24_variant_many_open_streams_do_not_exhaust_the_pool(
     assert all(r.status == 200 and r.error is None for r in readers), {r.error for r in readers}
     assert all(r.events >= 2 for r in readers), sorted(r.events for r in readers)  # every stream was served
     assert stats.polls >= 3 * MANY_STREAMS  # the streams kept polling while open
-    assert longest_now < 1.0 and max(checkouts.held_s) < 1.0, (longest_now, max(checkouts.held_s))
+    # Structural, not timed (a loaded CI host can stall any one thread for seconds): every
+    # poll checked out and returned its own connection, so no stream pinned one across polls.
+    assert len(checkouts.held_s) >= stats.polls, (len(checkouts.held_s), stats.polls)
+    assert not checkouts.out, f"{len(checkouts.out)} connections still checked out after every stream ended"
+    assert statistics.median(checkouts.held_s) < 1.0, statistics.median(checkouts.held_s)  # a pinned one lives ~3 s
