@@ -53,6 +53,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from server.db import jobs as repo
 from server.db.models import TERMINAL_STATUSES
 from server.schemas import JobPublic, step_point
+from server.shared_reads import SharedReads, next_tick_delay
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,9 @@ class StreamStats:
 
     ``active`` is exported as the ``halfcast_event_streams`` gauge; ``polls`` (all
     streams, ever) as ``halfcast_event_stream_polls_total``. The last :data:`HISTORY`
-    closed streams are kept in ``closed``.
+    closed streams are kept in ``closed``. ``shared`` coalesces the database reads of
+    streams asking the same question at the same tick (its ``reads`` are exported as
+    ``halfcast_<kind>_stream_reads_total``).
     """
 
     settings: EventStreamSettings = field(default_factory=EventStreamSettings)
@@ -101,6 +104,10 @@ class StreamStats:
     opened_total: int = 0
     polls: int = 0
     _records: dict[int, StreamRecord] = field(default_factory=dict)
+    shared: SharedReads[Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shared = SharedReads(fresh_s=self.settings.poll_interval_s / 2)
 
     @property
     def active(self) -> int:
@@ -143,7 +150,11 @@ class StreamCollector:
         """The gauge of open streams and the counter of their database polls."""
         name = f"halfcast_{self.kind}_stream"
         yield GaugeMetricFamily(f"{name}s", f"Open job {self.kind} streams (SSE)", value=self.stats.active)
-        yield CounterMetricFamily(f"{name}_polls", f"Database polls made by job {self.kind} streams", value=self.stats.polls)
+        yield CounterMetricFamily(f"{name}_polls", f"Polls made by job {self.kind} streams", value=self.stats.polls)
+        yield CounterMetricFamily(
+            f"{name}_reads", f"Database reads made for job {self.kind} streams (polls of one job at one tick share one)",
+            value=self.stats.shared.reads,
+        )
 
 
 # ----------------------------------------------------------------------------- frames
@@ -269,11 +280,22 @@ def _new_switches(snapshot: Snapshot, cursor: _Cursor) -> tuple[list[str], int |
 Poller = Callable[[str, int, str | None], Awaitable[Snapshot | None]]
 
 
-def database_poller(sessions: sessionmaker[Session], page_size: int) -> Poller:
-    """A poller reading :func:`read_snapshot` in a worker thread (the event loop never blocks on the database)."""
+def database_poller(sessions: sessionmaker[Session], page_size: int, shared: SharedReads[Any] | None = None) -> Poller:
+    """A poller reading :func:`read_snapshot` in a worker thread (the event loop never blocks on the database).
+
+    With ``shared``, streams asking the same question (job, cursor, known status) at
+    the same tick share one read.
+    """
+
+    async def read(job_id: str, after_step: int, known_status: str | None) -> Snapshot | None:
+        return await anyio.to_thread.run_sync(read_snapshot, sessions, job_id, after_step, known_status, page_size)
 
     async def poll(job_id: str, after_step: int, known_status: str | None) -> Snapshot | None:
-        return await anyio.to_thread.run_sync(read_snapshot, sessions, job_id, after_step, known_status, page_size)
+        if shared is None:
+            return await read(job_id, after_step, known_status)
+        key = ("snapshot", job_id, after_step, known_status, page_size)
+        snapshot: Snapshot | None = await shared.get(key, lambda: read(job_id, after_step, known_status))
+        return snapshot
 
     return poll
 
@@ -301,8 +323,9 @@ async def poll_stream(
 ) -> AsyncIterator[str]:
     """The SSE text of a stream of polls: ``first``, then each ``tick()``'s frames, until it is done.
 
-    Checks ``is_disconnected()`` before every poll; sleeps ``poll_interval_s`` between
-    polls (not when the tick says more is waiting) and sends a keepalive comment after
+    Checks ``is_disconnected()`` before every poll; between polls sleeps until the
+    job's next tick (:func:`next_tick_delay`: every ``poll_interval_s``, at the same
+    instants for every stream of the job; not when the tick says more is waiting) and sends a keepalive comment after
     ``heartbeat_s`` without an event. Stops when a tick is ``done`` (after sending its
     frames), when the job is gone, or when the client has gone; cancellation
     (Starlette's disconnect watcher) stops it at its current ``await``. ``stats``
@@ -331,7 +354,7 @@ async def poll_stream(
             if time.monotonic() - last_sent >= settings.heartbeat_s:
                 yield comment("keepalive")
                 last_sent = time.monotonic()
-            await anyio.sleep(settings.poll_interval_s)
+            await anyio.sleep(next_tick_delay(job_id, settings.poll_interval_s))
     finally:
         stats.close(record)
         log.debug("%s stream of job %s closed after %d polls", kind, job_id, record.polls)

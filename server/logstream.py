@@ -3,9 +3,10 @@
 The stream is a loop of short polls, like the event stream (:mod:`server.events`):
 each poll reads the job's status and attempt in a short database session, *then*
 reads the lines appended to the log file since the last poll (in a worker thread,
-never blocking the event loop); then it sleeps ``poll_interval_s``. Because the
-worker records a terminal status only after the run has exited, a poll that sees a
-terminal status and then drains the file has every line. The loop checks
+never blocking the event loop); then it sleeps until the job's next tick. Streams
+of one job poll at the same ticks and share one database read per tick
+(``shared``). Because the worker records a terminal status only after the run has
+exited, a poll that sees a terminal status and then drains the file has every line. The loop checks
 ``is_disconnected()`` before every poll, so a closed stream stops reading within one
 poll interval (Starlette also cancels it on uvicorn's disconnect message).
 
@@ -28,6 +29,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 from sqlalchemy import select
@@ -37,6 +39,7 @@ from server.db.models import TERMINAL_STATUSES, Job
 from server.events import StreamStats, Tick, frame, poll_stream
 from server.logtail import LineFollower, read_tail
 from server.runlogs import attempt_dir, rank_log
+from server.shared_reads import SharedReads
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +62,17 @@ def read_job_state(sessions: sessionmaker[Session], job_id: str) -> JobState | N
 StatePoller = Callable[[str], Awaitable[JobState | None]]
 
 
-def database_state_poller(sessions: sessionmaker[Session]) -> StatePoller:
-    """A poller running :func:`read_job_state` in a worker thread."""
+def database_state_poller(sessions: sessionmaker[Session], shared: SharedReads[Any] | None = None) -> StatePoller:
+    """A poller running :func:`read_job_state` in a worker thread; with ``shared``, one read per job per tick."""
+
+    async def read(job_id: str) -> JobState | None:
+        return await anyio.to_thread.run_sync(read_job_state, sessions, job_id)
 
     async def poll(job_id: str) -> JobState | None:
-        return await anyio.to_thread.run_sync(read_job_state, sessions, job_id)
+        if shared is None:
+            return await read(job_id)
+        state: JobState | None = await shared.get(("state", job_id), lambda: read(job_id))
+        return state
 
     return poll
 

@@ -58,6 +58,6 @@ def job_event_stream(
         visible_job_or_404(session, job_id, principal)
     start = int(last_event_id) if last_event_id is not None else after_step
     stats = _stream_stats(request)
-    poll = database_poller(request.app.state.session_factory, stats.settings.page_size)
+    poll = database_poller(request.app.state.session_factory, stats.settings.page_size, stats.shared)
     body = job_events(job_id, start, poll, request.is_disconnected, stats)
     return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)

@@ -95,7 +95,7 @@ def job_logs(
     target = LogTarget(job_id, rank, runs_dir, attempt, tail)
     if follow:
         stats: StreamStats = request.app.state.log_streams
-        poll = database_state_poller(request.app.state.session_factory)
+        poll = database_state_poller(request.app.state.session_factory, stats.shared)
         body = follow_log(target, poll, request.is_disconnected, stats)
         return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
     number = attempt or job.attempt

@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import httpx
+import pytest
 from api_support import FakeQueue, insert_job, insert_steps
 from fastapi.testclient import TestClient
 from live_server import (
@@ -191,3 +192,19 @@ def test_live_job_events_arrive_as_written_and_a_reconnect_resumes_without_gaps(
     assert steps == list(range(1, 21))
     assert rest[-1].event == "status" and rest[-1].data["status"] == "succeeded" and rest[-1].data["eval"]["accuracy"] == 0.9
     assert [e.event for e in rest].count("eval") == 1 and rest[-2].event == "eval"
+
+
+def test_between_polls_a_stream_sleeps_until_its_jobs_next_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stream of a job wakes at the job's ticks (so their reads can be shared), not ``poll_interval_s`` after its own poll."""
+    asked: list[tuple[str, float]] = []
+
+    def next_tick(key: str, interval_s: float) -> float:
+        asked.append((key, interval_s))
+        return 0.0
+
+    monkeypatch.setattr("server.events.next_tick_delay", next_tick)
+    settings = EventStreamSettings(poll_interval_s=7.0)  # a plain sleep of the interval would time the test out
+    started = time.monotonic()
+    _, polls, _ = _run([_snapshot("running", range(1, 3)), _snapshot("running", range(1, 3)), _snapshot("succeeded", range(1, 3))], settings=settings)
+    assert time.monotonic() - started < 5
+    assert len(polls) == 3 and asked == [("job", 7.0), ("job", 7.0)]

@@ -266,7 +266,7 @@ def test_c24_variant_many_open_streams_do_not_exhaust_the_pool(
     assert all(r.events >= 2 for r in readers), sorted(r.events for r in readers)  # every stream was served
     assert stats.polls >= 3 * MANY_STREAMS  # the streams kept polling while open
     # Structural, not timed (a loaded CI host can stall any one thread for seconds): every
-    # poll checked out and returned its own connection, so no stream pinned one across polls.
-    assert len(checkouts.held_s) >= stats.polls, (len(checkouts.held_s), stats.polls)
+    # database read checked out and returned its own connection, so no stream pinned one across polls.
+    assert len(checkouts.held_s) >= stats.shared.reads > 0, (len(checkouts.held_s), stats.shared.reads)
     assert not checkouts.out, f"{len(checkouts.out)} connections still checked out after every stream ended"
     assert statistics.median(checkouts.held_s) < 1.0, statistics.median(checkouts.held_s)  # a pinned one lives ~3 s

@@ -1,0 +1,163 @@
+"""``server.shared_reads``: one read per key per tick, shared by every caller; cancellation and errors."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+import pytest
+
+from server.shared_reads import SharedReads, next_tick_delay
+
+
+class Clock:
+    """A settable ``time.monotonic`` stand-in."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _slow_read(log: list[str], value: str, gate: anyio.Event | None = None) -> Callable[[], Awaitable[str]]:
+    async def read() -> str:
+        log.append(value)
+        if gate is not None:
+            await gate.wait()
+        else:
+            await anyio.sleep(0.01)
+        return value
+
+    return read
+
+
+def test_callers_asking_the_same_key_at_once_share_one_read() -> None:
+    shared: SharedReads[str] = SharedReads(fresh_s=0.05)
+    reads: list[str] = []
+    results: list[str] = []
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for n in range(20):
+                tg.start_soon(lambda n=n: _get(n))
+
+    async def _get(n: int) -> None:
+        results.append(await shared.get(("job", 3), _slow_read(reads, f"read by {n}")))
+
+    anyio.run(main)
+    assert reads == ["read by 0"] and results == ["read by 0"] * 20
+    assert shared.reads == 1 and shared.shared == 19
+
+
+def test_different_keys_are_read_separately() -> None:
+    shared: SharedReads[str] = SharedReads(fresh_s=10)
+    reads: list[str] = []
+
+    async def main() -> list[str]:
+        return [await shared.get(key, _slow_read(reads, key)) for key in ("a", "b", "a")]
+
+    assert anyio.run(main) == ["a", "b", "a"]
+    assert reads == ["a", "b"]
+
+
+def test_a_result_is_reused_only_within_fresh_s_of_the_reads_start() -> None:
+    clock = Clock()
+    shared: SharedReads[str] = SharedReads(fresh_s=0.5, clock=clock)
+    reads: list[str] = []
+
+    async def main() -> list[str]:
+        first = await shared.get("k", _slow_read(reads, "first"))
+        clock.now += 0.25
+        again = await shared.get("k", _slow_read(reads, "unused"))
+        clock.now += 0.25  # exactly fresh_s after the read started: too old
+        later = await shared.get("k", _slow_read(reads, "second"))
+        return [first, again, later]
+
+    assert anyio.run(main) == ["first", "first", "second"]
+    assert reads == ["first", "second"]
+
+
+def test_a_cancelled_leader_hands_the_read_to_a_waiter() -> None:
+    shared: SharedReads[str] = SharedReads(fresh_s=10)
+    reads: list[str] = []
+    got: list[str] = []
+
+    async def main() -> None:
+        gate = anyio.Event()
+        with anyio.fail_after(5):
+            await _race(gate)
+
+    async def _race(gate: anyio.Event) -> None:
+        async with anyio.create_task_group() as tg:
+            leader_scope = anyio.CancelScope()
+
+            async def leader() -> None:
+                with leader_scope:
+                    await shared.get("k", _slow_read(reads, "leader", gate))
+
+            async def waiter() -> None:
+                got.append(await shared.get("k", _slow_read(reads, "waiter")))
+
+            tg.start_soon(leader)
+            await anyio.sleep(0.01)
+            tg.start_soon(waiter)
+            await anyio.sleep(0.01)
+            leader_scope.cancel()  # the leader's client went away mid-read
+
+    anyio.run(main)
+    assert reads == ["leader", "waiter"] and got == ["waiter"]
+
+
+def test_an_error_is_raised_to_every_caller_that_shared_the_read() -> None:
+    shared: SharedReads[str] = SharedReads(fresh_s=10)
+    errors: list[BaseException] = []
+    calls: list[int] = []
+
+    async def failing() -> str:
+        calls.append(1)
+        await anyio.sleep(0.01)
+        raise ConnectionError("database is down")
+
+    async def get() -> None:
+        try:
+            await shared.get("k", failing)
+        except ConnectionError as exc:
+            errors.append(exc)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(get)
+
+    anyio.run(main)
+    assert len(calls) == 1 and len(errors) == 3
+
+
+def test_finished_entries_are_swept_after_their_window() -> None:
+    clock = Clock()
+    shared: SharedReads[str] = SharedReads(fresh_s=0.05, clock=clock)
+
+    async def main() -> None:
+        for n in range(50):
+            await shared.get(("job", n), _slow_read([], "x"))
+        clock.now += 1
+        await shared.get("new", _slow_read([], "y"))
+
+    anyio.run(main)
+    assert list(shared._entries) == ["new"]
+
+
+def test_fresh_s_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="fresh_s"):
+        SharedReads(fresh_s=0)
+
+
+def test_streams_of_one_job_wake_at_the_same_ticks_and_jobs_are_spread() -> None:
+    interval = 0.1
+    wakes = {round((now + next_tick_delay("job-a", interval, now)) % interval, 9) for now in (5.0, 5.013, 5.0371, 5.09)}
+    assert len(wakes) == 1  # one phase for every stream of a job, whenever it asks
+    phases = {round((5.0 + next_tick_delay(f"job-{n}", interval, 5.0)) % interval, 3) for n in range(50)}
+    assert len(phases) > 25  # different jobs poll at different moments
+    for now in (0.0, 1.2345, 7.77, 1e6 + 0.05):
+        assert interval / 10 <= next_tick_delay("job-a", interval, now) < interval * 1.1
