@@ -20,10 +20,13 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import httpx
+
+from server.download import IncompleteDownload, save_response
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +251,44 @@ class HalfcastClient:
         """Every evaluation record of the job, in step order. Raises :class:`NotFound`."""
         evaluations: JsonList = self._request("GET", f"/jobs/{job_id}/evals")["evals"]
         return evaluations
+
+    def checkpoints(self, job_id: str) -> JsonList:
+        """The job's checkpoint files, by attempt then step (the last is the newest). Raises :class:`NotFound`."""
+        files: JsonList = self._request("GET", f"/jobs/{job_id}/checkpoints")["checkpoints"]
+        return files
+
+    def download_checkpoint(self, job_id: str, destination: Path, *, name: str | None = None, attempt: int | None = None) -> Json:
+        """Download a checkpoint; its description (as in :meth:`checkpoints`) with ``path``, where it was saved.
+
+        ``name`` (``final.pt`` or ``step-<N>.pt``) and ``attempt`` pick the file; by default
+        the newest (what ``resume_from: <job id>`` would resume from). A ``destination``
+        that is a directory gets ``<job id>-attempt-<n>-<name>`` in it. The bytes go to
+        ``<path>.part`` and are moved into place once complete and of the announced
+        length, so ``path`` is never a partial file.
+
+        Raises:
+            NotFound: no such job, or it has no (such) checkpoint.
+            ServerUnavailable: the connection failed or the download was cut short.
+        """
+        listed = [c for c in self.checkpoints(job_id) if (name is None or c["name"] == name)
+                  and (attempt is None or c["attempt"] == attempt)]  # fmt: skip
+        if not listed:
+            what = "checkpoint" if name is None else f"checkpoint {name}"
+            where = "" if attempt is None else f" in attempt {attempt}"
+            raise NotFound(f"job {job_id} has no {what}{where}", 404)
+        chosen = listed[-1]
+        path = destination / f"{job_id}-attempt-{chosen['attempt']}-{chosen['name']}" if destination.is_dir() else destination
+        try:
+            with self._http.stream("GET", chosen["url"], headers={"accept": "application/octet-stream"}) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for(response)
+                save_response(response, path)
+        except httpx.TransportError as exc:
+            raise ServerUnavailable(f"lost the download of {chosen['url']} from {self.url}: {exc}") from exc
+        except IncompleteDownload as exc:
+            raise ServerUnavailable(str(exc)) from exc
+        return {**chosen, "path": str(path)}
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Ask to cancel; the job resource (``cancelled`` or ``cancelling``). Raises :class:`Conflict` if it ended."""

@@ -152,10 +152,15 @@ def run_list(args: argparse.Namespace) -> int:
         rows.append((job["id"], job["status"], f"{job['step']}/{job['max_steps']}", format_number(latest.get("loss")),
                      format_number(latest.get("loss_scale")), str(latest.get("skipped_steps", "-")),
                      job["created_at"][:19].replace("T", " "), job.get("name") or ""))  # fmt: skip
+    write_table(rows)
+    return 0
+
+
+def write_table(rows: list[tuple[str, ...]]) -> None:
+    """Print ``rows`` (the first is the header) as left-aligned columns two spaces apart."""
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
     for row in rows:
         sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
-    return 0
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 // The job list (polled every 2 s) and the job page (history from /metrics, then live from the event stream).
 
-import { ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, fmtScale, getEvals, getJob, listJobs, statusBadge } from "./api.js";
+import { ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, fmtScale, getCheckpoints, getEvals, getJob, listJobs, statusBadge } from "./api.js";
 import { ChartData, JobCharts } from "./charts.js";
 
 const LIST_REFRESH_MS = 2000;
@@ -56,7 +56,8 @@ export function jobPage(view, id) {
   const problem = el("div", { class: "error-box", hidden: true, dataset: { testid: "job-error" } });
   const evalBox = el("div", { class: "eval-box", hidden: true, dataset: { testid: "job-eval" } });
   const chartsBox = el("div", { class: "charts" });
-  view.replaceChildren(header, problem, evalBox, stats, chartsBox);
+  const checkpointsBox = el("div", { class: "checkpoints", hidden: true, dataset: { testid: "checkpoints" } });
+  view.replaceChildren(header, problem, evalBox, stats, checkpointsBox, chartsBox);
 
   const data = new ChartData();
   let charts = null;
@@ -164,8 +165,33 @@ export function jobPage(view, id) {
     source.addEventListener("status", (e) => {
       job = JSON.parse(e.data);
       render();
+      refreshCheckpoints();
       if (TERMINAL.has(job.status)) source.close();
     });
+  }
+
+  // The job's checkpoint files as download links (the session cookie authenticates a plain GET).
+  async function refreshCheckpoints() {
+    let files = [];
+    try {
+      files = await getCheckpoints(id);
+    } catch (error) {
+      return; // the list is a convenience: the rest of the page stays as it is
+    }
+    if (stopped) return;
+    checkpointsBox.hidden = files.length === 0;
+    checkpointsBox.replaceChildren(el("strong", {}, "Checkpoints"), el("ul", {}, ...files.slice().reverse().map((f) =>
+      el("li", { dataset: { testid: "checkpoint" } },
+        el("a", { href: f.url, download: `${id}-attempt-${f.attempt}-${f.name}` }, f.name),
+        ` step ${f.step}, attempt ${f.attempt}, ${sizeText(f.size_bytes)}${f.final ? " (final weights)" : ""}`))));
+  }
+
+  function sizeText(bytes) {
+    const units = ["B", "KiB", "MiB", "GiB"];
+    let size = bytes;
+    let unit = 0;
+    while (size >= 1024 && unit < units.length - 1) { size /= 1024; unit += 1; }
+    return unit === 0 ? `${bytes} B` : `${size.toPrecision(3).replace(/\.?0+$/, "")} ${units[unit]}`;
   }
 
   let renderTimer = null;
@@ -186,6 +212,7 @@ export function jobPage(view, id) {
     render();
     charts = new JobCharts(chartsBox, data);
     charts.update();
+    refreshCheckpoints();
     if (!TERMINAL.has(job.status)) follow();
   })();
 

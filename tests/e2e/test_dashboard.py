@@ -190,6 +190,15 @@ def test_submit_through_the_form_and_watch_the_job_succeed_with_charts(page: Any
     # overflow forensics of the last injected overflow (the fault hits the first parameter, "0.weight")
     expect(page.get_by_test_id("job-stats")).to_contain_text("step 55: 0.weight (inf) on rank 0")
     expect(page.get_by_test_id("cancel")).to_be_disabled()
+    # the trained weights: the final checkpoint first, a link the session cookie downloads
+    checkpoint = page.get_by_test_id("checkpoint").first
+    expect(checkpoint).to_contain_text("final.pt step 80, attempt 1")
+    expect(checkpoint).to_contain_text("(final weights)")
+    link = checkpoint.locator("a")
+    download = page.request.get(link.get_attribute("href"))
+    assert download.status == 200 and download.headers["content-type"] == "application/octet-stream"
+    assert len(download.body()) == int(download.headers["content-length"]) > 0
+    assert link.get_attribute("download").endswith("-attempt-1-final.pt")
     _shot(page, "job-succeeded")
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+import torch
 from e2e_support import Stack, load_example, run_processes, session_alive
+
+from server.client import HalfcastClient
 
 pytestmark = pytest.mark.e2e
 
@@ -77,10 +81,20 @@ def test_fp8_on_a_gpu_less_cluster_is_refused_at_submission(embedded_stack: Stac
     assert response.json()["detail"][0]["loc"] == ["body", "gpus"]
 
 
-def test_resume_from_a_finished_job_continues_its_trajectory(embedded_stack: Stack) -> None:
-    """A job resumed from another job's checkpoint starts at the next step with the saved loss scale."""
+def test_resume_from_a_finished_job_continues_its_trajectory(embedded_stack: Stack, tmp_path: Path) -> None:
+    """A job resumed from another job's checkpoint starts at the next step with the saved loss scale.
+
+    The finished job's trained weights download (``GET /jobs/{id}/checkpoints/final.pt``, the
+    newest checkpoint, what ``resume_from`` takes) and load with ``torch.load(weights_only=True)``.
+    """
     first = embedded_stack.wait_terminal(embedded_stack.submit(_synthetic(max_steps=12))["id"])
     assert first["status"] == "succeeded", first["error"]
+    with HalfcastClient(str(embedded_stack.client.base_url), token=embedded_stack.token) as halfcast:
+        saved = halfcast.download_checkpoint(first["id"], tmp_path)
+    assert (saved["name"], saved["step"], saved["final"]) == ("final.pt", 12, True)
+    checkpoint = torch.load(saved["path"], map_location="cpu", weights_only=True)
+    assert checkpoint["step"] == 12 and checkpoint["spec"]["max_steps"] == 12
+    assert checkpoint["model"] and all(isinstance(t, torch.Tensor) for t in checkpoint["model"].values())
     spec = _synthetic(max_steps=20, resume_from=first["id"])
     second = embedded_stack.wait_terminal(embedded_stack.submit(spec)["id"])
     assert second["status"] == "succeeded", second["error"]

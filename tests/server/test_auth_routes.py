@@ -39,6 +39,10 @@ class Case:
     json: dict[str, Any] | None = None
     job_status: str = "succeeded"
     params: dict[str, Any] = field(default_factory=dict)
+    #: Other path parameters, e.g. ``{"name": "final.pt"}``.
+    path_params: dict[str, str] = field(default_factory=dict)
+    #: The job has a ``final.pt`` checkpoint in attempt 1 (for the checkpoint routes).
+    checkpoint: bool = False
 
 
 CASES: dict[tuple[str, str], Case] = {
@@ -50,6 +54,8 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/jobs/{job_id}/cancel"): Case("job", job_status="running"),
     ("GET", "/jobs/{job_id}/events"): Case("job"),
     ("GET", "/jobs/{job_id}/logs"): Case("job", params={"tail": 5}),
+    ("GET", "/jobs/{job_id}/checkpoints"): Case("job", checkpoint=True),
+    ("GET", "/jobs/{job_id}/checkpoints/{name}"): Case("job", path_params={"name": "final.pt"}, checkpoint=True),
     ("GET", "/workers"): Case("any"),
     ("GET", "/metrics"): Case("admin"),
     ("GET", "/audit"): Case("admin"),
@@ -106,6 +112,10 @@ def world(settings: Settings, database_url: str, sessions: sessionmaker[Session]
     }
     with sessions() as session:
         revoke_token(session, 4, actor="cli:test")  # the fourth token made: alice's second
+    if case is not None and case.checkpoint:
+        folder = settings.runs_dir / job_id / "attempt-1" / "checkpoints"
+        folder.mkdir(parents=True)
+        (folder / "final.pt").write_bytes(b"weights")
     with TestClient(create_app(settings, FakeQueue())) as client:
         yield World(client, tokens, job_id, sessions)
 
@@ -115,6 +125,8 @@ def _call(world: World, method: str, path: str, caller: str, job_id: str | None 
     token = world.tokens[caller]
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = path.replace("{job_id}", job_id or world.job_id)
+    for name, value in case.path_params.items():
+        url = url.replace("{" + name + "}", value)
     return world.client.request(method, url, headers=headers, json=case.json, params=case.params)
 
 

@@ -1,0 +1,105 @@
+"""A job's checkpoint files in the runs directory, as the API lists and serves them (torch-free).
+
+The trainer writes ``<runs_dir>/<job_id>/attempt-<n>/checkpoints/step-<N>.pt`` every
+``checkpoint_interval`` steps and when it stops early (cancel, preemption), and
+``final.pt`` when it reaches ``max_steps`` (:mod:`trainer.checkpoint`). Each file is
+written to a hidden temporary name and moved into place, so a file listed here is
+complete. Only names matching :data:`CHECKPOINT_NAME` are ever listed or served, and
+only from the job's own attempt directories: a request cannot reach another path.
+
+As with logs, the API reads *its* ``runs_dir``; with the API and the workers on
+different hosts the runs directory must be shared.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from server.runlogs import attempt_dir
+
+#: A checkpoint file name: ``final.pt`` or ``step-<N>.pt`` (the trainer's names).
+CHECKPOINT_NAME = r"^(final|step-[0-9]{1,18})\.pt$"
+_NAME = re.compile(CHECKPOINT_NAME)
+_ATTEMPT = re.compile(r"attempt-([0-9]{1,9})")
+CHECKPOINT_DIR = "checkpoints"
+FINAL_NAME = "final.pt"
+
+
+@dataclass(frozen=True)
+class CheckpointFile:
+    """One checkpoint file of one attempt.
+
+    ``step``: the attempted steps it holds (``final.pt``: the job's ``max_steps``);
+    ``size_bytes`` and ``modified_at`` (UTC) from the file system.
+    """
+
+    attempt: int
+    name: str
+    step: int
+    final: bool
+    size_bytes: int
+    modified_at: datetime
+    path: Path
+
+
+def _step_of(name: str, max_steps: int) -> int:
+    return max_steps if name == FINAL_NAME else int(name.removeprefix("step-").removesuffix(".pt"))
+
+
+def _attempts(runs_dir: Path, job_id: str) -> list[int]:
+    job_dir = runs_dir / job_id
+    if not job_dir.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in job_dir.iterdir() if (m := _ATTEMPT.fullmatch(p.name)) and p.is_dir())
+
+
+def _describe(path: Path, attempt: int, max_steps: int) -> CheckpointFile | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:  # removed since the directory was read (a bf16 fallback prunes)
+        return None
+    return CheckpointFile(
+        attempt=attempt,
+        name=path.name,
+        step=_step_of(path.name, max_steps),
+        final=path.name == FINAL_NAME,
+        size_bytes=stat.st_size,
+        modified_at=datetime.fromtimestamp(stat.st_mtime, UTC),
+        path=path,
+    )
+
+
+def list_checkpoints(runs_dir: Path, job_id: str, max_steps: int) -> list[CheckpointFile]:
+    """Every complete checkpoint of ``job_id``, by attempt, then step (``final.pt`` last in its attempt)."""
+    found: list[CheckpointFile] = []
+    for attempt in _attempts(runs_dir, job_id):
+        folder = attempt_dir(runs_dir, job_id, attempt) / CHECKPOINT_DIR
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            if _NAME.fullmatch(path.name) and path.is_file():
+                described = _describe(path, attempt, max_steps)
+                if described is not None:
+                    found.append(described)
+    return sorted(found, key=lambda c: (c.attempt, c.final, c.step))
+
+
+def find_checkpoint(runs_dir: Path, job_id: str, name: str, max_steps: int, attempt: int | None = None) -> CheckpointFile | None:
+    """The file ``name`` of ``attempt`` (default: the newest attempt that has one), or ``None``.
+
+    Raises:
+        ValueError: ``name`` is not a checkpoint name (:data:`CHECKPOINT_NAME`).
+    """
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a checkpoint name (final.pt or step-<N>.pt)")
+    attempts = [attempt] if attempt is not None else list(reversed(_attempts(runs_dir, job_id)))
+    for number in attempts:
+        path = attempt_dir(runs_dir, job_id, number) / CHECKPOINT_DIR / name
+        if path.is_file():
+            described = _describe(path, number, max_steps)
+            if described is not None:
+                return described
+    return None

@@ -1,0 +1,95 @@
+"""``GET /jobs/{id}/checkpoints`` (list) and ``GET /jobs/{id}/checkpoints/{name}`` (download): a job's trained weights.
+
+A checkpoint is a ``torch.save`` dict (``model``, ``optimizer``, ``lr_scheduler``,
+``precision``, ``step``, ``rng``, ``spec``, …; :mod:`trainer.checkpoint`) that loads
+with ``torch.load(path, weights_only=True)``; its ``model`` entry is the plain model
+state dict. Files come from the API's runs directory (:mod:`server.checkpoint_files`);
+the same isolation as every job route applies (another owner's job is a 404).
+Downloads are plain files: ``Content-Length``, ``ETag``/``Last-Modified`` and byte
+``Range`` requests (a broken download resumes) come from Starlette's ``FileResponse``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
+
+from server.access import visible_job_or_404
+from server.auth import Principal, PrincipalDep, authenticate
+from server.checkpoint_files import CHECKPOINT_NAME, CheckpointFile, find_checkpoint, list_checkpoints
+from server.db.models import Job
+from server.errors import ApiError
+from server.schemas import ErrorBody
+
+router = APIRouter(prefix="/jobs", tags=["checkpoints"], dependencies=[Depends(authenticate)])
+
+
+class CheckpointPublic(BaseModel):
+    """One checkpoint file of a job."""
+
+    attempt: int = Field(description="The attempt (1-based) that wrote it")
+    name: str = Field(description="`final.pt` (written at `max_steps`) or `step-<N>.pt`")
+    step: int = Field(description="Attempted optimizer steps it holds")
+    final: bool = Field(description="Written when the job reached `max_steps`")
+    size_bytes: int
+    modified_at: datetime
+    url: str = Field(description="Path of its download, relative to the API's base URL")
+
+    @classmethod
+    def from_file(cls, job_id: str, file: CheckpointFile) -> CheckpointPublic:
+        """Describe ``file`` of ``job_id``."""
+        return cls(attempt=file.attempt, name=file.name, step=file.step, final=file.final, size_bytes=file.size_bytes,
+                   modified_at=file.modified_at, url=f"/jobs/{job_id}/checkpoints/{file.name}?attempt={file.attempt}")  # fmt: skip
+
+
+class CheckpointList(BaseModel):
+    """Every checkpoint of a job: by attempt, then step; the last one is what `resume_from: <job id>` resumes from."""
+
+    job_id: str
+    checkpoints: list[CheckpointPublic]
+
+
+def _job(request: Request, job_id: str, principal: Principal) -> Job:
+    with request.app.state.session_factory() as session:  # closed before any file is read
+        return visible_job_or_404(session, job_id, principal)
+
+
+_NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such checkpoint"}}
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_NOT_FOUND)
+def get_checkpoints(job_id: str, request: Request, principal: PrincipalDep) -> CheckpointList:
+    """The job's checkpoint files (empty before its first checkpoint)."""
+    job = _job(request, job_id, principal)
+    files = list_checkpoints(request.app.state.settings.runs_dir, job.id, job.max_steps)
+    return CheckpointList(job_id=job.id, checkpoints=[CheckpointPublic.from_file(job.id, f) for f in files])
+
+
+@router.get(
+    "/{job_id}/checkpoints/{name}",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "The checkpoint file"}, **_NOT_FOUND},
+)
+def download_checkpoint(
+    job_id: str,
+    request: Request,
+    principal: PrincipalDep,
+    name: Annotated[str, Path(pattern=CHECKPOINT_NAME, description="`final.pt` or `step-<N>.pt`")],
+    attempt: Annotated[int | None, Query(ge=1, le=10**9, description="Attempt (default: the newest that has the file)")] = None,
+) -> FileResponse:
+    """The checkpoint file ``name`` (``torch.load(path, weights_only=True)`` reads it)."""
+    job = _job(request, job_id, principal)
+    found = find_checkpoint(request.app.state.settings.runs_dir, job.id, name, job.max_steps, attempt)
+    if found is None:
+        where = f"attempt {attempt}" if attempt is not None else "any attempt"
+        raise ApiError(404, f"job {job.id} has no checkpoint {name} in {where}", job_id=job.id)
+    return FileResponse(
+        found.path,
+        media_type="application/octet-stream",
+        filename=f"{job.id}-attempt-{found.attempt}-{found.name}",
+        headers={"X-Halfcast-Attempt": str(found.attempt), "X-Halfcast-Step": str(found.step)},
+    )
