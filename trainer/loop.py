@@ -45,6 +45,7 @@ from torch.distributed.fsdp import FSDPModule
 from trainer.batching import plan_batches, windows
 from trainer.components import Components, build_components, build_record_flusher, divergence_guard
 from trainer.checkpoint import final_path, restore_state, save_checkpoint, step_path
+from trainer.export import DATA_INFO_KEY, data_info_entry
 from trainer.data import Batch, Dataset
 from trainer.distributed import DistContext, barrier, gather_to_main
 from trainer.errors import TrainerError
@@ -220,7 +221,9 @@ def _checkpoint(path: Path, run: RunState, step: int, spec: JobSpec, dist_ctx: D
     rng_states = gather_to_main(capture_rng_state(), dist_ctx)
     model_state, optimizer_state = gather_state_dicts(run.parts.model, run.parts.optimizer)  # a collective under FSDP2
     if dist_ctx.is_main:
-        extra = {PRECISION_SWITCH_KEY: run.precision_switch} if run.precision_switch else None
+        extra = {DATA_INFO_KEY: data_info_entry(run.parts.dataset.info)}
+        if run.precision_switch:
+            extra[PRECISION_SWITCH_KEY] = run.precision_switch
         counters = {**run.guard.state_dict(), "samples_total": run.totals["samples"], "tokens_total": run.totals["tokens"]}
         save_checkpoint(
             path, run.parts.training_state, step=step, counters=counters, spec=spec, rng=rng_states,

@@ -3,9 +3,11 @@
 ``checkpoints`` prints a table (attempt, name, step, size, modified), oldest first, or
 the list as JSON with ``--json``. ``download`` saves one file (by default the newest:
 what ``resume_from: <job id>`` resumes from; ``--name``/``--attempt`` pick another) to
-``-o PATH`` (a file, or a directory to hold ``<job id>-attempt-<n>-<name>``; default the
-current directory), never leaving a partial file there, and prints the path. The file is a ``torch.save`` dict whose
-``model`` entry is the model's state dict: ``torch.load(path, weights_only=True)["model"]``.
+``-o PATH`` (a file, or a directory, existing or ending in ``/``, to hold
+``<job id>-attempt-<n>-<name>``; default the current directory), never leaving a partial
+file there, and prints the path; a target that cannot be written is a one-line error. The file is a ``torch.save`` dict whose
+``model`` entry is the model's state dict: ``torch.load(path, weights_only=True)["model"]``;
+``trainer.export.load_trained_model(path)`` rebuilds the trained model itself.
 Exit statuses as for the other job commands (:mod:`server.cli.jobs`): 1 for an unknown
 job or one without such a checkpoint, 3 for an unreachable server.
 """
@@ -14,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from server.cli.jobs import add_api_command, client_for, write_table
+from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -29,16 +32,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     download.add_argument("job_id")
     download.add_argument("--name", default=None, help="final.pt or step-<N>.pt (default: the newest checkpoint)")
     download.add_argument("--attempt", type=int, default=None, help="the attempt that wrote it (default: the newest)")
-    download.add_argument("-o", "--output", type=Path, default=None,
-                          help="file or directory to save it to (default: ./<job id>-attempt-<n>-<name>)")  # fmt: skip
+    download.add_argument("-o", "--output", default=None,
+                          help="file, or directory (existing, or ending in /) to save it in as <job id>-attempt-<n>-<name> (default: .)")  # fmt: skip
 
 
 def run_checkpoints(args: argparse.Namespace) -> int:
-    """Print the job's checkpoint files."""
+    """Print the job's checkpoint files (a note on stderr when it has none yet)."""
     with client_for(args) as client:
         files = client.checkpoints(args.job_id)
     if args.json:
         sys.stdout.write(json.dumps(files, indent=2) + "\n")
+        return 0
+    if not files:
+        sys.stderr.write(f"job {args.job_id} has no checkpoint yet\n")
         return 0
     rows = [("ATTEMPT", "NAME", "STEP", "SIZE", "MODIFIED")]
     rows += [(str(f["attempt"]), f["name"], str(f["step"]), format_size(f["size_bytes"]), f["modified_at"][:19].replace("T", " "))
@@ -49,12 +55,27 @@ def run_checkpoints(args: argparse.Namespace) -> int:
 
 def run_download(args: argparse.Namespace) -> int:
     """Save the checkpoint and print where."""
+    target = _target(args.output)
     with client_for(args) as client:
-        saved = client.download_checkpoint(args.job_id, args.output or Path.cwd(), name=args.name, attempt=args.attempt)
+        try:
+            saved = client.download_checkpoint(args.job_id, target, name=args.name, attempt=args.attempt)
+        except OSError as exc:  # the target cannot be written (BrokenPipeError never comes from here)
+            sys.stderr.write(f"error: cannot save to {target}: {exc.strerror or exc}\n")
+            return EXIT_ERROR
     sys.stderr.write(f"job {args.job_id}: {saved['name']} of attempt {saved['attempt']} (step {saved['step']}, "
                      f"{format_size(saved['size_bytes'])})\n")  # fmt: skip
     sys.stdout.write(f"{saved['path']}\n")
     return 0
+
+
+def _target(output: str | None) -> Path:
+    """Where ``-o`` says (default: the current directory); a path ending in ``/`` is a directory, created if need be."""
+    if output is None:
+        return Path.cwd()
+    target = Path(output)
+    if output.endswith(("/", os.sep)):
+        target.mkdir(parents=True, exist_ok=True)
+    return target
 
 
 def format_size(size_bytes: int) -> str:

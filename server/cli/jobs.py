@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from server.cli.credentials import resolve_token
+from server.cli.credentials import resolve_token, token_path
 from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
 from server.cli.watch import WatchView, format_number, format_scale, write
 from server.client import (
@@ -28,6 +28,7 @@ from server.client import (
     HalfcastClient,
     HalfcastError,
     ServerUnavailable,
+    Unauthorized,
     ValidationFailed,
 )
 
@@ -81,6 +82,9 @@ def _reporting_errors(handler: Handler) -> Handler:
         except ServerUnavailable as exc:
             sys.stderr.write(f"error: {exc}\n")
             return EXIT_UNAVAILABLE
+        except Unauthorized as exc:
+            sys.stderr.write(f"error: {exc}{_token_hint(args)}\n")
+            return EXIT_ERROR
         except (HalfcastError, SpecFileError) as exc:
             sys.stderr.write(f"error: {exc}\n")
             return EXIT_ERROR
@@ -89,6 +93,13 @@ def _reporting_errors(handler: Handler) -> Handler:
             return 130
 
     return run
+
+
+def _token_hint(args: argparse.Namespace) -> str:
+    """Where the CLI looked for a token, when it found none (it sent the request without one)."""
+    if resolve_token(getattr(args, "token", None)) is not None:
+        return ""
+    return f" (no token found: pass --token, set HALFCAST_TOKEN, or keep it in {token_path()})"
 
 
 def client_for(args: argparse.Namespace) -> HalfcastClient:

@@ -10,6 +10,7 @@ import torch
 from e2e_support import Stack, load_example, run_processes, session_alive
 
 from server.client import HalfcastClient
+from trainer.export import load_trained_model
 
 pytestmark = pytest.mark.e2e
 
@@ -95,6 +96,8 @@ def test_resume_from_a_finished_job_continues_its_trajectory(embedded_stack: Sta
     checkpoint = torch.load(saved["path"], map_location="cpu", weights_only=True)
     assert checkpoint["step"] == 12 and checkpoint["spec"]["max_steps"] == 12
     assert checkpoint["model"] and all(isinstance(t, torch.Tensor) for t in checkpoint["model"].values())
+    model = load_trained_model(saved["path"])  # the trained model itself, for inference
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in checkpoint["model"].items())
     spec = _synthetic(max_steps=20, resume_from=first["id"])
     second = embedded_stack.wait_terminal(embedded_stack.submit(spec)["id"])
     assert second["status"] == "succeeded", second["error"]

@@ -119,3 +119,37 @@ def test_the_client_reports_a_short_download_as_server_unavailable(url: str, job
                                              (5 * 2**30, "5 GiB"), (3 * 2**40, "3.07e+03 GiB")])  # fmt: skip
 def test_format_size(size: int, text: str) -> None:
     assert format_size(size) == text
+
+
+def test_a_target_that_cannot_be_written_is_a_one_line_error(url: str, job_id: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    target = tmp_path / "missing" / "dir" / "w.pt"
+    assert main(["download", job_id, "-o", str(target)]) == 1
+    assert capsys.readouterr().err == f"error: cannot save to {target}: No such file or directory\n"
+    assert not (tmp_path / "missing").exists()
+
+
+def test_an_output_ending_in_a_slash_is_a_directory_made_for_it(url: str, job_id: str, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    assert main(["download", job_id, "-o", f"{tmp_path}/new/weights/"]) == 0
+    saved = tmp_path / "new" / "weights" / f"{job_id}-attempt-2-final.pt"
+    assert capsys.readouterr().out == f"{saved}\n" and saved.read_bytes() == FINAL
+
+
+def test_checkpoints_of_a_job_without_any_says_so(url: str, sessions: sessionmaker[Session],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    job = insert_job(sessions, status="running")
+    assert main(["checkpoints", job]) == 0
+    assert capsys.readouterr() == ("", f"job {job} has no checkpoint yet\n")
+
+
+def test_without_a_token_the_error_says_where_one_was_looked_for(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    monkeypatch.delenv("HALFCAST_TOKEN")
+    monkeypatch.setenv("HALFCAST_DATA_DIR", str(tmp_path / "elsewhere"))
+    assert main(["list"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: not authenticated:") and err.count("\n") == 1
+    assert f"no token found: pass --token, set HALFCAST_TOKEN, or keep it in {tmp_path / 'elsewhere' / 'token'}" in err
+    assert main(["list", "--token", "wrong"]) == 1
+    assert "no token found" not in capsys.readouterr().err  # a token was sent: it is the token that is wrong

@@ -1,0 +1,61 @@
+"""The trained model of a checkpoint, rebuilt for inference: ``load_trained_model("final.pt")``.
+
+A checkpoint (:mod:`trainer.checkpoint`) holds the job's ``spec`` and, since this
+module exists, ``data_info`` (the dataset sizes the model was built for: task, outputs,
+input width or context length). The model is rebuilt from the spec's ``model`` entry
+and those sizes (:func:`trainer.models.build_model`), in float32, and the checkpoint's
+``model`` state dict is loaded into it strictly. Checkpoints written before
+``data_info`` was stored get the sizes from the dataset itself, which must then be
+readable here (``data_unavailable`` otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import TypeAdapter
+from torch import nn
+
+from trainer.catalog import DatasetSpec, ModelSpec
+from trainer.data import build_dataset
+from trainer.data.base import DataInfo, Task
+from trainer.models import build_model
+
+#: Key of the dataset sizes in a checkpoint.
+DATA_INFO_KEY = "data_info"
+
+
+def data_info_entry(info: DataInfo) -> dict[str, Any]:
+    """``info`` as plain data a ``weights_only`` load accepts (the task as its string value)."""
+    return {**asdict(info), "task": Task(info.task).value}
+
+
+def checkpoint_data_info(payload: Mapping[str, Any]) -> DataInfo:
+    """The dataset sizes the checkpoint's model was built for (read from the dataset for older checkpoints)."""
+    entry = payload.get(DATA_INFO_KEY)
+    if entry is not None:
+        return DataInfo(**{**entry, "task": Task(entry["task"])})
+    dataset_spec = TypeAdapter(DatasetSpec).validate_python(payload["spec"]["dataset"])
+    return build_dataset(dataset_spec).info
+
+
+def load_trained_model(path: str | Path, map_location: str | torch.device = "cpu") -> nn.Module:
+    """The float32 model of checkpoint ``path`` with its trained weights, in eval mode, on ``map_location``.
+
+    Reads the file with ``torch.load(weights_only=True)`` (no arbitrary code runs).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        KeyError: not a Halfcast checkpoint (no ``spec`` or ``model`` entry).
+        RuntimeError: the weights do not fit the model the spec describes (``load_state_dict``).
+        trainer.errors.TrainerError: an older checkpoint whose dataset cannot be read here.
+    """
+    payload: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=True)
+    model_spec = TypeAdapter(ModelSpec).validate_python(payload["spec"]["model"])
+    model = build_model(model_spec, checkpoint_data_info(payload))
+    model.load_state_dict(payload["model"])
+    return model.to(map_location).eval()
