@@ -4,6 +4,7 @@ import { ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, fmtScale, getCheckp
 import { ChartData, JobCharts } from "./charts.js";
 
 const LIST_REFRESH_MS = 2000;
+const CHECKPOINT_REFRESH_MS = 10000;
 
 /** Render the job list into `view`; returns a cleanup function. */
 export function jobList(view) {
@@ -51,7 +52,11 @@ function jobRow(job) {
 
 /** Render one job's page into `view`; returns a cleanup function. */
 export function jobPage(view, id) {
-  const header = el("div", { class: "job-header" });
+  // The header's text is redrawn on every render; the cancel button is made once and only enabled or
+  // disabled, so a click never lands on a button being replaced (a redraw between mousedown and mouseup loses it).
+  const headerInfo = el("div", { class: "info" });
+  const cancelButton = el("button", { class: "danger", disabled: true, dataset: { testid: "cancel" }, onclick: onCancel }, "Cancel job");
+  const header = el("div", { class: "job-header" }, headerInfo, cancelButton);
   const stats = el("dl", { class: "stats", dataset: { testid: "job-stats" } });
   const problem = el("div", { class: "error-box", hidden: true, dataset: { testid: "job-error" } });
   const evalBox = el("div", { class: "eval-box", hidden: true, dataset: { testid: "job-eval" } });
@@ -68,14 +73,14 @@ export function jobPage(view, id) {
   function render() {
     const latest = data.step.length ? lastRecord : job.latest || {};
     const cancellable = !TERMINAL.has(job.status) && job.status !== "cancelling";
-    header.replaceChildren(
+    headerInfo.replaceChildren(
       el("h1", {}, job.name || "Job", " ", statusBadge(job.status)),
       el("div", { class: "muted id" }, job.id),
       el("div", { class: "progress" },
         el("progress", { max: job.max_steps, value: Math.max(job.step, data.lastStep) }),
         el("span", { dataset: { testid: "job-progress" } }, ` ${Math.max(job.step, data.lastStep)}/${job.max_steps} steps`)),
-      el("button", { class: "danger", disabled: !cancellable, dataset: { testid: "cancel" }, onclick: onCancel }, "Cancel job"),
     );
+    if (!cancelling) cancelButton.disabled = !cancellable;
     stats.replaceChildren(...[
       ["Loss", fmt(latest.loss)],
       ["Loss scale", fmtScale(latest.loss_scale)],
@@ -133,12 +138,16 @@ export function jobPage(view, id) {
     if (record.overflow) lastOverflow = record;
   }
 
-  async function onCancel(event) {
-    event.target.disabled = true;
+  let cancelling = false;
+  async function onCancel() {
+    cancelling = true;
+    cancelButton.disabled = true;
     try {
       job = await cancelJob(id);
     } catch (error) {
       if (!(error instanceof ApiError && error.status === 409)) alert(`Cancel failed: ${error.message}`);
+    } finally {
+      cancelling = false;
     }
     render();
   }
@@ -170,7 +179,9 @@ export function jobPage(view, id) {
     });
   }
 
-  // The job's checkpoint files as download links (the session cookie authenticates a plain GET).
+  // The job's checkpoint files as download links (the session cookie authenticates a plain GET);
+  // read again on every status change and, while the job runs, every CHECKPOINT_REFRESH_MS (mid-run checkpoints).
+  let checkpointTimer = null;
   async function refreshCheckpoints() {
     let files = [];
     try {
@@ -213,11 +224,16 @@ export function jobPage(view, id) {
     charts = new JobCharts(chartsBox, data);
     charts.update();
     refreshCheckpoints();
-    if (!TERMINAL.has(job.status)) follow();
+    if (!TERMINAL.has(job.status)) {
+      follow();
+      checkpointTimer = setInterval(() => { if (TERMINAL.has(job.status)) clearInterval(checkpointTimer); else refreshCheckpoints(); },
+        CHECKPOINT_REFRESH_MS);
+    }
   })();
 
   return () => {
     stopped = true;
+    clearInterval(checkpointTimer);
     if (source) source.close();
     if (charts) charts.destroy();
     clearTimeout(renderTimer);

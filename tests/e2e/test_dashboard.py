@@ -205,12 +205,19 @@ def test_submit_through_the_form_and_watch_the_job_succeed_with_charts(page: Any
 def test_cancel_a_running_job_from_its_page(page: Any, embedded_stack: Stack) -> None:
     from playwright.sync_api import expect
 
-    spec = _spec("to-cancel", max_steps=100_000, log_interval=1, faults={"sleep_per_step_s": 0.1})
+    spec = _spec("to-cancel", max_steps=100_000, log_interval=1, checkpoint_interval=20, faults={"sleep_per_step_s": 0.1})
     job = embedded_stack.submit(spec)
     page.goto(f"/#/jobs/{job['id']}")
     status = page.locator(".job-header [data-testid=status]")
     expect(status).to_have_text("running", timeout=JOB_TIMEOUT_MS)
+    button = page.get_by_test_id("cancel").element_handle()
     expect(page.get_by_test_id("chart-loss")).not_to_have_attribute("data-points", "0", timeout=60_000)
+    page.wait_for_timeout(1000)  # several redraws of the page as steps stream in
+    # the button is never replaced: a redraw between mousedown and mouseup would lose the click
+    assert button.evaluate("b => b.isConnected"), "the cancel button was replaced by a redraw"
+    # a checkpoint written mid-run shows up while the job runs (no status change in between)
+    expect(page.get_by_test_id("checkpoint").last).to_contain_text("step-20.pt step 20, attempt 1", timeout=30_000)
+    assert embedded_stack.job(job["id"])["status"] == "running"
     page.get_by_test_id("cancel").click()
     expect(status).to_have_text("cancelled", timeout=60_000)
     assert embedded_stack.job(job["id"])["status"] == "cancelled"
