@@ -19,12 +19,13 @@ export function jobList(view) {
   );
   let stopped = false;
   let timer = null;
+  const rows = new Map(); // job id -> its <tr>, kept across refreshes
   async function refresh() {
     try {
       const { jobs } = await listJobs();
       if (stopped) return;
       note.textContent = jobs.length ? "" : "No jobs yet. Submit one.";
-      body.replaceChildren(...jobs.map(jobRow));
+      placeRows(body, jobs.map((job) => upsertRow(rows, job)), rows);
     } catch (error) {
       note.textContent = `Cannot load jobs: ${error.message}`;
     }
@@ -37,17 +38,40 @@ export function jobList(view) {
   };
 }
 
-function jobRow(job) {
+// Rows are updated in place, never replaced: a refresh between a mousedown and its mouseup on a
+// job's link would otherwise swallow the click.
+function upsertRow(rows, job) {
+  let row = rows.get(job.id);
+  if (!row) {
+    row = el("tr", { dataset: { jobId: job.id, testid: "job-row" } },
+      el("td", {}, el("a", { href: `#/jobs/${job.id}` }, job.name || job.id.slice(0, 8)), el("div", { class: "muted id" }, job.id)),
+      ...Array.from({ length: 5 }, () => el("td")),
+      el("td", {}, new Date(job.created_at).toLocaleString()));
+    rows.set(job.id, row);
+  }
   const latest = job.latest || {};
-  return el("tr", { dataset: { jobId: job.id, testid: "job-row" } },
-    el("td", {}, el("a", { href: `#/jobs/${job.id}` }, job.name || job.id.slice(0, 8)), el("div", { class: "muted id" }, job.id)),
-    el("td", {}, statusBadge(job.status)),
-    el("td", {}, `${job.step}/${job.max_steps}`),
-    el("td", {}, fmt(latest.loss)),
-    el("td", {}, fmtScale(latest.loss_scale)),
-    el("td", {}, latest.skipped_steps ?? "-"),
-    el("td", {}, new Date(job.created_at).toLocaleString()),
-  );
+  const cells = [statusBadge(job.status), `${job.step}/${job.max_steps}`, fmt(latest.loss), fmtScale(latest.loss_scale),
+    String(latest.skipped_steps ?? "-")];
+  cells.forEach((value, i) => {
+    const cell = row.children[i + 1];
+    if (typeof value === "string") {
+      if (cell.textContent !== value) cell.textContent = value;
+    } else if (cell.firstChild?.outerHTML !== value.outerHTML) {
+      cell.replaceChildren(value);
+    }
+  });
+  return row;
+}
+
+// Put `wanted` rows in order in `body`, moving only rows out of place and dropping the others.
+function placeRows(body, wanted, rows) {
+  const keep = new Set(wanted);
+  for (const [id, row] of rows) {
+    if (!keep.has(row)) { row.remove(); rows.delete(id); }
+  }
+  wanted.forEach((row, i) => {
+    if (body.children[i] !== row) body.insertBefore(row, body.children[i] || null);
+  });
 }
 
 /** Render one job's page into `view`; returns a cleanup function. */
@@ -182,6 +206,7 @@ export function jobPage(view, id) {
   // The job's checkpoint files as download links (the session cookie authenticates a plain GET);
   // read again on every status change and, while the job runs, every CHECKPOINT_REFRESH_MS (mid-run checkpoints).
   let checkpointTimer = null;
+  let shownCheckpoints = "";
   async function refreshCheckpoints() {
     let files = [];
     try {
@@ -190,6 +215,9 @@ export function jobPage(view, id) {
       return; // the list is a convenience: the rest of the page stays as it is
     }
     if (stopped) return;
+    const shown = JSON.stringify(files.map((f) => [f.attempt, f.name, f.size_bytes]));
+    if (shown === shownCheckpoints) return; // unchanged: leave the links alone (a click may be under way)
+    shownCheckpoints = shown;
     checkpointsBox.hidden = files.length === 0;
     checkpointsBox.replaceChildren(el("strong", {}, "Checkpoints"), el("ul", {}, ...files.slice().reverse().map((f) =>
       el("li", { dataset: { testid: "checkpoint" } },

@@ -232,7 +232,10 @@ def test_a_failed_job_shows_its_reason_and_the_list_updates_live(page: Any, embe
     job = embedded_stack.submit(_spec("will-fail", max_steps=20, faults={"raise_at_step": 3}))
     row = page.locator(f"[data-job-id='{job['id']}']")
     expect(row).to_be_visible(timeout=10_000)  # appears without a reload
+    link = row.get_by_role("link").element_handle()
     expect(row.get_by_test_id("status")).to_have_text("failed", timeout=JOB_TIMEOUT_MS)
+    # refreshed in place through every status: a refresh between mousedown and mouseup would lose a click
+    assert link.evaluate("a => a.isConnected"), "the job's link was replaced by a refresh"
     _shot(page, "job-list")
     row.get_by_role("link").click()
     expect(page.get_by_test_id("job-error")).to_contain_text("rank_failed")
