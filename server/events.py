@@ -42,7 +42,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -284,18 +284,22 @@ def database_poller(sessions: sessionmaker[Session], page_size: int, shared: Sha
     """A poller reading :func:`read_snapshot` in a worker thread (the event loop never blocks on the database).
 
     With ``shared``, streams asking the same question (job, cursor, known status) at
-    the same tick share one read.
+    the same tick share one read; one made a poller is per stream, and never hands its
+    stream a read older than the last one it used.
     """
 
     async def read(job_id: str, after_step: int, known_status: str | None) -> Snapshot | None:
         return await anyio.to_thread.run_sync(read_snapshot, sessions, job_id, after_step, known_status, page_size)
 
+    last_started = -math.inf  # this stream's newest read: never take a shared one that started before it
+
     async def poll(job_id: str, after_step: int, known_status: str | None) -> Snapshot | None:
+        nonlocal last_started
         if shared is None:
             return await read(job_id, after_step, known_status)
         key = ("snapshot", job_id, after_step, known_status, page_size)
-        snapshot: Snapshot | None = await shared.get(key, lambda: read(job_id, after_step, known_status))
-        return snapshot
+        snapshot, last_started = await shared.get_timed(key, lambda: read(job_id, after_step, known_status), last_started)
+        return cast("Snapshot | None", snapshot)
 
     return poll
 

@@ -26,10 +26,11 @@ Events (``data`` is one line of JSON):
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from sqlalchemy import select
@@ -63,16 +64,22 @@ StatePoller = Callable[[str], Awaitable[JobState | None]]
 
 
 def database_state_poller(sessions: sessionmaker[Session], shared: SharedReads[Any] | None = None) -> StatePoller:
-    """A poller running :func:`read_job_state` in a worker thread; with ``shared``, one read per job per tick."""
+    """A poller running :func:`read_job_state` in a worker thread; with ``shared``, one read per job per tick.
+
+    One poller per stream: it never hands its stream a shared read older than the last one it used.
+    """
 
     async def read(job_id: str) -> JobState | None:
         return await anyio.to_thread.run_sync(read_job_state, sessions, job_id)
 
+    last_started = -math.inf  # this stream's newest read: never take a shared one that started before it
+
     async def poll(job_id: str) -> JobState | None:
+        nonlocal last_started
         if shared is None:
             return await read(job_id)
-        state: JobState | None = await shared.get(("state", job_id), lambda: read(job_id))
-        return state
+        state, last_started = await shared.get_timed(("state", job_id), lambda: read(job_id), last_started)
+        return cast("JobState | None", state)
 
     return poll
 

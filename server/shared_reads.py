@@ -7,7 +7,8 @@ caught up ask the same question (same job, same cursor, same known status) withi
 milliseconds of each other. :class:`SharedReads` runs that read once and hands its
 result to every caller that asks for the same key while it is in flight or within
 ``fresh_s`` after it started: N viewers of a job cost one read per poll interval,
-not N.
+not N. A caller can also refuse reads that started before one it has already used
+(:meth:`SharedReads.get_timed`), so its view never goes back in time.
 
 A result is reused only within ``fresh_s`` of the read's start, which is kept below
 the poll interval, so a stream never gets a result older than one it could have read
@@ -19,6 +20,7 @@ caller that shared it.
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Hashable
@@ -64,9 +66,21 @@ class SharedReads(Generic[T]):
 
         Raises whatever ``read()`` raised (for every caller sharing that read).
         """
+        value, _ = await self.get_timed(key, read)
+        return value
+
+    async def get_timed(self, key: Hashable, read: Callable[[], Awaitable[T]], not_before: float = -math.inf) -> tuple[T, float]:
+        """Like :meth:`get`, and when the read it returns started (the clock's time).
+
+        A read that started before ``not_before`` is not shared with this caller: a stream
+        passes the start of the read it used last, so it never gets a view older than one
+        it has already seen (an earlier evaluation, fewer precision switches), even when
+        another stream asked the same question a moment before it.
+        """
         while True:
             entry = self._entries.get(key)
-            if entry is None or entry.abandoned or self._clock() - entry.started_at >= self.fresh_s:
+            if (entry is None or entry.abandoned or entry.started_at < not_before
+                    or self._clock() - entry.started_at >= self.fresh_s):  # fmt: skip
                 return await self._lead(key, read)
             await entry.done.wait()
             if entry.abandoned:
@@ -74,16 +88,17 @@ class SharedReads(Generic[T]):
             self.shared += 1
             if entry.error is not None:
                 raise entry.error
-            return entry.value  # type: ignore[return-value]  # set whenever done without error
+            return entry.value, entry.started_at  # type: ignore[return-value]  # set whenever done without error
 
-    async def _lead(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> T:
+    async def _lead(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> tuple[T, float]:
         self._sweep()
         entry: _Read[T] = _Read(started_at=self._clock())
         self._entries[key] = entry
         self.reads += 1
         try:
-            entry.value = await read()
-            return entry.value
+            value = await read()
+            entry.value = value
+            return value, entry.started_at
         except Exception as exc:
             entry.error = exc
             raise

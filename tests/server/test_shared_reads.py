@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import pytest
 
+from server.events import database_poller
 from server.shared_reads import SharedReads, next_tick_delay
 
 
@@ -161,3 +162,42 @@ def test_streams_of_one_job_wake_at_the_same_ticks_and_jobs_are_spread() -> None
     assert len(phases) > 25  # different jobs poll at different moments
     for now in (0.0, 1.2345, 7.77, 1e6 + 0.05):
         assert interval / 10 <= next_tick_delay("job-a", interval, now) < interval * 1.1
+
+
+def test_a_caller_refuses_a_read_older_than_one_it_used() -> None:
+    clock = Clock()
+    shared: SharedReads[str] = SharedReads(fresh_s=10, clock=clock)
+    reads: list[str] = []
+
+    async def main() -> list[tuple[str, float]]:
+        first = await shared.get_timed("k", _slow_read(reads, "v1"))  # started at 100
+        clock.now = 101.0
+        same = await shared.get_timed("k", _slow_read(reads, "unused"), not_before=100.0)
+        newer = await shared.get_timed("k", _slow_read(reads, "v2"), not_before=100.5)  # saw something from 100.5
+        return [first, same, newer]
+
+    assert anyio.run(main) == [("v1", 100.0), ("v1", 100.0), ("v2", 101.0)]
+    assert reads == ["v1", "v2"]
+
+
+def test_a_streams_poller_never_goes_back_to_a_read_older_than_its_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stream A read the job at t=100; stream B read it at t=101 (its first poll); B's next poll asks A's
+    question: A's read is fresh but older than what B has shown, so B reads again (else an evaluation or a
+    precision switch it already sent could be taken back)."""
+    clock = Clock()
+    shared: SharedReads[object] = SharedReads(fresh_s=10, clock=clock)
+    versions = iter(range(1, 10))
+    monkeypatch.setattr("server.events.read_snapshot", lambda *_: f"v{next(versions)}")
+    stream_a = database_poller(None, 500, shared)  # type: ignore[arg-type]  # read_snapshot is replaced
+    stream_b = database_poller(None, 500, shared)  # type: ignore[arg-type]
+
+    async def main() -> list[object]:
+        a = await stream_a("job", 10, "running")
+        clock.now = 101.0
+        b_first = await stream_b("job", 0, None)
+        clock.now = 102.0
+        b_next = await stream_b("job", 10, "running")
+        a_next = await stream_a("job", 10, "running")  # A may share B's newer read
+        return [a, b_first, b_next, a_next]
+
+    assert anyio.run(main) == ["v1", "v2", "v3", "v3"]
