@@ -6,7 +6,14 @@ Settings are chosen for long GPU jobs (docs/worker.md, "Delivery"):
   dies before it claims the job leaves the message to be delivered again; the task
   acknowledges it as soon as the job is claimed (:mod:`worker.acks`), and from then
   on the database lease and the reaper look after the job, not the broker;
-- a prefetch of one per thread (a worker never holds messages it cannot start);
+- no prefetch on Redis (``worker_disable_prefetch``): a worker takes a message only
+  when one of its threads is free to run it. A prefetch count alone is not enough
+  here: the early ack gives its credit back while the task still holds its thread,
+  so a busy worker would reserve more messages and keep them in its pool's queue
+  while other workers sit idle. The embedded broker serves one host, where a
+  prefetch of one per thread is kept;
+- the Redis transport of :mod:`worker.redis_transport`, which survives a broker
+  restart while messages are unacknowledged (kombu's own makes the worker exit);
 - rejection on worker loss (with a process pool, a child killed mid-task gives the
   message back rather than acknowledging it);
 - Redis's visibility timeout (``HALFCAST_BROKER_VISIBILITY_TIMEOUT_S``, default one
@@ -22,9 +29,12 @@ from celery import Celery
 
 from server.settings import Settings
 from worker.fs_transport import TRANSPORT_PATH as FILESYSTEM_TRANSPORT_PATH
+from worker.redis_transport import TRANSPORT_PATH as REDIS_TRANSPORT_PATH
 
 #: Name of the task that runs one job; the API enqueues it by name.
 RUN_JOB_TASK = "halfcast.run_job"
+#: Broker URL schemes served by :mod:`worker.redis_transport`.
+REDIS_TRANSPORT_SCHEMES = ("redis://", "rediss://")
 
 
 def broker_transport_options(settings: Settings) -> dict[str, object]:
@@ -72,8 +82,12 @@ def create_celery_app(settings: Settings | None = None) -> Celery:
         accept_content=["json"],
         enable_utc=True,
     )
-    if settings.effective_broker_url.startswith("filesystem://"):
+    url = settings.effective_broker_url
+    if url.startswith("filesystem://"):
         # kombu's own filesystem channel can lose messages (see worker.fs_transport)
         app.conf.broker_transport = FILESYSTEM_TRANSPORT_PATH
+    elif url.startswith(REDIS_TRANSPORT_SCHEMES):
+        app.conf.broker_transport = REDIS_TRANSPORT_PATH
+        app.conf.worker_disable_prefetch = True
     app.conf.halfcast_settings = settings
     return app

@@ -9,13 +9,15 @@ worker's word. It runs in every worker, once at start and then every
 ``HALFCAST_REAPER_INTERVAL_S``; each recovery is a compare-and-set, so reapers
 running at once recover each job once. Each pass also asks the optional
 :class:`worker.broker_watch.BrokerWatch` whether the broker lost the messages of
-queued jobs, and re-sends them if it did.
+queued jobs, and re-sends them if it did, and runs the optional ``recover_holds``:
+sending again the messages that workers which are not live hold (:mod:`worker.holds`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from worker.broker_watch import BrokerWatch
 from worker.recovery import Recovery, Resolution
@@ -30,12 +32,18 @@ class Reaper:
     """
 
     def __init__(
-        self, recovery: Recovery, interval_s: float, stop: threading.Event, broker_watch: BrokerWatch | None = None
+        self,
+        recovery: Recovery,
+        interval_s: float,
+        stop: threading.Event,
+        broker_watch: BrokerWatch | None = None,
+        recover_holds: Callable[[], list[str]] | None = None,
     ) -> None:
         self.recovery = recovery
         self.interval_s = interval_s
         self.stop = stop
         self.broker_watch = broker_watch
+        self.recover_holds = recover_holds
         self.thread: threading.Thread | None = None
 
     def reap_once(self) -> dict[str, Resolution]:
@@ -56,10 +64,14 @@ class Reaper:
         """Re-send the queued jobs' messages if the broker lost its data (see :class:`BrokerWatch`)."""
         return None if self.broker_watch is None else self.broker_watch.check()
 
+    def resend_held(self) -> list[str] | None:
+        """Send again the messages of queued jobs that dead workers hold (see :mod:`worker.holds`)."""
+        return None if self.recover_holds is None else self.recover_holds()
+
     def run(self) -> None:
         """Reap now, then every ``interval_s`` seconds, until ``stop`` is set; errors are logged, never fatal."""
         while not self.stop.is_set():
-            for duty in (self.reap_once, self.watch_broker):
+            for duty in (self.reap_once, self.watch_broker, self.resend_held):
                 try:
                     duty()
                 except Exception:

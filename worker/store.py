@@ -107,6 +107,9 @@ class JobStore:
     ) -> Claim | None:
         """Move a ``queued`` job to ``starting`` for ``worker_id`` with a lease; ``None`` if it is not queued.
 
+        The claim also clears the job's message hold (:mod:`worker.holds`): the message is
+        acknowledged right after it.
+
         The new attempt is ``attempt + 1``; its run directory is
         ``<runs_dir>/<job_id>/attempt-<n>`` (recorded, not created). An ``attempts`` row
         is added in the same transaction, with ``gpus`` (the host indices the attempt
@@ -124,7 +127,8 @@ class JobStore:
                 update(Job)
                 .where(Job.id == job_id, Job.status == "queued", Job.attempt == row.attempt)
                 .values(status="starting", worker_id=worker_id, attempt=attempt, started_at=now, run_dir=str(run_dir),
-                        lease_expires_at=now + timedelta(seconds=lease_ttl_s), error_reason=None, error_message=None)
+                        lease_expires_at=now + timedelta(seconds=lease_ttl_s), error_reason=None, error_message=None,
+                        held_by=None, held_at=None)
             ).rowcount  # fmt: skip
             if claimed != 1:
                 return None

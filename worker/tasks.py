@@ -38,6 +38,7 @@ from worker.broker_watch import BrokerWatch, queued_job_ids, redis_marker_store
 from worker.celery_app import RUN_JOB_TASK
 from worker.gpu_locks import GpuLocks
 from worker.gpus import discover_gpus
+from worker.holds import MessageHolds
 from worker.placement import Placer, SlotUnavailable
 from worker.reaper import Reaper
 from worker.recovery import Recovery
@@ -75,6 +76,11 @@ class WorkerRuntime:
             if self._store is None:
                 self._store = JobStore(make_engine(self.settings.effective_database_url))
             return self._store
+
+    @property
+    def holds(self) -> MessageHolds:
+        """Message holds of queued jobs, on the store's engine."""
+        return MessageHolds(self.store.engine)
 
     def enqueue(self, job_id: str) -> None:
         """Send ``RUN_JOB_TASK(job_id)`` to the queue (a retry after a lost worker)."""
@@ -129,8 +135,12 @@ class WorkerRuntime:
         with self._lock:
             if self._reaper is None:
                 self._reaper = Reaper(Recovery(store, self.enqueue), self.settings.reaper_interval_s, self.shutdown,
-                                      self._broker_watch(store))  # fmt: skip
+                                      self._broker_watch(store), self._recover_holds)  # fmt: skip
             return self._reaper
+
+    def _recover_holds(self) -> list[str]:
+        """Send again the messages of queued jobs held by workers that are not live (:mod:`worker.holds`)."""
+        return self.holds.recover(self.settings.worker_live_s, self.enqueue)
 
     def _broker_watch(self, store: JobStore) -> BrokerWatch | None:
         """A watch for a Redis broker that lost its data; ``None`` for the embedded (on-disk) broker."""
@@ -167,21 +177,47 @@ def register_tasks(app: Celery) -> Task:
 
     @app.task(name=RUN_JOB_TASK, bind=True, acks_late=True, ignore_result=True, max_retries=None)
     def run_job_task(self: Task, job_id: str) -> str | None:
-        """Run one attempt of ``job_id`` in a free slot (a no-op unless the job is ``queued``)."""
+        """Run one attempt of ``job_id`` in a free slot (a no-op unless the job is ``queued``).
+
+        The task first records that this worker holds the job's message (:mod:`worker.holds`);
+        the claim clears the hold, and so does handing the message back.
+        """
+        job_id, worker_id = str(job_id), runtime.worker_id(self.request.hostname)
         try:
-            placement = runtime.placer().place(str(job_id))
+            if not runtime.holds.hold(job_id, worker_id):
+                log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
+                return None
+            log.info("job %s: message taken by %s", job_id, worker_id)
+            placement = runtime.placer().place(job_id)
             if placement is None:
                 log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
                 return None
             with placement:
-                outcome = run_job(str(job_id), runtime.context(self.request.hostname, self.request.id, placement))
+                outcome = run_job(job_id, runtime.context(self.request.hostname, self.request.id, placement))
         except SlotUnavailable as exc:
             log.info("%s: handing the message back to the queue", exc)
-            raise self.retry(exc=exc, countdown=0) from exc
-        except DBAPIError as exc:  # only placement and the claim can raise: the attempt records its errors
+            raise _hand_back(self, runtime, job_id, worker_id, exc, countdown=0) from exc
+        except DBAPIError as exc:  # only the hold, placement and the claim can raise: the attempt records its errors
             log.warning("job %s: database error before the claim; retrying in %.0f s: %s", job_id, CLAIM_RETRY_S, exc)
-            raise self.retry(exc=exc, countdown=CLAIM_RETRY_S) from exc
+            raise _hand_back(self, runtime, job_id, worker_id, exc, countdown=CLAIM_RETRY_S) from exc
         return outcome.status if outcome else None
 
     run_job_task.halfcast_runtime = runtime  # type: ignore[attr-defined]
     return run_job_task
+
+
+def _hand_back(task: Task, runtime: WorkerRuntime, job_id: str, worker_id: str, exc: Exception,
+               countdown: float) -> BaseException:  # fmt: skip
+    """Send the job a new message (Celery's retry), then clear this worker's hold; the exception to raise.
+
+    The hold is cleared only after the new message is out, and only if it is still this
+    worker's (the worker that took the new message may already hold it).
+    """
+    try:
+        retry = task.retry(exc=exc, countdown=countdown, throw=False)
+    finally:
+        try:
+            runtime.holds.release(job_id, worker_id)
+        except DBAPIError as db_exc:
+            log.warning("job %s: could not clear this worker's message hold: %s", job_id, db_exc)
+    return retry

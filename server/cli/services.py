@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from server.auth import ExposureError, check_exposure
-from server.cli.supervisor import Child, Supervisor
+from server.cli.supervisor import Child, RestartPolicy, Supervisor
 from server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,8 @@ def run_up(args: argparse.Namespace) -> int:
     _announce_token(settings)
     children = [
         Child("api", api_command(settings), grace_s=API_GRACE_S),
-        Child("worker", [sys.executable, "-m", "worker"], grace_s=settings.cancel_grace_s + WORKER_EXTRA_GRACE_S),
+        Child("worker", [sys.executable, "-m", "worker"], grace_s=settings.cancel_grace_s + WORKER_EXTRA_GRACE_S,
+              restart=RestartPolicy()),  # a dead worker is started again; its jobs are recovered by the reaper
     ]
     url = f"http://{settings.host}:{settings.port}"
     log.info("Halfcast is starting at %s (data in %s); Ctrl-C stops it", url, settings.resolved_data_dir)

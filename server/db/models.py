@@ -60,6 +60,10 @@ class Job(Base):
     #: ``Idempotency-Key`` of the POST that created the job (unique per owner), and the hash of its spec.
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
+    #: The worker whose task took the queued job's broker message and has neither claimed the
+    #: job nor handed the message back, and since when (migration 0007; ``worker/holds.py``).
+    held_by: Mapped[str | None] = mapped_column(String(255))
+    held_at: Mapped[datetime | None]
     #: Precision switches the run made (``on_divergence: "fallback_bf16"``), oldest first; null when none.
     precision_switches: Mapped[list[dict[str, Any]] | None]
 

@@ -13,7 +13,7 @@ import pytest
 
 from server.cli import build_parser, main
 from server.cli.services import api_command, apply_overrides
-from server.cli.supervisor import Child, Supervisor
+from server.cli.supervisor import Child, RestartPolicy, Supervisor
 from server.db.migrate import current_revision, head_revision
 from server.settings import Settings
 
@@ -59,6 +59,37 @@ def test_supervisor_stops_the_others_when_one_child_exits() -> None:
     assert Supervisor([sleeper, quitter]).run(os.environ) == 3
     assert time.monotonic() - started < 20
     assert sleeper.popen is not None and sleeper.popen.returncode == -signal.SIGTERM
+
+
+def _exits_after_counting(counter: Path, status: int = 3) -> list[str]:
+    """A child that appends a line to ``counter`` and exits with ``status`` (at once)."""
+    return [sys.executable, "-c", f"open({str(counter)!r}, 'a').write('x\\n'); raise SystemExit({status})"]
+
+
+def test_supervisor_restarts_a_child_with_a_policy_and_the_others_run_on(tmp_path: Path) -> None:
+    """A worker that dies is started again while the API keeps running; a crash loop stops everything."""
+    counter = tmp_path / "starts"
+    api = Child("api", SLEEPER, grace_s=5)
+    policy = RestartPolicy(max_restarts=3, window_s=60, first_delay_s=0.05, max_delay_s=0.2)
+    worker = Child("worker", _exits_after_counting(counter), grace_s=5, restart=policy)
+    started = time.monotonic()
+    assert Supervisor([api, worker]).run(os.environ) == 3
+    assert counter.read_text().count("x") == 4  # the first start and 3 restarts, then the crash loop gives up
+    assert api.popen is not None and api.popen.returncode == -signal.SIGTERM  # stopped only at the end
+    assert time.monotonic() - started < 20
+
+
+def test_a_restart_waits_longer_after_each_exit_and_resets_once_the_child_ran_stable() -> None:
+    child = Child("worker", SLEEPER, restart=RestartPolicy(max_restarts=5, first_delay_s=1, max_delay_s=3, stable_s=10))
+    delays = []
+    for now in (100.0, 101.0, 103.0, 106.0):
+        child.started_at = now - 0.5
+        assert child.schedule_restart(now)
+        delays.append((child.restart_at or 0) - now)
+    assert delays == [1, 2, 3, 3]  # doubling, capped at max_delay_s
+    child.started_at = 200.0
+    assert child.schedule_restart(220.0) and child.restart_at == 221.0  # ran 20 s (stable): the series starts over
+    assert not Child("api", SLEEPER).schedule_restart(0.0)  # no policy: never restarted
 
 
 def test_supervisor_stops_every_child_on_sigterm_and_exits_0() -> None:

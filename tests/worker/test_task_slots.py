@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,11 @@ def db_engine(gpu_settings: Settings) -> Engine:
     return engine
 
 
+def _held_by(engine: Engine, job_id: str) -> str | None:
+    with engine.connect() as conn:
+        return conn.execute(select(Job.held_by).where(Job.id == job_id)).scalar_one()
+
+
 def _job(engine: Engine, job_id: str) -> tuple[str, int, list[list[int] | None]]:
     with engine.connect() as conn:
         status, attempt = conn.execute(select(Job.status, Job.attempt).where(Job.id == job_id)).one()
@@ -43,11 +49,13 @@ def test_a_gpu_job_is_handed_back_while_its_device_is_busy_then_runs_on_it(
 ) -> None:
     task = register_tasks(create_celery_app(gpu_settings))
     handed_back: list[float] = []
+    held: list[str | None] = []
 
-    def retry(*, exc, countdown):  # type: ignore[no-untyped-def]
+    def retry(*, exc, countdown, throw=True):  # type: ignore[no-untyped-def]
         from celery.exceptions import Retry
 
         handed_back.append(countdown)
+        held.append(_held_by(db_engine, job_id))  # the hold is still there while the new message goes out
         return Retry(exc=exc)
 
     monkeypatch.setattr(task, "retry", retry)
@@ -56,6 +64,8 @@ def test_a_gpu_job_is_handed_back_while_its_device_is_busy_then_runs_on_it(
     assert busy is not None
     assert task.apply(args=[job_id]).state == "RETRY"
     assert handed_back == [0] and _job(db_engine, job_id) == ("queued", 0, [])  # not claimed, no lease, no attempt
+    assert held[0] is not None and held[0].endswith(f"/{os.getpid()}")
+    assert _held_by(db_engine, job_id) is None  # the hand-back cleared this worker's hold
     busy.release()
     assert task.apply(args=[job_id]).get() == "failed"
     assert _job(db_engine, job_id) == ("failed", 1, [[0]])  # the attempt had GPU 0

@@ -128,7 +128,7 @@ def test_a_database_error_before_the_claim_retries_the_task(data_dir: Path, monk
     def down(*_args, **_kwargs):  # type: ignore[no-untyped-def]
         raise OperationalError("SELECT 1", {}, ConnectionError("database down"))
 
-    def retry(*, exc, countdown):  # type: ignore[no-untyped-def]
+    def retry(*, exc, countdown, throw=True):  # type: ignore[no-untyped-def]
         retries.append(countdown)
         return Retry(exc=exc)
 
