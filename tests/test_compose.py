@@ -209,3 +209,12 @@ def test_grafana_panels_query_exported_metrics(services: dict[str, dict]) -> Non
             assert names <= EXPORTED_METRICS, f"{path.name}: {expr!r} queries unknown {names - EXPORTED_METRICS}"
             queried |= names
     assert queried == EXPORTED_METRICS, f"never charted: {EXPORTED_METRICS - queried}"
+
+
+def test_a_dead_worker_is_started_again_by_compose_and_by_the_systemd_unit(services: dict[str, dict]) -> None:
+    """Issue 11: whatever kills a worker must not leave the host without one (docs/worker.md)."""
+    assert services["worker"]["restart"] in ("always", "unless-stopped")
+    unit = (DEPLOY / "systemd" / "halfcast-worker.service").read_text()
+    settings = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
+    assert settings["Restart"] == "always" and argv(settings["ExecStart"])[-1] == "worker"
+    assert {name for name in SHARED_ENVIRONMENT if f"Environment={name}=" in unit} == set(SHARED_ENVIRONMENT)
