@@ -100,7 +100,7 @@ def test_a_busy_worker_reserves_no_queued_job(two_workers: Stack) -> None:
     started = time.monotonic()
     short_ids = []
     for _ in range(3):
-        short_id = stack.submit(_spec(1))["id"]
+        short_id = stack.submit(_spec(3))["id"]
         short_ids.append(short_id)
         stack.wait_terminal(short_id, timeout_s=60)
     waited = time.monotonic() - started
