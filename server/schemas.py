@@ -72,10 +72,17 @@ class JobPublic(BaseModel):
     effective_precision: str = Field(
         default="fp32", description="The precision the job computes in: the spec's, or the last switch's 'to'"
     )
+    applied_steps: int = Field(
+        default=0, description="Attempted steps up to `step` that applied an update (`step` minus `skipped_steps`)"
+    )
+    skipped_steps: int = Field(
+        default=0, description="Attempted steps up to `step` skipped for non-finite gradients (the latest record's count)"
+    )
 
     @classmethod
     def from_row(cls, job: Job) -> JobPublic:
         """Build the resource from a ``jobs`` row."""
+        applied, skipped = step_counts(job.latest)
         error = None
         if job.error_reason is not None:
             error = JobError(reason=job.error_reason, message=job.error_message or "")
@@ -97,6 +104,8 @@ class JobPublic(BaseModel):
             attempts=[AttemptPublic.from_row(row) for row in job.attempts],
             precision_switches=list(job.precision_switches or []),
             effective_precision=effective_precision(job),
+            applied_steps=applied,
+            skipped_steps=skipped,
         )
 
 
@@ -106,6 +115,20 @@ def effective_precision(job: Job) -> str:
     if switches and isinstance(switches[-1].get("to"), str):
         return str(switches[-1]["to"])
     return str(job.spec.get("precision") or "fp32")
+
+
+def step_counts(latest: dict[str, Any] | None) -> tuple[int, int]:
+    """``(applied, skipped)`` steps of the job's trajectory up to its newest step record ``latest``.
+
+    The record's ``skipped_steps`` is cumulative and the stored records are one trajectory
+    (a retry or a precision switch rewinds ``latest`` with them), so no other row is read.
+    """
+    if not latest:
+        return 0, 0
+    step, skipped = latest.get("step"), latest.get("skipped_steps")
+    step = step if isinstance(step, int) else 0
+    skipped = min(max(skipped, 0), step) if isinstance(skipped, int) else 0
+    return step - skipped, skipped
 
 
 class JobList(BaseModel):

@@ -17,6 +17,7 @@ REASONS: frozenset[str] = frozenset(
         "nonfinite_loss",
         "loss_scale_collapsed",
         "nonfinite_gradients",
+        "no_update_applied",
     }
 )
 

@@ -1,7 +1,9 @@
 """``on_divergence: "fallback_bf16"``: an fp16 job whose divergence guard trips goes on in bf16 once.
 
-When the guard (:mod:`trainer.guard`) fails an fp16 job that opted in, the loop asks
-:meth:`PrecisionFallback.fall_back` where to start again instead of failing:
+When the guard (:mod:`trainer.guard`), or the end check after the last step
+(:mod:`trainer.end_check`: no update applied, or a final stretch of skipped steps), fails
+an fp16 job that opted in, the loop asks :meth:`PrecisionFallback.fall_back` where to
+start again instead of failing:
 
 1. the **healthy checkpoint** is the newest checkpoint written at a step *before* the
    failing run began (the earlier start of the current run of skipped steps and of
@@ -48,8 +50,9 @@ from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-#: The divergence guard's typed reasons: the only failures a fallback answers.
-GUARD_REASONS = frozenset({"nonfinite_gradients", "loss_scale_collapsed", "nonfinite_loss"})
+#: The divergence guard's and the end check's typed reasons (:mod:`trainer.end_check`): the only
+#: failures a fallback answers.
+DIVERGENCE_REASONS = frozenset({"nonfinite_gradients", "loss_scale_collapsed", "nonfinite_loss", "no_update_applied"})
 FALLBACK_PRECISION = "bf16"
 _STEP_FILE = re.compile(r"step-(\d+)\.pt$")
 
@@ -124,7 +127,7 @@ class PrecisionFallback:
         """The bf16 restart after the guard's ``failure``, or ``None`` when the job must fail with it.
 
         Falls back only for an fp16 job with ``on_divergence: "fallback_bf16"`` that has
-        not switched yet, and only for a guard reason. Writes the ``precision_switch``
+        not switched yet, and only for a guard or end-check reason (:data:`DIVERGENCE_REASONS`). Writes the ``precision_switch``
         record, marks later step lines ``precision: bf16`` and (rank 0) deletes the
         checkpoints of the abandoned trajectory.
         """
@@ -146,7 +149,7 @@ class PrecisionFallback:
 
     def _may_fall_back(self, failure: TrainerError) -> bool:
         return (self.spec.on_divergence == "fallback_bf16" and self.spec.precision == "fp16"
-                and not self.switched and failure.reason in GUARD_REASONS)  # fmt: skip
+                and not self.switched and failure.reason in DIVERGENCE_REASONS)  # fmt: skip
 
     def _healthy_checkpoint(self, failing_run_start: int) -> Checkpoint | None:
         """The newest checkpoint written before step ``failing_run_start``, or ``None``.

@@ -3,7 +3,9 @@
 The guard reads the step rows that the loop copies from the device once per logging
 interval (:mod:`trainer.telemetry`), so it costs the training step nothing; a job
 therefore fails at the first flush at or after the step where a limit is reached
-(at most ``log_interval - 1`` steps later), and the error names that step.
+(at most ``log_interval - 1`` steps later), and the error names that step. A run too short
+to reach a limit is judged after its last step by :mod:`trainer.end_check`, from the same
+counters.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class DivergenceGuard:
         self.consecutive_nonfinite_losses = 0
         self.nan_skips_in_run = 0
         self.last_step = 0
+        #: The loss scale of the last row seen (``None`` before the first).
+        self.last_loss_scale: float | None = None
 
     @property
     def failing_run_start(self) -> int:
@@ -61,7 +65,7 @@ class DivergenceGuard:
             self._update(row)
 
     def _update(self, row: StepRow) -> None:
-        self.last_step = row.step
+        self.last_step, self.last_loss_scale = row.step, row.loss_scale
         if row.overflow:
             self.consecutive_skips += 1
             self.nan_skips_in_run += int(row.nan)
@@ -74,11 +78,18 @@ class DivergenceGuard:
             msg = f"the loss was non-finite for {self.consecutive_nonfinite_losses} consecutive steps (at step {row.step})"
             raise TrainerError("nonfinite_loss", msg)
         if self.consecutive_skips >= self.max_skips:
-            raise self._skip_failure(row)
+            raise self.skip_failure(f"{self.consecutive_skips} consecutive steps (at step {row.step})")
 
-    def _skip_failure(self, row: StepRow) -> TrainerError:
-        run = f"{self.consecutive_skips} consecutive steps (at step {row.step}); every update was skipped"
-        collapsed = self.min_scale is not None and row.loss_scale <= self.min_scale and self.nan_skips_in_run == 0
+    def skip_failure(self, stretch: str) -> TrainerError:
+        """The failure of the current run of skipped steps, described as ``stretch`` ("N consecutive steps ...").
+
+        ``loss_scale_collapsed`` when the last row's scale was already ``min_scale`` and the
+        run held only infinities, else ``nonfinite_gradients``.
+        """
+        run = f"{stretch}; every update was skipped"
+        scale = self.last_loss_scale
+        collapsed = (self.min_scale is not None and scale is not None and scale <= self.min_scale
+                     and self.nan_skips_in_run == 0)  # fmt: skip
         if collapsed:
             msg = (f"the loss scale collapsed to min_scale {self.min_scale:g} and gradients still overflowed "
                    f"(infinities, no NaN) for {run}")

@@ -27,6 +27,8 @@ evaluation and checkpoint, at the end and on failure, the pending rows are copie
 the host at once: rank 0 writes one step record per attempted step, and every rank's
 divergence guard checks them (all ranks see the same values, so they stop together).
 Rank 0 evaluates every ``eval_interval`` steps and at the end, and writes checkpoints.
+After the last step the end check (:mod:`trainer.end_check`) fails a run that applied no
+update, or ended inside a long stretch of skipped steps, before anything final is written.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from trainer.checkpoint import final_path, restore_state, save_checkpoint, step_
 from trainer.export import DATA_INFO_KEY, data_info_entry
 from trainer.data import Batch, Dataset
 from trainer.distributed import DistContext, barrier, gather_to_main
+from trainer.end_check import check_updates_applied
 from trainer.errors import TrainerError
 from trainer.evaluate import evaluate
 from trainer.fallback import Checkpoint, PrecisionFallback, RunStart
@@ -91,6 +94,11 @@ class TrainResult:
     skipped_steps: int
     final_eval: dict[str, float] | None
 
+    @property
+    def applied_steps(self) -> int:
+        """Attempted steps that applied an update (at least 1: :mod:`trainer.end_check`)."""
+        return self.steps - self.skipped_steps
+
 
 # ----------------------------------------------------------------------------- the job
 
@@ -108,7 +116,9 @@ def train(
     Rank 0 appends ``records.jsonl`` (step records in batches, see the module
     docstring) and writes ``checkpoints/``. Raises :class:`trainer.errors.TrainerError`
     (``nonfinite_gradients``, ``loss_scale_collapsed``, ``nonfinite_loss``,
-    ``data_unavailable``, ``spec_invalid``), ``PrecisionUnsupportedError``, and
+    ``no_update_applied``, ``data_unavailable``, ``spec_invalid``; after the last step,
+    before the final checkpoint and the ``end`` record, when the run learned nothing:
+    :mod:`trainer.end_check`), ``PrecisionUnsupportedError``, and
     ``RuntimeError`` from an injected ``raise_at_step`` fault; the records of the
     steps attempted before a failure are written first. With ``stop`` (SIGTERM trapped,
     :mod:`trainer.preemption`), once every rank has seen the signal the loop writes the
@@ -121,6 +131,7 @@ def train(
         while True:
             try:
                 skipped = _train_steps(run, spec, run_dir, records, dist_ctx, stop)
+                check_updates_applied(run.guard, spec.max_steps, skipped)  # before final.pt and the end record
                 break
             except TrainerError as failure:
                 restart = fallback.fall_back(failure, run.guard, records)  # on_divergence: "fallback_bf16"
@@ -247,6 +258,7 @@ def _resume(
     payload, done = checkpoint.payload, checkpoint.step
     restore_state(payload, parts.training_state)
     guard.load_state_dict(payload["counters"])
+    guard.last_step = done
     for _ in range(done):
         next(window_stream)
     restore_rng_state(payload["rng"][dist_ctx.rank])

@@ -126,8 +126,8 @@ class RecordSink:
         self.write("precision_switch", fields, switch.get("time"))
 
     def end(self, steps: int, skipped_steps: int) -> None:
-        """The ``end`` line, written last on success."""
-        self.write("end", {"steps": steps, "skipped_steps": skipped_steps})
+        """The ``end`` line, written last on success: attempted, skipped and applied (the difference) steps."""
+        self.write("end", {"steps": steps, "skipped_steps": skipped_steps, "applied_steps": steps - skipped_steps})
 
     def close(self) -> None:
         """Close the file (idempotent)."""

@@ -1,6 +1,8 @@
 """How a run ended, as a terminal status with a typed reason (docs/architecture.md, "Typed failure reasons").
 
-After the trainer exits: success needs exit 0 *and* the ``end`` record. Otherwise a
+After the trainer exits: success needs exit 0 *and* the ``end`` record, and that record
+must say the run applied at least one update (else ``no_update_applied``, whatever the
+trainer decided: :mod:`worker.end_record`). Otherwise a
 rank's ``error.json`` gives the reason; without one, the launcher log is searched
 for a known cause (out of memory, a collective that timed out), and a rank killed by
 SIGKILL while the kernel's OOM kill count rose is ``oom``; anything else is
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server.runlogs import launcher_log
+from worker.end_record import EndRecord
 from worker.failure_logs import failure_log, root_cause, scan_text
 from worker.launch import log_tail
 
@@ -55,14 +58,23 @@ class Outcome:
     message: str | None = None
 
 
-def exit_outcome(code: int, ended: bool, run_dir: Path, oom_killed: bool = False) -> Outcome:
+def ended_outcome(end: EndRecord) -> Outcome:
+    """The outcome of a run that wrote its ``end`` record: ``succeeded`` only if it applied an update."""
+    if end.applied > 0:
+        return Outcome("succeeded")
+    message = (f"the run ended without applying any update: its end record counts {end.steps} attempted steps, "
+               f"{end.skipped_steps} skipped" + ("" if end.applied_steps is None else f", {end.applied_steps} applied"))
+    return Outcome("failed", "no_update_applied", message)
+
+
+def exit_outcome(code: int, end: EndRecord | None, run_dir: Path, oom_killed: bool = False) -> Outcome:
     """The outcome of a run whose launcher exited with ``code``.
 
-    ``ended``: the ``end`` record was read. ``oom_killed``: the kernel's OOM kill count
-    rose while the run lived (see :mod:`worker.oomwatch`).
+    ``end``: the counts of the ``end`` record, if one was read. ``oom_killed``: the kernel's
+    OOM kill count rose while the run lived (see :mod:`worker.oomwatch`).
     """
-    if code == 0 and ended:
-        return Outcome("succeeded")
+    if code == 0 and end is not None:
+        return ended_outcome(end)
     error = read_error(run_dir / "error.json")
     cause = root_cause(log_tail(launcher_log(run_dir), SCAN_LINES))
     rank = error[2] if error is not None else cause.rank if cause is not None else None

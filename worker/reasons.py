@@ -28,6 +28,7 @@ RETRY_POLICY: Mapping[str, bool] = MappingProxyType(
         "nonfinite_loss": False,
         "loss_scale_collapsed": False,
         "nonfinite_gradients": False,
+        "no_update_applied": False,
         "deadline_exceeded": False,
         "worker_lost": True,
         "worker_shutdown": True,

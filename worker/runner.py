@@ -3,6 +3,7 @@
 ::
 
     queued ──claim + lease──> starting ──first record──> running ──exit 0 + "end"──> succeeded
+                                  │                         │ ──"end" with no update applied──> failed (no_update_applied)
                                   │                         │ ──error.json / known cause──> failed (its reason)
                                   │                         │ ──other exit─────────────> failed (rank_failed)
                                   │                         │ ──past max_runtime_s─────> failed (deadline_exceeded)
@@ -39,7 +40,8 @@ from worker.deadline import Deadline
 from worker.launch import RunProcess, build_command, build_environment, start_run
 from worker.lease import Lease
 from worker.oomwatch import oom_kill_count
-from worker.outcomes import Outcome, exit_outcome
+from worker.end_record import EndRecord, parse_end_record
+from worker.outcomes import Outcome, ended_outcome, exit_outcome
 from worker.reasons import RETRY_POLICY
 from worker.recovery import Enqueue, Recovery
 from worker.store import Claim, JobStore, Progress
@@ -121,7 +123,8 @@ class Attempt:
         self.process: RunProcess | None = None
         self.oom_kills_at_launch: int | None = None
         self.running = False
-        self.ended = False
+        #: The counts of the run's ``end`` record, once read.
+        self.end: EndRecord | None = None
         #: Records read from ``records.jsonl`` but not stored yet (the database was unreachable).
         self.pending: list[dict[str, Any]] = []
         self.database_error: str | None = None
@@ -226,7 +229,7 @@ class Attempt:
             code = process.poll()
             if code is not None:
                 self._drain_last()
-                return exit_outcome(code, self.ended, self.run_dir, self._oom_killed())
+                return exit_outcome(code, self.end, self.run_dir, self._oom_killed())
             if not self.lease.renew_if_due():
                 return self._stop_for(self._lost())
             if self._tolerant(lambda: self.store.cancel_requested(self.claim.job_id), False):
@@ -245,19 +248,23 @@ class Attempt:
         return before is not None and after is not None and after > before
 
     def _stop_for(self, outcome: Outcome) -> Outcome:
-        """Stop the run for ``outcome``; a run that had already written its ``end`` record succeeded.
+        """Stop the run for ``outcome``; a run that had already written its ``end`` record ended as that record says.
 
         The ``end`` record follows the final checkpoint and evaluation, so a cancel, a
         deadline or a worker shutdown that meets a run tearing down after it stops only
-        the tear-down: the job did all it was asked, and says so (``succeeded``).
+        the tear-down: the job did all it was asked, and says so (``succeeded``, or
+        ``no_update_applied`` when the record counts no applied update).
         """
         log.info("job %s: stopping run (%s)", self.claim.job_id, outcome.message)
         self._stop_process()
         self._drain_last()
-        if self.ended and not self.lease.lost:
-            log.info("job %s: the run had finished every step before it was stopped", self.claim.job_id)
+        if self.end is None or self.lease.lost:
+            return outcome
+        log.info("job %s: the run had finished every step before it was stopped", self.claim.job_id)
+        ended = ended_outcome(self.end)
+        if ended.status == "succeeded":
             return Outcome("succeeded", None, f"finished before it was stopped ({outcome.message})")
-        return outcome
+        return ended
 
     def _tolerant(self, action: Callable[[], T], default: T) -> T:
         """``action()``, or ``default`` when the database cannot be reached: the next poll tries again.
@@ -340,7 +347,7 @@ class Attempt:
                 world_size = body["world_size"] if isinstance(body.get("world_size"), int) else world_size
                 known += [body["precision_switch"]] if isinstance(body.get("precision_switch"), dict) else []
             elif kind == "end":
-                self.ended = True
+                self.end = parse_end_record(body)
         return Progress(steps=steps, evals=evaluations, world_size=world_size, switches=switches, known_switches=known)
 
     def _finish(self, outcome: Outcome) -> None:

@@ -193,7 +193,7 @@ def describe(job: dict[str, Any]) -> list[tuple[str, str]]:
              ("precision", _precision_text(job))]  # fmt: skip
     if latest:
         lines += [("loss", format_number(latest.get("loss"))), ("scale", format_scale(latest.get("loss_scale"))),
-                  ("skipped", str(latest.get("skipped_steps"))),
+                  ("updates", _updates_text(job, latest)),
                   ("samples/s", format_number(latest.get("samples_per_second"), 5))]  # fmt: skip
     if job.get("eval"):
         lines.append(("eval", ", ".join(f"{k} {format_number(v)}" for k, v in job["eval"].items() if k not in ("time", "type"))))
@@ -201,6 +201,13 @@ def describe(job: dict[str, Any]) -> list[tuple[str, str]]:
         lines.append(("error", f"{job['error']['reason']}: {job['error']['message']}"))
     lines.append(("created", job["created_at"]))
     return lines
+
+
+def _updates_text(job: dict[str, Any], latest: dict[str, Any]) -> str:
+    """``applied N / skipped M``: the resource's counts (from the latest record on an older server)."""
+    skipped = job.get("skipped_steps", latest.get("skipped_steps"))
+    applied = job.get("applied_steps", job["step"] - (skipped or 0))
+    return f"applied {applied} / skipped {skipped}"
 
 
 def _precision_text(job: dict[str, Any]) -> str:

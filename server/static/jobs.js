@@ -108,7 +108,7 @@ export function jobPage(view, id) {
     stats.replaceChildren(...[
       ["Loss", fmt(latest.loss)],
       ["Loss scale", fmtScale(latest.loss_scale)],
-      ["Skipped steps", latest.skipped_steps ?? "-"],
+      ["Updates", updatesText(latest)],
       ["Samples/s", fmt(latest.samples_per_second, 5)],
       ["Tokens/s", fmt(latest.tokens_per_second, 5)],
       ["Precision", precisionText(job)],
@@ -136,6 +136,13 @@ export function jobPage(view, id) {
   let evals = [];
   function addEval(record) {
     evals = [...evals.filter((e) => e.step !== record.step), record].sort((a, b) => a.step - b.step);
+  }
+
+  // "applied N / skipped M" from a step record (its skipped_steps is cumulative), as the resource derives them.
+  function updatesText(record) {
+    if (record.step == null) return "-";
+    const skipped = record.skipped_steps ?? 0;
+    return `applied ${record.step - skipped} / skipped ${skipped}`;
   }
 
   function precisionText(job) {

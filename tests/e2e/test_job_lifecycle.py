@@ -50,6 +50,15 @@ def test_cancel_leaves_no_process_and_the_next_job_runs(embedded_stack: Stack) -
     assert embedded_stack.wait_terminal(follow_up["id"])["status"] == "succeeded"
 
 
+def test_an_fp16_job_that_skipped_every_step_fails_no_update_applied(embedded_stack: Stack) -> None:
+    """10 fp16 steps, each overflowing (far below max_consecutive_skips): failed, never succeeded, and the
+    resource says why: 0 applied, 10 skipped."""
+    job = embedded_stack.submit(_synthetic(max_steps=10, faults={"nonfinite_grad_from_step": 1}))
+    job = embedded_stack.wait_terminal(job["id"])
+    assert (job["status"], (job["error"] or {}).get("reason")) == ("failed", "no_update_applied"), job["error"]
+    assert (job["step"], job["applied_steps"], job["skipped_steps"]) == (10, 0, 10)
+
+
 def test_a_crashing_trainer_fails_with_rank_failed_and_the_error_tail(embedded_stack: Stack) -> None:
     job = embedded_stack.submit(_synthetic(max_steps=20, faults={"raise_at_step": 3}))
     job = embedded_stack.wait_terminal(job["id"])

@@ -189,3 +189,14 @@ def test_status_names_a_precision_switch() -> None:
     job["precision_switches"] = [{"step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed",
                                   "message": "...", "rewound_to_step": 8}]
     assert ("precision", "fp16 -> bf16 at step 12 (loss_scale_collapsed; rewound to step 8)") in describe(job)
+
+
+def test_status_shows_applied_and_skipped_steps() -> None:
+    from server.cli.jobs import describe
+
+    latest = {"step": 10, "loss": 2.3, "loss_scale": 1.0, "skipped_steps": 10, "samples_per_second": 100.0}
+    job = {"id": "j", "status": "failed", "step": 10, "max_steps": 10, "world_size": 1, "created_at": "t",
+           "spec": {"precision": "fp16"}, "latest": latest, "applied_steps": 0, "skipped_steps": 10}
+    assert ("updates", "applied 0 / skipped 10") in describe(job)
+    del job["applied_steps"], job["skipped_steps"]  # an older server: derived from the latest record
+    assert ("updates", "applied 0 / skipped 10") in describe(job)

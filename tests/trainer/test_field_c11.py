@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer.checkpoint import load_checkpoint, step_path
 from trainer.distributed import DistContext
 from trainer.errors import TrainerError
 from trainer.loop import train
@@ -41,11 +42,16 @@ def test_c11_nan_gradients_every_step_fail_the_job_long_before_the_end(
 
 
 def test_c11_weights_never_receive_nan(tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path) -> None:
+    """12 NaN steps under a guard limit of 1000: the weights of step 12's checkpoint are finite; the job,
+    having applied no update, fails ``no_update_applied`` (trainer/end_check.py) instead of succeeding."""
     spec = tiny_mlp_spec(
-        precision="fp16", max_steps=12, max_consecutive_skips=1000,
+        precision="fp16", max_steps=12, max_consecutive_skips=1000, checkpoint_interval=12,
         faults={"nonfinite_grad_steps": list(range(1, 13)), "nonfinite_value": "nan"},
     )
     torch.manual_seed(spec.seed)
-    result = train(spec, tmp_path, cpu_ctx)
-    assert result.skipped_steps == 12
-    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+    with pytest.raises(TrainerError) as info:
+        train(spec, tmp_path, cpu_ctx)
+    assert info.value.reason == "no_update_applied"
+    checkpoint = load_checkpoint(step_path(tmp_path, 12))
+    assert checkpoint["precision"]["skipped_steps"] == 12
+    assert all(torch.isfinite(t).all() for t in checkpoint["model"].values())

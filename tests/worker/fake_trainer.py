@@ -5,7 +5,9 @@ by the spec: ``faults.sleep_per_step_s`` slows it down, ``faults.raise_at_step``
 traceback, ``checkpoint_interval`` writes ``checkpoints/step-<N>.pt`` (text files holding N), and
 ``--resume-from`` continues after the checkpoint's step. The spec ``name`` selects special cases:
 ``typed-error`` writes ``error.json``; ``no-end`` exits 0 without an ``end`` record;
-``slow-teardown`` lingers 600 s after it; ``stubborn``
+``slow-teardown`` lingers 600 s after it; ``nothing-applied`` skips every step and writes the
+``end`` record of an older trainer (no ``applied_steps``), which counts no applied update
+(``nothing-applied-slow-teardown`` then lingers too); ``stubborn``
 starts a grandchild that ignores SIGTERM; ``partial`` leaves a half-written last line; ``oom`` and
 ``collective-timeout`` die at step 2 printing what PyTorch prints for those. It writes its pid to
 ``trainer.pid``.
@@ -51,6 +53,7 @@ def main() -> int:
         code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
         subprocess.Popen([sys.executable, "-c", code])
     done = int(args.resume_from.read_text()) if args.resume_from else 0
+    skipping = name.startswith("nothing-applied")
     write({"type": "start", "time": time.time(), "world_size": spec.get("processes", 1), "resumed_from_step": done})
     for step in range(done + 1, spec["max_steps"] + 1):
         if faults.get("raise_at_step") == step:
@@ -60,7 +63,8 @@ def main() -> int:
             return 1
         time.sleep(faults.get("sleep_per_step_s", 0.0))
         write({"type": "step", "step": step, "time": time.time(), "loss": 1.0 / step, "loss_scale": 2.0**16,
-               "overflow": False, "skipped_steps": 0, "grad_norm": 0.5, "lr": 0.1, "samples_per_second": 100.0,
+               "overflow": skipping, "skipped_steps": step if skipping else 0, "grad_norm": None if skipping else 0.5,
+               "lr": 0.1, "samples_per_second": 100.0,
                "tokens_per_second": None})
         if spec.get("checkpoint_interval") and step % spec["checkpoint_interval"] == 0:
             (args.run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -76,8 +80,9 @@ def main() -> int:
         records.flush()
         return 0
     if name != "no-end":
-        write({"type": "end", "time": time.time(), "steps": spec["max_steps"], "skipped_steps": 0})
-    if name == "slow-teardown":
+        skipped = spec["max_steps"] if skipping else 0
+        write({"type": "end", "time": time.time(), "steps": spec["max_steps"], "skipped_steps": skipped})
+    if name.endswith("slow-teardown"):
         time.sleep(600)  # a tear-down (process group, file handles) that lingers after the end record
     return 0
 

@@ -60,7 +60,7 @@ def test_failure_log_is_the_ranks_own_when_it_has_output(tmp_path: Path) -> None
 
 def test_rank_failed_quotes_the_root_cause_ranks_log(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, TORCHRUN_REPORT, {0: "rank 0 was fine\n", 1: "step 3\nValueError: bad batch\n"})
-    outcome = exit_outcome(1, False, run_dir)
+    outcome = exit_outcome(1, None, run_dir)
     assert outcome.reason == "rank_failed" and outcome.message is not None
     assert outcome.message == (
         "the trainer exited with exit code 1 (rank 1 failed first: exit code 1)\n"
@@ -71,7 +71,7 @@ def test_rank_failed_quotes_the_root_cause_ranks_log(tmp_path: Path) -> None:
 def test_error_json_names_the_rank_whose_log_is_quoted(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, "", {0: "rank 0 waiting\n", 1: "loss is nan\n"})
     (run_dir / "error.json").write_text(json.dumps({"reason": "nonfinite_loss", "message": "NaN", "rank": 1}))
-    outcome = exit_outcome(3, False, run_dir)
+    outcome = exit_outcome(3, None, run_dir)
     assert outcome.reason == "nonfinite_loss"
     assert outcome.message == "NaN (rank 1)\n--- last lines of logs/rank-1.log ---\nloss is nan"
 
@@ -81,7 +81,7 @@ def test_a_typed_error_quotes_only_the_last_lines_before_it(tmp_path: Path) -> N
     warnings = "".join(f"fault injection: gradient element set to nan at step {n}\n" for n in range(1, 51))
     run_dir = _run_dir(tmp_path, "", {0: warnings + "TrainerError: nonfinite_gradients\n"})
     (run_dir / "error.json").write_text(json.dumps({"reason": "nonfinite_gradients", "message": "50 skips", "rank": 0}))
-    outcome = exit_outcome(3, False, run_dir)
+    outcome = exit_outcome(3, None, run_dir)
     assert outcome.message is not None
     quoted = outcome.message.split("--- last lines of logs/rank-0.log ---\n")[1].splitlines()
     assert len(quoted) == TYPED_TAIL_LINES and quoted[-1] == "TrainerError: nonfinite_gradients"
@@ -91,12 +91,12 @@ def test_known_causes_are_found_in_a_ranks_log(tmp_path: Path) -> None:
     """Rank output no longer reaches launcher.log: an OOM printed by a rank must still be recognised."""
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     run_dir = _run_dir(tmp_path, TORCHRUN_REPORT, {0: "fine\n", 1: oom + "\n"})
-    outcome = exit_outcome(1, False, run_dir)
+    outcome = exit_outcome(1, None, run_dir)
     assert outcome.reason == "oom" and outcome.message is not None and outcome.message.endswith(oom)
 
 
 def test_without_rank_logs_the_launcher_log_is_quoted_as_before(tmp_path: Path) -> None:
-    outcome = exit_outcome(1, False, _run_dir(tmp_path, "RuntimeError: injected\n"))
+    outcome = exit_outcome(1, None, _run_dir(tmp_path, "RuntimeError: injected\n"))
     assert outcome.message == "the trainer exited with exit code 1\n--- last lines of logs/launcher.log ---\nRuntimeError: injected"
 
 
@@ -104,7 +104,7 @@ def test_a_killed_ranks_signal_is_named_even_though_its_own_log_is_quoted(tmp_pa
     """The rank's log cannot say it was SIGKILLed; torchrun's report can, so the headline carries it."""
     report = "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 7)\n"
     run_dir = _run_dir(tmp_path, report, {0: "fine\n", 1: "step 14\n"})
-    outcome = exit_outcome(1, False, run_dir)
+    outcome = exit_outcome(1, None, run_dir)
     assert outcome.reason == "rank_failed" and outcome.message is not None
     assert outcome.message.startswith("the trainer exited with exit code 1 (rank 1 failed first: signal SIGKILL)\n")
     assert outcome.message.endswith("--- last lines of logs/rank-1.log ---\nstep 14")

@@ -1,4 +1,4 @@
-"""How a run's end becomes a typed outcome: error.json, known causes in the log, OOM-killed ranks."""
+"""How a run's end becomes a typed outcome: the end record's counts, error.json, known causes in the log, OOM-killed ranks."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.records import read_records
+from worker.end_record import EndRecord, parse_end_record
 from worker.outcomes import exit_outcome
 
 #: torchrun's report when a rank died of SIGKILL (as torch 2.13 prints it).
@@ -29,13 +31,37 @@ def _run_dir(tmp_path: Path, log: str = "", error: dict[str, object] | None = No
 
 
 def test_success_needs_exit_0_and_the_end_record(tmp_path: Path) -> None:
-    assert exit_outcome(0, True, _run_dir(tmp_path)).status == "succeeded"
-    assert exit_outcome(0, False, _run_dir(tmp_path)).reason == "rank_failed"
+    assert exit_outcome(0, EndRecord(steps=10, skipped_steps=2, applied_steps=8), _run_dir(tmp_path)).status == "succeeded"
+    assert exit_outcome(0, None, _run_dir(tmp_path)).reason == "rank_failed"
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        {"steps": 10, "skipped_steps": 10, "applied_steps": 0},  # what the trainer's end check refuses to write
+        {"steps": 10, "skipped_steps": 10},  # an older trainer's end record: no applied_steps
+        {"steps": 10, "skipped_steps": 0, "applied_steps": 0},  # records contradicting themselves: the lower count wins
+        {"steps": 10, "skipped_steps": 10, "applied_steps": 10},
+    ],
+)  # fmt: skip
+def test_an_end_record_that_applied_no_update_is_no_success(tmp_path: Path, counts: dict[str, int]) -> None:
+    (tmp_path / "records.jsonl").write_text(json.dumps({"type": "end", "time": 1.0, **counts}) + "\n")
+    [line] = read_records(tmp_path)
+    end = parse_end_record({k: v for k, v in line.items() if k != "type"})
+    assert end is not None
+    outcome = exit_outcome(0, end, _run_dir(tmp_path))
+    assert (outcome.status, outcome.reason) == ("failed", "no_update_applied")
+    assert outcome.message is not None and "10 attempted steps" in outcome.message
+
+
+@pytest.mark.parametrize("body", [{}, {"steps": 10}, {"steps": "10", "skipped_steps": 0}, {"steps": 3, "skipped_steps": -1}])
+def test_an_end_record_without_valid_counts_is_no_end_record(body: dict[str, object]) -> None:
+    assert parse_end_record({"time": 1.0, **body}) is None
 
 
 def test_error_json_wins(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, "CUDA out of memory", {"reason": "nonfinite_loss", "message": "NaN", "rank": 1})
-    outcome = exit_outcome(3, False, run_dir)
+    outcome = exit_outcome(3, None, run_dir)
     assert (outcome.status, outcome.reason) == ("failed", "nonfinite_loss")
     assert outcome.message is not None and outcome.message.startswith("NaN (rank 1)")
 
@@ -53,13 +79,13 @@ def test_error_json_wins(tmp_path: Path) -> None:
     ],
 )  # fmt: skip
 def test_known_causes_in_the_log(tmp_path: Path, log: str, reason: str) -> None:
-    outcome = exit_outcome(1, False, _run_dir(tmp_path, "noise\n" + log + "\n" + "x\n" * 300))
+    outcome = exit_outcome(1, None, _run_dir(tmp_path, "noise\n" + log + "\n" + "x\n" * 300))
     assert (outcome.status, outcome.reason) == ("failed", reason)
 
 
 def test_a_rank_killed_by_sigkill_is_oom_only_when_the_oom_killer_ran(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, TORCHRUN_SIGKILL)
-    assert exit_outcome(1, False, run_dir, oom_killed=True).reason == "oom"
-    assert exit_outcome(1, False, run_dir, oom_killed=False).reason == "rank_failed"
-    assert exit_outcome(-signal.SIGKILL, False, _run_dir(tmp_path, ""), oom_killed=True).reason == "oom"
-    assert exit_outcome(1, False, _run_dir(tmp_path, "exit code 1"), oom_killed=True).reason == "rank_failed"
+    assert exit_outcome(1, None, run_dir, oom_killed=True).reason == "oom"
+    assert exit_outcome(1, None, run_dir, oom_killed=False).reason == "rank_failed"
+    assert exit_outcome(-signal.SIGKILL, None, _run_dir(tmp_path, ""), oom_killed=True).reason == "oom"
+    assert exit_outcome(1, None, _run_dir(tmp_path, "exit code 1"), oom_killed=True).reason == "rank_failed"

@@ -30,8 +30,8 @@ def _step(step: int, precision: str = "fp16") -> dict[str, Any]:
 
 
 def _progress(records: list[dict[str, Any]]) -> Progress:
-    """What the runner makes of one drain of records (only ``ended`` of the attempt is touched)."""
-    return Attempt._progress(SimpleNamespace(ended=False), records)  # type: ignore[arg-type]
+    """What the runner makes of one drain of records (only ``end`` of the attempt is touched)."""
+    return Attempt._progress(SimpleNamespace(end=None), records)  # type: ignore[arg-type]
 
 
 def _claimed(db: Engine, tmp_path: Path) -> tuple[JobStore, Claim]:

@@ -54,7 +54,7 @@ def test_a_failed_rank_s_own_log_is_quoted_in_the_failure(tmp_path: Path) -> Non
     run_dir, code = _run_two_ranks(tmp_path, 1, name="rank-1-fails")
     assert code != 0
     assert "boom from rank 1" in rank_log(run_dir, 1).read_text()
-    outcome = exit_outcome(code, False, run_dir)
+    outcome = exit_outcome(code, None, run_dir)
     assert (outcome.status, outcome.reason) == ("failed", "rank_failed")
     assert outcome.message is not None and "--- last lines of logs/rank-1.log ---" in outcome.message
     assert outcome.message.endswith("rank 1 partial\nboom from rank 1")

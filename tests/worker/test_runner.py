@@ -160,6 +160,28 @@ def test_cancel_after_the_run_finished_every_step_keeps_it_succeeded(settings: S
     assert session_members(leader) == []
 
 
+def test_an_end_record_that_applied_no_update_fails_the_job(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+    """Exit 0 and an (older trainer's) end record counting 5 steps, 5 skipped: the worker says no_update_applied."""
+    job_id = make_job(small_spec(name="nothing-applied"))
+    outcome = run_job(job_id, _context(settings, store))
+    assert outcome is not None and (outcome.status, outcome.reason) == ("failed", "no_update_applied")
+    row = _row(engine, job_id)
+    assert (row.status, row.error_reason, row.step, row.latest["skipped_steps"]) == ("failed", "no_update_applied", 5, 5)
+
+
+def test_a_cancel_after_an_end_record_that_applied_no_update_still_fails_the_job(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
+    job_id = make_job(small_spec(name="nothing-applied-slow-teardown", max_steps=3))
+    thread, result = _run_in_thread(job_id, _context(settings, store))
+    _wait_status(engine, job_id, "running")
+    _wait_until(lambda: _row(engine, job_id).eval is not None)  # the eval record comes just before the end
+    _set_status(engine, job_id, "cancelling")
+    thread.join(timeout=30)
+    assert [(o.status, o.reason) for o in result if o is not None] == [("failed", "no_update_applied")]
+    assert (_row(engine, job_id).status, _row(engine, job_id).error_reason) == ("failed", "no_update_applied")
+
+
 def test_worker_shutdown_stops_the_run_and_fails_the_job(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
     """Without a broker to send a retry through (no ``enqueue``), the job fails ``worker_shutdown``."""
     job_id = make_job(small_spec(max_steps=1000, faults={"sleep_per_step_s": 0.1}))

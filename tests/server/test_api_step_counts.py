@@ -1,0 +1,60 @@
+"""The job resource's ``applied_steps`` and ``skipped_steps``: from the latest step record, one trajectory.
+
+The latest record's ``skipped_steps`` is cumulative, and the worker rewinds ``latest`` with the
+stored records (a precision switch, a retry's resume), so the counts follow the trajectory the
+job is on. Runs on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from api_support import insert_job, insert_steps
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.db.models import Job
+from worker.store import JobStore, Progress
+
+
+def _counts(client: TestClient, job_id: str) -> tuple[int, int, int]:
+    job = client.get(f"/jobs/{job_id}").json()
+    [listed] = [j for j in client.get("/jobs").json()["jobs"] if j["id"] == job_id]
+    assert (listed["applied_steps"], listed["skipped_steps"]) == (job["applied_steps"], job["skipped_steps"])
+    return job["step"], job["applied_steps"], job["skipped_steps"]
+
+
+def _step(step: int, skipped: int, **extra: Any) -> dict[str, Any]:
+    return {"step": step, "time": float(step), "loss": 1.0, "overflow": False, "skipped_steps": skipped, **extra}
+
+
+def test_the_resource_counts_applied_and_skipped_steps(client: TestClient, sessions: sessionmaker[Session]) -> None:
+    job_id = insert_job(sessions, status="running")
+    assert _counts(client, job_id) == (0, 0, 0)  # no step record yet
+    insert_steps(sessions, job_id, range(1, 6))  # step 3 overflowed
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(step=5, latest=_step(5, 1)))
+        session.commit()
+    assert _counts(client, job_id) == (5, 4, 1)
+
+
+def test_the_counts_follow_a_precision_switch_and_a_retry_rewind(
+    client: TestClient, engine: Engine, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """fp16 steps 9-12 skipped, then the switch back to step 8 and a clean bf16 re-run; then a retry
+    that resumes from step 9: the counts are those of the steps the job kept, never the abandoned ones."""
+    store = JobStore(engine)
+    claim = store.claim(insert_job(sessions), "w", tmp_path)
+    assert claim is not None
+    fp16 = [_step(s, max(0, s - 8), overflow=s > 8) for s in range(1, 13)]
+    assert store.record_progress(claim.fence, Progress(steps=fp16))
+    assert _counts(client, claim.job_id) == (12, 8, 4)
+    switch = {"step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed", "message": "m",
+              "rewound_to_step": 8, "time": 1.0}  # fmt: skip
+    bf16 = [_step(s, 0, precision="bf16") for s in (9, 10, 11)]
+    assert store.record_progress(claim.fence, Progress(steps=bf16, switches=[switch]))
+    assert _counts(client, claim.job_id) == (11, 11, 0)
+    assert store.rewind(claim.fence, 9)
+    assert _counts(client, claim.job_id) == (9, 9, 0)
