@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535)
     allow_faults: bool = Field(default=False, description="Accept the spec's test-only `faults` block")
     data_roots: list[Path] = Field(default_factory=list, description="Directories text datasets may read from")
+    model_roots: list[Path] = Field(
+        default_factory=list, description="Directories hf models and tokenizers may be loaded from"
+    )
     worker_concurrency: int = Field(default=2, ge=1, le=256, description="CPU jobs (gpus 0) one worker runs at once")
     worker_gpus: str | None = Field(
         default=None,

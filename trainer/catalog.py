@@ -9,9 +9,8 @@ The torch code that builds each entry lives in :mod:`trainer.models` and
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-from typing import Self
+import json
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -27,6 +26,15 @@ def field_error(model: str, field: str, message: str, value: object) -> Validati
     """A ``ValidationError`` located at ``field`` (so the API's 422 names it)."""
     detail = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=(field,), input=value)
     return ValidationError.from_exception_data(model, [detail])
+
+
+def root_path_problem(path: str, root: str) -> str | None:
+    """Why ``path`` cannot name something under a ``root`` (not printable, absolute, ``..``), or ``None``."""
+    if not path.isprintable():
+        return "path must be printable text (no control characters or NUL)"
+    if path.startswith(("/", "\\")) or ".." in path.replace("\\", "/").split("/"):
+        return f"path must be relative to a {root}, without '..'"
+    return None
 
 
 # ----------------------------------------------------------------------------- models
@@ -66,7 +74,82 @@ class GPTModel(_Strict):
     config: GPTConfig = GPTConfig()
 
 
-ModelSpec = Annotated[MLPModel | GPTModel, Field(discriminator="name")]
+#: Largest ``hf_config`` accepted, as JSON text.
+MAX_HF_CONFIG_BYTES = 16384
+#: Upper bounds of the size fields of an ``hf_config`` (a from-scratch model stays bounded).
+HF_CONFIG_LIMITS: dict[str, int] = {
+    "hidden_size": 16384, "intermediate_size": 65536, "num_hidden_layers": 256, "num_attention_heads": 256,
+    "num_key_value_heads": 256, "vocab_size": 1 << 20, "max_position_embeddings": 1 << 20, "head_dim": 1024,
+}
+#: ``hf_config`` keys that would make Hugging Face run code from elsewhere.
+HF_CONFIG_FORBIDDEN = frozenset({"auto_map", "trust_remote_code", "_name_or_path", "name_or_path"})
+
+
+class HFConfig(_Strict):
+    """A Hugging Face transformers model: a local pretrained directory (``path``, relative to one of the
+    worker's model roots, safetensors weights only) or a from-scratch ``hf_config`` (random init).
+
+    ``task``: ``causal_lm`` (logits ``[B, T, V]``) or ``sequence_classification`` (``num_labels``
+    classes, logits ``[B, num_labels]``). ``tokenizer_path``: a tokenizer directory under a model
+    root (default: ``path`` itself; an ``hf_config`` model without one is byte-level, vocabulary 256).
+    """
+
+    path: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    hf_config: dict[str, Any] | None = None
+    task: Literal["causal_lm", "sequence_classification"] = "causal_lm"
+    num_labels: Annotated[int, Field(ge=2, le=65536)] | None = None
+    tokenizer_path: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if (self.path is None) == (self.hf_config is None):
+            raise field_error("HFConfig", "path", "give exactly one of path (a pretrained model) and hf_config", self.path)
+        for name in ("path", "tokenizer_path"):
+            value = getattr(self, name)
+            problem = None if value is None else root_path_problem(value, "model root")
+            if problem is not None:
+                raise field_error("HFConfig", name, problem, value)
+        if self.hf_config is not None:
+            _check_hf_config(self.hf_config)
+        if self.task == "sequence_classification" and self.num_labels is None:
+            raise field_error("HFConfig", "num_labels", "task 'sequence_classification' needs num_labels (>= 2)", None)
+        if self.task == "causal_lm" and self.num_labels is not None:
+            raise field_error("HFConfig", "num_labels", "num_labels is only used with task 'sequence_classification'",
+                              self.num_labels)
+        return self
+
+    @property
+    def byte_level(self) -> bool:
+        """True when the model has no tokenizer: an ``hf_config`` without ``tokenizer_path``."""
+        return self.path is None and self.tokenizer_path is None
+
+
+def _check_hf_config(config: dict[str, Any]) -> None:
+    """``hf_config`` names a ``model_type``, stays small and bounded, and asks for no remote code."""
+    try:
+        size = len(json.dumps(config))
+    except (TypeError, ValueError):
+        raise field_error("HFConfig", "hf_config", "hf_config must be plain JSON data", None) from None
+    if size > MAX_HF_CONFIG_BYTES:
+        raise field_error("HFConfig", "hf_config", f"hf_config is {size} bytes of JSON (at most {MAX_HF_CONFIG_BYTES})", None)
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type.isidentifier():
+        raise field_error("HFConfig", "hf_config", "hf_config needs a model_type (e.g. 'llama')", model_type)
+    forbidden = sorted(HF_CONFIG_FORBIDDEN & config.keys())
+    if forbidden:
+        raise field_error("HFConfig", "hf_config", f"hf_config may not set {forbidden} (no remote code)", forbidden)
+    for key, limit in HF_CONFIG_LIMITS.items():
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit):
+            raise field_error("HFConfig", "hf_config", f"hf_config {key} must be an integer in [1, {limit}]", value)
+
+
+class HFModel(_Strict):
+    name: Literal["hf"]
+    config: HFConfig
+
+
+ModelSpec = Annotated[MLPModel | GPTModel | HFModel, Field(discriminator="name")]
 
 # ----------------------------------------------------------------------------- datasets
 
@@ -99,15 +182,13 @@ class TextConfig(_Strict):
 
     @model_validator(mode="after")
     def _path_matches_source(self) -> Self:
-        if self.path is not None and not self.path.isprintable():
-            raise field_error("TextConfig", "path", "path must be printable text (no control characters or NUL)", self.path)
         if self.source == "file" and self.path is None:
             raise field_error("TextConfig", "path", "source 'file' needs a path under a data root", None)
         if self.source == "python-stdlib" and self.path is not None:
             raise field_error("TextConfig", "path", "path is only used with source 'file'", self.path)
-        if self.path is not None and (self.path.startswith(("/", "\\")) or ".." in self.path.replace("\\", "/").split("/")):
-            msg = "path must be relative to a data root, without '..'"
-            raise field_error("TextConfig", "path", msg, self.path)
+        problem = None if self.path is None else root_path_problem(self.path, "data root")
+        if problem is not None:
+            raise field_error("TextConfig", "path", problem, self.path)
         return self
 
 
@@ -140,4 +221,6 @@ DatasetSpec = Annotated[DigitsDataset | TextDataset | SyntheticDataset, Field(di
 MODEL_DATASETS: dict[str, frozenset[str]] = {
     "mlp": frozenset({"digits", "synthetic"}),
     "gpt": frozenset({"text"}),
+    # ``jsonl`` (JSON-lines / CSV files, tokenized) belongs to the file-datasets work; only its name is needed here.
+    "hf": frozenset({"text", "jsonl"}),
 }

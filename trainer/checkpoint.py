@@ -1,6 +1,7 @@
 """Checkpoints: everything needed to resume a job exactly, written atomically by rank 0.
 
-A checkpoint is a ``torch.save`` dict with ``model`` (unwrapped state dict),
+A checkpoint is a ``torch.save`` dict with ``model`` (unwrapped state dict; for an ``hf``
+adapter job only its trainable parameters, see :func:`checkpointed_model_state`),
 ``optimizer``, ``lr_scheduler``, ``precision`` (loss-scaler state and skipped-step
 counter, from ``PrecisionPolicy.state_dict()``), ``step`` (attempted steps done),
 ``counters`` (divergence-guard counters), ``rng`` (every rank's generator states,
@@ -73,7 +74,7 @@ def save_checkpoint(
     """
     payload: dict[str, Any] = {
         "rng": [dict(r) for r in rng],
-        "model": state.model.state_dict() if model_state is None else dict(model_state),
+        "model": checkpointed_model_state(state.model, state.model.state_dict() if model_state is None else model_state),
         "optimizer": state.optimizer.state_dict() if optimizer_state is None else dict(optimizer_state),
         "lr_scheduler": state.lr_scheduler.state_dict(),
         "precision": state.precision.state_dict(),
@@ -93,6 +94,14 @@ def save_checkpoint(
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def checkpointed_model_state(model: nn.Module, full: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of ``full`` a checkpoint keeps: all of it, or only the keys of ``model.checkpoint_keys()``
+    when the model has one (an adapter job keeps its trainable state; the base is rebuilt from the spec)."""
+    keys_of = getattr(model, "checkpoint_keys", None)
+    keys = keys_of() if callable(keys_of) else None
+    return dict(full) if keys is None else {k: v for k, v in full.items() if k in keys}
 
 
 def load_checkpoint(path: Path, state: TrainingState | None = None) -> dict[str, Any]:

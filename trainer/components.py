@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,7 +16,7 @@ from trainer.flushing import RecordFlusher
 from trainer.guard import DivergenceGuard
 from trainer.loss_scale import DynamicLossScaler
 from trainer.losses import LossFn, task_loss
-from trainer.models import build_model
+from trainer.models import build_job_model
 from trainer.optim import build_lr_scheduler, build_optimizer
 from trainer.parallel import wrap_model
 from trainer.precision import PrecisionPolicy, build_precision
@@ -36,6 +37,8 @@ class Components:
     optimizer: torch.optim.Optimizer
     lr_scheduler: DeviceLRSchedule
     loss_fn: LossFn
+    #: The job's Hugging Face tokenizer (``hf`` models on tokenized data), else ``None``.
+    tokenizer: Any | None = None
 
     @property
     def parameters(self) -> list[torch.Tensor]:
@@ -63,9 +66,10 @@ def build_components(spec: JobSpec, dist_ctx: DistContext) -> Components:
     be built.
     """
     precision = build_precision(spec, dist_ctx.device)
-    dataset = build_dataset(spec.dataset)
+    tokenizer = job_tokenizer(spec)
+    dataset = build_dataset(spec.dataset, tokenizer=tokenizer)
     seed_everything(spec.seed)
-    model = build_model(spec.model, dataset.info).to(dist_ctx.device)
+    model = build_job_model(spec, dataset.info, tokenizer, precision.compute_dtype).to(dist_ctx.device)
     model = precision.prepare_model(model)
     train_model = wrap_model(model, dist_ctx, spec.parallelism, spec.precision)
     optimizer = build_optimizer(spec.optimizer, (p for p in model.parameters() if p.requires_grad))
@@ -77,7 +81,17 @@ def build_components(spec: JobSpec, dist_ctx: DistContext) -> Components:
         optimizer=optimizer,
         lr_scheduler=build_lr_scheduler(spec.lr_scheduler, optimizer, spec.max_steps),
         loss_fn=task_loss(dataset.info.task),
+        tokenizer=tokenizer,
     )
+
+
+def job_tokenizer(spec: JobSpec) -> Any | None:
+    """The tokenizer of an ``hf`` model spec (loaded before the dataset, which tokenizes with it), else ``None``."""
+    if spec.model.name != "hf":
+        return None
+    from trainer.hf.loading import load_tokenizer
+
+    return load_tokenizer(spec.model.config, spec.dataset.name)
 
 
 def divergence_guard(spec: JobSpec, parts: Components) -> DivergenceGuard:
@@ -97,6 +111,8 @@ def build_record_flusher(
     """The record flusher a job's loop uses: a ``log_interval``-row device step log that keeps the
     overflow evidence of every rank and parameter, flushed by time on rank 0 (``log_interval_s``)."""
     names = [name for name, p in parts.model.named_parameters() if p.requires_grad]
+    readable = getattr(parts.model, "readable_names", None)  # hf: without the wrapper's and PEFT's prefixes
+    names = readable(names) if callable(readable) else names
     step_log = StepLog(spec.log_interval, dist_ctx.device, num_ranks=dist_ctx.world_size, num_params=len(names))
     return RecordFlusher(step_log, records, guard, spec.max_steps, dist_ctx.is_main, param_names=names,
                          max_latency_s=spec.log_interval_s, totals=totals)

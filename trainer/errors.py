@@ -13,6 +13,7 @@ REASONS: frozenset[str] = frozenset(
         "precision_unsupported",
         "gpu_unavailable",
         "data_unavailable",
+        "model_unavailable",
         "launch_failed",
         "nonfinite_loss",
         "loss_scale_collapsed",

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from trainer.data.base import Dataset, Task
-from trainer.losses import correct_predictions, sum_loss
+from trainer.losses import correct_predictions, model_outputs, sum_loss
 from trainer.precision import PrecisionPolicy
 
 
@@ -28,7 +28,7 @@ def evaluate(model: nn.Module, dataset: Dataset, precision: PrecisionPolicy, bat
         for batch in dataset.eval_batches(batch_size):
             batch = batch.to(device)
             with precision.autocast():
-                outputs = model(batch.inputs)
+                outputs = model_outputs(model, batch)
             total_loss += sum_loss(task, outputs, batch.targets).item()
             elements += batch.num_elements
             if task is Task.CLASSIFICATION:

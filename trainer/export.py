@@ -4,7 +4,10 @@ A checkpoint (:mod:`trainer.checkpoint`) holds the job's ``spec`` and, since thi
 module exists, ``data_info`` (the dataset sizes the model was built for: task, outputs,
 input width or context length). The model is rebuilt from the spec's ``model`` entry
 and those sizes (:func:`trainer.models.build_model`), in float32, and the checkpoint's
-``model`` state dict is loaded into it strictly. Checkpoints written before
+``model`` state dict is loaded into it strictly (an ``hf`` adapter job's checkpoint holds only the
+trainable state: the base is rebuilt from the spec, read from the worker's model roots, so
+``HALFCAST_MODEL_ROOTS`` must name them here too; ``<run_dir>/export/`` has the same model in
+Hugging Face formats, :mod:`trainer.hf.export`). Checkpoints written before
 ``data_info`` was stored get the sizes from the dataset itself, which must then be
 readable here (``data_unavailable`` otherwise).
 """
@@ -23,7 +26,7 @@ from torch import nn
 from trainer.catalog import DatasetSpec, ModelSpec
 from trainer.data import build_dataset
 from trainer.data.base import DataInfo, Task
-from trainer.models import build_model
+from trainer.models import build_job_model, build_model
 
 #: Key of the dataset sizes in a checkpoint.
 DATA_INFO_KEY = "data_info"
@@ -56,6 +59,26 @@ def load_trained_model(path: str | Path, map_location: str | torch.device = "cpu
     """
     payload: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=True)
     model_spec = TypeAdapter(ModelSpec).validate_python(payload["spec"]["model"])
+    if model_spec.name == "hf":
+        return _hf_model(payload, map_location)
     model = build_model(model_spec, checkpoint_data_info(payload))
     model.load_state_dict(payload["model"])
     return model.to(map_location).eval()
+
+
+def _hf_model(payload: Mapping[str, Any], map_location: str | torch.device) -> nn.Module:
+    """An ``hf`` job's :class:`trainer.hf.wrapper.HFModule`: the base rebuilt from the spec exactly as
+    the job built it (seeded; frozen weights in the job's compute dtype for ``base_dtype`` ``compute``),
+    the checkpoint's trainable state loaded, then everything cast to float32."""
+    from trainer.components import seed_everything
+    from trainer.hf.loading import load_tokenizer
+    from trainer.precision import COMPUTE_DTYPES
+    from trainer.spec import JobSpec
+
+    spec = JobSpec.model_validate(payload["spec"])
+    precision = payload.get("precision_switch", {}).get("to", spec.precision)
+    tokenizer = load_tokenizer(spec.model.config, spec.dataset.name)  # type: ignore[union-attr]
+    seed_everything(spec.seed)
+    model = build_job_model(spec, checkpoint_data_info(payload), tokenizer, COMPUTE_DTYPES[precision])
+    model.load_state_dict(payload["model"])
+    return model.float().to(map_location).eval()

@@ -26,7 +26,8 @@ No step reads a device value on the host. Every ``log_interval`` steps, before e
 evaluation and checkpoint, at the end and on failure, the pending rows are copied to
 the host at once: rank 0 writes one step record per attempted step, and every rank's
 divergence guard checks them (all ranks see the same values, so they stop together).
-Rank 0 evaluates every ``eval_interval`` steps and at the end, and writes checkpoints.
+Rank 0 evaluates every ``eval_interval`` steps and at the end, and writes checkpoints; an
+``hf`` job's rank 0 writes its exports (:mod:`trainer.hf.export`) before the ``end`` record.
 After the last step the end check (:mod:`trainer.end_check`) fails a run that applied no
 update, or ended inside a long stretch of skipped steps, before anything final is written.
 """
@@ -57,6 +58,7 @@ from trainer.fallback import Checkpoint, PrecisionFallback, RunStart
 from trainer.faults import FaultInjector
 from trainer.flushing import RecordFlusher
 from trainer.guard import DivergenceGuard
+from trainer.models import model_summary
 from trainer.preemption import StopRequested, StopSignal
 from trainer.records import RECORDS_FILE, RecordSink
 from trainer.resume import PRECISION_SWITCH_KEY
@@ -141,6 +143,7 @@ def train(
             run = start_run(restart, dist_ctx)
         final_eval = _evaluate_on_main(run.parts, run.spec, dist_ctx, records, spec.max_steps)
         _checkpoint(final_path(run_dir), run, spec.max_steps, spec, dist_ctx)
+        _export_on_main(run, run_dir, dist_ctx)
         records.end(steps=spec.max_steps, skipped_steps=skipped)
     evaluation = f"; final evaluation {final_eval}" if dist_ctx.is_main else " (rank 0 evaluates)"
     log.info("finished %d steps (%d skipped)%s", spec.max_steps, skipped, evaluation)
@@ -219,8 +222,15 @@ def _next_window(window_stream: Iterator[list[Batch]], device: torch.device) -> 
     """The next window on ``device``; on CUDA from pinned memory, so the copies do not block the host."""
     batches = next(window_stream)
     if device.type == "cuda":
-        batches = [dataclasses.replace(b, inputs=b.inputs.pin_memory(), targets=b.targets.pin_memory()) for b in batches]
+        batches = [_pinned(b) for b in batches]
     return [batch.to(device) for batch in batches]
+
+
+def _pinned(batch: Batch) -> Batch:
+    """``batch`` with its tensors in pinned host memory."""
+    mask = None if batch.attention_mask is None else batch.attention_mask.pin_memory()
+    return dataclasses.replace(batch, inputs=batch.inputs.pin_memory(), targets=batch.targets.pin_memory(),
+                               attention_mask=mask)
 
 
 def _checkpoint(path: Path, run: RunState, step: int, spec: JobSpec, dist_ctx: DistContext) -> None:
@@ -310,6 +320,15 @@ def _evaluate_on_main(
     return metrics if dist_ctx.is_main else None
 
 
+def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext) -> None:
+    """Rank 0 writes an ``hf`` job's ``export/`` directories (:mod:`trainer.hf.export`); the other ranks wait."""
+    if run.spec.model.name == "hf" and dist_ctx.is_main:
+        from trainer.hf.export import write_exports
+
+        write_exports(run.parts.model, run.parts.tokenizer, run_dir)  # type: ignore[arg-type]
+    barrier()
+
+
 def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:
     spec, parts = run.spec, run.parts
     plan = plan_batches(spec)
@@ -327,6 +346,7 @@ def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:
         "log_interval": spec.log_interval,
         "task": str(parts.dataset.info.task),
         "num_parameters": sum(p.numel() for p in parts.parameters),
+        "model": model_summary(parts.model),
         "parallelism": spec.parallelism,
         **({"fp8_layers": parts.precision.fp8_report} if spec.precision == "fp8" else {}),
     }

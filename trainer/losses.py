@@ -38,11 +38,18 @@ def sum_loss(task: Task, outputs: torch.Tensor, targets: torch.Tensor) -> torch.
     return F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
 
 
+def model_outputs(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """``model(batch.inputs)``, or ``model(batch.inputs, batch.attention_mask)`` when the batch has a mask."""
+    if batch.attention_mask is None:
+        return model(batch.inputs)
+    return model(batch.inputs, batch.attention_mask)
+
+
 def task_loss(task: Task) -> LossFn:
-    """The :data:`LossFn` that runs ``model(batch.inputs)`` and sums :func:`sum_loss`."""
+    """The :data:`LossFn` that runs :func:`model_outputs` and sums :func:`sum_loss`."""
 
     def loss_fn(model: nn.Module, batch: Batch) -> torch.Tensor:
-        return sum_loss(task, model(batch.inputs), batch.targets)
+        return sum_loss(task, model_outputs(model, batch), batch.targets)
 
     return loss_fn
 

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 FP8_MIN_CAPABILITY = (8, 9)
 
 _COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+#: The dtype each precision computes in (autocast), by precision name.
+COMPUTE_DTYPES = _COMPUTE_DTYPES
 
 
 class PrecisionUnsupportedError(RuntimeError):

@@ -141,6 +141,29 @@ class FaultsSpec(_Strict):
     nonfinite_grad_precisions: Annotated[list[Precision], Field(max_length=4)] | None = None
 
 
+ModuleName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.]+$")]
+
+
+class AdapterSpec(_Strict):
+    """A LoRA adapter (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") over an ``hf`` model.
+
+    Only the adapter weights train (and, for ``sequence_classification``, the classification
+    head); they are float32 master weights. ``target_modules``: module names (a name matches
+    every module whose path ends with it, e.g. ``q_proj``) or ``"all-linear"`` (every Linear but
+    the output head); an entry that matches no module fails the job (``spec_invalid``).
+    ``base_dtype``: the frozen base weights in float32 (``fp32``) or in the precision's compute
+    dtype (``compute``, halving their memory for bf16/fp16; the same as ``fp32`` for fp32);
+    default ``compute`` for bf16 and fp16, else ``fp32``.
+    """
+
+    type: Literal["lora"] = "lora"
+    r: Annotated[int, Field(ge=1, le=4096)] = 8
+    alpha: Annotated[float, Field(gt=0.0, le=65536.0, allow_inf_nan=False)] = 16.0
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    target_modules: Annotated[list[ModuleName], Field(min_length=1, max_length=64)] | Literal["all-linear"] = "all-linear"
+    base_dtype: Literal["fp32", "compute"] | None = None
+
+
 class JobSpec(_Strict):
     """A training job. See DESIGN.md §3 for the meaning of each field.
 
@@ -185,6 +208,7 @@ class JobSpec(_Strict):
     name: Annotated[str, Field(max_length=200)] | None = None
     model: ModelSpec
     dataset: DatasetSpec
+    adapter: AdapterSpec | None = None
     precision: Precision = "fp32"
     fp8_recipe: Literal["tensorwise", "rowwise"] | None = None
     loss_scale: LossScaleSpec | None = None
@@ -225,6 +249,7 @@ class JobSpec(_Strict):
             allowed = ", ".join(sorted(MODEL_DATASETS[self.model.name]))
             msg = f"model '{self.model.name}' cannot train on dataset '{self.dataset.name}' (it takes: {allowed})"
             raise field_error("JobSpec", "dataset", msg, self.dataset.name)
+        self._check_hf()
         if self.loss_scale is not None and self.precision != "fp16":
             msg = f"only fp16 uses loss scaling; precision is '{self.precision}'"
             raise field_error("JobSpec", "loss_scale", msg, self.loss_scale.model_dump())
@@ -245,6 +270,24 @@ class JobSpec(_Strict):
             raise field_error("JobSpec", "processes", msg, self.processes)
         self._check_batch()
         return self
+
+    def _check_hf(self) -> None:
+        """Adapters need an ``hf`` model, and neither fp8 nor FSDP; byte-level ``text`` is causal LM without a tokenizer."""
+        if self.model.name != "hf":
+            if self.adapter is not None:
+                msg = f"adapters fine-tune 'hf' models only; model is '{self.model.name}'"
+                raise field_error("JobSpec", "adapter", msg, self.adapter.model_dump())
+            return
+        if self.adapter is not None and self.precision == "fp8":
+            msg = "LoRA adapters are not supported with fp8 (fp8 swaps the Linears the adapters wrap); use bf16"
+            raise field_error("JobSpec", "adapter", msg, self.adapter.model_dump())
+        if self.parallelism == "fsdp":
+            msg = "'hf' models train with ddp only (FSDP2 sharding of Hugging Face models and adapters is not supported)"
+            raise field_error("JobSpec", "parallelism", msg, self.parallelism)
+        config = self.model.config
+        if self.dataset.name == "text" and (config.task != "causal_lm" or config.tokenizer_path is not None):
+            msg = "dataset 'text' is byte-level causal language modelling: use task 'causal_lm' without a tokenizer_path"
+            raise field_error("JobSpec", "dataset", msg, self.dataset.name)
 
     def _check_batch(self) -> None:
         per_step = self.micro_batch_size * self.world_size
@@ -289,6 +332,16 @@ class JobSpec(_Strict):
         if self.precision != "fp8":
             return None
         return self.fp8_recipe or "tensorwise"
+
+    @property
+    def effective_base_dtype(self) -> Literal["fp32", "compute"] | None:
+        """Where an adapter job keeps its frozen base weights: the given ``base_dtype``, ``compute`` by
+        default for bf16/fp16, else ``fp32`` (``compute`` with fp32 is fp32); ``None`` without an adapter."""
+        if self.adapter is None:
+            return None
+        if self.precision not in ("bf16", "fp16"):
+            return "fp32"
+        return self.adapter.base_dtype or "compute"
 
     @property
     def effective_loss_scale(self) -> LossScaleSpec | None:

@@ -71,7 +71,7 @@ def build_environment(
 
     Holds ``PATH``, ``HOME``, ``LANG`` and friends, ``PYTHONPATH`` (so ``trainer``
     imports), ``PYTHONUNBUFFERED``, ``OMP_NUM_THREADS`` (the CPUs shared among the
-    ranks), ``HALFCAST_DATA_ROOTS`` (``os.pathsep``-joined) and
+    ranks), ``HALFCAST_DATA_ROOTS`` and ``HALFCAST_MODEL_ROOTS`` (``os.pathsep``-joined) and
     ``CUDA_VISIBLE_DEVICES``: exactly ``gpus``, the host indices allocated to the
     attempt (:mod:`worker.gpu_locks`), or empty for a CPU job (it sees no GPU).
     Never the database or broker URLs. Raises ``ValueError`` when ``gpus`` does
@@ -82,13 +82,19 @@ def build_environment(
     env["PYTHONPATH"] = os.pathsep.join(_python_path(base))
     env["PYTHONUNBUFFERED"] = "1"
     env["OMP_NUM_THREADS"] = str(max(1, _cpu_count() // spec.world_size))
-    env["HALFCAST_DATA_ROOTS"] = os.pathsep.join(str(Path(root).expanduser().resolve()) for root in settings.data_roots)
+    env["HALFCAST_DATA_ROOTS"] = _joined(settings.data_roots)
+    env["HALFCAST_MODEL_ROOTS"] = _joined(settings.model_roots)
     if settings.allow_faults:
         env["HALFCAST_ALLOW_FAULTS"] = "1"
     if len(set(gpus)) != spec.gpus or len(gpus) != spec.gpus:
         raise ValueError(f"the job needs {spec.gpus} GPU(s) but was given {list(gpus)}")
     env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     return env
+
+
+def _joined(roots: Sequence[Path]) -> str:
+    """Absolute root directories, ``os.pathsep``-joined (the trainer's :class:`trainer.roots.RootSet` format)."""
+    return os.pathsep.join(str(Path(root).expanduser().resolve()) for root in roots)
 
 
 def _python_path(base: Mapping[str, str]) -> list[str]:

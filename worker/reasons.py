@@ -20,6 +20,7 @@ RETRY_POLICY: Mapping[str, bool] = MappingProxyType(
         "precision_unsupported": False,
         "gpu_unavailable": False,
         "data_unavailable": False,
+        "model_unavailable": False,
         "checkpoint_unavailable": False,
         "launch_failed": False,
         "rank_failed": False,

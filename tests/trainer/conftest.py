@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,3 +48,18 @@ def _tiny_mlp_spec(**overrides: Any) -> JobSpec:
     }
     fields.update(overrides)
     return JobSpec.model_validate(fields)
+
+
+@pytest.fixture(scope="session")
+def hf_model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model root with the tiny Hugging Face models of :mod:`hf_support`, built once per session."""
+    from hf_support import build_model_root
+
+    return build_model_root(tmp_path_factory.mktemp("model-root"))
+
+
+@pytest.fixture
+def model_roots(hf_model_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``HALFCAST_MODEL_ROOTS`` set to :func:`hf_model_root` for the test; returns the root."""
+    monkeypatch.setenv("HALFCAST_MODEL_ROOTS", str(hf_model_root))
+    return hf_model_root

@@ -31,7 +31,7 @@ def test_command_runs_standalone_torchrun_with_one_rank_per_process(tmp_path: Pa
 
 def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, data_roots=[tmp_path / "a", tmp_path / "b"], allow_faults=False,
-                        database_url="postgresql://secret@db/x", broker_url="redis://secret@redis/0")  # fmt: skip
+                        model_roots=[tmp_path / "m"], database_url="postgresql://secret@db/x", broker_url="redis://secret@redis/0")  # fmt: skip
     base = {"PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "HALFCAST_DATABASE_URL": "postgresql://secret",
             "HALFCAST_BROKER_URL": "redis://secret", "AWS_SECRET_ACCESS_KEY": "k", "PYTHONPATH": "/extra"}  # fmt: skip
     env = build_environment(JobSpec.model_validate(small_spec(processes=2)), settings, base)
@@ -41,6 +41,7 @@ def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> 
     root = str(Path(__file__).resolve().parents[2])
     assert env["PYTHONPATH"].split(os.pathsep) == [root, "/extra"]
     assert env["HALFCAST_DATA_ROOTS"] == os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert env["HALFCAST_MODEL_ROOTS"] == str(tmp_path / "m")
     cpus = len(os.sched_getaffinity(0))
     assert env["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
 

@@ -1,4 +1,4 @@
-"""Dataset registry: ``build_dataset(spec.dataset)`` gives the loop a :class:`Dataset`."""
+"""Dataset registry: ``build_dataset(spec.dataset, tokenizer)`` gives the loop a :class:`Dataset`."""
 
 from __future__ import annotations
 
@@ -21,11 +21,16 @@ DATASETS: dict[str, Callable[[Any], Dataset]] = {
 }
 
 
-def build_dataset(spec: DatasetSpec) -> Dataset:
+def build_dataset(spec: DatasetSpec, tokenizer: Any | None = None) -> Dataset:
     """The dataset named by ``spec`` (``{"name", "config"}`` from :mod:`trainer.catalog`).
+
+    ``tokenizer``: the job's Hugging Face tokenizer (:func:`trainer.hf.loading.load_tokenizer`),
+    or ``None`` for byte-level data (token ids are the bytes, vocabulary 256). The built-in
+    datasets take none (``text`` is byte-level).
 
     Raises ``KeyError`` for a name without a builder (the catalog rejects those first)
     and :class:`trainer.errors.TrainerError` (``data_unavailable``) when the data
     cannot be read.
     """
+    del tokenizer  # no built-in dataset is tokenized
     return DATASETS[spec.name](spec.config)

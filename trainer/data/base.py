@@ -55,8 +55,11 @@ class Batch:
     (classification) or float32 ``[B, num_outputs]`` (regression).
     Token data: ``inputs`` and ``targets`` int64 ``[B, T]``, targets shifted by one and
     :data:`IGNORE_INDEX` at padding.
+    Classification over text: ``inputs`` int64 ``[B, T]`` token ids, ``targets`` int64 ``[B]``.
     ``num_samples``: ``B``; ``num_elements``: loss-bearing elements (``B``, or valid
     target tokens); ``num_tokens``: input tokens for throughput (None for feature data).
+    ``attention_mask``: optional int64/bool ``[B, T]`` for token inputs, 1 at real tokens and
+    0 at padding; the loss and evaluation pass it to the model when present.
     """
 
     inputs: torch.Tensor
@@ -64,6 +67,7 @@ class Batch:
     num_samples: int
     num_elements: int
     num_tokens: int | None = None
+    attention_mask: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
         """The same batch with its tensors on ``device``."""
@@ -73,6 +77,7 @@ class Batch:
             num_samples=self.num_samples,
             num_elements=self.num_elements,
             num_tokens=self.num_tokens,
+            attention_mask=None if self.attention_mask is None else self.attention_mask.to(device, non_blocking=True),
         )
 
 

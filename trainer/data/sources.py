@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import sysconfig
 from collections.abc import Iterator
-from pathlib import Path, PurePath
+from pathlib import Path
 
 from trainer.errors import TrainerError
+from trainer.roots import DATA_ROOTS
 
-DATA_ROOTS_ENV = "HALFCAST_DATA_ROOTS"
+DATA_ROOTS_ENV = DATA_ROOTS.env
+
 #: Third-party code is installed inside the stdlib tree on some layouts; it is not stdlib text.
 _SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
@@ -55,8 +57,7 @@ def read_stdlib(max_bytes: int, root: Path | None = None) -> bytes:
 
 def data_roots() -> list[Path]:
     """The configured data roots, from ``HALFCAST_DATA_ROOTS`` (empty entries ignored)."""
-    raw = os.environ.get(DATA_ROOTS_ENV, "")
-    return [Path(entry) for entry in raw.split(os.pathsep) if entry]
+    return DATA_ROOTS.roots()
 
 
 def resolve_data_file(relative: str, roots: list[Path] | None = None) -> Path:
@@ -64,33 +65,9 @@ def resolve_data_file(relative: str, roots: list[Path] | None = None) -> Path:
 
     Raises :class:`TrainerError` (``data_unavailable``) for an absolute path, a path with
     a ``..`` component, a path whose real location (after following symlinks) leaves
-    its root, no configured roots, or no root holding the file.
+    its root, no configured roots, or no root holding the file (:mod:`trainer.roots`).
     """
-    candidate = PurePath(relative)
-    if candidate.is_absolute() or candidate.anchor:
-        raise TrainerError("data_unavailable", f"dataset path {relative!r} must be relative to a data root")
-    if ".." in candidate.parts:
-        raise TrainerError("data_unavailable", f"dataset path {relative!r} must not contain '..'")
-    roots = data_roots() if roots is None else roots
-    if not roots:
-        raise TrainerError("data_unavailable", f"no data roots are configured ({DATA_ROOTS_ENV} is empty)")
-    for root in roots:
-        found = _inside(root, candidate)
-        if found is not None:
-            return found
-    raise TrainerError("data_unavailable", f"dataset file {relative!r} is not a file under any data root")
-
-
-def _inside(root: Path, relative: PurePath) -> Path | None:
-    """The resolved file when it exists under ``root``; raises on a symlink escape."""
-    try:
-        real_root = root.resolve(strict=True)
-        real = (real_root / relative).resolve(strict=True)
-    except (OSError, RuntimeError):
-        return None
-    if not real.is_relative_to(real_root):
-        raise TrainerError("data_unavailable", f"dataset path {str(relative)!r} leaves its data root")
-    return real if real.is_file() else None
+    return DATA_ROOTS.resolve(relative, roots, kind="file")
 
 
 def read_data_file(relative: str, max_bytes: int, roots: list[Path] | None = None) -> bytes:

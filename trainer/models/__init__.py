@@ -8,8 +8,9 @@ chooses the compute dtype.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from trainer.catalog import GPTConfig, MLPConfig, ModelSpec
@@ -18,7 +19,10 @@ from trainer.errors import TrainerError
 from trainer.models.gpt import GPT
 from trainer.models.mlp import build_mlp
 
-__all__ = ["build_model", "MODELS"]
+if TYPE_CHECKING:
+    from trainer.spec import JobSpec
+
+__all__ = ["build_job_model", "build_model", "model_summary", "MODELS"]
 
 
 def _mlp(config: MLPConfig, info: DataInfo) -> nn.Module:
@@ -55,3 +59,28 @@ def build_model(spec: ModelSpec, info: DataInfo) -> nn.Module:
     this data, ``KeyError`` for a name without a builder.
     """
     return MODELS[spec.name](spec.config, info)
+
+
+def build_job_model(spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute_dtype: torch.dtype) -> nn.Module:
+    """The model a job trains: :func:`build_model`, or for ``hf`` the :class:`trainer.hf.wrapper.HFModule`
+    with its adapter (``compute_dtype``: where an adapter job may keep its frozen base weights)."""
+    if spec.model.name == "hf":
+        from trainer.hf.build import build_hf_model
+
+        return build_hf_model(spec, info, tokenizer, compute_dtype)
+    return build_model(spec.model, info)
+
+
+def model_summary(model: nn.Module) -> dict[str, Any]:
+    """``{class, parameters, trainable_parameters, parameter_bytes_by_dtype}`` of ``model`` (shared tensors once)."""
+    params = list({id(p): p for p in model.parameters()}.values())
+    by_dtype: dict[str, int] = {}
+    for param in params:
+        key = str(param.dtype).removeprefix("torch.")
+        by_dtype[key] = by_dtype.get(key, 0) + param.numel() * param.element_size()
+    return {
+        "class": getattr(model, "architecture", type(model).__name__),
+        "parameters": sum(p.numel() for p in params),
+        "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+        "parameter_bytes_by_dtype": dict(sorted(by_dtype.items())),
+    }

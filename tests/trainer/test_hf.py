@@ -1,0 +1,191 @@
+"""hf models end to end on the CPU: safe loading, LoRA training, adapter checkpoints and exact resume, exports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hf_support import TINY_LLAMA, lora_spec
+from trainer.checkpoint import final_path, step_path
+from trainer.components import build_components
+from trainer.distributed import DistContext
+from trainer.errors import TrainerError
+from trainer.export import load_trained_model
+from trainer.hf.export import write_exports
+from trainer.loop import TrainResult, train
+from trainer.records import read_records
+from trainer.spec import JobSpec
+
+TOKENS = torch.tensor([[5, 17, 200, 33, 9, 101, 7, 64], [1, 2, 3, 4, 250, 251, 252, 253]])
+
+
+def _train(tmp: Path, ctx: DistContext, **overrides: Any) -> tuple[JobSpec, TrainResult, list[dict[str, Any]]]:
+    spec = JobSpec.model_validate(lora_spec(**overrides))
+    result = train(spec, tmp, ctx)
+    return spec, result, read_records(tmp)
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=TOKENS).logits
+
+
+@pytest.fixture(scope="module")
+def lora_run(hf_model_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One fp32 LoRA job on the pretrained tiny Llama (4 steps, checkpoint at 2), shared by the export tests."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HALFCAST_MODEL_ROOTS", str(hf_model_root))
+    run_dir = tmp_path_factory.mktemp("lora-run")
+    ctx = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    try:
+        spec, result, records = _train(run_dir, ctx, checkpoint_interval=2)
+    finally:
+        mp.undo()
+    return {"spec": spec, "result": result, "records": records, "run_dir": run_dir}
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("remote-code", "remote code"), ("pickle-only", "only pickle weights"), ("missing", "not a directory under any"),
+])
+def test_unsafe_or_missing_model_directories_are_model_unavailable(
+    path: str, message: str, model_roots: Path, cpu_ctx: DistContext
+) -> None:
+    spec = JobSpec.model_validate(lora_spec(model={"name": "hf", "config": {"path": path}}))
+    with pytest.raises(TrainerError, match=message) as info:
+        build_components(spec, cpu_ctx)
+    assert info.value.reason == "model_unavailable"
+
+
+def test_a_symlink_out_of_the_model_root_is_refused(model_roots: Path, tmp_path: Path, cpu_ctx: DistContext,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "escape").symlink_to(model_roots / "llama")
+    monkeypatch.setenv("HALFCAST_MODEL_ROOTS", str(root))
+    spec = JobSpec.model_validate(lora_spec(model={"name": "hf", "config": {"path": "escape"}}))
+    with pytest.raises(TrainerError, match="leaves its model root") as info:
+        build_components(spec, cpu_ctx)
+    assert info.value.reason == "model_unavailable"
+
+
+def test_a_target_module_that_matches_nothing_fails_naming_it(model_roots: Path, cpu_ctx: DistContext) -> None:
+    spec = JobSpec.model_validate(lora_spec(adapter={"target_modules": ["q_proj", "qkv_proj"]}))
+    with pytest.raises(TrainerError, match=r"\['qkv_proj'\]") as info:
+        build_components(spec, cpu_ctx)
+    assert info.value.reason == "spec_invalid"
+
+
+def test_hf_config_without_a_tokenizer_is_byte_level(cpu_ctx: DistContext) -> None:
+    config = {key: value for key, value in TINY_LLAMA.items() if key != "vocab_size"}
+    spec = JobSpec.model_validate(lora_spec(model={"name": "hf", "config": {"hf_config": config}}, adapter=None))
+    parts = build_components(spec, cpu_ctx)
+    assert parts.tokenizer is None and parts.model.base_model().config.vocab_size == 256
+    small = JobSpec.model_validate(lora_spec(model={"name": "hf", "config": {"hf_config": {**config, "vocab_size": 100}}}))
+    with pytest.raises(TrainerError, match="vocab_size"):
+        build_components(small, cpu_ctx)
+
+
+def test_only_adapters_train_and_only_they_get_optimizer_state(model_roots: Path, cpu_ctx: DistContext) -> None:
+    parts = build_components(JobSpec.model_validate(lora_spec(precision="bf16")), cpu_ctx)
+    trainable = {n for n, p in parts.model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+    assert {p.dtype for p in parts.parameters} == {torch.float32}
+    frozen = {p.dtype for p in parts.model.parameters() if not p.requires_grad}
+    assert frozen == {torch.bfloat16}  # base_dtype compute
+    optimized = {id(p) for group in parts.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in parts.parameters} and len(parts.optimizer.state) == len(trainable)
+
+
+# ----------------------------------------------------------------------------- training, checkpoints, exports
+
+
+def test_start_record_describes_the_model(lora_run: dict[str, Any]) -> None:
+    start = lora_run["records"][0]
+    assert start["model"]["class"] == "LlamaForCausalLM"
+    assert 0 < start["model"]["trainable_parameters"] < start["model"]["parameters"]
+    assert set(start["model"]["parameter_bytes_by_dtype"]) == {"float32"}
+    losses = [r["loss"] for r in lora_run["records"] if r["type"] == "step"]
+    assert losses[-1] < losses[0]
+
+
+def test_adapter_checkpoints_hold_only_the_trainable_state(lora_run: dict[str, Any]) -> None:
+    payload = torch.load(final_path(lora_run["run_dir"]), weights_only=True)
+    model = lora_run["result"].model
+    assert set(payload["model"]) == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert all(torch.equal(payload["model"][n], p) for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_the_adapter_export_reloads_on_the_base_with_identical_logits(lora_run: dict[str, Any],
+                                                                       hf_model_root: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter = lora_run["run_dir"] / "export" / "adapter"
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter.iterdir()}
+    base = AutoModelForCausalLM.from_pretrained(str(hf_model_root / "llama"), dtype=torch.float32)
+    reloaded = PeftModel.from_pretrained(base, str(adapter)).eval()
+    trained = lora_run["result"].model.eval()
+    assert torch.equal(_logits(reloaded), _logits(trained.model))
+
+
+def test_the_merged_export_loads_with_plain_transformers(lora_run: dict[str, Any], hf_model_root: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    exported = lora_run["run_dir"] / "export" / "model"
+    names = {p.name for p in exported.iterdir()}
+    assert {"config.json", "model.safetensors"} <= names and "tokenizer.json" not in names  # byte-level data
+    assert not any(p.name.endswith(".tmp") for p in exported.parent.iterdir())
+    merged = AutoModelForCausalLM.from_pretrained(str(exported), local_files_only=True, use_safetensors=True)
+    trained = lora_run["result"].model.eval()
+    torch.testing.assert_close(_logits(merged), _logits(trained.model), rtol=0, atol=1e-5)
+    base = AutoModelForCausalLM.from_pretrained(str(hf_model_root / "llama"))
+    assert (_logits(merged) - _logits(base)).abs().max() > 1e-4  # the adapter was merged in
+
+
+def test_load_trained_model_rebuilds_an_adapter_checkpoint(lora_run: dict[str, Any], model_roots: Path) -> None:
+    rebuilt = load_trained_model(final_path(lora_run["run_dir"]))
+    trained = lora_run["result"].model.eval()
+    assert torch.equal(rebuilt(TOKENS), trained(TOKENS))
+
+
+def test_resume_of_an_adapter_job_is_bit_identical(lora_run: dict[str, Any], model_roots: Path, tmp_path: Path,
+                                                    cpu_ctx: DistContext) -> None:
+    spec = lora_run["spec"].model_copy(update={"checkpoint_interval": None})
+    resumed = train(spec, tmp_path, cpu_ctx, resume_from=step_path(lora_run["run_dir"], 2))
+    straight = lora_run["result"].model
+    for (name, a), (_, b) in zip(straight.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    losses = [r["loss"] for r in lora_run["records"] if r["type"] == "step"]
+    assert [r["loss"] for r in read_records(tmp_path) if r["type"] == "step"] == losses[2:]
+
+
+def test_a_full_fine_tune_exports_the_model_only(model_roots: Path, tmp_path: Path, cpu_ctx: DistContext) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _, result, records = _train(tmp_path, cpu_ctx, adapter=None, max_steps=2)
+    assert records[0]["model"]["trainable_parameters"] == records[0]["model"]["parameters"]
+    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["model"]
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export" / "model"))
+    torch.testing.assert_close(_logits(merged), _logits(result.model.eval().model), rtol=0, atol=1e-5)
+    assert set(torch.load(final_path(tmp_path), weights_only=True)["model"]) == set(result.model.state_dict())
+
+
+def test_exports_carry_the_tokenizer_of_a_tokenized_job(model_roots: Path, tmp_path: Path, cpu_ctx: DistContext) -> None:
+    from transformers import AutoTokenizer
+
+    from trainer.hf.loading import load_tokenizer
+
+    spec = JobSpec.model_validate(lora_spec())
+    parts = build_components(spec, cpu_ctx)
+    tokenizer = load_tokenizer(spec.model.config, "jsonl")  # as a tokenized dataset gets it
+    write_exports(parts.model, tokenizer, tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(str(tmp_path / "export" / "model"), local_files_only=True)
+    assert reloaded("hello world")["input_ids"] == tokenizer("hello world")["input_ids"]
+    assert json.loads((tmp_path / "export" / "adapter" / "adapter_config.json").read_text())["r"] == 4

@@ -1,0 +1,42 @@
+"""The :class:`HFModule` of an ``hf`` job: base model, optional LoRA adapter, frozen-weight dtype."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.data.base import DataInfo
+from trainer.hf.adapters import apply_lora, cast_frozen, check_trainable
+from trainer.hf.loading import load_base_model
+from trainer.hf.wrapper import HFModule
+from trainer.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+def build_hf_model(spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute_dtype: torch.dtype) -> HFModule:
+    """The model an ``hf`` job trains (uses the global torch RNG: seed it first).
+
+    Without an adapter every parameter trains (float32). With one, only the adapter and a
+    classification head train; frozen base weights are cast to ``compute_dtype`` when the
+    job's effective ``base_dtype`` is ``compute``. Raises :class:`trainer.errors.TrainerError`
+    (``model_unavailable``, ``spec_invalid``).
+    """
+    config = spec.model.config  # type: ignore[union-attr]
+    model: nn.Module = load_base_model(config, info, tokenizer)
+    causal = _is_causal(model)
+    if spec.adapter is not None:
+        model = apply_lora(model, spec.adapter, config)
+        check_trainable(model)
+        if spec.effective_base_dtype == "compute" and compute_dtype != torch.float32:
+            cast = cast_frozen(model, compute_dtype)
+            log.info("adapter job: %d frozen base parameters kept in %s", cast, compute_dtype)
+    return HFModule(model, causal=causal, adapter=spec.adapter is not None)
+
+
+def _is_causal(model: nn.Module) -> bool:
+    """Whether the model's attention is causal (Hugging Face attention modules carry ``is_causal``)."""
+    return any(getattr(module, "is_causal", False) is True for module in model.modules())

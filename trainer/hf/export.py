@@ -1,0 +1,83 @@
+"""What a finished ``hf`` job leaves for inference, in Hugging Face formats (no Halfcast code needed).
+
+Rank 0 writes, before the ``end`` record:
+
+* ``<run_dir>/export/adapter/`` (adapter jobs): PEFT's ``save_pretrained`` of the trained
+  adapter (``adapter_config.json`` + ``adapter_model.safetensors``; a classification head too);
+* ``<run_dir>/export/model/``: the full model, float32, ``save_pretrained(safe_serialization=True)``
+  (``config.json``, ``model.safetensors`` or shards) plus the job's tokenizer files. An adapter
+  job's is merged (``merge_and_unload``) on a float32 CPU copy, so the trained model is untouched.
+  Byte-level jobs (``text`` data, or ``hf_config`` without a tokenizer) have no tokenizer files:
+  token ids are the UTF-8 bytes.
+
+Each directory is written under a temporary sibling name and renamed into place, so a reader
+never sees half an export.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.hf.wrapper import HFModule
+
+log = logging.getLogger(__name__)
+
+EXPORT_DIR = "export"
+ADAPTER_DIR = "adapter"
+MODEL_DIR = "model"
+
+
+def write_exports(model: HFModule, tokenizer: Any | None, run_dir: Path) -> list[Path]:
+    """Write ``export/adapter`` (adapter jobs) and ``export/model``; return the directories written."""
+    root = run_dir / EXPORT_DIR
+    written = []
+    if model.adapter:
+        written.append(_publish(root / ADAPTER_DIR, lambda tmp: model.model.save_pretrained(str(tmp))))
+    written.append(_publish(root / MODEL_DIR, lambda tmp: _save_full(model, tokenizer, tmp)))
+    log.info("exports written: %s", ", ".join(str(p) for p in written))
+    return written
+
+
+def merged_copy(model: HFModule) -> nn.Module:
+    """A float32 CPU Hugging Face model with the trained weights: the adapter merged into a copy of the
+    base (``merge_and_unload``), or a copy of a fully fine-tuned model."""
+    clone = copy.deepcopy(model.model).to(device="cpu", dtype=torch.float32)
+    if model.adapter:
+        clone = clone.merge_and_unload()
+    return clone.eval()
+
+
+def _save_full(model: HFModule, tokenizer: Any | None, target: Path) -> None:
+    full = merged_copy(model)
+    full.config.use_cache = True  # inference default; training ran without a cache
+    full.save_pretrained(str(target), safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(target))
+
+
+def _publish(final: Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write`` into a temporary sibling of ``final``, then rename it into place (replacing an old one)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    try:
+        write(tmp)
+        if final.exists():
+            old = final.with_name(f".{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final

@@ -1,0 +1,161 @@
+"""Loading an ``hf`` model's base and tokenizer: local files only, safetensors only, float32 weights.
+
+A ``path`` model is read from a directory under one of the worker's model roots
+(:data:`trainer.roots.MODEL_ROOTS`, checked by :mod:`trainer.hf.safety` first); an
+``hf_config`` model is built from its config with random initialisation (the global torch
+RNG: seed it first). ``trust_remote_code`` is never set, nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.catalog import HFConfig
+from trainer.data.base import DataInfo, Task
+from trainer.errors import TrainerError
+from trainer.hf.safety import check_model_dir, check_tokenizer_dir
+from trainer.roots import MODEL_ROOTS
+
+log = logging.getLogger(__name__)
+
+#: Vocabulary of byte-level data (the 256 byte values).
+BYTE_VOCAB = 256
+#: Exceptions ``from_pretrained`` / ``from_config`` raise for a directory or config it cannot use.
+_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError)
+
+
+def model_dir(config: HFConfig) -> Path | None:
+    """The checked directory of a ``path`` model (``model_unavailable`` if refused), or ``None``."""
+    if config.path is None:
+        return None
+    directory = MODEL_ROOTS.resolve(config.path, kind="dir")
+    check_model_dir(directory)
+    return directory
+
+
+def tokenizer_dir(config: HFConfig) -> Path | None:
+    """The checked tokenizer directory: ``tokenizer_path``, else the model's ``path``; ``None`` when byte-level."""
+    if config.tokenizer_path is not None:
+        directory = MODEL_ROOTS.resolve(config.tokenizer_path, kind="dir")
+    elif config.path is not None:
+        directory = MODEL_ROOTS.resolve(config.path, kind="dir")
+    else:
+        return None
+    check_tokenizer_dir(directory)
+    return directory
+
+
+def load_tokenizer(config: HFConfig, dataset_name: str) -> Any | None:
+    """The job's tokenizer (``AutoTokenizer``, local files only), or ``None`` for byte-level data.
+
+    ``text`` datasets are byte-level whatever the model, and so is an ``hf_config`` model
+    without a ``tokenizer_path``. Raises ``model_unavailable`` when it cannot be loaded.
+    """
+    if dataset_name == "text":
+        return None
+    directory = tokenizer_dir(config)
+    if directory is None:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
+    except _LOAD_ERRORS as exc:
+        raise TrainerError("model_unavailable", f"cannot load the tokenizer in {directory}: {exc}") from exc
+
+
+def load_base_model(config: HFConfig, info: DataInfo, tokenizer: Any | None) -> nn.Module:
+    """The float32 Hugging Face model of ``config`` (``*ForCausalLM`` or ``*ForSequenceClassification``),
+    sized for ``info``, in training mode. Raises ``model_unavailable`` (unreadable) or ``spec_invalid``
+    (it does not fit the data: task, vocabulary, labels, context)."""
+    _check_task(config, info)
+    directory = model_dir(config)
+    hf_config = _pretrained_config(directory) if directory is not None else _scratch_config(config, info, tokenizer)
+    if config.task == "sequence_classification":
+        hf_config.num_labels = config.num_labels
+        if hf_config.pad_token_id is None:
+            hf_config.pad_token_id = _pad_token_id(tokenizer, hf_config)
+    _check_sizes(hf_config, info)
+    model = _instantiate(config, hf_config, directory)
+    return model.float().train()
+
+
+def _check_task(config: HFConfig, info: DataInfo) -> None:
+    wanted = Task.LM if config.task == "causal_lm" else Task.CLASSIFICATION
+    if info.task is not wanted or info.seq_len is None:
+        raise TrainerError("spec_invalid", f"hf task '{config.task}' needs {wanted.value} token data, got {info.task.value}")
+    if config.task == "sequence_classification" and info.num_outputs != config.num_labels:
+        msg = f"num_labels is {config.num_labels} but the dataset has {info.num_outputs} classes"
+        raise TrainerError("spec_invalid", msg)
+
+
+def _pretrained_config(directory: Path) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
+    except _LOAD_ERRORS as exc:
+        raise TrainerError("model_unavailable", f"cannot read the model config in {directory}: {exc}") from exc
+
+
+def _scratch_config(config: HFConfig, info: DataInfo, tokenizer: Any | None) -> Any:
+    """``AutoConfig.for_model`` of ``hf_config``; the vocabulary defaults to the tokenizer's (or 256 bytes)."""
+    from transformers import AutoConfig
+
+    fields = dict(config.hf_config or {})
+    model_type = fields.pop("model_type")
+    if tokenizer is not None:
+        fields.setdefault("vocab_size", len(tokenizer))
+    elif info.task is Task.LM or config.byte_level:
+        fields.setdefault("vocab_size", BYTE_VOCAB)
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except _LOAD_ERRORS as exc:
+        raise TrainerError("spec_invalid", f"hf_config does not describe a transformers model: {exc}") from exc
+
+
+def _pad_token_id(tokenizer: Any | None, hf_config: Any) -> int:
+    """The id sequence classification pools up to: the tokenizer's pad (else eos) token; byte-level: 0."""
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None),
+                      getattr(hf_config, "eos_token_id", None)):
+        if isinstance(candidate, int):
+            return candidate
+    return 0
+
+
+def _check_sizes(hf_config: Any, info: DataInfo) -> None:
+    vocab = getattr(hf_config, "vocab_size", None)
+    if info.task is Task.LM and (not isinstance(vocab, int) or vocab < info.vocab_size):
+        msg = f"the model's vocab_size ({vocab}) is smaller than the data's vocabulary ({info.vocab_size})"
+        raise TrainerError("spec_invalid", msg)
+    context = getattr(hf_config, "max_position_embeddings", None)
+    if isinstance(context, int) and info.seq_len is not None and info.seq_len > context:
+        msg = f"seq_len {info.seq_len} exceeds the model's max_position_embeddings ({context})"
+        raise TrainerError("spec_invalid", msg)
+
+
+def _auto_class(config: HFConfig) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return AutoModelForCausalLM if config.task == "causal_lm" else AutoModelForSequenceClassification
+
+
+def _instantiate(config: HFConfig, hf_config: Any, directory: Path | None) -> nn.Module:
+    """Read the weights (safetensors, local) or initialise them from the config, in float32, SDPA attention."""
+    auto = _auto_class(config)
+    common = {"dtype": torch.float32, "attn_implementation": "sdpa", "trust_remote_code": False}
+    try:
+        if directory is None:
+            return auto.from_config(hf_config, **common)
+        return auto.from_pretrained(
+            str(directory), config=hf_config, local_files_only=True, use_safetensors=True, **common
+        )
+    except _LOAD_ERRORS as exc:
+        where = directory if directory is not None else f"hf_config model_type {hf_config.model_type!r}"
+        reason = "model_unavailable" if directory is not None else "spec_invalid"
+        raise TrainerError(reason, f"cannot build the model from {where}: {exc}") from exc
