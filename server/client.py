@@ -335,6 +335,8 @@ class HalfcastClient:
                 if require_length and "content-length" not in response.headers:
                     raise HalfcastError(f"{url} came without Content-Length: its completeness cannot be checked")
                 save_response(response, path)
+        except httpx.ConnectError as exc:
+            raise ServerUnavailable(f"cannot reach the Halfcast API at {self.url}: {exc}") from exc
         except httpx.TransportError as exc:
             raise ServerUnavailable(f"lost the download of {url} from {self.url}: {exc}") from exc
         except IncompleteDownload as exc:
