@@ -65,6 +65,7 @@ def run_export(args: argparse.Namespace) -> int:
             sys.stderr.write(f"error: cannot save to {target}: {exc.strerror or exc}\n")
             return EXIT_ERROR
     files = [p for p in saved.rglob("*") if p.is_file()]
-    sys.stderr.write(f"job {args.job_id}: {args.kind} export, {len(files)} files ({format_size(sum(p.stat().st_size for p in files))})\n")
+    size = format_size(sum(p.stat().st_size for p in files))
+    sys.stderr.write(f"job {args.job_id}: {args.kind} export, {len(files)} files ({size})\n")
     sys.stdout.write(f"{saved}\n")
     return 0

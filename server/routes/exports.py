@@ -51,8 +51,9 @@ class ExportPublic(BaseModel):
     def from_export(cls, job_id: str, export: Export) -> ExportPublic:
         """Describe ``export`` of ``job_id``."""
         files = [ExportFilePublic(name=f.name, size_bytes=f.size_bytes) for f in export.files]
+        url = f"/jobs/{job_id}/exports/{export.kind.value}?attempt={export.attempt}"
         return cls(kind=export.kind, attempt=export.attempt, files=files, size_bytes=export.size_bytes,
-                   modified_at=export.modified_at, url=f"/jobs/{job_id}/exports/{export.kind.value}?attempt={export.attempt}")  # fmt: skip
+                   modified_at=export.modified_at, url=url)  # fmt: skip
 
 
 class ExportList(BaseModel):
