@@ -26,7 +26,7 @@ from server.redact import install_log_redaction
 from server.request_metrics import RequestMetricsMiddleware, request_histogram
 from server.events import StreamCollector
 from server.auth import check_exposure
-from server.routes import audit, checkpoints, dashboard, events, health, jobs, logs, metrics, session, workers
+from server.routes import audit, checkpoints, dashboard, events, exports, health, jobs, logs, metrics, session, workers
 from server.settings import Settings
 from server.worker_metrics import WorkerMetricsCollector
 
@@ -91,6 +91,7 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     install_body_error_handlers(app)
     app.include_router(jobs.router)
     app.include_router(checkpoints.router)
+    app.include_router(exports.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(workers.router)

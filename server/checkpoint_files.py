@@ -49,7 +49,8 @@ def _step_of(name: str, max_steps: int) -> int:
     return max_steps if name == FINAL_NAME else int(name.removeprefix("step-").removesuffix(".pt"))
 
 
-def _attempts(runs_dir: Path, job_id: str) -> list[int]:
+def attempt_numbers(runs_dir: Path, job_id: str) -> list[int]:
+    """The numbers of ``job_id``'s attempt directories, ascending (none: the job never started)."""
     job_dir = runs_dir / job_id
     if not job_dir.is_dir():
         return []
@@ -75,7 +76,7 @@ def _describe(path: Path, attempt: int, max_steps: int) -> CheckpointFile | None
 def list_checkpoints(runs_dir: Path, job_id: str, max_steps: int) -> list[CheckpointFile]:
     """Every complete checkpoint of ``job_id``, by attempt, then step (``final.pt`` last in its attempt)."""
     found: list[CheckpointFile] = []
-    for attempt in _attempts(runs_dir, job_id):
+    for attempt in attempt_numbers(runs_dir, job_id):
         folder = attempt_dir(runs_dir, job_id, attempt) / CHECKPOINT_DIR
         if not folder.is_dir():
             continue
@@ -95,7 +96,7 @@ def find_checkpoint(runs_dir: Path, job_id: str, name: str, max_steps: int, atte
     """
     if not _NAME.fullmatch(name):
         raise ValueError(f"{name!r} is not a checkpoint name (final.pt or step-<N>.pt)")
-    attempts = [attempt] if attempt is not None else list(reversed(_attempts(runs_dir, job_id)))
+    attempts = [attempt] if attempt is not None else list(reversed(attempt_numbers(runs_dir, job_id)))
     for number in attempts:
         path = attempt_dir(runs_dir, job_id, number) / CHECKPOINT_DIR / name
         if path.is_file():

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -27,6 +29,8 @@ from typing import Any, Self
 import httpx
 
 from server.download import IncompleteDownload, save_response
+from server.export_extract import UnsafeArchive, check_destination, extract_export, place_tree
+from server.export_files import ExportKind
 
 log = logging.getLogger(__name__)
 
@@ -278,17 +282,65 @@ class HalfcastClient:
             raise NotFound(f"job {job_id} has no {what}{where}", 404)
         chosen = listed[-1]
         path = destination / f"{job_id}-attempt-{chosen['attempt']}-{chosen['name']}" if destination.is_dir() else destination
+        self._save(chosen["url"], path, "application/octet-stream")
+        return {**chosen, "path": str(path)}
+
+    def exports(self, job_id: str) -> JsonList:
+        """The job's exports (``adapter``, ``model``), each from the newest attempt that has it. Raises :class:`NotFound`."""
+        found: JsonList = self._request("GET", f"/jobs/{job_id}/exports")["exports"]
+        return found
+
+    def download_export(
+        self, job_id: str, kind: str, dest_dir: Path, attempt: int | None = None, *, overwrite: bool = False
+    ) -> Path:
+        """Download the export ``kind`` (``adapter`` or ``model``) and unpack it as the directory ``dest_dir``; its path.
+
+        The tar goes to a staging directory next to ``dest_dir``, its length is checked
+        against ``Content-Length``, it is unpacked there (:mod:`server.export_extract`
+        refuses links, devices, absolute names and ``..``), and the result is renamed to
+        ``dest_dir``: never a half-unpacked directory. ``dest_dir`` must not exist or be
+        an empty directory, unless ``overwrite``.
+
+        Raises:
+            ValueError: ``kind`` is not an export kind.
+            FileExistsError: ``dest_dir`` exists and is not empty (and not ``overwrite``).
+            NotFound: no such job, or it has no such export (in ``attempt``).
+            ServerUnavailable: the connection failed or the download was cut short.
+            HalfcastError: the archive was refused as unsafe.
+        """
+        kind = ExportKind(kind).value
+        dest = Path(dest_dir)
+        check_destination(dest, overwrite=overwrite)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent))
         try:
-            with self._http.stream("GET", chosen["url"], headers={"accept": "application/octet-stream"}) as response:
+            params = {"attempt": attempt} if attempt is not None else None
+            self._save(f"/jobs/{job_id}/exports/{kind}", staging / "export.tar", "application/x-tar", params, require_length=True)
+            tree = extract_export(staging / "export.tar", kind, staging / "tree")
+            place_tree(tree, dest, overwrite=overwrite, trash=staging / "replaced")
+        except UnsafeArchive as exc:
+            raise HalfcastError(f"refused the {kind} export of job {job_id}: {exc}") from exc
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return dest
+
+    def _save(self, url: str, path: Path, accept: str, params: dict[str, Any] | None = None, *,
+              require_length: bool = False) -> None:  # fmt: skip
+        """Stream ``url`` into ``path`` (:func:`server.download.save_response`), with typed errors."""
+        try:
+            with self._http.stream("GET", url, params=params, headers={"accept": accept}) as response:
                 if response.status_code >= 400:
                     response.read()
                     _raise_for(response)
+                if require_length and "content-length" not in response.headers:
+                    raise HalfcastError(f"{url} came without Content-Length: its completeness cannot be checked")
                 save_response(response, path)
+        except httpx.ConnectError as exc:
+            raise ServerUnavailable(f"cannot reach the Halfcast API at {self.url}: {exc}") from exc
         except httpx.TransportError as exc:
-            raise ServerUnavailable(f"lost the download of {chosen['url']} from {self.url}: {exc}") from exc
+            raise ServerUnavailable(f"lost the download of {url} from {self.url}: {exc}") from exc
         except IncompleteDownload as exc:
             raise ServerUnavailable(str(exc)) from exc
-        return {**chosen, "path": str(path)}
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Ask to cancel; the job resource (``cancelled`` or ``cancelling``). Raises :class:`Conflict` if it ended."""

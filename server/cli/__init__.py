@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from server.cli import audit, checkpoints, db, jobs, logs, quotas, services, tokens
+from server.cli import audit, checkpoints, db, exports, jobs, logs, quotas, services, tokens
 from server.quiet_logs import quiet_third_party_logs
 from server.redact import install_log_redaction
 
@@ -21,7 +21,7 @@ from server.redact import install_log_redaction
 EXIT_BROKEN_PIPE = 141
 
 #: Command-group modules, in the order ``--help`` lists them.
-GROUPS = (services, db, tokens, quotas, jobs, logs, checkpoints, audit)
+GROUPS = (services, db, tokens, quotas, jobs, logs, checkpoints, exports, audit)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -66,6 +66,7 @@ export const listJobs = (limit = 100) => api(`/jobs?limit=${limit}`);
 export const getJob = (id) => api(`/jobs/${encodeURIComponent(id)}`);
 export const getEvals = (id) => api(`/jobs/${encodeURIComponent(id)}/evals`).then((page) => page.evals);
 export const getCheckpoints = (id) => api(`/jobs/${encodeURIComponent(id)}/checkpoints`).then((page) => page.checkpoints);
+export const getExports = (id) => api(`/jobs/${encodeURIComponent(id)}/exports`).then((page) => page.exports);
 export const cancelJob = (id) => api(`/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" });
 export const submitJob = (spec) =>
   api("/jobs", { method: "POST", headers: { "content-type": "application/json", accept: "application/json" }, body: JSON.stringify(spec) });

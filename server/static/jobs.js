@@ -1,6 +1,6 @@
 // The job list (polled every 2 s) and the job page (history from /metrics, then live from the event stream).
 
-import { ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, fmtScale, getCheckpoints, getEvals, getJob, listJobs, statusBadge } from "./api.js";
+import { ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, fmtScale, getCheckpoints, getEvals, getExports, getJob, listJobs, statusBadge } from "./api.js";
 import { ChartData, JobCharts } from "./charts.js";
 
 const LIST_REFRESH_MS = 2000;
@@ -86,7 +86,8 @@ export function jobPage(view, id) {
   const evalBox = el("div", { class: "eval-box", hidden: true, dataset: { testid: "job-eval" } });
   const chartsBox = el("div", { class: "charts" });
   const checkpointsBox = el("div", { class: "checkpoints", hidden: true, dataset: { testid: "checkpoints" } });
-  view.replaceChildren(header, problem, evalBox, stats, checkpointsBox, chartsBox);
+  const exportsBox = el("div", { class: "checkpoints", hidden: true, dataset: { testid: "exports" } });
+  view.replaceChildren(header, problem, evalBox, stats, checkpointsBox, exportsBox, chartsBox);
 
   const data = new ChartData();
   let charts = null;
@@ -215,6 +216,7 @@ export function jobPage(view, id) {
   let checkpointTimer = null;
   let shownCheckpoints = "";
   async function refreshCheckpoints() {
+    refreshExports();
     let files = [];
     try {
       files = await getCheckpoints(id);
@@ -230,6 +232,26 @@ export function jobPage(view, id) {
       el("li", { dataset: { testid: "checkpoint" } },
         el("a", { href: f.url, download: `${id}-attempt-${f.attempt}-${f.name}` }, f.name),
         ` step ${f.step}, attempt ${f.attempt}, ${sizeText(f.size_bytes)}${f.final ? " (final weights)" : ""}`))));
+  }
+
+  // The job's exports (a PEFT adapter, a merged model) as tar download links, read with the checkpoints.
+  let shownExports = "";
+  async function refreshExports() {
+    let found = [];
+    try {
+      found = await getExports(id);
+    } catch (error) {
+      return;
+    }
+    if (stopped) return;
+    const shown = JSON.stringify(found.map((e) => [e.kind, e.attempt, e.size_bytes]));
+    if (shown === shownExports) return;
+    shownExports = shown;
+    exportsBox.hidden = found.length === 0;
+    exportsBox.replaceChildren(el("strong", {}, "Exports"), el("ul", {}, ...found.map((e) =>
+      el("li", { dataset: { testid: "export" } },
+        el("a", { href: e.url, download: `${id}-${e.kind}.tar` }, `${e.kind}.tar`),
+        ` attempt ${e.attempt}, ${e.files.length} files, ${sizeText(e.size_bytes)}`))));
   }
 
   function sizeText(bytes) {

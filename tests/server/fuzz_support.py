@@ -2,7 +2,7 @@
 
 - :func:`make_tokens` makes an admin token and a plain one (owner :data:`SEED_OWNER`).
 - :func:`seed_jobs` stores one job in every status (owned by :data:`SEED_OWNER`) (with attempts, step records and a
-  rank log where the status implies them) and a worker with one GPU, so the fuzzer's
+  rank log where the status implies them, and an adapter export for the succeeded one) and a worker with one GPU, so the fuzzer's
   requests reach past the 404s into the real code paths.
 - :func:`check_error_body` is the contract of every 4xx body (docs/api.md, "Errors").
 - :func:`fingerprint` and :func:`database_problems` say whether the database changed
@@ -85,6 +85,10 @@ def _add_history(session: Session, job: Job, runs_dir: Path) -> None:
     log_path = rank_log(attempt_dir(runs_dir, job.id, 1), 0)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("".join(f"rank 0 line {n}\n" for n in range(5)))
+    if job.status == "succeeded":
+        adapter = attempt_dir(runs_dir, job.id, 1) / "export" / "adapter"
+        adapter.mkdir(parents=True)
+        (adapter / "adapter_config.json").write_text('{"r": 8}')
 
 
 def seed_jobs(sessions: sessionmaker[Session], runs_dir: Path) -> Seeded:

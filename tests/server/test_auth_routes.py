@@ -43,6 +43,8 @@ class Case:
     path_params: dict[str, str] = field(default_factory=dict)
     #: The job has a ``final.pt`` checkpoint in attempt 1 (for the checkpoint routes).
     checkpoint: bool = False
+    #: The job has an ``adapter`` export in attempt 1 (for the export routes).
+    export: bool = False
 
 
 CASES: dict[tuple[str, str], Case] = {
@@ -56,6 +58,8 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/jobs/{job_id}/logs"): Case("job", params={"tail": 5}),
     ("GET", "/jobs/{job_id}/checkpoints"): Case("job", checkpoint=True),
     ("GET", "/jobs/{job_id}/checkpoints/{name}"): Case("job", path_params={"name": "final.pt"}, checkpoint=True),
+    ("GET", "/jobs/{job_id}/exports"): Case("job", export=True),
+    ("GET", "/jobs/{job_id}/exports/{kind}"): Case("job", path_params={"kind": "adapter"}, export=True),
     ("GET", "/workers"): Case("any"),
     ("GET", "/metrics"): Case("admin"),
     ("GET", "/audit"): Case("admin"),
@@ -116,6 +120,10 @@ def world(settings: Settings, database_url: str, sessions: sessionmaker[Session]
         folder = settings.runs_dir / job_id / "attempt-1" / "checkpoints"
         folder.mkdir(parents=True)
         (folder / "final.pt").write_bytes(b"weights")
+    if case is not None and case.export:
+        folder = settings.runs_dir / job_id / "attempt-1" / "export" / "adapter"
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_bytes(b"{}")
     with TestClient(create_app(settings, FakeQueue())) as client:
         yield World(client, tokens, job_id, sessions)
 

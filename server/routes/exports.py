@@ -1,0 +1,108 @@
+"""``GET /jobs/{id}/exports`` (list) and ``GET /jobs/{id}/exports/{kind}`` (download): a job's exported model.
+
+An export is a directory the trainer writes for a successful job: ``adapter`` (a PEFT
+adapter) or ``model`` (a merged Hugging Face model directory) (:mod:`server.export_files`).
+A download is that directory as an uncompressed tar, streamed (:mod:`server.export_tar`)
+with an exact ``Content-Length``; ``HEAD`` answers the same headers without reading a file.
+The same isolation as every job route applies (another owner's job is a 404).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, Field
+
+from server.access import visible_job_or_404
+from server.auth import Principal, PrincipalDep, authenticate
+from server.db.models import Job
+from server.errors import ApiError
+from server.export_files import Export, ExportKind, find_export, list_exports
+from server.export_tar import archive_size, stream_archive
+from server.schemas import ErrorBody
+
+router = APIRouter(prefix="/jobs", tags=["exports"], dependencies=[Depends(authenticate)])
+
+#: Media type of a download.
+TAR_MEDIA_TYPE = "application/x-tar"
+
+
+class ExportFilePublic(BaseModel):
+    """One file of an export."""
+
+    name: str = Field(description="Path relative to the export's directory (`/`-separated)")
+    size_bytes: int
+
+
+class ExportPublic(BaseModel):
+    """One export of a job."""
+
+    kind: ExportKind = Field(description="`adapter` (a PEFT adapter) or `model` (a merged Hugging Face model)")
+    attempt: int = Field(description="The attempt (1-based) that wrote it")
+    files: list[ExportFilePublic] = Field(description="Its files, by name")
+    size_bytes: int = Field(description="Bytes of its files together")
+    modified_at: datetime
+    url: str = Field(description="Path of its download (a tar), relative to the API's base URL")
+
+    @classmethod
+    def from_export(cls, job_id: str, export: Export) -> ExportPublic:
+        """Describe ``export`` of ``job_id``."""
+        files = [ExportFilePublic(name=f.name, size_bytes=f.size_bytes) for f in export.files]
+        url = f"/jobs/{job_id}/exports/{export.kind.value}?attempt={export.attempt}"
+        return cls(kind=export.kind, attempt=export.attempt, files=files, size_bytes=export.size_bytes,
+                   modified_at=export.modified_at, url=url)  # fmt: skip
+
+
+class ExportList(BaseModel):
+    """Each kind of export the job has, from the newest attempt that has it."""
+
+    job_id: str
+    exports: list[ExportPublic]
+
+
+def _job(request: Request, job_id: str, principal: Principal) -> Job:
+    with request.app.state.session_factory() as session:  # closed before any file is read
+        return visible_job_or_404(session, job_id, principal)
+
+
+_NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such export"}}
+
+
+@router.get("/{job_id}/exports", response_model=ExportList, responses=_NOT_FOUND)
+def get_exports(job_id: str, request: Request, principal: PrincipalDep) -> ExportList:
+    """The job's exports (empty until a successful job has written one)."""
+    job = _job(request, job_id, principal)
+    found = list_exports(request.app.state.settings.runs_dir, job.id)
+    return ExportList(job_id=job.id, exports=[ExportPublic.from_export(job.id, e) for e in found])
+
+
+@router.head("/{job_id}/exports/{kind}", include_in_schema=False)
+@router.get(
+    "/{job_id}/exports/{kind}",
+    response_class=StreamingResponse,
+    responses={200: {"content": {TAR_MEDIA_TYPE: {}}, "description": "The export as a tar"}, **_NOT_FOUND},
+)
+def download_export(
+    job_id: str,
+    request: Request,
+    principal: PrincipalDep,
+    kind: Annotated[ExportKind, Path(description="`adapter` or `model`")],
+    attempt: Annotated[int | None, Query(ge=1, le=10**9, description="Attempt (default: the newest that has it)")] = None,
+) -> Response:
+    """The export ``kind`` as an uncompressed tar of ``<kind>/<file>`` entries (extract with ``tar -xf``)."""
+    job = _job(request, job_id, principal)
+    export = find_export(request.app.state.settings.runs_dir, job.id, kind, attempt)
+    if export is None:
+        where = f"attempt {attempt}" if attempt is not None else "any attempt"
+        raise ApiError(404, f"job {job.id} has no {kind.value} export in {where}", job_id=job.id)
+    headers = {
+        "Content-Length": str(archive_size(export)),
+        "Content-Disposition": f'attachment; filename="{job.id}-{kind.value}.tar"',
+        "X-Halfcast-Attempt": str(export.attempt),
+    }
+    if request.method == "HEAD":
+        return Response(media_type=TAR_MEDIA_TYPE, headers=headers)
+    return StreamingResponse(stream_archive(export), media_type=TAR_MEDIA_TYPE, headers=headers)
