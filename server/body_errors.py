@@ -1,7 +1,7 @@
 """Answers for a body that cannot be parsed (the caller's 401 first, else a 422 naming why), and safe 422 rendering.
 
 FastAPI reads and decodes a JSON body *before* it runs the route's dependencies, so
-two things would otherwise go wrong for an unparseable body:
+these things would otherwise go wrong for a body it cannot take:
 
 - a caller without a valid token learns about the body (``422 json_invalid``) instead
   of getting the ``401`` every other unauthenticated request gets;
@@ -10,9 +10,14 @@ two things would otherwise go wrong for an unparseable body:
   not the ``422`` at ``["body"]`` that malformed JSON gets (docs/api.md, "Errors");
 - a 422 echoes the rejected ``input``, and JSON text may hold lone surrogates
   (``"\ud800"``) that cannot be encoded as UTF-8: rendering that 422 failed with a 500.
-  422s are rendered with ``ensure_ascii`` (:class:`AsciiJSONResponse`), which escapes them.
+  422s are rendered with ``ensure_ascii`` (:class:`AsciiJSONResponse`), which escapes them;
+- a body with ``NaN``, ``Infinity``, ``-Infinity`` or ``1e309`` is not JSON either: routes
+  of :class:`server.strict_body.StrictJSONRoute` refuse it while parsing, and the 422
+  names each number's field (``["body", "max_grad_norm"]``). As a second line, a 422
+  that still holds a non-finite float (an ``input`` echo, a ``ctx`` value) renders it as
+  a string (``"NaN"``, ``"Infinity"``, ``"-Infinity"``) instead of failing.
 
-:func:`install_body_error_handlers` fixes both: on a route that depends on
+:func:`install_body_error_handlers` fixes them: on a route that depends on
 :func:`server.auth.authenticate`, the token is checked first; then the body error
 is a 422 (FastAPI's format) whose ``msg`` says why the body could not be read.
 """
@@ -20,6 +25,7 @@ is a 422 (FastAPI's format) whose ``msg`` says why the body could not be read.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -35,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server.auth import authenticate
 from server.errors import ApiError, error_response
 from server.openapi_errors import dependency_calls
+from server.strict_json import NONFINITE_MESSAGE, NonFiniteNumbers
 
 #: FastAPI's ``detail`` when it cannot read a body for a reason other than JSON syntax.
 BODY_PARSE_DETAIL = "There was an error parsing the body"
@@ -44,8 +51,26 @@ class AsciiJSONResponse(JSONResponse):
     """JSON with every non-ASCII character escaped, so any Python string renders (lone surrogates too)."""
 
     def render(self, content: Any) -> bytes:
-        """``content`` as compact ASCII JSON."""
-        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+        """``content`` as compact ASCII JSON; a non-finite float becomes the string ``NaN``/``Infinity``/``-Infinity``."""
+        try:
+            return _ascii_json(content)
+        except ValueError:  # a non-finite float: strict JSON has no way to write it
+            return _ascii_json(_finite_floats(content))
+
+
+def _ascii_json(content: Any) -> bytes:
+    return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def _finite_floats(value: Any) -> Any:
+    """``value`` (JSON-like: dicts, lists, scalars) with every non-finite float replaced by its JavaScript name."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _finite_floats(child) for key, child in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_floats(child) for child in value]
+    return value
 
 
 def _bearer_credentials(request: Request) -> HTTPAuthorizationCredentials | None:
@@ -93,9 +118,16 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         return await http_exception_handler(request, exc)
     if (denied := await unauthorized_response(request)) is not None:
         return denied
-    cause = exc.__cause__
+    return AsciiJSONResponse({"detail": _unreadable_body_errors(exc.__cause__)}, 422)
+
+
+def _unreadable_body_errors(cause: BaseException) -> list[dict[str, Any]]:
+    """The 422 items for a body that could not be parsed: one per non-finite number, else one at ``["body"]``."""
+    if isinstance(cause, NonFiniteNumbers):
+        return [{"type": "json_invalid", "loc": ["body", *item.path], "msg": NONFINITE_MESSAGE, "input": item.text}
+                for item in cause.found]  # fmt: skip
     message = f"the body is not JSON: {type(cause).__name__}: {str(cause)[:200]}"
-    return AsciiJSONResponse({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": message, "input": None}]}, 422)
+    return [{"type": "json_invalid", "loc": ["body"], "msg": message, "input": None}]
 
 
 def install_body_error_handlers(app: FastAPI) -> None:

@@ -31,6 +31,7 @@ import httpx
 from server.download import IncompleteDownload, save_response
 from server.export_extract import UnsafeArchive, check_destination, extract_export, place_tree
 from server.export_files import ExportKind
+from server.strict_json import json_value_problems
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,13 @@ def _raise_for(response: httpx.Response) -> None:
     raise HalfcastError(f"HTTP {response.status_code}: {message}", response.status_code)
 
 
+def _require_json(value: Mapping[str, Any]) -> None:
+    """Raise :class:`ValidationFailed` (``loc`` under ``body``) where ``value`` is not strict JSON."""
+    problems = json_value_problems(dict(value))
+    if problems:
+        raise ValidationFailed([FieldError(("body", *path), message, "json_invalid") for path, message in problems])
+
+
 class HalfcastClient:
     """A client of one Halfcast API at ``url``; ``timeout`` (seconds) applies to each request.
 
@@ -205,7 +213,12 @@ class HalfcastClient:
     # ------------------------------------------------------------------ jobs
 
     def submit(self, spec: Mapping[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
-        """POST a job spec; the new job resource. Raises :class:`ValidationFailed` for a bad spec."""
+        """POST a job spec; the new job resource. Raises :class:`ValidationFailed` for a bad spec.
+
+        A spec JSON cannot carry (a NaN or infinite float, as YAML's ``.nan``/``.inf`` parse
+        to; a YAML date) is refused here, field by field, as the API would, and never sent.
+        """
+        _require_json(spec)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         job: dict[str, Any] = self._request("POST", "/jobs", json=dict(spec), headers=headers)
         return job

@@ -29,11 +29,13 @@ from server.queue import JobQueue
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.schemas import MAX_STEP_NUMBER, ErrorBody, EvalList, JobList, JobPublic, JobStatus, MetricsPage, step_point
 from server.settings import Settings
+from server.strict_body import StrictJSONRoute
 from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(authenticate)])
+#: Bodies are strict JSON: NaN, Infinity and 1e309 are a 422 at their field (:mod:`server.strict_body`).
+router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(authenticate)], route_class=StrictJSONRoute)
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown job"}}
 

@@ -7,10 +7,15 @@
 - :func:`check_error_body` is the contract of every 4xx body (docs/api.md, "Errors").
 - :func:`fingerprint` and :func:`database_problems` say whether the database changed
   and whether it holds anything half-written.
+- :func:`numeric_paths`, :func:`node_paths` and :func:`with_literal` write a valid body
+  back as raw text with a non-strict-JSON number (:data:`NONFINITE_LITERALS`) at one
+  position: what schemathesis, which only generates strict JSON, never sends.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -26,7 +31,11 @@ from server.db.jobs import spec_hash
 from server.db.models import STATUSES, TERMINAL_STATUSES, Attempt, Job, StepRecord, Worker
 from server.runlogs import attempt_dir, rank_log
 from server.schemas import JobPublic
+from server.strict_json import JsonPath
 from trainer.spec import JobSpec
+
+#: Numbers Python's JSON parser reads but JSON does not have (the last two overflow a double).
+NONFINITE_LITERALS = ("NaN", "Infinity", "-Infinity", "1e309", "-1e309")
 
 #: The spec of every seeded job (valid, CPU, two ranks so that rank 1 exists).
 SEED_SPEC: dict[str, Any] = JobSpec.model_validate(
@@ -158,8 +167,11 @@ def fingerprint(sessions: sessionmaker[Session]) -> tuple[Any, ...]:
 def _spec_problems(job: Job) -> list[str]:
     try:
         spec = JobSpec.model_validate(job.spec)
+        json.dumps(job.spec, allow_nan=False)
     except ValidationError as exc:
         return [f"job {job.id}: stored spec does not validate: {exc}"]
+    except ValueError as exc:
+        return [f"job {job.id}: stored spec is not strict JSON (it could not be served): {exc}"]
     problems = []
     if (job.name, job.max_steps, job.world_size) != (spec.name, spec.max_steps, spec.world_size):
         problems.append(f"job {job.id}: name/max_steps/world_size disagree with the spec")
@@ -195,7 +207,7 @@ def _orphan_problems(session: Session) -> list[str]:
 def database_problems(sessions: sessionmaker[Session]) -> list[str]:
     """Everything half-written or inconsistent in the database (empty: all is well).
 
-    Every job's spec validates as a ``JobSpec`` and agrees with its columns; its status
+    Every job's spec validates as a ``JobSpec``, is strict JSON and agrees with its columns; its status
     is known and its timestamps, error and attempts fit the status; it renders as the
     job resource; no step record or attempt belongs to a missing job.
     """
@@ -209,3 +221,38 @@ def database_problems(sessions: sessionmaker[Session]) -> list[str]:
                 problems.append(f"job {job.id}: does not render as a job resource: {exc}")
         problems += _orphan_problems(session)
     return problems
+
+
+def _positions(value: Any, path: JsonPath = ()) -> list[tuple[JsonPath, Any]]:
+    """``(path, node)`` of every node of a JSON value, the root first."""
+    found = [(path, value)]
+    if isinstance(value, dict):
+        for key, child in value.items():
+            found += _positions(child, (*path, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            found += _positions(child, (*path, index))
+    return found
+
+
+def numeric_paths(value: Any) -> list[JsonPath]:
+    """Where ``value`` holds a number (``bool`` is not one)."""
+    return [path for path, node in _positions(value) if isinstance(node, (int, float)) and not isinstance(node, bool)]
+
+
+def node_paths(value: Any) -> list[JsonPath]:
+    """Every position of ``value``, the root included."""
+    return [path for path, _node in _positions(value)]
+
+
+def with_literal(body: Any, path: JsonPath, literal: str) -> str:
+    """``body`` as JSON text with the raw ``literal`` (``NaN``, ``1e309``) at ``path`` in place of what was there."""
+    hole = f"@@{uuid.uuid4().hex}@@"
+    if not path:
+        return literal
+    document = copy.deepcopy(body)
+    parent = document
+    for part in path[:-1]:
+        parent = parent[part]
+    parent[path[-1]] = hole
+    return json.dumps(document, allow_nan=False).replace(json.dumps(hole), literal)

@@ -12,11 +12,21 @@ import json
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_support import VALID_SPEC, count_rows, insert_job, insert_steps
+from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job, insert_steps
+from server.app import create_app
+from server.body_errors import AsciiJSONResponse, install_body_error_handlers
+from server.db.models import AuditEvent
+from server.settings import Settings
+from server.strict_body import StrictJSONRoute
+from server.strict_json import NONFINITE_MESSAGE, loads_strict
 from trainer.spec import JobSpec
 
 JSON = {"content-type": "application/json"}
@@ -82,6 +92,123 @@ def test_lone_surrogate_is_422_not_500(
     assert response.status_code == 422, response.text
     assert json.loads(response.content)["detail"][0]["loc"] == loc
     assert count_rows(sessions) == 0
+
+
+# ----------------------------------------------------------------------------- non-finite numbers (issue 11)
+
+#: What Python's JSON parser accepts but JSON has not: each answered 500 (the 422 echoing it could not render).
+NONFINITE = ["NaN", "Infinity", "-Infinity", "1e309", "-1e309"]
+#: A field of each kind, and the raw text of a valid spec holding ``@`` there.
+_SPEC_WITH_HOLE = {
+    ("max_grad_norm",): '{"model":{"name":"mlp"},"dataset":{"name":"digits"},"max_grad_norm":@}',
+    ("micro_batch_size",): '{"model":{"name":"mlp"},"dataset":{"name":"digits"},"micro_batch_size":@}',
+    ("loss_scale", "init_scale"): '{"model":{"name":"mlp"},"dataset":{"name":"digits"},"precision":"fp16",'
+                                  '"loss_scale":{"mode":"dynamic","init_scale":@}}',
+    ("model", "config", "hidden_sizes", 1): '{"model":{"name":"mlp","config":{"hidden_sizes":[64,@]}},"dataset":{"name":"digits"}}',
+    ("name",): '{"model":{"name":"mlp"},"dataset":{"name":"digits"},"name":@}',
+}  # fmt: skip
+
+
+def _job_creations(sessions: sessionmaker[Session]) -> int:
+    with sessions() as session:
+        return session.scalar(select(func.count()).select_from(AuditEvent).where(AuditEvent.action == "job.create")) or 0
+
+
+@pytest.mark.parametrize("literal", NONFINITE)
+@pytest.mark.parametrize("path", list(_SPEC_WITH_HOLE), ids=[".".join(map(str, p)) for p in _SPEC_WITH_HOLE])
+def test_nonfinite_number_in_a_spec_is_422_at_its_field_and_stores_nothing(
+    client: TestClient, sessions: sessionmaker[Session], fake_queue: FakeQueue, path: tuple[Any, ...], literal: str
+) -> None:
+    """Was a 500 (or a dropped connection): the body is not JSON, so a 422 naming the field; no row, no audit, no message."""
+    response = client.post("/jobs", content=_SPEC_WITH_HOLE[path].replace("@", literal), headers=JSON)
+    error = _only_error(response, 422)
+    assert error == {"type": "json_invalid", "loc": ["body", *path], "msg": NONFINITE_MESSAGE, "input": literal}
+    assert (count_rows(sessions), _job_creations(sessions), fake_queue.sent) == (0, 0, [])
+
+
+def test_every_nonfinite_number_is_named_in_document_order(client: TestClient) -> None:
+    body = '{"model":{"name":"mlp"},"dataset":{"name":"digits"},"seed":NaN,"optimizer":{"lr":1e400,"eps":-Infinity}}'
+    detail = client.post("/jobs", content=body, headers=JSON).json()["detail"]
+    assert [(d["loc"], d["input"]) for d in detail] == [
+        (["body", "seed"], "NaN"), (["body", "optimizer", "lr"], "1e400"), (["body", "optimizer", "eps"], "-Infinity")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("body", ['{"seed": NaN, "seed": 1}', "NaN", "[Infinity]"], ids=["replaced-by-duplicate-key", "root", "in-a-list"])
+def test_a_nonfinite_number_anywhere_is_422_even_where_no_field_holds_it(
+    client: TestClient, sessions: sessionmaker[Session], body: str
+) -> None:
+    """Strict means the whole text: a NaN that a later duplicate key replaced is refused too (at ``["body"]``)."""
+    detail = client.post("/jobs", content=body, headers=JSON).json()["detail"]
+    assert detail and all(item["msg"] == NONFINITE_MESSAGE and item["loc"][0] == "body" for item in detail), detail
+    assert count_rows(sessions) == 0
+
+
+def test_a_nonfinite_body_without_token_is_401(client: TestClient) -> None:
+    """Like any body that is not JSON: the caller without a token learns nothing about it."""
+    response = _anonymous(client).post("/jobs", content='{"seed": NaN}', headers=JSON)
+    assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+
+
+def test_every_route_with_a_body_parses_it_as_strict_json() -> None:
+    """A body route on a router without ``route_class=StrictJSONRoute`` would take NaN again."""
+    with_body = _body_routes(create_app(Settings(auth=True)))
+    assert ("POST", "/jobs") in {(method, path) for method, path, _ in with_body}, with_body
+    lenient = [(method, path) for method, path, strict in with_body if not strict]
+    assert lenient == [], f"these routes parse bodies with Python's lenient JSON: {lenient}"
+
+
+def _body_routes(app: FastAPI) -> list[tuple[str, str, bool]]:
+    """``(method, path, parsed strictly)`` of every API route that takes a body."""
+    found = []
+    for context in _route_contexts(app):
+        route = getattr(context, "original_route", context)
+        if isinstance(route, APIRoute) and route.body_field is not None:
+            found += [(method, context.path, isinstance(route, StrictJSONRoute)) for method in sorted(route.methods)]
+    return found
+
+
+def _route_contexts(app: FastAPI) -> list[Any]:
+    """The app's routes, included routers' ones too (FastAPI 0.165 keeps those nested)."""
+    found: list[Any] = []
+    for route in app.routes:
+        found += route.effective_route_contexts() if hasattr(route, "effective_route_contexts") else [route]
+    return found
+
+
+class _FiniteBody(BaseModel):
+    x: float = Field(le=10.0, allow_inf_nan=False)
+
+
+def _lenient_app() -> FastAPI:
+    """An app with Halfcast's 422 handlers but a route parsing with Python's lenient JSON, and one raising ``ctx: inf``."""
+    app = FastAPI()
+    install_body_error_handlers(app)
+
+    @app.post("/lenient")
+    def lenient(body: _FiniteBody) -> float:
+        return body.x
+
+    @app.get("/ctx")
+    def ctx() -> None:
+        raise RequestValidationError([{"type": "less_than", "loc": ("query", "x"), "msg": "m", "input": float("nan"),
+                                       "ctx": {"lt": float("inf")}}])  # fmt: skip
+
+    return app
+
+
+def test_a_422_holding_a_nonfinite_float_renders_it_as_a_string() -> None:
+    """Defence in depth: a 422 echoing NaN (``input``) or holding inf (``ctx``) rendered as a 500; now strict JSON."""
+    with TestClient(_lenient_app(), raise_server_exceptions=False) as client:
+        echoed = client.post("/lenient", content='{"x": NaN}', headers=JSON)
+        raised = client.get("/ctx")
+    assert echoed.status_code == 422 and loads_strict(echoed.content)["detail"][0]["input"] == "NaN"
+    assert raised.status_code == 422 and loads_strict(raised.content)["detail"][0]["ctx"] == {"lt": "Infinity"}
+
+
+def test_ascii_json_response_writes_nonfinite_floats_as_their_names() -> None:
+    body = AsciiJSONResponse({"a": [float("nan"), float("inf"), -float("inf"), 1.5], "b": "\ud800"}).body
+    assert loads_strict(body) == {"a": ["NaN", "Infinity", "-Infinity", 1.5], "b": "\ud800"}
 
 
 # ----------------------------------------------------------------------------- ids, cursors and step numbers

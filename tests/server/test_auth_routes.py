@@ -1,9 +1,11 @@
 """Every route × every kind of caller: no token and a revoked token get 401, another owner 404 (403 for admin routes).
 
-The routes come from the app itself, so a route added without deciding its access
-fails here (add it to ``CASES`` or, for a public one, to ``PUBLIC``). Each job route
-is asked about one job owned by ``alice``: ``bob`` gets exactly the answer of a
-missing job and changes nothing, ``alice`` and an admin get a 2xx.
+The routes come from the app itself, ``HEAD`` ones included, so a route added without
+deciding its access fails here (add it to ``CASES`` or, for a public one, to
+``PUBLIC``). Each job route is asked about one job owned by ``alice``: ``bob`` gets
+exactly the answer of a missing job and changes nothing, ``alice`` and an admin get a
+2xx. ``cookie`` is ``alice`` with the dashboard's session cookie instead of the header:
+on ``GET`` and ``HEAD`` she gets what ``alice`` gets, on any other method a 401.
 """
 
 from __future__ import annotations
@@ -20,15 +22,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.routing import Mount, Route
 
 from server.app import create_app
+from server.auth import SESSION_COOKIE
 from server.db.models import Job
 from server.db.tokens import revoke_token
 from server.settings import Settings
 
 from api_support import VALID_SPEC, FakeQueue, insert_job, make_token
 
-#: Routes answered without a token: probes, the dashboard page, the OpenAPI description.
-PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/"), ("GET", "/openapi.json"), ("GET", "/docs"),
-          ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc")}  # fmt: skip
+#: Methods the session cookie authenticates (docs/api.md, "Authentication"): reads only, never a change.
+COOKIE_READS = frozenset({"GET", "HEAD"})
+#: Routes answered without a token: probes, the dashboard page, the OpenAPI description (Starlette adds its HEAD).
+PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/"), ("GET", "/openapi.json"), ("HEAD", "/openapi.json"),
+          ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc")}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/jobs/{job_id}/checkpoints/{name}"): Case("job", path_params={"name": "final.pt"}, checkpoint=True),
     ("GET", "/jobs/{job_id}/exports"): Case("job", export=True),
     ("GET", "/jobs/{job_id}/exports/{kind}"): Case("job", path_params={"kind": "adapter"}, export=True),
+    ("HEAD", "/jobs/{job_id}/checkpoints/{name}"): Case("job", path_params={"name": "final.pt"}, checkpoint=True),
+    ("HEAD", "/jobs/{job_id}/exports/{kind}"): Case("job", path_params={"kind": "adapter"}, export=True),
     ("GET", "/workers"): Case("any"),
     ("GET", "/metrics"): Case("admin"),
     ("GET", "/audit"): Case("admin"),
@@ -83,9 +90,9 @@ def _flatten(routes: list[Any]) -> Iterator[Any]:
 
 
 def app_routes() -> list[tuple[str, str]]:
-    """Every (method, path) the app serves (mounted static files excluded)."""
+    """Every (method, path) the app serves, HEAD included (mounted static files excluded)."""
     app = create_app(Settings(auth=True))
-    found = {(method, route.path) for route in _flatten(app.routes) for method in (route.methods or ()) if method != "HEAD"}
+    found = {(method, route.path) for route in _flatten(app.routes) for method in (route.methods or ())}
     return sorted(found)
 
 
@@ -128,10 +135,17 @@ def world(settings: Settings, database_url: str, sessions: sessionmaker[Session]
         yield World(client, tokens, job_id, sessions)
 
 
+def _credentials(world: World, caller: str) -> dict[str, str]:
+    """The headers ``caller`` sends: a bearer token, alice's session cookie (``cookie``), or nothing."""
+    if caller == "cookie":
+        return {"Cookie": f"{SESSION_COOKIE}={world.tokens['owner']}"}
+    token = world.tokens[caller]
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def _call(world: World, method: str, path: str, caller: str, job_id: str | None = None) -> Any:
     case = CASES[(method, path)]
-    token = world.tokens[caller]
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = _credentials(world, caller)
     url = path.replace("{job_id}", job_id or world.job_id)
     for name, value in case.path_params.items():
         url = url.replace("{" + name + "}", value)
@@ -151,30 +165,32 @@ def test_every_route_is_classified() -> None:
     assert sorted(set(CASES) - set(PROTECTED)) == [], "CASES names routes the app no longer has"
 
 
-@pytest.mark.parametrize("caller", ["none", "revoked", "other", "owner", "admin"])
+@pytest.mark.parametrize("caller", ["none", "revoked", "other", "owner", "admin", "cookie"])
 @pytest.mark.parametrize("route", PROTECTED, ids=[f"{m} {p}" for m, p in PROTECTED])
 def test_route_access(world: World, route: tuple[str, str], caller: str) -> None:
     method, path = route
     assert route in CASES, f"{method} {path}: decide who may call it (CASES or PUBLIC)"
     case = CASES[route]
     response = _call(world, method, path, caller)
+    has_body = method != "HEAD"
 
-    if caller in ("none", "revoked"):
+    if caller in ("none", "revoked") or (caller == "cookie" and method not in COOKIE_READS):
         assert response.status_code == 401, response.text
         assert response.headers["www-authenticate"] == "Bearer"
-        assert isinstance(response.json()["detail"], str)
+        assert not has_body or isinstance(response.json()["detail"], str)
     elif case.access == "admin" and caller != "admin":
         assert response.status_code == 403, response.text
     elif case.access == "job" and caller == "other":
         missing = _call(world, method, path, caller, job_id=(missing_id := str(uuid.uuid4())))
-        assert response.status_code == 404, response.text
-        assert response.json() == {**missing.json(), "job_id": world.job_id, "detail": missing.json()["detail"].replace(missing_id, world.job_id)}
+        assert response.status_code == missing.status_code == 404, response.text
+        if has_body:
+            assert response.json() == {**missing.json(), "job_id": world.job_id, "detail": missing.json()["detail"].replace(missing_id, world.job_id)}
         assert _status_of(world) == case.job_status  # nothing changed
     else:
         assert 200 <= response.status_code < 300, response.text
     if (method, path) == ("GET", "/jobs") and response.status_code == 200:
         listed = [job["id"] for job in response.json()["jobs"]]
-        assert listed == ([world.job_id] if caller in ("owner", "admin") else [])
+        assert listed == ([world.job_id] if caller in ("owner", "admin", "cookie") else [])
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/", "/static/app.js", "/openapi.json", "/docs", "/redoc",

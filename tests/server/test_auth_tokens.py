@@ -50,6 +50,26 @@ def test_the_session_cookie_authenticates_reads_but_never_writes(app_client: Tes
     assert app_client.get(f"/jobs/{job_id}").status_code == 401
 
 
+def test_the_session_cookie_authenticates_a_checkpoint_head_as_it_does_its_get(
+    app_client: TestClient, database_url: str, sessions: sessionmaker[Session], settings: Settings
+) -> None:
+    """docs/api.md: the cookie is accepted on GET and HEAD; HEAD on a checkpoint was a 405 for everyone."""
+    token, other = make_token(database_url, "alice"), make_token(database_url, "bob")
+    job_id = insert_job(sessions, status="succeeded", owner="alice")
+    folder = settings.runs_dir / job_id / "attempt-1" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "final.pt").write_bytes(b"weights")
+    url = f"/jobs/{job_id}/checkpoints/final.pt"
+
+    def by_cookie(method: str, secret: str | None) -> int:
+        cookie = {"Cookie": f"{SESSION_COOKIE}={secret}"} if secret else {}
+        return app_client.request(method, url, headers=cookie).status_code
+
+    assert [by_cookie(method, token) for method in ("GET", "HEAD")] == [200, 200]
+    assert [by_cookie(method, other) for method in ("GET", "HEAD")] == [404, 404]
+    assert [by_cookie(method, None) for method in ("GET", "HEAD")] == [401, 401]
+
+
 @pytest.mark.parametrize("header", ["Basic YWxpY2U6cHc=", "Bearer", "Bearer hc_not-a-token", "Bearer not-even-prefixed"])
 def test_malformed_or_unknown_credentials_are_401(app_client: TestClient, header: str) -> None:
     response = app_client.get("/jobs", headers={"Authorization": header})

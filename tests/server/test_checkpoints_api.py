@@ -1,4 +1,4 @@
-"""``GET /jobs/{id}/checkpoints`` and ``GET /jobs/{id}/checkpoints/{name}``: listing and downloading a job's checkpoints.
+"""``GET /jobs/{id}/checkpoints`` and ``GET``/``HEAD /jobs/{id}/checkpoints/{name}``: listing and downloading a job's checkpoints.
 
 On both backends (``database_url`` is parametrized). The files are laid out as the
 trainer writes them (``<runs_dir>/<job>/attempt-<n>/checkpoints/``), with the hidden
@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.checkpoint_files import find_checkpoint, list_checkpoints
+from server.conditional import etag_matches
 from server.settings import Settings
 
 
@@ -65,6 +66,60 @@ def test_a_download_is_the_file_with_its_attempt_and_step(client: TestClient, jo
     assert f'filename="{job_id}-attempt-2-final.pt"' in response.headers["content-disposition"]
     assert (response.headers["x-halfcast-attempt"], response.headers["x-halfcast-step"]) == ("2", "50")
     assert response.headers["etag"]
+
+
+#: Headers a HEAD must answer exactly as the GET of the same file does.
+DOWNLOAD_HEADERS = ("content-type", "content-length", "content-disposition", "etag", "last-modified", "accept-ranges",
+                    "x-halfcast-attempt", "x-halfcast-step")  # fmt: skip
+
+
+@pytest.mark.parametrize("params", [{}, {"attempt": 1}], ids=["newest", "attempt-1"])
+def test_head_answers_the_headers_of_the_download_without_its_body(client: TestClient, job_id: str, params: dict[str, int]) -> None:
+    """HEAD was a 405 for everyone, though the docs said the session cookie is accepted on it."""
+    url = f"/jobs/{job_id}/checkpoints/step-20.pt" if params else f"/jobs/{job_id}/checkpoints/final.pt"
+    full, head = client.get(url, params=params), client.head(url, params=params)
+    assert (full.status_code, head.status_code) == (200, 200), head.text
+    assert {h: head.headers.get(h) for h in DOWNLOAD_HEADERS} == {h: full.headers.get(h) for h in DOWNLOAD_HEADERS}
+    assert head.headers["content-length"] == str(len(full.content)) and head.content == b""
+
+
+def test_head_of_a_range_answers_its_206_headers(client: TestClient, job_id: str) -> None:
+    response = client.head(f"/jobs/{job_id}/checkpoints/final.pt", headers={"Range": "bytes=7990-"})
+    assert response.status_code == 206 and response.headers["content-range"] == "bytes 7990-7999/8000"
+    assert response.headers["content-length"] == "10"
+
+
+def test_head_of_a_missing_checkpoint_is_a_404(client: TestClient, job_id: str) -> None:
+    assert client.head(f"/jobs/{job_id}/checkpoints/step-80.pt").status_code == 404
+    assert client.head("/jobs/nope/checkpoints/final.pt").status_code == 404
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_if_none_match_naming_the_etag_is_a_304_without_a_body(client: TestClient, job_id: str, method: str) -> None:
+    url = f"/jobs/{job_id}/checkpoints/final.pt"
+    etag = client.get(url).headers["etag"]
+    for header in (etag, f"W/{etag}", f'"other", {etag}', "*"):
+        response = client.request(method, url, headers={"If-None-Match": header})
+        assert response.status_code == 304, (header, response.status_code)
+        assert response.content == b"" and response.headers["etag"] == etag
+        assert (response.headers["x-halfcast-attempt"], response.headers["x-halfcast-step"]) == ("2", "50")
+    stale = client.request(method, url, headers={"If-None-Match": '"not-this-file"'})
+    assert stale.status_code == 200 and stale.headers["etag"] == etag
+
+
+def test_a_304_is_for_that_file_only(client: TestClient, job_id: str) -> None:
+    """Another checkpoint has another ETag: the client's copy of final.pt does not stand for step-45.pt."""
+    etag = client.get(f"/jobs/{job_id}/checkpoints/final.pt").headers["etag"]
+    response = client.get(f"/jobs/{job_id}/checkpoints/step-45.pt", headers={"If-None-Match": etag})
+    assert response.status_code == 200 and response.content == b"a2-45" * 1000
+
+
+@pytest.mark.parametrize(
+    ("header", "matches"),
+    [(None, False), ('"a"', True), ('W/"a"', True), (' "b" , "a" ', True), ('"b"', False), ("*", True), ("", False)],
+)
+def test_etag_matching_is_weak_and_takes_lists(header: str | None, matches: bool) -> None:
+    assert etag_matches(header, '"a"') is matches
 
 
 def test_attempt_picks_an_earlier_attempts_file_and_the_default_is_the_newest_that_has_it(

@@ -21,8 +21,9 @@ from server.cli.watch import WatchView, format_duration, format_scale, progress_
 from server.client import Event
 from server.events import EventStreamSettings, StreamStats
 from server.settings import Settings
+from server.strict_json import NONFINITE_MESSAGE
 
-from api_support import VALID_SPEC, FakeQueue, insert_job
+from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job
 from live_server import LiveServer, add_steps, free_port, set_status, sqlite_copy, step_record
 
 
@@ -99,6 +100,36 @@ def test_an_invalid_spec_prints_each_field_and_its_message(url: str, tmp_path: P
     assert any(line.startswith("error: micro_batch_size: ") for line in lines), err
     assert any(line.startswith("error: bogus: ") for line in lines), err
     assert len(lines) == 2
+
+
+def test_a_yaml_nan_or_inf_is_one_error_line_per_field_and_nothing_is_sent(
+    url: str, tmp_path: Path, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """YAML's ``.nan``/``.inf`` are floats JSON cannot carry: the CLI printed a traceback (httpx refused to encode them)."""
+    (tmp_path / "nan.yaml").write_text(
+        "model: {name: mlp}\ndataset: {name: digits}\nprecision: fp16\nmax_grad_norm: .nan\n"
+        "loss_scale:\n  mode: dynamic\n  init_scale: .inf\nseed: -.inf\n"
+    )
+    code, out, err = _run(capsys, "submit", str(tmp_path / "nan.yaml"))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [f"error: {field}: {NONFINITE_MESSAGE}" for field in ("max_grad_norm", "loss_scale.init_scale", "seed")]
+    assert count_rows(sessions) == 0
+
+
+@pytest.mark.parametrize("text", ['"seed": NaN', '"seed": 1e309'], ids=["NaN", "1e309"])
+def test_a_json_spec_with_a_nonfinite_number_is_refused_like_yaml(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    """Python's JSON parser reads ``NaN`` and ``1e309`` (as inf) from a ``.json`` file too."""
+    (tmp_path / "nan.json").write_text(json.dumps(VALID_SPEC)[:-1] + f", {text}}}")
+    code, _, err = _run(capsys, "submit", str(tmp_path / "nan.json"))
+    assert (code, err) == (2, f"error: seed: {NONFINITE_MESSAGE}\n")
+
+
+def test_a_yaml_date_is_one_error_line_not_a_traceback(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "date.yaml").write_text(yaml.safe_dump({**VALID_SPEC, "name": "x"}).replace("name: x", "name: 2024-01-31"))
+    code, _, err = _run(capsys, "submit", str(tmp_path / "date.yaml"))
+    assert code == 2 and err.startswith("error: name: a date is not a JSON value") and err.count("\n") == 1
 
 
 def test_spec_file_errors_are_one_line(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -16,6 +18,7 @@ from server.db.models import EvalRecord
 from server.client import Conflict, FieldError, HalfcastClient, NotFound, ServerUnavailable, ValidationFailed, parse_sse
 from server.events import EventStreamSettings, StreamStats
 from server.settings import Settings
+from server.strict_json import NONFINITE_MESSAGE
 
 from api_support import VALID_SPEC, FakeQueue, insert_job, insert_steps
 from live_server import LiveServer, add_steps, free_port, set_status, sqlite_copy, step_record
@@ -66,6 +69,26 @@ def test_a_bad_spec_raises_validation_failed_with_every_field(halfcast: Halfcast
     assert {"micro_batch_size", "bogus"} <= paths, paths
     assert caught.value.status_code == 422 and queue.sent == []
     assert all(error.msg for error in caught.value.errors)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_a_nonfinite_float_is_validation_failed_and_never_sent(value: float) -> None:
+    """json= in httpx raised ValueError (a traceback in the CLI); the server is not even asked (none listens here)."""
+    spec = {**VALID_SPEC, "model": {"name": "mlp", "config": {"hidden_sizes": [64, value]}}}
+    with HalfcastClient(f"http://127.0.0.1:{free_port()}", timeout=2) as client:
+        with pytest.raises(ValidationFailed) as caught:
+            client.submit(spec)
+    assert [(e.path, e.type) for e in caught.value.errors] == [("model.config.hidden_sizes[1]", "json_invalid")]
+    assert caught.value.errors[0].msg == NONFINITE_MESSAGE
+
+
+def test_a_raw_nan_body_gets_its_422_from_a_real_server(server: LiveServer, admin_token: str, queue: FakeQueue) -> None:
+    """Over uvicorn the NaN body answered 500 (the 422 could not be rendered); a client sending raw text gets the 422."""
+    body = json.dumps(VALID_SPEC).replace('"max_steps": 50', '"max_steps": NaN')
+    response = httpx.post(f"{server.url}/jobs", content=body, timeout=10,
+                          headers={"Authorization": f"Bearer {admin_token}", "content-type": "application/json"})  # fmt: skip
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", "max_steps"] and queue.sent == []
 
 
 def test_field_paths() -> None:

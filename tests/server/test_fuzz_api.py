@@ -19,6 +19,14 @@ Each response must:
 After the run, :func:`test_fuzzed_database_is_consistent` checks the database
 holds nothing half-written (:func:`fuzz_support.database_problems`).
 
+Non-strict JSON: schemathesis only generates strict JSON, but Python's parser also
+reads ``NaN``, ``Infinity``, ``-Infinity`` and ``1e309``. Every operation with a JSON
+body gets generated valid bodies written back as raw text with one of those at one of
+their numbers (:func:`test_nonfinite_numbers_in_generated_bodies_are_4xx`), and every
+number of every spec in ``examples/`` gets each of them
+(:func:`test_nonfinite_numbers_in_example_specs_are_422_at_their_field`): a 4xx, never a
+5xx or a dropped connection, and nothing stored.
+
 Streaming: ``GET /jobs/{id}/events`` and ``GET /jobs/{id}/logs?follow=true`` stream
 until the job is terminal, so the seeded ids swapped into their paths are only those
 of terminal jobs (their streams end after the snapshot); a generated id is unknown
@@ -32,6 +40,7 @@ job), ``user`` (a plain token owning the seeded jobs) and ``anonymous`` (no toke
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -58,9 +67,23 @@ from server.db.models import Base
 from server.settings import Settings
 
 from api_support import FakeQueue
-from fuzz_support import Seeded, check_error_body, database_problems, fingerprint, make_tokens, seed_jobs
+from fuzz_support import (
+    NONFINITE_LITERALS,
+    Seeded,
+    check_error_body,
+    database_problems,
+    fingerprint,
+    make_tokens,
+    node_paths,
+    numeric_paths,
+    seed_jobs,
+    with_literal,
+)
 
 log = logging.getLogger(__name__)
+
+#: The repository's example specs (valid job specs with numbers in many positions).
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.json"))
 
 #: Generated requests per operation (and per backend and auth mode); CI keeps the default.
 FUZZ_EXAMPLES = int(os.environ.get("HALFCAST_FUZZ_EXAMPLES", "25"))
@@ -189,14 +212,18 @@ def _strategy(operation: Any, mode: GenerationMode, seeded: Seeded, headers: dic
 
 
 def _check_response(target: FuzzTarget, label: str, caller: str, response: Any, before: tuple[Any, ...]) -> None:
-    """The Halfcast-specific checks: no 5xx; no token, no access; a 4xx is JSON naming the problem and writes nothing."""
+    """The Halfcast-specific checks: no 5xx; no token, no access; a 4xx is JSON naming the problem and writes nothing.
+
+    A HEAD answer has no body to check (the GET of the same path checks the JSON).
+    """
     status_code = response.status_code
     assert status_code < 500, f"{label} answered {status_code}: {response.text[:2000]}"
     if caller == "anonymous" and label.split(" ", 1)[1] not in PUBLIC_PATHS:
         assert status_code == 401, f"{label} without a token answered {status_code}, not 401"
         assert response.headers.get("www-authenticate") == "Bearer", "401 without WWW-Authenticate: Bearer"
-    if 400 <= status_code < 500:
+    if 400 <= status_code < 500 and not label.startswith("HEAD "):
         check_error_body(status_code, response.headers.get("content-type", ""), response.json())
+    if 400 <= status_code < 500:
         assert fingerprint(target.sessions) == before, f"{label} answered {status_code} but changed the database"
 
 
@@ -235,6 +262,75 @@ def test_fuzz_operation(
         run()
     except Unsatisfiable:  # e.g. only a path string and fixed headers: nothing can be made invalid
         pytest.skip(f"{label}: no invalid request can be generated")
+
+
+def _json_body_operations() -> list[str]:
+    """``METHOD path`` of every operation whose request body is JSON (read without starting the app)."""
+    paths = create_app(Settings(data_dir=Path("/nonexistent"), broker_url=None)).openapi()["paths"]
+    return [f"{method.upper()} {path}" for path, methods in paths.items() for method, spec in methods.items()
+            if "application/json" in spec.get("requestBody", {}).get("content", {})]  # fmt: skip
+
+
+def _send_raw(target: FuzzTarget, case: schemathesis.Case, text: str) -> Any:
+    """Send ``case`` with ``text`` as its body, verbatim, as ``application/json``."""
+    kwargs = case.as_transport_kwargs(base_url="http://testserver")
+    headers = {**(kwargs.get("headers") or {}), "content-type": "application/json"}
+    return target.client.request(kwargs["method"], kwargs["url"], headers=headers, params=kwargs.get("params"),
+                                 content=text.encode())  # fmt: skip
+
+
+def _check_nonfinite_answer(response: Any, caller: str, path: tuple[Any, ...]) -> None:
+    """A 4xx JSON answer: 401 without a token, else a 422 whose every item is a non-finite number, one at ``path``."""
+    assert 400 <= response.status_code < 500, f"answered {response.status_code}: {response.text[:2000]}"
+    check_error_body(response.status_code, response.headers.get("content-type", ""), response.json())
+    if caller == "anonymous":
+        assert response.status_code == 401
+        return
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert all(item["type"] == "json_invalid" and "non-finite" in item["msg"] for item in detail), detail
+    assert ["body", *path] in [item["loc"] for item in detail], detail
+
+
+@pytest.mark.parametrize("caller", ["user", "anonymous"])
+@pytest.mark.parametrize("label", _json_body_operations())
+def test_nonfinite_numbers_in_generated_bodies_are_4xx(
+    label: str, caller: str, fuzz_target: FuzzTarget, fuzz_schema: schemathesis.BaseSchema
+) -> None:
+    """A generated valid body with NaN, Infinity, -Infinity, 1e309 or -1e309 at one of its numbers (else anywhere)."""
+    method, path = label.split(" ", 1)
+    operation = fuzz_schema[path][method]
+    headers = caller_headers(fuzz_target, caller)
+    before = fingerprint(fuzz_target.sessions)
+
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(case=operation.as_strategy(GenerationMode.POSITIVE, headers=headers or None), data=st.data())
+    def run(case: schemathesis.Case, data: st.DataObject) -> None:
+        where = data.draw(st.sampled_from(numeric_paths(case.body) or node_paths(case.body)), label="position")
+        literal = data.draw(st.sampled_from(NONFINITE_LITERALS), label="literal")
+        response = _send_raw(fuzz_target, _without_null_headers(case), with_literal(case.body, where, literal))
+        fuzz_target.tally(f"{label} non-finite ({caller})", response.status_code)
+        _check_nonfinite_answer(response, caller, where)
+
+    run()
+    assert fingerprint(fuzz_target.sessions) == before, "a body with a non-finite number changed the database"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+def test_nonfinite_numbers_in_example_specs_are_422_at_their_field(fuzz_target: FuzzTarget, example: Path) -> None:
+    """Each of the five literals at every number of a valid example spec: exactly one 422 item, at that number."""
+    spec = json.loads(example.read_text())
+    headers = {**caller_headers(fuzz_target, "user"), "content-type": "application/json"}
+    before = fingerprint(fuzz_target.sessions)
+    positions = numeric_paths(spec)
+    assert positions, f"{example.name} has no numbers"
+    for where in positions:
+        for literal in NONFINITE_LITERALS:
+            response = fuzz_target.client.post("/jobs", content=with_literal(spec, where, literal), headers=headers)
+            assert response.status_code == 422, f"{literal} at {where}: {response.status_code} {response.text[:500]}"
+            assert [(d["loc"], d["input"]) for d in response.json()["detail"]] == [(["body", *where], literal)]
+    assert fingerprint(fuzz_target.sessions) == before, "a spec with a non-finite number changed the database"
 
 
 def test_fuzzed_database_is_consistent(fuzz_target: FuzzTarget) -> None:
