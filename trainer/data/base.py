@@ -57,6 +57,8 @@ class Batch:
     :data:`IGNORE_INDEX` at padding.
     ``num_samples``: ``B``; ``num_elements``: loss-bearing elements (``B``, or valid
     target tokens); ``num_tokens``: input tokens for throughput (None for feature data).
+    ``attention_mask``: int64 ``[B, T]``, 1 at real input tokens and 0 at right padding,
+    for padded token data (``None`` where every input is real).
     """
 
     inputs: torch.Tensor
@@ -64,15 +66,18 @@ class Batch:
     num_samples: int
     num_elements: int
     num_tokens: int | None = None
+    attention_mask: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
         """The same batch with its tensors on ``device``."""
+        mask = self.attention_mask
         return Batch(
             inputs=self.inputs.to(device, non_blocking=True),
             targets=self.targets.to(device, non_blocking=True),
             num_samples=self.num_samples,
             num_elements=self.num_elements,
             num_tokens=self.num_tokens,
+            attention_mask=None if mask is None else mask.to(device, non_blocking=True),
         )
 
 
