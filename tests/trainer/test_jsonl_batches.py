@@ -188,3 +188,10 @@ def test_C17_masked_chat_micro_batches_accumulate_to_the_full_batch_gradient(
     # Normalising by every real target token (masked ones counted) would be off:
     wrong = torch.autograd.grad(loss_fn(model, full) / real_targets, list(model.parameters()))
     assert max((w - r).abs().max().item() for w, r in zip(wrong, reference, strict=True)) > 1e-4
+
+
+def test_classification_truncates_to_max_seq_len_and_counts_it(hf_tokenizer, root: DataRoot) -> None:
+    rows = [{"text": _words(10), "label": "long"}, {"text": "Hi", "label": "short"}, {"text": "fox", "label": "short"}]
+    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _lines(rows)), format="classification", max_seq_len=8)
+    assert dataset.report["truncated"] == 1
+    assert max(s.inputs.numel() for s in [*dataset.train, *dataset.held_out]) == 8

@@ -88,6 +88,12 @@ def test_chat_masking_none_trains_every_token_after_the_first(hf_tokenizer, root
     assert span == hf_tokenizer.apply_chat_template(CHAT["messages"], tokenize=False).removeprefix("<s>")
 
 
+def test_chat_masking_none_needs_no_assistant_turn(hf_tokenizer, root: DataRoot) -> None:
+    row = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
+    (span,) = _only_row_spans(hf_tokenizer, root, row, format="chat", masking="none")
+    assert span.endswith("Hi<|im_end|>\n")
+
+
 def test_chat_tokens_are_the_templates_with_a_single_bos(hf_tokenizer, root: DataRoot) -> None:
     """The template writes the BOS itself: tokenizing with special tokens added would double it."""
     dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl([CHAT], 3)), format="chat", test_fraction=0.3)

@@ -55,44 +55,44 @@ def _chat(*roles: str) -> dict:
 GOOD_CHAT = json.dumps(_chat("user", "assistant"))
 BAD_ROWS: dict[str, tuple[str, str, dict, str]] = {
     # case: (file name, line 3 onwards of the file, config, message after "data_unavailable: ")
-    "invalid json": ("d.jsonl", '{"text": "a",}', {"format": "text"},
+    "invalid_json": ("d.jsonl", '{"text": "a",}', {"format": "text"},
                      "file d.jsonl, line 3: invalid JSON: Expecting property name enclosed in double quotes at column 14"),
-    "json array file": ("d.jsonl", '[{"text": "a"}]', {"format": "text"},
+    "json_array_file": ("d.jsonl", '[{"text": "a"}]', {"format": "text"},
                         "file d.jsonl, line 3: expected a JSON object, got array"),
-    "not an object": ("d.jsonl", '"just text"', {"format": "text"},
+    "not_an_object": ("d.jsonl", '"just text"', {"format": "text"},
                       "file d.jsonl, line 3: expected a JSON object, got string"),
-    "missing field": ("d.jsonl", '{"txt": "a"}', {"format": "text"}, "file d.jsonl, line 3: field text: missing"),
-    "wrong type": ("d.jsonl", '{"text": 5}', {"format": "text"},
+    "missing_field": ("d.jsonl", '{"txt": "a"}', {"format": "text"}, "file d.jsonl, line 3: field text: missing"),
+    "wrong_type": ("d.jsonl", '{"text": 5}', {"format": "text"},
                    "file d.jsonl, line 3: field text: expected a string, got number"),
-    "empty text": ("d.jsonl", '{"text": "  "}', {"format": "text"}, "file d.jsonl, line 3: field text: empty"),
-    "missing output": ("d.jsonl", '{"instruction": "a"}', {"format": "instruction"},
+    "empty_text": ("d.jsonl", '{"text": "  "}', {"format": "text"}, "file d.jsonl, line 3: field text: empty"),
+    "missing_output": ("d.jsonl", '{"instruction": "a"}', {"format": "instruction"},
                        "file d.jsonl, line 3: field output: missing"),
-    "input not text": ("d.jsonl", '{"instruction": "a", "input": [], "output": "b"}', {"format": "instruction"},
+    "input_not_text": ("d.jsonl", '{"instruction": "a", "input": [], "output": "b"}', {"format": "instruction"},
                        "file d.jsonl, line 3: field input: expected a string, got array"),
-    "empty messages": ("d.jsonl", '{"messages": []}', {"format": "chat"},
+    "empty_messages": ("d.jsonl", '{"messages": []}', {"format": "chat"},
                        "file d.jsonl, line 3: field messages: empty: a chat needs at least one message"),
-    "messages not an array": ("d.jsonl", '{"messages": {"role": "user"}}', {"format": "chat"},
+    "messages_not_an_array": ("d.jsonl", '{"messages": {"role": "user"}}', {"format": "chat"},
                               "file d.jsonl, line 3: field messages: expected an array of messages, got object"),
-    "unknown role": ("d.jsonl", json.dumps(_chat("user", "bot")), {"format": "chat"},
+    "unknown_role": ("d.jsonl", json.dumps(_chat("user", "bot")), {"format": "chat"},
                      "file d.jsonl, line 3: field messages[1].role: unknown role 'bot' "
                      "(expected one of system, user, assistant, tool)"),
-    "missing role": ("d.jsonl", '{"messages": [{"content": "a"}]}', {"format": "chat"},
+    "missing_role": ("d.jsonl", '{"messages": [{"content": "a"}]}', {"format": "chat"},
                      "file d.jsonl, line 3: field messages[0].role: missing"),
-    "content not text": ("d.jsonl", '{"messages": [{"role": "user", "content": null}]}', {"format": "chat"},
+    "content_not_text": ("d.jsonl", '{"messages": [{"role": "user", "content": null}]}', {"format": "chat"},
                          "file d.jsonl, line 3: field messages[0].content: expected a string, got null"),
-    "message not an object": ("d.jsonl", '{"messages": ["hi"]}', {"format": "chat"},
+    "message_not_an_object": ("d.jsonl", '{"messages": ["hi"]}', {"format": "chat"},
                               "file d.jsonl, line 3: field messages[0]: expected a message object, got string"),
-    "no assistant turn": ("d.jsonl", json.dumps(_chat("system", "user")), {"format": "chat"},
+    "no_assistant_turn": ("d.jsonl", json.dumps(_chat("system", "user")), {"format": "chat"},
                           "file d.jsonl, line 3: field messages: no assistant turn to train (masking 'assistant')"),
-    "no assistant turn, last": ("d.jsonl", json.dumps(_chat("user", "tool")), {"format": "chat", "masking": "last"},
+    "no_assistant_turn_last": ("d.jsonl", json.dumps(_chat("user", "tool")), {"format": "chat", "masking": "last"},
                                 "file d.jsonl, line 3: field messages: no assistant turn to train (masking 'last')"),
-    "negative label": ("d.jsonl", '{"text": "a", "label": -1}', {"format": "classification"},
+    "negative_label": ("d.jsonl", '{"text": "a", "label": -1}', {"format": "classification"},
                        "file d.jsonl, line 3: field label: class id -1 is negative"),
-    "label not id or name": ("d.jsonl", '{"text": "a", "label": 1.5}', {"format": "classification"},
+    "label_not_id_or_name": ("d.jsonl", '{"text": "a", "label": 1.5}', {"format": "classification"},
                              "file d.jsonl, line 3: field label: expected an integer class id or a class name, got number"),
-    "csv field count": ("d.csv", "c,d,e", {"format": "classification"},
+    "csv_field_count": ("d.csv", "c,d,e", {"format": "classification"},
                         "file d.csv, line 3: 3 fields, the header has 2"),
-    "not utf-8": ("d.jsonl", '{"text": "caf\xe9"}', {"format": "text"},
+    "not_utf_8": ("d.jsonl", '{"text": "caf\xe9"}', {"format": "text"},
                   "file d.jsonl, line 3: not UTF-8 text (invalid continuation byte at byte 13)"),
 }
 GOOD_LINES = {"text": '{"text": "a"}\n{"text": "b"}\n', "instruction": '{"instruction": "a", "output": "b"}\n' * 2,
@@ -103,7 +103,7 @@ GOOD_LINES = {"text": '{"text": "a"}\n{"text": "b"}\n', "instruction": '{"instru
 def test_a_malformed_row_fails_naming_file_line_and_field(hf_tokenizer, root: DataRoot, case: str) -> None:
     name, line, config, message = BAD_ROWS[case]
     good = "text,label\na,0\n" if name == "d.csv" else GOOD_LINES[config["format"]]
-    content = good.encode() + (line.encode("latin-1") if case == "not utf-8" else line.encode()) + b"\n"
+    content = good.encode() + (line.encode("latin-1") if case == "not_utf_8" else line.encode()) + b"\n"
     with pytest.raises(TrainerError) as info:
         root.build(hf_tokenizer, root.write(name, content), **config)
     assert (info.value.reason, info.value.message) == ("data_unavailable", message)
