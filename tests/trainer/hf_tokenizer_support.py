@@ -39,8 +39,8 @@ TRAINING_TEXT = [
 ]
 
 
-def build_tokenizer_dir(directory: Path, chat_template: str = CHAT_TEMPLATE) -> Path:
-    """Train the tiny BPE and ``save_pretrained`` it into ``directory`` (returned)."""
+def build_tokenizer_dir(directory: Path, chat_template: str | None = CHAT_TEMPLATE) -> Path:
+    """Train the tiny BPE and ``save_pretrained`` it into ``directory`` (returned); ``chat_template=None``: none."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -167,3 +167,12 @@ def test_column_map_onto_a_field_the_row_also_has_is_an_error(hf_tokenizer, root
     with pytest.raises(TrainerError, match=r"^data_unavailable: file d\.jsonl, line 1: field text: given both as "
                                            r"'body' \(column_map\) and as 'text'$"):
         root.build(hf_tokenizer, path, format="text", column_map={"body": "text"})
+
+
+def test_a_tokenizer_without_a_chat_template_cannot_read_chats(tmp_path: Path, root: DataRoot) -> None:
+    from hf_tokenizer_support import build_tokenizer_dir, load_tokenizer
+
+    tokenizer = load_tokenizer(build_tokenizer_dir(tmp_path / "tok", chat_template=None))
+    with pytest.raises(TrainerError, match="needs a tokenizer with a chat template") as info:
+        root.build(tokenizer, root.write("d.jsonl", _jsonl([CHAT], 3)), format="chat")
+    assert info.value.reason == "spec_invalid"

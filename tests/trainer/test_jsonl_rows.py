@@ -92,6 +92,10 @@ BAD_ROWS: dict[str, tuple[str, str, dict, str]] = {
                              "file d.jsonl, line 3: field label: expected an integer class id or a class name, got number"),
     "csv_field_count": ("d.csv", "c,d,e", {"format": "classification"},
                         "file d.csv, line 3: 3 fields, the header has 2"),
+    "csv_bad_quote": ("d.csv", 'x,"y"z', {"format": "classification"},
+                      "file d.csv, line 3: malformed CSV: ',' expected after '\"'"),
+    "csv_unclosed_quote": ("d.csv", 'x,"y\nz', {"format": "classification"},
+                           "file d.csv, line 3: malformed CSV: unexpected end of data"),
     "not_utf_8": ("d.jsonl", '{"text": "caf\xe9"}', {"format": "text"},
                   "file d.jsonl, line 3: not UTF-8 text (invalid continuation byte at byte 13)"),
 }
@@ -129,3 +133,9 @@ def test_a_file_over_max_bytes_is_refused_not_cut(hf_tokenizer, root: DataRoot) 
     with pytest.raises(TrainerError, match=r"^data_unavailable: dataset file 'd\.jsonl' is 160 bytes, over max_bytes \(159\)$"):
         root.build(hf_tokenizer, path, format="text", max_bytes=159)
     assert root.build(hf_tokenizer, path, format="text", max_bytes=160).report["rows"] == 10
+
+
+def test_a_non_utf8_byte_deep_in_a_csv_is_reported_at_its_own_line(hf_tokenizer, root: DataRoot) -> None:
+    content = b"text,label\n" + b"".join(b"row %d,a\n" % i for i in range(2000)) + b"caf\xe9,b\n"
+    with pytest.raises(TrainerError, match=r"^data_unavailable: file d\.csv, line 2002: not UTF-8 text"):
+        root.build(hf_tokenizer, root.write("d.csv", content), format="classification")

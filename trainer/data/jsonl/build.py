@@ -53,6 +53,7 @@ def build_jsonl(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase | None) 
     if tokenizer is None:
         raise TrainerError("spec_invalid", "dataset 'jsonl' needs the model's tokenizer (use a model that has one)")
     pad_id = _pad_id(tokenizer)
+    _check_tokenizer(config, tokenizer)
     examples = _read_examples(config)
     train_rows, held_rows = split_rows(len(examples), config.test_fraction, config.split_seed, config.path)
     splits = (train_rows, held_rows)
@@ -69,6 +70,14 @@ def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
     if pad is None:
         raise TrainerError("spec_invalid", "the tokenizer has neither a pad nor an EOS token to pad batches with")
     return int(pad)
+
+
+def _check_tokenizer(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Fail before reading the file when the tokenizer lacks what the format needs."""
+    if config.format == "chat":
+        check_chat_template(tokenizer)
+    elif config.format != "classification":
+        eos_id(tokenizer)
 
 
 def _read_examples(config: JsonlConfig) -> list[Example]:
@@ -93,10 +102,6 @@ def _language_model(
 ) -> TokenFileDataset:
     masking = config.effective_masking or "none"
     prefix = leading_special_ids(tokenizer)
-    if config.format == "chat":
-        check_chat_template(tokenizer)
-    else:
-        eos_id(tokenizer)
 
     def tokens(example: Example) -> TokenExample:
         if isinstance(example, TextExample):

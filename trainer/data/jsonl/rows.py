@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import codecs
 import csv
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from trainer.data.sources import open_data_file
 from trainer.errors import TrainerError
 
 _BOM = codecs.BOM_UTF8
-#: Longest CSV field accepted (the csv module's default limit is 128 KiB).
+#: Longest CSV field accepted (set as the csv module's process-wide limit when a CSV is read).
 CSV_FIELD_LIMIT = 1 << 30
 
 
@@ -57,17 +56,24 @@ def read_rows(relative: str, file_format: str, max_bytes: int) -> Iterator[Row]:
         raise TrainerError("data_unavailable", f"dataset file {relative!r} holds no rows")
 
 
-def _jsonl_rows(file: str, handle: BinaryIO) -> Iterator[Row]:
+def _lines(file: str, handle: BinaryIO) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each physical line, its line end kept; a leading UTF-8 BOM dropped.
+
+    Decoded line by line, so a byte that is not UTF-8 is reported at its own line.
+    """
     for number, raw in enumerate(handle, start=1):
         if number == 1 and raw.startswith(_BOM):
             raw = raw[len(_BOM) :]
         try:
-            text = raw.decode("utf-8")
+            yield number, raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise row_error(file, number, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        if not text.strip():
-            continue
-        yield Row(file, number, _json_object(file, number, text))
+
+
+def _jsonl_rows(file: str, handle: BinaryIO) -> Iterator[Row]:
+    for number, text in _lines(file, handle):
+        if text.strip():
+            yield Row(file, number, _json_object(file, number, text))
 
 
 def _json_object(file: str, number: int, text: str) -> dict[str, object]:
@@ -82,9 +88,8 @@ def _json_object(file: str, number: int, text: str) -> dict[str, object]:
 
 
 def _csv_rows(file: str, handle: BinaryIO) -> Iterator[Row]:
-    text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
-    csv.field_size_limit(CSV_FIELD_LIMIT)
-    reader = csv.reader(text, strict=True)
+    csv.field_size_limit(CSV_FIELD_LIMIT)  # process-wide; the default (128 KiB) is too small for documents
+    reader = csv.reader((text for _, text in _lines(file, handle)), strict=True)
     header: list[str] | None = None
     while True:
         start = reader.line_num + 1
@@ -92,7 +97,7 @@ def _csv_rows(file: str, handle: BinaryIO) -> Iterator[Row]:
             cells = next(reader)
         except StopIteration:
             return
-        except (csv.Error, UnicodeDecodeError) as exc:
+        except csv.Error as exc:
             raise row_error(file, start, None, f"malformed CSV: {exc}") from None
         if not cells:
             continue
