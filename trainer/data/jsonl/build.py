@@ -55,8 +55,7 @@ def build_jsonl(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase | None) 
     pad_id = _pad_id(tokenizer)
     _check_tokenizer(config, tokenizer)
     examples = _read_examples(config)
-    train_rows, held_rows = split_rows(len(examples), config.test_fraction, config.split_seed, config.path)
-    splits = (train_rows, held_rows)
+    splits = split_rows(len(examples), config.test_fraction, config.split_seed, config.path)
     if config.format == "classification":
         dataset = _classification(config, tokenizer, cast(list[ClassificationExample], examples), splits, pad_id)
     else:
