@@ -37,6 +37,15 @@ def root_path_problem(path: str, root: str) -> str | None:
     return None
 
 
+def check_data_path(model: str, path: str) -> None:
+    """Reject a dataset ``path`` that is not printable or not relative to a data root (``..``, leading slash).
+
+    The trainer checks again where the path really leads (:mod:`trainer.data.sources`).
+    """
+    if (problem := root_path_problem(path, "data root")) is not None:
+        raise field_error(model, "path", problem, path)
+
+
 # ----------------------------------------------------------------------------- models
 
 
@@ -186,9 +195,8 @@ class TextConfig(_Strict):
             raise field_error("TextConfig", "path", "source 'file' needs a path under a data root", None)
         if self.source == "python-stdlib" and self.path is not None:
             raise field_error("TextConfig", "path", "path is only used with source 'file'", self.path)
-        problem = None if self.path is None else root_path_problem(self.path, "data root")
-        if problem is not None:
-            raise field_error("TextConfig", "path", problem, self.path)
+        if self.path is not None:
+            check_data_path("TextConfig", self.path)
         return self
 
 
@@ -215,7 +223,108 @@ class SyntheticDataset(_Strict):
     config: SyntheticConfig = SyntheticConfig()
 
 
-DatasetSpec = Annotated[DigitsDataset | TextDataset | SyntheticDataset, Field(discriminator="name")]
+JsonlFormat = Literal["text", "instruction", "chat", "classification"]
+Masking = Literal["assistant", "last", "output", "none"]
+FileFormat = Literal["jsonl", "csv"]
+
+#: The fields each ``jsonl`` format reads from a row (``column_map`` renames file fields to these).
+FORMAT_FIELDS: dict[str, tuple[str, ...]] = {
+    "text": ("text",),
+    "instruction": ("instruction", "input", "output"),
+    "chat": ("messages",),
+    "classification": ("text", "label"),
+}
+#: The masking modes each format allows, its default first (classification has no token masking).
+FORMAT_MASKING: dict[str, tuple[str, ...]] = {
+    "text": ("none",),
+    "instruction": ("output", "none"),
+    "chat": ("assistant", "last", "none"),
+    "classification": (),
+}
+#: File extension -> file format, when ``file_format`` is not given.
+FILE_EXTENSIONS: dict[str, str] = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv"}
+
+_ColumnName = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class JsonlConfig(_Strict):
+    """Rows of a JSON-lines or CSV file under a data root, tokenized with the model's tokenizer.
+
+    ``format``: ``text`` (field ``text``), ``instruction`` (``instruction``, optional
+    ``input``, ``output``), ``chat`` (``messages``: ``[{role, content}]``, JSON lines only)
+    or ``classification`` (``text``, ``label``). ``column_map`` renames file fields to
+    those (``{"prompt": "instruction"}``). ``masking`` picks the trained tokens (default:
+    the format's first in :data:`FORMAT_MASKING`). ``file_format`` defaults from the
+    path's extension (:data:`FILE_EXTENSIONS`). ``max_seq_len`` is the model's input
+    length: a language-modelling example keeps ``max_seq_len + 1`` tokens (inputs and
+    shifted targets of ``max_seq_len``), a classification example ``max_seq_len``.
+    """
+
+    path: Annotated[str, Field(min_length=1, max_length=1024)]
+    format: JsonlFormat
+    file_format: FileFormat | None = None
+    column_map: Annotated[dict[_ColumnName, _ColumnName], Field(max_length=16)] = {}
+    masking: Masking | None = None
+    max_seq_len: Annotated[int, Field(ge=2, le=131072)] = 512
+    max_bytes: Annotated[int, Field(ge=1, le=1 << 34)] = 1 << 30
+    test_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.05
+    split_seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> Self:
+        check_data_path("JsonlConfig", self.path)
+        if self.file_format is None and self._extension not in FILE_EXTENSIONS:
+            msg = f"cannot tell the file format from {self.path!r}: name it .jsonl, .json or .csv, or set file_format"
+            raise field_error("JsonlConfig", "file_format", msg, None)
+        if self.format == "chat" and self.effective_file_format != "jsonl":
+            raise field_error("JsonlConfig", "file_format", "format 'chat' reads JSON lines, not CSV", self.file_format)
+        self._check_masking()
+        self._check_column_map()
+        return self
+
+    def _check_masking(self) -> None:
+        allowed = FORMAT_MASKING[self.format]
+        if self.masking is not None and self.masking not in allowed:
+            modes = f"it takes: {', '.join(allowed)}" if allowed else "it has no token masking: leave masking unset"
+            msg = f"masking '{self.masking}' does not apply to format '{self.format}' ({modes})"
+            raise field_error("JsonlConfig", "masking", msg, self.masking)
+
+    def _check_column_map(self) -> None:
+        fields = FORMAT_FIELDS[self.format]
+        for source, target in self.column_map.items():
+            if not (source.isprintable() and target.isprintable()):
+                raise field_error("JsonlConfig", "column_map", "column names must be printable text", source)
+            if target not in fields:
+                msg = f"column_map target {target!r} is not a field of format '{self.format}' ({', '.join(fields)})"
+                raise field_error("JsonlConfig", "column_map", msg, target)
+        if len(set(self.column_map.values())) < len(self.column_map):
+            raise field_error("JsonlConfig", "column_map", "two columns map to the same field", self.column_map)
+
+    @property
+    def _extension(self) -> str:
+        name = self.path.replace("\\", "/").rsplit("/", 1)[-1].lower()
+        return name[name.rfind(".") :] if "." in name else ""
+
+    @property
+    def effective_file_format(self) -> str:
+        """``file_format``, or the one the path's extension names."""
+        return self.file_format or FILE_EXTENSIONS[self._extension]
+
+    @property
+    def effective_masking(self) -> str | None:
+        """``masking``, or the format's default (``None`` for classification)."""
+        allowed = FORMAT_MASKING[self.format]
+        return self.masking or (allowed[0] if allowed else None)
+
+
+class JsonlDataset(_Strict):
+    name: Literal["jsonl"]
+    config: JsonlConfig
+
+
+DatasetSpec = Annotated[
+    DigitsDataset | TextDataset | SyntheticDataset | JsonlDataset, Field(discriminator="name")
+]
 
 #: Which model families can consume which dataset task.
 MODEL_DATASETS: dict[str, frozenset[str]] = {

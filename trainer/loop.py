@@ -349,4 +349,11 @@ def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:
         "model": model_summary(parts.model),
         "parallelism": spec.parallelism,
         **({"fp8_layers": parts.precision.fp8_report} if spec.precision == "fp8" else {}),
+        **_data_report(parts.dataset),
     }
+
+
+def _data_report(dataset: Dataset) -> dict[str, object]:
+    """``{"data": report}`` for a dataset that reports how it was read (file datasets), else ``{}``."""
+    report = getattr(dataset, "report", None)
+    return {"data": report} if report else {}

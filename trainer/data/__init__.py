@@ -3,34 +3,50 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.catalog import DatasetSpec
 from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Dataset, Task
 from trainer.data.digits import build_digits
+from trainer.data.jsonl import build_jsonl
 from trainer.data.synthetic import build_synthetic
 from trainer.data.text import build_text
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 __all__ = ["IGNORE_INDEX", "Batch", "DataInfo", "Dataset", "Task", "build_dataset", "DATASETS"]
 
-#: Registry name -> builder taking the entry's typed config.
-DATASETS: dict[str, Callable[[Any], Dataset]] = {
-    "digits": build_digits,
-    "synthetic": build_synthetic,
-    "text": build_text,
+#: ``builder(config, tokenizer)``: the entry's typed config and the model's tokenizer (or ``None``).
+Builder = Callable[[Any, "PreTrainedTokenizerBase | None"], Dataset]
+
+
+def _without_tokenizer(build: Callable[[Any], Dataset]) -> Builder:
+    """A builder of data that needs no tokenizer (it ignores the one it is given)."""
+
+    def builder(config: Any, tokenizer: PreTrainedTokenizerBase | None) -> Dataset:
+        return build(config)
+
+    builder.__doc__ = build.__doc__
+    return builder
+
+
+#: Registry name -> builder taking the entry's typed config and the tokenizer.
+DATASETS: dict[str, Builder] = {
+    "digits": _without_tokenizer(build_digits),
+    "synthetic": _without_tokenizer(build_synthetic),
+    "text": _without_tokenizer(build_text),
+    "jsonl": build_jsonl,
 }
 
 
-def build_dataset(spec: DatasetSpec, tokenizer: Any | None = None) -> Dataset:
+def build_dataset(spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase | None = None) -> Dataset:
     """The dataset named by ``spec`` (``{"name", "config"}`` from :mod:`trainer.catalog`).
 
-    ``tokenizer``: the job's Hugging Face tokenizer (:func:`trainer.hf.loading.load_tokenizer`),
-    or ``None`` for byte-level data (token ids are the bytes, vocabulary 256). The built-in
-    datasets take none (``text`` is byte-level).
-
-    Raises ``KeyError`` for a name without a builder (the catalog rejects those first)
-    and :class:`trainer.errors.TrainerError` (``data_unavailable``) when the data
-    cannot be read.
+    ``tokenizer``: the model's tokenizer, for token datasets read from files (``jsonl``
+    requires one; the others ignore it). Raises ``KeyError`` for a name without a
+    builder (the catalog rejects those first) and :class:`trainer.errors.TrainerError`
+    (``data_unavailable`` when the data cannot be read, ``spec_invalid`` when ``jsonl``
+    gets no tokenizer).
     """
-    del tokenizer  # no built-in dataset is tokenized
-    return DATASETS[spec.name](spec.config)
+    return DATASETS[spec.name](spec.config, tokenizer)

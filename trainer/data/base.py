@@ -58,8 +58,8 @@ class Batch:
     Classification over text: ``inputs`` int64 ``[B, T]`` token ids, ``targets`` int64 ``[B]``.
     ``num_samples``: ``B``; ``num_elements``: loss-bearing elements (``B``, or valid
     target tokens); ``num_tokens``: input tokens for throughput (None for feature data).
-    ``attention_mask``: optional int64/bool ``[B, T]`` for token inputs, 1 at real tokens and
-    0 at padding; the loss and evaluation pass it to the model when present.
+    ``attention_mask``: int64 ``[B, T]``, 1 at real input tokens and 0 at right padding,
+    for padded token data (``None`` where every input is real).
     """
 
     inputs: torch.Tensor
@@ -71,13 +71,14 @@ class Batch:
 
     def to(self, device: torch.device) -> Batch:
         """The same batch with its tensors on ``device``."""
+        mask = self.attention_mask
         return Batch(
             inputs=self.inputs.to(device, non_blocking=True),
             targets=self.targets.to(device, non_blocking=True),
             num_samples=self.num_samples,
             num_elements=self.num_elements,
             num_tokens=self.num_tokens,
-            attention_mask=None if self.attention_mask is None else self.attention_mask.to(device, non_blocking=True),
+            attention_mask=None if mask is None else mask.to(device, non_blocking=True),
         )
 
 

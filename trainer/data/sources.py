@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sysconfig
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import BinaryIO
 
 from trainer.errors import TrainerError
 from trainer.roots import DATA_ROOTS
@@ -81,3 +82,23 @@ def read_data_file(relative: str, max_bytes: int, roots: list[Path] | None = Non
     if not data:
         raise TrainerError("data_unavailable", f"dataset file {relative!r} is empty")
     return data
+
+
+def open_data_file(relative: str, max_bytes: int, roots: list[Path] | None = None) -> BinaryIO:
+    """:func:`resolve_data_file` opened for streaming reads (binary); the caller closes it.
+
+    Raises :class:`TrainerError` (``data_unavailable``) when the file cannot be opened,
+    is empty, or is larger than ``max_bytes`` (never read in part: a cut file would
+    silently lose rows).
+    """
+    path = resolve_data_file(relative, roots)
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise TrainerError("data_unavailable", f"cannot read dataset file {relative!r}: {exc}") from exc
+    size = os.fstat(handle.fileno()).st_size
+    if size == 0 or size > max_bytes:
+        handle.close()
+        problem = "is empty" if size == 0 else f"is {size} bytes, over max_bytes ({max_bytes})"
+        raise TrainerError("data_unavailable", f"dataset file {relative!r} {problem}")
+    return handle

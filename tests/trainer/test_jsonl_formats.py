@@ -1,0 +1,178 @@
+"""The ``jsonl`` dataset's formats and masking: exactly which tokens are trained, with a real HF tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_tokenizer_support import hf_tokenizer  # noqa: F401  (session fixture)
+from jsonl_support import DataRoot, every_sample, trained_spans
+
+from trainer.data import IGNORE_INDEX, Task
+from trainer.errors import TrainerError
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DataRoot:
+    return DataRoot(tmp_path / "root", monkeypatch)
+
+
+def _jsonl(rows: list[dict], copies: int = 1) -> str:
+    """Each row ``copies`` times: any sample of the dataset is then a known row."""
+    return "".join(json.dumps(row) + "\n" for row in rows for _ in range(copies))
+
+
+CHAT = {"messages": [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello there"},
+    {"role": "tool", "content": "42"},
+    {"role": "assistant", "content": "The answer"},
+]}
+
+
+def _only_row_spans(hf_tokenizer, root: DataRoot, row: dict, **config) -> list[str]:
+    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl([row], copies=3)), test_fraction=0.3, **config)
+    spans = {tuple(trained_spans(hf_tokenizer, sample.targets)) for sample in every_sample(dataset)}
+    assert len(spans) == 1
+    return list(spans.pop())
+
+
+def test_text_format_trains_every_token_after_the_bos_and_the_eos(hf_tokenizer, root: DataRoot) -> None:
+    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl([{"text": "Hello there"}], 3)),
+                         format="text", test_fraction=0.3)
+    sample = dataset.train[0]
+    assert sample.inputs[0] == hf_tokenizer.bos_token_id and (sample.inputs == hf_tokenizer.bos_token_id).sum() == 1
+    assert trained_spans(hf_tokenizer, sample.targets) == ["Hello there</s>"]
+    assert torch.equal(sample.targets[:-1], sample.inputs[1:])  # shifted by one
+    assert dataset.info.task is Task.LM and dataset.info.num_outputs == len(hf_tokenizer)
+
+
+def test_instruction_output_masking_trains_the_response_and_eos_only(hf_tokenizer, root: DataRoot) -> None:
+    row = {"instruction": "Translate to French.", "input": "good morning", "output": "bonjour"}
+    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl([row], 3)), format="instruction",
+                         test_fraction=0.3)
+    sample = dataset.train[0]
+    assert trained_spans(hf_tokenizer, sample.targets) == ["bonjour</s>"]
+    prompt = "### Instruction:\nTranslate to French.\n\n### Input:\ngood morning\n\n### Response:\n"
+    assert hf_tokenizer.decode(sample.inputs) == "<s>" + prompt + "bonjour"
+    assert dataset.report["masking"] == "output"
+
+
+def test_instruction_without_input_uses_the_short_prompt(hf_tokenizer, root: DataRoot) -> None:
+    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl([{"instruction": "Say hi.", "output": "hi"}], 3)),
+                         format="instruction", test_fraction=0.3)
+    assert hf_tokenizer.decode(dataset.train[0].inputs) == "<s>### Instruction:\nSay hi.\n\n### Response:\nhi"
+
+
+def test_instruction_masking_none_trains_the_prompt_too(hf_tokenizer, root: DataRoot) -> None:
+    row = {"instruction": "Say hi.", "output": "hi"}
+    spans = _only_row_spans(hf_tokenizer, root, row, format="instruction", masking="none")
+    assert spans == ["### Instruction:\nSay hi.\n\n### Response:\nhi</s>"]
+
+
+def test_chat_assistant_masking_trains_each_assistant_turn_and_its_end_of_turn(hf_tokenizer, root: DataRoot) -> None:
+    spans = _only_row_spans(hf_tokenizer, root, CHAT, format="chat")
+    assert spans == ["Hello there<|im_end|>\n", "The answer<|im_end|>\n"]
+
+
+def test_chat_last_masking_trains_only_the_last_assistant_turn(hf_tokenizer, root: DataRoot) -> None:
+    assert _only_row_spans(hf_tokenizer, root, CHAT, format="chat", masking="last") == ["The answer<|im_end|>\n"]
+
+
+def test_chat_masking_none_trains_every_token_after_the_first(hf_tokenizer, root: DataRoot) -> None:
+    (span,) = _only_row_spans(hf_tokenizer, root, CHAT, format="chat", masking="none")
+    assert span == hf_tokenizer.apply_chat_template(CHAT["messages"], tokenize=False).removeprefix("<s>")
+
+
+def test_chat_masking_none_needs_no_assistant_turn(hf_tokenizer, root: DataRoot) -> None:
+    row = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
+    (span,) = _only_row_spans(hf_tokenizer, root, row, format="chat", masking="none")
+    assert span.endswith("Hi<|im_end|>\n")
+
+
+def test_chat_tokens_are_the_templates_with_a_single_bos(hf_tokenizer, root: DataRoot) -> None:
+    """The template writes the BOS itself: tokenizing with special tokens added would double it."""
+    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl([CHAT], 3)), format="chat", test_fraction=0.3)
+    sample = dataset.train[0]
+    ids = torch.cat([sample.inputs, sample.targets[-1:]]).tolist()
+    expected = hf_tokenizer.apply_chat_template(CHAT["messages"], tokenize=True)["input_ids"]
+    assert ids == list(expected)
+    assert ids[:2] == [hf_tokenizer.bos_token_id, hf_tokenizer.convert_tokens_to_ids("<|im_start|>")]
+
+
+def test_a_template_that_renders_prefixes_inconsistently_fails_instead_of_masking_wrongly(
+    tmp_path: Path, root: DataRoot
+) -> None:
+    from hf_tokenizer_support import build_tokenizer_dir, load_tokenizer
+
+    shifting = (  # the final message is rendered differently from the same message followed by others
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "{% if loop.last %}!{% endif %}<|im_end|>\n{% endfor %}"
+    )
+    tokenizer = load_tokenizer(build_tokenizer_dir(tmp_path / "tok", chat_template=shifting))
+    path = root.write("d.jsonl", _jsonl([CHAT], 3))
+    with pytest.raises(TrainerError) as info:
+        root.build(tokenizer, path, format="chat")
+    assert info.value.reason == "data_unavailable"
+    assert info.value.message.startswith("file d.jsonl, line 1: field messages: the chat template does not render")
+    assert len(root.build(tokenizer, path, format="chat", masking="none").train) == 2  # unmasked needs no spans
+
+
+def test_classification_string_labels_map_to_sorted_names(hf_tokenizer, root: DataRoot) -> None:
+    rows = [{"text": f"text {i}", "label": label} for i, label in enumerate(["pos", "neg", "neu", "pos", "neg"])]
+    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl(rows)), format="classification",
+                         test_fraction=0.2)
+    assert dataset.info.task is Task.CLASSIFICATION and dataset.info.num_outputs == 3
+    assert dataset.report["label_names"] == ["neg", "neu", "pos"]
+    by_text = {hf_tokenizer.decode(s.inputs, skip_special_tokens=True): int(s.targets) for s in every_sample(dataset)}
+    assert by_text == {"text 0": 2, "text 1": 0, "text 2": 1, "text 3": 2, "text 4": 0}
+    batch = next(dataset.eval_batches(8))
+    assert batch.targets.dtype == torch.int64 and batch.targets.shape == (1,) and batch.num_elements == 1
+    assert batch.attention_mask is not None and batch.attention_mask.shape == batch.inputs.shape
+
+
+def test_classification_integer_labels_count_up_to_the_largest(hf_tokenizer, root: DataRoot) -> None:
+    rows = [{"text": "a", "label": 0}, {"text": "b", "label": 3}, {"text": "c", "label": 1}]
+    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl(rows)), format="classification")
+    assert dataset.info.num_outputs == 4 and dataset.report["label_names"] is None
+
+
+def test_classification_csv_digit_labels_are_class_ids(hf_tokenizer, root: DataRoot) -> None:
+    path = root.write("d.csv", "text,label\na,0\nb,10\nc,2\n")
+    dataset = root.build(hf_tokenizer, path, format="classification")
+    assert dataset.info.num_outputs == 11
+    assert sorted(int(s.targets) for s in every_sample(dataset)) == [0, 2, 10]
+
+
+def test_classification_mixing_ids_and_names_fails_at_the_row(hf_tokenizer, root: DataRoot) -> None:
+    path = root.write("d.jsonl", _jsonl([{"text": "a", "label": 0}, {"text": "b", "label": 1}, {"text": "c", "label": "x"}]))
+    with pytest.raises(TrainerError, match=r"file d\.jsonl, line 3: field label: a class name in a file whose "
+                                           r"first row has integer class ids"):
+        root.build(hf_tokenizer, path, format="classification")
+
+
+def test_column_map_renames_file_fields(hf_tokenizer, root: DataRoot) -> None:
+    row = {"prompt": "Say hi.", "completion": "hi", "id": 7}  # fields no format reads are ignored
+    spans = _only_row_spans(hf_tokenizer, root, row, format="instruction",
+                            column_map={"prompt": "instruction", "completion": "output"})
+    assert spans == ["hi</s>"]
+
+
+def test_column_map_onto_a_field_the_row_also_has_is_an_error(hf_tokenizer, root: DataRoot) -> None:
+    path = root.write("d.jsonl", _jsonl([{"body": "a", "text": "b"}], 3))
+    with pytest.raises(TrainerError, match=r"^data_unavailable: file d\.jsonl, line 1: field text: given both as "
+                                           r"'body' \(column_map\) and as 'text'$"):
+        root.build(hf_tokenizer, path, format="text", column_map={"body": "text"})
+
+
+def test_a_tokenizer_without_a_chat_template_cannot_read_chats(tmp_path: Path, root: DataRoot) -> None:
+    from hf_tokenizer_support import build_tokenizer_dir, load_tokenizer
+
+    tokenizer = load_tokenizer(build_tokenizer_dir(tmp_path / "tok", chat_template=None))
+    with pytest.raises(TrainerError, match="needs a tokenizer with a chat template") as info:
+        root.build(tokenizer, root.write("d.jsonl", _jsonl([CHAT], 3)), format="chat")
+    assert info.value.reason == "spec_invalid"

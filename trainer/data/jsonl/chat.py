@@ -1,0 +1,88 @@
+"""Chat rows rendered with the tokenizer's chat template, and the exact tokens of each assistant turn.
+
+The whole conversation is rendered once (``apply_chat_template(tokenize=False)``) and
+tokenized without adding special tokens (the template holds them, so a BOS is never
+doubled). An assistant turn ``i`` spans from the end of the conversation before it
+rendered *with* the generation prompt (so the template's assistant header is not
+trained) to the end of the conversation up to and including it (so the template's
+end-of-turn tokens are trained and the model learns to stop; the next turn's header
+is not). Each prefix is tokenized on its own and must be a token prefix of the whole
+conversation; a template for which that does not hold fails the row instead of
+masking the wrong tokens.
+
+Masking: ``assistant`` trains every assistant turn, ``last`` only the last one,
+``none`` every token. System, user and tool turns are never trained unless ``none``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from trainer.data.jsonl.formats import ChatExample
+from trainer.data.jsonl.rows import row_error
+from trainer.data.jsonl.tokens import TokenExample, encode
+from trainer.errors import TrainerError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Messages = Sequence[dict[str, object]]
+
+
+def check_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    """``spec_invalid`` when the tokenizer has no chat template to render chats with."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise TrainerError("spec_invalid", "format 'chat' needs a tokenizer with a chat template, and it has none")
+
+
+def chat_tokens(example: ChatExample, tokenizer: PreTrainedTokenizerBase, masking: str, file: str) -> TokenExample:
+    """The conversation's token ids, with the tokens of the assistant turns ``masking`` picks trainable.
+
+    Raises ``data_unavailable`` naming ``file`` and the row's line for a chat without an
+    assistant turn to train, a template that fails on it, or one whose prefixes do not
+    tokenize as prefixes of the whole conversation.
+    """
+    messages = list(example.messages)
+    full = _render(tokenizer, messages, example.line, file, generation_prompt=False)
+    trainable = [masking == "none"] * len(full)
+    if masking == "none":
+        return TokenExample(example.line, full, trainable)
+    turns = [index for index, message in enumerate(messages) if message["role"] == "assistant"]
+    if not turns:
+        raise row_error(file, example.line, "messages", f"no assistant turn to train (masking '{masking}')")
+    for index in turns[-1:] if masking == "last" else turns:
+        start = _prefix_length(tokenizer, messages[:index], full, example.line, file, generation_prompt=True)
+        end = _prefix_length(tokenizer, messages[: index + 1], full, example.line, file, generation_prompt=False)
+        if end <= start:
+            raise row_error(file, example.line, f"messages[{index}]", "the chat template renders this turn as no tokens")
+        trainable[start:end] = [True] * (end - start)
+    return TokenExample(example.line, full, trainable)
+
+
+def _prefix_length(
+    tokenizer: PreTrainedTokenizerBase, messages: Messages, full: list[int], line: int, file: str,
+    *, generation_prompt: bool,
+) -> int:
+    """Tokens of ``messages`` rendered alone, checked to be a prefix of ``full``."""
+    ids = _render(tokenizer, messages, line, file, generation_prompt=generation_prompt)
+    if full[: len(ids)] != ids:
+        what = (
+            f"the chat template does not render the first {len(messages)} messages"
+            f"{' with the generation prompt' if generation_prompt else ''} as a token prefix of the whole"
+            " conversation, so its assistant turns cannot be located exactly (use masking 'none' or another template)"
+        )
+        raise row_error(file, line, "messages", what)
+    return len(ids)
+
+
+def _render(
+    tokenizer: PreTrainedTokenizerBase, messages: Messages, line: int, file: str, *, generation_prompt: bool
+) -> list[int]:
+    try:
+        text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+    except Exception as exc:  # a chat template is arbitrary Jinja: any failure is this row's
+        raise row_error(file, line, "messages", f"the chat template failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(text, str):
+        raise TrainerError("spec_invalid", "the tokenizer's apply_chat_template(tokenize=False) did not return text")
+    return encode(tokenizer, text)

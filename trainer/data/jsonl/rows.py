@@ -1,0 +1,132 @@
+"""Rows of a JSON-lines or CSV dataset file, read streaming, each with its physical line number.
+
+JSON lines: one JSON object per line; blank lines are skipped; a UTF-8 byte-order
+mark at the start and CRLF line ends are accepted. CSV: a header row, then one row per
+record (quoted fields may span lines; a row's line is the one it starts on); blank
+lines are skipped. Every problem is a :class:`TrainerError` (``data_unavailable``)
+naming the file, the 1-based line and, where one is at fault, the field.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from trainer.data.sources import open_data_file
+from trainer.errors import TrainerError
+
+_BOM = codecs.BOM_UTF8
+#: Longest CSV field accepted (set as the csv module's process-wide limit when a CSV is read).
+CSV_FIELD_LIMIT = 1 << 30
+
+
+@dataclass(frozen=True)
+class Row:
+    """One record: the file it came from (as given in the spec), its first line, its fields."""
+
+    file: str
+    line: int
+    fields: dict[str, object]
+
+
+def row_error(file: str, line: int, field: str | None, what: str) -> TrainerError:
+    """``data_unavailable``: ``file <file>, line <line>: field <field>: <what>`` (no field part when ``None``)."""
+    where = f"file {file}, line {line}: " + (f"field {field}: " if field is not None else "")
+    return TrainerError("data_unavailable", where + what)
+
+
+def read_rows(relative: str, file_format: str, max_bytes: int) -> Iterator[Row]:
+    """The rows of the data file ``relative`` (under a data root), in file order.
+
+    ``file_format`` is ``"jsonl"`` or ``"csv"``. Raises :class:`TrainerError`
+    (``data_unavailable``) for a path outside the roots, a file over ``max_bytes``, or a
+    malformed line; and when the file holds no row at all.
+    """
+    with open_data_file(relative, max_bytes) as handle:
+        rows = _jsonl_rows(relative, handle) if file_format == "jsonl" else _csv_rows(relative, handle)
+        count = 0
+        for row in rows:
+            count += 1
+            yield row
+    if count == 0:
+        raise TrainerError("data_unavailable", f"dataset file {relative!r} holds no rows")
+
+
+def _lines(file: str, handle: BinaryIO) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each physical line, its line end kept; a leading UTF-8 BOM dropped.
+
+    Decoded line by line, so a byte that is not UTF-8 is reported at its own line.
+    """
+    for number, raw in enumerate(handle, start=1):
+        if number == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM) :]
+        try:
+            yield number, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise row_error(file, number, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _jsonl_rows(file: str, handle: BinaryIO) -> Iterator[Row]:
+    for number, text in _lines(file, handle):
+        if text.strip():
+            yield Row(file, number, _json_object(file, number, text))
+
+
+def _json_object(file: str, number: int, text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = " (a JSON array file is not JSON lines: write one object per line)" if text.lstrip().startswith("[") else ""
+        raise row_error(file, number, None, f"invalid JSON: {exc.msg} at column {exc.colno}{hint}") from None
+    if not isinstance(value, dict):
+        raise row_error(file, number, None, f"expected a JSON object, got {json_type(value)}")
+    return value
+
+
+def _csv_rows(file: str, handle: BinaryIO) -> Iterator[Row]:
+    csv.field_size_limit(CSV_FIELD_LIMIT)  # process-wide; the default (128 KiB) is too small for documents
+    reader = csv.reader((text for _, text in _lines(file, handle)), strict=True)
+    header: list[str] | None = None
+    while True:
+        start = reader.line_num + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise row_error(file, start, None, f"malformed CSV: {exc}") from None
+        if not cells:
+            continue
+        if header is None:
+            header = _csv_header(file, start, cells)
+            continue
+        if len(cells) != len(header):
+            raise row_error(file, start, None, f"{len(cells)} fields, the header has {len(header)}")
+        yield Row(file, start, dict(zip(header, cells, strict=True)))
+
+
+def _csv_header(file: str, line: int, cells: list[str]) -> list[str]:
+    names = [cell.strip() for cell in cells]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise row_error(file, line, duplicates[0], "column appears twice in the CSV header")
+    return names
+
+
+def json_type(value: object) -> str:
+    """The JSON name of ``value``'s type (``string``, ``number``, ``array``, ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
