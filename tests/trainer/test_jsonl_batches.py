@@ -154,6 +154,18 @@ CHATS = [
 ]
 
 
+class _CausalIgnoringMask(torch.nn.Module):
+    """The built-in causal GPT taking the batch's attention mask: right padding follows every real token,
+    so a causal model needs no mask for the real positions (the ``hf`` wrapper takes it the same way)."""
+
+    def __init__(self, gpt: GPT) -> None:
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.gpt(inputs)
+
+
 def test_C17_masked_chat_micro_batches_accumulate_to_the_full_batch_gradient(
     hf_tokenizer, root: DataRoot, cpu_ctx: DistContext, tiny_mlp_spec
 ) -> None:
@@ -173,7 +185,8 @@ def test_C17_masked_chat_micro_batches_accumulate_to_the_full_batch_gradient(
     assert full.num_elements < real_targets
 
     torch.manual_seed(0)
-    model = GPT(vocab_size=len(hf_tokenizer), context=full.inputs.shape[1], n_layer=1, n_head=2, d_model=16)
+    model = _CausalIgnoringMask(GPT(vocab_size=len(hf_tokenizer), context=full.inputs.shape[1], n_layer=1, n_head=2,
+                                    d_model=16))  # fmt: skip
     loss_fn = task_loss(Task.LM)
     stats = accumulate_window(model, micro, build_precision(tiny_mlp_spec(), cpu_ctx.device), loss_fn, cpu_ctx)
     got = [p.grad.detach().clone() for p in model.parameters()]
