@@ -22,9 +22,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def field_error(model: str, field: str, message: str, value: object) -> ValidationError:
-    """A ``ValidationError`` located at ``field`` (so the API's 422 names it)."""
-    detail = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=(field,), input=value)
+def field_error(model: str, field: str | tuple[str, ...], message: str, value: object) -> ValidationError:
+    """A ``ValidationError`` located at ``field`` (a name, or a path of names) so the API's 422 names it."""
+    loc = (field,) if isinstance(field, str) else field
+    detail = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
     return ValidationError.from_exception_data(model, [detail])
 
 
@@ -333,3 +334,22 @@ MODEL_DATASETS: dict[str, frozenset[str]] = {
     # ``jsonl`` (JSON-lines / CSV files, tokenized) belongs to the file-datasets work; only its name is needed here.
     "hf": frozenset({"text", "jsonl"}),
 }
+
+
+#: The evaluation metrics each dataset task reports (``loss`` always): see :mod:`trainer.evaluate`.
+TASK_METRICS: dict[str, frozenset[str]] = {
+    "classification": frozenset({"loss", "accuracy"}),
+    "regression": frozenset({"loss"}),
+    "lm": frozenset({"loss", "perplexity"}),
+}
+
+
+def dataset_task(dataset: DigitsDataset | TextDataset | SyntheticDataset | JsonlDataset) -> str:
+    """The task a dataset trains: ``classification``, ``regression`` or ``lm`` (keys of :data:`TASK_METRICS`)."""
+    if isinstance(dataset, DigitsDataset):
+        return "classification"
+    if isinstance(dataset, SyntheticDataset):
+        return dataset.config.task
+    if isinstance(dataset, JsonlDataset) and dataset.config.format == "classification":
+        return "classification"
+    return "lm"

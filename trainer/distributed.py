@@ -162,3 +162,13 @@ def gather_to_main(value: Any, dist_ctx: DistContext) -> list[Any]:
     gathered: list[Any] | None = [None] * dist_ctx.world_size if dist_ctx.is_main else None
     dist.gather_object(value, gathered, dst=0)
     return gathered or []
+
+
+def broadcast_from_main(values: torch.Tensor) -> torch.Tensor:
+    """Replace ``values`` (on the collective's device) with rank 0's, in place; returned for chaining.
+
+    Without a process group this returns ``values`` unchanged. A collective: every rank must call it.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast(values, src=0)
+    return values

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +48,12 @@ from torch.distributed.fsdp import FSDPModule
 
 from trainer.batching import plan_batches, windows
 from trainer.components import Components, build_components, build_record_flusher, divergence_guard
+from trainer.best import best_path, carry_best, load_best_model
 from trainer.checkpoint import final_path, restore_state, save_checkpoint, step_path
 from trainer.export import DATA_INFO_KEY, data_info_entry
 from trainer.data import Batch, Dataset
-from trainer.distributed import DistContext, barrier, gather_to_main
+from trainer.distributed import DistContext, barrier, broadcast_from_main, gather_to_main
+from trainer.early_stopping import TRACKER_KEY, BestTracker, Decision
 from trainer.end_check import check_updates_applied
 from trainer.errors import TrainerError
 from trainer.evaluate import evaluate
@@ -85,6 +88,18 @@ class RunState:
     #: Samples and tokens of every attempted step so far (from the checkpoint, then counted
     #: by the run's record flusher); checkpoints carry them, so totals survive a resume.
     totals: dict[str, int] = dataclasses.field(default_factory=lambda: {"samples": 0, "tokens": 0})
+    #: The best evaluation so far and the evaluations since (``keep_best``, ``early_stopping``); from the checkpoint.
+    tracker: BestTracker | None = None
+
+
+@dataclass(frozen=True)
+class StepsDone:
+    """How :func:`_train_steps` ended: the last attempted step, the job's skipped steps, and whether
+    early stopping ended it (at ``last_step``, an evaluation step)."""
+
+    last_step: int
+    skipped: int
+    stopped_early: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,44 +142,64 @@ def train(
     pending records and a checkpoint of the last step, then raises ``StopRequested``.
     """
     fallback = PrecisionFallback(spec, run_dir, dist_ctx.is_main)
-    run = start_run(fallback.begin(resume_from), dist_ctx)
+    run = start_run(fallback.begin(resume_from), dist_ctx, run_dir)
     with RecordSink(run_dir / RECORDS_FILE if dist_ctx.is_main else None) as records:
         records.start(**_start_fields(run, dist_ctx), resumed_from_step=run.done)
         while True:
             try:
-                skipped = _train_steps(run, spec, run_dir, records, dist_ctx, stop)
-                check_updates_applied(run.guard, spec.max_steps, skipped)  # before final.pt and the end record
+                done = _train_steps(run, spec, run_dir, records, dist_ctx, stop)
+                check_updates_applied(run.guard, done.last_step, done.skipped)  # before final.pt and the end record
                 break
             except TrainerError as failure:
                 restart = fallback.fall_back(failure, run.guard, records)  # on_divergence: "fallback_bf16"
                 if restart is None:
                     raise
             del run  # free the fp16 components before the bf16 ones are built
-            run = start_run(restart, dist_ctx)
-        final_eval = _evaluate_on_main(run.parts, run.spec, dist_ctx, records, spec.max_steps)
-        _checkpoint(final_path(run_dir), run, spec.max_steps, spec, dist_ctx)
-        _export_on_main(run, run_dir, dist_ctx)
-        records.end(steps=spec.max_steps, skipped_steps=skipped)
-    evaluation = f"; final evaluation {final_eval}" if dist_ctx.is_main else " (rank 0 evaluates)"
-    log.info("finished %d steps (%d skipped)%s", spec.max_steps, skipped, evaluation)
-    return TrainResult(model=run.parts.model, steps=spec.max_steps, skipped_steps=skipped, final_eval=final_eval)
+            run = start_run(restart, dist_ctx, run_dir)
+        last, final_eval = done.last_step, None
+        if not done.stopped_early:  # an early stop ended at an evaluation of its last step
+            final_eval, _ = _evaluate_step(run, spec, run_dir, dist_ctx, records, last)
+        _checkpoint(final_path(run_dir), run, last, spec, dist_ctx)
+        exported = _export_on_main(run, run_dir, dist_ctx, spec, last)
+        records.end(steps=last, skipped_steps=done.skipped, **_end_fields(run, done, exported))
+    log.info("finished %d steps (%d skipped)%s; final evaluation %s", last, done.skipped,
+             " (stopped early)" if done.stopped_early else "", final_eval)
+    return TrainResult(model=run.parts.model, steps=last, skipped_steps=done.skipped,
+                       final_eval=final_eval if dist_ctx.is_main else None)
 
 
-def start_run(start: RunStart, dist_ctx: DistContext) -> RunState:
-    """Build the components of ``start.spec`` and restore ``start.checkpoint`` into them, if any."""
+def _end_fields(run: RunState, done: StepsDone, exported: int | None) -> dict[str, Any]:
+    """The end record's ``stopped_early`` (early stops) and ``exported_step`` (jobs with exports)."""
+    assert run.tracker is not None
+    fields: dict[str, Any] = {"stopped_early": run.tracker.stopped_early(done.last_step)} if done.stopped_early else {}
+    return fields | ({"exported_step": exported} if exported is not None else {})
+
+
+def start_run(start: RunStart, dist_ctx: DistContext, run_dir: Path | None = None) -> RunState:
+    """Build the components of ``start.spec`` and restore ``start.checkpoint`` into them, if any.
+
+    The best-evaluation tracker comes back from the checkpoint too; with ``keep_best``, rank 0
+    carries the resumed checkpoint's ``best.pt`` into ``run_dir`` (:func:`trainer.best.carry_best`).
+    """
     parts = build_components(start.spec, dist_ctx)
     guard = divergence_guard(start.spec, parts)
     window_stream = _train_windows(parts.dataset, start.spec, dist_ctx)
     done = 0 if start.checkpoint is None else _resume(start.checkpoint, parts, guard, window_stream, dist_ctx)
     counters = start.checkpoint.payload["counters"] if start.checkpoint is not None else {}
     totals = {"samples": int(counters.get("samples_total", 0)), "tokens": int(counters.get("tokens_total", 0))}
-    return RunState(start.spec, parts, guard, window_stream, done, start.precision_switch, totals)
+    tracker = BestTracker.for_spec(start.spec)
+    if start.checkpoint is not None:
+        tracker.load_state_dict(start.checkpoint.payload.get(TRACKER_KEY))
+        if start.spec.keep_best and run_dir is not None and dist_ctx.is_main:
+            carry_best(start.checkpoint.path, run_dir, tracker.best_step)
+    return RunState(start.spec, parts, guard, window_stream, done, start.precision_switch, totals, tracker)
 
 
 def _train_steps(
     run: RunState, spec: JobSpec, run_dir: Path, records: RecordSink, dist_ctx: DistContext, stop: StopSignal | None
-) -> int:
-    """Attempt steps ``run.done + 1`` to ``spec.max_steps`` (``spec``: the job's); return the skipped steps.
+) -> StepsDone:
+    """Attempt steps ``run.done + 1`` to ``spec.max_steps`` (``spec``: the job's), or until early stopping
+    says stop at an evaluation (every rank at the same step: they rank rank 0's metric); return how it ended.
 
     Every rank flushes at the same steps (every ``log_interval``, before evaluations and
     checkpoints, at the end); between them rank 0 also writes records older than
@@ -177,6 +212,7 @@ def _train_steps(
     records.step_fields = {"precision": run.spec.precision} if run.precision_switch else {}
     flusher = _record_flusher(run, records, dist_ctx)
     underflow_every = _underflow_interval(run.spec)
+    stopped_at = None
     try:
         for step in range(run.done + 1, spec.max_steps + 1):
             faults.at_step_start(step)
@@ -193,17 +229,24 @@ def _train_steps(
             else:
                 flusher.flush_if_stale()
             if evaluate_now:
-                _evaluate_on_main(parts, run.spec, dist_ctx, records, step)
+                stopped_at = step if _evaluate_step(run, spec, run_dir, dist_ctx, records, step)[1].stop else None
             if checkpoint_now:
                 _checkpoint(step_path(run_dir, step), run, step, spec, dist_ctx)
             if evaluate_now or checkpoint_now:
                 flusher.restart_clock()
+            if stopped_at is not None:
+                break
             if stop is not None and step < spec.max_steps and stop.agreed():
                 _stop_after(step, run, spec, run_dir, flusher, dist_ctx, checkpointed=checkpoint_now)
     except BaseException:
         flusher.flush_after_failure()
         raise
-    return flusher.skipped_steps if flusher.skipped_steps is not None else int(parts.precision.skipped_steps)
+    skipped = flusher.skipped_steps if flusher.skipped_steps is not None else int(parts.precision.skipped_steps)
+    if stopped_at is not None:
+        log.info("early stopping at step %d: no improvement of %s in %s evaluations", stopped_at,
+                 run.tracker.metric if run.tracker else "?", run.tracker.patience if run.tracker else "?")
+        return StepsDone(stopped_at, skipped, stopped_early=True)
+    return StepsDone(spec.max_steps, skipped)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -245,6 +288,8 @@ def _checkpoint(path: Path, run: RunState, step: int, spec: JobSpec, dist_ctx: D
         extra = {DATA_INFO_KEY: data_info_entry(run.parts.dataset.info)}
         if run.precision_switch:
             extra[PRECISION_SWITCH_KEY] = run.precision_switch
+        if run.tracker is not None:
+            extra[TRACKER_KEY] = run.tracker.state_dict()
         counters = {**run.guard.state_dict(), "samples_total": run.totals["samples"], "tokens_total": run.totals["tokens"]}
         save_checkpoint(
             path, run.parts.training_state, step=step, counters=counters, spec=spec, rng=rng_states,
@@ -303,30 +348,56 @@ def _due(step: int, interval: int | None) -> bool:
     return interval is not None and step % interval == 0
 
 
-def _evaluate_on_main(
-    parts: Components, spec: JobSpec, dist_ctx: DistContext, records: RecordSink, step: int
-) -> dict[str, float] | None:
-    """Rank 0 evaluates the unwrapped model and writes the eval record; the other ranks wait.
+def _evaluate(parts: Components, spec: JobSpec, dist_ctx: DistContext) -> dict[str, float | None]:
+    """Every rank evaluates its share of the held-out set; the sums are all-reduced (:mod:`trainer.evaluate`).
 
-    A sharded (FSDP2) model needs every rank in its forward passes (parameter
-    all-gathers), so then every rank evaluates and only rank 0 writes the record.
+    A sharded (FSDP2) model needs every rank in its forward passes (parameter all-gathers),
+    so then every rank evaluates the whole set.
     """
-    metrics = None
-    if dist_ctx.is_main or isinstance(parts.model, FSDPModule):
-        metrics = evaluate(parts.model, parts.dataset, parts.precision, spec.micro_batch_size)
-    if dist_ctx.is_main and metrics is not None:
+    sharded = isinstance(parts.model, FSDPModule)
+    rank, world = (0, 1) if sharded else (dist_ctx.rank, dist_ctx.world_size)
+    return evaluate(parts.model, parts.dataset, parts.precision, spec.micro_batch_size, rank=rank, world_size=world)
+
+
+def _evaluate_step(
+    run: RunState, spec: JobSpec, run_dir: Path, dist_ctx: DistContext, records: RecordSink, step: int
+) -> tuple[dict[str, float | None], Decision]:
+    """Evaluate at ``step``: rank 0 writes the eval record; every rank ranks rank 0's value of the tracked
+    metric (broadcast), and with ``keep_best`` an improvement writes ``best.pt`` (a collective)."""
+    metrics = _evaluate(run.parts, run.spec, dist_ctx)
+    if dist_ctx.is_main:
         records.eval(step, metrics)
+    assert run.tracker is not None
+    decision = run.tracker.update(step, _main_value(metrics.get(run.tracker.metric), dist_ctx))
+    if spec.keep_best and decision.improved:
+        _checkpoint(best_path(run_dir), run, step, spec, dist_ctx)
     barrier()
-    return metrics if dist_ctx.is_main else None
+    return metrics, decision
 
 
-def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext) -> None:
-    """Rank 0 writes an ``hf`` job's ``export/`` directories (:mod:`trainer.hf.export`); the other ranks wait."""
-    if run.spec.model.name == "hf" and dist_ctx.is_main:
+def _main_value(value: float | None, dist_ctx: DistContext) -> float | None:
+    """Rank 0's ``value`` on every rank (``None`` travels as NaN), so every rank takes the same decision."""
+    if not dist_ctx.is_distributed:
+        return value
+    carrier = torch.tensor([math.nan if value is None else value], dtype=torch.float64, device=dist_ctx.device)
+    shared = float(broadcast_from_main(carrier).item())
+    return None if math.isnan(shared) else shared
+
+
+def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, spec: JobSpec, last: int) -> int | None:
+    """Rank 0 writes an ``hf`` job's ``export/`` directories (:mod:`trainer.hf.export`), from ``best.pt``'s
+    weights with ``keep_best``; the other ranks wait. Returns the exported step (``None``: no exports)."""
+    if run.spec.model.name != "hf":
+        return None
+    exported = last
+    if dist_ctx.is_main:
         from trainer.hf.export import write_exports
 
+        if spec.keep_best and run.tracker is not None:
+            exported = load_best_model(run.parts.model, run_dir, run.tracker.best_step, last)
         write_exports(run.parts.model, run.parts.tokenizer, run_dir)  # type: ignore[arg-type]
     barrier()
+    return exported
 
 
 def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:

@@ -110,8 +110,8 @@ class RecordSink:
         if self._file is not None:
             self._file.flush()
 
-    def eval(self, step: int, metrics: Mapping[str, float]) -> None:
-        """An ``eval`` line: ``step`` and ``loss`` plus ``accuracy`` or ``perplexity``."""
+    def eval(self, step: int, metrics: Mapping[str, float | None]) -> None:
+        """An ``eval`` line: ``step`` and ``loss`` plus ``accuracy`` or ``perplexity`` (:mod:`trainer.evaluate`)."""
         self.write("eval", {"step": step, **metrics})
 
     def precision_switch(self, switch: Mapping[str, Any]) -> None:
@@ -125,9 +125,15 @@ class RecordSink:
         fields = {key: value for key, value in switch.items() if key != "time"}
         self.write("precision_switch", fields, switch.get("time"))
 
-    def end(self, steps: int, skipped_steps: int) -> None:
-        """The ``end`` line, written last on success: attempted, skipped and applied (the difference) steps."""
-        self.write("end", {"steps": steps, "skipped_steps": skipped_steps, "applied_steps": steps - skipped_steps})
+    def end(self, steps: int, skipped_steps: int, **fields: Any) -> None:
+        """The ``end`` line, written last on success: attempted, skipped and applied (the difference) steps.
+
+        ``fields``: ``stopped_early`` (``{"step", "metric", "best_step", "best_value"}``, when early
+        stopping ended the job at ``steps`` before ``max_steps``) and ``exported_step`` (the step
+        whose weights an ``hf`` job's exports hold: the best evaluated one with ``keep_best``).
+        """
+        self.write("end", {"steps": steps, "skipped_steps": skipped_steps, "applied_steps": steps - skipped_steps,
+                           **fields})
 
     def close(self) -> None:
         """Close the file (idempotent)."""

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from trainer.catalog import MODEL_DATASETS, DatasetSpec, ModelSpec, field_error
+from trainer.catalog import MODEL_DATASETS, TASK_METRICS, DatasetSpec, ModelSpec, dataset_task, field_error
 from trainer.scale_bounds import float32_bounds
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -141,6 +141,31 @@ class FaultsSpec(_Strict):
     nonfinite_grad_precisions: Annotated[list[Precision], Field(max_length=4)] | None = None
 
 
+EvalMetric = Literal["loss", "perplexity", "accuracy"]
+#: Metrics that improve downwards; the others (``accuracy``) improve upwards.
+LOWER_IS_BETTER: frozenset[str] = frozenset({"loss", "perplexity"})
+
+
+class EarlyStoppingSpec(_Strict):
+    """Stop a job early (it ends ``succeeded``) once its evaluations stop improving.
+
+    ``metric``: a field of the eval record (``loss`` for every task, ``perplexity`` for causal
+    LM, ``accuracy`` for classification); ``min`` is better for loss and perplexity, ``max``
+    for accuracy (:attr:`mode`). An evaluation improves when it beats the best so far by more
+    than ``min_delta``; after ``patience`` evaluations in a row without improvement the job stops
+    at that evaluation's step (:mod:`trainer.early_stopping`).
+    """
+
+    metric: EvalMetric = "loss"
+    patience: Annotated[int, Field(ge=1, le=10_000)] = 3
+    min_delta: Annotated[float, Field(ge=0.0, le=1e6, allow_inf_nan=False)] = 0.0
+
+    @property
+    def mode(self) -> Literal["min", "max"]:
+        """``min`` for loss and perplexity, ``max`` for accuracy."""
+        return "min" if self.metric in LOWER_IS_BETTER else "max"
+
+
 ModuleName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.]+$")]
 
 
@@ -225,6 +250,8 @@ class JobSpec(_Strict):
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     checkpoint_interval: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
     eval_interval: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
+    early_stopping: EarlyStoppingSpec | None = None
+    keep_best: bool = False
     log_interval: Annotated[int, Field(ge=1, le=10_000)] = 10
     log_interval_s: Annotated[float, Field(gt=0.0, le=3600.0, allow_inf_nan=False)] | None = 0.1
     max_consecutive_skips: Annotated[int, Field(ge=1, le=1_000_000)] = 50
@@ -250,6 +277,7 @@ class JobSpec(_Strict):
             msg = f"model '{self.model.name}' cannot train on dataset '{self.dataset.name}' (it takes: {allowed})"
             raise field_error("JobSpec", "dataset", msg, self.dataset.name)
         self._check_hf()
+        self._check_evaluation()
         if self.loss_scale is not None and self.precision != "fp16":
             msg = f"only fp16 uses loss scaling; precision is '{self.precision}'"
             raise field_error("JobSpec", "loss_scale", msg, self.loss_scale.model_dump())
@@ -289,6 +317,20 @@ class JobSpec(_Strict):
             msg = "dataset 'text' is byte-level causal language modelling: use task 'causal_lm' without a tokenizer_path"
             raise field_error("JobSpec", "dataset", msg, self.dataset.name)
 
+    def _check_evaluation(self) -> None:
+        """``early_stopping`` and ``keep_best`` need ``eval_interval``; the metric must be one the task reports."""
+        for field, value in (("early_stopping", self.early_stopping), ("keep_best", self.keep_best or None)):
+            if value is not None and self.eval_interval is None:
+                msg = f"{field} needs eval_interval (it acts on the periodic evaluations)"
+                raise field_error("JobSpec", field, msg, value if isinstance(value, bool) else value.model_dump())
+        if self.early_stopping is None:
+            return
+        task, metric = dataset_task(self.dataset), self.early_stopping.metric
+        if metric not in TASK_METRICS[task]:
+            allowed = ", ".join(sorted(TASK_METRICS[task]))
+            msg = f"metric '{metric}' is not reported for {task} data (its evaluations report: {allowed})"
+            raise field_error("JobSpec", ("early_stopping", "metric"), msg, metric)
+
     def _check_batch(self) -> None:
         per_step = self.micro_batch_size * self.world_size
         if self.global_batch_size is None:
@@ -308,6 +350,11 @@ class JobSpec(_Strict):
             raise field_error("JobSpec", "gradient_accumulation_steps", msg, self.gradient_accumulation_steps)
 
     # ------------------------------------------------------------------ derived values
+
+    @property
+    def best_metric(self) -> EvalMetric:
+        """The metric ``keep_best`` ranks evaluations by: early stopping's, else ``loss``."""
+        return self.early_stopping.metric if self.early_stopping is not None else "loss"
 
     @property
     def world_size(self) -> int:
