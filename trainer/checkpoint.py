@@ -5,7 +5,8 @@ adapter job only its trainable parameters, see :func:`checkpointed_model_state`)
 ``optimizer``, ``lr_scheduler``, ``precision`` (loss-scaler state and skipped-step
 counter, from ``PrecisionPolicy.state_dict()``), ``step`` (attempted steps done),
 ``counters`` (divergence-guard counters), ``rng`` (every rank's generator states,
-by rank), ``spec`` (the job spec as JSON data, as the user gave it) and, once a job
+by rank), ``spec`` (the job spec as JSON data, as the user gave it), ``best_evaluation``
+(the best evaluation so far and the evaluations since, :mod:`trainer.early_stopping`) and, once a job
 fell back from fp16 to bf16, ``precision_switch`` (the switch; the other parts are then
 bf16's, see :mod:`trainer.fallback`).
 It is written to a temporary file in the same directory, fsynced, then moved into

@@ -1,7 +1,8 @@
 """The ``end`` record a run writes last, and the updates it says the run applied.
 
 The trainer writes ``{"type": "end", "time", "steps", "skipped_steps", "applied_steps"}``
-only after its own end check (``trainer/end_check.py``: a run that applied no update
+(plus ``stopped_early`` when early stopping ended the job before ``max_steps``, and
+``exported_step`` for jobs with exports) only after its own end check (``trainer/end_check.py``: a run that applied no update
 fails ``no_update_applied`` instead). The worker reads the counts again, so that an
 older trainer (whose ``end`` record has no ``applied_steps``) or a stray record can never
 make a job ``succeeded`` that learned nothing (:func:`worker.outcomes.ended_outcome`).
@@ -20,6 +21,17 @@ log = logging.getLogger(__name__)
 Count = Annotated[int, Field(ge=0, strict=True)]
 
 
+class StoppedEarly(BaseModel):
+    """An end record's ``stopped_early``: the step early stopping ended the job at, its metric, and the best evaluation."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    step: Count
+    metric: str
+    best_step: Count | None = None
+    best_value: float | None = None
+
+
 class EndRecord(BaseModel):
     """The counts of an ``end`` record: attempted, skipped and (newer trainers) applied steps."""
 
@@ -28,6 +40,7 @@ class EndRecord(BaseModel):
     steps: Count
     skipped_steps: Count
     applied_steps: Count | None = None
+    stopped_early: StoppedEarly | None = None
 
     @property
     def applied(self) -> int:

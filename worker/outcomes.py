@@ -2,7 +2,9 @@
 
 After the trainer exits: success needs exit 0 *and* the ``end`` record, and that record
 must say the run applied at least one update (else ``no_update_applied``, whatever the
-trainer decided: :mod:`worker.end_record`). Otherwise a
+trainer decided: :mod:`worker.end_record`) and attempted ``max_steps`` steps, unless it
+says early stopping ended it sooner (``stopped_early``; a short record without it is
+``rank_failed``). Otherwise a
 rank's ``error.json`` gives the reason; without one, the launcher log is searched
 for a known cause (out of memory, a collective that timed out), and a rank killed by
 SIGKILL while the kernel's OOM kill count rose is ``oom``; anything else is
@@ -58,8 +60,13 @@ class Outcome:
     message: str | None = None
 
 
-def ended_outcome(end: EndRecord) -> Outcome:
-    """The outcome of a run that wrote its ``end`` record: ``succeeded`` only if it applied an update."""
+def ended_outcome(end: EndRecord, max_steps: int | None = None) -> Outcome:
+    """The outcome of a run that wrote its ``end`` record: ``succeeded`` only if it applied an update and
+    attempted ``max_steps`` steps (when given) or stopped early at the step its record counts."""
+    if max_steps is not None and end.steps < max_steps and (end.stopped_early is None or end.stopped_early.step != end.steps):
+        message = (f"the run's end record counts {end.steps} of {max_steps} steps without saying early stopping "
+                   "ended it there (stopped_early)")
+        return Outcome("failed", "rank_failed", message)
     if end.applied > 0:
         return Outcome("succeeded")
     message = (f"the run ended without applying any update: its end record counts {end.steps} attempted steps, "
@@ -67,14 +74,16 @@ def ended_outcome(end: EndRecord) -> Outcome:
     return Outcome("failed", "no_update_applied", message)
 
 
-def exit_outcome(code: int, end: EndRecord | None, run_dir: Path, oom_killed: bool = False) -> Outcome:
+def exit_outcome(
+    code: int, end: EndRecord | None, run_dir: Path, oom_killed: bool = False, max_steps: int | None = None
+) -> Outcome:
     """The outcome of a run whose launcher exited with ``code``.
 
-    ``end``: the counts of the ``end`` record, if one was read. ``oom_killed``: the kernel's
+    ``end``: the counts of the ``end`` record, if one was read (checked against ``max_steps``: :func:`ended_outcome`). ``oom_killed``: the kernel's
     OOM kill count rose while the run lived (see :mod:`worker.oomwatch`).
     """
     if code == 0 and end is not None:
-        return ended_outcome(end)
+        return ended_outcome(end, max_steps)
     error = read_error(run_dir / "error.json")
     cause = root_cause(log_tail(launcher_log(run_dir), SCAN_LINES))
     rank = error[2] if error is not None else cause.rank if cause is not None else None

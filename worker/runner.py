@@ -125,6 +125,7 @@ class Attempt:
         self.running = False
         #: The counts of the run's ``end`` record, once read.
         self.end: EndRecord | None = None
+        self.max_steps: int | None = None  # the spec's, once validated
         #: Records read from ``records.jsonl`` but not stored yet (the database was unreachable).
         self.pending: list[dict[str, Any]] = []
         self.database_error: str | None = None
@@ -185,6 +186,7 @@ class Attempt:
             return Outcome("failed", "spec_invalid", f"the stored spec does not validate on the worker:\n{exc}")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
+        self.max_steps = spec.max_steps
         return spec
 
     def _command(self, spec: JobSpec) -> list[str]:
@@ -229,7 +231,7 @@ class Attempt:
             code = process.poll()
             if code is not None:
                 self._drain_last()
-                return exit_outcome(code, self.end, self.run_dir, self._oom_killed())
+                return exit_outcome(code, self.end, self.run_dir, self._oom_killed(), self.max_steps)
             if not self.lease.renew_if_due():
                 return self._stop_for(self._lost())
             if self._tolerant(lambda: self.store.cancel_requested(self.claim.job_id), False):
@@ -261,7 +263,7 @@ class Attempt:
         if self.end is None or self.lease.lost:
             return outcome
         log.info("job %s: the run had finished every step before it was stopped", self.claim.job_id)
-        ended = ended_outcome(self.end)
+        ended = ended_outcome(self.end, self.max_steps)
         if ended.status == "succeeded":
             return Outcome("succeeded", None, f"finished before it was stopped ({outcome.message})")
         return ended
