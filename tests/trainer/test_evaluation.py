@@ -123,6 +123,7 @@ def _rank(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_rank_eval_equals_the_one_rank_eval(tmp_path: Path) -> None:
     mp.start_processes(_rank, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     one_lm = evaluate(tiny_lm(), HeldOut(DataInfo(Task.LM, 32, seq_len=8), _lm_batches()), _fp32(), 2)

@@ -89,3 +89,16 @@ def test_a_rank_killed_by_sigkill_is_oom_only_when_the_oom_killer_ran(tmp_path: 
     assert exit_outcome(1, None, run_dir, oom_killed=False).reason == "rank_failed"
     assert exit_outcome(-signal.SIGKILL, None, _run_dir(tmp_path, ""), oom_killed=True).reason == "oom"
     assert exit_outcome(1, None, _run_dir(tmp_path, "exit code 1"), oom_killed=True).reason == "rank_failed"
+
+
+def test_a_short_end_record_succeeds_only_when_it_says_it_stopped_early(tmp_path: Path) -> None:
+    stopped = {"step": 3, "metric": "loss", "best_step": 1, "best_value": 0.5}
+    early = parse_end_record({"steps": 3, "skipped_steps": 0, "applied_steps": 3, "stopped_early": stopped})
+    short = parse_end_record({"steps": 3, "skipped_steps": 0, "applied_steps": 3})
+    mismatched = parse_end_record({"steps": 3, "skipped_steps": 0, "stopped_early": {**stopped, "step": 2}})
+    assert early is not None and short is not None and mismatched is not None
+    assert exit_outcome(0, early, _run_dir(tmp_path), max_steps=10).status == "succeeded"
+    refused = exit_outcome(0, short, _run_dir(tmp_path), max_steps=10)
+    assert (refused.status, refused.reason) == ("failed", "rank_failed") and "stopped_early" in (refused.message or "")
+    assert exit_outcome(0, mismatched, _run_dir(tmp_path), max_steps=10).reason == "rank_failed"
+    assert exit_outcome(0, short, _run_dir(tmp_path), max_steps=3).status == "succeeded"
