@@ -26,7 +26,9 @@ No step reads a device value on the host. Every ``log_interval`` steps, before e
 evaluation and checkpoint, at the end and on failure, the pending rows are copied to
 the host at once: rank 0 writes one step record per attempted step, and every rank's
 divergence guard checks them (all ranks see the same values, so they stop together).
-Rank 0 evaluates every ``eval_interval`` steps and at the end, and writes checkpoints; an
+Every rank evaluates its share of the held-out set every ``eval_interval`` steps and at the
+end (:mod:`trainer.evaluate`); early stopping can end the run at an evaluation, and ``keep_best``
+keeps the best evaluated state (:mod:`trainer.early_stopping`, :mod:`trainer.best`). Rank 0 writes checkpoints; an
 ``hf`` job's rank 0 writes its exports (:mod:`trainer.hf.export`) before the ``end`` record.
 After the last step the end check (:mod:`trainer.end_check`) fails a run that applied no
 update, or ended inside a long stretch of skipped steps, before anything final is written.
