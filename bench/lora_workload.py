@@ -38,8 +38,8 @@ AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp16": torch.float16, "bf16":
 class LoraWorkload:
     """Model sizes, LoRA settings, data and optimizer of the run (``lr`` per step, L2 clip norm).
 
-    ``base_dtype``: where Halfcast keeps the frozen base weights (``fp32``, as the peers do
-    by default, or ``compute``: Halfcast's default for bf16/fp16). ``total_steps``: the LR
+    ``base_dtype``: where Halfcast keeps the frozen base weights (``fp32``, as the peers do,
+    or ``compute``: Halfcast's default for bf16/fp16; path ``halfcast-compute``). ``total_steps``: the LR
     schedule's length (every step any path takes should fit in it).
     """
 

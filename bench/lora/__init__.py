@@ -16,6 +16,7 @@ LORA_PEERS: dict[str, tuple[str, str]] = {
     "hand": ("bench.lora.paths", "hand_lora"),
     "halfcast": ("bench.lora.paths", "halfcast_lora"),
     "trainer": ("bench.lora.hf_trainer", "TrainerRunner"),
+    "halfcast-compute": ("bench.lora.paths", "halfcast_compute_lora"),
 }
 
 

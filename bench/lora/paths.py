@@ -9,13 +9,13 @@ built by ``build_components`` (the real loader reading the model root, PEFT thro
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from bench.lora_workload import LoraWorkload, job_spec, mean_token_loss, model_roots, peer_model
-from bench.lora_workload import MODEL_NAME
+from bench.lora_workload import MODEL_NAME, LoraWorkload, job_spec, mean_token_loss, model_roots, peer_model
 from bench.peers.halfcast import HalfcastRunner
 from bench.peers.hand import HandLoop
 from trainer.data import Batch
@@ -34,14 +34,20 @@ def hand_lora(work: LoraWorkload, root: Path) -> HandLoop:
 
     model = peer_model(work, root / MODEL_NAME)
     version = f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}"
-    loop = HandLoop(model, work, causal_lm_loss, version=version)
-    loop.info.notes.append("frozen base weights float32 (autocast casts them per forward)")
-    return loop
+    return HandLoop(model, work, causal_lm_loss, version=version)
 
 
 def halfcast_lora(work: LoraWorkload, root: Path) -> HalfcastRunner:
-    """Halfcast's step on the ``hf`` + LoRA job of ``work``, its model loaded from the model root ``root``."""
+    """Halfcast's step on the ``hf`` + LoRA job of ``work`` (frozen base float32, like the peers),
+    its model loaded from the model root ``root``."""
     with model_roots(root):
-        runner = HalfcastRunner(job_spec(work))
-    runner.info.notes.append(f"frozen base weights: base_dtype {work.base_dtype}")
+        return HalfcastRunner(job_spec(replace(work, base_dtype="fp32")))
+
+
+def halfcast_compute_lora(work: LoraWorkload, root: Path) -> HalfcastRunner:
+    """Halfcast with its bf16/fp16 default ``base_dtype: compute``: frozen base weights stored in the
+    compute dtype (no per-step cast of them; half their memory)."""
+    with model_roots(root):
+        runner = HalfcastRunner(job_spec(replace(work, base_dtype="compute")))
+    runner.info.label = "Halfcast, base in compute dtype"
     return runner
