@@ -13,7 +13,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,14 +22,17 @@ import torch
 
 from bench.measure import (
     BatchCycle,
+    SyncCounts,
     count_syncs,
     interleaved_times,
     median,
     paired_ratios,
+    run_steps,
 )
 from bench.peers import PEERS, NotInstalledError, PeerInfo, Runner, build_runner
 from bench.report import machine_info, markdown_table, notes
 from bench.workload import Workload, make_batches
+from trainer.data import Batch
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +65,18 @@ def workload_from(args: argparse.Namespace) -> Workload:
                     log_interval=args.log_interval, total_steps=total)
 
 
-def set_up(names: Sequence[str], work: Workload) -> tuple[dict[str, Runner], dict[str, dict[str, Any]]]:
-    """Runners of the installed peers, and a failed result for each peer that could not be set up."""
+def set_up(names: Sequence[str], work: Any, build: Callable[[str], Runner] | None = None,
+           ) -> tuple[dict[str, Runner], dict[str, dict[str, Any]]]:
+    """Runners of the installed peers, and a failed result for each peer that could not be set up.
+
+    ``build(name)`` makes a runner (default: :func:`bench.peers.build_runner` on ``work``);
+    ``work`` needs a ``precision``.
+    """
     runners: dict[str, Runner] = {}
     missing: dict[str, dict[str, Any]] = {}
     for name in names:
         try:
-            runners[name] = build_runner(name, work)
+            runners[name] = build(name) if build is not None else build_runner(name, work)
         except NotInstalledError as exc:
             missing[name] = _unavailable(name, work, "not installed", str(exc))
         except Exception as exc:
@@ -77,7 +85,7 @@ def set_up(names: Sequence[str], work: Workload) -> tuple[dict[str, Runner], dic
     return runners, missing
 
 
-def _unavailable(name: str, work: Workload, status: str, error: str) -> dict[str, Any]:
+def _unavailable(name: str, work: Any, status: str, error: str) -> dict[str, Any]:
     return {"status": status, "error": error, "info": asdict(PeerInfo(label=name, requested=work.precision))}
 
 
@@ -96,16 +104,9 @@ def run_benchmark(work: Workload, names: Sequence[str], *, steps: int, rounds: i
         raise ValueError(f"the reference peer {REFERENCE!r} must be measured")
     batches = make_batches(work)
     runners, results = set_up(names, work)
-    cycles = {name: BatchCycle(batches) for name in runners}
     try:
-        for name, runner in runners.items():
-            for _ in range(warmup):
-                runner.step(cycles[name].next())
-                runner.maybe_flush()
-        times = interleaved_times(runners, cycles, steps, rounds)
-        for name, runner in runners.items():
-            syncs = count_syncs(runner, cycles[name], sync_steps)
-            results[name] = _result(runner, times[name], times[REFERENCE], syncs.per_step, syncs.per_flush, work)
+        results.update(measure_runners(runners, batches, steps=steps, rounds=rounds, warmup=warmup,
+                                       sync_steps=sync_steps, flush_interval=work.log_interval))
     finally:
         for runner in runners.values():
             runner.close()
@@ -113,15 +114,32 @@ def run_benchmark(work: Workload, names: Sequence[str], *, steps: int, rounds: i
     return {"workload": asdict(work), "machine": machine_info(), "reference": REFERENCE, "peers": ordered}
 
 
-def _result(runner: Runner, seconds: list[float], reference: list[float], per_step: list[int], per_flush: list[int],
-            work: Workload) -> dict[str, Any]:
+def measure_runners(runners: Mapping[str, Runner], batches: Sequence[Batch], *, steps: int, rounds: int,
+                    warmup: int, sync_steps: int, flush_interval: int) -> dict[str, dict[str, Any]]:
+    """Warm up, time in interleaved rounds, then count syncs of every runner (:data:`REFERENCE` among
+    them); each on its own cursor over ``batches``. Returns :func:`peer_result` per runner."""
+    cycles = {name: BatchCycle(batches) for name in runners}
+    for name, runner in runners.items():
+        run_steps(runner, cycles[name], warmup)
+    times = interleaved_times(runners, cycles, steps, rounds)
+    results = {}
+    for name, runner in runners.items():
+        syncs = count_syncs(runner, cycles[name], sync_steps)
+        results[name] = peer_result(runner, times[name], times[REFERENCE], syncs, flush_interval)
+    return results
+
+
+def peer_result(runner: Runner, seconds: list[float], reference: list[float], syncs: SyncCounts,
+                flush_interval: int) -> dict[str, Any]:
+    """One path's ``"ok"`` result (see :func:`run_benchmark`) from its per-round times and sync counts."""
+    per_step, per_flush = syncs.per_step, syncs.per_flush
     ratios = paired_ratios(seconds, reference)
     return {
         "status": "ok", "info": asdict(runner.info), "seconds_per_step": seconds,
         "median_ms": median(seconds) * 1e3, "ratio": median(ratios), "ratio_min": min(ratios),
         "ratio_max": max(ratios), "best_ms": min(seconds) * 1e3, "best_ratio": min(seconds) / min(reference),
         "syncs_per_step": per_step, "steady_syncs": max(per_step, default=0),
-        "syncs_per_flush": per_flush, "flush_interval": work.log_interval,
+        "syncs_per_flush": per_flush, "flush_interval": flush_interval,
     }
 
 

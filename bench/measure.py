@@ -83,14 +83,23 @@ def count_syncs(runner: Runner, cycle: BatchCycle, steps: int) -> SyncCounts:
     """Host syncs in each of ``steps`` steps, and in each flush among them, counted separately."""
     counts = SyncCounts()
     for _ in range(steps):
-        with HostSyncCounter() as in_step:
-            runner.step(cycle.next())
-        counts.per_step.append(in_step.total)
+        counts.per_step.append(counted_step(runner, cycle.next()))
         with HostSyncCounter() as in_flush:
             flushed = runner.maybe_flush()
         if flushed:
             counts.per_flush.append(in_flush.total)
     return counts
+
+
+def counted_step(runner: Runner, batch: Batch) -> int:
+    """Host syncs of one step: the runner's own ``counted_step`` when it has one (a path that steps
+    in another thread counts there), else a :class:`HostSyncCounter` around ``runner.step``."""
+    own = getattr(runner, "counted_step", None)
+    if callable(own):
+        return int(own(batch))
+    with HostSyncCounter() as in_step:
+        runner.step(batch)
+    return in_step.total
 
 
 def paired_ratios(times: Sequence[float], reference: Sequence[float]) -> list[float]:

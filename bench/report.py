@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,17 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def markdown_table(peers: Mapping[str, Mapping[str, Any]]) -> str:
-    """One row per path of ``peers`` (the ``"peers"`` block of the JSON result), as a markdown table."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+#: An extra table column: its header and the cell of one path's result.
+Column = tuple[str, Callable[[Mapping[str, Any]], str]]
+
+
+def markdown_table(peers: Mapping[str, Mapping[str, Any]], extra: Sequence[Column] = ()) -> str:
+    """One row per path of ``peers`` (the ``"peers"`` block of the JSON result), as a markdown table,
+    with the ``extra`` columns after the standard ones."""
+    headers = [*COLUMNS, *(header for header, _ in extra)]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for result in peers.values():
-        lines.append("| " + " | ".join(_row(result)) + " |")
+        lines.append("| " + " | ".join([*_row(result), *(cell(result) for _, cell in extra)]) + " |")
     return "\n".join(lines) + "\n"
 
 

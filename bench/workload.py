@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
@@ -91,24 +91,42 @@ def make_model(work: Workload) -> nn.Sequential:
     return build_mlp(work.in_features, work.num_classes, work.hidden_sizes)
 
 
-def lr_multiplier(work: Workload) -> LRMultiplier:
+class OptimizerSettings(Protocol):
+    """What the peers' optimizer and LR schedule are built from (:class:`Workload`, ``LoraWorkload``)."""
+
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    min_lr_ratio: float
+    total_steps: int
+
+
+def lr_multiplier(work: OptimizerSettings) -> LRMultiplier:
     """The LR factor after ``n`` applied steps: Halfcast's own closed form, for the peers' ``LambdaLR``."""
     return LRMultiplier(name="cosine", total_steps=work.total_steps, warmup_steps=work.warmup_steps,
                         min_lr_ratio=work.min_lr_ratio)
 
 
-def peer_optimizer(model: nn.Module, work: Workload) -> torch.optim.AdamW:
-    """PyTorch's fused AdamW (the same kernel Halfcast's ``implementation="fused"`` calls)."""
-    return torch.optim.AdamW(model.parameters(), lr=work.lr, weight_decay=work.weight_decay, fused=True)
+def peer_optimizer(model: nn.Module, work: OptimizerSettings) -> torch.optim.AdamW:
+    """PyTorch's fused AdamW over the trainable parameters (the kernel Halfcast's ``implementation="fused"`` calls)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(trainable, lr=work.lr, weight_decay=work.weight_decay, fused=True)
 
 
-def peer_scheduler(optimizer: torch.optim.Optimizer, work: Workload) -> torch.optim.lr_scheduler.LambdaLR:
+def peer_scheduler(optimizer: torch.optim.Optimizer, work: OptimizerSettings) -> torch.optim.lr_scheduler.LambdaLR:
     """``LambdaLR`` with Halfcast's schedule: after ``k`` scheduler steps the factor is ``m(k)``."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(work))
 
 
+def probed_module(model: nn.Module) -> nn.Module:
+    """The first LoRA-wrapped layer of ``model`` (a module with ``lora_A``), else its first ``nn.Linear``."""
+    modules = list(model.modules())
+    lora = next((m for m in modules if hasattr(m, "lora_A") and hasattr(m, "base_layer")), None)
+    return lora if lora is not None else next(m for m in modules if isinstance(m, nn.Linear))
+
+
 class ActivationProbe:
-    """Records the dtype of the first ``nn.Linear``'s output the next time ``model`` runs forward.
+    """Records the output dtype of :func:`probed_module` the next time ``model`` runs forward.
 
     This is what a path *really* computes in, whatever precision it was asked for.
     ``dtype`` is ``None`` until a forward pass ran; the hook removes itself after one call.
@@ -116,11 +134,10 @@ class ActivationProbe:
 
     def __init__(self, model: nn.Module) -> None:
         self.dtype: torch.dtype | None = None
-        linear = next(m for m in model.modules() if isinstance(m, nn.Linear))
-        self._handle = linear.register_forward_hook(self._hook)
+        self._handle = probed_module(model).register_forward_hook(self._hook)
 
-    def _hook(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
-        self.dtype = output.dtype
+    def _hook(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        self.dtype = output[0].dtype if isinstance(output, tuple) else output.dtype
         self._handle.remove()
 
     @property

@@ -14,10 +14,10 @@ from bench.workload import Workload
 
 __all__ = ["PEERS", "NotInstalledError", "PeerInfo", "Runner", "build_runner"]
 
-#: Peer name -> (module, class). ``hand`` is the reference of every ratio.
+#: Peer name -> (module, class or factory taking the workload). ``hand`` is the reference of every ratio.
 PEERS: dict[str, tuple[str, str]] = {
-    "hand": ("bench.peers.hand", "HandLoop"),
-    "halfcast": ("bench.peers.halfcast", "HalfcastRunner"),
+    "hand": ("bench.peers.hand", "hand_peer"),
+    "halfcast": ("bench.peers.halfcast", "halfcast_peer"),
     "accelerate": ("bench.peers.accelerate_peer", "AccelerateRunner"),
     "fabric": ("bench.peers.fabric_peer", "FabricRunner"),
 }

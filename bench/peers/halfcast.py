@@ -19,6 +19,7 @@ import torch
 
 from bench.peers.base import PeerInfo
 from bench.workload import ActivationProbe, Workload, job_spec
+from trainer.spec import JobSpec
 from trainer.data import Batch
 from trainer.distributed import DistContext
 from trainer.components import build_components, build_record_flusher, divergence_guard
@@ -30,18 +31,22 @@ from trainer.records import RECORDS_FILE, RecordSink
 CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 
-class HalfcastRunner:
-    """Halfcast's trainer step on one CPU rank.
+def halfcast_peer(work: Workload, implementation: str = "fused") -> HalfcastRunner:
+    """Halfcast's step on the MLP workload of :mod:`bench.workload`.
 
-    Args:
-        work: the shared workload.
-        implementation: Halfcast's AdamW implementation (``fused`` = PyTorch's fused kernel
-            given ``found_inf``; ``foreach``/``plain`` = Halfcast's masked update; ``auto``).
+    ``implementation``: Halfcast's AdamW implementation (``fused`` = PyTorch's fused kernel
+    given ``found_inf``; ``foreach``/``plain`` = Halfcast's masked update; ``auto``).
     """
+    return HalfcastRunner(job_spec(work, implementation))
 
-    def __init__(self, work: Workload, implementation: str = "fused") -> None:
-        self.work = work
-        self.spec = job_spec(work, implementation)
+
+class HalfcastRunner:
+    """Halfcast's trainer step on one CPU rank, built from ``spec`` exactly as a job builds it
+    (``build_components``: for an ``hf`` spec, the real loader, PEFT adapter and wrapper)."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+        implementation = spec.optimizer.implementation
         self.parts = build_components(self.spec, CPU)
         self._dir = Path(tempfile.mkdtemp(prefix="halfcast-bench-"))
         self._sink = RecordSink(self._dir / RECORDS_FILE)
@@ -52,7 +57,7 @@ class HalfcastRunner:
         used = resolve_implementation(implementation, self.parts.parameters)
         scaler = self.parts.precision.scaler
         self.info = PeerInfo(
-            label="Halfcast", requested=work.precision,
+            label="Halfcast", requested=spec.precision,
             loss_scaling="dynamic (on device)" if isinstance(scaler, DynamicLossScaler) else "none",
             optimizer=f"trainer.optimizers.AdamW({used})",
             lr_on_skip="not advanced (on device)",

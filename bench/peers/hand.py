@@ -13,12 +13,17 @@ scaler and no skips, so its schedule advances every step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from bench.peers.base import PeerInfo
 from bench.workload import (
     ActivationProbe,
+    OptimizerSettings,
     Workload,
     make_model,
     peer_optimizer,
@@ -26,35 +31,63 @@ from bench.workload import (
 )
 from trainer.data import Batch
 
+#: ``loss_of(model, batch)``: the float32 mean loss of one micro-batch.
+LossOf = Callable[[nn.Module, Batch], torch.Tensor]
+
+
+class HandSettings(OptimizerSettings, Protocol):
+    """What the loop needs beyond the optimizer settings (:class:`Workload`, ``LoraWorkload``)."""
+
+    precision: str
+    max_grad_norm: float
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None: ...
+
+
+def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Mean cross-entropy of the MLP's logits (computed in float32)."""
+    return F.cross_entropy(model(batch.inputs).float(), batch.targets)
+
+
+def hand_peer(work: Workload) -> HandLoop:
+    """The hand loop on the MLP workload of :mod:`bench.workload`."""
+    return HandLoop(make_model(work), work, classification_loss)
+
 
 class HandLoop:
-    """The hand-written loop on CPU; ``info.compute_dtype`` is filled by the first step."""
+    """The hand-written loop on CPU around ``model``; ``info.compute_dtype`` is filled by the first step.
 
-    def __init__(self, work: Workload) -> None:
+    ``loss_of`` runs the forward (under autocast) and returns the float32 mean loss.
+    """
+
+    def __init__(self, model: nn.Module, work: HandSettings, loss_of: LossOf, *, version: str = "") -> None:
         self.work = work
-        self.model = make_model(work)
+        self.model = model
+        self.loss_of = loss_of
         self.optimizer = peer_optimizer(self.model, work)
         self.scheduler = peer_scheduler(self.optimizer, work)
         self.scaling = work.precision == "fp16"
         self.scaler = torch.amp.GradScaler("cpu", enabled=self.scaling)
         self._last_scale = self.scaler.get_scale() if self.scaling else 1.0
         self._probe = ActivationProbe(self.model)
+        self._parameters = [p for p in model.parameters() if p.requires_grad]
         self.info = PeerInfo(
             label="hand-written loop", requested=work.precision,
             loss_scaling="dynamic (torch.amp.GradScaler)" if self.scaling else "none",
             optimizer="torch.optim.AdamW(fused=True)",
             lr_on_skip="not advanced (host reads the scale)" if self.scaling else "n/a (no skips)",
-            version=f"torch {torch.__version__}",
+            version=version or f"torch {torch.__version__}",
         )
 
     def step(self, batch: Batch) -> None:
-        """One AMP step on ``batch`` (mean cross-entropy over its samples)."""
-        with torch.autocast(device_type="cpu", dtype=self.work.autocast_dtype):
-            logits = self.model(batch.inputs)
-        loss = F.cross_entropy(logits.float(), batch.targets)
+        """One AMP step on ``batch``: autocast forward, scaled backward, unscale, clip, step, update."""
+        dtype = self.work.autocast_dtype
+        with torch.autocast(device_type="cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            loss = self.loss_of(self.model, batch)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.work.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(self._parameters, self.work.max_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self._advance_schedule()
