@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fastapi import Request
 from sqlalchemy.orm import Session
 
 from server.auth import Principal, can_see
@@ -19,3 +20,9 @@ def visible_job_or_404(session: Session, job_id: str, principal: Principal) -> J
     if job is None or not can_see(principal, job):
         raise ApiError(404, f"job {job_id} not found", job_id=job_id)
     return job
+
+
+def visible_job_for_files(request: Request, job_id: str, principal: Principal) -> Job:
+    """:func:`visible_job_or_404` in a session of its own, closed before the route reads any file."""
+    with request.app.state.session_factory() as session:
+        return visible_job_or_404(session, job_id, principal)

@@ -23,8 +23,8 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from server.access import visible_job_or_404
-from server.auth import Principal, PrincipalDep, authenticate
+from server.access import visible_job_for_files
+from server.auth import PrincipalDep, authenticate
 from server.checkpoint_files import CHECKPOINT_NAME, CheckpointFile, find_checkpoint, list_checkpoints
 from server.conditional import etag_matches, not_modified
 from server.db.models import Job
@@ -59,10 +59,6 @@ class CheckpointList(BaseModel):
     checkpoints: list[CheckpointPublic]
 
 
-def _job(request: Request, job_id: str, principal: Principal) -> Job:
-    with request.app.state.session_factory() as session:  # closed before any file is read
-        return visible_job_or_404(session, job_id, principal)
-
 
 _NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such checkpoint"}}
 
@@ -70,7 +66,7 @@ _NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_NOT_FOUND)
 def get_checkpoints(job_id: str, request: Request, principal: PrincipalDep) -> CheckpointList:
     """The job's checkpoint files (empty before its first checkpoint)."""
-    job = _job(request, job_id, principal)
+    job = visible_job_for_files(request, job_id, principal)
     files = list_checkpoints(request.app.state.settings.runs_dir, job.id, job.max_steps)
     return CheckpointList(job_id=job.id, checkpoints=[CheckpointPublic.from_file(job.id, f) for f in files])
 
@@ -95,7 +91,7 @@ def download_checkpoint(
 
     ``If-None-Match`` naming its ``ETag`` (or ``*``) is a 304 without a body.
     """
-    job = _job(request, job_id, principal)
+    job = visible_job_for_files(request, job_id, principal)
     response = _file_response(request.app.state.settings.runs_dir, job, name, attempt)
     if etag_matches(request.headers.get("if-none-match"), response.headers["etag"]):
         return not_modified(response)

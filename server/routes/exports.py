@@ -16,9 +16,8 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
-from server.access import visible_job_or_404
-from server.auth import Principal, PrincipalDep, authenticate
-from server.db.models import Job
+from server.access import visible_job_for_files
+from server.auth import PrincipalDep, authenticate
 from server.errors import ApiError
 from server.export_files import Export, ExportKind, find_export, list_exports
 from server.export_tar import archive_size, stream_archive
@@ -63,10 +62,6 @@ class ExportList(BaseModel):
     exports: list[ExportPublic]
 
 
-def _job(request: Request, job_id: str, principal: Principal) -> Job:
-    with request.app.state.session_factory() as session:  # closed before any file is read
-        return visible_job_or_404(session, job_id, principal)
-
 
 _NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such export"}}
 
@@ -74,7 +69,7 @@ _NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such 
 @router.get("/{job_id}/exports", response_model=ExportList, responses=_NOT_FOUND)
 def get_exports(job_id: str, request: Request, principal: PrincipalDep) -> ExportList:
     """The job's exports (empty until a successful job has written one)."""
-    job = _job(request, job_id, principal)
+    job = visible_job_for_files(request, job_id, principal)
     found = list_exports(request.app.state.settings.runs_dir, job.id)
     return ExportList(job_id=job.id, exports=[ExportPublic.from_export(job.id, e) for e in found])
 
@@ -93,7 +88,7 @@ def download_export(
     attempt: Annotated[int | None, Query(ge=1, le=10**9, description="Attempt (default: the newest that has it)")] = None,
 ) -> Response:
     """The export ``kind`` as an uncompressed tar of ``<kind>/<file>`` entries (extract with ``tar -xf``)."""
-    job = _job(request, job_id, principal)
+    job = visible_job_for_files(request, job_id, principal)
     export = find_export(request.app.state.settings.runs_dir, job.id, kind, attempt)
     if export is None:
         where = f"attempt {attempt}" if attempt is not None else "any attempt"

@@ -16,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from server.access import visible_job_or_404
-from server.auth import Principal, PrincipalDep, authenticate
+from server.access import visible_job_for_files
+from server.auth import PrincipalDep, authenticate
 from server.db.models import TERMINAL_STATUSES, Job
 from server.errors import ApiError
 from server.events import EventStreamSettings, StreamStats
@@ -54,10 +54,6 @@ def _query_error(name: str, message: str, value: object) -> RequestValidationErr
     return RequestValidationError([{"type": "value_error", "loc": ("query", name), "msg": message, "input": value}])
 
 
-def _job(request: Request, job_id: str, principal: Principal) -> Job:
-    with request.app.state.session_factory() as session:  # closed before any streaming starts
-        return visible_job_or_404(session, job_id, principal)
-
 
 def _check(job: Job, rank: int, attempt: int | None, follow: bool) -> None:
     """422 for a rank or attempt the job does not have; 409/404 for a job that never ran (unless following)."""
@@ -89,7 +85,7 @@ def job_logs(
     follow: Annotated[bool, Query(description="Stream new lines (SSE) until the job ends")] = False,
 ) -> LogLines | StreamingResponse:
     """The last ``tail`` lines of ``rank``'s stdout and stderr in ``attempt``, or a live follow of them."""
-    job = _job(request, job_id, principal)
+    job = visible_job_for_files(request, job_id, principal)
     _check(job, rank, attempt, follow)
     runs_dir = request.app.state.settings.runs_dir
     target = LogTarget(job_id, rank, runs_dir, attempt, tail)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from hf_support import TINY_LLAMA, lora_spec
+from hf_support import lora_spec
 from test_syncs import _count_loop
 from trainer import loop
 from trainer.catalog import HFConfig

@@ -11,7 +11,7 @@ import torch
 from hf_tokenizer_support import hf_tokenizer  # noqa: F401  (session fixture)
 from jsonl_support import DataRoot, every_sample, trained_spans
 
-from trainer.data import IGNORE_INDEX, Task
+from trainer.data import Task
 from trainer.errors import TrainerError
 
 

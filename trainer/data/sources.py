@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sysconfig
 from collections.abc import Iterator
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import BinaryIO
 
 from trainer.errors import TrainerError
