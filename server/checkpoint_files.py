@@ -32,7 +32,7 @@ FINAL_NAME = "final.pt"
 class CheckpointFile:
     """One checkpoint file of one attempt.
 
-    ``step``: the attempted steps it holds (``final.pt``: the job's ``max_steps``);
+    ``step``: the attempted steps it holds (``final.pt``: the job's ``max_steps``, or the step early stopping ended it at);
     ``size_bytes`` and ``modified_at`` (UTC) from the file system.
     """
 
@@ -43,6 +43,12 @@ class CheckpointFile:
     size_bytes: int
     modified_at: datetime
     path: Path
+
+
+def final_step(max_steps: int, end_info: dict[str, object] | None) -> int:
+    """The step ``final.pt`` holds: the succeeded run's ``end`` record's ``steps`` (an early stop), else ``max_steps``."""
+    steps = (end_info or {}).get("steps")
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and 0 < steps <= max_steps else max_steps
 
 
 def _step_of(name: str, max_steps: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from server.db.models import Attempt, Job, StepRecord
 from server.timeutil import as_utc, as_utc_or_none
@@ -46,6 +46,15 @@ class AttemptPublic(BaseModel):
         )
 
 
+class StoppedEarlyPublic(BaseModel):
+    """Early stopping ended the job: at ``step``, on ``metric``, whose best evaluation was ``best_value`` at ``best_step``."""
+
+    step: int
+    metric: str
+    best_step: int | None = None
+    best_value: float | None = None
+
+
 class JobPublic(BaseModel):
     """The job resource (``GET /jobs/{id}``). Timestamps are UTC; ``step`` is the latest attempted step."""
 
@@ -78,6 +87,12 @@ class JobPublic(BaseModel):
     skipped_steps: int = Field(
         default=0, description="Attempted steps up to `step` skipped for non-finite gradients (the latest record's count)"
     )
+    stopped_early: StoppedEarlyPublic | None = Field(
+        default=None, description="Set when early stopping ended the succeeded job before `max_steps`"
+    )
+    exported_step: int | None = Field(
+        default=None, description="The step whose weights the job's exports hold (the best evaluation with `keep_best`)"
+    )
 
     @classmethod
     def from_row(cls, job: Job) -> JobPublic:
@@ -106,7 +121,22 @@ class JobPublic(BaseModel):
             effective_precision=effective_precision(job),
             applied_steps=applied,
             skipped_steps=skipped,
+            stopped_early=stopped_early(job.end_info),
+            exported_step=_count_or_none((job.end_info or {}).get("exported_step")),
         )
+
+
+def stopped_early(end_info: dict[str, Any] | None) -> StoppedEarlyPublic | None:
+    """The ``stopped_early`` of a succeeded run's stored ``end`` record, if it has a valid one."""
+    found = (end_info or {}).get("stopped_early")
+    try:
+        return StoppedEarlyPublic.model_validate(found) if isinstance(found, dict) else None
+    except ValidationError:
+        return None
+
+
+def _count_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def effective_precision(job: Job) -> str:

@@ -41,6 +41,11 @@ class EndRecord(BaseModel):
     skipped_steps: Count
     applied_steps: Count | None = None
     stopped_early: StoppedEarly | None = None
+    exported_step: Count | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """What the job row keeps of the record (``jobs.end_info``): the fields it has, as plain JSON."""
+        return self.model_dump(mode="json", exclude_none=True)
 
     @property
     def applied(self) -> int:

@@ -374,5 +374,6 @@ class Attempt:
         if outcome.status == "failed" and outcome.reason and RETRY_POLICY.get(outcome.reason, False):
             result = Recovery(self.store, self.context.enqueue).release(self.fence, outcome.reason, message or "")
             return result is not None, f"{result} ({outcome.reason})"
-        done = self.store.finish(self.fence, outcome.status, outcome.reason, message)
+        end_info = self.end.summary() if outcome.status == "succeeded" and self.end is not None else None
+        done = self.store.finish(self.fence, outcome.status, outcome.reason, message, end_info)
         return done, outcome.status + (f" ({outcome.reason})" if outcome.reason else "")

@@ -208,10 +208,19 @@ class JobStore:
         """Whether the API asked to cancel the job (its status is ``cancelling``)."""
         return self.status(job_id) == "cancelling"
 
-    def finish(self, fence: Fence, status: str, reason: str | None = None, message: str | None = None) -> bool:
+    def finish(
+        self,
+        fence: Fence,
+        status: str,
+        reason: str | None = None,
+        message: str | None = None,
+        end_info: dict[str, Any] | None = None,
+    ) -> bool:
         """Give the attempt its terminal ``status`` and typed error; ``False`` if it no longer owns the job.
 
-        A ``cancelled`` job keeps no error (``error`` is null in the resource).
+        A ``cancelled`` job keeps no error (``error`` is null in the resource). ``end_info``:
+        what the run's ``end`` record said (:meth:`worker.end_record.EndRecord.summary`), kept
+        in ``jobs.end_info`` when given.
         """
         if status not in TERMINAL_STATUSES:
             raise ValueError(f"{status!r} is not a terminal status")
@@ -226,6 +235,7 @@ class JobStore:
                 error_message=message,
                 finished_at=now,
                 lease_expires_at=None,
+                **({"end_info": end_info} if end_info is not None else {}),
             )
             if conn.execute(statement).rowcount != 1:
                 return False

@@ -64,6 +64,8 @@ class Job(Base):
     #: job nor handed the message back, and since when (migration 0007; ``worker/holds.py``).
     held_by: Mapped[str | None] = mapped_column(String(255))
     held_at: Mapped[datetime | None]
+    #: The succeeded run's ``end`` record: counts, ``stopped_early``, ``exported_step`` (migration 0008).
+    end_info: Mapped[dict[str, Any] | None]
     #: Precision switches the run made (``on_divergence: "fallback_bf16"``), oldest first; null when none.
     precision_switches: Mapped[list[dict[str, Any]] | None]
 

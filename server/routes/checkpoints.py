@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
-from server.checkpoint_files import CHECKPOINT_NAME, CheckpointFile, find_checkpoint, list_checkpoints
+from server.checkpoint_files import CHECKPOINT_NAME, CheckpointFile, final_step, find_checkpoint, list_checkpoints
 from server.conditional import etag_matches, not_modified
 from server.db.models import Job
 from server.errors import ApiError
@@ -67,7 +67,7 @@ _NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such 
 def get_checkpoints(job_id: str, request: Request, principal: PrincipalDep) -> CheckpointList:
     """The job's checkpoint files (empty before its first checkpoint)."""
     job = visible_job_for_files(request, job_id, principal)
-    files = list_checkpoints(request.app.state.settings.runs_dir, job.id, job.max_steps)
+    files = list_checkpoints(request.app.state.settings.runs_dir, job.id, final_step(job.max_steps, job.end_info))
     return CheckpointList(job_id=job.id, checkpoints=[CheckpointPublic.from_file(job.id, f) for f in files])
 
 
@@ -100,7 +100,7 @@ def download_checkpoint(
 
 def _file_response(runs_dir: pathlib.Path, job: Job, name: str, attempt: int | None) -> FileResponse:
     """The download of checkpoint ``name`` of ``job``; 404 when there is none (or it was removed since found)."""
-    found = find_checkpoint(runs_dir, job.id, name, job.max_steps, attempt)
+    found = find_checkpoint(runs_dir, job.id, name, final_step(job.max_steps, job.end_info), attempt)
     stat = _stat(found.path) if found is not None else None
     if found is None or stat is None:
         where = f"attempt {attempt}" if attempt is not None else "any attempt"

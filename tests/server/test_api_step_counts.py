@@ -58,3 +58,32 @@ def test_the_counts_follow_a_precision_switch_and_a_retry_rewind(
     assert _counts(client, claim.job_id) == (11, 11, 0)
     assert store.rewind(claim.fence, 9)
     assert _counts(client, claim.job_id) == (9, 9, 0)
+
+
+def test_an_early_stop_shows_on_the_resource_and_final_pt_holds_its_step(
+    client: TestClient, engine: Engine, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """The worker keeps the succeeded run's end record (``jobs.end_info``); the resource shows its
+    ``stopped_early`` and ``exported_step``, and the checkpoint list gives ``final.pt`` the step it stopped at."""
+    from worker.end_record import parse_end_record
+
+    store = JobStore(engine)
+    claim = store.claim(insert_job(sessions), "w", tmp_path)
+    assert claim is not None
+    end = parse_end_record({"steps": 30, "skipped_steps": 2, "applied_steps": 28, "exported_step": 20,
+                            "stopped_early": {"step": 30, "metric": "loss", "best_step": 20, "best_value": 0.5}})  # fmt: skip
+    assert end is not None and store.finish(claim.fence, "succeeded", end_info=end.summary())
+    job = client.get(f"/jobs/{claim.job_id}").json()
+    assert job["stopped_early"] == {"step": 30, "metric": "loss", "best_step": 20, "best_value": 0.5}
+    assert job["exported_step"] == 20
+    runs_dir = client.app.state.settings.runs_dir  # type: ignore[attr-defined]
+    final = runs_dir / claim.job_id / "attempt-1" / "checkpoints" / "final.pt"
+    final.parent.mkdir(parents=True)
+    final.write_bytes(b"x")
+    [listed] = client.get(f"/jobs/{claim.job_id}/checkpoints").json()["checkpoints"]
+    assert (listed["name"], listed["step"]) == ("final.pt", 30)
+
+
+def test_a_job_without_an_end_record_shows_no_early_stop(client: TestClient, sessions: sessionmaker[Session]) -> None:
+    job = client.get(f"/jobs/{insert_job(sessions, status='running')}").json()
+    assert job["stopped_early"] is None and job["exported_step"] is None

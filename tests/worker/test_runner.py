@@ -44,6 +44,7 @@ def test_success_stores_every_step_latest_and_eval(settings: Settings, store: Jo
     assert row.latest["step"] == 12 and "type" not in row.latest
     assert row.eval == {"step": 12, "time": row.eval["time"], "loss": 0.1, "accuracy": 0.95}
     assert _steps(engine, job_id) == list(range(1, 13))
+    assert row.end_info == {"steps": 12, "skipped_steps": 0}  # what the run's end record said (jobs.end_info)
     run_dir = settings.runs_dir / job_id / "attempt-1"
     assert row.run_dir == str(run_dir)
     assert JobSpec.model_validate_json((run_dir / "spec.json").read_text()).max_steps == 12
