@@ -26,7 +26,7 @@ from server.redact import install_log_redaction
 from server.request_metrics import RequestMetricsMiddleware, request_histogram
 from server.events import StreamCollector
 from server.auth import check_exposure
-from server.routes import audit, checkpoints, dashboard, events, health, jobs, logs, metrics, session, workers
+from server.routes import audit, checkpoints, dashboard, events, health, job_resource, jobs, logs, metrics, session, workers
 from server.settings import Settings
 from server.worker_metrics import WorkerMetricsCollector
 
@@ -89,6 +89,7 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     app.add_middleware(RequestMetricsMiddleware, histogram=app.state.request_histogram)
     install_error_handlers(app)
     install_body_error_handlers(app)
+    app.include_router(job_resource.router)
     app.include_router(jobs.router)
     app.include_router(checkpoints.router)
     app.include_router(health.router)

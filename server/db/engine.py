@@ -7,10 +7,14 @@ first) and it starts with ``BEGIN IMMEDIATE``. A deferred transaction that reads
 first and then writes fails at once with "database is locked"
 (``SQLITE_BUSY_SNAPSHOT``, no busy wait) when another connection committed in
 between (phoenix#3949); an immediate one waits its turn.
+
+Reads that are one statement can skip the transaction round trips: :func:`read_connection`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -51,6 +55,23 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "begin", _begin_sqlite)
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+@contextmanager
+def read_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection for reads of one statement each, returned to the pool on exit.
+
+    On PostgreSQL it runs in autocommit mode: no ``BEGIN`` and no ``ROLLBACK`` round
+    trips around the statement, which sees one snapshot by itself. On SQLite (no round
+    trips to save) it is a plain connection whose read transaction ends on exit.
+    """
+    conn = engine.connect()
+    try:
+        if engine.dialect.name == "postgresql":
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield conn
+    finally:
+        conn.close()
 
 
 def begin_write(session: Session) -> Connection:
