@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     quota_max_queued_jobs: int | None = Field(
         default=None, ge=0, description="Default per-owner limit on queued jobs (unset: unlimited)"
     )
+    api_workers: int = Field(
+        default=1, ge=1, le=64, description="API processes `halfcast api` and `halfcast up` run (uvicorn workers)"
+    )
     api_max_concurrency: int = Field(
         default=16, ge=1, le=10_000,
         description="Requests one API process works on at once (health probes and cancels aside); more wait in line",
