@@ -3,14 +3,16 @@
 Each poller has its own kept-alive connection, as separate dashboards would (a
 :class:`bench.load_http.RawHttpConnection`, or with ``client="httpx"`` an
 ``httpx.AsyncClient`` each), and loops ``GET /jobs/{id}`` on its job until the
-deadline, pausing ``think_s`` between requests (0: back to back; each poller starts
-at a random point of its first pause, so they do not all fire at once). With ``conditional`` it sends the last
-``ETag`` it got as ``If-None-Match`` and counts a ``304`` as an answer. Every request
-ends in one outcome: ``ok`` (200), ``not_modified`` (304), ``timeout`` (no answer
-within the client timeout), ``503``, or ``other`` (any other status or transport
-error). :func:`poll_share` runs a share of the pollers in one process (the bench
-spreads them over ``--procs`` processes); :func:`probe` meanwhile submits and cancels
-a job and asks ``/healthz`` every ``interval_s``, timing each.
+deadline, pausing ``think_s`` between requests (0: back to back; each poller starts at
+a random point of its first pause, so they do not all fire at once). After a ``503`` it
+waits the answer's ``Retry-After``, as a well-behaved client does. With
+``conditional`` it sends the last ``ETag`` it got as ``If-None-Match`` and counts a
+``304`` as an answer. Every request ends in one outcome: ``ok`` (200),
+``not_modified`` (304), ``timeout`` (no answer within the client timeout), ``503``, or
+``other`` (any other status or transport error). :func:`poll_share` runs a share of
+the pollers in one process (the bench spreads them over ``--procs`` processes);
+:func:`probe` meanwhile submits and cancels a job and asks ``/healthz`` every
+``interval_s``, timing each.
 """
 
 from __future__ import annotations
@@ -86,24 +88,30 @@ async def timed(client: httpx.AsyncClient, method: str, path: str, *, expected: 
 
 
 async def _raw_get(connection: RawHttpConnection, path: str, headers: dict[str, str] | None,
-                   timeout_s: float) -> tuple[float, str, str | None]:  # fmt: skip
-    """``(seconds, outcome, etag of a 200)`` of one ``GET`` on ``connection``."""
+                   timeout_s: float) -> tuple[float, str, dict[str, str]]:  # fmt: skip
+    """``(seconds, outcome, response headers)`` of one ``GET`` on ``connection`` (no headers when no answer came)."""
     started = time.perf_counter()
     try:
         status, response_headers = await asyncio.wait_for(connection.get(path, headers), timeout_s)
     except TimeoutError:
-        return time.perf_counter() - started, "timeout", None
+        return time.perf_counter() - started, "timeout", {}
     except (OSError, asyncio.IncompleteReadError, ValueError):
-        return time.perf_counter() - started, "other", None
-    etag = response_headers.get("etag") if status == 200 else None
-    return time.perf_counter() - started, outcome_of(status), etag
+        return time.perf_counter() - started, "other", {}
+    return time.perf_counter() - started, outcome_of(status), response_headers
 
 
 async def _httpx_get(client: httpx.AsyncClient, path: str, headers: dict[str, str] | None,
-                     _timeout_s: float) -> tuple[float, str, str | None]:  # fmt: skip
+                     _timeout_s: float) -> tuple[float, str, dict[str, str]]:  # fmt: skip
     seconds, outcome, response = await timed(client, "GET", path, headers=headers)
-    etag = response.headers.get("etag") if response is not None and response.status_code == 200 else None
-    return seconds, outcome, etag
+    return seconds, outcome, dict(response.headers) if response is not None else {}
+
+
+def retry_delay(headers: dict[str, str]) -> float:
+    """Seconds a well-behaved client waits after a 503: its ``Retry-After`` (1 s if absent or odd), at most 10 s."""
+    try:
+        return min(10.0, max(0.0, float(headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
 
 
 async def _poller(plan: PollPlan, job_id: str, measure_from: float, deadline: float, tally: Tally) -> None:
@@ -120,12 +128,14 @@ async def _poller(plan: PollPlan, job_id: str, measure_from: float, deadline: fl
         await asyncio.sleep(random.uniform(0.0, plan.think_s))  # pollers start at random phases, not in one burst
         while (started := time.monotonic()) < deadline:
             condition = {"If-None-Match": etag} if plan.conditional and etag else None
-            seconds, outcome, new_etag = await get(connection, f"/jobs/{job_id}", condition, plan.timeout_s)
+            seconds, outcome, response_headers = await get(connection, f"/jobs/{job_id}", condition, plan.timeout_s)
             if started >= measure_from:
                 tally.add(seconds, outcome)
-            etag = new_etag or etag
-            if plan.think_s > 0:
-                await asyncio.sleep(plan.think_s)
+            if outcome == "ok":
+                etag = response_headers.get("etag") or etag
+            pause = retry_delay(response_headers) if outcome == "503" else plan.think_s
+            if pause > 0:
+                await asyncio.sleep(pause)
     finally:
         if plan.client == "raw":
             connection.close()

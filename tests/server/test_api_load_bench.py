@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.api_load import main
-from bench.load_clients import Tally, percentile, summary
+from bench.load_clients import Tally, percentile, retry_delay, summary
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -34,3 +34,8 @@ def test_percentiles_and_summary() -> None:
     result = summary(tally, duration_s=2.0)
     assert result["requests"] == 4 and result["answers_per_s"] == 1.0
     assert result["errors"] == {"timeout": 1, "503": 1} and result["max_ms"] == 10_000.0
+
+
+def test_pollers_wait_what_a_503_asks() -> None:
+    assert retry_delay({"retry-after": "2"}) == 2.0 and retry_delay({}) == 1.0
+    assert retry_delay({"retry-after": "soon"}) == 1.0 and retry_delay({"retry-after": "600"}) == 10.0
