@@ -4,5 +4,6 @@
 hand-written PyTorch AMP loop, Hugging Face Accelerate and Lightning Fabric on the same
 model, data and precision, in one interleaved run, and counts the host synchronisations
 each makes per steady-state step. ``bench/gpu_checks.py`` is the CUDA counterpart.
+``python -m bench.api_load`` measures the API under many concurrent pollers (issue 11).
 See ``bench/README.md``.
 """

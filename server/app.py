@@ -15,8 +15,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
+from server.admission import AdmissionCollector, AdmissionMiddleware, Limiter
 from server.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
-from server.db.engine import make_engine, make_session_factory
+from server.db.engine import PoolLimits, make_engine, make_session_factory
 from server.body_errors import install_body_error_handlers
 from server.errors import install_error_handlers
 from server.openapi_errors import declare_error_responses
@@ -26,7 +27,9 @@ from server.redact import install_log_redaction
 from server.request_metrics import RequestMetricsMiddleware, request_histogram
 from server.events import StreamCollector
 from server.auth import check_exposure
-from server.routes import audit, checkpoints, dashboard, events, exports, health, jobs, logs, metrics, session, workers
+from server.routes import (
+    audit, checkpoints, dashboard, events, exports, health, job_resource, jobs, logs, metrics, session, workers,
+)
 from server.settings import Settings
 from server.worker_metrics import WorkerMetricsCollector
 
@@ -42,7 +45,7 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
-        engine = make_engine(settings.effective_database_url)
+        engine = make_engine(settings.effective_database_url, pool_limits(settings))
         own_queue = CeleryJobQueue(settings) if queue is None else None
         app.state.settings = settings
         app.state.engine = engine
@@ -52,6 +55,7 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         app.state.registry.register(StreamCollector(app.state.event_streams, "event"))
         app.state.registry.register(StreamCollector(app.state.log_streams, "log"))
         app.state.registry.register(app.state.request_histogram)
+        app.state.registry.register(AdmissionCollector(app.state.limiter))
         app.state.registry.register(
             WorkerMetricsCollector(app.state.session_factory, settings.worker_live_s, settings.worker_forget_s)
         )
@@ -64,6 +68,16 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
             engine.dispose()
 
     return lifespan
+
+
+def pool_limits(settings: Settings) -> PoolLimits:
+    """The API's database pool: ``HALFCAST_DB_POOL_SIZE``, ``HALFCAST_DB_MAX_OVERFLOW``, ``HALFCAST_DB_POOL_TIMEOUT_S``."""
+    return PoolLimits(settings.db_pool_size, settings.db_max_overflow, settings.db_pool_timeout_s)
+
+
+def admission_limiter(settings: Settings) -> Limiter:
+    """The API's admission limits: ``HALFCAST_API_MAX_CONCURRENCY``, ``_MAX_QUEUE``, ``_QUEUE_TIMEOUT_S``."""
+    return Limiter(settings.api_max_concurrency, settings.api_max_queue, settings.api_queue_timeout_s)
 
 
 def create_app(settings: Settings | None = None, queue: JobQueue | None = None) -> FastAPI:
@@ -84,11 +98,14 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
         version="0.1.0",
         lifespan=_lifespan(settings, queue),
     )
+    app.state.limiter = admission_limiter(settings)
+    app.add_middleware(AdmissionMiddleware, limiter=app.state.limiter)  # inside the body limit: bodies are read first
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=MAX_BODY_BYTES)
     app.state.request_histogram = request_histogram()
     app.add_middleware(RequestMetricsMiddleware, histogram=app.state.request_histogram)
     install_error_handlers(app)
     install_body_error_handlers(app)
+    app.include_router(job_resource.router)
     app.include_router(jobs.router)
     app.include_router(checkpoints.router)
     app.include_router(exports.router)

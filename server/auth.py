@@ -26,6 +26,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from server.db import tokens
+from server.db.job_reads import JobView, TokenView
 from server.db.models import Job
 from server.errors import ApiError
 from server.settings import Settings
@@ -37,7 +38,8 @@ SESSION_COOKIE = "halfcast_session"
 #: Methods that may authenticate with the session cookie (they change nothing).
 COOKIE_METHODS = frozenset({"GET", "HEAD"})
 
-_bearer = HTTPBearer(auto_error=False, description="An API token: `halfcast tokens create --owner NAME`")
+#: The bearer credentials of a request (``None`` without an ``Authorization: Bearer`` header); declares the scheme.
+bearer = HTTPBearer(auto_error=False, description="An API token: `halfcast tokens create --owner NAME`")
 
 
 @dataclass(frozen=True)
@@ -72,21 +74,53 @@ def _presented_secret(request: Request, credentials: HTTPAuthorizationCredential
     return None
 
 
+def _required_secret(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str:
+    """The presented token; ``ApiError`` 401 when there is none."""
+    secret = _presented_secret(request, credentials)
+    if not secret:
+        raise _unauthorized("authentication required: send 'Authorization: Bearer <token>'")
+    return secret
+
+
 def authenticate(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> Principal:
     """The caller of ``request``. Raises ``ApiError`` 401 (with ``WWW-Authenticate: Bearer``) for no or a bad token."""
     settings: Settings = request.app.state.settings
     if not settings.auth:
         return LOCAL_ADMIN
-    secret = _presented_secret(request, credentials)
-    if not secret:
-        raise _unauthorized("authentication required: send 'Authorization: Bearer <token>'")
+    secret = _required_secret(request, credentials)
     with request.app.state.session_factory() as session:
         row = tokens.resolve(session, secret)
     if row is None:
         raise _unauthorized("invalid or revoked token")
     return Principal(owner=row.owner, admin=row.admin, token_id=row.id)
+
+
+def presented_token_hash(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    """For a route that looks the token up itself: the presented token's hash; ``None`` when authentication is off.
+
+    Raises ``ApiError`` 401 as :func:`authenticate` does for no token or one that cannot be a token.
+    """
+    settings: Settings = request.app.state.settings
+    if not settings.auth:
+        return None
+    secret = _required_secret(request, credentials)
+    if not tokens.plausible(secret):
+        raise _unauthorized("invalid or revoked token")
+    return tokens.hash_token(secret)
+
+
+def principal_of(token: TokenView | None, token_hash: str | None) -> Principal:
+    """The caller whose token :mod:`server.db.job_reads` found for ``token_hash`` (``None``: authentication off).
+
+    Raises ``ApiError`` 401 for an unknown or revoked token.
+    """
+    if token_hash is None:
+        return LOCAL_ADMIN
+    if token is None or token.revoked_at is not None:
+        raise _unauthorized("invalid or revoked token")
+    return Principal(owner=token.owner, admin=token.admin, token_id=token.id)
 
 
 def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
@@ -96,7 +130,7 @@ def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Pri
     return principal
 
 
-def can_see(principal: Principal, job: Job) -> bool:
+def can_see(principal: Principal, job: Job | JobView) -> bool:
     """Whether ``principal`` may see ``job``: its owner, or any admin (jobs without owner: admins only)."""
     return principal.admin or (job.owner is not None and job.owner == principal.owner)
 

@@ -15,6 +15,7 @@ job would take its owner over a quota limit), and :class:`HalfcastError` for any
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
@@ -36,6 +37,8 @@ from server.strict_json import json_value_problems
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+#: Job resources :meth:`HalfcastClient.get` keeps with their ETag, to ask again with ``If-None-Match``.
+KEPT_JOBS = 256
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 #: A JSON object as the API returns it (a job resource, a step record).
@@ -191,6 +194,7 @@ class HalfcastClient:
         if token:
             headers["authorization"] = f"Bearer {token}"
         self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
+        self._jobs: dict[str, tuple[str, dict[str, Any]]] = {}  # job id -> (ETag, resource), for get()
 
     def close(self) -> None:
         """Close the connections."""
@@ -202,11 +206,14 @@ class HalfcastClient:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = self._http.request(method, path, **kwargs)
+            return self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise ServerUnavailable(f"cannot reach the Halfcast API at {self.url}: {type(exc).__name__}: {exc}") from exc
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._send(method, path, **kwargs)
         _raise_for(response)
         return response.json()
 
@@ -224,9 +231,29 @@ class HalfcastClient:
         return job
 
     def get(self, job_id: str) -> dict[str, Any]:
-        """The job resource. Raises :class:`NotFound`."""
-        job: dict[str, Any] = self._request("GET", f"/jobs/{job_id}")
-        return job
+        """The job resource. Raises :class:`NotFound`.
+
+        A job read before is asked for with ``If-None-Match``: while it has not changed
+        the API answers ``304`` and the copy kept from last time is returned (a fresh
+        copy each call), so polling an idle job costs almost nothing on either side.
+        """
+        kept = self._jobs.get(job_id)
+        response = self._send("GET", f"/jobs/{job_id}", headers={"If-None-Match": kept[0]} if kept else None)
+        if response.status_code == 304 and kept is not None:
+            return copy.deepcopy(kept[1])
+        _raise_for(response)
+        job: dict[str, Any] = response.json()
+        self._keep(job_id, response.headers.get("etag"), job)
+        return copy.deepcopy(job)
+
+    def _keep(self, job_id: str, etag: str | None, job: dict[str, Any]) -> None:
+        """Remember ``job`` under its ``etag`` (at most :data:`KEPT_JOBS` jobs, the oldest dropped first)."""
+        self._jobs.pop(job_id, None)
+        if etag is None:
+            return
+        self._jobs[job_id] = (etag, job)
+        while len(self._jobs) > KEPT_JOBS:
+            self._jobs.pop(next(iter(self._jobs)))
 
     def jobs(self, status: str | None = None, page_size: int = 100) -> Iterator[dict[str, Any]]:
         """Every job (of ``status``), newest first, fetched a page at a time."""

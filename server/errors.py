@@ -1,4 +1,9 @@
-"""JSON error responses: ``{"detail": "..."}`` for 404/409/413/503 (FastAPI's own 422 format is kept)."""
+"""JSON error responses: ``{"detail": "..."}`` for 404/409/413/503 (FastAPI's own 422 format is kept).
+
+An unreachable database and a pool with no connection free within
+``HALFCAST_DB_POOL_TIMEOUT_S`` (``sqlalchemy.exc.TimeoutError``) are both ``503`` with
+``Retry-After``: a request never waits longer than that for a connection.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from server.redact import redact_urls
 from server.schemas import ErrorBody
@@ -40,8 +46,20 @@ async def _database_unavailable(request: Request, exc: Exception) -> JSONRespons
     return error_response(503, ErrorBody(detail="database unavailable"), {"Retry-After": "5"})
 
 
+#: ``Retry-After`` (seconds) of a 503 for a busy database or server: the overload is usually gone by then.
+BUSY_RETRY_AFTER_S = 1
+
+
+async def _database_busy(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("no database connection free for %s %s: %s", request.method, request.url.path, exc)
+    detail = ("database busy: no connection of this API process came free in time "
+              "(HALFCAST_DB_POOL_SIZE, HALFCAST_DB_MAX_OVERFLOW, HALFCAST_DB_POOL_TIMEOUT_S); retry later")  # fmt: skip
+    return error_response(503, ErrorBody(detail=detail), {"Retry-After": str(BUSY_RETRY_AFTER_S)})
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers: :class:`ApiError`, and an unreachable database as 503."""
+    """Register the handlers: :class:`ApiError`, an unreachable database and a busy connection pool as 503."""
     app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(PoolTimeoutError, _database_busy)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(InterfaceError, _database_unavailable)

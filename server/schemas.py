@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from server.db.job_reads import AttemptView, JobView
 from server.db.models import Attempt, Job, StepRecord
 from server.timeutil import as_utc, as_utc_or_none
 
@@ -33,7 +34,7 @@ class AttemptPublic(BaseModel):
     gpus: list[int] | None = Field(default=None, description="GPU indices on the worker's host it was given; null: CPU")
 
     @classmethod
-    def from_row(cls, row: Attempt) -> AttemptPublic:
+    def from_row(cls, row: Attempt | AttemptView) -> AttemptPublic:
         """Build from an ``attempts`` row."""
         return cls(
             attempt=row.attempt,
@@ -95,8 +96,8 @@ class JobPublic(BaseModel):
     )
 
     @classmethod
-    def from_row(cls, job: Job) -> JobPublic:
-        """Build the resource from a ``jobs`` row."""
+    def from_row(cls, job: Job | JobView) -> JobPublic:
+        """Build the resource from a ``jobs`` row (an ORM object, or the columns :mod:`server.db.job_reads` reads)."""
         applied, skipped = step_counts(job.latest)
         error = None
         if job.error_reason is not None:
@@ -139,7 +140,7 @@ def _count_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def effective_precision(job: Job) -> str:
+def effective_precision(job: Job | JobView) -> str:
     """The precision ``job`` computes in: its last precision switch's ``to``, else the spec's ``precision``."""
     switches = job.precision_switches or []
     if switches and isinstance(switches[-1].get("to"), str):

@@ -84,6 +84,27 @@ class Settings(BaseSettings):
     quota_max_queued_jobs: int | None = Field(
         default=None, ge=0, description="Default per-owner limit on queued jobs (unset: unlimited)"
     )
+    api_workers: int = Field(
+        default=1, ge=1, le=64, description="API processes `halfcast api` and `halfcast up` run (uvicorn workers)"
+    )
+    api_max_concurrency: int = Field(
+        default=16, ge=1, le=10_000,
+        description="Requests one API process works on at once (health probes and cancels aside); more wait in line",
+    )
+    api_max_queue: int = Field(
+        default=512, ge=0, le=100_000, description="Requests one API process lets wait in line; past it they get 503"
+    )
+    api_queue_timeout_s: float = Field(
+        default=3.0, gt=0.0, le=300.0, description="Seconds a request may wait in line before it gets 503"
+    )
+    db_pool_size: int = Field(default=10, ge=1, le=1000, description="Database connections one API process keeps open")
+    db_max_overflow: int = Field(
+        default=20, ge=0, le=1000, description="Extra database connections one API process may open under load"
+    )
+    db_pool_timeout_s: float = Field(
+        default=5.0, gt=0.0, le=300.0,
+        description="Seconds an API request waits for a free database connection before it gets 503",
+    )
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """pydantic's ``repr``/``str`` fields, with the passwords in the service URLs masked."""

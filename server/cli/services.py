@@ -1,8 +1,9 @@
 """Service commands: ``halfcast up`` (API + worker together), ``halfcast api``, ``halfcast worker``.
 
-Settings come from ``HALFCAST_*`` environment variables; ``--host``, ``--port``
-and ``--data-dir`` override them by setting those variables, so every process of
-the stack sees the same settings. ``up`` and ``api`` refuse to start (exit 2) with
+Settings come from ``HALFCAST_*`` environment variables; ``--host``, ``--port``,
+``--data-dir`` and ``--workers`` override them by setting those variables, so every
+process of the stack sees the same settings. ``--workers N`` (``HALFCAST_API_WORKERS``)
+serves the API from N uvicorn worker processes sharing the port. ``up`` and ``api`` refuse to start (exit 2) with
 authentication off (``HALFCAST_AUTH=off``) on a non-loopback address. On its first
 start ``up`` creates an admin token, prints it once and saves it to
 ``<data_dir>/token`` (:mod:`server.cli.bootstrap`).
@@ -48,6 +49,15 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to listen on (HALFCAST_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (HALFCAST_PORT, default 8000)")
     parser.add_argument("--data-dir", type=Path, help="data directory (HALFCAST_DATA_DIR, default .halfcast)")
+    parser.add_argument("--workers", type=_positive, help="API processes (HALFCAST_API_WORKERS, default 1)")
+
+
+def _positive(text: str) -> int:
+    """An integer of at least 1 (argparse type)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _refused(settings: Settings) -> bool:
@@ -81,6 +91,7 @@ def apply_overrides(args: argparse.Namespace) -> Settings:
         "HALFCAST_HOST": getattr(args, "host", None),
         "HALFCAST_PORT": getattr(args, "port", None),
         "HALFCAST_DATA_DIR": getattr(args, "data_dir", None) and Path(args.data_dir).expanduser().resolve(),
+        "HALFCAST_API_WORKERS": getattr(args, "workers", None),
     }
     for name, value in overrides.items():
         if value is not None:
@@ -100,9 +111,12 @@ def child_environment() -> dict[str, str]:
 
 
 def api_command(settings: Settings) -> list[str]:
-    """The uvicorn command serving the API factory on the configured host and port."""
-    return [sys.executable, "-m", "uvicorn", "--factory", "server.app:create_app",
-            "--host", settings.host, "--port", str(settings.port)]  # fmt: skip
+    """The uvicorn command serving the API factory on the configured host and port, with ``api_workers`` processes."""
+    command = [sys.executable, "-m", "uvicorn", "--factory", "server.app:create_app",
+               "--host", settings.host, "--port", str(settings.port)]  # fmt: skip
+    if settings.api_workers > 1:
+        command += ["--workers", str(settings.api_workers)]
+    return command
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -134,7 +148,7 @@ def run_api(args: argparse.Namespace) -> int:
     settings = apply_overrides(args)
     if _refused(settings):
         return EXIT_REFUSED
-    uvicorn.run("server.app:create_app", factory=True, host=settings.host, port=settings.port)
+    uvicorn.run("server.app:create_app", factory=True, host=settings.host, port=settings.port, workers=settings.api_workers)
     return 0
 
 

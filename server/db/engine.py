@@ -7,10 +7,18 @@ first) and it starts with ``BEGIN IMMEDIATE``. A deferred transaction that reads
 first and then writes fails at once with "database is locked"
 (``SQLITE_BUSY_SNAPSHOT``, no busy wait) when another connection committed in
 between (phoenix#3949); an immediate one waits its turn.
+
+The API passes :class:`PoolLimits` from its settings: how many connections it keeps
+and how long a request waits for one (SQLAlchemy then raises
+``sqlalchemy.exc.TimeoutError``, answered 503 by :mod:`server.errors`). Reads that are
+one statement can skip the transaction round trips: :func:`read_connection`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -20,6 +28,19 @@ from sqlalchemy.orm import Session, sessionmaker
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: Execution options of a transaction that will write (``BEGIN IMMEDIATE`` on SQLite; no effect elsewhere).
 WRITE_TRANSACTION: dict[str, Any] = {"halfcast_write": True}
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """Connection pool of an engine: connections kept, extra ones allowed, seconds a checkout waits at most."""
+
+    size: int = 10
+    max_overflow: int = 20
+    timeout_s: float = 30.0
+
+    def options(self) -> dict[str, Any]:
+        """``create_engine`` keyword arguments."""
+        return {"pool_size": self.size, "max_overflow": self.max_overflow, "pool_timeout": self.timeout_s}
 
 
 def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
@@ -37,20 +58,41 @@ def _begin_sqlite(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, pool: PoolLimits | None = None) -> Engine:
     """Create an engine for ``url`` (``sqlite:///…`` or ``postgresql+psycopg://…``).
 
     A bare ``postgresql://`` URL is read as psycopg 3. SQLite connections are set to
     WAL mode with a busy timeout, so concurrent writers wait instead of failing.
+    ``pool`` sizes the connection pool (default: :class:`PoolLimits`' defaults on
+    PostgreSQL, SQLAlchemy's on SQLite).
     """
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+        limits = pool.options() if pool is not None and url not in ("sqlite://", "sqlite:///:memory:") else {}
+        connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
+        engine = create_engine(url, connect_args=connect_args, **limits)
         event.listen(engine, "connect", _configure_sqlite)
         event.listen(engine, "begin", _begin_sqlite)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, **(pool or PoolLimits()).options())
+
+
+@contextmanager
+def read_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection for reads of one statement each, returned to the pool on exit.
+
+    On PostgreSQL it runs in autocommit mode: no ``BEGIN`` and no ``ROLLBACK`` round
+    trips around the statement, which sees one snapshot by itself. On SQLite (no round
+    trips to save) it is a plain connection whose read transaction ends on exit.
+    """
+    conn = engine.connect()
+    try:
+        if engine.dialect.name == "postgresql":
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield conn
+    finally:
+        conn.close()
 
 
 def begin_write(session: Session) -> Connection:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Update, func, select, update
 from sqlalchemy.orm import Session
 
 from server.db import audit
@@ -115,14 +115,29 @@ def resolve(session: Session, secret: str) -> ApiToken | None:
     ``last_used_at`` is written at most every :data:`LAST_USED_RESOLUTION_S` seconds per
     token, in a transaction of its own that is committed before returning.
     """
-    if not secret.startswith(TOKEN_PREFIX) or len(secret) > 256:
+    if not plausible(secret):
         return None
     row = session.scalars(select(ApiToken).where(ApiToken.token_hash == hash_token(secret))).one_or_none()
     session.commit()  # end the read (SQLite: a read-then-write transaction could not upgrade its lock)
     if row is None or row.revoked_at is not None:
         return None
     now = utcnow()
-    if row.last_used_at is None or now - as_utc(row.last_used_at) > timedelta(seconds=LAST_USED_RESOLUTION_S):
-        session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now))
+    if last_use_is_stale(row.last_used_at, now):
+        session.execute(touch_statement(row.id, now))
         session.commit()
     return row
+
+
+def plausible(secret: str) -> bool:
+    """Whether ``secret`` could be a token at all (prefix, length): anything else is refused without a query."""
+    return secret.startswith(TOKEN_PREFIX) and len(secret) <= 256
+
+
+def last_use_is_stale(last_used_at: datetime | None, now: datetime) -> bool:
+    """Whether a token last used at ``last_used_at`` gets ``last_used_at`` rewritten now (:data:`LAST_USED_RESOLUTION_S`)."""
+    return last_used_at is None or now - as_utc(last_used_at) > timedelta(seconds=LAST_USED_RESOLUTION_S)
+
+
+def touch_statement(token_id: int, now: datetime) -> Update:
+    """The ``UPDATE`` setting token ``token_id``'s ``last_used_at`` to ``now``."""
+    return update(ApiToken).where(ApiToken.id == token_id).values(last_used_at=now)

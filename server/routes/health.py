@@ -17,8 +17,8 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """The process is up (checks nothing else)."""
+async def healthz() -> dict[str, str]:
+    """The process is up (checks nothing else; answered on the event loop, no worker thread needed)."""
     return {"status": "ok"}
 
 

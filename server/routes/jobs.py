@@ -1,4 +1,4 @@
-"""``/jobs``: submit, list, read, page step records, cancel.
+"""``/jobs``: submit, list, page step records, cancel (reading one job: :mod:`server.routes.job_resource`).
 
 Every route needs a token (:mod:`server.auth`). A job belongs to the owner of the
 token that created it; another owner gets the same 404 as for a missing job on
@@ -165,12 +165,6 @@ def list_jobs(
             [{"type": "value_error", "loc": ("query", "cursor"), "msg": str(exc), "input": cursor}]
         ) from None
     return JobList(jobs=[JobPublic.from_row(job) for job in page.jobs], next_cursor=page.next_cursor)
-
-
-@router.get("/{job_id}", response_model=JobPublic, responses=_NOT_FOUND)
-def get_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobPublic:
-    """The job resource."""
-    return JobPublic.from_row(visible_job_or_404(session, job_id, principal))
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage, responses=_NOT_FOUND)

@@ -61,6 +61,20 @@ def test_submit_get_and_cancel(halfcast: HalfcastClient, queue: FakeQueue) -> No
     assert halfcast.submit(VALID_SPEC, idempotency_key="k-1")["id"] == again["id"]
 
 
+def test_get_asks_again_with_the_etag_and_reuses_its_copy_on_304(
+    halfcast: HalfcastClient, server: LiveServer, sessions: sessionmaker[Session]
+) -> None:
+    statuses: list[int] = []
+    halfcast._http.event_hooks["response"].append(lambda response: statuses.append(response.status_code))
+    job_id = insert_job(sessions, status="running")
+    first = halfcast.get(job_id)
+    first["status"] = "mutated by the caller"  # the copy kept is not the one handed out
+    assert halfcast.get(job_id)["status"] == "running" and statuses == [200, 304]
+    add_steps(sessions, job_id, [step_record(1)])
+    assert halfcast.get(job_id)["step"] == 1 and statuses == [200, 304, 200]
+    assert halfcast.get(job_id)["latest"]["step"] == 1 and statuses[-1] == 304
+
+
 def test_a_bad_spec_raises_validation_failed_with_every_field(halfcast: HalfcastClient, queue: FakeQueue) -> None:
     spec = {**VALID_SPEC, "micro_batch_size": 0, "bogus": 1, "model": {"name": "mlp", "config": {"hidden_sizes": ["x"]}}}
     with pytest.raises(ValidationFailed) as caught:

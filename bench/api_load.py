@@ -1,0 +1,241 @@
+"""CLI: latency and throughput of ``GET /jobs/{id}`` under many concurrent pollers, on PostgreSQL (issue 11).
+
+``python -m bench.api_load --clients 20,200 --json out.json`` creates a scratch
+database, starts the real API (``halfcast api``, :mod:`bench.load_stack`), submits
+``--jobs`` jobs through it and has ``--running`` of them written to as a worker
+would (:mod:`bench.load_writer`: a step record every 50-100 ms each), then, for
+every client count and mode, runs that many pollers for ``--duration`` seconds
+(:mod:`bench.load_clients`; ``plain`` or ``conditional``, with ``If-None-Match``) while
+a probe submits and cancels a job and asks ``/healthz`` once a second. It writes a
+markdown table to stdout and, with ``--json``, every number to a file; it stops by
+itself (each request gives up after ``--timeout``) and drops the database.
+``--api-root`` runs the API from another source tree, e.g. an older commit's
+``git archive``, for a before/after on the same bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.load_clients import PollPlan, Tally, poll_share, probe, summary
+from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
+from bench.load_writer import Writer, WriterConfig
+from server.quiet_logs import quiet_third_party_logs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADMIN_URL = os.environ.get("HALFCAST_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+MODES = ("plain", "conditional")
+#: Seconds to wait between two scenarios (the API drains what the last one left).
+PAUSE_S = 2.0
+COLUMNS = ("clients", "mode", "think s", "answers/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "304 share", "errors",
+           "cancel p50/max ms", "healthz max ms", "API CPU ms/req", "client CPU ms/req", "load 1m")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One measured run: how many pollers, with or without ``If-None-Match``, and their pause between requests."""
+
+    clients: int
+    mode: str
+    think_s: float
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The CLI's options (see ``--help``)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.api_load", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", default="20,200", help="comma-separated poller counts, one scenario each")
+    parser.add_argument("--modes", default="plain,conditional", help=f"comma-separated subset of {','.join(MODES)}")
+    parser.add_argument("--think", type=float, default=0.0, help="seconds each poller waits between requests (0: none)")
+    parser.add_argument("--duration", type=float, default=15.0, help="measured seconds per scenario")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds at the start of each scenario")
+    parser.add_argument("--jobs", type=int, default=8, help="jobs submitted")
+    parser.add_argument("--running", type=int, default=4, help="of which this many get step records written (polled)")
+    parser.add_argument("--step-interval", default="0.05,0.1", help="seconds between two step records of a job: MIN,MAX")
+    parser.add_argument("--procs", type=int, default=1, help="load-generator processes the pollers are spread over")
+    parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                        help="pollers' HTTP client: raw (bench.load_http, ~0.1 ms CPU/request) or httpx (~1.7 ms)")
+    parser.add_argument("--api-workers", type=int, default=1, help="API processes (halfcast api --workers)")
+    parser.add_argument("--api-env", action="append", default=[], metavar="NAME=VALUE", help="extra API setting")
+    parser.add_argument("--api-root", type=Path, default=ROOT,
+                        help="source tree the API runs from (e.g. `git archive` of an older commit, for a before/after)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="client timeout per request, seconds")
+    parser.add_argument("--probe-interval", type=float, default=1.0, help="seconds between two probes")
+    parser.add_argument("--admin-url", default=DEFAULT_ADMIN_URL, help="PostgreSQL URL to create the scratch database from")
+    parser.add_argument("--json", type=Path, help="write the full result here")
+    return parser.parse_args(argv)
+
+
+def scenarios(args: argparse.Namespace) -> list[Scenario]:
+    """Every (client count, mode) pair of the options, in order."""
+    modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise SystemExit(f"unknown mode(s): {', '.join(sorted(unknown))}")
+    counts = [int(count) for count in args.clients.split(",") if count.strip()]
+    return [Scenario(clients, mode, args.think) for clients in counts for mode in modes]
+
+
+def bench_spec() -> dict[str, Any]:
+    """The spec every bench job is submitted with (the fp16 digits example)."""
+    spec: dict[str, Any] = json.loads((ROOT / "examples" / "digits-fp16.json").read_text())
+    return spec
+
+
+def submit_jobs(url: str, token: str, count: int) -> list[str]:
+    """Submit ``count`` jobs; their ids."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+        ids = []
+        for _ in range(count):
+            response = client.post("/jobs", json=bench_spec())
+            response.raise_for_status()
+            ids.append(response.json()["id"])
+        return ids
+
+
+def wait_running(url: str, token: str, job_ids: Sequence[str], timeout_s: float = 60.0) -> None:
+    """Wait until every job of ``job_ids`` is ``running`` with a step record."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10) as client:
+        while time.monotonic() < deadline:
+            jobs = [client.get(f"/jobs/{job_id}").json() for job_id in job_ids]
+            if all(job["status"] == "running" and job["step"] > 0 for job in jobs):
+                return
+            time.sleep(0.2)
+    raise RuntimeError("the simulated jobs did not start running")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and of its children that are alive (Linux ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) == pid or int(fields[1]) == pid:  # fields[1]: the parent's pid
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _plans(args: argparse.Namespace, scenario: Scenario, url: str, token: str, targets: Sequence[str]) -> list[PollPlan]:
+    """The pollers of ``scenario`` split over ``--procs`` processes; poller ``i`` polls ``targets[i % len]``."""
+    jobs = [targets[i % len(targets)] for i in range(scenario.clients)]
+    procs = max(1, min(args.procs, scenario.clients))
+    return [PollPlan(url=url, token=token, job_ids=jobs[p::procs], duration_s=args.duration, warmup_s=args.warmup,
+                     think_s=scenario.think_s, conditional=scenario.mode == "conditional", timeout_s=args.timeout,
+                     client=args.client)
+            for p in range(procs)]  # fmt: skip
+
+
+async def _measure(pool: ProcessPoolExecutor, plans: list[PollPlan], args: argparse.Namespace, url: str,
+                   token: str) -> tuple[Tally, dict[str, Tally], float]:  # fmt: skip
+    loop = asyncio.get_running_loop()
+    shares = [loop.run_in_executor(pool, poll_share, plan) for plan in plans]
+    await asyncio.sleep(args.warmup)
+    probes = probe(url, token, bench_spec(), args.duration, args.probe_interval, args.timeout)
+    results, probed = await asyncio.gather(asyncio.gather(*shares), probes)
+    tally = Tally()
+    for share in results:
+        tally.merge(Tally(share["latencies"], Counter(share["outcomes"])))
+    return tally, probed, sum(share["cpu_s"] for share in results)
+
+
+def run_scenario(pool: ProcessPoolExecutor, args: argparse.Namespace, scenario: Scenario, api: ApiProcess, token: str,
+                 targets: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+    """Measure one scenario; its summary, the probe's and the API's CPU time per request."""
+    log.info("scenario: %d clients, %s, think %.2f s", scenario.clients, scenario.mode, scenario.think_s)
+    assert api.popen is not None
+    cpu_before, load_before = cpu_seconds(api.popen.pid), os.getloadavg()[0]
+    tally, probed, client_cpu = asyncio.run(_measure(pool, _plans(args, scenario, api.url, token, targets), args, api.url, token))
+    cpu = cpu_seconds(api.popen.pid) - cpu_before
+    result = {"scenario": asdict(scenario), "polls": summary(tally, args.duration),
+              "probe": {name: summary(t, args.duration) for name, t in probed.items()}}  # fmt: skip
+    result["api_cpu_s"] = cpu
+    result["load_avg_1m"] = [load_before, os.getloadavg()[0]]  # the machine's, before and after: others share it
+    result["api_cpu_ms_per_request"] = cpu * 1e3 / max(1, result["polls"]["requests"])
+    result["client_cpu_ms_per_request"] = client_cpu * 1e3 / max(1, result["polls"]["requests"])  # warm-up included
+    return result
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Set the stack up, run every scenario, tear it down; the result (see the module docstring)."""
+    low, high = (float(value) for value in args.step_interval.split(","))
+    extra = dict(item.split("=", 1) for item in args.api_env)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="halfcast-load-") as tmp, scratch_database(args.admin_url) as db_url:
+        token = admin_token(db_url)
+        with ApiProcess(db_url, Path(tmp) / "data", workers=args.api_workers, env=extra, root=args.api_root) as api:
+            job_ids = submit_jobs(api.url, token, args.jobs)
+            targets = job_ids[: args.running]
+            writer_config = WriterConfig(db_url, targets, Path(tmp) / "runs", (low, high))
+            with Writer(writer_config) as writer, ProcessPoolExecutor(args.procs, mp_context=get_context("spawn")) as pool:
+                wait_running(api.url, token, targets)
+                started = time.monotonic()
+                for scenario in scenarios(args):
+                    results.append(run_scenario(pool, args, scenario, api, token, targets))
+                    time.sleep(PAUSE_S)
+                elapsed = time.monotonic() - started
+            api_log = api.log_tail(20)
+    steps = sum(writer.steps.values())
+    return {"settings": {key: str(value) for key, value in vars(args).items()}, "results": results,
+            "writer": {"steps": writer.steps, "steps_per_s": steps / elapsed if elapsed else 0.0},
+            "api_log_tail": api_log, "machine": {"logical_cpus": os.cpu_count(), "load_avg": os.getloadavg()}}  # fmt: skip
+
+
+def _row(result: dict[str, Any]) -> list[str]:
+    polls, probed, scenario = result["polls"], result["probe"], result["scenario"]
+    share = polls["outcomes"].get("not_modified", 0) / max(1, polls["requests"])
+    errors = ", ".join(f"{name} {count}" for name, count in sorted(polls["errors"].items())) or "0"
+    cancel = probed["cancel"]
+    cancel_errors = sum(probed["cancel"]["errors"].values()) + sum(probed["submit"]["errors"].values())
+    cancel_text = f"{cancel['p50_ms']:.0f}/{cancel['max_ms']:.0f}" + (f" ({cancel_errors} err)" if cancel_errors else "")
+    return [str(scenario["clients"]), scenario["mode"], f"{scenario['think_s']:g}", f"{polls['answers_per_s']:.0f}",
+            f"{polls['p50_ms']:.1f}", f"{polls['p95_ms']:.1f}", f"{polls['p99_ms']:.1f}", f"{polls['max_ms']:.0f}",
+            f"{share:.0%}", errors, cancel_text, f"{probed['healthz']['max_ms']:.0f}",
+            f"{result['api_cpu_ms_per_request']:.2f}", f"{result['client_cpu_ms_per_request']:.2f}", "{:.1f}-{:.1f}".format(*result["load_avg_1m"])]  # fmt: skip
+
+
+def markdown_table(results: Sequence[dict[str, Any]]) -> str:
+    """One row per scenario, as a markdown table."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_row(result)) + " |" for result in results]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the bench; the table goes to stdout, progress to the log."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_third_party_logs()
+    args = parse_args(argv)
+    result = run_bench(args)
+    result["command"] = "python -m bench.api_load " + " ".join(sys.argv[1:] if argv is None else argv)
+    writer = result["writer"]
+    sys.stdout.write(markdown_table(result["results"]))
+    sys.stdout.write(f"\nwriter: {writer['steps_per_s']:.1f} step records/s over {len(writer['steps'])} running jobs\n")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""The read behind ``GET /jobs/{id}``: the caller's token, the job row and its attempts in one statement.
+
+A poller asks for one job again and again, so this read is kept to one round trip
+(plus the pool's pre-ping) on one connection, with no transaction around it
+(:func:`server.db.engine.read_connection`) and no ORM objects::
+
+    SELECT <token>, <job>, <attempt> FROM api_tokens
+    LEFT JOIN jobs ON jobs.id = :job_id LEFT JOIN attempts ON attempts.job_id = jobs.id
+    WHERE api_tokens.token_hash = :token_hash ORDER BY attempts.attempt
+
+No row: the token is unknown. Without authentication the token part is left out.
+Only the columns the job resource is built from are read (not the lease, the run
+directory or ``updated_at``, which change without the resource changing). The
+token's ``last_used_at`` is refreshed as :func:`server.db.tokens.resolve` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+from sqlalchemy import Engine, Row, Select, bindparam, select
+
+from server.db.engine import read_connection
+from server.db.models import ApiToken, Attempt, Job, utcnow
+from server.db.tokens import last_use_is_stale, touch_statement
+
+#: Columns of the token, the job and one attempt, in the order of the views' fields.
+TOKEN_COLUMNS = (ApiToken.id, ApiToken.owner, ApiToken.admin, ApiToken.revoked_at, ApiToken.last_used_at)
+JOB_COLUMNS = (Job.id, Job.owner, Job.name, Job.status, Job.spec, Job.created_at, Job.started_at, Job.finished_at,
+               Job.error_reason, Job.error_message, Job.step, Job.max_steps, Job.world_size, Job.latest, Job.eval,
+               Job.attempt, Job.precision_switches, Job.end_info)  # fmt: skip
+ATTEMPT_COLUMNS = (Attempt.attempt, Attempt.worker_id, Attempt.started_at, Attempt.ended_at, Attempt.status,
+                   Attempt.reason, Attempt.gpus)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TokenView:
+    """The token a request presented (``revoked_at`` set: revoked)."""
+
+    id: int
+    owner: str
+    admin: bool
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One ``attempts`` row, as :class:`server.schemas.AttemptPublic` reads it."""
+
+    attempt: int
+    worker_id: str
+    started_at: datetime
+    ended_at: datetime | None
+    status: str | None
+    reason: str | None
+    gpus: list[int] | None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """The columns of a ``jobs`` row the job resource is built from, and its attempts, oldest first.
+
+    Everything the resource shows is in here, so its ``repr`` determines the resource
+    (:func:`server.etags.job_etag`).
+    """
+
+    id: str
+    owner: str | None
+    name: str | None
+    status: str
+    spec: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error_reason: str | None
+    error_message: str | None
+    step: int
+    max_steps: int
+    world_size: int
+    latest: dict[str, Any] | None
+    eval: dict[str, Any] | None
+    attempt: int
+    precision_switches: list[dict[str, Any]] | None
+    end_info: dict[str, Any] | None
+    attempts: tuple[AttemptView, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobRead:
+    """What one read found: the token (``None``: unknown, or none asked for) and the job (``None``: no such job)."""
+
+    token: TokenView | None
+    job: JobView | None
+
+
+@cache
+def _statement(with_token: bool) -> Select[Any]:
+    """The read, built once (bound parameters ``job_id`` and, with the token, ``token_hash``)."""
+    job_id = bindparam("job_id")
+    if not with_token:
+        query = select(*JOB_COLUMNS, *ATTEMPT_COLUMNS).where(Job.id == job_id)
+    else:
+        query = (
+            select(*TOKEN_COLUMNS, *JOB_COLUMNS, *ATTEMPT_COLUMNS)
+            .select_from(ApiToken)
+            .outerjoin(Job, Job.id == job_id)
+            .where(ApiToken.token_hash == bindparam("token_hash"))
+        )
+    return query.outerjoin(Attempt, Attempt.job_id == Job.id).order_by(Attempt.attempt)
+
+
+def _job_view(rows: Sequence[Row[Any]], start: int) -> JobView | None:
+    """The job of ``rows`` (its columns from ``start``), or ``None`` when the outer join found none."""
+    if not rows or rows[0][start] is None:
+        return None
+    end = start + len(JOB_COLUMNS)
+    attempts = tuple(AttemptView(*row[end:]) for row in rows if row[end] is not None)
+    return JobView(*rows[0][start:end], attempts=attempts)
+
+
+def read_job(engine: Engine, job_id: str, token_hash: str | None) -> JobRead:
+    """The job ``job_id`` and, when ``token_hash`` is given, the token with that hash, in one statement.
+
+    Without ``token_hash`` (authentication off) ``token`` is ``None``. An id with NUL
+    (which PostgreSQL cannot compare) finds no job. A live token whose ``last_used_at``
+    is stale gets it refreshed, in a transaction of its own after the read.
+    """
+    params = {"job_id": "" if "\x00" in job_id else job_id}
+    if token_hash is not None:
+        params["token_hash"] = token_hash
+    with read_connection(engine) as conn:
+        rows = conn.execute(_statement(token_hash is not None), params).all()
+        conn.commit()  # end the read (SQLite) before the write that may follow
+        if token_hash is None:
+            return JobRead(None, _job_view(rows, 0))
+        if not rows:
+            return JobRead(None, None)
+        token = TokenView(*rows[0][: len(TOKEN_COLUMNS)])
+        now = utcnow()
+        if token.revoked_at is None and last_use_is_stale(token.last_used_at, now):
+            conn.execute(touch_statement(token.id, now))
+            conn.commit()
+        return JobRead(token, _job_view(rows, len(TOKEN_COLUMNS)))

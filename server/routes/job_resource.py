@@ -1,0 +1,61 @@
+"""``GET /jobs/{id}``: the job resource, made cheap to poll.
+
+Dashboards, Grafana and scripts poll this route, so it does its work in one trip to a
+worker thread and one statement (:func:`server.db.job_reads.read_job`: the token, the
+job row and its attempts), instead of a token lookup, a job read and an attempts read
+in sessions of their own. It checks the token itself (the same answers as
+:func:`server.auth.authenticate`) and the visibility rule, then answers with a strong
+``ETag`` (:mod:`server.etags`): a request whose ``If-None-Match`` holds the current
+tag gets ``304 Not Modified`` with no body, and the resource is only built and
+serialised (by pydantic, straight to JSON bytes) when it changed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.security import HTTPAuthorizationCredentials
+from starlette.concurrency import run_in_threadpool
+
+from server.auth import bearer, can_see, presented_token_hash, principal_of
+from server.db.job_reads import read_job
+from server.errors import ApiError
+from server.etags import job_etag, none_match
+from server.schemas import ErrorBody, JobPublic
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+#: Caching headers of the resource: any cache must revalidate (the job changes), and only the caller's own may keep it.
+CACHE_CONTROL = "private, no-cache"
+
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"headers": {"ETag": {"description": "Strong tag of this state of the resource", "schema": {"type": "string"}}}},
+    304: {"description": "Not modified: `If-None-Match` holds the current `ETag` (no body)"},
+    401: {"model": ErrorBody, "description": "No token, or a malformed, unknown or revoked one"},
+    404: {"model": ErrorBody, "description": "Unknown job"},
+    503: {"model": ErrorBody, "description": "The database is unreachable or busy, or the server is overloaded"},
+}
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses=_RESPONSES)
+async def get_job(
+    job_id: str,
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    if_none_match: Annotated[  # unconstrained: a caller without a valid token gets its 401 before any 422
+        str | None, Header(alias="If-None-Match", description="ETags the caller has; 304 if one is current")
+    ] = None,
+) -> Response:
+    """The job resource with its ``ETag``; ``304`` when ``If-None-Match`` has it; ``404`` for a job the caller cannot see."""
+    token_hash = presented_token_hash(request, credentials)
+    read = await run_in_threadpool(read_job, request.app.state.engine, job_id, token_hash)
+    principal = principal_of(read.token, token_hash)
+    if read.job is None or not can_see(principal, read.job):
+        raise ApiError(404, f"job {job_id} not found", job_id=job_id)
+    etag = job_etag(read.job)
+    headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL}
+    if none_match(if_none_match, etag):
+        return Response(status_code=304, headers=headers)
+    body = JobPublic.from_row(read.job).model_dump_json()
+    return Response(body, media_type="application/json", headers=headers)
