@@ -152,3 +152,27 @@ def test_sequence_classification_lora_trains_the_head_and_exports(model_roots: P
     reloaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "m")).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=inputs, attention_mask=mask).logits, logits, rtol=0, atol=1e-5)
+
+
+def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def test_an_hf_lora_job_falls_back_to_bf16_like_a_bf16_job(model_roots: Path, tmp_path: Path,
+                                                           cpu_ctx: DistContext) -> None:  # fmt: skip
+    """``fallback_bf16`` on an hf LoRA job: fp16 overflows on steps 2-4 trip the guard (no healthy
+    checkpoint: rewind to step 0); the job goes on in bf16 with its frozen base rebuilt in bf16, and
+    ends with the adapter weights of a plain bf16 job, bit for bit."""
+    common = {"max_steps": 5, "log_interval": 1, "optimizer": {"lr": 0.01}}
+    spec = _spec(precision="fp16", loss_scale={"init_scale": 2.0}, on_divergence="fallback_bf16",
+                 max_consecutive_skips=3, faults={"nonfinite_grad_steps": [2, 3, 4],
+                                                  "nonfinite_grad_precisions": ["fp16"]}, **common)  # fmt: skip
+    result = loop.train(spec, tmp_path / "fallback", cpu_ctx)
+    reference = loop.train(_spec(precision="bf16", **common), tmp_path / "bf16", cpu_ctx)
+
+    records = read_records(tmp_path / "fallback")
+    [switch] = [r for r in records if r["type"] == "precision_switch"]
+    assert (switch["from"], switch["to"], switch["rewound_to_step"]) == ("fp16", "bf16", 0)
+    assert {p.dtype for p in result.model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    got, want = _trainable(result.model), _trainable(reference.model)
+    assert got.keys() == want.keys() and all(torch.equal(got[name], want[name]) for name in got)
