@@ -176,3 +176,18 @@ def test_an_hf_lora_job_falls_back_to_bf16_like_a_bf16_job(model_roots: Path, tm
     assert {p.dtype for p in result.model.parameters() if not p.requires_grad} == {torch.bfloat16}
     got, want = _trainable(result.model), _trainable(reference.model)
     assert got.keys() == want.keys() and all(torch.equal(got[name], want[name]) for name in got)
+
+
+def test_an_hf_lora_job_reports_the_underflow_fraction_of_its_adapter_gradients(model_roots: Path, tmp_path: Path,
+                                                                                 cpu_ctx: DistContext) -> None:  # fmt: skip
+    """Underflow telemetry samples the scaled gradients of the trainable (adapter) parameters; a higher
+    loss scale leaves fewer of them below fp16's smallest normal."""
+    fractions = []
+    for scale in (1.0, 65536.0):
+        spec = _spec(precision="fp16", loss_scale={"init_scale": scale, "underflow_sample_interval": 1}, max_steps=2,
+                     log_interval=1)  # fmt: skip
+        loop.train(spec, tmp_path / str(scale), cpu_ctx)
+        steps = [r for r in read_records(tmp_path / str(scale)) if r["type"] == "step"]
+        assert all(0.0 <= s["underflow_fraction"] <= 1.0 for s in steps)
+        fractions.append(steps[0]["underflow_fraction"])
+    assert fractions[1] < fractions[0]
