@@ -15,12 +15,11 @@ job or one without such a checkpoint, 3 for an unreachable server.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
-from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_table
+from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_listing
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -40,17 +39,10 @@ def run_checkpoints(args: argparse.Namespace) -> int:
     """Print the job's checkpoint files (a note on stderr when it has none yet)."""
     with client_for(args) as client:
         files = client.checkpoints(args.job_id)
-    if args.json:
-        sys.stdout.write(json.dumps(files, indent=2) + "\n")
-        return 0
-    if not files:
-        sys.stderr.write(f"job {args.job_id} has no checkpoint yet\n")
-        return 0
-    rows = [("ATTEMPT", "NAME", "STEP", "SIZE", "MODIFIED")]
-    rows += [(str(f["attempt"]), f["name"], str(f["step"]), format_size(f["size_bytes"]), f["modified_at"][:19].replace("T", " "))
-             for f in files]  # fmt: skip
-    write_table(rows)
-    return 0
+    header = ("ATTEMPT", "NAME", "STEP", "SIZE", "MODIFIED")
+    return write_listing(files, args.json, f"job {args.job_id} has no checkpoint yet", header,
+                         lambda f: (str(f["attempt"]), f["name"], str(f["step"]), format_size(f["size_bytes"]),
+                                    f["modified_at"][:19].replace("T", " ")))  # fmt: skip
 
 
 def run_download(args: argparse.Namespace) -> int:

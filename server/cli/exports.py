@@ -13,12 +13,11 @@ one without such an export, or a refused archive, 3 for an unreachable server.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from server.cli.checkpoints import format_size
-from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_table
+from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_listing
 from server.export_files import ExportKind
 
 
@@ -39,17 +38,10 @@ def run_exports(args: argparse.Namespace) -> int:
     """Print the job's exports (a note on stderr when it has none)."""
     with client_for(args) as client:
         found = client.exports(args.job_id)
-    if args.json:
-        sys.stdout.write(json.dumps(found, indent=2) + "\n")
-        return 0
-    if not found:
-        sys.stderr.write(f"job {args.job_id} has no export\n")
-        return 0
-    rows = [("KIND", "ATTEMPT", "FILES", "SIZE", "MODIFIED")]
-    rows += [(e["kind"], str(e["attempt"]), str(len(e["files"])), format_size(e["size_bytes"]),
-              e["modified_at"][:19].replace("T", " ")) for e in found]  # fmt: skip
-    write_table(rows)
-    return 0
+    header = ("KIND", "ATTEMPT", "FILES", "SIZE", "MODIFIED")
+    return write_listing(found, args.json, f"job {args.job_id} has no export", header,
+                         lambda e: (e["kind"], str(e["attempt"]), str(len(e["files"])), format_size(e["size_bytes"]),
+                                    e["modified_at"][:19].replace("T", " ")))  # fmt: skip
 
 
 def run_export(args: argparse.Namespace) -> int:

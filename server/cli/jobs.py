@@ -174,6 +174,18 @@ def write_table(rows: list[tuple[str, ...]]) -> None:
         sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
+def write_listing(items: list[dict[str, Any]], as_json: bool, empty_note: str, header: tuple[str, ...],
+                  row: Callable[[dict[str, Any]], tuple[str, ...]]) -> int:  # fmt: skip
+    """Print ``items`` as JSON, or as a table of ``header`` and ``row(item)``; ``empty_note`` on stderr if none."""
+    if as_json:
+        sys.stdout.write(json.dumps(items, indent=2) + "\n")
+    elif not items:
+        sys.stderr.write(empty_note + "\n")
+    else:
+        write_table([header, *(row(item) for item in items)])
+    return 0
+
+
 def run_status(args: argparse.Namespace) -> int:
     """One job's status, progress, latest step record, evaluation and error."""
     with client_for(args) as client:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from api_support import FakeQueue, insert_job
-from live_server import LiveServer, sqlite_copy
+from cli_live_support import database_url, url  # noqa: F401 (fixtures)
+from api_support import insert_job
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.app import create_app
 from server.cli import main
 from server.cli.checkpoints import format_size
 from server.client import HalfcastClient, NotFound, ServerUnavailable
@@ -22,19 +20,6 @@ from server.settings import Settings
 FINAL = bytes(range(256)) * 4096  # 1 MiB
 
 
-@pytest.fixture
-def database_url(data_dir: Path, sqlite_template: Path) -> str:
-    """SQLite only: the CLI's behaviour does not depend on the database."""
-    return sqlite_copy(data_dir, sqlite_template)
-
-
-@pytest.fixture
-def url(settings: Settings, monkeypatch: pytest.MonkeyPatch, admin_token: str) -> Iterator[str]:
-    """A live API; ``HALFCAST_URL`` points at it and ``HALFCAST_TOKEN`` holds an admin token."""
-    with LiveServer(create_app(settings, FakeQueue())) as live:
-        monkeypatch.setenv("HALFCAST_URL", live.url)
-        monkeypatch.setenv("HALFCAST_TOKEN", admin_token)
-        yield live.url
 
 
 @pytest.fixture

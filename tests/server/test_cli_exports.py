@@ -12,11 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_support import FakeQueue, insert_job
-from live_server import LiveServer, free_port, sqlite_copy
+from cli_live_support import database_url, url  # noqa: F401 (fixtures)
+from api_support import insert_job
+from live_server import free_port
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.app import create_app
 from server.cli import main
 from server.client import HalfcastClient, HalfcastError, NotFound, ServerUnavailable
 from server.settings import Settings
@@ -25,19 +25,6 @@ ADAPTER = {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": byte
 MODEL = {"config.json": b"{}", "model.safetensors": b"\x07" * 3000, "tokenizer/vocab.json": b'{"a": 1}'}
 
 
-@pytest.fixture
-def database_url(data_dir: Path, sqlite_template: Path) -> str:
-    """SQLite only: the CLI's behaviour does not depend on the database."""
-    return sqlite_copy(data_dir, sqlite_template)
-
-
-@pytest.fixture
-def url(settings: Settings, monkeypatch: pytest.MonkeyPatch, admin_token: str) -> Iterator[str]:
-    """A live API; ``HALFCAST_URL`` points at it and ``HALFCAST_TOKEN`` holds an admin token."""
-    with LiveServer(create_app(settings, FakeQueue())) as live:
-        monkeypatch.setenv("HALFCAST_URL", live.url)
-        monkeypatch.setenv("HALFCAST_TOKEN", admin_token)
-        yield live.url
 
 
 def _write(settings: Settings, job: str, attempt: int, kind: str, files: dict[str, bytes]) -> None:
