@@ -5,7 +5,7 @@ at each evaluation that improves on the best so far (:mod:`trainer.early_stoppin
 copy in memory, so a full fine-tune costs no host memory and the best state survives a restart.
 On a resume the run starts in a new run directory, so the ``best.pt`` beside the resumed checkpoint
 is copied over when it holds the step the checkpoint's tracker names (:func:`carry_best`). At the
-end, :func:`load_best_model` loads its model weights into the model that the exports are made from.
+end, :func:`best_model_state` gives its model weights, which the exports are made from.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch import nn
 
 from trainer.checkpoint import CHECKPOINT_DIR
 
@@ -47,17 +47,15 @@ def carry_best(resumed: Path, run_dir: Path, best_step: int | None) -> None:
     log.info("best checkpoint (step %d) carried over from %s", best_step, source)
 
 
-def load_best_model(model: nn.Module, run_dir: Path, best_step: int | None, last_step: int) -> int:
-    """Load ``best.pt``'s model weights into ``model`` and return its step; ``last_step`` when it is missing
-    or holds another step than ``best_step`` (logged: the model is left as it is)."""
+def best_model_state(run_dir: Path, best_step: int | None, last_step: int) -> tuple[int, dict[str, Any] | None]:
+    """``(step, model state)`` of ``best.pt`` when it holds ``best_step`` (not the last step), else
+    ``(last_step, None)``: export the last state (logged when ``best.pt`` is missing or holds another step)."""
     path = best_path(run_dir)
     if best_step is None or best_step == last_step:
-        return last_step
+        return last_step, None
     payload = torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
     if payload is None or int(payload["step"]) != best_step:
         log.warning("no best checkpoint of step %s in %s: exporting the last state (step %d)", best_step, path, last_step)
-        return last_step
-    device = next(model.parameters()).device
-    model.load_state_dict({k: v.to(device) for k, v in payload["model"].items()})
+        return last_step, None
     log.info("exporting the best evaluated state, step %d (%s)", best_step, path)
-    return best_step
+    return best_step, payload["model"]

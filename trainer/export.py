@@ -26,7 +26,7 @@ from torch import nn
 from trainer.catalog import DatasetSpec, ModelSpec
 from trainer.data import build_dataset
 from trainer.data.base import DataInfo, Task
-from trainer.models import build_job_model, build_model
+from trainer.models import build_model
 
 #: Key of the dataset sizes in a checkpoint.
 DATA_INFO_KEY = "data_info"
@@ -70,7 +70,7 @@ def _hf_model(payload: Mapping[str, Any], map_location: str | torch.device) -> n
     """An ``hf`` job's :class:`trainer.hf.wrapper.HFModule`: the base rebuilt from the spec exactly as
     the job built it (seeded; frozen weights in the job's compute dtype for ``base_dtype`` ``compute``),
     the checkpoint's trainable state loaded, then everything cast to float32."""
-    from trainer.components import seed_everything
+    from trainer.hf.build import rebuild_hf_model
     from trainer.hf.loading import load_tokenizer
     from trainer.precision import COMPUTE_DTYPES
     from trainer.spec import JobSpec
@@ -78,7 +78,5 @@ def _hf_model(payload: Mapping[str, Any], map_location: str | torch.device) -> n
     spec = JobSpec.model_validate(payload["spec"])
     precision = payload.get("precision_switch", {}).get("to", spec.precision)
     tokenizer = load_tokenizer(spec.model.config, spec.dataset.name)  # type: ignore[union-attr]
-    seed_everything(spec.seed)
-    model = build_job_model(spec, checkpoint_data_info(payload), tokenizer, COMPUTE_DTYPES[precision])
-    model.load_state_dict(payload["model"])
-    return model.float().to(map_location).eval()
+    model = rebuild_hf_model(spec, checkpoint_data_info(payload), tokenizer, COMPUTE_DTYPES[precision], payload["model"])
+    return model.to(map_location)

@@ -282,19 +282,35 @@ class Fp8LayerReport(TypedDict):
     why: str
 
 
+#: Module-path segments of PEFT's adapter layers and trainable copies: these Linears stay in bf16.
+ADAPTER_SEGMENTS = frozenset({"lora_A", "lora_B", "modules_to_save", "original_module"})
+
+
+def is_adapter_layer(name: str) -> bool:
+    """Whether module path ``name`` is inside a PEFT adapter (``lora_A``/``lora_B``) or a trainable copy
+    (``modules_to_save``, with the ``original_module`` it replaces)."""
+    return not ADAPTER_SEGMENTS.isdisjoint(name.split("."))
+
+
 def plan_fp8_layers(model: nn.Module) -> list[Fp8LayerReport]:
     """Which ``nn.Linear`` layers of ``model`` run in fp8, in module order.
 
-    Kept in bf16: the first and the last Linear (the most sensitive to quantisation),
-    and any Linear whose ``in_features`` or ``out_features`` is not a multiple of 16
-    (fp8 GEMM requirement). All others are eligible.
+    Kept in bf16: adapter layers (a LoRA factor has rank ``r``: quantising it would cost the adapter
+    its precision, and its GEMMs are a sliver of the base's) and trainable head copies; of the
+    others, the first and the last Linear (the most sensitive to quantisation) and any Linear whose
+    ``in_features`` or ``out_features`` is not a multiple of 16 (fp8 GEMM requirement). All others
+    are eligible: in a LoRA model these are the frozen base layers the adapters wrap.
     """
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    base = [name for name, _ in linears if not is_adapter_layer(name)]
+    first, last = (base[0], base[-1]) if base else (None, None)
     report: list[Fp8LayerReport] = []
-    for index, (name, module) in enumerate(linears):
-        if index == 0:
+    for name, module in linears:
+        if is_adapter_layer(name):
+            why, fp8 = "adapter layer: kept in bf16", False
+        elif name == first:
             why, fp8 = "first Linear: kept in bf16", False
-        elif index == len(linears) - 1:
+        elif name == last:
             why, fp8 = "last Linear: kept in bf16", False
         elif module.in_features % FP8_DIM_MULTIPLE or module.out_features % FP8_DIM_MULTIPLE:
             shape = f"{module.in_features}x{module.out_features}"

@@ -50,8 +50,8 @@ from torch.distributed.fsdp import FSDPModule
 
 from trainer.batching import plan_batches, windows
 from trainer.components import Components, build_components, build_record_flusher, divergence_guard
-from trainer.best import best_path, carry_best, load_best_model
-from trainer.checkpoint import final_path, restore_state, save_checkpoint, step_path
+from trainer.best import best_model_state, best_path, carry_best
+from trainer.checkpoint import checkpointed_model_state, final_path, restore_state, save_checkpoint, step_path
 from trainer.export import DATA_INFO_KEY, data_info_entry
 from trainer.data import Batch, Dataset
 from trainer.distributed import DistContext, barrier, broadcast_from_main, gather_to_main
@@ -68,7 +68,7 @@ from trainer.preemption import StopRequested, StopSignal
 from trainer.records import RECORDS_FILE, RecordSink
 from trainer.resume import PRECISION_SWITCH_KEY
 from trainer.rng import capture_rng_state, restore_rng_state
-from trainer.sharded import gather_state_dicts
+from trainer.sharded import gather_model_state, gather_state_dicts
 from trainer.spec import JobSpec
 from trainer.step import record_step, train_step
 
@@ -387,17 +387,22 @@ def _main_value(value: float | None, dist_ctx: DistContext) -> float | None:
 
 
 def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, spec: JobSpec, last: int) -> int | None:
-    """Rank 0 writes an ``hf`` job's ``export/`` directories (:mod:`trainer.hf.export`), from ``best.pt``'s
-    weights with ``keep_best``; the other ranks wait. Returns the exported step (``None``: no exports)."""
+    """An ``hf`` job's ``export/`` directories (:mod:`trainer.hf.export`), written by rank 0 from a float32
+    CPU rebuild of the trained model (from ``best.pt``'s weights with ``keep_best``); the model state is
+    gathered by every rank first (a collective under FSDP2). Returns the exported step (``None``: no exports)."""
     if run.spec.model.name != "hf":
         return None
+    live = checkpointed_model_state(run.parts.model, gather_model_state(run.parts.model))
     exported = last
     if dist_ctx.is_main:
+        from trainer.hf.build import rebuild_hf_model
         from trainer.hf.export import write_exports
 
-        if spec.keep_best and run.tracker is not None:
-            exported = load_best_model(run.parts.model, run_dir, run.tracker.best_step, last)
-        write_exports(run.parts.model, run.parts.tokenizer, run_dir)  # type: ignore[arg-type]
+        best_step = run.tracker.best_step if spec.keep_best and run.tracker is not None else None
+        exported, best = best_model_state(run_dir, best_step, last)
+        model = rebuild_hf_model(run.spec, run.parts.dataset.info, run.parts.tokenizer,
+                                 run.parts.precision.compute_dtype, live if best is None else best)
+        write_exports(model, run.parts.tokenizer, run_dir)
     barrier()
     return exported
 

@@ -157,6 +157,14 @@ def gather_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tu
     return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
 
 
+def gather_model_state(model: nn.Module) -> dict[str, Any]:
+    """The model part of :func:`gather_state_dicts`: under FSDP2 a collective (full CPU tensors on
+    rank 0, an empty dict elsewhere), otherwise ``model.state_dict()``."""
+    if not isinstance(model, FSDPModule):
+        return model.state_dict()
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
 def load_state_dicts(
     model: nn.Module, optimizer: torch.optim.Optimizer, model_state: Mapping[str, Any], optimizer_state: Mapping[str, Any]
 ) -> None:

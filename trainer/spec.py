@@ -300,18 +300,12 @@ class JobSpec(_Strict):
         return self
 
     def _check_hf(self) -> None:
-        """Adapters need an ``hf`` model, and neither fp8 nor FSDP; byte-level ``text`` is causal LM without a tokenizer."""
+        """Adapters need an ``hf`` model; byte-level ``text`` is causal LM without a tokenizer."""
         if self.model.name != "hf":
             if self.adapter is not None:
                 msg = f"adapters fine-tune 'hf' models only; model is '{self.model.name}'"
                 raise field_error("JobSpec", "adapter", msg, self.adapter.model_dump())
             return
-        if self.adapter is not None and self.precision == "fp8":
-            msg = "LoRA adapters are not supported with fp8 (fp8 swaps the Linears the adapters wrap); use bf16"
-            raise field_error("JobSpec", "adapter", msg, self.adapter.model_dump())
-        if self.parallelism == "fsdp":
-            msg = "'hf' models train with ddp only (FSDP2 sharding of Hugging Face models and adapters is not supported)"
-            raise field_error("JobSpec", "parallelism", msg, self.parallelism)
         config = self.model.config
         if self.dataset.name == "text" and (config.task != "causal_lm" or config.tokenizer_path is not None):
             msg = "dataset 'text' is byte-level causal language modelling: use task 'causal_lm' without a tokenizer_path"
@@ -383,10 +377,11 @@ class JobSpec(_Strict):
     @property
     def effective_base_dtype(self) -> Literal["fp32", "compute"] | None:
         """Where an adapter job keeps its frozen base weights: the given ``base_dtype``, ``compute`` by
-        default for bf16/fp16, else ``fp32`` (``compute`` with fp32 is fp32); ``None`` without an adapter."""
+        default for bf16/fp16/fp8 (fp8's compute dtype is bf16), ``fp32`` for fp32 (``compute`` with fp32
+        is fp32); ``None`` without an adapter."""
         if self.adapter is None:
             return None
-        if self.precision not in ("bf16", "fp16"):
+        if self.precision == "fp32":
             return "fp32"
         return self.adapter.base_dtype or "compute"
 

@@ -82,3 +82,30 @@ def test_nccl_ddp_two_gpus(tmp_path: Path) -> None:
     ranks = [torch.load(tmp_path / f"params-rank{r}.pt") for r in range(2)]
     for name, value in ranks[0].items():
         assert torch.equal(value, ranks[1][name]), name
+
+
+#: A random-init Llama large enough for fp8 GEMMs (dims multiples of 16), over byte-level text.
+HF_LORA: dict[str, Any] = {
+    "model": {"name": "hf", "config": {"hf_config": {
+        "model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 128, "vocab_size": 256}}},
+    "dataset": {"name": "text", "config": {"seq_len": 64, "max_bytes": 200000}},
+    "adapter": {"r": 16, "alpha": 32, "target_modules": "all-linear"},
+    "micro_batch_size": 8, "max_steps": 10, "gpus": 1, "log_interval": 5,
+    "optimizer": {"name": "adamw", "lr": 1e-3, "implementation": "fused"},
+}
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp8"])
+def test_hf_lora_job_on_cuda(precision: str, tmp_path: Path) -> None:
+    """An hf LoRA job trains on CUDA in each half precision; fp8 (capable GPUs with torchao) converts
+    only the frozen base Linears, never the adapter factors."""
+    if precision == "fp8" and torch.cuda.get_device_capability(0) < (8, 9):
+        pytest.skip("fp8 needs compute capability >= 8.9")
+    spec = JobSpec.model_validate(HF_LORA | {"precision": precision})
+    result = train(spec, tmp_path, _ctx())
+    assert result.steps == 10 and result.skipped_steps <= 2
+    if precision == "fp8":
+        converted = [n for n, m in result.model.named_modules() if type(m).__name__ == "Float8Linear"]
+        assert converted and all(n.endswith(".base_layer") for n in converted)
+    assert (tmp_path / "export" / "adapter" / "adapter_model.safetensors").is_file()

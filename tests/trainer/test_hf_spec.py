@@ -24,14 +24,14 @@ def test_a_lora_job_validates_with_defaults() -> None:
     assert spec.adapter is not None and spec.adapter.r == 4 and spec.effective_base_dtype == "compute"
     assert JobSpec.model_validate(lora_spec()).effective_base_dtype == "fp32"  # fp32: compute is fp32
     assert JobSpec.model_validate(lora_spec(adapter=None)).effective_base_dtype is None
+    assert JobSpec.model_validate(lora_spec(processes=2, parallelism="fsdp")).parallelism == "fsdp"
+    assert JobSpec.model_validate(lora_spec(precision="fp8", gpus=1)).effective_base_dtype == "compute"
     scratch = lora_spec(model={"name": "hf", "config": {"hf_config": TINY_LLAMA}})
     assert JobSpec.model_validate(scratch).model.config.byte_level
 
 
 @pytest.mark.parametrize(("change", "loc"), [
     ({"model": {"name": "mlp"}, "dataset": {"name": "digits"}}, ("adapter",)),
-    ({"precision": "fp8", "gpus": 1}, ("adapter",)),
-    ({"processes": 2, "parallelism": "fsdp"}, ("parallelism",)),
     ({"model": {"name": "hf", "config": {}}}, ("model", "hf", "config", "path")),
     ({"model": {"name": "hf", "config": {"path": "x", "hf_config": TINY_LLAMA}}}, ("model", "hf", "config", "path")),
     ({"model": {"name": "hf", "config": {"path": "/abs/llama"}}}, ("model", "hf", "config", "path")),

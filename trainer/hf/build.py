@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -35,6 +36,24 @@ def build_hf_model(spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute
             cast = cast_frozen(model, compute_dtype)
             log.info("adapter job: %d frozen base parameters kept in %s", cast, compute_dtype)
     return HFModule(model, causal=causal, adapter=spec.adapter is not None)
+
+
+def rebuild_hf_model(spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute_dtype: torch.dtype,
+                     model_state: Mapping[str, Any]) -> HFModule:
+    """The float32 CPU model an ``hf`` job trained, from its (checkpointed) ``model_state``, in eval mode.
+
+    The model is rebuilt exactly as the job built it: seeded with ``spec.seed`` (a random-init base
+    or adapter is the job's), frozen weights in ``compute_dtype`` for ``base_dtype`` ``compute``;
+    then ``model_state`` is loaded (an adapter job's holds only the trainable state) and everything
+    is cast to float32. The caller's RNG state is left as it was.
+    """
+    from trainer.components import seed_everything
+
+    with torch.random.fork_rng(devices=[]):
+        seed_everything(spec.seed)
+        model = build_hf_model(spec, info, tokenizer, compute_dtype)
+    model.load_state_dict({k: v.to("cpu") for k, v in model_state.items()})
+    return model.float().eval()  # type: ignore[return-value]
 
 
 def _is_causal(model: nn.Module) -> bool:

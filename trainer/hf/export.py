@@ -38,7 +38,11 @@ MODEL_DIR = "model"
 
 
 def write_exports(model: HFModule, tokenizer: Any | None, run_dir: Path) -> list[Path]:
-    """Write ``export/adapter`` (adapter jobs) and ``export/model``; return the directories written."""
+    """Write ``export/adapter`` (adapter jobs) and ``export/model``; return the directories written.
+
+    ``model`` (float32, on the CPU: :func:`trainer.hf.build.rebuild_hf_model`) is consumed: the
+    adapter is merged into it, in place, after the adapter export.
+    """
     root = run_dir / EXPORT_DIR
     written = []
     if model.adapter:
@@ -50,15 +54,16 @@ def write_exports(model: HFModule, tokenizer: Any | None, run_dir: Path) -> list
 
 def merged_copy(model: HFModule) -> nn.Module:
     """A float32 CPU Hugging Face model with the trained weights: the adapter merged into a copy of the
-    base (``merge_and_unload``), or a copy of a fully fine-tuned model."""
-    clone = copy.deepcopy(model.model).to(device="cpu", dtype=torch.float32)
-    if model.adapter:
-        clone = clone.merge_and_unload()
-    return clone.eval()
+    base (``merge_and_unload``), or a copy of a fully fine-tuned model; ``model`` is left as it is."""
+    return _merged(copy.deepcopy(model.model).to(device="cpu", dtype=torch.float32), adapter=model.adapter)
+
+
+def _merged(model: nn.Module, *, adapter: bool) -> nn.Module:
+    return (model.merge_and_unload() if adapter else model).eval()  # type: ignore[operator]
 
 
 def _save_full(model: HFModule, tokenizer: Any | None, target: Path) -> None:
-    full = merged_copy(model)
+    full = _merged(model.model.to(device="cpu", dtype=torch.float32), adapter=model.adapter)
     full.config.use_cache = True  # inference default; training ran without a cache
     full.save_pretrained(str(target), safe_serialization=True)
     if tokenizer is not None:
