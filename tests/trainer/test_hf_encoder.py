@@ -114,3 +114,16 @@ def test_a_bf16_lora_classification_job_on_an_encoder_reports_accuracy(roots: Pa
     assert all(0.0 <= e["accuracy"] <= 1.0 for e in evals)
     assert "BertForSequenceClassification" in json.dumps(start)
     assert (tmp_path / "run" / "export" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_truncation_keeps_the_encoders_closing_sep(roots: Path) -> None:
+    """A text cut to ``max_seq_len`` still ends with ``[SEP]`` (and starts with ``[CLS]``), as BERT saw
+    every sequence in pre-training; the cut is counted."""
+    spec = _spec(dataset={"name": "jsonl", "config": {"path": "topics.jsonl", "format": "classification",
+                                                       "max_seq_len": 4, "test_fraction": 0.2}})
+    parts = build_components(spec, DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")))
+    tokenizer, samples = parts.tokenizer, [*parts.dataset.train, *parts.dataset.held_out]
+    assert parts.dataset.report["truncated"] == len(samples) == 40
+    for sample in samples:
+        ids = sample.inputs.tolist()
+        assert len(ids) == 4 and ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id

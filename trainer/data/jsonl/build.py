@@ -130,8 +130,8 @@ def _classification(
     samples: tuple[list[Sample], list[Sample]] = ([], [])
     for rows, split_counts, split_samples in zip(splits, counts, samples, strict=True):
         for index in rows:
-            ids = classification_ids(examples[index].text, tokenizer)
-            split_samples.append(classification_sample(ids, labels.ids[index], config.max_seq_len, split_counts))
+            ids, truncated = classification_ids(examples[index].text, tokenizer, config.max_seq_len)
+            split_samples.append(classification_sample(ids, labels.ids[index], truncated, split_counts))
     info = DataInfo(task=Task.CLASSIFICATION, num_outputs=labels.num_labels, seq_len=config.max_seq_len)
     return TokenFileDataset(info, samples[0], samples[1], pad_id, report(config, len(examples), counts, labels.names))
 

@@ -49,11 +49,10 @@ def lm_sample(example: TokenExample, max_seq_len: int, counts: SplitCounts) -> S
     return Sample(inputs=ids[:-1].clone(), targets=targets)
 
 
-def classification_sample(ids: list[int], label: int, max_seq_len: int, counts: SplitCounts) -> Sample:
-    """The first ``max_seq_len`` ids (a cut counted) and the class id."""
-    if len(ids) > max_seq_len:
-        counts.truncated += 1
-        ids = ids[:max_seq_len]
+def classification_sample(ids: list[int], label: int, truncated: bool, counts: SplitCounts) -> Sample:
+    """The (already truncated: :func:`trainer.data.jsonl.tokens.classification_ids`) ids and the class id;
+    a cut is counted."""
+    counts.truncated += int(truncated)
     counts.examples += 1
     return Sample(inputs=torch.tensor(ids, dtype=torch.int64), targets=torch.tensor(label, dtype=torch.int64))
 

@@ -89,6 +89,16 @@ def instruction_tokens(
     return TokenExample(example.line, prompt + answer, trainable)
 
 
-def classification_ids(text: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """``text`` with the special tokens the tokenizer adds (as for a sequence-classification model)."""
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+def classification_ids(text: str, tokenizer: PreTrainedTokenizerBase, max_len: int) -> tuple[list[int], bool]:
+    """``(ids, truncated)``: ``text`` with the special tokens the tokenizer adds (as for a
+    sequence-classification model), at most ``max_len`` ids.
+
+    A longer text is cut by the tokenizer's own truncation, which keeps its special tokens: an
+    encoder's closing ``[SEP]`` (or a decoder's appended EOS) stays the last id, as the model saw
+    it in pre-training, instead of being cut off with the text's tail.
+    """
+    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    if len(ids) <= max_len:
+        return ids, False
+    cut = tokenizer(text, add_special_tokens=True, truncation=True, max_length=max_len)["input_ids"]
+    return list(cut), True
