@@ -180,7 +180,8 @@ def exposed_metrics(tmp_path: Path) -> set[str]:
             session.commit()
     finally:
         engine.dispose()
-    settings = Settings(data_dir=tmp_path, database_url=url, broker_url=f"filesystem://{tmp_path / 'broker'}", auth=True)
+    # Explicit database and broker (the embedded one under data_dir): never the environment's.
+    settings = Settings(data_dir=tmp_path, database_url=url, broker_url=None, auth=True)
     with TestClient(create_app(settings)) as client:
         answer = client.get("/metrics", headers={"Authorization": f"Bearer {token.secret}"})
     assert answer.status_code == 200, answer.text
