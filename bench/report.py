@@ -1,4 +1,4 @@
-"""The benchmark's results as a markdown table (for the README) and as JSON-ready machine facts."""
+"""The benchmark's results as a markdown table (for docs/benchmarks.md) and as JSON-ready machine facts."""
 
 from __future__ import annotations
 

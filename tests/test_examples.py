@@ -1,4 +1,4 @@
-"""The examples and the README agree with the job spec (trainer/spec.py); the MiniLM examples' data and model."""
+"""The examples and the docs agree with the job spec (trainer/spec.py); the MiniLM examples' data and model."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ import yaml
 from trainer.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+#: README.md and docs/*.md: where examples are named.
+DOCS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+#: The job-spec reference: every field of the spec is named there.
+JOB_SPEC_DOC = (ROOT / "docs" / "job-spec.md").read_text()
 EXAMPLES = sorted((ROOT / "examples").iterdir())
 #: What examples/ may hold besides job specs: helper scripts and the data folder they build.
 HELPERS = {"build_docstring_topics.py", "untrained_accuracy.py", "data"}
@@ -39,18 +42,23 @@ def test_example_is_a_valid_job_spec(path: Path) -> None:
     assert spec.faults is None, "fault injection is test-only; examples must run on any server"
 
 
-def test_readme_examples_exist() -> None:
-    named = set(re.findall(r"examples/[\w.-]+\.(?:json|ya?ml|py)", README))
-    assert named, "README.md names no example"
-    missing = sorted(name for name in named if not (ROOT / name).is_file())
-    assert not missing, f"README.md names missing examples: {missing}"
+def test_documented_examples_exist() -> None:
+    named = {(doc, name) for doc, text in DOCS.items() for name in re.findall(r"examples/[\w.-]+\.(?:json|ya?ml|py)", text)}
+    assert any(doc == "README.md" for doc, _ in named), "README.md names no example"
+    missing = sorted(f"{doc}: {name}" for doc, name in named if not (ROOT / name).is_file())
+    assert not missing, f"the docs name missing examples: {missing}"
 
 
-def test_readme_documents_every_spec_field() -> None:
+def test_every_example_spec_is_listed_in_the_job_spec_doc() -> None:
+    missing = sorted(p.name for p in SPECS if f"examples/{p.name}" not in JOB_SPEC_DOC)
+    assert not missing, f"docs/job-spec.md does not list examples {missing}"
+
+
+def test_the_job_spec_doc_documents_every_spec_field() -> None:
     schema = JobSpec.model_json_schema()
     fields = {name for model in [schema, *schema["$defs"].values()] for name in model.get("properties", {})}
-    missing = sorted(name for name in fields if f"`{name}`" not in README)
-    assert not missing, f"README.md does not document spec fields: {missing}"
+    missing = sorted(name for name in fields if f"`{name}`" not in JOB_SPEC_DOC)
+    assert not missing, f"docs/job-spec.md does not document spec fields: {missing}"
 
 
 # ----------------------------------------------------------------------------- the MiniLM examples

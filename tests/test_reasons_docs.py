@@ -1,4 +1,4 @@
-"""The failure-reason tables of README.md and docs/architecture.md list exactly the worker's reasons."""
+"""The failure-reason tables of docs/results.md and docs/architecture.md list exactly the worker's reasons."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def reasons_table(path: Path, heading: str) -> set[str]:
     return {m.group(1) for row in rows if (m := re.match(r"\| `(\w+)` \|", row))}
 
 
-@pytest.mark.parametrize(("doc", "heading"), [("README.md", "**Failure reasons**"), ("docs/architecture.md", "## Typed failure reasons")])
+@pytest.mark.parametrize(("doc", "heading"), [("docs/results.md", "**Failure reasons**"), ("docs/architecture.md", "## Typed failure reasons")])
 def test_the_reason_table_matches_the_worker(doc: str, heading: str) -> None:
     documented = reasons_table(ROOT / doc, heading)
     assert documented == set(FAILURE_REASONS), {

@@ -1,6 +1,6 @@
 """The typed failure reasons of a ``failed`` job and whether a failure with each is retried.
 
-One table for the whole project: docs/architecture.md and README.md list the same
+One table for the whole project: docs/architecture.md and docs/results.md list the same
 reasons (a test checks it). Only a lost worker is retried (from the attempt's last
 checkpoint, up to the spec's ``max_attempts``), and a worker's graceful shutdown
 (``worker_shutdown``: the run was stopped and checkpointed on purpose), which does not
