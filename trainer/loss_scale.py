@@ -23,7 +23,9 @@ Dynamic loss scaling follows Micikevicius et al., "Mixed Precision Training"
   leaves the scale and both trackers as they are.
 
 With ``hysteresis=1`` and no bound reached, the scale trajectory equals
-``torch.amp.GradScaler``'s for the same overflow pattern.
+``torch.amp.GradScaler``'s for the same overflow pattern, bit for bit, with any factors: like
+GradScaler, ``scale * factor`` is rounded to float32 once (factors that are not powers of two,
+e.g. 0.9, are applied in float64).
 
 All state lives in 0-d tensors on the scaler's device and is updated with tensor
 ops only, so ``update`` never synchronises the host with the device.
@@ -31,6 +33,7 @@ ops only, so ``update`` never synchronises the host with the device.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -195,6 +198,10 @@ class DynamicLossScaler:
         self._scale = init.clamp(self.min_scale, self.max_scale)
         self._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
         self._hysteresis_tracker = torch.full((), self.hysteresis, dtype=torch.int32, device=device)
+        # Factors float32 cannot apply exactly are applied in float64 (see _times_factor).
+        exact = _is_power_of_two(self.growth_factor) and _is_power_of_two(self.backoff_factor)
+        self._factors64 = None if exact else torch.tensor(
+            [self.backoff_factor, self.growth_factor, 1.0], dtype=torch.float64, device=device)
 
     @property
     def scale(self) -> Tensor:
@@ -231,9 +238,8 @@ class DynamicLossScaler:
         back_off = found & (hysteresis <= 0)
         growth = torch.where(found, 0, self._growth_tracker + 1)
         grow = growth >= self.growth_interval  # never on an overflow: growth is 0 and growth_interval >= 1
-        factor = torch.where(back_off, self.backoff_factor, torch.where(grow, self.growth_factor, 1.0))
         refill = (grow | ~found) if self.consecutive_hysteresis else grow
-        scale = (self._scale * factor).clamp(self.min_scale, self.max_scale)
+        scale = self._times_factor(back_off, grow).clamp(self.min_scale, self.max_scale)
         growth_tracker = torch.where(grow, 0, growth)
         hysteresis_tracker = torch.where(refill, self.hysteresis, hysteresis)
         if hold is not None:
@@ -242,6 +248,18 @@ class DynamicLossScaler:
             growth_tracker = torch.where(keep, self._growth_tracker, growth_tracker)
             hysteresis_tracker = torch.where(keep, self._hysteresis_tracker, hysteresis_tracker)
         self._scale, self._growth_tracker, self._hysteresis_tracker = scale, growth_tracker, hysteresis_tracker
+
+    def _times_factor(self, back_off: Tensor, grow: Tensor) -> Tensor:
+        """The scale times this step's factor (``backoff_factor``, ``growth_factor`` or 1), rounded once
+        to float32, as ``torch.amp.GradScaler`` does (it multiplies the float32 scale by the factor
+        held as a double). Power-of-two factors (the defaults) are exact in float32; others, such as
+        0.9 or 1.1, are multiplied in float64: rounding the factor to float32 first would drift the
+        scale by an ulp from GradScaler's at every change."""
+        if self._factors64 is None:
+            return self._scale * torch.where(back_off, self.backoff_factor, torch.where(grow, self.growth_factor, 1.0))
+        backoff, growth, one = self._factors64.unbind()
+        factor = torch.where(back_off, backoff, torch.where(grow, growth, one))
+        return (self._scale.double() * factor).float()
 
     def state_dict(self) -> dict[str, Any]:
         """Exact state: scale, trackers and configuration (python scalars; syncs the host)."""
@@ -273,6 +291,11 @@ class DynamicLossScaler:
         self._scale.fill_(min(max(scale, self.min_scale), self.max_scale))
         self._growth_tracker.fill_(int(state["growth_tracker"]))
         self._hysteresis_tracker.fill_(int(state["hysteresis_tracker"]))
+
+
+def _is_power_of_two(value: float) -> bool:
+    """Whether ``value`` is ``2**k`` for an integer ``k`` (multiplying a float32 by it is exact, bar range)."""
+    return value > 0.0 and math.frexp(value)[0] == 0.5
 
 
 def _check_dynamic_args(

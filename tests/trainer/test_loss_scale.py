@@ -89,26 +89,34 @@ def test_load_state_dict_rejects_foreign_or_unusable_state() -> None:
         scaler.load_state_dict(bad)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_trajectory_equals_torch_grad_scaler_with_hysteresis_one(seed: int) -> None:
-    """Same overflow pattern, same growth/backoff: same scales as torch.amp.GradScaler."""
-    rng = random.Random(seed)
-    pattern = [rng.random() < 0.15 for _ in range(300)]
-    ours = DynamicLossScaler(init_scale=2.0**10, growth_interval=5, max_scale=2.0**40, min_scale=2.0**-20)
-
+def _grad_scaler_scales(pattern: list[bool], **kwargs: float) -> list[float]:
+    """torch.amp.GradScaler's scale after each step of ``pattern`` (True = an inf gradient)."""
     param = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.SGD([param], lr=0.0)
-    reference = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=5)
+    reference = torch.amp.GradScaler("cpu", **kwargs)  # type: ignore[arg-type]
     theirs = []
     for overflow in pattern:
         optimizer.zero_grad()
         reference.scale(param.sum()).backward()
         if overflow:
-            param.grad[0] = float("inf")
+            param.grad[0] = float("inf")  # type: ignore[index]
         reference.step(optimizer)
         reference.update()
         theirs.append(reference.get_scale())
-    assert _run(ours, pattern) == theirs
+    return theirs
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(("growth_factor", "backoff_factor"), [(2.0, 0.5), (1.1, 0.9), (1.5, 0.3), (4.0, 0.7)])
+def test_trajectory_equals_torch_grad_scaler_with_hysteresis_one(seed: int, growth_factor: float,
+                                                                 backoff_factor: float) -> None:
+    """Same overflow pattern, same growth/backoff: the same float32 scales as torch.amp.GradScaler, bit
+    for bit, also with factors float32 cannot hold (GradScaler rounds ``scale * factor`` once)."""
+    rng = random.Random(seed)
+    pattern = [rng.random() < 0.15 for _ in range(300)]
+    factors = {"growth_factor": growth_factor, "backoff_factor": backoff_factor}
+    ours = DynamicLossScaler(init_scale=2.0**10, growth_interval=5, max_scale=2.0**120, min_scale=2.0**-120, **factors)
+    assert _run(ours, pattern) == _grad_scaler_scales(pattern, init_scale=2.0**10, growth_interval=5, **factors)
 
 
 def test_unscale_divides_and_flags_inf_and_nan() -> None:
