@@ -18,8 +18,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import yaml
-
 from server.cli.credentials import resolve_token, token_path
 from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
 from server.cli.watch import WatchView, format_number, format_scale, write
@@ -117,6 +115,8 @@ def load_spec(source: str) -> dict[str, Any]:
 
     Bounded by :mod:`server.cli.spec_limits` (file size, alias expansion, nesting depth).
     """
+    import yaml  # only ``submit`` reads a spec
+
     try:
         text = read_spec_text(source)
     except OSError as exc:
