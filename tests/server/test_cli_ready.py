@@ -32,7 +32,7 @@ def test_the_message_gives_the_url_and_the_line_to_export() -> None:
 class ReadyAfter(BaseHTTPRequestHandler):
     """``/readyz`` answers 503 to the first ``server.not_ready`` requests, then 200."""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server calls it by this name
         server = self.server
         server.requests += 1  # type: ignore[attr-defined]
         ready = self.path == "/readyz" and server.requests > server.not_ready  # type: ignore[attr-defined]
