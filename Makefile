@@ -1,6 +1,7 @@
 # Set-up commands for a fresh clone (see README.md):
-#   make up     install into .venv if needed, then start the API and a worker (embedded defaults)
-#   make test   install into .venv if needed, then run the whole test suite
+#   make up       install the product into .venv if needed, then start the API and a worker (embedded defaults)
+#   make test     also install the test extras (pytest, playwright, schemathesis) if needed, then run the whole suite
+#   make install  both installs, without running anything
 #
 # Overridable: PYTHON (>= 3.11), VENV, TORCH_SPEC (pip arguments for torch, e.g.
 # TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128' for one
@@ -16,21 +17,29 @@ ARGS ?=
 
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check
-# Written after a successful install; older than pyproject.toml means "install again".
-STAMP := $(VENV)/.halfcast-installed
+# Each written after a successful install; older than pyproject.toml means "install again".
+# The product's runtime dependencies only (what `make up` needs):
+RUNTIME_STAMP := $(VENV)/.halfcast-installed
+# The test extras on top of them (what `make test` needs):
+TEST_STAMP := $(VENV)/.halfcast-test-installed
 
 .PHONY: up test install
 
-up: $(STAMP)
+up: $(RUNTIME_STAMP)
 	$(BIN)/halfcast up
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS) $(ARGS)
 
-install: $(STAMP)
+install: $(RUNTIME_STAMP) $(TEST_STAMP)
 
-$(STAMP): pyproject.toml
+$(RUNTIME_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(TORCH_SPEC)
+	$(PIP) install -e .
+	touch $@
+
+# After the runtime install (so torch still comes first), and again whenever it is redone.
+$(TEST_STAMP): $(RUNTIME_STAMP) pyproject.toml
 	$(PIP) install -e '.[test]'
 	touch $@

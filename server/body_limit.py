@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+if TYPE_CHECKING:  # annotations only: the CLI reads MAX_BODY_BYTES without importing starlette
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: Largest accepted request body (a job spec is a few KiB).
 MAX_BODY_BYTES = 1 << 20

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from server.data_dir import DEFAULT_DATA_DIR
 from server.redact import redact_urls
 
 #: Settings that may hold a password (inside a URL): masked in ``repr`` and ``str``.
@@ -26,7 +27,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="HALFCAST_", extra="ignore")
 
-    data_dir: Path = Field(default=Path(".halfcast"), description="Embedded database, broker and run directories")
+    data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="Embedded database, broker and run directories")
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite under data_dir")
     broker_url: str | None = Field(default=None, description="Celery broker URL; default filesystem:// under data_dir")
     host: str = "127.0.0.1"

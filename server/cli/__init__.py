@@ -3,40 +3,108 @@
 Each command group lives in its own module with a ``register(subparsers)`` function
 that adds its sub-commands and sets ``handler`` (``(args) -> exit status``) on them.
 Output for people goes to stdout; diagnostics go through ``logging`` (stderr).
+
+Only the module of the command being run is imported (:data:`COMMANDS` says which
+module holds each command): a job command such as ``halfcast list`` imports the HTTP
+client, not the server's database, web framework, task queue or torch. The other
+commands appear in ``--help`` with the help text of :data:`COMMANDS`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from types import ModuleType
+from typing import NamedTuple
 
-from server.cli import audit, checkpoints, db, exports, jobs, logs, quotas, services, tokens
 from server.quiet_logs import quiet_third_party_logs
 from server.redact import install_log_redaction
 
 #: Exit status of a command whose reader closed the pipe (``halfcast list | head``): 128 + SIGPIPE, as a shell reports it.
 EXIT_BROKEN_PIPE = 141
 
-#: Command-group modules, in the order ``--help`` lists them.
-GROUPS = (services, db, tokens, quotas, jobs, logs, checkpoints, exports, audit)
+
+class Command(NamedTuple):
+    """Where a top-level command is registered (a module of :mod:`server.cli`), and its one-line help."""
+
+    module: str
+    help: str
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every ``halfcast`` command."""
+#: Every top-level command, in the order ``--help`` lists them. The help must be the one its module registers.
+COMMANDS: dict[str, Command] = {
+    "up": Command("services", "migrate, then run the API and a worker (embedded defaults)"),
+    "api": Command("services", "run the HTTP API (uvicorn)"),
+    "worker": Command("services", "run a Celery worker; extra arguments go to Celery"),
+    "db": Command("db", "database schema commands"),
+    "tokens": Command("tokens", "create, list and revoke API tokens (database access)"),
+    "quotas": Command("quotas", "set, list and clear per-owner job quotas (database access)"),
+    "submit": Command("jobs", "submit a job spec (YAML or JSON file; - reads stdin)"),
+    "list": Command("jobs", "list jobs, newest first"),
+    "status": Command("jobs", "show one job"),
+    "watch": Command("jobs", "follow a job live until it ends"),
+    "cancel": Command("jobs", "cancel a job"),
+    "logs": Command("logs", "print a rank's log (stdout and stderr) of a job"),
+    "checkpoints": Command("checkpoints", "list a job's checkpoint files"),
+    "download": Command("checkpoints", "download a job's checkpoint (default: the newest)"),
+    "exports": Command("exports", "list a job's exports (adapter, model)"),
+    "export": Command("exports", "download a job's export and unpack it as a directory"),
+    "audit": Command("audit", "show the audit log, newest first (admin token)"),
+}
+
+#: The one global option, and its values.
+LOG_LEVEL_OPTION = "--log-level"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def group_module(name: str) -> ModuleType:
+    """The command-group module ``server.cli.<name>``, imported now."""
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``halfcast``: every command (``None``), or the groups of ``commands`` only.
+
+    With ``commands``, the modules of the other commands are not imported: those
+    commands get a stand-in sub-parser with their help text, enough for ``--help``
+    and for argparse's list of choices, but not for running them.
+    """
     parser = argparse.ArgumentParser(prog="halfcast", description="Halfcast: training as a service.")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument(LOG_LEVEL_OPTION, default="INFO", choices=LOG_LEVELS)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for group in GROUPS:
-        group.register(subparsers)
+    wanted = {COMMANDS[name].module for name in (COMMANDS if commands is None else commands) if name in COMMANDS}
+    registered: set[str] = set()
+    for name, command in COMMANDS.items():
+        if command.module not in wanted:
+            subparsers.add_parser(name, help=command.help)
+        elif command.module not in registered:
+            group_module(command.module).register(subparsers)
+            registered.add(command.module)
     return parser
+
+
+def command_name(argv: Sequence[str]) -> str | None:
+    """The top-level command ``argv`` names: its first word after the global options (``None`` without one)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return next(words, None)
+        if not word.startswith("-"):
+            return word
+        if "=" not in word and len(word) > 2 and LOG_LEVEL_OPTION.startswith(word):
+            next(words, None)  # the option's value (argparse takes any unambiguous prefix of the option)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``halfcast`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = command_name(argv)
+    args = build_parser([command] if command else []).parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     quiet_third_party_logs(args.log_level)

@@ -11,8 +11,12 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from server.settings import Settings
+from server.data_dir import data_dir_from_environment
+
+if TYPE_CHECKING:  # building Settings imports pydantic-settings, which the job commands do without
+    from server.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +25,9 @@ TOKEN_FILE = "token"
 
 
 def token_path(settings: Settings | None = None) -> Path:
-    """``<data_dir>/token`` of ``settings`` (default: from ``HALFCAST_*``)."""
-    return (settings or Settings()).resolved_data_dir / TOKEN_FILE
+    """``<data_dir>/token`` of ``settings`` (default: of ``HALFCAST_DATA_DIR``)."""
+    data_dir = data_dir_from_environment() if settings is None else settings.resolved_data_dir
+    return data_dir / TOKEN_FILE
 
 
 def resolve_token(explicit: str | None = None) -> str | None:

@@ -2,10 +2,10 @@
 
 The API is ``--url``, else ``HALFCAST_URL``, else ``http://127.0.0.1:8000``; the token
 ``--token``, else ``HALFCAST_TOKEN``, else ``<data dir>/token`` (:mod:`server.cli.credentials`). Errors
-are one line each on stderr: an unreachable server (exit 3), a spec the server
-rejects (exit 2, one ``error: <field path>: <message>`` line per field), anything
-else (exit 1). ``watch`` exits 0 when the job succeeds and 1 when it fails or is
-cancelled.
+are one line each on stderr: an unreachable server (exit 3), a spec or argument the
+server rejects (exit 2, one ``error: <field path>: <message>`` line per field, as
+argparse's usage errors), anything else, an unknown job among them (exit 1). ``watch``
+exits 0 when the job succeeds and 1 when it fails or is cancelled.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import os
 import sys
 from collections.abc import Callable
 from typing import Any
-
-import yaml
 
 from server.cli.credentials import resolve_token, token_path
 from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
@@ -117,6 +115,8 @@ def load_spec(source: str) -> dict[str, Any]:
 
     Bounded by :mod:`server.cli.spec_limits` (file size, alias expansion, nesting depth).
     """
+    import yaml  # only ``submit`` reads a spec
+
     try:
         text = read_spec_text(source)
     except OSError as exc:

@@ -6,7 +6,8 @@ process of the stack sees the same settings. ``--workers N`` (``HALFCAST_API_WOR
 serves the API from N uvicorn worker processes sharing the port. ``up`` and ``api`` refuse to start (exit 2) with
 authentication off (``HALFCAST_AUTH=off``) on a non-loopback address. On its first
 start ``up`` creates an admin token, prints it once and saves it to
-``<data_dir>/token`` (:mod:`server.cli.bootstrap`).
+``<data_dir>/token`` (:mod:`server.cli.bootstrap`). Once the API answers, ``up`` prints
+its URL and the ``export HALFCAST_URL=...`` line for the CLI (:mod:`server.cli.ready`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 
 from server.auth import ExposureError, check_exposure
+from server.cli.ready import announce_when_ready, client_url
 from server.cli.supervisor import Child, RestartPolicy, Supervisor
 from server.settings import Settings
 
@@ -134,11 +137,14 @@ def run_up(args: argparse.Namespace) -> int:
         Child("worker", [sys.executable, "-m", "worker"], grace_s=settings.cancel_grace_s + WORKER_EXTRA_GRACE_S,
               restart=RestartPolicy()),  # a dead worker is started again; its jobs are recovered by the reaper
     ]
-    url = f"http://{settings.host}:{settings.port}"
+    url = client_url(settings.host, settings.port)
     log.info("Halfcast is starting at %s (data in %s); Ctrl-C stops it", url, settings.resolved_data_dir)
-    sys.stdout.write(f"Halfcast API: {url}  (data: {settings.resolved_data_dir})\n")
-    sys.stdout.flush()
-    return Supervisor(children).run(child_environment())
+    stopped = threading.Event()
+    announce_when_ready(url, settings.resolved_data_dir, stopped)
+    try:
+        return Supervisor(children).run(child_environment())
+    finally:
+        stopped.set()
 
 
 def run_api(args: argparse.Namespace) -> int:

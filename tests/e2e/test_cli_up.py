@@ -63,7 +63,8 @@ def _wait_job(client: httpx.Client, job_id: str, until, timeout_s: float = 180) 
 
 def test_up_runs_jobs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    up, client = _start_up(data_dir, free_port())
+    port = free_port()
+    up, client = _start_up(data_dir, port)
     kids = children(up.pid)
     token = (data_dir / "token").read_text().strip()
     assert (data_dir.parent / "up.log").read_text().count(token) == 1  # printed once, on the first start
@@ -84,6 +85,8 @@ def test_up_runs_jobs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     # never left running: requeued (worker_shutdown, not counted against max_attempts) to resume on the next start
     assert _status(data_dir, running["id"]) == ("queued", None)
     assert _status(data_dir, done["id"]) == ("succeeded", None)
+    # once ready, it said where the API is, for the port it was given
+    assert f"\n  export HALFCAST_URL=http://127.0.0.1:{port}\n" in (data_dir.parent / "up.log").read_text()
 
 
 def _worker_pid(up: subprocess.Popen[bytes]) -> int | None:

@@ -63,11 +63,28 @@ def test_logs_errors_are_one_line_with_the_usual_exit_codes(url: str, sessions: 
     queued = insert_job(sessions, status="queued")
     assert _run(capsys, "logs", queued) == (1, "", f"error: job {queued} has no logs yet: it is queued\n")
     running = insert_job(sessions, status="running")
-    code, out, err = _run(capsys, "logs", running, "--rank", "1")
-    assert (code, out) == (2, "") and err.startswith("error: query.rank: ") and "world size 1" in err
+    assert _run(capsys, "logs", running, "--rank", "1") == (1, "", f"error: job {running} has no rank 1: the job has ranks 0..0 (world size 1)\n")
     monkeypatch.setenv("HALFCAST_URL", f"http://127.0.0.1:{free_port()}")
     code, _, err = _run(capsys, "logs", running)
     assert code == 3 and err.startswith("error: cannot reach the Halfcast API")
+
+
+def test_a_rank_or_attempt_the_job_lacks_is_not_found_and_a_bad_argument_is_a_usage_error(
+    url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1, as for an unknown job or a missing checkpoint; 2 stays for what is rejected (issue 13: rank 3 exited 2)."""
+    job_id = insert_job(sessions, status="running")
+    set_status(sessions, job_id, "running", world_size=2, attempt=1)
+    no_rank = f"error: job {job_id} has no rank 3: the job has ranks 0..1 (world size 2)\n"
+    assert _run(capsys, "logs", job_id, "--rank", "3") == (1, "", no_rank)
+    assert _run(capsys, "logs", job_id, "--rank", "3", "-f") == (1, "", no_rank)
+    assert _run(capsys, "logs", job_id, "--attempt", "4") == (1, "", f"error: job {job_id} has no attempt 4: the job has 1 attempt(s) so far\n")
+    code, _, err = _run(capsys, "logs", job_id, "--tail", "20000")  # over the API's limit: a rejected argument
+    assert (code, err.startswith("error: query.tail: ")) == (2, True), err
+    for option, value in (("--rank", "-1"), ("--attempt", "0")):
+        with pytest.raises(SystemExit) as exited:
+            main(["logs", job_id, option, value])
+        assert exited.value.code == 2 and "must be at least" in capsys.readouterr().err
 
 
 def test_logs_follow_prints_new_lines_until_the_job_ends(url: str, settings: Settings, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:

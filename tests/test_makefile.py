@@ -1,0 +1,94 @@
+"""The Makefile's install steps, read from ``make -n`` (prints the commands, runs none) against a throwaway venv.
+
+``make up`` installs only what the product needs (torch first, then ``pip install -e .``);
+``make test`` adds the test extras; each install has its own stamp, redone when
+``pyproject.toml`` is newer. Make runs in a scratch directory with a stand-in
+``pyproject.toml`` whose age each test sets, and ``VENV`` there, so nothing here
+touches the real ``.venv``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
+RUNTIME_STAMP = ".halfcast-installed"
+TEST_STAMP = ".halfcast-test-installed"
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def dry_run(workdir: Path, target: str) -> list[str]:
+    """The commands ``make <target>`` would run in ``workdir`` (VENV ``workdir/venv``), one per line."""
+    result = subprocess.run(
+        ["make", "-n", "-f", str(MAKEFILE), target, f"VENV={workdir / 'venv'}"],
+        cwd=workdir, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return [line.strip() for line in result.stdout.splitlines() if line.strip()]
+
+
+def pip_installs(lines: list[str]) -> list[str]:
+    """What each ``pip install`` line installs (the text after ``install``)."""
+    return [line.split(" install ", 1)[1] for line in lines if " -m pip " in line and " install " in line]
+
+
+def set_ages(workdir: Path, **ages: float) -> None:
+    """Give ``pyproject.toml`` and the stamps (``runtime``, ``test``; missing ones are not created) mtimes of ``now - age``."""
+    paths = {"pyproject": workdir / "pyproject.toml", "runtime": workdir / "venv" / RUNTIME_STAMP,
+             "test": workdir / "venv" / TEST_STAMP}  # fmt: skip
+    now = paths["pyproject"].stat().st_mtime
+    for name, age in ages.items():
+        paths[name].touch()
+        os.utime(paths[name], (now - age, now - age))
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'stand-in'\n")
+    (tmp_path / "venv").mkdir()
+    return tmp_path
+
+
+def test_up_installs_torch_then_the_product_without_test_extras(workdir: Path) -> None:
+    lines = dry_run(workdir, "up")
+    assert pip_installs(lines) == ["torch==2.13.0", "-e ."]
+    assert not any("[test]" in line or "/bin/pytest" in line for line in lines)
+    assert lines[-1].endswith("/bin/halfcast up")
+
+
+def test_test_installs_the_test_extras_after_the_product(workdir: Path) -> None:
+    lines = dry_run(workdir, "test")
+    assert pip_installs(lines) == ["torch==2.13.0", "-e .", "-e '.[test]'"]
+    assert lines[-1].split()[0].endswith("/bin/pytest")
+
+
+def test_up_needs_no_test_stamp(workdir: Path) -> None:
+    set_ages(workdir, pyproject=10, runtime=5)
+    assert pip_installs(dry_run(workdir, "up")) == []
+
+
+def test_test_adds_only_the_extras_to_a_product_install(workdir: Path) -> None:
+    set_ages(workdir, pyproject=10, runtime=5)
+    assert pip_installs(dry_run(workdir, "test")) == ["-e '.[test]'"]
+
+
+def test_fresh_stamps_install_nothing(workdir: Path) -> None:
+    set_ages(workdir, pyproject=10, runtime=5, test=4)
+    assert pip_installs(dry_run(workdir, "up")) == []
+    assert pip_installs(dry_run(workdir, "test")) == []
+
+
+def test_a_newer_pyproject_redoes_both_installs(workdir: Path) -> None:
+    set_ages(workdir, runtime=10, test=9)
+    assert pip_installs(dry_run(workdir, "up")) == ["torch==2.13.0", "-e ."]
+    assert pip_installs(dry_run(workdir, "test")) == ["torch==2.13.0", "-e .", "-e '.[test]'"]
+
+
+def test_a_newer_pyproject_redoes_the_test_install_even_with_a_fresh_product_install(workdir: Path) -> None:
+    set_ages(workdir, test=10, pyproject=5, runtime=1)
+    assert pip_installs(dry_run(workdir, "test")) == ["-e '.[test]'"]
