@@ -189,3 +189,22 @@ def test_exports_carry_the_tokenizer_of_a_tokenized_job(model_roots: Path, tmp_p
     reloaded = AutoTokenizer.from_pretrained(str(tmp_path / "export" / "model"), local_files_only=True)
     assert reloaded("hello world")["input_ids"] == tokenizer("hello world")["input_ids"]
     assert json.loads((tmp_path / "export" / "adapter" / "adapter_config.json").read_text())["r"] == 4
+
+
+@pytest.mark.parametrize("task", ["causal_lm", "sequence_classification"])
+def test_a_tokenizer_larger_than_the_embedding_is_refused_before_training(model_roots: Path, task: str) -> None:
+    """Tokens added to a tokenizer without resizing the model would index past its embedding (on CUDA a
+    device-side assert at the first such token): refused up front, naming both sizes, for every task."""
+    from trainer.catalog import HFConfig
+    from trainer.data.base import DataInfo, Task
+    from trainer.errors import TrainerError
+    from trainer.hf.loading import load_base_model, load_tokenizer
+
+    classify = task == "sequence_classification"
+    config = HFConfig(path="llama", task=task, num_labels=3 if classify else None)
+    tokenizer = load_tokenizer(config, "jsonl")
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>"])
+    info = DataInfo(task=Task.CLASSIFICATION if classify else Task.LM, num_outputs=3 if classify else 300, seq_len=8)
+    with pytest.raises(TrainerError) as failure:
+        load_base_model(config, info, tokenizer)
+    assert failure.value.reason == "spec_invalid" and "302 tokens" in str(failure.value) and "300" in str(failure.value)

@@ -81,6 +81,7 @@ def load_base_model(config: HFConfig, info: DataInfo, tokenizer: Any | None) -> 
         if hf_config.pad_token_id is None:
             hf_config.pad_token_id = _pad_token_id(tokenizer, hf_config)
     _check_sizes(hf_config, info)
+    _check_tokenizer_fits(hf_config, tokenizer)
     model = _instantiate(config, hf_config, directory)
     return model.float().train()
 
@@ -137,6 +138,18 @@ def _check_sizes(hf_config: Any, info: DataInfo) -> None:
     if isinstance(context, int) and info.seq_len is not None and info.seq_len > context:
         msg = f"seq_len {info.seq_len} exceeds the model's max_position_embeddings ({context})"
         raise TrainerError("spec_invalid", msg)
+
+
+def _check_tokenizer_fits(hf_config: Any, tokenizer: Any | None) -> None:
+    """Every id the tokenizer can produce has a row in the model's embedding (whatever the task): a
+    tokenizer with added tokens the model was never resized for would index past the embedding (a
+    device-side assert on CUDA) at the first such token."""
+    vocab = getattr(hf_config, "vocab_size", None)
+    if tokenizer is None or not isinstance(vocab, int) or len(tokenizer) <= vocab:
+        return
+    msg = (f"the tokenizer has {len(tokenizer)} tokens but the model embeds only {vocab} (vocab_size): "
+           "ids from {vocab} up would index past the embedding; use the model's own tokenizer or a resized model")
+    raise TrainerError("spec_invalid", msg.replace("{vocab}", str(vocab)))
 
 
 def _auto_class(config: HFConfig) -> Any:
