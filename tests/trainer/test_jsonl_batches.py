@@ -208,3 +208,24 @@ def test_classification_truncates_to_max_seq_len_and_counts_it(hf_tokenizer, roo
     dataset = root.build(hf_tokenizer, root.write("d.jsonl", _lines(rows)), format="classification", max_seq_len=8)
     assert dataset.report["truncated"] == 1
     assert max(s.inputs.numel() for s in [*dataset.train, *dataset.held_out]) == 8
+
+
+def test_with_the_eos_as_pad_token_the_eos_is_still_trained(hf_tokenizer, root: DataRoot) -> None:
+    """A tokenizer without a pad token pads with its EOS; padding is masked by position, never by id, so
+    every example's own closing EOS stays a trained target (masking by id would teach the model never
+    to stop)."""
+    import copy
+
+    tokenizer = copy.deepcopy(hf_tokenizer)
+    tokenizer.pad_token = None
+    assert tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None
+    rows = [{"instruction": "Say hi", "output": "Hi"}, {"instruction": "Say more", "output": _words(3)},
+            {"instruction": "x", "output": "fox"}]
+    dataset = root.build(tokenizer, root.write("d.jsonl", _lines(rows)), format="instruction", test_fraction=0.34)
+    assert dataset.pad_id == tokenizer.eos_token_id
+    batch = collate(dataset.train, dataset.pad_id, Task.LM)
+    assert batch.attention_mask is not None and (batch.attention_mask == 0).any()  # some row is padded with EOS
+    for row, sample in enumerate(dataset.train):
+        last = int(sample.inputs.numel()) - 1
+        assert batch.targets[row, last] == tokenizer.eos_token_id  # the example's own EOS: trained
+        assert (batch.targets[row, last + 1:] == IGNORE_INDEX).all()  # the EOS padding after it: not
