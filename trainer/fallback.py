@@ -45,6 +45,7 @@ from trainer.errors import TrainerError
 from trainer.guard import DivergenceGuard
 from trainer.loss_scale import NoOpLossScaler
 from trainer.records import RecordSink
+from trainer.inputs import INPUTS_KEY, check_inputs_unchanged
 from trainer.resume import PRECISION_SWITCH_KEY, check_resumable
 from trainer.spec import JobSpec
 
@@ -109,13 +110,15 @@ class PrecisionFallback:
         """Where training starts: scratch, or ``resume_from`` (checked), in bf16 if it was written after a switch.
 
         Raises:
-            TrainerError: ``spec_invalid`` from :func:`trainer.resume.check_resumable`.
+            TrainerError: ``spec_invalid`` from :func:`trainer.resume.check_resumable`; ``model_unavailable``
+                or ``data_unavailable`` when an input file changed (:mod:`trainer.inputs`).
             FileNotFoundError: no file at ``resume_from``.
         """
         if resume_from is None:
             return RunStart(self.spec)
         self.resumed = Checkpoint(resume_from, load_checkpoint(resume_from))
         check_resumable(self.resumed.payload, self.spec, resume_from)
+        check_inputs_unchanged(self.resumed.payload.get(INPUTS_KEY), self.spec, resume_from)
         switch = self.resumed.payload.get(PRECISION_SWITCH_KEY)
         if switch is None:
             return RunStart(self.spec, self.resumed)

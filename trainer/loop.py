@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from trainer.components import Components, build_components, build_record_flushe
 from trainer.best import best_model_state, best_path, carry_best
 from trainer.checkpoint import checkpointed_model_state, final_path, restore_state, save_checkpoint, step_path
 from trainer.export import DATA_INFO_KEY, data_info_entry
+from trainer.inputs import INPUTS_KEY, input_fingerprints
 from trainer.data import Batch, Dataset
 from trainer.distributed import DistContext, barrier, broadcast_from_main, gather_to_main
 from trainer.early_stopping import TRACKER_KEY, BestTracker, Decision
@@ -92,6 +93,8 @@ class RunState:
     totals: dict[str, int] = dataclasses.field(default_factory=lambda: {"samples": 0, "tokens": 0})
     #: The best evaluation so far and the evaluations since (``keep_best``, ``early_stopping``); from the checkpoint.
     tracker: BestTracker | None = None
+    #: Fingerprints of the input files (rank 0; :mod:`trainer.inputs`), written into every checkpoint.
+    inputs: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,8 @@ def start_run(start: RunStart, dist_ctx: DistContext, run_dir: Path | None = Non
         tracker.load_state_dict(start.checkpoint.payload.get(TRACKER_KEY))
         if start.spec.keep_best and run_dir is not None and dist_ctx.is_main:
             carry_best(start.checkpoint.path, run_dir, tracker.best_step)
-    return RunState(start.spec, parts, guard, window_stream, done, start.precision_switch, totals, tracker)
+    inputs = input_fingerprints(start.spec) if dist_ctx.is_main else {}
+    return RunState(start.spec, parts, guard, window_stream, done, start.precision_switch, totals, tracker, inputs)
 
 
 def _train_steps(
@@ -287,7 +291,7 @@ def _checkpoint(path: Path, run: RunState, step: int, spec: JobSpec, dist_ctx: D
     rng_states = gather_to_main(capture_rng_state(), dist_ctx)
     model_state, optimizer_state = gather_state_dicts(run.parts.model, run.parts.optimizer)  # a collective under FSDP2
     if dist_ctx.is_main:
-        extra = {DATA_INFO_KEY: data_info_entry(run.parts.dataset.info)}
+        extra = {DATA_INFO_KEY: data_info_entry(run.parts.dataset.info), INPUTS_KEY: dict(run.inputs)}
         if run.precision_switch:
             extra[PRECISION_SWITCH_KEY] = run.precision_switch
         if run.tracker is not None:

@@ -28,7 +28,8 @@ def test_final_checkpoint_holds_everything_to_resume(cpu_ctx: DistContext, tmp_p
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["final.pt", "step-2.pt"]
     saved = load_checkpoint(final_path(tmp_path))
     assert set(saved) == {"model", "optimizer", "lr_scheduler", "precision", "step", "counters", "spec", "rng", "data_info",
-                          "best_evaluation"}
+                          "best_evaluation", "inputs"}
+    assert saved["inputs"] == {}  # a built-in dataset and model read no input files
     assert saved["data_info"] == {"task": "regression", "num_outputs": 1, "in_features": 16, "seq_len": None}
     assert len(saved["rng"]) == 1 and set(saved["rng"][0]) >= {"python", "torch"}
     assert saved["step"] == 3 and load_checkpoint(step_path(tmp_path, 2))["step"] == 2

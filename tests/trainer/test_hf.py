@@ -166,6 +166,28 @@ def test_resume_of_an_adapter_job_is_bit_identical(lora_run: dict[str, Any], mod
     assert [r["loss"] for r in read_records(tmp_path) if r["type"] == "step"] == losses[2:]
 
 
+def test_a_resume_onto_a_replaced_base_model_is_refused(lora_run: dict[str, Any], hf_model_root: Path, tmp_path: Path,
+                                                         cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adapter checkpoint loads onto any base of the same shapes without an error: a base replaced in
+    place (another checkpoint of the architecture) must refuse the resume, naming the model; the same
+    files copied under another root (another host's copy) resume."""
+    import shutil
+
+    from hf_support import save_tiny_llama
+
+    copy_root, replaced_root = tmp_path / "copy", tmp_path / "replaced"
+    spec = lora_run["spec"].model_copy(update={"checkpoint_interval": None, "max_steps": 3})
+    checkpoint = step_path(lora_run["run_dir"], 2)
+    save_tiny_llama(replaced_root / "llama", seed=1)  # same config and shapes, other weights
+    monkeypatch.setenv("HALFCAST_MODEL_ROOTS", str(replaced_root))
+    with pytest.raises(TrainerError) as failure:
+        train(spec, tmp_path / "refused", cpu_ctx, resume_from=checkpoint)
+    assert failure.value.reason == "model_unavailable" and "the model changed" in failure.value.message
+    shutil.copytree(hf_model_root / "llama", copy_root / "llama")
+    monkeypatch.setenv("HALFCAST_MODEL_ROOTS", str(copy_root))
+    assert train(spec, tmp_path / "resumed", cpu_ctx, resume_from=checkpoint).steps == 3
+
+
 def test_a_full_fine_tune_exports_the_model_only(model_roots: Path, tmp_path: Path, cpu_ctx: DistContext) -> None:
     from transformers import AutoModelForCausalLM
 
