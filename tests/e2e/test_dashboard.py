@@ -5,19 +5,32 @@ submits a spec through the form (first a bad one: the 422 errors appear next to
 their lines), watches the job reach ``succeeded`` with its charts drawn, cancels
 another job from its page, sees a failed job's reason, and watches the job list
 update without a reload. Screenshots go to ``test-artifacts/dashboard-*.png``.
+The submit form's error marks are also checked without a stack: the page's static files
+are served from the package and ``POST /jobs`` answers the 422 the API would
+(:func:`_rejection`), so a nested field's mark lands on its own line.
 Skipped when Chromium or the ``playwright`` package is missing, unless
 ``HALFCAST_REQUIRE_SERVICES=1`` (CI, which installs both) makes that a failure.
 """
 
 from __future__ import annotations
 
+import json
+import mimetypes
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from e2e_support import ROOT, Stack, load_example
+from fastapi.encoders import jsonable_encoder
+from pydantic import ValidationError
+
+from server.field_paths import with_field
+from server.routes.dashboard import static_dir
+from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.e2e
 
@@ -241,3 +254,123 @@ def test_a_failed_job_shows_its_reason_and_the_list_updates_live(page: Any, embe
     expect(page.get_by_test_id("job-error")).to_contain_text("rank_failed")
     expect(page.get_by_test_id("job-error")).to_contain_text("raise_at_step 3")
     _shot(page, "job-failed")
+
+
+# ----------------------------------------------------------------------------- the submit form's marks, no stack
+
+#: The origin the static-only pages load from; Playwright answers every request to it (:func:`_serve`).
+STATIC_ORIGIN = "http://halfcast.test"
+#: A spec with a misspelt field inside the ``mlp`` member of the model union (line 5), in YAML.
+NESTED_SPEC = """\
+name: nested
+model:
+  name: mlp
+  config:
+    hiden_sizes: [8]
+dataset:
+  name: synthetic
+  config: {task: regression, num_samples: 64}
+optimizer:
+  name: adamw
+  betas: [0.9, 2]
+faults:
+  nonfinite_grad_steps:
+    - 3
+    - 0
+max_steps: 10
+"""
+
+
+def _rejection(spec: Any) -> list[dict[str, Any]]:
+    """The 422 ``detail`` ``POST /jobs`` answers for ``spec``: JobSpec's errors at ``body``, with ``field`` (server/body_errors.py)."""
+    try:
+        JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        items = [{**item, "loc": ["body", *item["loc"]]} for item in jsonable_encoder(exc.errors(include_url=False))]
+        return [with_field(item, JobSpec.__pydantic_core_schema__) for item in items]
+    raise AssertionError("the spec is valid")
+
+
+def _serve(route: Any) -> None:
+    """The dashboard's static files from the package; ``POST /jobs`` a 422 for its body; any other path an empty page."""
+    path = urlsplit(route.request.url).path
+    if path.startswith("/static/"):
+        file = static_dir() / path.removeprefix("/static/")
+        content_type = "text/javascript" if file.suffix == ".js" else mimetypes.guess_type(file.name)[0] or "text/plain"
+        route.fulfill(status=200, body=file.read_bytes(), content_type=content_type)
+    elif path == "/jobs" and route.request.method == "POST":
+        body = {"detail": _rejection(json.loads(route.request.post_data))}
+        route.fulfill(status=422, body=json.dumps(body), content_type="application/json")
+    else:
+        page = '<!doctype html><link rel="stylesheet" href="/static/style.css"><main id="view"></main>'
+        page += '<script src="/static/vendor/js-yaml/js-yaml.min.js"></script>'
+        route.fulfill(status=200, body=page, content_type="text/html")
+
+
+@pytest.fixture
+def static_page(browser: Any) -> Iterator[Any]:
+    """A page of the dashboard's static files alone (js-yaml loaded), served by :func:`_serve`; no console errors allowed."""
+    context = browser.new_context(viewport={"width": 900, "height": 900}, base_url=STATIC_ORIGIN)
+    context.route(f"{STATIC_ORIGIN}/**", _serve)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda message: errors.append(message.text) if _unexpected(message) else None)
+    page.set_default_timeout(30_000)
+    page.goto("/")
+    yield page
+    context.close()
+    assert errors == [], errors
+
+
+def _marks(page: Any, text: str, detail: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``errorMarks(text, detail)`` of submit.js, run in the page."""
+    script = "async ([text, detail]) => (await import('/static/submit.js')).errorMarks(text, detail)"
+    marks: list[dict[str, Any]] = page.evaluate(script, [text, detail])
+    return marks
+
+
+def _line(text: str, start: str) -> int:
+    """The 0-based index of the first line of ``text`` that starts with ``start``."""
+    return next(i for i, line in enumerate(text.split("\n")) if line.startswith(start))
+
+
+def test_marks_land_on_the_deepest_written_key_of_the_field_without_union_tags(static_page: Any) -> None:
+    detail = _rejection(yaml.safe_load(NESTED_SPEC))
+    marks = {mark["path"]: mark["line"] for mark in _marks(static_page, NESTED_SPEC, detail)}
+    assert marks == {"model.config.hiden_sizes": _line(NESTED_SPEC, "    hiden_sizes"),
+                     "optimizer.betas[1]": _line(NESTED_SPEC, "  betas"),
+                     "faults.nonfinite_grad_steps[1]": _line(NESTED_SPEC, "    - 0")}  # fmt: skip
+
+
+def test_marks_follow_nested_mappings_lists_and_json_text(static_page: Any) -> None:
+    def item(*field: str | int) -> dict[str, Any]:
+        return {"loc": ["body", *field], "field": list(field), "msg": "m"}
+
+    detail = [item("model", "config", "lr"), item("dataset", "config", "num_samples"), item("faults", "nonfinite_grad_steps", 0),
+              item("bogus"), item(), {"loc": ["body", "max_steps"], "msg": "no field: an older server"}]  # fmt: skip
+    lines = [mark["line"] for mark in _marks(static_page, NESTED_SPEC, detail)]
+    # model.config has no lr: its config line, not the optimizer's (a later section) nor the model's
+    assert lines == [_line(NESTED_SPEC, "  config:"), _line(NESTED_SPEC, "  config: {"), _line(NESTED_SPEC, "    - 3"), -1, -1,
+                     _line(NESTED_SPEC, "max_steps")]  # fmt: skip
+    as_json = json.dumps(yaml.safe_load(NESTED_SPEC), indent=2)
+    [mark] = _marks(static_page, as_json, [item("model", "config", "hiden_sizes")])
+    assert as_json.split("\n")[mark["line"]].strip().startswith('"hiden_sizes"')
+
+
+def test_the_form_marks_a_nested_field_on_its_line_with_its_whole_message(static_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    static_page.evaluate("async () => (await import('/static/submit.js')).submitPage(document.getElementById('view'))")
+    static_page.get_by_test_id("spec").fill(NESTED_SPEC)
+    static_page.get_by_test_id("submit").click()
+    expect(static_page.get_by_test_id("errors").locator("li")).to_have_count(3)
+    line = _line(NESTED_SPEC, "    hiden_sizes") + 1
+    mark = static_page.locator(f".gutter .mark[data-line='{line}']")
+    message = "model.config.hiden_sizes: Extra inputs are not permitted"
+    expect(mark).to_have_text(f"◀ {message}")  # no "mlp" union tag in the path
+    note = mark.locator(".note")
+    width, full, height = note.evaluate("n => [n.clientWidth, n.scrollWidth, n.getBoundingClientRect().height]")
+    assert full <= width and height > 20, "the note is cut off instead of wrapped"
+    expect(static_page.get_by_test_id("errors")).to_contain_text(f"model.config.hiden_sizes (line {line}): Extra inputs are not permitted")
+    _shot(static_page, "submit-nested-422")
