@@ -15,7 +15,10 @@ these things would otherwise go wrong for a body it cannot take:
   of :class:`server.strict_body.StrictJSONRoute` refuse it while parsing, and the 422
   names each number's field (``["body", "max_grad_norm"]``). As a second line, a 422
   that still holds a non-finite float (an ``input`` echo, a ``ctx`` value) renders it as
-  a string (``"NaN"``, ``"Infinity"``, ``"-Infinity"``) instead of failing.
+  a string (``"NaN"``, ``"Infinity"``, ``"-Infinity"``) instead of failing;
+- a ``loc`` through a union holds pydantic's tag of the member (``["body", "model", "mlp",
+  "config", ...]``), which is no key of the body: every 422 item also gets ``field``, the
+  path inside its source without those tags (:mod:`server.field_paths`).
 
 :func:`install_body_error_handlers` fixes them: on a route that depends on
 :func:`server.auth.authenticate`, the token is checked first; then the body error
@@ -40,6 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.auth import authenticate
 from server.errors import ApiError, error_response
+from server.field_paths import body_schema, with_field
 from server.openapi_errors import dependency_calls
 from server.strict_json import NONFINITE_MESSAGE, NonFiniteNumbers
 
@@ -107,7 +111,16 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
         raise exc
     if _is_body_parse_error(exc) and (denied := await unauthorized_response(request)) is not None:
         return denied
-    return AsciiJSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+    schema = _route_body_schema(request)
+    items = [with_field(item, schema) for item in jsonable_encoder(exc.errors())]
+    return AsciiJSONResponse({"detail": items}, status_code=422)
+
+
+def _route_body_schema(request: Request) -> Any:
+    """The core schema of the body the request's route validates, if it has one."""
+    route = request.scope.get("route")
+    body = route.body_field if isinstance(route, APIRoute) else None
+    return body_schema(body.field_info.annotation) if body is not None else None
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -118,7 +131,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         return await http_exception_handler(request, exc)
     if (denied := await unauthorized_response(request)) is not None:
         return denied
-    return AsciiJSONResponse({"detail": _unreadable_body_errors(exc.__cause__)}, 422)
+    return AsciiJSONResponse({"detail": [with_field(item, None) for item in _unreadable_body_errors(exc.__cause__)]}, 422)
 
 
 def _unreadable_body_errors(cause: BaseException) -> list[dict[str, Any]]:

@@ -95,16 +95,20 @@ class Forbidden(HalfcastError):
 
 @dataclass(frozen=True)
 class FieldError:
-    """One validation error: ``loc`` as the API gives it (``["body", "loss_scale", "init_scale"]``) and ``msg``."""
+    """One validation error: ``loc`` as the API gives it (``["body", "loss_scale", "init_scale"]``) and ``msg``.
+
+    ``field``: the API's clean path of the field (``loc`` without its source and union tags), if it sent one.
+    """
 
     loc: tuple[str | int, ...]
     msg: str
     type: str = ""
+    field: tuple[str | int, ...] | None = None
 
     @property
     def path(self) -> str:
         """The field path without the leading ``body``/``query``: ``loss_scale.init_scale``, ``hidden_sizes[0]``."""
-        parts = self.loc[1:] if self.loc and self.loc[0] == "body" else self.loc
+        parts = self.field if self.field is not None else self.loc[1:] if self.loc and self.loc[0] == "body" else self.loc
         text = ""
         for part in parts:
             text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
@@ -143,6 +147,14 @@ def parse_sse(lines: Iterator[str]) -> Iterator[Event]:
             fields[name] = f"{fields[name]}\n{value}" if name == "data" and "data" in fields else value
 
 
+def _field_error(item: Any) -> FieldError:
+    """One 422 item as a :class:`FieldError` (``field`` only when the API sent a list)."""
+    item = item if isinstance(item, dict) else {}
+    field = item.get("field")
+    return FieldError(tuple(item.get("loc", ())), str(item.get("msg", "")), str(item.get("type", "")),
+                      tuple(field) if isinstance(field, list) else None)  # fmt: skip
+
+
 def _raise_for(response: httpx.Response) -> None:
     """Raise the typed error of an error answer."""
     if response.status_code < 400:
@@ -153,7 +165,7 @@ def _raise_for(response: httpx.Response) -> None:
         body = {"detail": response.text.strip() or response.reason_phrase}
     detail = body.get("detail") if isinstance(body, dict) else body
     if response.status_code == 422 and isinstance(detail, list):
-        raise ValidationFailed([FieldError(tuple(item.get("loc", ())), str(item.get("msg", "")), str(item.get("type", ""))) for item in detail])
+        raise ValidationFailed([_field_error(item) for item in detail])
     message = str(detail)
     if response.status_code == 404:
         raise NotFound(message, 404)

@@ -13,6 +13,8 @@ errors come from elsewhere and apply to every route that shares a dependency:
 :func:`declare_error_responses` adds them to each route after all routers are
 included, so a new route is documented by what it depends on, and clients and
 schema-driven tests (``tests/server/test_fuzz_api.py``) see every status the API sends.
+It also adds ``field`` to FastAPI's ``ValidationError`` schema: every 422 item has one
+(:mod:`server.field_paths`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,14 @@ _UNAUTHORIZED = {"model": ErrorBody, "description": "No token, or a malformed, u
 _FORBIDDEN = {"model": ErrorBody, "description": "The token is not an admin's"}
 _TOO_LARGE = {"model": ErrorBody, "description": "The request body exceeds 1 MiB"}
 _UNAVAILABLE = {"model": ErrorBody, "description": "The database is unreachable (`database unavailable`)"}
+#: The ``field`` of a 422 item (:func:`server.field_paths.with_field`), as a property of ``ValidationError``.
+FIELD_PROPERTY: dict[str, Any] = {
+    "type": "array",
+    "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+    "title": "Field",
+    "description": "The field inside its source: `loc` without `body`/`query`/`path`/`header` "
+    "and without pydantic's union tags (`[\"model\", \"config\", \"hidden_sizes\"]`)",
+}
 
 
 def dependency_calls(dependant: Dependant) -> Iterator[Callable[..., Any] | None]:
@@ -65,8 +75,27 @@ def _extra_responses(route: APIRoute) -> dict[int, dict[str, Any]]:
 
 
 def declare_error_responses(app: FastAPI) -> None:
-    """Add 401/403/413/503 to the ``responses`` of every route that can answer them (a route's own entry wins)."""
+    """Add 401/403/413/503 to the ``responses`` of every route that can answer them (a route's own entry wins).
+
+    Also documents the ``field`` of every 422 item (:func:`_with_field_property`).
+    """
     for route in _api_routes(app):
         for status_code, declaration in _extra_responses(route).items():
             if status_code not in route.responses and str(status_code) not in route.responses:
                 route.responses[status_code] = declaration
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        fresh = app.openapi_schema is None
+        schema = build()
+        return _with_field_property(schema) if fresh else schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _with_field_property(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (the OpenAPI description, changed in place) with ``field`` in FastAPI's ``ValidationError``."""
+    item = schema.get("components", {}).get("schemas", {}).get("ValidationError")
+    if isinstance(item, dict):
+        item.setdefault("properties", {})["field"] = FIELD_PROPERTY
+    return schema

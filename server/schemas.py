@@ -13,6 +13,12 @@ from server.timeutil import as_utc, as_utc_or_none
 
 #: Job statuses (same values, same order as ``server.db.models.STATUSES``; a test checks it).
 JobStatus = Literal["queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled"]
+#: How an attempt ended (same values, same order as ``server.db.models.ATTEMPT_STATUSES``; a test checks it):
+#: ``requeued`` is an attempt a graceful worker shutdown stopped, handing the job back to the queue.
+AttemptStatus = Literal["succeeded", "failed", "cancelled", "requeued"]
+#: How a job's spec scales its loss: fp16's ``loss_scale.mode`` (default ``dynamic``); ``none`` for
+#: fp32, bf16 and fp8, whose step records carry ``loss_scale`` 1 (``trainer.spec.JobSpec.effective_loss_scale``).
+LossScaling = Literal["dynamic", "static", "none"]
 
 
 class JobError(BaseModel):
@@ -29,9 +35,17 @@ class AttemptPublic(BaseModel):
     worker_id: str = Field(description="The worker that ran it, as <hostname>/<pid>")
     started_at: datetime
     ended_at: datetime | None
-    status: Literal["succeeded", "failed", "cancelled"] | None = Field(description="How it ended")
-    reason: str | None = Field(description="The typed reason it ended with (e.g. worker_lost)")
+    status: AttemptStatus | None = Field(
+        description="How it ended: the job's terminal status, or requeued (a graceful worker shutdown stopped it "
+        "and queued the job again, not counted against max_attempts; reason worker_shutdown)"
+    )
+    reason: str | None = Field(description="The typed reason it ended with (e.g. worker_lost, worker_shutdown)")
     gpus: list[int] | None = Field(default=None, description="GPU indices on the worker's host it was given; null: CPU")
+    resumed_from_step: int | None = Field(
+        default=None,
+        description="A retry: the step of the earlier attempts' checkpoint it resumed from (0: none, it started over); "
+        "null for a first attempt",
+    )
 
     @classmethod
     def from_row(cls, row: Attempt | AttemptView) -> AttemptPublic:
@@ -44,6 +58,7 @@ class AttemptPublic(BaseModel):
             status=row.status,  # type: ignore[arg-type]  # the column only holds these values
             reason=row.reason,
             gpus=row.gpus,
+            resumed_from_step=row.resumed_from_step,
         )
 
 
@@ -81,6 +96,12 @@ class JobPublic(BaseModel):
     )
     effective_precision: str = Field(
         default="fp32", description="The precision the job computes in: the spec's, or the last switch's 'to'"
+    )
+    loss_scaling: LossScaling = Field(
+        default="none",
+        description="How the spec's precision scales the loss: fp16's loss_scale.mode (dynamic or static); "
+        "none for fp32, bf16 and fp8 (their records' loss_scale is 1). After a switch to bf16 the steps "
+        "trained in bf16 are not scaled either (loss_scale 1)",
     )
     applied_steps: int = Field(
         default=0, description="Attempted steps up to `step` that applied an update (`step` minus `skipped_steps`)"
@@ -120,6 +141,7 @@ class JobPublic(BaseModel):
             attempts=[AttemptPublic.from_row(row) for row in job.attempts],
             precision_switches=list(job.precision_switches or []),
             effective_precision=effective_precision(job),
+            loss_scaling=loss_scaling(job.spec),
             applied_steps=applied,
             skipped_steps=skipped,
             stopped_early=stopped_early(job.end_info),
@@ -146,6 +168,14 @@ def effective_precision(job: Job | JobView) -> str:
     if switches and isinstance(switches[-1].get("to"), str):
         return str(switches[-1]["to"])
     return str(job.spec.get("precision") or "fp32")
+
+
+def loss_scaling(spec: dict[str, Any]) -> LossScaling:
+    """How the stored ``spec`` scales its loss, as ``JobSpec.effective_loss_scale`` decides (read from the dict, not validated)."""
+    if (spec.get("precision") or "fp32") != "fp16":
+        return "none"
+    block = spec.get("loss_scale")
+    return "static" if isinstance(block, dict) and block.get("mode") == "static" else "dynamic"
 
 
 def step_counts(latest: dict[str, Any] | None) -> tuple[int, int]:

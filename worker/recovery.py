@@ -11,6 +11,11 @@ in one transaction on the job row, is:
   checkpoint of the earlier ones (:func:`worker.checkpoints.retry_checkpoint`);
 - else it ends ``failed`` with the reason.
 
+The attempt's own row says what became of it (:func:`attempt_status`): ``cancelled``,
+``requeued`` for a graceful shutdown that handed the job back (reason ``worker_shutdown``:
+stopped on purpose, not a failure, not counted), else ``failed`` (a lost worker's
+attempt failed, even when the job is retried).
+
 Each path is a compare-and-set on the observed status, attempt and owner (and, for
 the reaper, on the lease still being expired), so several reapers, or a reaper and a
 worker that comes back, never both act on one attempt.
@@ -27,6 +32,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, func, or_, select, update
 
 from server.db.models import Attempt, Job, utcnow
+from server.schemas import AttemptStatus
 from server.timeutil import as_utc
 from worker.reasons import UNCOUNTED_REASONS, should_retry
 from worker.store import LIVE_STATUSES, MAX_REASON_CHARS, Fence, JobStore, end_attempt
@@ -107,8 +113,7 @@ class Recovery:
             guard.append(Job.worker_id.is_(None) if owner is None else Job.worker_id == owner)
             if conn.execute(update(Job).where(*guard).values(**values)).rowcount != 1:
                 return None
-            attempt_status = "cancelled" if resolution == "cancelled" else "failed"
-            end_attempt(conn, Fence(job_id, attempt, owner or ""), attempt_status, reason, now)
+            end_attempt(conn, Fence(job_id, attempt, owner or ""), attempt_status(resolution, reason), reason, now)
         log.warning("job %s: attempt %d of worker %s ended (%s): %s", job_id, attempt, owner, reason, resolution)
         if resolution == "requeued":
             self._send(job_id, attempt)
@@ -130,6 +135,18 @@ class Recovery:
                 .where(Job.id == job_id, Job.status == "queued", Job.attempt == attempt, Job.worker_id.is_(None))
                 .values(status="failed", error_reason="enqueue_failed", error_message=error, finished_at=utcnow())
             )
+
+
+def attempt_status(resolution: Resolution, reason: str) -> AttemptStatus:
+    """How the attempt that ended with ``reason`` is recorded when its job was ``resolution``.
+
+    ``requeued`` only for an uncounted reason (:data:`worker.reasons.UNCOUNTED_REASONS`: the
+    worker's graceful shutdown) whose job went back to the queue; without a broker to take
+    it back the job failed, and so did the attempt.
+    """
+    if resolution == "cancelled":
+        return "cancelled"
+    return "requeued" if resolution == "requeued" and reason in UNCOUNTED_REASONS else "failed"
 
 
 def _decide(status: str, reason: str, message: str, retry: bool, now: datetime) -> tuple[Resolution, dict[str, Any]]:

@@ -176,15 +176,18 @@ class JobStore:
         return True
 
     def rewind(self, fence: Fence, step: int) -> bool:
-        """Forget step records after ``step`` (a retry resumes from a checkpoint there).
+        """Forget step records after ``step`` (a retry resumes from a checkpoint there; 0: it starts over).
 
-        ``step``, ``latest`` and ``eval`` go back to what the job had at ``step``.
-        Returns ``False`` when the attempt no longer owns the job.
+        ``step``, ``latest`` and ``eval`` go back to what the job had at ``step``, and the
+        attempt's row records ``resumed_from_step``. Returns ``False`` when the attempt no
+        longer owns the job.
         """
         with self.begin() as conn:
             if conn.execute(self._fenced(fence, LIVE_STATUSES).values(updated_at=utcnow())).rowcount != 1:
                 return False
             _rewind_job(conn, fence.job_id, step)
+            conn.execute(update(Attempt).where(Attempt.job_id == fence.job_id, Attempt.attempt == fence.attempt)
+                         .values(resumed_from_step=step))  # fmt: skip
         return True
 
     def queued_gpus(self, job_id: str) -> int | None:

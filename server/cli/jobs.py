@@ -242,7 +242,7 @@ def watch_job(client: HalfcastClient, job_id: str) -> int:
     """Print the live view of ``job_id``; 0 if it succeeds, 1 if it fails or is cancelled."""
     job = client.get(job_id)
     tty = sys.stdout.isatty()
-    view = WatchView(job_id, int(job["max_steps"]), tty)
+    view = WatchView(job_id, int(job["max_steps"]), tty, scales_loss=job.get("loss_scaling", "dynamic") != "none")
     start = max(0, int(job["step"]) - 50)  # a little history for the ETA, not the whole run
     status = job["status"]
     for event in client.events(job_id, after_step=start):

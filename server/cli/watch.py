@@ -1,7 +1,8 @@
 """The live view of ``halfcast watch``: turns a job's events into terminal lines.
 
 On a terminal (TTY) one line is redrawn in place: a progress bar with ETA, the
-current loss, loss scale, skipped steps and throughput; status changes and the
+current loss, loss scale (not for a job whose precision scales nothing: fp32, bf16,
+fp8), skipped steps and throughput; status changes and the
 evaluation get lines of their own. Elsewhere (a pipe, a log file) every step and
 every status change is printed as a plain line, so the output is greppable.
 """
@@ -59,12 +60,16 @@ def progress_bar(step: int, total: int, width: int = BAR_WIDTH) -> str:
 
 @dataclass
 class WatchView:
-    """State of one watched job; :meth:`lines` turns each event into what to print."""
+    """State of one watched job; :meth:`lines` turns each event into what to print.
+
+    ``scales_loss``: show the loss scale (the resource's ``loss_scaling`` is not ``none``).
+    """
 
     job_id: str
     max_steps: int
     tty: bool
     status: str = "?"
+    scales_loss: bool = True
     latest: dict[str, Any] | None = None
     _times: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
 
@@ -88,9 +93,13 @@ class WatchView:
         overflow = f" OVERFLOW{_overflow_where(record)}" if record.get("overflow") else ""
         return (
             f"{progress_bar(step, self.max_steps)} {step}/{self.max_steps} ETA {format_duration(self.eta_s())}"
-            f" | loss {format_number(record.get('loss'))} | scale {format_scale(record.get('loss_scale'))}"
+            f" | loss {format_number(record.get('loss'))}{self._scale_column(record)}"
             f" | skipped {record.get('skipped_steps', 0)} | {throughput}{overflow}"
         )
+
+    def _scale_column(self, record: dict[str, Any]) -> str:
+        """`` | scale 65536 (2^16)``; nothing for a job that does no loss scaling (its scale is always 1)."""
+        return f" | scale {format_scale(record.get('loss_scale'))}" if self.scales_loss else ""
 
     def lines(self, event: Event) -> list[str]:
         """What to print for ``event``: whole lines (non-TTY) or, on a TTY, ``"\\r"``-prefixed redraws."""
@@ -113,6 +122,7 @@ class WatchView:
             return []
         self.status = status
         self.max_steps = int(job.get("max_steps") or self.max_steps)
+        self.scales_loss = job.get("loss_scaling", "dynamic") != "none"
         text = f"job {self.job_id}: {status}"
         if job.get("error"):
             text += f" ({job['error']['reason']}: {job['error']['message'].splitlines()[0] if job['error']['message'] else ''})"

@@ -34,7 +34,7 @@ JOB_COLUMNS = (Job.id, Job.owner, Job.name, Job.status, Job.spec, Job.created_at
                Job.error_reason, Job.error_message, Job.step, Job.max_steps, Job.world_size, Job.latest, Job.eval,
                Job.attempt, Job.precision_switches, Job.end_info)  # fmt: skip
 ATTEMPT_COLUMNS = (Attempt.attempt, Attempt.worker_id, Attempt.started_at, Attempt.ended_at, Attempt.status,
-                   Attempt.reason, Attempt.gpus)  # fmt: skip
+                   Attempt.reason, Attempt.gpus, Attempt.resumed_from_step)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class AttemptView:
     status: str | None
     reason: str | None
     gpus: list[int] | None
+    resumed_from_step: int | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ from server.db.redacted import RedactedText
 STATUSES = ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled")
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE_STATUSES = frozenset(STATUSES) - TERMINAL_STATUSES
+#: How an attempt ended (``attempts.status``; null while it runs): a job's terminal statuses, and
+#: ``requeued``: a graceful worker shutdown stopped it and handed the job back to the queue.
+ATTEMPT_STATUSES = ("succeeded", "failed", "cancelled", "requeued")
 
 
 def utcnow() -> datetime:
@@ -86,7 +89,8 @@ class Job(Base):
 
 
 class Attempt(Base):
-    """One launch attempt of a job: who ran it, when, and how it ended (``status`` null while it runs)."""
+    """One launch attempt of a job: who ran it, when, and how it ended (``status``, one of
+    :data:`ATTEMPT_STATUSES`; null while it runs)."""
 
     __tablename__ = "attempts"
 
@@ -99,6 +103,9 @@ class Attempt(Base):
     reason: Mapped[str | None] = mapped_column(String(64))
     #: GPU indices (on the worker's host) this attempt was given; null for CPU jobs.
     gpus: Mapped[list[int] | None]
+    #: The step of the checkpoint a retry resumed from (0: none, it started over); null for a
+    #: first attempt (migration 0009).
+    resumed_from_step: Mapped[int | None] = mapped_column(Integer)
 
 
 class StepRecord(Base):

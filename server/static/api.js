@@ -111,6 +111,12 @@ export function fmtScale(scale) {
   return Number.isInteger(exponent) ? `${fmt(scale)} (2^${exponent})` : fmt(scale);
 }
 
+/** Whether the job's precision scales its loss (the resource's `loss_scaling`: fp32, bf16 and fp8 do not). */
+export const scalesLoss = (job) => job.loss_scaling !== "none";
+
+/** A job's loss scale at `record`: "none" for a job that scales nothing (its scale is always 1), else fmtScale. */
+export const scaleText = (job, record) => (scalesLoss(job) ? fmtScale(record.loss_scale) : "none");
+
 export function statusBadge(status) {
   return el("span", { class: `badge status-${status}`, dataset: { testid: "status" } }, status);
 }

@@ -1,4 +1,5 @@
-// The job page's charts (uPlot, vendored): loss, loss scale on a log2 axis with overflow steps marked, throughput.
+// The job page's charts (uPlot, vendored): loss, loss scale on a log2 axis with overflow steps marked (only for a
+// job that scales its loss), throughput.
 
 const COLORS = { loss: "#1f6feb", scale: "#8250df", overflow: "#d1242f", samples: "#1a7f37", tokens: "#bf8700" };
 /** Whole-step tick increments for the x axis (steps are integers). */
@@ -54,9 +55,12 @@ export class ChartData {
   }
 }
 
-/** The three charts of one job in `container`; call update() after pushing records (redraws are batched per frame). */
+/**
+ * The charts of one job in `container`; call update() after pushing records (redraws are batched per frame).
+ * `lossScale`: whether to draw the loss-scale chart (false for a job whose precision scales nothing: its scale is always 1).
+ */
 export class JobCharts {
-  constructor(container, data) {
+  constructor(container, data, { lossScale = true } = {}) {
     this.data = data;
     this.container = container;
     this.pending = false;
@@ -66,21 +70,7 @@ export class JobCharts {
       [[], []],
       this.holder("chart-loss"),
     );
-    const scaleOptions = baseOptions("Loss scale (log2 axis; red: overflow, step skipped)", width, "loss scale");
-    scaleOptions.scales.y = { distr: 3, log: 2 };
-    scaleOptions.axes[1].values = (u, ticks) => ticks.map((v) => (v > 0 ? `2^${Math.round(Math.log2(v))}` : ""));
-    this.scale = new uPlot(
-      {
-        ...scaleOptions,
-        series: [
-          { label: "step" },
-          { label: "loss scale", stroke: COLORS.scale, width: 1.5, value: (u, v) => (v == null ? "-" : `2^${Math.log2(v).toFixed(1)}`) },
-          { label: "overflow", stroke: COLORS.overflow, fill: COLORS.overflow, paths: () => null, points: { show: true, size: 7, fill: COLORS.overflow } },
-        ],
-      },
-      [[], [], []],
-      this.holder("chart-scale"),
-    );
+    this.scale = lossScale ? this.scaleChart(width) : null;
     const throughput = baseOptions("Throughput", width, "samples/s");
     throughput.scales.tokens = {};
     throughput.axes.push({ scale: "tokens", side: 1, label: "tokens/s", stroke: COLORS.tokens, grid: { show: false }, size: 64 });
@@ -100,6 +90,30 @@ export class JobCharts {
     window.addEventListener("resize", this.onResize);
   }
 
+  /** The loss-scale chart: a log2 axis, overflowing (skipped) steps marked in red. */
+  scaleChart(width) {
+    const options = baseOptions("Loss scale (log2 axis; red: overflow, step skipped)", width, "loss scale");
+    options.scales.y = { distr: 3, log: 2 };
+    options.axes[1].values = (u, ticks) => ticks.map((v) => (v > 0 ? `2^${Math.round(Math.log2(v))}` : ""));
+    return new uPlot(
+      {
+        ...options,
+        series: [
+          { label: "step" },
+          { label: "loss scale", stroke: COLORS.scale, width: 1.5, value: (u, v) => (v == null ? "-" : `2^${Math.log2(v).toFixed(1)}`) },
+          { label: "overflow", stroke: COLORS.overflow, fill: COLORS.overflow, paths: () => null, points: { show: true, size: 7, fill: COLORS.overflow } },
+        ],
+      },
+      [[], [], []],
+      this.holder("chart-scale"),
+    );
+  }
+
+  /** The charts drawn, in page order. */
+  get charts() {
+    return [this.loss, this.scale, this.throughput].filter((chart) => chart !== null);
+  }
+
   holder(testid) {
     const div = document.createElement("div");
     div.className = "chart";
@@ -117,20 +131,20 @@ export class JobCharts {
       this.pending = false;
       const d = this.data;
       this.loss.setData([d.step, d.loss]);
-      this.scale.setData([d.step, d.scale, d.overflow]);
+      if (this.scale) this.scale.setData([d.step, d.scale, d.overflow]);
       this.throughput.setData([d.step, d.samples, d.tokens]);
       if (this.throughput.series[2].show !== d.hasTokens) this.throughput.setSeries(2, { show: d.hasTokens });
-      for (const chart of [this.loss, this.scale, this.throughput]) chart.root.parentElement.dataset.points = String(d.step.length);
+      for (const chart of this.charts) chart.root.parentElement.dataset.points = String(d.step.length);
     });
   }
 
   resize() {
     const width = Math.max(320, this.container.clientWidth - 8);
-    for (const chart of [this.loss, this.scale, this.throughput]) chart.setSize({ width, height: 220 });
+    for (const chart of this.charts) chart.setSize({ width, height: 220 });
   }
 
   destroy() {
     window.removeEventListener("resize", this.onResize);
-    for (const chart of [this.loss, this.scale, this.throughput]) chart.destroy();
+    for (const chart of this.charts) chart.destroy();
   }
 }

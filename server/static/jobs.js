@@ -1,6 +1,11 @@
 // The job list (polled every 2 s) and the job page (history from /metrics, then live from the event stream).
+// A job whose precision scales nothing (fp32, bf16, fp8: `loss_scaling` "none") shows "none" for its loss scale and
+// no loss-scale chart; the job page lists every attempt, requeues and resumes included.
 
-import { ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, fmtScale, getCheckpoints, getEvals, getExports, getJob, listJobs, statusBadge } from "./api.js";
+import {
+  ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, getCheckpoints, getEvals, getExports, getJob, listJobs, scaleText, scalesLoss,
+  statusBadge,
+} from "./api.js";
 import { ChartData, JobCharts } from "./charts.js";
 
 const LIST_REFRESH_MS = 2000;
@@ -50,7 +55,7 @@ function upsertRow(rows, job) {
     rows.set(job.id, row);
   }
   const latest = job.latest || {};
-  const cells = [statusBadge(job.status), `${job.step}/${job.max_steps}`, fmt(latest.loss), fmtScale(latest.loss_scale),
+  const cells = [statusBadge(job.status), `${job.step}/${job.max_steps}`, fmt(latest.loss), scaleText(job, latest),
     String(latest.skipped_steps ?? "-")];
   cells.forEach((value, i) => {
     const cell = row.children[i + 1];
@@ -87,7 +92,8 @@ export function jobPage(view, id) {
   const chartsBox = el("div", { class: "charts" });
   const checkpointsBox = el("div", { class: "checkpoints", hidden: true, dataset: { testid: "checkpoints" } });
   const exportsBox = el("div", { class: "checkpoints", hidden: true, dataset: { testid: "exports" } });
-  view.replaceChildren(header, problem, evalBox, stats, checkpointsBox, exportsBox, chartsBox);
+  const attemptsBox = el("div", { class: "checkpoints", hidden: true, dataset: { testid: "attempts" } });
+  view.replaceChildren(header, problem, evalBox, stats, attemptsBox, checkpointsBox, exportsBox, chartsBox);
 
   const data = new ChartData();
   let charts = null;
@@ -108,7 +114,7 @@ export function jobPage(view, id) {
     if (!cancelling) cancelButton.disabled = !cancellable;
     stats.replaceChildren(...[
       ["Loss", fmt(latest.loss)],
-      ["Loss scale", fmtScale(latest.loss_scale)],
+      ["Loss scale", scaleText(job, latest)],
       ["Updates", updatesText(latest)],
       ["Samples/s", fmt(latest.samples_per_second, 5)],
       ["Tokens/s", fmt(latest.tokens_per_second, 5)],
@@ -120,6 +126,7 @@ export function jobPage(view, id) {
       problem.hidden = false;
       problem.replaceChildren(el("strong", {}, `Failed: ${job.error.reason}`), el("pre", {}, job.error.message));
     }
+    renderAttempts();
     if (job.eval) {
       evalBox.hidden = false;
       const history = evals.length > 1
@@ -128,6 +135,17 @@ export function jobPage(view, id) {
         : [];
       evalBox.replaceChildren(el("strong", {}, `Evaluation at step ${job.eval.step}: `), evalText(job.eval), ...history);
     }
+  }
+
+  // The attempts table, rebuilt only when an attempt changed (it has nothing to click, but redraws are not free).
+  let shownAttempts = "";
+  function renderAttempts() {
+    const attempts = job.attempts || [];
+    const shown = JSON.stringify(attempts);
+    if (shown === shownAttempts) return;
+    shownAttempts = shown;
+    attemptsBox.hidden = attempts.length === 0;
+    attemptsBox.replaceChildren(el("strong", {}, "Attempts"), attemptsTable(attempts));
   }
 
   function evalText(record) {
@@ -278,7 +296,7 @@ export function jobPage(view, id) {
     }
     if (stopped) return;
     render();
-    charts = new JobCharts(chartsBox, data);
+    charts = new JobCharts(chartsBox, data, { lossScale: scalesLoss(job) });
     charts.update();
     refreshCheckpoints();
     if (!TERMINAL.has(job.status)) {
@@ -295,4 +313,35 @@ export function jobPage(view, id) {
     if (charts) charts.destroy();
     clearTimeout(renderTimer);
   };
+}
+
+/** A job's attempts as a table: number, how it ended, its reason, worker, start and end, where a retry resumed. */
+export function attemptsTable(attempts) {
+  const heads = ["Attempt", "Outcome", "Reason", "Worker", "Started", "Ended", "Resumed from"];
+  return el("table", { class: "jobs" },
+    el("thead", {}, el("tr", {}, heads.map((h) => el("th", {}, h)))),
+    el("tbody", {}, ...attempts.map((a) => el("tr", { dataset: { testid: "attempt", attempt: String(a.attempt) } },
+      el("td", {}, String(a.attempt)),
+      el("td", {}, outcomeBadge(a.status)),
+      el("td", {}, a.reason ?? "-"),
+      el("td", { class: "id" }, a.worker_id),
+      el("td", {}, timeText(a.started_at)),
+      el("td", {}, timeText(a.ended_at)),
+      el("td", {}, resumedText(a.resumed_from_step))))));
+}
+
+/** How an attempt ended, as a badge: its status (`requeued`: a graceful worker shutdown handed the job back), or "in progress". */
+function outcomeBadge(status) {
+  const text = status ?? "in progress";
+  return el("span", { class: `badge status-${status ?? "running"}` }, text);
+}
+
+/** Where an attempt resumed: "-" for a first attempt, "the start" when no checkpoint was left, else the step. */
+export function resumedText(step) {
+  if (step === null || step === undefined) return "-";
+  return step === 0 ? "the start" : `step ${step}`;
+}
+
+function timeText(iso) {
+  return iso ? new Date(iso).toLocaleString() : "-";
 }

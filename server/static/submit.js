@@ -1,4 +1,5 @@
-// The submit form: a JSON or YAML spec in a textarea; 422 field errors are shown next to the line of the field.
+// The submit form: a JSON or YAML spec in a textarea; 422 field errors are shown next to the line of the field
+// (the server's `field` path: no union tags) and listed in full below it.
 
 import { ApiError, el, submitJob } from "./api.js";
 
@@ -46,25 +47,82 @@ export function parseSpec(text, format = "auto") {
   }
 }
 
-/** The 0-based line where the field at `loc` (["body", "loss_scale", "init_scale"]) is written, or -1. */
-export function lineOf(text, loc) {
-  const lines = text.split("\n");
-  const keys = loc.filter((part, i) => !(i === 0 && part === "body") && typeof part === "string");
-  let line = 0;
-  let found = -1;
-  for (const key of keys) {
-    const escaped = key.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-    const pattern = new RegExp(`(^|[\\s{,\\-])("${escaped}"|'${escaped}'|${escaped})\\s*:`);
-    const at = lines.findIndex((l, i) => i >= line && pattern.test(l.replace(/#.*$/, "")));
-    if (at < 0) break;
-    found = line = at;
+// Where each key and item of a spec is written: js-yaml (4.1.0, vendored) calls `listener` when it
+// opens and closes every node, nested as the document is, so the closed nodes form a tree with the
+// line each node starts on. A mapping's children are its keys and values in turn, a sequence's its
+// items; JSON text is YAML too and gets the same tree.
+
+/** The node tree of `text` ({line, kind, result, children}), or null when js-yaml cannot read it. */
+export function nodeTree(text) {
+  const stack = [{ children: [] }];
+  const listener = (event, state) => {
+    if (event === "open") {
+      stack.push({ line: state.line, children: [] });
+      return;
+    }
+    const node = stack.pop();
+    node.kind = state.kind;
+    node.result = state.result;
+    stack[stack.length - 1].children.push(node);
+  };
+  try {
+    jsyaml.load(text, { listener });
+  } catch {
+    return null;
   }
-  return found;
+  return stack[0].children.length ? stack[0].children[stack[0].children.length - 1] : null;
 }
 
-function fieldPath(loc) {
-  const parts = loc[0] === "body" ? loc.slice(1) : loc;
-  return parts.reduce((path, part) => (typeof part === "number" ? `${path}[${part}]` : path ? `${path}.${part}` : String(part)), "") || "(spec)";
+// A node read twice (js-yaml tries a value as a mapping key first) holds itself once more as its only child.
+function unwrap(node) {
+  while (node.children.length === 1 && node.children[0].result === node.result) node = node.children[0];
+  return node;
+}
+
+/** `{line, node}` of `part` (a key, or an index) in the mapping or sequence `node`; null when it has none. */
+function childOf(node, part) {
+  if (node.kind === "sequence") {
+    const item = Number.isInteger(part) ? node.children[part] : undefined;
+    return item ? { line: item.line, node: item } : null;
+  }
+  if (node.kind !== "mapping" || node.children.length % 2 !== 0) return null;
+  for (let i = 0; i < node.children.length; i += 2) {
+    const key = node.children[i];
+    if (String(key.result) === String(part)) return { line: key.line, node: node.children[i + 1] };
+  }
+  return null;
+}
+
+/** The 0-based line of the deepest key (or item) of `path` (["model", "config", "hidden_sizes", 0]) written in `text`; -1 for none. */
+export function lineOf(text, path) {
+  let node = nodeTree(text);
+  let line = -1;
+  for (const part of path) {
+    const found = node && childOf(unwrap(node), part);
+    if (!found) break;
+    ({ line, node } = found);
+  }
+  return line;
+}
+
+/** The field path of a 422 item: the server's `field` (no source, no union tags), else its `loc` without "body". */
+export function fieldOf(item) {
+  if (Array.isArray(item.field)) return item.field;
+  const loc = Array.isArray(item.loc) ? item.loc : [];
+  return loc[0] === "body" ? loc.slice(1) : loc;
+}
+
+/** A path as text: model.config.hidden_sizes[0]; "(spec)" for the whole spec. */
+export function pathText(path) {
+  return path.reduce((text, part) => (typeof part === "number" ? `${text}[${part}]` : text ? `${text}.${part}` : String(part)), "") || "(spec)";
+}
+
+/** The marks of a 422's `detail` on the spec `text`: `{line, path, text}` each (`line` -1 when no key of the path is written). */
+export function errorMarks(text, detail) {
+  return detail.map((item) => {
+    const path = fieldOf(item);
+    return { line: lineOf(text, path), path: pathText(path), text: String(item.msg ?? "") };
+  });
 }
 
 /** Render the submit form into `view`; returns a cleanup function. */
@@ -95,11 +153,16 @@ export function submitPage(view) {
       const at = line >= 0 && line < lineCount ? line : 0;
       byLine.set(at, [...(byLine.get(at) || []), `${path}: ${text}`]);
     }
-    gutter.replaceChildren(...Array.from({ length: lineCount }, (_, i) =>
-      el("div", { class: byLine.has(i) ? "mark" : "", dataset: byLine.has(i) ? { line: String(i + 1) } : {} },
-        byLine.has(i) ? `◀ ${byLine.get(i).join("; ")}` : "\u00a0")));
+    // A gutter row is one editor line high; a mark's note wraps over the rows below it (a later mark's
+    // note covers it from its own line on), and the list below the editor holds every message in full.
+    gutter.replaceChildren(...Array.from({ length: lineCount }, (_, i) => {
+      const text = byLine.has(i) ? byLine.get(i).join("; ") : null;
+      if (text === null) return el("div", {}, "\u00a0");
+      return el("div", { class: "mark", title: text, dataset: { line: String(i + 1) } }, el("span", { class: "note" }, `◀ ${text}`));
+    }));
     errors.replaceChildren(...marks.map(({ line, path, text }) =>
-      el("li", { dataset: { path } }, el("code", {}, path), line >= 0 ? ` (line ${line + 1})` : "", `: ${text}`)));
+      el("li", { dataset: { path } }, el("code", {}, path), line >= 0 ? ` (line ${line + 1})` : "", ": ",
+        el("span", { class: "message", dataset: { testid: "error-message" } }, text))));
     gutter.scrollTop = editor.scrollTop;
   }
 
@@ -126,7 +189,7 @@ export function submitPage(view) {
       location.hash = `#/jobs/${job.id}`;
     } catch (error) {
       if (error instanceof ApiError && error.status === 422 && Array.isArray(error.body.detail)) {
-        show(error.body.detail.map((d) => ({ line: lineOf(editor.value, d.loc), path: fieldPath(d.loc), text: d.msg })));
+        show(errorMarks(editor.value, error.body.detail));
         status.textContent = "The server rejected the spec; nothing was stored.";
       } else {
         status.textContent = `Submit failed: ${error.message}`;

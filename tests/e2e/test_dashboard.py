@@ -5,19 +5,34 @@ submits a spec through the form (first a bad one: the 422 errors appear next to
 their lines), watches the job reach ``succeeded`` with its charts drawn, cancels
 another job from its page, sees a failed job's reason, and watches the job list
 update without a reload. Screenshots go to ``test-artifacts/dashboard-*.png``.
+The submit form's error marks are also checked without a stack: the page's static files
+are served from the package and ``POST /jobs`` answers the 422 the API would
+(:func:`_rejection`), so a nested field's mark lands on its own line.
 Skipped when Chromium or the ``playwright`` package is missing, unless
 ``HALFCAST_REQUIRE_SERVICES=1`` (CI, which installs both) makes that a failure.
 """
 
 from __future__ import annotations
 
+import json
+import mimetypes
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from e2e_support import ROOT, Stack, load_example
+from fastapi.encoders import jsonable_encoder
+from pydantic import ValidationError
+
+from server.field_paths import with_field
+from server.routes.dashboard import static_dir
+from server.schemas import JobPublic
+from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.e2e
 
@@ -241,3 +256,213 @@ def test_a_failed_job_shows_its_reason_and_the_list_updates_live(page: Any, embe
     expect(page.get_by_test_id("job-error")).to_contain_text("rank_failed")
     expect(page.get_by_test_id("job-error")).to_contain_text("raise_at_step 3")
     _shot(page, "job-failed")
+
+
+# ----------------------------------------------------------------------------- the submit form's marks, no stack
+
+#: The origin the static-only pages load from; Playwright answers every request to it (:meth:`StaticSite.serve`).
+STATIC_ORIGIN = "http://halfcast.test"
+#: A spec with a misspelt field inside the ``mlp`` member of the model union (line 5), in YAML.
+NESTED_SPEC = """\
+name: nested
+model:
+  name: mlp
+  config:
+    hiden_sizes: [8]
+dataset:
+  name: synthetic
+  config: {task: regression, num_samples: 64}
+optimizer:
+  name: adamw
+  betas: [0.9, 2]
+faults:
+  nonfinite_grad_steps:
+    - 3
+    - 0
+max_steps: 10
+"""
+
+
+def _rejection(spec: Any) -> list[dict[str, Any]]:
+    """The 422 ``detail`` ``POST /jobs`` answers for ``spec``: JobSpec's errors at ``body``, with ``field`` (server/body_errors.py)."""
+    try:
+        JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        items = [{**item, "loc": ["body", *item["loc"]]} for item in jsonable_encoder(exc.errors(include_url=False))]
+        return [with_field(item, JobSpec.__pydantic_core_schema__) for item in items]
+    raise AssertionError("the spec is valid")
+
+
+@dataclass
+class StaticSite:
+    """A page of the dashboard's static files alone, with canned API answers (no stack)."""
+
+    page: Any
+    #: GET path -> the JSON it answers (the job resource, its metrics...), or the text of an event stream;
+    #: any other API path is a 404.
+    answers: dict[str, Any] = field(default_factory=dict)
+
+    def serve(self, route: Any) -> None:
+        """Static files from the package; ``POST /jobs`` a 422 for its body (:func:`_rejection`); ``answers``; ``/`` a blank page."""
+        url = urlsplit(route.request.url)
+        if url.path.startswith("/static/"):
+            file = static_dir() / url.path.removeprefix("/static/")
+            content_type = "text/javascript" if file.suffix == ".js" else mimetypes.guess_type(file.name)[0] or "text/plain"
+            route.fulfill(status=200, body=file.read_bytes(), content_type=content_type)
+        elif url.path == "/jobs" and route.request.method == "POST":
+            body = {"detail": _rejection(json.loads(route.request.post_data))}
+            route.fulfill(status=422, body=json.dumps(body), content_type="application/json")
+        elif url.path == "/":
+            page = '<!doctype html><link rel="stylesheet" href="/static/vendor/uplot/uPlot.min.css">'
+            page += '<link rel="stylesheet" href="/static/style.css"><main id="view"></main>'
+            page += '<script src="/static/vendor/uplot/uPlot.iife.min.js"></script>'
+            page += '<script src="/static/vendor/js-yaml/js-yaml.min.js"></script>'
+            route.fulfill(status=200, body=page, content_type="text/html")
+        elif isinstance(answer := self.answers.get(url.path), str):  # an event stream's text
+            route.fulfill(status=200, body=answer, content_type="text/event-stream")
+        elif url.path in self.answers:
+            route.fulfill(status=200, body=json.dumps(answer), content_type="application/json")
+        else:
+            route.fulfill(status=404, body=json.dumps({"detail": "not here"}), content_type="application/json")
+
+
+@pytest.fixture
+def site(browser: Any) -> Iterator[StaticSite]:
+    """A :class:`StaticSite` at ``/`` (uPlot and js-yaml loaded); no console errors allowed."""
+    context = browser.new_context(viewport={"width": 900, "height": 900}, base_url=STATIC_ORIGIN)
+    site = StaticSite(context.new_page())
+    context.route(f"{STATIC_ORIGIN}/**", site.serve)
+    errors: list[str] = []
+    site.page.on("pageerror", lambda error: errors.append(str(error)))
+    site.page.on("console", lambda message: errors.append(message.text) if _unexpected(message) else None)
+    site.page.set_default_timeout(30_000)
+    site.page.goto("/")
+    yield site
+    context.close()
+    assert errors == [], errors
+
+
+def _marks(page: Any, text: str, detail: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``errorMarks(text, detail)`` of submit.js, run in the page."""
+    script = "async ([text, detail]) => (await import('/static/submit.js')).errorMarks(text, detail)"
+    marks: list[dict[str, Any]] = page.evaluate(script, [text, detail])
+    return marks
+
+
+def _line(text: str, start: str) -> int:
+    """The 0-based index of the first line of ``text`` that starts with ``start``."""
+    return next(i for i, line in enumerate(text.split("\n")) if line.startswith(start))
+
+
+def test_marks_land_on_the_deepest_written_key_of_the_field_without_union_tags(site: StaticSite) -> None:
+    detail = _rejection(yaml.safe_load(NESTED_SPEC))
+    marks = {mark["path"]: mark["line"] for mark in _marks(site.page, NESTED_SPEC, detail)}
+    assert marks == {"model.config.hiden_sizes": _line(NESTED_SPEC, "    hiden_sizes"),
+                     "optimizer.betas[1]": _line(NESTED_SPEC, "  betas"),
+                     "faults.nonfinite_grad_steps[1]": _line(NESTED_SPEC, "    - 0")}  # fmt: skip
+
+
+def test_marks_follow_nested_mappings_lists_and_json_text(site: StaticSite) -> None:
+    def item(*field: str | int) -> dict[str, Any]:
+        return {"loc": ["body", *field], "field": list(field), "msg": "m"}
+
+    detail = [item("model", "config", "lr"), item("dataset", "config", "num_samples"), item("faults", "nonfinite_grad_steps", 0),
+              item("bogus"), item(), {"loc": ["body", "max_steps"], "msg": "no field: an older server"}]  # fmt: skip
+    lines = [mark["line"] for mark in _marks(site.page, NESTED_SPEC, detail)]
+    # model.config has no lr: its config line, not the optimizer's (a later section) nor the model's
+    assert lines == [_line(NESTED_SPEC, "  config:"), _line(NESTED_SPEC, "  config: {"), _line(NESTED_SPEC, "    - 3"), -1, -1,
+                     _line(NESTED_SPEC, "max_steps")]  # fmt: skip
+    as_json = json.dumps(yaml.safe_load(NESTED_SPEC), indent=2)
+    [mark] = _marks(site.page, as_json, [item("model", "config", "hiden_sizes")])
+    assert as_json.split("\n")[mark["line"]].strip().startswith('"hiden_sizes"')
+
+
+def test_the_form_marks_a_nested_field_on_its_line_with_its_whole_message(site: StaticSite) -> None:
+    from playwright.sync_api import expect
+
+    site.page.evaluate("async () => (await import('/static/submit.js')).submitPage(document.getElementById('view'))")
+    site.page.get_by_test_id("spec").fill(NESTED_SPEC)
+    site.page.get_by_test_id("submit").click()
+    expect(site.page.get_by_test_id("errors").locator("li")).to_have_count(3)
+    line = _line(NESTED_SPEC, "    hiden_sizes") + 1
+    mark = site.page.locator(f".gutter .mark[data-line='{line}']")
+    message = "model.config.hiden_sizes: Extra inputs are not permitted"
+    expect(mark).to_have_text(f"◀ {message}")  # no "mlp" union tag in the path
+    note = mark.locator(".note")
+    width, full, height = note.evaluate("n => [n.clientWidth, n.scrollWidth, n.getBoundingClientRect().height]")
+    assert full <= width and height > 20, "the note is cut off instead of wrapped"
+    expect(site.page.get_by_test_id("errors")).to_contain_text(f"model.config.hiden_sizes (line {line}): Extra inputs are not permitted")
+    _shot(site.page, "submit-nested-422")
+
+
+# ----------------------------------------------------------------------------- the job page and list, no stack
+
+#: When the canned jobs were created, started and ended.
+AT = "2026-12-02T10:00:00Z"
+
+
+def _records(steps: int, scale: float) -> list[dict[str, Any]]:
+    """Step records 1..``steps`` with loss scale ``scale``."""
+    return [{"step": step, "time": 1000.0 + step, "loss": 1.0 / step, "loss_scale": scale, "skipped_steps": 0,
+             "samples_per_second": 100.0} for step in range(1, steps + 1)]  # fmt: skip
+
+
+def _resource(job_id: str, **fields: Any) -> dict[str, Any]:
+    """A succeeded fp16 job of 6 steps as ``GET /jobs/{id}`` answers it (checked by :class:`server.schemas.JobPublic`), with ``fields``."""
+    resource = {"id": job_id, "name": job_id, "status": "succeeded", "spec": {"precision": "fp16"}, "created_at": AT,
+                "started_at": AT, "finished_at": AT, "error": None, "step": 6, "max_steps": 6, "world_size": 1,
+                "latest": None, "eval": None, "attempt": 1, "loss_scaling": "dynamic"} | fields  # fmt: skip
+    return JobPublic.model_validate(resource).model_dump(mode="json")
+
+
+def _serve_job(site: StaticSite, job: dict[str, Any], scale: float) -> None:
+    """Answer ``job``'s resource, metrics (records at ``scale``), evaluations, checkpoints, exports and a one-event stream."""
+    base = f"/jobs/{job['id']}"
+    site.answers.update({base: job, f"{base}/metrics": {"job_id": job["id"], "points": _records(job["step"], scale)},
+                         f"{base}/evals": {"job_id": job["id"], "evals": []}, f"{base}/checkpoints": {"checkpoints": []},
+                         f"{base}/exports": {"exports": []}, f"{base}/events": f"event: status\ndata: {json.dumps(job)}\n\n"})  # fmt: skip
+
+
+def _stat(page: Any, name: str) -> Any:
+    """The value of the job page's stat ``name``."""
+    return page.locator(f"[data-testid=job-stats] dt:text-is('{name}') + dd")
+
+
+def test_a_job_that_scales_no_loss_shows_none_and_no_loss_scale_chart(site: StaticSite) -> None:
+    from playwright.sync_api import expect
+
+    bf16 = _resource("bf16", spec={"precision": "bf16"}, loss_scaling="none", latest=_records(6, 1.0)[-1])
+    fp16 = _resource("fp16", latest=_records(6, 65536.0)[-1])
+    for job, scale in ((bf16, 1.0), (fp16, 65536.0)):
+        _serve_job(site, job, scale)
+    site.answers["/jobs"] = {"jobs": [bf16, fp16], "next_cursor": None}
+    site.page.evaluate("async () => (await import('/static/jobs.js')).jobList(document.getElementById('view'))")
+    for job_id, shown in (("bf16", "none"), ("fp16", "65536 (2^16)")):
+        expect(site.page.locator(f"[data-job-id='{job_id}'] td").nth(4)).to_have_text(shown)  # the Loss scale column
+    site.page.evaluate("async () => (await import('/static/jobs.js')).jobPage(document.getElementById('view'), 'bf16')")
+    expect(site.page.get_by_test_id("chart-loss")).to_have_attribute("data-points", "6")
+    expect(site.page.get_by_test_id("chart-scale")).to_have_count(0)  # a flat "2^0" line says nothing
+    expect(_stat(site.page, "Loss scale")).to_have_text("none")
+    _shot(site.page, "job-bf16")
+    site.page.evaluate("async () => (await import('/static/jobs.js')).jobPage(document.getElementById('view'), 'fp16')")
+    expect(site.page.get_by_test_id("chart-scale")).to_have_attribute("data-points", "6")
+    expect(_stat(site.page, "Loss scale")).to_have_text("65536 (2^16)")
+
+
+def test_a_resumed_jobs_page_lists_every_attempt_with_its_requeue(site: StaticSite) -> None:
+    from playwright.sync_api import expect
+
+    def attempt(number: int, status: str | None, reason: str | None, resumed: int | None) -> dict[str, Any]:
+        return {"attempt": number, "worker_id": f"host/{number}", "started_at": AT, "ended_at": AT if status else None,
+                "status": status, "reason": reason, "resumed_from_step": resumed}  # fmt: skip
+
+    attempts = [attempt(1, "requeued", "worker_shutdown", None), attempt(2, "failed", "worker_lost", 4), attempt(3, None, None, 0)]
+    job = _resource("resumed", status="running", step=2, max_steps=20, attempt=3, attempts=attempts)
+    _serve_job(site, job, 65536.0)
+    site.page.evaluate("async () => (await import('/static/jobs.js')).jobPage(document.getElementById('view'), 'resumed')")
+    rows = site.page.get_by_test_id("attempt")
+    expect(rows).to_have_count(3)
+    shown = [[cells[i] for i in (0, 1, 2, 3, 6)] for cells in (rows.nth(i).locator("td").all_inner_texts() for i in range(3))]
+    assert shown == [["1", "requeued", "worker_shutdown", "host/1", "-"], ["2", "failed", "worker_lost", "host/2", "step 4"],
+                     ["3", "in progress", "-", "host/3", "the start"]]  # fmt: skip
+    _shot(site.page, "job-attempts")

@@ -133,8 +133,8 @@ def make_tokens(sessions: sessionmaker[Session]) -> dict[str, str]:
 def check_error_body(status_code: int, content_type: str, body: Any) -> None:
     """Raise ``AssertionError`` unless a 4xx body is JSON naming the problem.
 
-    422: ``{"detail": [{"loc": [...], "msg": "..."}, ...]}`` (FastAPI's format, ``loc``
-    non-empty); any other 4xx: ``{"detail": "<non-empty text>"}``.
+    422: ``{"detail": [{"loc": [...], "msg": "...", "field": [...]}, ...]}`` (FastAPI's format, ``loc``
+    non-empty, and Halfcast's ``field``); any other 4xx: ``{"detail": "<non-empty text>"}``.
     """
     assert content_type.startswith("application/json"), f"{status_code} answered with {content_type!r}, not JSON"
     assert isinstance(body, dict) and "detail" in body, f"{status_code} body has no 'detail': {body!r}"
@@ -145,6 +145,7 @@ def check_error_body(status_code: int, content_type: str, body: Any) -> None:
             assert isinstance(item, dict), f"422 detail item is not an object: {item!r}"
             assert isinstance(item.get("loc"), list) and item["loc"], f"422 item names no field: {item!r}"
             assert isinstance(item.get("msg"), str) and item["msg"], f"422 item has no message: {item!r}"
+            assert isinstance(item.get("field"), list), f"422 item has no field path: {item!r}"
     else:
         assert isinstance(detail, str) and detail.strip(), f"{status_code} detail is not a message: {detail!r}"
 

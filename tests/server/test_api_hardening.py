@@ -122,7 +122,7 @@ def test_nonfinite_number_in_a_spec_is_422_at_its_field_and_stores_nothing(
     """Was a 500 (or a dropped connection): the body is not JSON, so a 422 naming the field; no row, no audit, no message."""
     response = client.post("/jobs", content=_SPEC_WITH_HOLE[path].replace("@", literal), headers=JSON)
     error = _only_error(response, 422)
-    assert error == {"type": "json_invalid", "loc": ["body", *path], "msg": NONFINITE_MESSAGE, "input": literal}
+    assert error == {"type": "json_invalid", "loc": ["body", *path], "msg": NONFINITE_MESSAGE, "input": literal, "field": [*path]}
     assert (count_rows(sessions), _job_creations(sessions), fake_queue.sent) == (0, 0, [])
 
 

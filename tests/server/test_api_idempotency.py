@@ -114,15 +114,18 @@ def test_the_resource_lists_every_attempt(client: TestClient, sessions: sessionm
     start = utcnow() - timedelta(minutes=5)
     with sessions() as session:
         session.execute(insert(Attempt), [
-            {"job_id": job_id, "attempt": 2, "worker_id": "b/2", "started_at": start + timedelta(minutes=2)},
+            {"job_id": job_id, "attempt": 3, "worker_id": "c/3", "started_at": start + timedelta(minutes=3), "resumed_from_step": 40},
+            {"job_id": job_id, "attempt": 2, "worker_id": "b/2", "started_at": start + timedelta(minutes=2),
+             "ended_at": start + timedelta(minutes=3), "status": "requeued", "reason": "worker_shutdown", "resumed_from_step": 0},
             {"job_id": job_id, "attempt": 1, "worker_id": "a/1", "started_at": start, "ended_at": start + timedelta(minutes=1),
              "status": "failed", "reason": "worker_lost"},
         ])  # fmt: skip
         session.commit()
     job = client.get(f"/jobs/{job_id}").json()
-    assert [(a["attempt"], a["worker_id"], a["status"], a["reason"]) for a in job["attempts"]] == [
-        (1, "a/1", "failed", "worker_lost"), (2, "b/2", None, None)]  # fmt: skip
-    assert job["attempts"][1]["ended_at"] is None
+    assert [(a["attempt"], a["worker_id"], a["status"], a["reason"], a["resumed_from_step"]) for a in job["attempts"]] == [
+        (1, "a/1", "failed", "worker_lost", None), (2, "b/2", "requeued", "worker_shutdown", 0),
+        (3, "c/3", None, None, 40)]  # fmt: skip
+    assert job["attempts"][2]["ended_at"] is None
     assert datetime.fromisoformat(job["attempts"][0]["ended_at"]).utcoffset() == timedelta(0)
     assert client.get("/jobs").json()["jobs"][0]["attempts"] == job["attempts"]
     assert client.post("/jobs", json=VALID_SPEC).json()["attempts"] == []

@@ -205,6 +205,17 @@ def test_the_tty_view_redraws_one_line_with_progress_eta_scale_and_throughput() 
     assert eval_line.startswith("\r\x1b[Keval at step 10: loss 0.5\n\r[")
 
 
+def test_the_view_has_no_scale_column_for_a_job_that_does_no_loss_scaling() -> None:
+    record = step_record(3, time=1003.0, loss_scale=1.0)
+    bf16 = WatchView("j", max_steps=10, tty=False, scales_loss=False)
+    assert " | scale" not in bf16.lines(Event("step", "3", record))[0]
+    fp16 = WatchView("j", max_steps=10, tty=False)
+    fp16.lines(Event("status", None, {"status": "running", "max_steps": 10, "loss_scaling": "none"}))  # the resource decides
+    assert " | scale" not in fp16.lines(Event("step", "3", record))[0]
+    fp16.lines(Event("status", None, {"status": "succeeded", "max_steps": 10, "loss_scaling": "dynamic"}))
+    assert " | scale 1 (2^0) | " in fp16.lines(Event("step", "3", record))[0]
+
+
 def test_formatting() -> None:
     assert [format_duration(s) for s in (None, 5, 65, 3725)] == ["?", "5s", "1m05s", "1h02m"]
     assert format_scale(1024.0) == "1024 (2^10)" and format_scale(3.0) == "3" and format_scale(None) == "-"

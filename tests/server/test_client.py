@@ -80,7 +80,7 @@ def test_a_bad_spec_raises_validation_failed_with_every_field(halfcast: Halfcast
     with pytest.raises(ValidationFailed) as caught:
         halfcast.submit(spec)
     paths = {error.path for error in caught.value.errors}
-    assert {"micro_batch_size", "bogus"} <= paths, paths
+    assert {"micro_batch_size", "bogus", "model.config.hidden_sizes[0]"} <= paths, paths  # no "mlp" union tag
     assert caught.value.status_code == 422 and queue.sent == []
     assert all(error.msg for error in caught.value.errors)
 
@@ -110,6 +110,7 @@ def test_field_paths() -> None:
     assert FieldError(("body", "model", "config", "hidden_sizes", 0), "m").path == "model.config.hidden_sizes[0]"
     assert FieldError(("body",), "m").path == "(spec)"
     assert FieldError(("query", "cursor"), "m").path == "query.cursor"
+    assert FieldError(("body", "model", "mlp", "config"), "m", field=("model", "config")).path == "model.config"
 
 
 def test_unknown_job_is_not_found(halfcast: HalfcastClient) -> None:

@@ -18,8 +18,8 @@ from sqlalchemy import inspect, text
 
 from server.db.engine import make_engine
 from server.db.migrate import alembic_config, current_revision, head_revision, upgrade_database
-from server.db.models import STATUSES, Base
-from server.schemas import JobStatus
+from server.db.models import ATTEMPT_STATUSES, STATUSES, Base
+from server.schemas import AttemptStatus, JobStatus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,8 +116,9 @@ def test_alembic_command_line_from_the_repository(tmp_path: Path) -> None:
     assert current_revision(f"sqlite:///{tmp_path / 'data' / 'halfcast.db'}") == head_revision()
 
 
-def test_job_status_literal_matches_the_models() -> None:
+def test_status_literals_match_the_models() -> None:
     assert get_args(JobStatus) == STATUSES
+    assert get_args(AttemptStatus) == ATTEMPT_STATUSES
 
 
 def test_0002_keeps_rows_and_backfills_the_attempts(empty_database_url: str) -> None:

@@ -16,7 +16,7 @@ from worker_support import insert_job, small_spec
 from server.db.models import Attempt, Job, utcnow
 from worker.reaper import Reaper
 from worker.reasons import RETRY_POLICY, should_retry
-from worker.recovery import Recovery
+from worker.recovery import Recovery, Resolution, attempt_status
 from worker.store import Fence, JobStore
 
 
@@ -65,6 +65,33 @@ def test_an_expired_lease_is_requeued_and_sent_again(db: Engine, tmp_path: Path)
     claim = JobStore(db).claim(fence.job_id, "w2", tmp_path)
     assert claim is not None and claim.attempt == 2
     assert _attempts(db, fence.job_id) == [(1, "failed", "worker_lost"), (2, None, None)]
+
+
+def test_a_graceful_shutdowns_attempt_is_requeued_not_failed(db: Engine, tmp_path: Path) -> None:
+    """The worker's own release for ``worker_shutdown``: the job is queued again and the attempt says so."""
+    fence = _claimed(db, tmp_path, max_attempts=1)
+    sent = Sent()
+    assert Recovery(JobStore(db), sent).release(fence, "worker_shutdown", "the worker shut down") == "requeued"
+    assert _job(db, fence.job_id).status == "queued" and sent == [fence.job_id]
+    assert _attempts(db, fence.job_id) == [(1, "requeued", "worker_shutdown")]
+    second = _claimed_again(db, tmp_path, fence.job_id)
+    assert Recovery(JobStore(db), None).release(second, "worker_shutdown", "no broker") == "failed"  # nobody takes it back
+    assert _attempts(db, fence.job_id) == [(1, "requeued", "worker_shutdown"), (2, "failed", "worker_shutdown")]
+
+
+@pytest.mark.parametrize(
+    ("resolution", "reason", "status"),
+    [("requeued", "worker_shutdown", "requeued"), ("requeued", "worker_lost", "failed"), ("failed", "worker_shutdown", "failed"),
+     ("failed", "worker_lost", "failed"), ("cancelled", "worker_shutdown", "cancelled"), ("cancelled", "worker_lost", "cancelled")],
+)  # fmt: skip
+def test_attempt_status_is_requeued_only_for_a_handed_back_graceful_stop(resolution: Resolution, reason: str, status: str) -> None:
+    assert attempt_status(resolution, reason) == status
+
+
+def _claimed_again(engine: Engine, tmp_path: Path, job_id: str) -> Fence:
+    claim = JobStore(engine).claim(job_id, "w2/1", tmp_path)
+    assert claim is not None
+    return claim.fence
 
 
 def test_without_attempts_left_the_job_fails_worker_lost(db: Engine, tmp_path: Path) -> None:

@@ -193,6 +193,7 @@ def test_worker_shutdown_stops_the_run_and_fails_the_job(settings: Settings, sto
     context.shutdown.set()
     thread.join(timeout=30)
     assert _row(engine, job_id).error_reason == "worker_shutdown"
+    assert _attempts(engine, job_id) == [(1, "failed", "worker_shutdown")]  # nobody took the job back
     assert session_members(leader) == []
 
 
@@ -247,6 +248,13 @@ def _attempts(engine: Engine, job_id: str) -> list[tuple[int, str | None, str | 
     return [(r.attempt, r.status, r.reason) for r in rows]
 
 
+def _resumed_from(engine: Engine, job_id: str) -> list[int | None]:
+    """Each attempt's ``resumed_from_step``, in attempt order."""
+    with engine.connect() as conn:
+        query = select(Attempt.resumed_from_step).where(Attempt.job_id == job_id).order_by(Attempt.attempt)
+        return list(conn.execute(query).scalars())
+
+
 def _start_record(run_dir: Path) -> dict:  # type: ignore[type-arg]
     import json
 
@@ -272,7 +280,8 @@ def test_a_shutdown_requeues_the_job_and_the_retry_resumes_from_its_checkpoint(
     resumed = _start_record(settings.runs_dir / job_id / "attempt-2")["resumed_from_step"]
     assert resumed % 3 == 0 and 6 <= resumed <= stopped_at
     assert _steps(engine, job_id) == list(range(1, 31))
-    assert _attempts(engine, job_id) == [(1, "failed", "worker_shutdown"), (2, "succeeded", None)]
+    assert _attempts(engine, job_id) == [(1, "requeued", "worker_shutdown"), (2, "succeeded", None)]  # not a failure
+    assert _resumed_from(engine, job_id) == [None, resumed]  # what the trainer's start record says
     assert _row(engine, job_id).attempt == 2
 
 
@@ -288,7 +297,7 @@ def test_graceful_shutdowns_do_not_use_up_max_attempts(settings: Settings, store
         thread.join(timeout=30)
         assert _row(engine, job_id).status == "queued" and sent == [job_id] * attempt
     assert run_job(job_id, _context(settings, store, enqueue=sent.append)) == Outcome("succeeded")
-    assert [a[2] for a in _attempts(engine, job_id)] == ["worker_shutdown", "worker_shutdown", None]
+    assert [a[1:] for a in _attempts(engine, job_id)] == [("requeued", "worker_shutdown")] * 2 + [("succeeded", None)]
 
 
 def test_past_max_runtime_the_run_is_stopped_and_the_job_fails(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:

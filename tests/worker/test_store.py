@@ -187,6 +187,23 @@ def test_rewind_drops_records_after_the_resume_step(db: Engine, tmp_path: Path) 
     assert _steps(db, job_id) == [] and _job(db, job_id).latest is None
 
 
+def test_a_rewind_records_where_the_attempt_resumed(db: Engine, tmp_path: Path) -> None:
+    store = JobStore(db)
+    job_id = insert_job(db)
+    first = store.claim(job_id, "w", tmp_path)
+    assert first is not None and _attempt(db, job_id, 1).resumed_from_step is None  # a first attempt resumes nothing
+    with db.begin() as conn:
+        conn.execute(Job.__table__.update().where(Job.id == job_id).values(status="queued", worker_id=None))
+    second = store.claim(job_id, "w", tmp_path)
+    assert second is not None and store.rewind(second.fence, 6) is True
+    assert (_attempt(db, job_id, 1).resumed_from_step, _attempt(db, job_id, 2).resumed_from_step) == (None, 6)
+
+
+def _attempt(engine: Engine, job_id: str, attempt: int) -> Attempt:
+    with engine.connect() as conn:
+        return conn.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.attempt == attempt)).one()  # type: ignore[return-value]
+
+
 def test_every_evaluation_is_kept_and_a_rewind_restores_the_one_before(db: Engine, tmp_path: Path) -> None:
     """The validation curve survives (``eval_records``); a rewind drops later evaluations and brings back the last one kept."""
     store = JobStore(db)
