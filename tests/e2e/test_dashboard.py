@@ -466,3 +466,33 @@ def test_a_resumed_jobs_page_lists_every_attempt_with_its_requeue(site: StaticSi
     assert shown == [["1", "requeued", "worker_shutdown", "host/1", "-"], ["2", "failed", "worker_lost", "host/2", "step 4"],
                      ["3", "in progress", "-", "host/3", "the start"]]  # fmt: skip
     _shot(site.page, "job-attempts")
+
+
+def test_a_fine_tuned_jobs_page_links_its_exports_as_tar_downloads(site: StaticSite) -> None:
+    """An hf LoRA job's page lists ``export/adapter`` and ``export/model`` (the API's ``ExportList``) as
+    tar downloads; a job without exports shows no Exports box."""
+    from playwright.sync_api import expect
+
+    from server.routes.exports import ExportList
+
+    def export(kind: str, files: dict[str, int]) -> dict[str, Any]:
+        return {"kind": kind, "attempt": 2, "files": [{"name": n, "size_bytes": b} for n, b in files.items()],
+                "size_bytes": sum(files.values()), "modified_at": AT, "url": f"/jobs/lora/exports/{kind}?attempt=2"}
+
+    exports = ExportList.model_validate({"job_id": "lora", "exports": [
+        export("adapter", {"adapter_config.json": 800, "adapter_model.safetensors": 40_000}),
+        export("model", {"config.json": 700, "model.safetensors": 3_000_000, "tokenizer.json": 5_000})]})
+    job = _resource("lora", spec={"precision": "bf16"}, loss_scaling="none")
+    _serve_job(site, job, 1.0)
+    site.answers["/jobs/lora/exports"] = exports.model_dump(mode="json")
+    site.page.evaluate("async () => (await import('/static/jobs.js')).jobPage(document.getElementById('view'), 'lora')")
+    links = site.page.get_by_test_id("export")
+    expect(links).to_have_count(2)
+    expect(links.nth(0)).to_contain_text("adapter.tar attempt 2, 2 files")
+    expect(links.nth(1).locator("a")).to_have_attribute("href", "/jobs/lora/exports/model?attempt=2")
+    expect(links.nth(1).locator("a")).to_have_attribute("download", "lora-model.tar")
+    _shot(site.page, "job-exports")
+    _serve_job(site, _resource("plain"), 65536.0)
+    site.page.evaluate("async () => (await import('/static/jobs.js')).jobPage(document.getElementById('view'), 'plain')")
+    expect(site.page.get_by_test_id("chart-loss")).to_have_attribute("data-points", "6")
+    expect(site.page.get_by_test_id("exports")).to_be_hidden()
