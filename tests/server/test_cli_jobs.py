@@ -231,3 +231,15 @@ def test_status_shows_applied_and_skipped_steps() -> None:
     assert ("updates", "applied 0 / skipped 10") in describe(job)
     del job["applied_steps"], job["skipped_steps"]  # an older server: derived from the latest record
     assert ("updates", "applied 0 / skipped 10") in describe(job)
+
+
+def test_status_shows_the_start_up_phase_and_its_times() -> None:
+    from server.cli.jobs import describe
+
+    job = {"id": "j", "status": "running", "step": 0, "max_steps": 20, "world_size": 1, "created_at": "t",
+           "spec": {"precision": "fp16"}, "phase": "building model",
+           "startup": {"launch_s": 1.52, "imports_s": 6.0, "data_s": 0.25, "model_s": None, "first_step_s": None}}
+    lines = describe(job)
+    assert ("phase", "building model") in lines and ("start-up", "launch 1.5 s, imports 6.0 s, data 0.2 s") in lines
+    job.update(status="succeeded", phase=None, startup=None)  # an older server has neither
+    assert not {"phase", "start-up"} & {label for label, _ in describe(job)}
