@@ -22,7 +22,7 @@ import yaml
 
 from server.cli.credentials import resolve_token, token_path
 from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
-from server.cli.watch import WatchView, format_number, format_scale, write
+from server.cli.watch import WatchView, format_number, format_scale, watch_output
 from server.client import (
     DEFAULT_URL,
     HalfcastClient,
@@ -250,18 +250,16 @@ def run_watch(args: argparse.Namespace) -> int:
 
 
 def watch_job(client: HalfcastClient, job_id: str) -> int:
-    """Print the live view of ``job_id``; 0 if it succeeds, 1 if it fails or is cancelled."""
+    """Print the live view of ``job_id`` (:mod:`server.cli.watch`); 0 if it succeeds, 1 if it fails or is cancelled."""
     job = client.get(job_id)
-    tty = sys.stdout.isatty()
-    view = WatchView(job_id, int(job["max_steps"]), tty)
+    view = WatchView(job_id, int(job["max_steps"]))
     start = max(0, int(job["step"]) - 50)  # a little history for the ETA, not the whole run
     status = job["status"]
-    for event in client.events(job_id, after_step=start):
-        write(sys.stdout, view.lines(event), tty)
-        if event.event == "status":
-            status = event.data["status"]
-    if tty:
-        sys.stdout.write("\n")
+    with watch_output(sys.stdout) as output:
+        for event in client.events(job_id, after_step=start):
+            output.show(view, event, view.apply(event))
+            if event.event == "status":
+                status = event.data["status"]
     return 0 if status == "succeeded" else EXIT_ERROR
 
 
