@@ -96,7 +96,7 @@ class ApiProcess:
         if workers > 1:
             self.command += ["--workers", str(workers)]
         self.root = root
-        self.env = _environment(database_url, env or {}, root)
+        self.env = process_environment(database_url, env or {}, root)
         self.popen: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Self:
@@ -145,7 +145,7 @@ class ApiProcess:
         return "\n".join(text_.splitlines()[-lines:])
 
 
-def _environment(database_url: str, extra: Mapping[str, str], root: Path) -> dict[str, str]:
+def process_environment(database_url: str, extra: Mapping[str, str], root: Path) -> dict[str, str]:
     """This process's environment without ``HALFCAST_*`` and with ``root`` first on the path, plus the database and ``extra``."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("HALFCAST_")}
     others = [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part and Path(part).resolve() != ROOT]

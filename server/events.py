@@ -10,7 +10,8 @@ cancels the generator when the ASGI server reports the disconnect).
 Events (``data`` is one line of JSON):
 
 - ``event: status`` — the job resource (as ``GET /jobs/{id}``); sent first on every
-  connection to a job that has not ended (a snapshot), then on every status change; a
+  connection to a job that has not ended (a snapshot), then on every change of its status
+  or of its start-up ``phase`` (:func:`server.schemas.current_phase`); a
   terminal status is always the last event (a job that already ended gets its records,
   then its one status), after which the server closes the stream. No ``id``.
 - ``event: step``, ``id: <step>`` — one step record, in step order. A client that
@@ -52,7 +53,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import jobs as repo
 from server.db.models import TERMINAL_STATUSES
-from server.schemas import JobPublic, step_point
+from server.schemas import JobPublic, current_phase, step_point
 from server.shared_reads import SharedReads, next_tick_delay
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,14 @@ class Snapshot:
     has_cursor_record: bool = True
     #: The job's precision switches, oldest first (``jobs.precision_switches``).
     switches: list[dict[str, Any]] = field(default_factory=list)
+    #: What a ``status`` event reports, :func:`job_state` (``None``: just ``status``).
+    state: str | None = None
+
+
+def job_state(status: str, startup: dict[str, Any] | None) -> str:
+    """``status``, with the start-up phase while there is one (``running: loading data``): a change sends ``status``."""
+    phase = current_phase(status, startup)
+    return f"{status}: {phase}" if phase is not None and status == "running" else status
 
 
 def read_snapshot(
@@ -205,21 +214,22 @@ def read_snapshot(
 ) -> Snapshot | None:
     """Read the job, then its step records after ``after_step`` (at most ``limit``), in one short session.
 
-    ``job`` (the resource as JSON) is filled only when the status differs from
-    ``known_status``. Returns ``None`` if the job does not exist (any more).
+    ``job`` (the resource as JSON) is filled only when the job's state (:func:`job_state`)
+    differs from ``known_status``. Returns ``None`` if the job does not exist (any more).
     """
     with sessions() as session:
         try:
             job = repo.get_job(session, job_id)
         except repo.JobNotFound:
             return None
-        resource = JobPublic.from_row(job).model_dump(mode="json") if job.status != known_status else None
+        state = job_state(job.status, job.startup)
+        resource = JobPublic.from_row(job).model_dump(mode="json") if state != known_status else None
         start = max(after_step - 1, 0)  # include the record at after_step: is it still there?
         rows = repo.list_step_records(session, job_id, after_step=start, limit=limit + 1)
         has_cursor_record = after_step == 0 or (bool(rows) and rows[0].step == after_step)
         records = [step_point(row) for row in rows if row.step > after_step][:limit]
         switches = list(job.precision_switches or [])
-        return Snapshot(job.status, job.step, job.eval, resource, records, has_cursor_record, switches)
+        return Snapshot(job.status, job.step, job.eval, resource, records, has_cursor_record, switches, state)
 
 
 @dataclass
@@ -227,6 +237,7 @@ class _Cursor:
     """What this stream has sent so far."""
 
     step: int
+    #: The job state last sent (:func:`job_state`).
     status: str | None = None
     eval: dict[str, Any] | None = None
     #: The record at ``step`` was seen by this stream (sent, or found by a poll): its later absence means a rewind.
@@ -265,7 +276,7 @@ def _frames(snapshot: Snapshot, cursor: _Cursor) -> list[str]:
     cursor.eval = snapshot.eval
     if status_frame is not None and terminal:
         out.append(status_frame)
-    cursor.status = snapshot.status
+    cursor.status = snapshot.state or snapshot.status
     return out
 
 

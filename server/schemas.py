@@ -19,6 +19,12 @@ AttemptStatus = Literal["succeeded", "failed", "cancelled", "requeued"]
 #: How a job's spec scales its loss: fp16's ``loss_scale.mode`` (default ``dynamic``); ``none`` for
 #: fp32, bf16 and fp8, whose step records carry ``loss_scale`` 1 (``trainer.spec.JobSpec.effective_loss_scale``).
 LossScaling = Literal["dynamic", "static", "none"]
+#: What a starting job is doing (the resource's ``phase``).
+StartupPhase = Literal["launching", "loading data", "building model", "first step"]
+#: The resource's ``phase`` of a ``running`` job by the trainer's last ``phase`` record (``training``: none).
+RUNNING_PHASES: dict[str, StartupPhase] = {
+    "data": "loading data", "model": "building model", "first_step": "first step",
+}  # fmt: skip
 
 
 class JobError(BaseModel):
@@ -71,6 +77,36 @@ class StoppedEarlyPublic(BaseModel):
     best_value: float | None = None
 
 
+class StartupPublic(BaseModel):
+    """Seconds each start-up phase of the current attempt took, as its trainer reported them (docs/api.md, "Start-up").
+
+    Null until the phase has ended (and ``launch_s``/``imports_s`` when the trainer could not time them).
+    """
+
+    launch_s: float | None = Field(default=None, description="From the worker starting torchrun to the trainer's Python")
+    imports_s: float | None = Field(default=None, description="Then to the training loop (imports, spec, process group)")
+    data_s: float | None = Field(default=None, description="Then to the dataset built (a resumed run's checkpoint read)")
+    model_s: float | None = Field(default=None, description="Then to the model, optimizer and schedule built")
+    first_step_s: float | None = Field(default=None, description="Then to the first step's record written")
+
+    @classmethod
+    def from_column(cls, startup: dict[str, Any] | None) -> StartupPublic | None:
+        """The times of a stored ``jobs.startup``; ``None`` when there is none (or it does not validate)."""
+        try:
+            return cls.model_validate(startup) if isinstance(startup, dict) else None
+        except ValidationError:
+            return None
+
+
+def current_phase(status: str, startup: dict[str, Any] | None) -> StartupPhase | None:
+    """What a starting job is doing: ``launching`` while ``starting`` (no trainer record yet), then while
+    ``running`` the phase of its trainer's newest ``phase`` record until its first step is done; else ``None``."""
+    if status == "starting":
+        return "launching"
+    reported = (startup or {}).get("phase")
+    return RUNNING_PHASES.get(reported) if status == "running" and isinstance(reported, str) else None
+
+
 class JobPublic(BaseModel):
     """The job resource (``GET /jobs/{id}``). Timestamps are UTC; ``step`` is the latest attempted step."""
 
@@ -115,6 +151,14 @@ class JobPublic(BaseModel):
     exported_step: int | None = Field(
         default=None, description="The step whose weights the job's exports hold (the best evaluation with `keep_best`)"
     )
+    phase: StartupPhase | None = Field(
+        default=None,
+        description="While the job starts, what it is doing: `launching` (status `starting`), then, `running` before "
+        "its first step, `loading data`, `building model`, `first step`; null otherwise",
+    )
+    startup: StartupPublic | None = Field(
+        default=None, description="The current attempt's start-up phase times so far; null before its trainer reported one"
+    )
 
     @classmethod
     def from_row(cls, job: Job | JobView) -> JobPublic:
@@ -146,6 +190,8 @@ class JobPublic(BaseModel):
             skipped_steps=skipped,
             stopped_early=stopped_early(job.end_info),
             exported_step=_count_or_none((job.end_info or {}).get("exported_step")),
+            phase=current_phase(job.status, job.startup),
+            startup=StartupPublic.from_column(job.startup),
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,17 +58,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_components(spec: JobSpec, dist_ctx: DistContext) -> Components:
+def build_components(
+    spec: JobSpec, dist_ctx: DistContext, data_built: Callable[[], object] | None = None
+) -> Components:
     """Precision, dataset, model (seeded by ``spec.seed``, identical on every rank), optimizer, schedule.
 
     The optimizer is built after wrapping (FSDP2 replaces the parameters by sharded
     ones). Raises ``PrecisionUnsupportedError`` before anything else is built, then
     :class:`trainer.errors.TrainerError` for unavailable data or a model that cannot
-    be built.
+    be built. ``data_built`` is called once the dataset is (the start-up clock's
+    ``model`` phase begins there, :mod:`trainer.startup`).
     """
     precision = build_precision(spec, dist_ctx.device)
     tokenizer = job_tokenizer(spec)
     dataset = build_dataset(spec.dataset, tokenizer=tokenizer)
+    if data_built is not None:
+        data_built()
     seed_everything(spec.seed)
     model = build_job_model(spec, dataset.info, tokenizer, precision.compute_dtype).to(dist_ctx.device)
     model = precision.prepare_model(model)

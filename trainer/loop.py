@@ -37,6 +37,7 @@ update, or ended inside a long stretch of skipped steps, before anything final i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Iterator, Mapping
@@ -71,6 +72,7 @@ from trainer.resume import PRECISION_SWITCH_KEY
 from trainer.rng import capture_rng_state, restore_rng_state
 from trainer.sharded import gather_model_state, gather_state_dicts
 from trainer.spec import JobSpec
+from trainer.startup import StartupClock
 from trainer.step import record_step, train_step
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,8 @@ class RunState:
     tracker: BestTracker | None = None
     #: Fingerprints of the input files (rank 0; :mod:`trainer.inputs`), written into every checkpoint.
     inputs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: The process's start-up clock (:mod:`trainer.startup`) until its first step; ``None`` after a precision switch.
+    startup: StartupClock | None = None
 
 
 @dataclass(frozen=True)
@@ -147,9 +151,11 @@ def train(
     pending records and a checkpoint of the last step, then raises ``StopRequested``.
     """
     fallback = PrecisionFallback(spec, run_dir, dist_ctx.is_main)
-    run = start_run(fallback.begin(resume_from), dist_ctx, run_dir)
     with RecordSink(run_dir / RECORDS_FILE if dist_ctx.is_main else None) as records:
-        records.start(**_start_fields(run, dist_ctx), resumed_from_step=run.done)
+        startup = StartupClock.entered(records, dist_ctx.is_main)
+        run = start_run(fallback.begin(resume_from), dist_ctx, run_dir, startup)
+        startup.begin("first_step")
+        records.start(**_start_fields(run, dist_ctx), resumed_from_step=run.done, startup=startup.times.as_record())
         while True:
             try:
                 done = _train_steps(run, spec, run_dir, records, dist_ctx, stop)
@@ -180,13 +186,17 @@ def _end_fields(run: RunState, done: StepsDone, exported: int | None) -> dict[st
     return fields | ({"exported_step": exported} if exported is not None else {})
 
 
-def start_run(start: RunStart, dist_ctx: DistContext, run_dir: Path | None = None) -> RunState:
+def start_run(
+    start: RunStart, dist_ctx: DistContext, run_dir: Path | None = None, startup: StartupClock | None = None
+) -> RunState:
     """Build the components of ``start.spec`` and restore ``start.checkpoint`` into them, if any.
 
     The best-evaluation tracker comes back from the checkpoint too; with ``keep_best``, rank 0
     carries the resumed checkpoint's ``best.pt`` into ``run_dir`` (:func:`trainer.best.carry_best`).
+    With ``startup`` (the process's first run), its ``model`` phase begins once the dataset is built.
     """
-    parts = build_components(start.spec, dist_ctx)
+    data_built = functools.partial(startup.begin, "model") if startup is not None else None
+    parts = build_components(start.spec, dist_ctx, data_built=data_built)
     guard = divergence_guard(start.spec, parts)
     window_stream = _train_windows(parts.dataset, start.spec, dist_ctx)
     done = 0 if start.checkpoint is None else _resume(start.checkpoint, parts, guard, window_stream, dist_ctx)
@@ -198,7 +208,8 @@ def start_run(start: RunStart, dist_ctx: DistContext, run_dir: Path | None = Non
         if start.spec.keep_best and run_dir is not None and dist_ctx.is_main:
             carry_best(start.checkpoint.path, run_dir, tracker.best_step)
     inputs = input_fingerprints(start.spec) if dist_ctx.is_main else {}
-    return RunState(start.spec, parts, guard, window_stream, done, start.precision_switch, totals, tracker, inputs)
+    return RunState(start.spec, parts, guard, window_stream, done, start.precision_switch, totals, tracker,
+                    inputs=inputs, startup=startup)
 
 
 def _train_steps(
@@ -207,9 +218,9 @@ def _train_steps(
     """Attempt steps ``run.done + 1`` to ``spec.max_steps`` (``spec``: the job's), or until early stopping
     says stop at an evaluation (every rank at the same step: they rank rank 0's metric); return how it ended.
 
-    Every rank flushes at the same steps (every ``log_interval``, before evaluations and
-    checkpoints, at the end); between them rank 0 also writes records older than
-    ``log_interval_s``. Raises what a step raises, the divergence guard's
+    Every rank flushes at the same steps (after the process's first step, which ends its
+    start-up; every ``log_interval``, before evaluations and checkpoints, at the end);
+    between them rank 0 also writes records older than ``log_interval_s``. Raises what a step raises, the divergence guard's
     :class:`TrainerError` included, after writing the pending step records, and
     ``StopRequested`` after the stop checkpoint.
     """
@@ -230,10 +241,13 @@ def _train_steps(
             record_step(flusher.step_log, step, result)
             evaluate_now = _due(step, spec.eval_interval) and step < spec.max_steps
             checkpoint_now = _due(step, spec.checkpoint_interval)
-            if _due(step, spec.log_interval) or evaluate_now or checkpoint_now or step == spec.max_steps:
+            first_step = step == run.done + 1 and run.startup is not None
+            if first_step or _due(step, spec.log_interval) or evaluate_now or checkpoint_now or step == spec.max_steps:
                 flusher.flush()
             else:
                 flusher.flush_if_stale()
+            if first_step and run.startup is not None:
+                run.startup.begin("training")
             if evaluate_now:
                 stopped_at = step if _evaluate_step(run, spec, run_dir, dist_ctx, records, step)[1].stop else None
             if checkpoint_now:

@@ -96,8 +96,12 @@ class RecordSink:
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
 
     def start(self, **fields: Any) -> None:
-        """The ``start`` line: world_size, device, precision, compute_dtype, accumulation_steps, ..."""
+        """The ``start`` line: world_size, device, precision, compute_dtype, accumulation_steps, ..., startup."""
         self.write("start", fields)
+
+    def phase(self, phase: str, startup: Mapping[str, float | None]) -> None:
+        """A ``phase`` line: start-up phase ``phase`` begins; ``startup``: the seconds of those ended (:mod:`trainer.startup`)."""
+        self.write("phase", {"phase": phase, "startup": dict(startup)})
 
     def step(self, record: StepRecord, when: float | None = None) -> None:
         """A ``step`` line from a :class:`StepRecord` (``when``: the step's unix time, default now)."""

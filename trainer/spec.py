@@ -209,8 +209,9 @@ class JobSpec(_Strict):
     dtype, gradients reduced in fp32).
 
     ``log_interval``: step records are gathered on the device and copied to the host
-    (and written, one record per attempted step) every ``log_interval`` steps, before
-    each evaluation and checkpoint, and at the end; the divergence guard checks them
+    (and written, one record per attempted step) every ``log_interval`` steps, after the
+    process's first step (it ends the start-up, :mod:`trainer.startup`), before each
+    evaluation and checkpoint, and at the end; the divergence guard checks them
     then, so a job fails at most ``log_interval - 1`` steps after a limit is reached.
     ``log_interval_s``: rank 0 also writes the pending records once the oldest is this
     many seconds old (slow steps still stream promptly; ``null``: steps only).

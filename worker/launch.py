@@ -30,6 +30,7 @@ from typing import IO
 from server.runlogs import launcher_log, logs_dir
 from server.settings import Settings
 from trainer.spec import JobSpec
+from trainer.startup import LAUNCHED_AT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -274,14 +275,17 @@ def start_run(command: list[str], run_dir: Path, env: Mapping[str, str], pass_fd
     stdout and stderr go to ``<run_dir>/logs/launcher.log`` (torchrun's own output;
     each rank's goes to its ``rank-<r>.log``, see :func:`build_command`). The
     descriptors ``pass_fds`` (the attempt's GPU locks) are inherited by the command, so
-    the locks outlive a worker that dies before its run does. Raises ``OSError`` when
-    the command cannot be started (its program is not found or not executable).
+    the locks outlive a worker that dies before its run does. The run's environment also
+    gets :data:`trainer.startup.LAUNCHED_AT_ENV`, the unix time of the launch (its start-up
+    phases are timed from there). Raises ``OSError`` when the command cannot be started
+    (its program is not found or not executable).
     """
     if shutil.which(command[0], path=env.get("PATH")) is None:
         raise FileNotFoundError(f"no executable {command[0]!r}")
     log_path = launcher_log(run_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     guarded = [sys.executable, "-m", "worker.deathsig", str(os.getpid()), "--", *command]
+    env = {**env, LAUNCHED_AT_ENV: f"{time.time():.6f}"}
     with log_path.open("ab") as log_file:
         popen = _popen(guarded, run_dir, env, log_file, pass_fds)
     log.info("started run %d in %s: %s", popen.pid, run_dir, " ".join(command))

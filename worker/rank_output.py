@@ -7,17 +7,22 @@ appending, puts it on file descriptors 1 and 2, and replaces itself with
 environment), so torchrun supervises and signals the rank exactly as if it had
 started it directly, and the rank's output, stdout and stderr interleaved in the
 order written, lands in one file per rank (:mod:`server.runlogs` names it).
-Imports nothing heavy: it runs in every rank.
+Before the exec it writes the log's first line (the rank is starting, as the
+trainer's imports take seconds) and puts the time in ``HALFCAST_RANK_STARTED_AT``
+(the trainer's start-up clock, :mod:`trainer.startup`).
+Imports nothing heavy (no torch): it runs in every rank.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from server.runlogs import rank_log_name
+from trainer.startup import RANK_STARTED_AT_ENV
 
 #: Exit status for a bad command line or a missing ``RANK``.
 USAGE_EXIT = 2
@@ -47,8 +52,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_EXIT
     logs_dir, module, rest = Path(args[0]), args[1], args[2:]
     redirect_output(logs_dir, int(rank))
+    started = time.time()
+    _note_start(int(rank), module, started)
+    os.environ[RANK_STARTED_AT_ENV] = f"{started:.6f}"
     os.execv(sys.executable, [sys.executable, "-u", "-m", module, *rest])
     return 0  # not reached: execv replaces the process or raises
+
+
+def _note_start(rank: int, module: str, now: float) -> None:
+    """The log's first line, in the trainer's log format: the rank is starting (importing ``module``)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
+    sys.stderr.write(f"{stamp} rank{rank} INFO worker.rank_output: start-up: starting python -m {module} (imports)\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

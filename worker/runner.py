@@ -42,6 +42,7 @@ from worker.lease import Lease
 from worker.oomwatch import oom_kill_count
 from worker.end_record import EndRecord, parse_end_record
 from worker.outcomes import Outcome, ended_outcome, exit_outcome
+from worker.phase_record import parse_phase_record
 from worker.reasons import RETRY_POLICY
 from worker.recovery import Enqueue, Recovery
 from worker.store import Claim, JobStore, Progress
@@ -329,12 +330,14 @@ class Attempt:
 
     def _progress(self, records: list[dict[str, Any]]) -> Progress:
         """The progress of ``records`` in file order; a ``precision_switch`` drops the batch's records after
-        its ``rewound_to_step`` (those steps are trained again and follow it)."""
+        its ``rewound_to_step`` (those steps are trained again and follow it); the newest ``phase`` record
+        is the attempt's start-up so far."""
         steps: list[dict[str, Any]] = []
         evaluations: list[dict[str, Any]] = []
         switches: list[dict[str, Any]] = []
         known: list[dict[str, Any]] = []
         world_size: int | None = None
+        startup: dict[str, Any] | None = None
         for record in records:
             kind = record.get("type")
             body = {key: value for key, value in record.items() if key != "type"}
@@ -348,9 +351,12 @@ class Attempt:
             elif kind == "start":
                 world_size = body["world_size"] if isinstance(body.get("world_size"), int) else world_size
                 known += [body["precision_switch"]] if isinstance(body.get("precision_switch"), dict) else []
+            elif kind == "phase" and (phase := parse_phase_record(body)) is not None:
+                startup = phase.summary()
             elif kind == "end":
                 self.end = parse_end_record(body)
-        return Progress(steps=steps, evals=evaluations, world_size=world_size, switches=switches, known_switches=known)
+        return Progress(steps=steps, evals=evaluations, world_size=world_size, switches=switches, known_switches=known,
+                        startup=startup)  # fmt: skip
 
     def _finish(self, outcome: Outcome) -> None:
         """Record the outcome: a retryable failure goes through the retry policy; nothing if the lease is lost."""

@@ -81,6 +81,8 @@ class Progress:
     is rewound). Both are appended to ``jobs.precision_switches`` unless already there.
     ``evals``: the poll's evaluation records (each stored in ``eval_records``; the newest
     stored one, by step, becomes ``jobs.eval``), under the same rule as ``steps``.
+    ``startup``: the newest start-up phase the poll read (:mod:`worker.phase_record`),
+    kept in ``jobs.startup``; ``None`` leaves it as it is.
     """
 
     steps: Sequence[dict[str, Any]] = ()
@@ -88,6 +90,7 @@ class Progress:
     world_size: int | None = None
     switches: Sequence[dict[str, Any]] = ()
     known_switches: Sequence[dict[str, Any]] = ()
+    startup: dict[str, Any] | None = None
 
 
 class JobStore:
@@ -114,7 +117,8 @@ class JobStore:
         ``<runs_dir>/<job_id>/attempt-<n>`` (recorded, not created). An ``attempts`` row
         is added in the same transaction, with ``gpus`` (the host indices the attempt
         was given; null when empty). ``runtime_used_s`` sums the running time of the
-        job's earlier attempts (for ``max_runtime_s``).
+        job's earlier attempts (for ``max_runtime_s``). The job's ``startup`` is cleared: the
+        new attempt reports its own start-up phases.
         """
         now = utcnow()
         with self.begin() as conn:
@@ -128,7 +132,7 @@ class JobStore:
                 .where(Job.id == job_id, Job.status == "queued", Job.attempt == row.attempt)
                 .values(status="starting", worker_id=worker_id, attempt=attempt, started_at=now, run_dir=str(run_dir),
                         lease_expires_at=now + timedelta(seconds=lease_ttl_s), error_reason=None, error_message=None,
-                        held_by=None, held_at=None)
+                        held_by=None, held_at=None, startup=None)
             ).rowcount  # fmt: skip
             if claimed != 1:
                 return None
@@ -150,7 +154,7 @@ class JobStore:
             return conn.execute(self._fenced(fence, ("starting",)).values(status="running")).rowcount == 1
 
     def record_progress(self, fence: Fence, progress: Progress) -> bool:
-        """Store new step and evaluation records (insert-or-ignore); update ``step``/``latest``/``eval``/``world_size``.
+        """Store new step and evaluation records (insert-or-ignore); update ``step``/``latest``/``eval``/``world_size``/``startup``.
 
         Returns ``False`` (and stores nothing) when the attempt no longer owns the job.
         The fenced job update runs first, so its row lock orders this write against
@@ -318,6 +322,8 @@ def _progress_values(progress: Progress) -> dict[str, Any]:
         values["step"] = int(latest["step"])
     if progress.world_size is not None:
         values["world_size"] = progress.world_size
+    if progress.startup is not None:
+        values["startup"] = json_safe(progress.startup)
     return values
 
 

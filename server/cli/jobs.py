@@ -20,7 +20,7 @@ from typing import Any
 
 from server.cli.credentials import resolve_token, token_path
 from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
-from server.cli.watch import WatchView, format_number, format_scale, write
+from server.cli.watch import WatchView, format_number, format_scale, watch_output
 from server.client import (
     DEFAULT_URL,
     HalfcastClient,
@@ -203,6 +203,10 @@ def describe(job: dict[str, Any]) -> list[tuple[str, str]]:
     lines = [("id", job["id"]), ("name", job.get("name") or "-"), ("status", job["status"]),
              ("step", f"{job['step']}/{job['max_steps']} (world size {job['world_size']})"),
              ("precision", _precision_text(job))]  # fmt: skip
+    if job.get("phase"):
+        lines.append(("phase", job["phase"]))
+    if job.get("startup"):
+        lines.append(("start-up", _startup_text(job["startup"])))
     if latest:
         lines += [("loss", format_number(latest.get("loss"))), ("scale", format_scale(latest.get("loss_scale"))),
                   ("updates", _updates_text(job, latest)),
@@ -213,6 +217,13 @@ def describe(job: dict[str, Any]) -> list[tuple[str, str]]:
         lines.append(("error", f"{job['error']['reason']}: {job['error']['message']}"))
     lines.append(("created", job["created_at"]))
     return lines
+
+
+def _startup_text(startup: dict[str, Any]) -> str:
+    """``launch 1.5 s, imports 6.2 s, data 0.3 s, model 0.2 s, first step 0.1 s``: the phases timed so far."""
+    timed = [(name.removesuffix("_s").replace("_", " "), value) for name, value in startup.items()
+             if name.endswith("_s") and isinstance(value, (int, float))]  # fmt: skip
+    return ", ".join(f"{name} {value:.1f} s" for name, value in timed) or "-"
 
 
 def _updates_text(job: dict[str, Any], latest: dict[str, Any]) -> str:
@@ -239,18 +250,16 @@ def run_watch(args: argparse.Namespace) -> int:
 
 
 def watch_job(client: HalfcastClient, job_id: str) -> int:
-    """Print the live view of ``job_id``; 0 if it succeeds, 1 if it fails or is cancelled."""
+    """Print the live view of ``job_id`` (:mod:`server.cli.watch`); 0 if it succeeds, 1 if it fails or is cancelled."""
     job = client.get(job_id)
-    tty = sys.stdout.isatty()
-    view = WatchView(job_id, int(job["max_steps"]), tty, scales_loss=job.get("loss_scaling", "dynamic") != "none")
+    view = WatchView(job_id, int(job["max_steps"]), scales_loss=job.get("loss_scaling", "dynamic") != "none")
     start = max(0, int(job["step"]) - 50)  # a little history for the ETA, not the whole run
     status = job["status"]
-    for event in client.events(job_id, after_step=start):
-        write(sys.stdout, view.lines(event), tty)
-        if event.event == "status":
-            status = event.data["status"]
-    if tty:
-        sys.stdout.write("\n")
+    with watch_output(sys.stdout) as output:
+        for event in client.events(job_id, after_step=start):
+            output.show(view, event, view.apply(event))
+            if event.event == "status":
+                status = event.data["status"]
     return 0 if status == "succeeded" else EXIT_ERROR
 
 

@@ -1,23 +1,32 @@
 """The live view of ``halfcast watch``: turns a job's events into terminal lines.
 
-On a terminal (TTY) one line is redrawn in place: a progress bar with ETA, the
-current loss, loss scale (not for a job whose precision scales nothing: fp32, bf16,
-fp8), skipped steps and throughput; status changes and the
-evaluation get lines of their own. Elsewhere (a pipe, a log file) every step and
-every status change is printed as a plain line, so the output is greppable.
+On a terminal (TTY) one line is redrawn in place by rich's live display
+(:class:`LiveOutput`): a progress bar with ETA, the current loss, loss scale (not for a
+job whose precision scales nothing: fp32, bf16, fp8), skipped steps and throughput,
+fitted to the terminal's width (lower-priority fields are shortened, then dropped:
+:func:`fit`), so it never wraps and a redraw never leaves a line behind; status changes, the start-up phase (``job j: running (loading data)``) and the
+evaluation get lines of their own above it. Elsewhere (a pipe, a log file) every step
+and every status change is printed as a plain, whole line (:class:`PlainOutput`), so
+the output is greppable.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
-from server.client import Event
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
 
-#: Width of the progress bar, in characters.
-BAR_WIDTH = 24
+from server.client import TERMINAL_STATUSES, Event
+
+#: Width of the progress bar, in characters (and of its short form, on narrow terminals).
+BAR_WIDTH, SHORT_BAR_WIDTH = 24, 10
 #: Step records over which the step rate (for the ETA) is measured.
 RATE_WINDOW = 50
 
@@ -58,18 +67,68 @@ def progress_bar(step: int, total: int, width: int = BAR_WIDTH) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+# ----------------------------------------------------------------------------- fitting a line
+
+
+@dataclass(frozen=True)
+class Part:
+    """One field of a line: its ``forms``, longest first, and how soon it goes when the line is too long.
+
+    ``priority`` 0 is never dropped (only shortened); a higher one is shortened, then
+    dropped, before any lower one. ``sep`` joins it to the part before.
+    """
+
+    forms: tuple[str, ...]
+    priority: int
+    sep: str = " | "
+
+
+def _join(parts: Sequence[Part], forms: Sequence[str | None]) -> str:
+    """The line of ``parts`` in ``forms`` (``None``: the part is left out)."""
+    shown = [(part, form) for part, form in zip(parts, forms, strict=True) if form is not None]
+    return "".join((part.sep if number else "") + form for number, (part, form) in enumerate(shown))
+
+
+def _reductions(parts: Sequence[Part]) -> Iterator[list[str | None]]:
+    """The forms of ``parts``: in full, then ever shorter (the least important part's shorter forms, then
+    without it, then the next least important one's...)."""
+    forms: list[str | None] = [part.forms[0] for part in parts]
+    yield list(forms)
+    for index in sorted(range(len(parts)), key=lambda i: parts[i].priority, reverse=True):
+        part = parts[index]
+        for form in [*part.forms[1:], *([None] if part.priority > 0 else [])]:
+            forms[index] = form
+            yield list(forms)
+
+
+def fit(parts: Sequence[Part], width: int | None) -> str:
+    """The fullest line of ``parts`` at most ``width`` characters long (cut at ``width`` if even the shortest is not).
+
+    ``width`` ``None``: every part in full.
+    """
+    line = ""
+    for forms in _reductions(parts):
+        line = _join(parts, forms)
+        if width is None or len(line) <= width:
+            return line
+    return line[: max(width or 0, 0)]
+
+
+# ----------------------------------------------------------------------------- the view
+
+
 @dataclass
 class WatchView:
-    """State of one watched job; :meth:`lines` turns each event into what to print.
+    """State of one watched job; :meth:`apply` takes each event, :meth:`progress_line` draws the latest step.
 
     ``scales_loss``: show the loss scale (the resource's ``loss_scaling`` is not ``none``).
     """
 
     job_id: str
     max_steps: int
-    tty: bool
     status: str = "?"
     scales_loss: bool = True
+    phase: str | None = None
     latest: dict[str, Any] | None = None
     _times: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
 
@@ -83,68 +142,126 @@ class WatchView:
         rate = (last_step - first_step) / (last_time - first_time)
         return (self.max_steps - last_step) / rate
 
-    def progress_line(self) -> str:
-        """The one-line summary of the latest step."""
+    def progress_parts(self) -> list[Part]:
+        """The fields of the progress line, in display order, with their short forms and priorities."""
         record = self.latest or {}
         step = int(record.get("step", 0))
+        scale, skipped = record.get("loss_scale"), record.get("skipped_steps", 0)
         throughput = f"{format_number(record.get('samples_per_second'), 5)} samples/s"
-        if record.get("tokens_per_second") is not None:
-            throughput += f" {format_number(record['tokens_per_second'], 5)} tok/s"
-        overflow = f" OVERFLOW{_overflow_where(record)}" if record.get("overflow") else ""
-        return (
-            f"{progress_bar(step, self.max_steps)} {step}/{self.max_steps} ETA {format_duration(self.eta_s())}"
-            f" | loss {format_number(record.get('loss'))}{self._scale_column(record)}"
-            f" | skipped {record.get('skipped_steps', 0)} | {throughput}{overflow}"
-        )
+        tokens = f"{format_number(record['tokens_per_second'], 5)} tok/s" if record.get("tokens_per_second") is not None else None
+        overflow = [Part(("OVERFLOW",), 1), Part((_overflow_where(record),), 9, "")] if record.get("overflow") else []
+        return [
+            Part((progress_bar(step, self.max_steps), progress_bar(step, self.max_steps, SHORT_BAR_WIDTH)), 4, ""),
+            Part((f"{step}/{self.max_steps}",), 0, " "),
+            Part((f"ETA {format_duration(self.eta_s())}",), 5, " "),
+            Part((f"loss {format_number(record.get('loss'))}",), 2),
+            *([Part((f"scale {format_scale(scale)}", f"scale {format_number(scale)}"), 6)] if self.scales_loss else []),
+            Part((f"skipped {skipped}",), 7),
+            Part((f"{throughput} {tokens}", tokens) if tokens else (throughput,), 8),
+            *overflow,
+        ]  # fmt: skip
 
-    def _scale_column(self, record: dict[str, Any]) -> str:
-        """`` | scale 65536 (2^16)``; nothing for a job that does no loss scaling (its scale is always 1)."""
-        return f" | scale {format_scale(record.get('loss_scale'))}" if self.scales_loss else ""
+    def progress_line(self, width: int | None = None) -> str:
+        """The one-line summary of the latest step, fitted to ``width`` characters (``None``: in full)."""
+        return fit(self.progress_parts(), width)
 
-    def lines(self, event: Event) -> list[str]:
-        """What to print for ``event``: whole lines (non-TTY) or, on a TTY, ``"\\r"``-prefixed redraws."""
+    def apply(self, event: Event) -> list[str]:
+        """Take ``event``; return the lines of their own it adds (status and phase changes, evaluations, rewinds)."""
         if event.event == "step":
             self.latest = event.data
             self._times.append((int(event.data["step"]), float(event.data["time"])))
-            return ["\r" + self.progress_line() + "\x1b[K"] if self.tty else [self.progress_line()]
+            return []
         if event.event == "status":
             return self._status_lines(event.data)
         if event.event == "eval":
-            return [self._own_line(f"eval at step {event.data.get('step')}: {_eval_text(event.data)}")]
+            return [f"eval at step {event.data.get('step')}: {_eval_text(event.data)}"]
         if event.event == "rewind":
             self._times.clear()
-            return [self._own_line(f"resumed from the checkpoint at step {event.data.get('step')}")]
+            return [f"resumed from the checkpoint at step {event.data.get('step')}"]
         return []
 
     def _status_lines(self, job: dict[str, Any]) -> list[str]:
-        status = str(job.get("status"))
-        if status == self.status:
+        status, phase = str(job.get("status")), job.get("phase")
+        if (status, phase) == (self.status, self.phase):
             return []
-        self.status = status
+        self.status, self.phase = status, phase
         self.max_steps = int(job.get("max_steps") or self.max_steps)
         self.scales_loss = job.get("loss_scaling", "dynamic") != "none"
-        text = f"job {self.job_id}: {status}"
+        text = f"job {self.job_id}: {status}" + (f" ({phase})" if phase else "")
         if job.get("error"):
             text += f" ({job['error']['reason']}: {job['error']['message'].splitlines()[0] if job['error']['message'] else ''})"
-        return [self._own_line(text)]
+        return [text]
 
-    def _own_line(self, text: str) -> str:
-        """A line that must not be overwritten: on a TTY it replaces the progress line, which is redrawn below it."""
-        if not self.tty:
-            return text
-        redraw = "\r" + self.progress_line() + "\x1b[K" if self.latest else ""
-        return "\r\x1b[K" + text + "\n" + redraw
+
+# ----------------------------------------------------------------------------- output
+
+
+class WatchOutput(Protocol):
+    """Where :func:`watch_output` shows a view: after each event, its own lines and the progress."""
+
+    def show(self, view: WatchView, event: Event, lines: list[str]) -> None:
+        """Show ``lines`` (what ``view.apply(event)`` returned) and, after a step, the progress."""
+
+
+class PlainOutput:
+    """Not a terminal: every line of its own and every step's whole progress line, one plain line each."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def show(self, view: WatchView, event: Event, lines: list[str]) -> None:
+        """Write ``lines`` and, after a step, the progress line in full; flush."""
+        lines = [*lines, view.progress_line()] if event.event == "step" else lines
+        self.out.writelines(line + "\n" for line in lines)
+        self.out.flush()
+
+
+class LiveOutput:
+    """A terminal: rich's live display redraws the progress line, fitted to the terminal's width at each
+    redraw; lines of their own are printed above it. :meth:`close` leaves the last progress line in place."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.console = Console(file=out, highlight=False, emoji=False, markup=False)
+        self.live: Live | None = None
+
+    def show(self, view: WatchView, event: Event, lines: list[str]) -> None:
+        """Print ``lines`` above the live line, then redraw it (once there is a step to show); a terminal
+        status ends the live display first, so its line comes last."""
+        if event.event == "status" and view.status in TERMINAL_STATUSES:
+            self.close()
+        for line in lines:
+            self.console.print(Text(line))
+        if view.latest is None or view.status in TERMINAL_STATUSES:
+            return
+        text = Text(view.progress_line(self.console.width), no_wrap=True, overflow="ellipsis")
+        if self.live is None:
+            self.live = Live(text, console=self.console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
+            self.live.start()
+        self.live.update(text, refresh=True)
+
+    def close(self) -> None:
+        """End the live display (its last line stays, followed by a newline)."""
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+@contextmanager
+def watch_output(out: TextIO) -> Iterator[WatchOutput]:
+    """:class:`LiveOutput` on a terminal, else :class:`PlainOutput`; a live display is ended on exit."""
+    if not out.isatty():
+        yield PlainOutput(out)
+        return
+    live = LiveOutput(out)
+    try:
+        yield live
+    finally:
+        live.close()
 
 
 def _eval_text(record: dict[str, Any]) -> str:
     parts = [f"{key} {format_number(value)}" for key, value in record.items() if key not in ("step", "time", "type")]
     return ", ".join(parts)
-
-
-def write(out: TextIO, lines: list[str], tty: bool) -> None:
-    """Write ``lines`` (newline-terminated unless they are TTY redraws) and flush."""
-    out.writelines(line if tty else line + "\n" for line in lines)
-    out.flush()
 
 
 def _overflow_where(record: dict[str, Any]) -> str:

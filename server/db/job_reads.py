@@ -32,7 +32,7 @@ from server.db.tokens import last_use_is_stale, touch_statement
 TOKEN_COLUMNS = (ApiToken.id, ApiToken.owner, ApiToken.admin, ApiToken.revoked_at, ApiToken.last_used_at)
 JOB_COLUMNS = (Job.id, Job.owner, Job.name, Job.status, Job.spec, Job.created_at, Job.started_at, Job.finished_at,
                Job.error_reason, Job.error_message, Job.step, Job.max_steps, Job.world_size, Job.latest, Job.eval,
-               Job.attempt, Job.precision_switches, Job.end_info)  # fmt: skip
+               Job.attempt, Job.precision_switches, Job.end_info, Job.startup)  # fmt: skip
 ATTEMPT_COLUMNS = (Attempt.attempt, Attempt.worker_id, Attempt.started_at, Attempt.ended_at, Attempt.status,
                    Attempt.reason, Attempt.gpus, Attempt.resumed_from_step)  # fmt: skip
 
@@ -88,6 +88,7 @@ class JobView:
     attempt: int
     precision_switches: list[dict[str, Any]] | None
     end_info: dict[str, Any] | None
+    startup: dict[str, Any] | None
     attempts: tuple[AttemptView, ...] = ()
 
 

@@ -71,6 +71,9 @@ class Job(Base):
     end_info: Mapped[dict[str, Any] | None]
     #: Precision switches the run made (``on_divergence: "fallback_bf16"``), oldest first; null when none.
     precision_switches: Mapped[list[dict[str, Any]] | None]
+    #: The current attempt's start-up so far: its newest ``phase`` record (``worker/phase_record.py``,
+    #: migration 0009); null until the trainer's first one, and cleared by each claim.
+    startup: Mapped[dict[str, Any] | None]
 
     attempts: Mapped[list[Attempt]] = relationship(
         order_by="Attempt.attempt", lazy="selectin", viewonly=True

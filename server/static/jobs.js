@@ -109,7 +109,8 @@ export function jobPage(view, id) {
       el("div", { class: "muted id" }, job.id),
       el("div", { class: "progress" },
         el("progress", { max: job.max_steps, value: Math.max(job.step, data.lastStep) }),
-        el("span", { dataset: { testid: "job-progress" } }, ` ${Math.max(job.step, data.lastStep)}/${job.max_steps} steps`)),
+        el("span", { dataset: { testid: "job-progress" } }, ` ${Math.max(job.step, data.lastStep)}/${job.max_steps} steps`),
+        ...(job.phase ? [el("span", { class: "muted", dataset: { testid: "job-phase" } }, ` · ${job.phase}…`)] : [])),
     );
     if (!cancelling) cancelButton.disabled = !cancellable;
     stats.replaceChildren(...[

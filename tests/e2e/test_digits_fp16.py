@@ -18,6 +18,8 @@ from e2e_support import Stack, load_example
 log = logging.getLogger("e2e.digits")
 
 STATUS_ORDER = ["queued", "starting", "running", "succeeded"]
+PHASE_ORDER = ["launching", "loading data", "building model", "first step"]
+STARTUP_TIMES = ("launch_s", "imports_s", "data_s", "model_s", "first_step_s")
 INIT_SCALE = 2.0**24
 
 
@@ -26,6 +28,8 @@ class Observed:
     """What polling saw while the job ran."""
 
     statuses: list[str]
+    #: The resource's start-up ``phase`` values, in the order seen (each once).
+    phases: list[str]
     first_step_s: float
     succeeded_s: float
     loss_scale_exported: bool
@@ -35,7 +39,7 @@ class Observed:
 def _watch(stack: Stack, spec: dict[str, Any]) -> Observed:
     started = time.monotonic()
     job = stack.submit(spec)
-    statuses, first_step_s, exported = [job["status"]], None, False
+    statuses, phases, first_step_s, exported = [job["status"]], [], None, False
     deadline = started + 600
     while job["status"] not in ("succeeded", "failed", "cancelled"):
         assert time.monotonic() < deadline, f"stuck at {job['status']}:\n{stack.log_tail('worker')}"
@@ -43,12 +47,14 @@ def _watch(stack: Stack, spec: dict[str, Any]) -> Observed:
         job = stack.job(job["id"])
         if job["status"] != statuses[-1]:
             statuses.append(job["status"])
+        if job["phase"] and job["phase"] not in phases:
+            phases.append(job["phase"])
         if first_step_s is None and job["step"] >= 1:
             first_step_s = time.monotonic() - started
         if job["status"] == "running" and not exported:
             exported = f'halfcast_loss_scale{{job_id="{job["id"]}"}}' in stack.client.get("/metrics").text
     assert job["status"] == "succeeded", f"{job['error']}\n{stack.log_tail('worker')}"
-    return Observed(statuses, first_step_s or float("nan"), time.monotonic() - started, exported, job)
+    return Observed(statuses, phases, first_step_s or float("nan"), time.monotonic() - started, exported, job)
 
 
 def check_digits_fp16(stack: Stack, layout: str) -> None:
@@ -59,6 +65,10 @@ def check_digits_fp16(stack: Stack, layout: str) -> None:
     job, max_steps = seen.job, spec["max_steps"]
     assert seen.statuses == STATUS_ORDER, seen.statuses
     assert seen.loss_scale_exported, "GET /metrics never showed halfcast_loss_scale for the running job"
+    assert seen.phases[0] == "launching" and set(seen.phases) <= set(PHASE_ORDER), seen.phases
+    assert seen.phases == sorted(seen.phases, key=PHASE_ORDER.index)  # polls may miss a short phase, never reorder
+    startup = job["startup"]  # timed through deathsig, torchrun and the rank wrapper: launch and imports too
+    assert job["phase"] is None and all(isinstance(startup[name], float) for name in STARTUP_TIMES), startup
     assert job["step"] == max_steps and job["error"] is None and job["world_size"] == 1
     latest = job["latest"]
     for key in ("loss", "loss_scale", "skipped_steps", "samples_per_second", "grad_norm", "lr"):
@@ -76,10 +86,10 @@ def check_digits_fp16(stack: Stack, layout: str) -> None:
     trainer_rate = (max_steps - 1) / span if span > 0 else float("inf")
     observed_rate = max_steps / (seen.succeeded_s - seen.first_step_s)
     log.info(
-        "digits-fp16 [%s]: POST→first step record %.2f s, POST→succeeded %.2f s; %.0f steps/s in the trainer "
+        "digits-fp16 [%s]: POST→first step record %.2f s (start-up %s), POST→succeeded %.2f s; %.0f steps/s in the trainer "
         "(step record times), %.0f steps/s as seen by the client (first step → succeeded); "
         "%d steps, %d skipped, final loss scale %g, eval accuracy %.3f",
-        layout, seen.first_step_s, seen.succeeded_s, trainer_rate, observed_rate, max_steps,
+        layout, seen.first_step_s, startup, seen.succeeded_s, trainer_rate, observed_rate, max_steps,
         latest["skipped_steps"], latest["loss_scale"], job["eval"]["accuracy"],
     )  # fmt: skip
 

@@ -137,7 +137,8 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_resumes(stack: Stack) -
     assert (first["status"], first["reason"], stack.worker_of(second["worker_id"]) != owner) == ("failed", "worker_lost", True)
     assert (second["status"], second["reason"]) == ("succeeded", None)
     assert requeue_s < LEASE_TTL_S + 2 * REAPER_INTERVAL_S + 10, requeued
-    start = json.loads((stack.data_dir / "runs" / job_id / "attempt-2" / "records.jsonl").read_text().splitlines()[0])
+    lines = (stack.data_dir / "runs" / job_id / "attempt-2" / "records.jsonl").read_text().splitlines()
+    start = next(record for record in map(json.loads, lines) if record["type"] == "start")
     assert start["resumed_from_step"] >= 10  # the stop checkpoint, not only the periodic ones (every 5)
     assert [p["step"] for p in stack.metric_points(job_id)] == list(range(1, 81))
 

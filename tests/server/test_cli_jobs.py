@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -13,19 +12,31 @@ from pathlib import Path
 
 import pytest
 import yaml
+from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job
+from live_server import (
+    LiveServer,
+    add_steps,
+    free_port,
+    set_status,
+    sqlite_copy,
+    step_record,
+)
 from sqlalchemy.orm import Session, sessionmaker
+from terminal_support import FakeTerminal, Screen
 
 from server.app import create_app
 from server.cli import EXIT_BROKEN_PIPE, main
-from server.cli.watch import WatchView, format_duration, format_scale, progress_bar
+from server.cli.watch import (
+    WatchView,
+    format_duration,
+    format_scale,
+    progress_bar,
+    watch_output,
+)
 from server.client import Event
 from server.events import EventStreamSettings, StreamStats
 from server.settings import Settings
 from server.strict_json import NONFINITE_MESSAGE
-
-from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job
-from live_server import LiveServer, add_steps, free_port, set_status, sqlite_copy, step_record
-
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -189,31 +200,36 @@ def test_watch_exits_1_with_the_error_of_a_failed_job(url: str, sessions: sessio
     assert code == 1 and out == f"job {job_id}: failed (nonfinite_loss: the loss was NaN for 10 steps)\n"
 
 
-def test_the_tty_view_redraws_one_line_with_progress_eta_scale_and_throughput() -> None:
-    view = WatchView("j", max_steps=100, tty=True)
-    out = io.StringIO()
-    assert view.lines(Event("status", None, {"status": "running", "max_steps": 100})) == ["\r\x1b[Kjob j: running\n"]
-    for step in range(1, 11):
-        record = step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=1234.5)
-        out.write("".join(view.lines(Event("step", str(step), record))))
-    text = out.getvalue()
-    assert text.count("\r") == 10 and "\n" not in text
-    last = text.rsplit("\r", 1)[1]
+def test_the_tty_view_redraws_one_line_with_progress_eta_scale_and_throughput(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    out, view = FakeTerminal(), WatchView("j", max_steps=100)
+    events = [Event("status", None, {"status": "running", "max_steps": 100})]
+    events += [Event("step", str(step), step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=1234.5))
+               for step in range(1, 11)]  # fmt: skip
+    events.append(Event("eval", None, {"step": 10, "loss": 0.5}))
+    with watch_output(out) as output:
+        for event in events:
+            output.show(view, event, view.apply(event))
+    assert out.getvalue().count("\r") >= 10  # redrawn in place, once per step at least
+    screen = Screen(200)
+    screen.feed(out.getvalue())
+    first, evaluation, last = screen.lines()
+    assert (first, evaluation) == ("job j: running", "eval at step 10: loss 0.5")
     assert last.startswith(progress_bar(10, 100)) and "10/100 ETA 1m30s" in last
     assert "scale 65536 (2^16)" in last and "1234.5 tok/s" in last and "loss 0.1 " in last
-    eval_line = view.lines(Event("eval", None, {"step": 10, "loss": 0.5}))[0]
-    assert eval_line.startswith("\r\x1b[Keval at step 10: loss 0.5\n\r[")
 
 
 def test_the_view_has_no_scale_column_for_a_job_that_does_no_loss_scaling() -> None:
     record = step_record(3, time=1003.0, loss_scale=1.0)
-    bf16 = WatchView("j", max_steps=10, tty=False, scales_loss=False)
-    assert " | scale" not in bf16.lines(Event("step", "3", record))[0]
-    fp16 = WatchView("j", max_steps=10, tty=False)
-    fp16.lines(Event("status", None, {"status": "running", "max_steps": 10, "loss_scaling": "none"}))  # the resource decides
-    assert " | scale" not in fp16.lines(Event("step", "3", record))[0]
-    fp16.lines(Event("status", None, {"status": "succeeded", "max_steps": 10, "loss_scaling": "dynamic"}))
-    assert " | scale 1 (2^0) | " in fp16.lines(Event("step", "3", record))[0]
+    bf16 = WatchView("j", max_steps=10, scales_loss=False)
+    bf16.apply(Event("step", "3", record))
+    assert "scale" not in bf16.progress_line()
+    fp16 = WatchView("j", max_steps=10)
+    fp16.apply(Event("status", None, {"status": "running", "max_steps": 10, "loss_scaling": "none"}))  # the resource decides
+    fp16.apply(Event("step", "3", record))
+    assert "scale" not in fp16.progress_line()
+    fp16.apply(Event("status", None, {"status": "succeeded", "max_steps": 10, "loss_scaling": "dynamic"}))
+    assert " | scale 1 (2^0) | " in fp16.progress_line()
 
 
 def test_formatting() -> None:
@@ -242,3 +258,15 @@ def test_status_shows_applied_and_skipped_steps() -> None:
     assert ("updates", "applied 0 / skipped 10") in describe(job)
     del job["applied_steps"], job["skipped_steps"]  # an older server: derived from the latest record
     assert ("updates", "applied 0 / skipped 10") in describe(job)
+
+
+def test_status_shows_the_start_up_phase_and_its_times() -> None:
+    from server.cli.jobs import describe
+
+    job = {"id": "j", "status": "running", "step": 0, "max_steps": 20, "world_size": 1, "created_at": "t",
+           "spec": {"precision": "fp16"}, "phase": "building model",
+           "startup": {"launch_s": 1.52, "imports_s": 6.0, "data_s": 0.25, "model_s": None, "first_step_s": None}}
+    lines = describe(job)
+    assert ("phase", "building model") in lines and ("start-up", "launch 1.5 s, imports 6.0 s, data 0.2 s") in lines
+    job.update(status="succeeded", phase=None, startup=None)  # an older server has neither
+    assert not {"phase", "start-up"} & {label for label, _ in describe(job)}

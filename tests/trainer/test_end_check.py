@@ -31,7 +31,8 @@ INF, NAN = 1.0, 2.0
 
 
 def _types(run_dir: Path) -> list[str]:
-    return [r["type"] for r in read_records(run_dir)]
+    """The record types of ``run_dir``, start-up phases left out."""
+    return [r["type"] for r in read_records(run_dir) if r["type"] != "phase"]
 
 
 def _end(run_dir: Path) -> dict[str, Any]:

@@ -100,8 +100,8 @@ def captured_components() -> Iterator[list[Components]]:
     built: list[Components] = []
     original = loop.build_components
 
-    def capture(spec: JobSpec, dist_ctx: DistContext) -> Components:
-        parts = original(spec, dist_ctx)
+    def capture(spec: JobSpec, dist_ctx: DistContext, **options: Any) -> Components:
+        parts = original(spec, dist_ctx, **options)
         built.append(parts)
         return parts
 
@@ -569,8 +569,8 @@ def test_C11_variant_nonfinite_loss_every_step_fails_with_nonfinite_loss(
     with captured_components() as built:
         original = loop.build_components
 
-        def poisoned(spec: JobSpec, dist_ctx: DistContext) -> Components:
-            parts = original(spec, dist_ctx)
+        def poisoned(spec: JobSpec, dist_ctx: DistContext, **options: Any) -> Components:
+            parts = original(spec, dist_ctx, **options)
             base = parts.loss_fn
             return dataclasses.replace(parts, loss_fn=lambda model, batch: nonfinite(base(model, batch)))
 

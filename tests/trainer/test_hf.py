@@ -107,7 +107,7 @@ def test_only_adapters_train_and_only_they_get_optimizer_state(model_roots: Path
 
 
 def test_start_record_describes_the_model(lora_run: dict[str, Any]) -> None:
-    start = lora_run["records"][0]
+    start = next(r for r in lora_run["records"] if r["type"] == "start")
     assert start["model"]["class"] == "LlamaForCausalLM"
     assert 0 < start["model"]["trainable_parameters"] < start["model"]["parameters"]
     assert set(start["model"]["parameter_bytes_by_dtype"]) == {"float32"}
@@ -192,7 +192,8 @@ def test_a_full_fine_tune_exports_the_model_only(model_roots: Path, tmp_path: Pa
     from transformers import AutoModelForCausalLM
 
     _, result, records = _train(tmp_path, cpu_ctx, adapter=None, max_steps=2)
-    assert records[0]["model"]["trainable_parameters"] == records[0]["model"]["parameters"]
+    start = next(r for r in records if r["type"] == "start")
+    assert start["model"]["trainable_parameters"] == start["model"]["parameters"]
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["model"]
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export" / "model"))
     torch.testing.assert_close(_logits(merged), _logits(result.model.eval().model), rtol=0, atol=1e-5)

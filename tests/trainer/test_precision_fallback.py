@@ -141,7 +141,7 @@ def test_a_job_resumed_after_the_switch_continues_in_bf16(
     run_dir, result = fell_back
     resumed = train(tiny_mlp_spec(**FALLBACK), tmp_path, CPU, resume_from=step_path(run_dir, 12))
     records = read_records(tmp_path)
-    start = records[0]
+    start = next(r for r in records if r["type"] == "start")
     assert start["precision"] == "bf16" and start["precision_switch"]["rewound_to_step"] == 8
     assert not _switches(records)
     assert [s["precision"] for s in _steps(records)] == ["bf16"] * 4

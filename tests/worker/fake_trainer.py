@@ -10,7 +10,7 @@ traceback, ``checkpoint_interval`` writes ``checkpoints/step-<N>.pt`` (text file
 (``nothing-applied-slow-teardown`` then lingers too); ``stubborn``
 starts a grandchild that ignores SIGTERM; ``partial`` leaves a half-written last line; ``oom`` and
 ``collective-timeout`` die at step 2 printing what PyTorch prints for those. It writes its pid to
-``trainer.pid``.
+``trainer.pid``, and the start-up ``phase`` records (each phase 0.01 s) as the trainer does.
 """
 
 from __future__ import annotations
@@ -54,7 +54,12 @@ def main() -> int:
         subprocess.Popen([sys.executable, "-c", code])
     done = int(args.resume_from.read_text()) if args.resume_from else 0
     skipping = name.startswith("nothing-applied")
-    write({"type": "start", "time": time.time(), "world_size": spec.get("processes", 1), "resumed_from_step": done})
+    times = dict.fromkeys(("launch_s", "imports_s", "data_s", "model_s", "first_step_s"))
+    for phase, ended in (("data", "imports_s"), ("model", "data_s"), ("first_step", "model_s")):
+        times[ended] = 0.01
+        write({"type": "phase", "time": time.time(), "phase": phase, "startup": times})
+    write({"type": "start", "time": time.time(), "world_size": spec.get("processes", 1), "resumed_from_step": done,
+           "startup": times})
     for step in range(done + 1, spec["max_steps"] + 1):
         if faults.get("raise_at_step") == step:
             raise RuntimeError(f"injected failure at step {step}")
@@ -66,6 +71,8 @@ def main() -> int:
                "overflow": skipping, "skipped_steps": step if skipping else 0, "grad_norm": None if skipping else 0.5,
                "lr": 0.1, "samples_per_second": 100.0,
                "tokens_per_second": None})
+        if step == done + 1:
+            write({"type": "phase", "time": time.time(), "phase": "training", "startup": {**times, "first_step_s": 0.01}})
         if spec.get("checkpoint_interval") and step % spec["checkpoint_interval"] == 0:
             (args.run_dir / "checkpoints").mkdir(exist_ok=True)
             (args.run_dir / "checkpoints" / f"step-{step}.pt").write_text(str(step))

@@ -110,6 +110,17 @@ def test_stop_of_a_cooperative_run_needs_only_sigterm(tmp_path: Path) -> None:
     assert process.returncode == -15
 
 
+def test_the_run_is_told_when_it_was_launched(tmp_path: Path) -> None:
+    """``HALFCAST_LAUNCHED_AT``: the trainer's start-up phases are timed from there (trainer/startup.py)."""
+    before = time.time()
+    code = "import os; print('launched at', os.environ['HALFCAST_LAUNCHED_AT'])"
+    process = start_run([sys.executable, "-c", code], tmp_path, {"PATH": os.environ["PATH"]})
+    _wait_for(lambda: process.poll() is not None)
+    assert process.returncode == 0
+    stamp = float(log_tail(process.log_path).rsplit("launched at ", 1)[1])
+    assert before <= stamp <= time.time()
+
+
 def test_start_of_a_missing_program_raises_oserror(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         start_run([str(tmp_path / "no-such-program")], tmp_path, {})

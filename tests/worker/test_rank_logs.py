@@ -44,8 +44,10 @@ def test_each_rank_keeps_its_own_stdout_and_stderr_per_attempt(tmp_path: Path) -
     assert code == 0, launcher_log(first).read_text()
     second, _ = _run_two_ranks(tmp_path, 2)  # a retry: a new run directory; the first attempt's logs stay
     for run_dir in (first, second):
-        assert rank_log(run_dir, 0).read_text() == _expected(0)  # stdout and stderr interleaved, in order
-        assert rank_log(run_dir, 1).read_text() == _expected(1)
+        for rank in (0, 1):
+            note, text = rank_log(run_dir, rank).read_text().split("\n", 1)
+            assert note.endswith(f" rank{rank} INFO worker.rank_output: start-up: starting python -m rank_echo (imports)")
+            assert text == _expected(rank)  # stdout and stderr interleaved, in order
         assert "rank 0 out" not in launcher_log(run_dir).read_text()  # torchrun's own output only
 
 

@@ -45,6 +45,8 @@ def test_success_stores_every_step_latest_and_eval(settings: Settings, store: Jo
     assert row.eval == {"step": 12, "time": row.eval["time"], "loss": 0.1, "accuracy": 0.95}
     assert _steps(engine, job_id) == list(range(1, 13))
     assert row.end_info == {"steps": 12, "skipped_steps": 0}  # what the run's end record said (jobs.end_info)
+    assert row.startup == {"phase": "training", "launch_s": None, "imports_s": 0.01, "data_s": 0.01, "model_s": 0.01,
+                           "first_step_s": 0.01}  # the newest phase record (jobs.startup)  # fmt: skip
     run_dir = settings.runs_dir / job_id / "attempt-1"
     assert row.run_dir == str(run_dir)
     assert JobSpec.model_validate_json((run_dir / "spec.json").read_text()).max_steps == 12
@@ -258,7 +260,8 @@ def _resumed_from(engine: Engine, job_id: str) -> list[int | None]:
 def _start_record(run_dir: Path) -> dict:  # type: ignore[type-arg]
     import json
 
-    return json.loads((run_dir / "records.jsonl").read_text().splitlines()[0])
+    records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    return next(record for record in records if record["type"] == "start")
 
 
 def test_a_shutdown_requeues_the_job_and_the_retry_resumes_from_its_checkpoint(

@@ -1,0 +1,90 @@
+"""``halfcast watch`` on a narrow terminal (issue 13 item 4): the redrawn line fits, no redraw leaves a line behind.
+
+The TTY output is played on :class:`terminal_support.Screen`, a terminal of the test's width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from live_server import step_record
+from terminal_support import FakeTerminal, Screen
+
+from server.cli.jobs import watch_job
+from server.cli.watch import Part, WatchView, fit
+from server.client import Event
+
+
+def _events() -> Iterator[Event]:
+    """A start-up with its phases, ten long step records (tokens, an overflow with its forensics), an eval, the end."""
+    yield Event("status", None, {"status": "starting", "max_steps": 1000, "phase": "launching"})
+    yield Event("status", None, {"status": "running", "max_steps": 1000, "phase": "loading data"})
+    yield Event("status", None, {"status": "running", "max_steps": 1000, "phase": None})
+    for step in range(1, 11):
+        overflow: dict[str, Any] = {"overflow": True, "overflow_ranks": [0, 1], "nonfinite_param_count": 12,
+                                    "nonfinite_params": [{"name": "transformer.h.11.mlp.c_proj.weight", "kind": "inf"}]}
+        record = step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=123456.7,
+                             samples_per_second=9876.5, skipped_steps=int(step >= 4), **(overflow if step == 4 else {}))
+        yield Event("step", str(step), record)
+    yield Event("eval", None, {"step": 10, "loss": 0.5})
+    yield Event("status", None, {"status": "succeeded", "max_steps": 1000, "phase": None})
+
+
+class FakeClient:
+    """The two calls ``watch_job`` makes."""
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        return {"id": job_id, "status": "starting", "max_steps": 1000, "step": 0}
+
+    def events(self, job_id: str, after_step: int = 0) -> Iterator[Event]:
+        return _events()
+
+
+@pytest.mark.parametrize("width", [80, 40])
+def test_watch_on_a_narrow_terminal_fits_the_width_and_leaves_no_stale_line(
+    width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    terminal = FakeTerminal()
+    monkeypatch.setattr("sys.stdout", terminal)
+    monkeypatch.setenv("COLUMNS", str(width))
+    monkeypatch.delenv("LINES", raising=False)
+
+    assert watch_job(FakeClient(), "j") == 0  # type: ignore[arg-type]
+
+    screen = Screen(width)
+    screen.feed(terminal.getvalue())
+    rows = screen.lines()
+    assert screen.wraps == 0, rows
+    assert rows[:4] == ["job j: starting (launching)", "job j: running (loading data)", "job j: running",
+                        "eval at step 10: loss 0.5"], rows  # fmt: skip
+    assert rows[5:] == ["job j: succeeded"] and len(rows) == 6, rows  # one progress row: no redraw left one behind
+    progress = rows[4]
+    assert progress.startswith("[") and " 10/1000" in progress and "loss 0.1" in progress, progress
+    assert width - 12 <= len(progress) <= width  # fitted: fields dropped, not a stub
+
+
+def test_the_redrawn_line_is_never_longer_than_the_width_at_any_width() -> None:
+    view = WatchView("j", max_steps=100_000)
+    record = step_record(99_999, time=1.0, loss_scale=2.0**-14, tokens_per_second=1e9, overflow=True,
+                         nonfinite_params=[{"name": "a" * 200, "kind": "nan"}], nonfinite_param_count=9)
+    view.apply(Event("step", "99999", record))
+    full = view.progress_line()
+    assert "OVERFLOW in " + "a" * 200 in full and "tok/s" in full
+    for width in range(len(full) + 2):
+        line = view.progress_line(width)
+        assert len(line) <= width, (width, line)
+    assert view.progress_line(len(full)) == full
+    assert view.progress_line(40) == "99999/100000 | loss 1e-05 | OVERFLOW"  # the bar goes before them
+    assert view.progress_line(60) == "[##########] 99999/100000 | loss 1e-05 | OVERFLOW"  # then the ETA
+
+
+def test_fit_shortens_then_drops_the_least_important_parts_first() -> None:
+    parts = [Part(("AAAA",), 0, ""), Part(("BBBB", "B"), 2), Part(("CCCC",), 1), Part(("DDDD", "DD"), 3)]
+    assert fit(parts, None) == "AAAA | BBBB | CCCC | DDDD"
+    assert fit(parts, 23) == "AAAA | BBBB | CCCC | DD"
+    assert fit(parts, 20) == "AAAA | BBBB | CCCC"
+    assert fit(parts, 15) == "AAAA | B | CCCC"
+    assert fit(parts, 11) == "AAAA | CCCC"
+    assert fit(parts, 4) == "AAAA" and fit(parts, 3) == "AAA"
