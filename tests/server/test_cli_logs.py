@@ -80,7 +80,7 @@ def test_a_rank_or_attempt_the_job_lacks_is_not_found_and_a_bad_argument_is_a_us
     assert _run(capsys, "logs", job_id, "--rank", "3", "-f") == (1, "", no_rank)
     assert _run(capsys, "logs", job_id, "--attempt", "4") == (1, "", f"error: job {job_id} has no attempt 4: the job has 1 attempt(s) so far\n")
     code, _, err = _run(capsys, "logs", job_id, "--tail", "20000")  # over the API's limit: a rejected argument
-    assert (code, err.startswith("error: query.tail: ")) == (2, True), err
+    assert (code, err.startswith("error: tail: ")) == (2, True), err
     for option, value in (("--rank", "-1"), ("--attempt", "0")):
         with pytest.raises(SystemExit) as exited:
             main(["logs", job_id, option, value])

@@ -252,6 +252,9 @@ def test_c24_variant_many_open_streams_do_not_exhaust_the_pool(
                 add_steps(sessions, job_id, [step_record(step)])
                 _append(settings, job_id, f"line {step}\n")
                 time.sleep(0.1)
+            deadline = time.monotonic() + 30.0  # a loaded host may still be opening the last streams
+            while stats.active < MANY_STREAMS and time.monotonic() < deadline and not any(r.error for r in readers):
+                time.sleep(0.1)
             assert stats.active == MANY_STREAMS, (stats.active, [r.error for r in readers if r.error])
             started = time.monotonic()
             answer = httpx.get(f"{server.url}/jobs", headers=auth_headers, timeout=10)
