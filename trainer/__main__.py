@@ -1,7 +1,9 @@
 """Entry point: ``python -m trainer --spec SPEC.json --run-dir DIR [--resume-from CKPT]`` (directly or under torchrun).
 
 Exit status 0 on success; :data:`trainer.preemption.STOPPED_EXIT` (143) after a
-SIGTERM stop that wrote its checkpoint (:mod:`trainer.preemption`). A typed failure (:class:`trainer.errors.TrainerError`, or
+SIGTERM stop that wrote its checkpoint (:mod:`trainer.preemption`), at once: the
+process ends without the interpreter's teardown (:func:`trainer.preemption.exit_now`),
+so the worker sees the rank gone as soon as its checkpoint is on disk. A typed failure (:class:`trainer.errors.TrainerError`, or
 ``PrecisionUnsupportedError`` as ``precision_unsupported``, ``torch.OutOfMemoryError`` or
 ``MemoryError`` as ``oom``, or a spec that does not validate as ``spec_invalid``) writes ``<run_dir>/error.json``
 ``{"reason", "message", "rank"}`` and exits with :data:`TYPED_FAILURE_EXIT`; any other
@@ -28,7 +30,7 @@ from trainer.distributed import distributed_session
 from trainer.errors import TrainerError
 from trainer.loop import train
 from trainer.precision import PrecisionUnsupportedError
-from trainer.preemption import STOPPED_EXIT, StopRequested, StopSignal
+from trainer.preemption import STOPPED_EXIT, StopRequested, StopSignal, exit_now
 from trainer.spec import JobSpec
 
 log = logging.getLogger("trainer")
@@ -115,4 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status == STOPPED_EXIT:
+        exit_now(status)
+    sys.exit(status)

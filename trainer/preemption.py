@@ -1,12 +1,14 @@
 """A graceful stop on SIGTERM: every rank agrees, then the loop checkpoints and exits.
 
-The worker stops a run (cancel, deadline, worker shutdown) by sending SIGTERM to every
-process of it, waiting ``HALFCAST_CANCEL_GRACE_S``, then sending SIGKILL. The trainer
-uses that grace period: the signal handler only sets a flag; the loop checks it after
-every optimizer step and, once the ranks agree, writes the pending records and a
-checkpoint of that step, then exits with :data:`STOPPED_EXIT` (128 + SIGTERM, what an
-untrapped SIGTERM gives). A retried attempt resumes from that checkpoint instead of
-the last periodic one, so a stop loses at most the step in flight.
+The worker stops a run (cancel, deadline, worker shutdown) by sending SIGTERM to
+torchrun, which passes it on to every rank (:meth:`worker.launch.RunProcess.stop`),
+and sends SIGKILL after ``HALFCAST_CANCEL_GRACE_S``. The trainer uses that grace
+period: the signal handler only sets a flag; the loop checks it after every optimizer
+step and, once the ranks agree, writes the pending records and a checkpoint of that
+step, then exits with :data:`STOPPED_EXIT` (128 + SIGTERM, what an untrapped SIGTERM
+gives) at once, without the interpreter's teardown (:func:`exit_now`). A retried
+attempt resumes from that checkpoint instead of the last periodic one, so a stop loses
+at most the step in flight.
 
 Agreement: the ranks can see the signal at different steps (it reaches them one by
 one), and the checkpoint is a collective, so a rank must stop only at a step where
@@ -19,8 +21,11 @@ on one host. One rank: the flag is read directly.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 from types import FrameType
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -29,6 +34,23 @@ log = logging.getLogger(__name__)
 
 #: Exit status of a run stopped by SIGTERM after its checkpoint (128 + 15).
 STOPPED_EXIT = 128 + signal.SIGTERM
+
+
+def exit_now(status: int) -> NoReturn:
+    """Flush the logs and the standard streams, then end the process with ``status`` without the interpreter's teardown.
+
+    For a process whose work is done and on disk (the stop checkpoint written, the
+    records flushed and their file closed, the process group left): tearing down an
+    interpreter that imported torch takes about a second, several on a busy host, and
+    the worker waits for every process of the run to exit before it reports the stop.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 class StopRequested(Exception):

@@ -3,19 +3,23 @@
 torchrun is started in a new session, so it leads its own session and process
 group. torchrun in turn starts every rank in a session of its own, so the run is
 tracked as a process tree (:class:`ProcessTree`: the leader's session, every
-descendant, and the sessions they lead), and :meth:`RunProcess.stop` signals all of
-it (celery#1106, pytorch PR #113231: signalling only the pool process, or only
-torchrun, leaves ranks behind). ``--standalone`` makes
-torchrun pick a free rendezvous port, so two runs on one host never collide
-(pytorch#126510). The child gets a minimal environment: never the database or
-broker URLs. The run is started through :mod:`worker.deathsig`, so it gets SIGTERM
-when the worker dies, even by SIGKILL.
+descendant, and the sessions they lead), and :meth:`RunProcess.stop` stops all of it
+(celery#1106, pytorch PR #113231: signalling only the pool process, or only
+torchrun, leaves ranks behind). It stops torchrun the way torchrun expects: SIGTERM
+to torchrun, which passes it on to its ranks and waits for them; the ranks' own
+groups get SIGTERM only when torchrun is gone or has not stopped them soon. torchrun
+runs through :mod:`worker.torchrun`, so such a stop ends it without a crash report.
+``--standalone`` makes torchrun pick a free rendezvous port, so two runs on one host
+never collide (pytorch#126510). The child gets a minimal environment: never the
+database or broker URLs. The run is started through :mod:`worker.deathsig`, so it
+gets SIGTERM when the worker dies, even by SIGKILL.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import os
 import shutil
 import signal
@@ -31,27 +35,37 @@ from server.runlogs import launcher_log, logs_dir
 from server.settings import Settings
 from trainer.spec import JobSpec
 from trainer.startup import LAUNCHED_AT_ENV
+from worker.exits import wait_for_exit
 
 log = logging.getLogger(__name__)
 
+#: The module torchrun runs as: torchrun's own ``main``, ended by a stop signal without a traceback.
+LAUNCHER = "worker.torchrun"
 #: The module each rank starts through: it puts the rank's output in its own log file.
 RANK_WRAPPER = "worker.rank_output"
+#: torchrun's variable for how long, after passing a stop signal on, it waits for its ranks before SIGKILL.
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 #: Environment variables passed through to the run when the worker has them.
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "LOGNAME")
 #: Seconds to wait for the session to empty after SIGKILL before giving up.
 KILL_WAIT_S = 10.0
-#: Interval between checks while waiting for processes to exit.
-WAIT_STEP_S = 0.05
+#: Seconds torchrun gets to stop its ranks before the worker signals their groups itself (at most the grace
+#: period). A rank that gets SIGTERM from both sees one stop: the trainer's handler only sets a flag.
+FORWARD_WAIT_S = 1.0
+#: Longest wait between two scans of the run's processes while waiting for them to exit (a scan adopts
+#: processes started meanwhile; ``tick`` is called after each). An exit ends the wait at once (:mod:`worker.exits`).
+WAIT_STEP_S = 0.25
 
 
 def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "trainer") -> list[str]:
     """The torchrun command line for one attempt (``world_size`` ranks on this host).
 
-    Each rank runs ``module`` through :mod:`worker.rank_output`, which keeps the
+    torchrun runs through :mod:`worker.torchrun` (torchrun's arguments, torchrun's
+    ``main``). Each rank runs ``module`` through :mod:`worker.rank_output`, which keeps the
     rank's stdout and stderr in ``<run_dir>/logs/rank-<r>.log`` (:mod:`server.runlogs`).
     """
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", LAUNCHER,
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
         "-m", RANK_WRAPPER, str(logs_dir(run_dir)), module, "--spec", str(spec_path), "--run-dir", str(run_dir),
     ]  # fmt: skip
@@ -74,9 +88,12 @@ def build_environment(
     imports), ``PYTHONUNBUFFERED``, ``OMP_NUM_THREADS`` (the CPUs shared among the
     ranks), ``HALFCAST_DATA_ROOTS`` and ``HALFCAST_MODEL_ROOTS`` (``os.pathsep``-joined) and
     ``CUDA_VISIBLE_DEVICES``: exactly ``gpus``, the host indices allocated to the
-    attempt (:mod:`worker.gpu_locks`), or empty for a CPU job (it sees no GPU).
-    Never the database or broker URLs. Raises ``ValueError`` when ``gpus`` does
-    not hold exactly ``spec.gpus`` distinct devices.
+    attempt (:mod:`worker.gpu_locks`), or empty for a CPU job (it sees no GPU), and
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``: ``HALFCAST_CANCEL_GRACE_S`` rounded up, how long
+    torchrun waits for its ranks after passing SIGTERM on before it SIGKILLs them (the
+    worker's own SIGKILL comes at the grace; torchrun's matters once the worker is gone,
+    :mod:`worker.deathsig`). Never the database or broker URLs. Raises ``ValueError``
+    when ``gpus`` does not hold exactly ``spec.gpus`` distinct devices.
     """
     base = os.environ if base is None else base
     env = {name: base[name] for name in PASSTHROUGH_ENV if name in base}
@@ -85,6 +102,7 @@ def build_environment(
     env["OMP_NUM_THREADS"] = str(max(1, _cpu_count() // spec.world_size))
     env["HALFCAST_DATA_ROOTS"] = _joined(settings.data_roots)
     env["HALFCAST_MODEL_ROOTS"] = _joined(settings.model_roots)
+    env[SHUTDOWN_TIMEOUT_ENV] = str(math.ceil(settings.cancel_grace_s))
     if settings.allow_faults:
         env["HALFCAST_ALLOW_FAULTS"] = "1"
     if len(set(gpus)) != spec.gpus or len(gpus) != spec.gpus:
@@ -221,26 +239,56 @@ class RunProcess:
     def stop(self, grace_s: float, tick: Callable[[], object] | None = None) -> bool:
         """Stop the whole run; return ``True`` once no process of it is left.
 
-        SIGTERM to every process and process group of the run, up to ``grace_s``
-        seconds for all of them to exit, then SIGKILL likewise, then a check of
-        ``/proc`` that nothing of the run is left (zombies aside). ``tick`` is called
-        while waiting (the runner renews its lease there).
+        1. SIGTERM to the leader alone: torchrun passes it on to every rank, waits for
+           them to checkpoint and exit, and exits (:mod:`worker.torchrun`).
+        2. Once the leader has exited with processes of the run left (orphaned ranks), or
+           after :data:`FORWARD_WAIT_S` (at most ``grace_s``), SIGTERM to every other
+           process of the run (by process group): the fallback for a launcher that died or
+           does not pass it on. A leader still alive gets no second SIGTERM.
+        3. ``grace_s`` after the first SIGTERM, SIGKILL likewise, then a check of
+           ``/proc`` that nothing of the run is left (zombies aside).
+
+        Every wait ends the moment the last process of the run exits (:func:`worker.exits.wait_for_exit`).
+        ``tick`` is called at least every :data:`WAIT_STEP_S` while waiting (the runner renews its lease there).
         """
-        self._signal(signal.SIGTERM)
-        if self._wait_empty(grace_s, tick):
+        started = time.monotonic()
+        deadline = started + grace_s
+        self._signal_leader(signal.SIGTERM)
+        if self._wait_empty(min(deadline, started + FORWARD_WAIT_S), tick, until=self._leader_exited):
+            return True
+        self._signal(signal.SIGTERM, spare_leader=not self._leader_exited())
+        if self._wait_empty(deadline, tick):
             return True
         log.warning("run %d outlived its %.1f s grace period; killing it", self.pid, grace_s)
         self._signal(signal.SIGKILL)
-        if self._wait_empty(KILL_WAIT_S, tick):
+        if self._wait_empty(time.monotonic() + KILL_WAIT_S, tick):
             return True
         left = [info.pid for info in self.members()]
         log.error("run %d: processes %s survived SIGKILL", self.pid, left)
         return False
 
-    def _signal(self, signum: signal.Signals) -> None:
-        """Signal every process group of the run (each member is in one; they all lie in the run's sessions)."""
-        for pgid in {self.pid, *(info.pgid for info in self.members())}:
+    def _signal_leader(self, signum: signal.Signals) -> None:
+        """Signal the leader alone; nothing once it is reaped (``Popen.send_signal`` checks: its pid may be reused)."""
+        self.popen.send_signal(signum)
+
+    def _leader_exited(self) -> bool:
+        return self.popen.poll() is not None
+
+    def _signal(self, signum: signal.Signals, *, spare_leader: bool = False) -> None:
+        """Signal every process group of the run (each member is in one; they all lie in the run's sessions).
+
+        Only the groups of live members: the leader's pid, once reaped, may be reused.
+        With ``spare_leader``, the leader's own group is signalled member by member with
+        the leader left out: it already has its SIGTERM, and a second one would interrupt
+        torchrun's wait for its ranks (its agent would then shut them down a second time).
+        """
+        members = self.members()
+        for pgid in {info.pgid for info in members if not (spare_leader and info.pgid == self.pid)}:
             _ignore_gone(os.killpg, pgid, signum)
+        if spare_leader:
+            for info in members:
+                if info.pgid == self.pid and info.pid != self.pid:
+                    _ignore_gone(os.kill, info.pid, signum)
 
     def _reap(self) -> None:
         """Collect the leader's exit status (it has exited: it is no live member)."""
@@ -249,17 +297,22 @@ class RunProcess:
         except subprocess.TimeoutExpired:
             log.error("run %d: the leader is gone from /proc but could not be reaped", self.pid)
 
-    def _wait_empty(self, timeout_s: float, tick: Callable[[], object] | None = None) -> bool:
-        deadline = time.monotonic() + timeout_s
+    def _wait_empty(
+        self, deadline: float, tick: Callable[[], object] | None = None, until: Callable[[], bool] | None = None
+    ) -> bool:
+        """Wait until no process of the run is left (``True``, the leader reaped), or until the monotonic
+        ``deadline`` passes or ``until()`` holds (``False``)."""
         while True:
-            if not self.members():
+            members = self.members()
+            if not members:
                 self._reap()
                 return True
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline or (until is not None and until()):
                 return False
             if tick is not None:
                 tick()
-            time.sleep(WAIT_STEP_S)
+            wait_for_exit([info.pid for info in members], min(deadline - now, WAIT_STEP_S))
 
 
 def _ignore_gone(kill: Callable[[int, int], None], target: int, signum: signal.Signals) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from worker.launch import build_command, build_environment, log_tail, read_proc,
 def test_command_runs_standalone_torchrun_with_one_rank_per_process(tmp_path: Path) -> None:
     spec = JobSpec.model_validate(small_spec(processes=3))
     command = build_command(spec, tmp_path / "spec.json", tmp_path)
-    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert command[:3] == [sys.executable, "-m", "worker.torchrun"]  # torchrun's main, stopped without a crash report
     assert "--standalone" in command
     assert command[command.index("--nproc-per-node") + 1] == "3"
     assert command[command.index("--nnodes") + 1] == "1"
@@ -42,6 +43,9 @@ def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> 
     assert env["PYTHONPATH"].split(os.pathsep) == [root, "/extra"]
     assert env["HALFCAST_DATA_ROOTS"] == os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])
     assert env["HALFCAST_MODEL_ROOTS"] == str(tmp_path / "m")
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "10"  # torchrun's own SIGKILL of its ranks: the grace (rounded up)
+    assert build_environment(JobSpec.model_validate(small_spec()), Settings(data_dir=tmp_path, cancel_grace_s=2.5), base)[
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "3"
     cpus = len(os.sched_getaffinity(0))
     assert env["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
 
@@ -119,6 +123,66 @@ def test_the_run_is_told_when_it_was_launched(tmp_path: Path) -> None:
     assert process.returncode == 0
     stamp = float(log_tail(process.log_path).rsplit("launched at ", 1)[1])
     assert before <= stamp <= time.time()
+
+
+FORWARDING_LAUNCHER = Path(__file__).with_name("forwarding_launcher.py")
+
+
+def _start_forwarding(tmp_path: Path, *extra: str):  # type: ignore[no-untyped-def]
+    process = start_run([sys.executable, str(FORWARDING_LAUNCHER), str(tmp_path), *extra], tmp_path, {"PATH": os.environ["PATH"]})
+    _wait_for(lambda: "started" in log_tail(tmp_path / "logs" / "launcher.log"))
+    return process
+
+
+def _senders(path: Path) -> list[int]:
+    """The pids that sent the SIGTERMs recorded in ``path``."""
+    return [int(line) for line in path.read_text().splitlines()]
+
+
+def test_sigterm_goes_to_the_launcher_which_passes_it_on_to_its_ranks(tmp_path: Path) -> None:
+    """torchrun passes SIGTERM on to its ranks and waits for them: the stop signals the launcher alone, once,
+    and the rank gets SIGTERM from the launcher only; the stop ends as soon as the run has exited."""
+    process = _start_forwarding(tmp_path)
+    started = time.monotonic()
+    assert process.stop(grace_s=30) is True
+    assert time.monotonic() - started < 10  # the rank takes 0.5 s; nowhere near the grace
+    assert _senders(tmp_path / "launcher-sigterms") == [os.getpid()]
+    assert _senders(tmp_path / "rank-sigterms") == [process.pid]
+    assert process.returncode == 143
+
+
+def test_the_ranks_of_a_launcher_that_does_not_pass_sigterm_on_get_it_from_the_worker(tmp_path: Path) -> None:
+    """A launcher that takes SIGTERM and keeps waiting: its rank is signalled directly, soon, not at the grace;
+    the launcher, still handling its SIGTERM, gets no second one (torchrun would shut down twice)."""
+    process = _start_forwarding(tmp_path, "--no-forward")
+    started = time.monotonic()
+    assert process.stop(grace_s=30) is True
+    assert time.monotonic() - started < 10
+    assert _senders(tmp_path / "launcher-sigterms") == [os.getpid()]
+    assert _senders(tmp_path / "rank-sigterms") == [os.getpid()]
+    assert process.returncode == 143  # it exited by itself once its rank had: no SIGKILL
+
+
+def test_torchrun_stopped_by_a_signal_exits_128_plus_it_and_other_endings_are_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """worker.torchrun: torchrun's ``SignalException`` (its ranks already stopped) is a stop, not a crash."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    import worker.torchrun
+
+    def stopped(argv: list[str]) -> None:
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    def crashed(argv: list[str]) -> None:
+        raise RuntimeError("a rank failed")
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(worker.torchrun, "torchrun_main", seen.append)
+    assert worker.torchrun.run(["--standalone", "-m", "trainer"]) == 0 and seen == [["--standalone", "-m", "trainer"]]
+    monkeypatch.setattr(worker.torchrun, "torchrun_main", stopped)
+    assert worker.torchrun.run([]) == 143
+    monkeypatch.setattr(worker.torchrun, "torchrun_main", crashed)
+    with pytest.raises(RuntimeError, match="a rank failed"):
+        worker.torchrun.run([])
 
 
 def test_start_of_a_missing_program_raises_oserror(tmp_path: Path) -> None:

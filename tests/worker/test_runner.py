@@ -396,3 +396,34 @@ def test_records_and_checkpoint_written_after_the_worker_left_are_stored_by_the_
     assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
     assert _start_record(settings.runs_dir / job_id / "attempt-2")["resumed_from_step"] == late[-1]
     assert _steps(engine, job_id) == list(range(1, 31))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["cancel", "shutdown"])
+def test_a_real_torchrun_run_stops_long_before_the_grace_and_leaves_no_traceback(
+    stop: str, data_dir: Path, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
+    """Issue 13: 2 real CPU ranks under torchrun, a 30 s grace. The ranks checkpoint and exit within about a
+    second of SIGTERM, so a cancel (or a worker shutdown, as on Ctrl-C) must end in well under the grace, and
+    ``launcher.log`` must not end with torchrun's ``SignalException`` traceback (a clean stop is no crash)."""
+    settings = Settings(data_dir=data_dir, worker_poll_interval_s=0.05, cancel_grace_s=30.0, allow_faults=True)
+    job_id = make_job(small_spec(processes=2, max_steps=100_000, faults={"sleep_per_step_s": 0.2}))
+    context = RunnerContext(settings=settings, store=store, worker_id="test-worker")  # the real torchrun command
+    thread, result = _run_in_thread(job_id, context)
+    _wait_until(lambda: _row(engine, job_id).step >= 2, timeout_s=180)
+    started = time.monotonic()
+    if stop == "cancel":
+        _set_status(engine, job_id, "cancelling")  # what POST /jobs/{id}/cancel does
+    else:
+        context.shutdown.set()
+    thread.join(timeout=60)
+    seconds = time.monotonic() - started
+    expected = {"cancel": ("cancelled", None), "shutdown": ("failed", "worker_shutdown")}[stop]
+    assert [(o.status, o.reason) for o in result if o is not None] == [expected]
+    assert seconds < settings.cancel_grace_s / 2, f"the stop took {seconds:.1f} s"
+    run_dir = settings.runs_dir / job_id / "attempt-1"
+    launcher = (run_dir / "logs" / "launcher.log").read_text()
+    assert "SignalException" not in launcher and "Traceback" not in launcher, launcher[-3000:]
+    for rank in (0, 1):
+        assert "stopped by SIGTERM after step" in (run_dir / "logs" / f"rank-{rank}.log").read_text()
+    assert list((run_dir / "checkpoints").glob("step-*.pt"))  # the stop checkpoint
