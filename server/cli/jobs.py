@@ -161,10 +161,18 @@ def run_list(args: argparse.Namespace) -> int:
     for job in jobs:
         latest = job.get("latest") or {}
         rows.append((job["id"], job["status"], f"{job['step']}/{job['max_steps']}", format_number(latest.get("loss")),
-                     format_number(latest.get("loss_scale")), str(latest.get("skipped_steps", "-")),
+                     _scale_cell(job, format_number), str(latest.get("skipped_steps", "-")),
                      job["created_at"][:19].replace("T", " "), job.get("name") or ""))  # fmt: skip
     write_table(rows)
     return 0
+
+
+def _scale_cell(job: dict[str, Any], shown: Callable[[Any], str]) -> str:
+    """The latest loss scale as ``shown`` formats it; ``none`` for a job that does no loss scaling (fp32, bf16,
+    fp8: its scale is always 1, which would read as a scale)."""
+    if job.get("loss_scaling") == "none":
+        return "none"
+    return shown((job.get("latest") or {}).get("loss_scale"))
 
 
 def write_table(rows: list[tuple[str, ...]]) -> None:
@@ -208,7 +216,7 @@ def describe(job: dict[str, Any]) -> list[tuple[str, str]]:
     if job.get("startup"):
         lines.append(("start-up", _startup_text(job["startup"])))
     if latest:
-        lines += [("loss", format_number(latest.get("loss"))), ("scale", format_scale(latest.get("loss_scale"))),
+        lines += [("loss", format_number(latest.get("loss"))), ("scale", _scale_cell(job, format_scale)),
                   ("updates", _updates_text(job, latest)),
                   ("samples/s", format_number(latest.get("samples_per_second"), 5))]  # fmt: skip
     if job.get("eval"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -270,3 +271,32 @@ def test_status_shows_the_start_up_phase_and_its_times() -> None:
     assert ("phase", "building model") in lines and ("start-up", "launch 1.5 s, imports 6.0 s, data 0.2 s") in lines
     job.update(status="succeeded", phase=None, startup=None)  # an older server has neither
     assert not {"phase", "start-up"} & {label for label, _ in describe(job)}
+
+
+def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A bf16 job's scale is always 1: ``status`` and ``list`` say ``none`` (the resource's ``loss_scaling``)."""
+    from server.cli import jobs as cli_jobs
+    from server.cli.jobs import describe
+
+    latest = {"step": 4, "loss": 0.5, "loss_scale": 1.0, "skipped_steps": 0, "samples_per_second": 10.0}
+    bf16 = {"id": "b", "status": "running", "step": 4, "max_steps": 8, "world_size": 1, "created_at": "2026-12-02T10:00:00",
+            "spec": {"precision": "bf16"}, "latest": latest, "loss_scaling": "none", "name": "b"}
+    fp16 = bf16 | {"id": "f", "spec": {"precision": "fp16"}, "loss_scaling": "dynamic", "latest": latest | {"loss_scale": 1024.0}}
+    assert ("scale", "none") in describe(bf16) and ("scale", "1024 (2^10)") in describe(fp16)
+
+    class Client:
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def list(self, **kwargs: object) -> list[dict[str, object]]:
+            return [bf16, fp16]
+
+    monkeypatch.setattr(cli_jobs, "client_for", lambda args: Client())
+    assert cli_jobs.run_list(argparse.Namespace(status=None, limit=20, json=False)) == 0
+    header, bf16_row, fp16_row = capsys.readouterr().out.splitlines()
+    column = header.split().index("SCALE")
+    assert bf16_row.split()[column] == "none" and fp16_row.split()[column] == "1024"
