@@ -42,6 +42,7 @@ def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> 
     assert env["PYTHONPATH"].split(os.pathsep) == [root, "/extra"]
     assert env["HALFCAST_DATA_ROOTS"] == os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])
     assert env["HALFCAST_MODEL_ROOTS"] == str(tmp_path / "m")
+    assert env["HALFCAST_REGISTRY_DIR"] == str(tmp_path.resolve() / "registry")  # registered datasets and models
     cpus = len(os.sched_getaffinity(0))
     assert env["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
 

@@ -33,10 +33,22 @@ class Row:
     fields: dict[str, object]
 
 
-def row_error(file: str, line: int, field: str | None, what: str) -> TrainerError:
+class RowError(TrainerError):
+    """A bad row (``data_unavailable``), with the ``line``, the ``field`` at fault (``None``: the row
+    itself) and ``what`` is wrong, so the API can name them in its ``422`` (``POST /datasets``)."""
+
+    def __init__(self, file: str, line: int, field: str | None, what: str) -> None:
+        where = f"file {file}, line {line}: " + (f"field {field}: " if field is not None else "")
+        super().__init__("data_unavailable", where + what)
+        self.file = file
+        self.line = line
+        self.field = field
+        self.what = what
+
+
+def row_error(file: str, line: int, field: str | None, what: str) -> RowError:
     """``data_unavailable``: ``file <file>, line <line>: field <field>: <what>`` (no field part when ``None``)."""
-    where = f"file {file}, line {line}: " + (f"field {field}: " if field is not None else "")
-    return TrainerError("data_unavailable", where + what)
+    return RowError(file, line, field, what)
 
 
 def read_rows(relative: str, file_format: str, max_bytes: int) -> Iterator[Row]:
@@ -47,13 +59,22 @@ def read_rows(relative: str, file_format: str, max_bytes: int) -> Iterator[Row]:
     malformed line; and when the file holds no row at all.
     """
     with open_data_file(relative, max_bytes) as handle:
-        rows = _jsonl_rows(relative, handle) if file_format == "jsonl" else _csv_rows(relative, handle)
-        count = 0
-        for row in rows:
-            count += 1
-            yield row
+        yield from rows_of(relative, handle, file_format)
+
+
+def rows_of(file: str, handle: BinaryIO, file_format: str) -> Iterator[Row]:
+    """The rows of the open data file ``handle`` (named ``file`` in errors), in file order.
+
+    Raises :class:`RowError` for a malformed line and :class:`TrainerError` when the
+    file holds no row at all (both ``data_unavailable``).
+    """
+    rows = _jsonl_rows(file, handle) if file_format == "jsonl" else _csv_rows(file, handle)
+    count = 0
+    for row in rows:
+        count += 1
+        yield row
     if count == 0:
-        raise TrainerError("data_unavailable", f"dataset file {relative!r} holds no rows")
+        raise TrainerError("data_unavailable", f"dataset file {file!r} holds no rows")
 
 
 def _lines(file: str, handle: BinaryIO) -> Iterator[tuple[int, str]]:
