@@ -16,7 +16,7 @@ from server.db.quotas import QuotaLimits, get_override, set_quota
 def cli_database(monkeypatch: pytest.MonkeyPatch, database_url: str) -> str:
     """The CLI's ``HALFCAST_DATABASE_URL`` is the test database; no default quota is set."""
     monkeypatch.setenv("HALFCAST_DATABASE_URL", database_url)
-    for name in ("MAX_ACTIVE_JOBS", "MAX_GPUS", "MAX_QUEUED_JOBS"):
+    for name in ("MAX_ACTIVE_JOBS", "MAX_GPUS", "MAX_QUEUED_JOBS", "MAX_STORAGE_BYTES"):
         monkeypatch.delenv(f"HALFCAST_QUOTA_{name}", raising=False)
     return database_url
 
@@ -99,3 +99,13 @@ def test_quota_events_are_listed_by_the_audit_route(cli_database: str, client: T
         response = client.get("/audit", params={"action": action})
         assert response.status_code == 200, response.text
         assert [event["subject"] for event in response.json()["events"]] == ["alice"]
+
+
+def test_set_takes_the_storage_limit_of_registered_datasets_and_models(
+    cli_database: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["quotas", "set", "alice", "--max-storage-bytes", "1073741824"]) == 0
+    assert override(sessions, "alice") == QuotaLimits(max_storage_bytes=1 << 30)
+    assert "max_storage_bytes=1073741824" in capsys.readouterr().out
+    assert main(["quotas", "set", "alice", "--max-storage-bytes", "default"]) == 0
+    assert override(sessions, "alice") == QuotaLimits()
