@@ -34,7 +34,12 @@ from typing import Any, Self
 import httpx
 
 from server.download import IncompleteDownload, save_response
-from server.export_extract import UnsafeArchive, check_destination, extract_export, place_tree
+from server.export_extract import (
+    UnsafeArchive,
+    check_destination,
+    extract_export,
+    place_tree,
+)
 from server.export_files import ExportKind, read_export
 from server.export_tar import archive_size, stream_archive
 from server.strict_json import json_value_problems
@@ -424,7 +429,7 @@ class HalfcastClient:
 
     # ------------------------------------------------------------------ registered datasets and models
 
-    def upload_dataset(self, path: Path, format: str, *, name: str | None = None, file_format: str | None = None,  # noqa: A002
+    def upload_dataset(self, path: Path, format: str, *, name: str | None = None, file_format: str | None = None,
                        progress: Progress | None = None, timeout: float = UPLOAD_TIMEOUT_S) -> dict[str, Any]:  # fmt: skip
         """Upload the dataset file at ``path``, checked by the API against ``format`` (``text``, ``instruction``,
         ``chat``, ``classification``); the registered dataset (``{"id", "name", "format", "rows", "bytes",

@@ -19,9 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from server.registry.model_archive import MAX_DEPTH, MAX_MEMBERS, PICKLE_SUFFIXES, ArchiveRejected
+from server.registry.model_archive import (
+    MAX_DEPTH,
+    MAX_MEMBERS,
+    PICKLE_SUFFIXES,
+    ArchiveRejected,
+)
 from trainer.hf.model_types import REGISTRY_MODEL_TYPES
-from trainer.hf.safety import CONFIG_FILE, TOKENIZER_CONFIG_FILE, remote_code_problem, weights_problem
+from trainer.hf.safety import (
+    CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    remote_code_problem,
+    weights_problem,
+)
 from trainer.registered import stream_sha256
 
 #: Largest ``config.json`` / ``tokenizer_config.json`` read.

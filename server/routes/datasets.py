@@ -30,7 +30,13 @@ from server.errors import ApiError
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.dataset_check import DatasetRejected, check_dataset_file
 from server.registry.layout import RegistryLayout, remove_path
-from server.registry.requests import checked_name, invalid, media_type, refuse_early, unsupported_media_type
+from server.registry.requests import (
+    checked_name,
+    invalid,
+    media_type,
+    refuse_early,
+    unsupported_media_type,
+)
 from server.registry.schemas import DatasetList, DatasetPublic
 from server.registry.upload import receive_to_file
 from server.schemas import ErrorBody
@@ -71,7 +77,7 @@ async def upload_dataset(
     response: Response,
     principal: PrincipalDep,
     settings: SettingsDep,
-    format: Annotated[JsonlFormat, Query(description="The format every row is checked against")],  # noqa: A002
+    format: Annotated[JsonlFormat, Query(description="The format every row is checked against")],
     name: Annotated[str | None, Query(min_length=1, max_length=200, description="default: dataset")] = None,
 ) -> DatasetPublic:
     """Check every row of the uploaded file against ``format`` and register it; ``Location`` names the dataset."""

@@ -14,7 +14,15 @@ from typing import Any
 
 import httpx
 import pytest
+from api_support import FakeQueue, make_token
 from fastapi.testclient import TestClient
+from registry_support import (
+    CHAT_ROWS,
+    audit_actions,
+    jsonl,
+    registry_counts,
+    stored_files,
+)
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,9 +30,6 @@ from server.app import create_app
 from server.db.models import Job
 from server.db.quotas import set_quota
 from server.settings import Settings
-
-from api_support import FakeQueue, make_token
-from registry_support import CHAT_ROWS, audit_actions, jsonl, registry_counts, stored_files
 
 JSONL = {"content-type": "application/jsonl"}
 CSV = {"content-type": "text/csv"}

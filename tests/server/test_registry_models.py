@@ -12,16 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
-from sqlalchemy import update
-from sqlalchemy.orm import Session, sessionmaker
-
-from server.app import create_app
-from server.db.models import Job
-from server.runlogs import attempt_dir
-from server.settings import Settings
-
 from api_support import FakeQueue, insert_job, make_token
+from fastapi.testclient import TestClient
 from registry_support import (
     LLAMA_CONFIG,
     Entry,
@@ -33,6 +25,13 @@ from registry_support import (
     tar_of,
     write_model_dir,
 )
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.app import create_app
+from server.db.models import Job
+from server.runlogs import attempt_dir
+from server.settings import Settings
 
 TAR = {"content-type": "application/x-tar"}
 
