@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
@@ -30,7 +31,7 @@ from server.errors import ApiError
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.dataset_check import DatasetRejected, check_dataset_file
 from server.registry.layout import RegistryLayout, remove_path
-from server.registry.requests import (
+from server.registry.request_checks import (
     checked_name,
     invalid,
     media_type,
@@ -106,7 +107,7 @@ async def upload_dataset(
     return stored
 
 
-def _checked_rows(staged: Any, name: str, file_format: str, fmt: str) -> int:
+def _checked_rows(staged: FilePath, name: str, file_format: str, fmt: str) -> int:
     try:
         return check_dataset_file(staged, name, file_format, fmt)
     except DatasetRejected as exc:
@@ -116,7 +117,7 @@ def _checked_rows(staged: Any, name: str, file_format: str, fmt: str) -> int:
         raise invalid(loc, exc.message) from None
 
 
-def _store(request: Request, row: RegisteredDataset, staged: Any, settings: Settings) -> DatasetPublic:
+def _store(request: Request, row: RegisteredDataset, staged: FilePath, settings: Settings) -> DatasetPublic:
     with request.app.state.session_factory() as session:
         try:
             stored = repo.create_dataset(session, row, staged, RegistryLayout(settings.registry_dir), default_limits(settings))

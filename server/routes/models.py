@@ -35,7 +35,7 @@ from server.registry.export_copy import copy_export
 from server.registry.layout import RegistryLayout, remove_path
 from server.registry.model_archive import ArchiveRejected, extract_model_archive
 from server.registry.model_check import ModelSummary, summarise_model_dir
-from server.registry.requests import (
+from server.registry.request_checks import (
     checked_name,
     invalid,
     media_type,
