@@ -16,6 +16,10 @@ from trainer.data.jsonl.rows import RowError, rows_of
 from trainer.errors import TrainerError
 
 
+#: Longest line of an uploaded file (the check reads line by line: a file without newlines is refused, not held whole).
+MAX_LINE_BYTES = 64 << 20
+
+
 class DatasetRejected(Exception):
     """The file is not a dataset of its format: at ``line`` (1-based; ``None``: the file as a whole),
     ``field`` (``None``: the row itself), because ``message``."""
@@ -37,7 +41,7 @@ def check_dataset_file(path: Path, name: str, file_format: str, fmt: str) -> int
     count = 0
     try:
         with path.open("rb") as handle:
-            for row in rows_of(name, handle, file_format):
+            for row in rows_of(name, handle, file_format, max_line_bytes=MAX_LINE_BYTES):
                 example = parse_row(row, fmt, {}, csv=file_format == "csv")
                 if labels is not None and isinstance(example, ClassificationExample):
                     labels.add(example)

@@ -310,3 +310,16 @@ def test_an_upload_cut_off_mid_way_leaves_nothing_behind(
         assert wait_until(lambda: staging.is_dir() and not any(staging.iterdir()), timeout_s=10), list(staging.iterdir())
         assert httpx.get(f"{server.url}/datasets", headers=auth_headers).status_code == 200  # still serving
     assert registry_counts(sessions) == (0, 0) and stored_files(settings.registry_dir) == []
+
+
+def test_a_line_over_the_line_limit_is_refused_without_reading_it_whole(
+    client: TestClient, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import server.registry.dataset_check as dataset_check
+
+    monkeypatch.setattr(dataset_check, "MAX_LINE_BYTES", 100)
+    answer = upload(client, b'{"text": "short"}\n{"text": "' + b"x" * 200 + b'"}\n', "text")
+    assert answer.status_code == 422
+    [error] = answer.json()["detail"]
+    assert error["loc"] == ["body", "line", 2] and "longer than 100 bytes" in error["msg"], error
+    assert registry_counts(sessions) == (0, 0)
