@@ -1,4 +1,4 @@
-"""Job isolation: a job is visible to its owner and to admins; to anyone else it does not exist."""
+"""Isolation: a job, a registered dataset or model is visible to its owner and to admins; to anyone else it does not exist."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from sqlalchemy.orm import Session
 
 from server.auth import Principal, can_see
 from server.db import jobs as repo
-from server.db.models import Job
+from server.db.models import Job, RegisteredDataset, RegisteredModel
 from server.errors import ApiError
 
 
@@ -26,3 +26,22 @@ def visible_job_for_files(request: Request, job_id: str, principal: Principal) -
     """:func:`visible_job_or_404` in a session of its own, closed before the route reads any file."""
     with request.app.state.session_factory() as session:
         return visible_job_or_404(session, job_id, principal)
+
+
+def owner_visible(principal: Principal, owner: str | None) -> bool:
+    """Whether ``principal`` may see what ``owner`` owns: its owner, or any admin."""
+    return principal.admin or (owner is not None and owner == principal.owner)
+
+
+def visible_dataset_or_404(row: RegisteredDataset | None, dataset_id: str, principal: Principal) -> RegisteredDataset:
+    """``row`` if ``principal`` may see it; else ``ApiError`` 404, as for a dataset that does not exist."""
+    if row is None or not owner_visible(principal, row.owner):
+        raise ApiError(404, f"dataset {dataset_id} not found")
+    return row
+
+
+def visible_model_or_404(row: RegisteredModel | None, model_id: str, principal: Principal) -> RegisteredModel:
+    """``row`` if ``principal`` may see it; else ``ApiError`` 404, as for a model that does not exist."""
+    if row is None or not owner_visible(principal, row.owner):
+        raise ApiError(404, f"model {model_id} not found")
+    return row

@@ -28,7 +28,8 @@ from server.request_metrics import RequestMetricsMiddleware, request_histogram
 from server.events import StreamCollector
 from server.auth import check_exposure
 from server.routes import (
-    audit, checkpoints, dashboard, events, exports, health, job_resource, jobs, logs, metrics, session, workers,
+    audit, checkpoints, dashboard, datasets, events, exports, health, job_resource, jobs, logs, metrics, models, session,
+    workers,
 )
 from server.settings import Settings
 from server.worker_metrics import WorkerMetricsCollector
@@ -100,7 +101,8 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     )
     app.state.limiter = admission_limiter(settings)
     app.add_middleware(AdmissionMiddleware, limiter=app.state.limiter)  # inside the body limit: bodies are read first
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=MAX_BODY_BYTES)
+    uploads = {("POST", datasets.UPLOAD_PATH): settings.max_upload_bytes, ("POST", models.UPLOAD_PATH): settings.max_upload_bytes}
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=MAX_BODY_BYTES, streamed=uploads)
     app.state.request_histogram = request_histogram()
     app.add_middleware(RequestMetricsMiddleware, histogram=app.state.request_histogram)
     install_error_handlers(app)
@@ -109,6 +111,8 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     app.include_router(jobs.router)
     app.include_router(checkpoints.router)
     app.include_router(exports.router)
+    app.include_router(datasets.router)
+    app.include_router(models.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(workers.router)

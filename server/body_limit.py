@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the CLI reads MAX_BODY_BYTES without importing starlette
@@ -17,11 +18,18 @@ class BodySizeLimitMiddleware:
 
     A declared ``Content-Length`` is checked first; otherwise the body is read (up to
     the limit) and replayed to the app, so chunked uploads cannot bypass the limit.
+
+    ``streamed`` names the upload routes, ``(method, path)``, with their own limit: their
+    bodies are not read here but passed on as they arrive (the route streams them to disk
+    and enforces the limit as it reads: :mod:`server.registry.upload`); only a declared
+    ``Content-Length`` over their limit is refused here.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES,
+                 streamed: Mapping[tuple[str, str], int] | None = None) -> None:  # fmt: skip
         self.app = app
         self.max_bytes = max_bytes
+        self.streamed = dict(streamed or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on, or answer 413."""
@@ -29,12 +37,19 @@ class BodySizeLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = self._declared_length(scope)
+        upload_limit = self.streamed.get((scope.get("method", ""), scope.get("path", "")))
+        if upload_limit is not None:
+            if declared is not None and declared > upload_limit:
+                await self._reject(send, upload_limit)
+                return
+            await self.app(scope, receive, send)
+            return
         if declared is not None and declared > self.max_bytes:
-            await self._reject(send)
+            await self._reject(send, self.max_bytes)
             return
         messages = await self._read_body(receive)
         if messages is None:
-            await self._reject(send)
+            await self._reject(send, self.max_bytes)
             return
         await self.app(scope, self._replay(messages, receive), send)
 
@@ -72,8 +87,9 @@ class BodySizeLimitMiddleware:
 
         return replayed
 
-    async def _reject(self, send: Send) -> None:
-        body = json.dumps({"detail": f"request body exceeds {self.max_bytes} bytes"}).encode()
+    @staticmethod
+    async def _reject(send: Send, limit: int) -> None:
+        body = json.dumps({"detail": f"request body exceeds {limit} bytes"}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})

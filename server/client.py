@@ -6,6 +6,10 @@
 ...     for event in halfcast.events(job["id"]):
 ...         print(event.event, event.data)
 
+Datasets and models are uploaded with :meth:`HalfcastClient.upload_dataset` and
+:meth:`HalfcastClient.upload_model` (streamed, with a ``progress`` callback), listed, read and
+deleted; :meth:`HalfcastClient.register_export` registers a job's exported model.
+
 Errors are typed: :class:`ServerUnavailable` (no connection, a timeout, or a 503),
 :class:`ValidationFailed` (422, with every field error), :class:`NotFound` (404),
 :class:`Conflict` (409), :class:`Unauthorized` (401: no, an unknown or a revoked
@@ -21,7 +25,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -30,8 +34,14 @@ from typing import Any, Self
 import httpx
 
 from server.download import IncompleteDownload, save_response
-from server.export_extract import UnsafeArchive, check_destination, extract_export, place_tree
-from server.export_files import ExportKind
+from server.export_extract import (
+    UnsafeArchive,
+    check_destination,
+    extract_export,
+    place_tree,
+)
+from server.export_files import ExportKind, read_export
+from server.export_tar import archive_size, stream_archive
 from server.strict_json import json_value_problems
 
 log = logging.getLogger(__name__)
@@ -45,6 +55,15 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 Json = dict[str, Any]
 #: A list of JSON objects (``HalfcastClient.list`` shadows the builtin inside the class).
 JsonList = list[Json]
+#: ``progress(sent, total)``: bytes of an upload sent so far, of ``total``.
+Progress = Callable[[int, int], None]
+#: Bytes read from a file per chunk of an upload.
+UPLOAD_CHUNK = 1 << 20
+#: Seconds an upload waits for each chunk to go and for the answer (the API checks the whole file first).
+UPLOAD_TIMEOUT_S = 600.0
+#: A dataset file's extension -> file format, and each file format's media type.
+DATASET_EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+DATASET_MEDIA_TYPES = {"jsonl": "application/jsonl", "csv": "text/csv"}
 
 
 class HalfcastError(Exception):
@@ -180,6 +199,27 @@ def _raise_for(response: httpx.Response) -> None:
     if response.status_code == 429 and isinstance(body, dict):
         raise QuotaExceeded(message, body.get("limit"), body.get("value"), _retry_after(response))
     raise HalfcastError(f"HTTP {response.status_code}: {message}", response.status_code)
+
+
+def _file_chunks(path: Path, size: int, progress: Progress | None) -> Iterator[bytes]:
+    """The bytes of the file at ``path`` in chunks of :data:`UPLOAD_CHUNK`, ``progress`` told as they go."""
+
+    def read() -> Iterator[bytes]:
+        with path.open("rb") as handle:
+            while chunk := handle.read(UPLOAD_CHUNK):
+                yield chunk
+
+    return _counted(read(), size, progress)
+
+
+def _counted(chunks: Iterator[bytes], total: int, progress: Progress | None) -> Iterator[bytes]:
+    """``chunks``, calling ``progress(sent, total)`` after each."""
+    sent = 0
+    for chunk in chunks:
+        sent += len(chunk)
+        yield chunk
+        if progress is not None:
+            progress(sent, total)
 
 
 def _require_json(value: Mapping[str, Any]) -> None:
@@ -398,6 +438,110 @@ class HalfcastClient:
         """Ask to cancel; the job resource (``cancelled`` or ``cancelling``). Raises :class:`Conflict` if it ended."""
         job: dict[str, Any] = self._request("POST", f"/jobs/{job_id}/cancel")
         return job
+
+    # ------------------------------------------------------------------ registered datasets and models
+
+    def upload_dataset(self, path: Path, format: str, *, name: str | None = None, file_format: str | None = None,
+                       progress: Progress | None = None, timeout: float = UPLOAD_TIMEOUT_S) -> dict[str, Any]:  # fmt: skip
+        """Upload the dataset file at ``path``, checked by the API against ``format`` (``text``, ``instruction``,
+        ``chat``, ``classification``); the registered dataset (``{"id", "name", "format", "rows", "bytes",
+        "sha256", ...}``).
+
+        ``file_format`` (``jsonl`` or ``csv``) defaults from the extension (``.jsonl``/``.json``, ``.csv``);
+        ``name`` defaults to the file's name. The file is streamed, never read whole; ``progress(sent,
+        total)`` is called as it goes. ``timeout``: seconds to wait for each chunk and for the answer
+        (the API checks every row before it answers).
+
+        Raises:
+            ValueError: the file format cannot be told from the name.
+            ValidationFailed: a bad row (its ``loc`` is ``["body", "line", <line>, <field>]``) or argument.
+            QuotaExceeded: the owner's storage quota (``max_storage_bytes``).
+            HalfcastError: anything else (``413``: over the server's upload limit).
+        """
+        kind = file_format or DATASET_EXTENSIONS.get(path.suffix.lower())
+        if kind not in DATASET_MEDIA_TYPES:
+            raise ValueError(f"cannot tell the file format of {path.name}: name it .jsonl, .json or .csv, or pass file_format")
+        size = path.stat().st_size
+        params = {"format": format, "name": name or path.name}
+        return self._upload("/datasets", _file_chunks(path, size, progress), size, DATASET_MEDIA_TYPES[kind], params, timeout)
+
+    def upload_model(self, directory: Path, *, name: str | None = None, progress: Progress | None = None,
+                     timeout: float = UPLOAD_TIMEOUT_S) -> dict[str, Any]:  # fmt: skip
+        """Upload the Hugging Face model ``directory`` (``config.json``, ``*.safetensors``, tokenizer files);
+        the registered model (``{"id", "name", "model_type", "files", "bytes", "sha256", ...}``).
+
+        The directory is sent as an uncompressed tar built on the fly (entries ``model/<file>``, the
+        format of ``GET /jobs/{id}/exports/model``: :mod:`server.export_tar`) with an exact
+        ``Content-Length``; ``progress(sent, total)`` is called as it goes.
+
+        Raises:
+            ValueError: ``directory`` is not a directory, or holds a link, a special file, more than
+                10,000 files or files nested more than 8 directories deep.
+            ValidationFailed: the API refused the archive (the entry at fault in ``loc``).
+            QuotaExceeded, HalfcastError: as for :meth:`upload_dataset`.
+        """
+        tree = read_export(Path(directory), ExportKind.MODEL, 0)
+        if tree is None:
+            raise ValueError(f"cannot upload {directory}: not a directory, or it holds a link, a special file, "
+                             "more than 10,000 files or files nested too deeply")  # fmt: skip
+        size = archive_size(tree)
+        chunks = _counted(stream_archive(tree), size, progress)
+        params = {"name": name or Path(directory).resolve().name}
+        return self._upload("/models", chunks, size, "application/x-tar", params, timeout)
+
+    def _upload(self, path: str, chunks: Iterator[bytes], size: int, media_type: str, params: dict[str, Any],
+                timeout: float) -> dict[str, Any]:  # fmt: skip
+        headers = {"content-type": media_type, "content-length": str(size)}
+        limits = httpx.Timeout(self._http.timeout.connect or 10.0, read=timeout, write=timeout, pool=timeout)
+        body: dict[str, Any] = self._request("POST", path, params=params, content=chunks, headers=headers, timeout=limits)
+        return body
+
+    def datasets(self, page_size: int = 100) -> Iterator[dict[str, Any]]:
+        """Every registered dataset the token may see, newest first."""
+        yield from self._pages("/datasets", "datasets", page_size)
+
+    def dataset(self, dataset_id: str) -> dict[str, Any]:
+        """One registered dataset. Raises :class:`NotFound`."""
+        found: dict[str, Any] = self._request("GET", f"/datasets/{dataset_id}")
+        return found
+
+    def delete_dataset(self, dataset_id: str) -> None:
+        """Delete a registered dataset. Raises :class:`NotFound`, :class:`Conflict` (a job that has not ended uses it)."""
+        _raise_for(self._send("DELETE", f"/datasets/{dataset_id}"))
+
+    def models(self, page_size: int = 100) -> Iterator[dict[str, Any]]:
+        """Every registered model the token may see, newest first."""
+        yield from self._pages("/models", "models", page_size)
+
+    def model(self, model_id: str) -> dict[str, Any]:
+        """One registered model. Raises :class:`NotFound`."""
+        found: dict[str, Any] = self._request("GET", f"/models/{model_id}")
+        return found
+
+    def delete_model(self, model_id: str) -> None:
+        """Delete a registered model. Raises :class:`NotFound`, :class:`Conflict` (a job that has not ended uses it)."""
+        _raise_for(self._send("DELETE", f"/models/{model_id}"))
+
+    def register_export(self, job_id: str, *, name: str | None = None, timeout: float = UPLOAD_TIMEOUT_S) -> dict[str, Any]:
+        """Register the job's exported model (``export/model``) as a model of the job's owner; the model.
+
+        Raises :class:`NotFound` (no such job, or no model export) and :class:`Conflict` (an export
+        the registry refuses).
+        """
+        params = {"name": name} if name else None
+        found: dict[str, Any] = self._request("POST", f"/jobs/{job_id}/exports/model/register", params=params,
+                                              timeout=timeout)  # fmt: skip
+        return found
+
+    def _pages(self, path: str, key: str, page_size: int) -> Iterator[dict[str, Any]]:
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": page_size, **({"cursor": cursor} if cursor else {})}
+            page = self._request("GET", path, params=params)
+            yield from page[key]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     # ------------------------------------------------------------------ audit
 

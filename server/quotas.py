@@ -28,11 +28,13 @@ QUOTA_RESPONSE: dict[str, Any] = {
 
 
 def default_limits(settings: Settings) -> QuotaLimits:
-    """The server's per-owner limits (``HALFCAST_QUOTA_MAX_ACTIVE_JOBS``, ``_MAX_GPUS``, ``_MAX_QUEUED_JOBS``)."""
+    """The server's per-owner limits (``HALFCAST_QUOTA_MAX_ACTIVE_JOBS``, ``_MAX_GPUS``, ``_MAX_QUEUED_JOBS``,
+    ``_MAX_STORAGE_BYTES``)."""
     return QuotaLimits(
         max_active_jobs=settings.quota_max_active_jobs,
         max_gpus=settings.quota_max_gpus,
         max_queued_jobs=settings.quota_max_queued_jobs,
+        max_storage_bytes=settings.quota_max_storage_bytes,
     )
 
 

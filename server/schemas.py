@@ -289,5 +289,5 @@ class ErrorBody(BaseModel):
 class QuotaErrorBody(ErrorBody):
     """Body of a ``429``: the job would take its owner over ``limit``, whose value is ``value``."""
 
-    limit: Literal["max_active_jobs", "max_gpus", "max_queued_jobs"]
+    limit: Literal["max_active_jobs", "max_gpus", "max_queued_jobs", "max_storage_bytes"]
     value: int

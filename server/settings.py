@@ -85,6 +85,14 @@ class Settings(BaseSettings):
     quota_max_queued_jobs: int | None = Field(
         default=None, ge=0, description="Default per-owner limit on queued jobs (unset: unlimited)"
     )
+    quota_max_storage_bytes: int | None = Field(
+        default=None, ge=0,
+        description="Default per-owner limit on the bytes of registered datasets and models (unset: unlimited)",
+    )
+    max_upload_bytes: int = Field(
+        default=16 << 30, ge=1, le=1 << 42,
+        description="Largest dataset file or model archive POST /datasets and POST /models accept (413 beyond)",
+    )
     api_workers: int = Field(
         default=1, ge=1, le=64, description="API processes `halfcast api` and `halfcast up` run (uvicorn workers)"
     )
@@ -121,6 +129,11 @@ class Settings(BaseSettings):
     def runs_dir(self) -> Path:
         """Where each job attempt gets its run directory (spec, step records, checkpoints, logs)."""
         return self.resolved_data_dir / "runs"
+
+    @property
+    def registry_dir(self) -> Path:
+        """Where registered datasets and models live (``datasets/``, ``models/``): shared like ``runs_dir``."""
+        return self.resolved_data_dir / "registry"
 
     @property
     def effective_database_url(self) -> str:

@@ -47,6 +47,12 @@ def check_data_path(model: str, path: str) -> None:
         raise field_error(model, "path", problem, path)
 
 
+#: The id of a registered dataset or model (``POST /datasets``, ``POST /models``): a lowercase UUID.
+REGISTRY_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+RegistryId = Annotated[str, Field(pattern=REGISTRY_ID_PATTERN, min_length=36, max_length=36)]
+#: A SHA-256 digest as 64 lowercase hex digits.
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", min_length=64, max_length=64)]
+
 # ----------------------------------------------------------------------------- models
 
 
@@ -97,7 +103,8 @@ HF_CONFIG_FORBIDDEN = frozenset({"auto_map", "trust_remote_code", "_name_or_path
 
 class HFConfig(_Strict):
     """A Hugging Face transformers model: a local pretrained directory (``path``, relative to one of the
-    worker's model roots, safetensors weights only) or a from-scratch ``hf_config`` (random init).
+    worker's model roots, safetensors weights only), a registered model (``model_id``, uploaded with
+    ``POST /models`` or registered from a job's export) or a from-scratch ``hf_config`` (random init).
 
     ``task``: ``causal_lm`` (logits ``[B, T, V]``) or ``sequence_classification`` (``num_labels``
     classes, logits ``[B, num_labels]``). ``tokenizer_path``: a tokenizer directory under a model
@@ -105,6 +112,7 @@ class HFConfig(_Strict):
     """
 
     path: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    model_id: RegistryId | None = None
     hf_config: dict[str, Any] | None = None
     task: Literal["causal_lm", "sequence_classification"] = "causal_lm"
     num_labels: Annotated[int, Field(ge=2, le=65536)] | None = None
@@ -112,8 +120,9 @@ class HFConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if (self.path is None) == (self.hf_config is None):
-            raise field_error("HFConfig", "path", "give exactly one of path (a pretrained model) and hf_config", self.path)
+        if sum(value is not None for value in (self.path, self.model_id, self.hf_config)) != 1:
+            msg = "give exactly one of path (a pretrained model under a model root), model_id (a registered model) and hf_config"
+            raise field_error("HFConfig", "path", msg, self.path)
         for name in ("path", "tokenizer_path"):
             value = getattr(self, name)
             problem = None if value is None else root_path_problem(value, "model root")
@@ -131,7 +140,7 @@ class HFConfig(_Strict):
     @property
     def byte_level(self) -> bool:
         """True when the model has no tokenizer: an ``hf_config`` without ``tokenizer_path``."""
-        return self.path is None and self.tokenizer_path is None
+        return self.hf_config is not None and self.tokenizer_path is None
 
 
 def _check_hf_config(config: dict[str, Any]) -> None:
@@ -249,7 +258,13 @@ _ColumnName = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class JsonlConfig(_Strict):
-    """Rows of a JSON-lines or CSV file under a data root, tokenized with the model's tokenizer.
+    """Rows of a JSON-lines or CSV file, tokenized with the model's tokenizer: a file under a data root
+    (``path``) or a registered dataset (``dataset_id``, uploaded with ``POST /datasets``).
+
+    With a ``dataset_id``, ``format`` and ``file_format`` default to the registered dataset's (the
+    API checks given ones against it), ``column_map`` is refused, and the worker fills in
+    ``format``, ``file_format`` and ``sha256`` before the run (:mod:`trainer.registered`);
+    ``sha256``, given or filled in, is checked by the trainer before it reads a row.
 
     ``format``: ``text`` (field ``text``), ``instruction`` (``instruction``, optional
     ``input``, ``output``), ``chat`` (``messages``: ``[{role, content}]``, JSON lines only)
@@ -261,8 +276,10 @@ class JsonlConfig(_Strict):
     shifted targets of ``max_seq_len``), a classification example ``max_seq_len``.
     """
 
-    path: Annotated[str, Field(min_length=1, max_length=1024)]
-    format: JsonlFormat
+    path: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    dataset_id: RegistryId | None = None
+    sha256: Sha256 | None = None
+    format: JsonlFormat | None = None
     file_format: FileFormat | None = None
     column_map: Annotated[dict[_ColumnName, _ColumnName], Field(max_length=16)] = {}
     masking: Masking | None = None
@@ -273,17 +290,34 @@ class JsonlConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_fields(self) -> Self:
+        self._check_source()
+        if self.format == "chat" and self.known_file_format not in (None, "jsonl"):
+            raise field_error("JsonlConfig", "file_format", "format 'chat' reads JSON lines, not CSV", self.file_format)
+        if self.format is not None:
+            self._check_masking()
+            self._check_column_map()
+        return self
+
+    def _check_source(self) -> None:
+        """Exactly one of ``path`` and ``dataset_id``; a ``path`` needs a ``format`` and a known file format."""
+        if (self.path is None) == (self.dataset_id is None):
+            msg = "give exactly one of path (a file under a data root) and dataset_id (a registered dataset)"
+            raise field_error("JsonlConfig", "path", msg, self.path)
+        if self.dataset_id is not None:
+            if self.column_map:
+                msg = "column_map renames a file's columns; a registered dataset's rows already have the format's fields"
+                raise field_error("JsonlConfig", "column_map", msg, self.column_map)
+            return
+        assert self.path is not None
         check_data_path("JsonlConfig", self.path)
+        if self.format is None:
+            raise field_error("JsonlConfig", "format", "format is required with a path (text, instruction, chat or classification)", None)
         if self.file_format is None and self._extension not in FILE_EXTENSIONS:
             msg = f"cannot tell the file format from {self.path!r}: name it .jsonl, .json or .csv, or set file_format"
             raise field_error("JsonlConfig", "file_format", msg, None)
-        if self.format == "chat" and self.effective_file_format != "jsonl":
-            raise field_error("JsonlConfig", "file_format", "format 'chat' reads JSON lines, not CSV", self.file_format)
-        self._check_masking()
-        self._check_column_map()
-        return self
 
     def _check_masking(self) -> None:
+        assert self.format is not None
         allowed = FORMAT_MASKING[self.format]
         if self.masking is not None and self.masking not in allowed:
             modes = f"it takes: {', '.join(allowed)}" if allowed else "it has no token masking: leave masking unset"
@@ -291,6 +325,7 @@ class JsonlConfig(_Strict):
             raise field_error("JsonlConfig", "masking", msg, self.masking)
 
     def _check_column_map(self) -> None:
+        assert self.format is not None
         fields = FORMAT_FIELDS[self.format]
         for source, target in self.column_map.items():
             if not (source.isprintable() and target.isprintable()):
@@ -303,17 +338,40 @@ class JsonlConfig(_Strict):
 
     @property
     def _extension(self) -> str:
+        if self.path is None:
+            return ""
         name = self.path.replace("\\", "/").rsplit("/", 1)[-1].lower()
         return name[name.rfind(".") :] if "." in name else ""
 
     @property
+    def known_file_format(self) -> str | None:
+        """``file_format``, or the one the path's extension names; ``None`` for a ``dataset_id`` not resolved yet."""
+        return self.file_format or FILE_EXTENSIONS.get(self._extension)
+
+    @property
     def effective_file_format(self) -> str:
-        """``file_format``, or the one the path's extension names."""
-        return self.file_format or FILE_EXTENSIONS[self._extension]
+        """``file_format``, or the one the path's extension names (``ValueError`` for an unresolved ``dataset_id``)."""
+        known = self.known_file_format
+        if known is None:
+            raise ValueError(f"the file format of dataset {self.dataset_id} is not resolved yet")
+        return known
+
+    @property
+    def resolved(self) -> bool:
+        """Whether everything the trainer needs is known: always for a ``path``; for a ``dataset_id``, its
+        ``format``, ``file_format`` and ``sha256``, which the worker fills in from the registry."""
+        return self.path is not None or None not in (self.format, self.file_format, self.sha256)
+
+    @property
+    def source(self) -> str:
+        """How errors name the data: the ``path``, or ``dataset <id>``."""
+        return self.path if self.path is not None else f"dataset {self.dataset_id}"
 
     @property
     def effective_masking(self) -> str | None:
-        """``masking``, or the format's default (``None`` for classification)."""
+        """``masking``, or the format's default (``None`` for classification or a format not resolved yet)."""
+        if self.format is None:
+            return self.masking
         allowed = FORMAT_MASKING[self.format]
         return self.masking or (allowed[0] if allowed else None)
 
@@ -344,12 +402,16 @@ TASK_METRICS: dict[str, frozenset[str]] = {
 }
 
 
-def dataset_task(dataset: DigitsDataset | TextDataset | SyntheticDataset | JsonlDataset) -> str:
-    """The task a dataset trains: ``classification``, ``regression`` or ``lm`` (keys of :data:`TASK_METRICS`)."""
+def dataset_task(dataset: DigitsDataset | TextDataset | SyntheticDataset | JsonlDataset) -> str | None:
+    """The task a dataset trains: ``classification``, ``regression`` or ``lm`` (keys of :data:`TASK_METRICS`);
+    ``None`` for a registered ``jsonl`` dataset whose format is not resolved yet (the API and the worker
+    validate the spec again once they have filled it in)."""
     if isinstance(dataset, DigitsDataset):
         return "classification"
     if isinstance(dataset, SyntheticDataset):
         return dataset.config.task
+    if isinstance(dataset, JsonlDataset) and dataset.config.format is None:
+        return None
     if isinstance(dataset, JsonlDataset) and dataset.config.format == "classification":
         return "classification"
     return "lm"

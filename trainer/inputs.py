@@ -76,9 +76,9 @@ def input_fingerprints(spec: JobSpec) -> dict[str, str]:
         if config.tokenizer_path is not None:
             out["tokenizer"] = directory_fingerprint(tokenizer_dir(config))  # type: ignore[arg-type]
     if spec.dataset.name == "jsonl":
-        from trainer.data.sources import resolve_data_file
+        from trainer.data.jsonl.source import dataset_path
 
-        out["data"] = file_fingerprint(resolve_data_file(spec.dataset.config.path))
+        out["data"] = file_fingerprint(dataset_path(spec.dataset.config))
     return out
 
 

@@ -33,6 +33,7 @@ from typing import IO
 
 from server.runlogs import launcher_log, logs_dir
 from server.settings import Settings
+from trainer.registered import REGISTRY_DIR_ENV
 from trainer.spec import JobSpec
 from trainer.startup import LAUNCHED_AT_ENV
 from worker.exits import wait_for_exit
@@ -86,7 +87,8 @@ def build_environment(
 
     Holds ``PATH``, ``HOME``, ``LANG`` and friends, ``PYTHONPATH`` (so ``trainer``
     imports), ``PYTHONUNBUFFERED``, ``OMP_NUM_THREADS`` (the CPUs shared among the
-    ranks), ``HALFCAST_DATA_ROOTS`` and ``HALFCAST_MODEL_ROOTS`` (``os.pathsep``-joined) and
+    ranks), ``HALFCAST_DATA_ROOTS`` and ``HALFCAST_MODEL_ROOTS`` (``os.pathsep``-joined),
+    ``HALFCAST_REGISTRY_DIR`` (registered datasets and models: :mod:`trainer.registered`) and
     ``CUDA_VISIBLE_DEVICES``: exactly ``gpus``, the host indices allocated to the
     attempt (:mod:`worker.gpu_locks`), or empty for a CPU job (it sees no GPU), and
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``: ``HALFCAST_CANCEL_GRACE_S`` rounded up, how long
@@ -103,6 +105,7 @@ def build_environment(
     env["HALFCAST_DATA_ROOTS"] = _joined(settings.data_roots)
     env["HALFCAST_MODEL_ROOTS"] = _joined(settings.model_roots)
     env[SHUTDOWN_TIMEOUT_ENV] = str(math.ceil(settings.cancel_grace_s))
+    env[REGISTRY_DIR_ENV] = str(settings.registry_dir)
     if settings.allow_faults:
         env["HALFCAST_ALLOW_FAULTS"] = "1"
     if len(set(gpus)) != spec.gpus or len(gpus) != spec.gpus:

@@ -44,6 +44,7 @@ from worker.end_record import EndRecord, parse_end_record
 from worker.outcomes import Outcome, ended_outcome, exit_outcome
 from worker.phase_record import parse_phase_record
 from worker.reasons import RETRY_POLICY
+from worker.registered_inputs import RefError, resolve_inputs
 from worker.recovery import Enqueue, Recovery
 from worker.store import Claim, JobStore, Progress
 from worker.tail import RecordTail, step_records_up_to
@@ -180,9 +181,11 @@ class Attempt:
         return self._supervise(self.process)
 
     def _prepare(self) -> JobSpec | Outcome:
-        """Create the run directory and write the re-validated ``spec.json``."""
+        """Create the run directory and write the re-validated ``spec.json`` (registered inputs filled in)."""
         try:
-            spec = JobSpec.model_validate(self.claim.spec)
+            spec = JobSpec.model_validate(resolve_inputs(self.store.engine, self.claim.spec))
+        except RefError as exc:
+            return Outcome("failed", exc.reason, f"{exc.message} (it was deleted after the job was submitted)")
         except ValidationError as exc:
             return Outcome("failed", "spec_invalid", f"the stored spec does not validate on the worker:\n{exc}")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)

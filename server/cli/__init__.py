@@ -53,6 +53,8 @@ COMMANDS: dict[str, Command] = {
     "download": Command("checkpoints", "download a job's checkpoint (default: the newest)"),
     "exports": Command("exports", "list a job's exports (adapter, model)"),
     "export": Command("exports", "download a job's export and unpack it as a directory"),
+    "datasets": Command("datasets", "upload, list, show and delete registered datasets"),
+    "models": Command("models", "upload, register, list, show and delete registered models"),
     "audit": Command("audit", "show the audit log, newest first (admin token)"),
 }
 

@@ -1,4 +1,4 @@
-"""``halfcast quotas set|list|clear``: per-owner submission limits in the database (operator commands).
+"""``halfcast quotas set|list|clear``: per-owner submission and storage limits in the database (operator commands).
 
 Like ``halfcast tokens`` these use ``HALFCAST_DATABASE_URL`` (default: the embedded
 SQLite file), not the API, and each change is audited (``quota.set``,
@@ -22,7 +22,8 @@ EXIT_INVALID = 2
 #: The word that resets one limit to the server's default.
 DEFAULT_WORD = "default"
 #: CLI option of each limit.
-OPTIONS = {"max_active_jobs": "--max-active-jobs", "max_gpus": "--max-gpus", "max_queued_jobs": "--max-queued-jobs"}
+OPTIONS = {"max_active_jobs": "--max-active-jobs", "max_gpus": "--max-gpus", "max_queued_jobs": "--max-queued-jobs",
+           "max_storage_bytes": "--max-storage-bytes"}
 
 
 def limit_value(text: str) -> int | None:
@@ -84,7 +85,7 @@ def run_list(_args: argparse.Namespace) -> int:
     defaults = default_limits(Settings())
     with operator_session() as session:
         overrides = list_overrides(session)
-    rows = [("OWNER", "MAX ACTIVE JOBS", "MAX GPUS", "MAX QUEUED JOBS")]
+    rows = [("OWNER", "MAX ACTIVE JOBS", "MAX GPUS", "MAX QUEUED JOBS", "MAX STORAGE BYTES")]
     rows.append(("(server default)", *("unlimited" if getattr(defaults, n) is None else str(getattr(defaults, n)) for n in OPTIONS)))
     for owner, limits in overrides:
         rows.append((owner, *(_shown(getattr(limits, n), getattr(defaults, n)) for n in OPTIONS)))

@@ -1,4 +1,5 @@
-"""The audit log (``audit_events``): job creation, cancellation and requeueing, token and quota changes, with actor and time.
+"""The audit log (``audit_events``): job creation, cancellation and requeueing, token and quota changes,
+registered datasets and models created and deleted, with actor and time.
 
 :func:`add_event` only adds the row to the session, so a caller can commit it in
 the same transaction as the change it describes; :func:`record` commits it alone.
@@ -16,7 +17,8 @@ from sqlalchemy.orm import Session
 from server.db.models import AuditEvent, utcnow
 
 #: The audited actions.
-ACTIONS = ("job.create", "job.cancel", "job.requeue", "token.create", "token.revoke", "quota.set", "quota.clear")
+ACTIONS = ("job.create", "job.cancel", "job.requeue", "token.create", "token.revoke", "quota.set", "quota.clear",
+           "dataset.create", "dataset.delete", "model.create", "model.delete")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import binascii
 import hashlib
 import json
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -81,6 +81,7 @@ def create_job(
     *,
     owner: str,
     quota_defaults: QuotaLimits = UNLIMITED,
+    check_inputs: Callable[[Session], None] | None = None,
 ) -> tuple[Job, bool]:
     """Store a new ``queued`` job of ``owner`` for a validated ``spec``, audit it, commit; return ``(job, created)``.
 
@@ -91,6 +92,10 @@ def create_job(
     ``owner_quotas`` row) is checked in the transaction of the INSERT, under the
     owner's lock (:mod:`server.db.quota_check`), which also serialises racing requests
     with one key; the ``(owner, key)`` unique index backs this up.
+
+    ``check_inputs`` runs under the owner's lock before the quota check, for a new job only:
+    it checks the registered datasets and models the spec names (:mod:`server.registry.refs`;
+    their deletion takes the same lock), and whatever it raises refuses the job (nothing stored).
 
     Raises :class:`IdempotencyMismatch` if the key's job was created from a different
     spec, and :class:`server.db.quota_check.QuotaExceeded` (nothing stored) when the
@@ -103,6 +108,8 @@ def create_job(
     try:
         existing = _find_key(session, idempotency_key, owner) if idempotency_key is not None else None
         if existing is None:
+            if check_inputs is not None:
+                check_inputs(session)
             quota_check.enforce(session, owner, spec.gpus, quota_defaults)
     except BaseException:
         session.rollback()

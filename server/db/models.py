@@ -195,4 +195,50 @@ class OwnerQuota(Base):
     max_gpus: Mapped[int | None] = mapped_column(Integer)
     #: Jobs in ``queued``.
     max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
+    #: Bytes of the owner's registered datasets and models (migration 0009).
+    max_storage_bytes: Mapped[int | None] = mapped_column(BigInteger)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RegisteredDataset(Base):
+    """An uploaded dataset (``POST /datasets``): its file is ``<registry>/datasets/<sha256>.<file_format>``,
+    shared by every row with the same bytes (``server/registry/``, migration 0009)."""
+
+    __tablename__ = "datasets"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(String(200))
+    #: The ``jsonl`` format its rows were checked against: ``text``, ``instruction``, ``chat``, ``classification``.
+    format: Mapped[str] = mapped_column(String(16))
+    #: ``jsonl`` or ``csv``.
+    file_format: Mapped[str] = mapped_column(String(8))
+    rows: Mapped[int] = mapped_column(BigInteger)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    #: Lowercase hex SHA-256 of the file (its name in the registry).
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_datasets_owner_created", "owner", "created_at"),)
+
+
+class RegisteredModel(Base):
+    """A registered Hugging Face model directory, ``<registry>/models/<id>/``: uploaded (``POST /models``)
+    or registered from a job's ``export/model`` (``source_job_id``) (migration 0009)."""
+
+    __tablename__ = "models"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(255))
+    name: Mapped[str] = mapped_column(String(200))
+    #: ``model_type`` of its ``config.json``.
+    model_type: Mapped[str] = mapped_column(String(64))
+    files: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    #: SHA-256 over the sorted file names and each file's SHA-256 (``server/registry/model_tree.py``).
+    sha256: Mapped[str] = mapped_column(String(64))
+    #: The job whose exported model this is; null for an upload.
+    source_job_id: Mapped[str | None] = mapped_column(String(36))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_models_owner_created", "owner", "created_at"),)

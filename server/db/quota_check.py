@@ -1,4 +1,4 @@
-"""Quota enforcement at submission: lock the owner, count what it has, refuse what would exceed a limit.
+"""Quota enforcement at submission and upload: lock the owner, count what it has, refuse what would exceed a limit.
 
 The check and the INSERT of the job must be one transaction that no other
 submission of the same owner can interleave with, or N racing requests could all
@@ -23,7 +23,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from server.db.engine import begin_write
-from server.db.models import ACTIVE_STATUSES, Job
+from server.db.models import ACTIVE_STATUSES, Job, RegisteredDataset, RegisteredModel
 from server.db.quotas import QuotaLimits, effective_limits
 
 
@@ -98,3 +98,24 @@ def enforce(session: Session, owner: str, gpus: int, defaults: QuotaLimits) -> N
     limits = effective_limits(session, owner, defaults)
     if not limits.is_unlimited():
         check(owner, limits, usage(session, owner), gpus)
+
+
+def storage_in_use(session: Session, owner: str) -> int:
+    """Bytes of ``owner``'s registered datasets and models (each row counted, shared files too)."""
+    total = 0
+    for table in (RegisteredDataset, RegisteredModel):
+        total += int(session.scalar(select(func.coalesce(func.sum(table.bytes), 0)).where(table.owner == owner)) or 0)
+    return total
+
+
+def enforce_storage(session: Session, owner: str, more_bytes: int, defaults: QuotaLimits) -> None:
+    """Raise :class:`QuotaExceeded` (``max_storage_bytes``) if ``owner`` may not register ``more_bytes`` more.
+
+    Run it inside :func:`begin_owner_transaction`'s transaction, before the INSERT. Ends no transaction.
+    """
+    limit = effective_limits(session, owner, defaults).max_storage_bytes
+    if limit is None:
+        return
+    in_use = storage_in_use(session, owner)
+    if in_use + more_bytes > limit:
+        raise QuotaExceeded(owner, "max_storage_bytes", limit, in_use)

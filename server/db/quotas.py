@@ -1,10 +1,11 @@
 """Per-owner quota limits (``owner_quotas``): the limits, their overrides, and audited changes.
 
-Three limits bound what one owner may have at once (:data:`LIMITS`):
+Four limits bound what one owner may have at once (:data:`LIMITS`):
 
 - ``max_active_jobs``: jobs not yet terminal (``queued``, ``starting``, ``running``, ``cancelling``);
 - ``max_gpus``: the sum of ``spec.gpus`` over those jobs;
-- ``max_queued_jobs``: jobs in ``queued``.
+- ``max_queued_jobs``: jobs in ``queued``;
+- ``max_storage_bytes``: the bytes of the owner's registered datasets and models.
 
 The server's defaults come from settings (``HALFCAST_QUOTA_*``; unset means
 unlimited). An owner's row overrides them limit by limit; a null column there means
@@ -25,7 +26,7 @@ from server.db.models import OwnerQuota, utcnow
 from server.db.tokens import validate_owner
 
 #: The limit names, as in the 429 answer, the ``owner_quotas`` columns and the CLI options.
-LIMITS = ("max_active_jobs", "max_gpus", "max_queued_jobs")
+LIMITS = ("max_active_jobs", "max_gpus", "max_queued_jobs", "max_storage_bytes")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class QuotaLimits:
     max_active_jobs: int | None = None
     max_gpus: int | None = None
     max_queued_jobs: int | None = None
+    #: Bytes of the owner's registered datasets and models (checked on upload: :mod:`server.db.registry`).
+    max_storage_bytes: int | None = None
 
     def is_unlimited(self) -> bool:
         """Whether no limit is set."""

@@ -18,7 +18,8 @@ from server.timeutil import as_utc
 router = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(require_admin)])
 
 AuditAction = Literal[
-    "job.create", "job.cancel", "job.requeue", "token.create", "token.revoke", "quota.set", "quota.clear"
+    "job.create", "job.cancel", "job.requeue", "token.create", "token.revoke", "quota.set", "quota.clear",
+    "dataset.create", "dataset.delete", "model.create", "model.delete",
 ]
 
 

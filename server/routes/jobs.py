@@ -27,6 +27,7 @@ from server.deps import QueueDep, SessionDep, SettingsDep
 from server.errors import ApiError
 from server.queue import JobQueue
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
+from server.registry.spec_check import registered_inputs_check
 from server.schemas import MAX_STEP_NUMBER, ErrorBody, EvalList, JobList, JobPublic, JobStatus, MetricsPage, step_point
 from server.settings import Settings
 from server.strict_body import StrictJSONRoute
@@ -97,12 +98,16 @@ def submit_job(
     the caller over a quota limit is 429 (:mod:`server.quotas`; a replay is not counted).
     A replay of a job whose message never reached the broker (``failed``/``enqueue_failed``,
     never claimed) puts it back to ``queued`` and sends it again (:mod:`server.db.requeue`).
+    A ``dataset_id`` or ``model_id`` the caller cannot see is a 422 at that field, as is a spec
+    that does not validate once the registered dataset's format is filled in
+    (:mod:`server.registry.spec_check`).
     """
     _reject_faults(spec, settings)
     check_gpu_capacity(session, spec, settings, idempotency_key, principal.owner)
     defaults = default_limits(settings)
     try:
-        job, created = repo.create_job(session, spec, idempotency_key, owner=principal.owner, quota_defaults=defaults)
+        job, created = repo.create_job(session, spec, idempotency_key, owner=principal.owner, quota_defaults=defaults,
+                                       check_inputs=registered_inputs_check(spec, principal))  # fmt: skip
     except repo.IdempotencyMismatch as exc:
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("header", "Idempotency-Key"), "msg": str(exc), "input": idempotency_key}]

@@ -21,7 +21,7 @@ from e2e_support import Stack
 
 from conftest import make_stack
 from server.client import HalfcastClient
-from tests.trainer.hf_tokenizer_support import build_tokenizer_dir, load_tokenizer
+from tests.trainer.hf_tokenizer_support import save_chat_llama
 
 pytestmark = pytest.mark.e2e
 
@@ -30,25 +30,12 @@ CHATS = [
 ]
 
 
-def _model_dir(directory: Path) -> Path:
-    """A random-init 1-layer Llama sized for the test tokenizer, saved with its tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    build_tokenizer_dir(directory)
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=128,
-                         vocab_size=len(load_tokenizer(directory)))  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(str(directory), safe_serialization=True)
-    return directory
-
-
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The model root (``chat-llama/``) and the data root (``chat.jsonl``)."""
     base = tmp_path_factory.mktemp("fine-tune-roots")
     models, data = base / "models", base / "data"
-    _model_dir(models / "chat-llama")
+    save_chat_llama(models / "chat-llama")
     data.mkdir()
     lines = [{"messages": [{"role": role, "content": text} for role, text in chat]} for chat in CHATS]
     (data / "chat.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))

@@ -2,7 +2,7 @@
 
 - :func:`make_tokens` makes an admin token and a plain one (owner :data:`SEED_OWNER`).
 - :func:`seed_jobs` stores one job in every status (owned by :data:`SEED_OWNER`) (with attempts, step records and a
-  rank log where the status implies them, and an adapter export for the succeeded one) and a worker with one GPU, so the fuzzer's
+  rank log where the status implies them, and adapter and model exports for the succeeded one) and a worker with one GPU, so the fuzzer's
   requests reach past the 404s into the real code paths.
 - :func:`check_error_body` is the contract of every 4xx body (docs/api.md, "Errors").
 - :func:`fingerprint` and :func:`database_problems` say whether the database changed
@@ -28,7 +28,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import tokens
 from server.db.jobs import spec_hash
-from server.db.models import STATUSES, TERMINAL_STATUSES, Attempt, Job, StepRecord, Worker
+from server.db.models import (
+    STATUSES, TERMINAL_STATUSES, Attempt, Job, RegisteredDataset, RegisteredModel, StepRecord, Worker,
+)
+from server.registry.layout import RegistryLayout
 from server.runlogs import attempt_dir, rank_log
 from server.schemas import JobPublic
 from server.strict_json import JsonPath
@@ -98,6 +101,10 @@ def _add_history(session: Session, job: Job, runs_dir: Path) -> None:
         adapter = attempt_dir(runs_dir, job.id, 1) / "export" / "adapter"
         adapter.mkdir(parents=True)
         (adapter / "adapter_config.json").write_text('{"r": 8}')
+        model = adapter.parent / "model"  # registrable: POST /jobs/{id}/exports/model/register reaches its 201
+        model.mkdir()
+        (model / "config.json").write_text('{"model_type": "llama"}')
+        (model / "model.safetensors").write_bytes(b"\x08\0\0\0\0\0\0\0{}      ")
 
 
 def seed_jobs(sessions: sessionmaker[Session], runs_dir: Path) -> Seeded:
@@ -162,6 +169,8 @@ def fingerprint(sessions: sessionmaker[Session]) -> tuple[Any, ...]:
             session.scalar(select(func.count()).select_from(Attempt)),
             session.scalar(select(func.count()).select_from(StepRecord)),
             session.scalar(select(func.count()).select_from(Worker)),
+            session.scalar(select(func.count()).select_from(RegisteredDataset)),
+            session.scalar(select(func.count()).select_from(RegisteredModel)),
         )
 
 
@@ -205,15 +214,38 @@ def _orphan_problems(session: Session) -> list[str]:
     return [f"{n} {what} of missing jobs" for n, what in ((orphans, "step records"), (lost, "attempts")) if n]
 
 
-def database_problems(sessions: sessionmaker[Session]) -> list[str]:
+def _registry_problems(session: Session, registry: Path) -> list[str]:
+    """Registered rows without their file, files without a row, leftovers of uploads."""
+    layout = RegistryLayout(registry)
+    problems = []
+    datasets = {layout.dataset_file(row.sha256, row.file_format) for row in session.scalars(select(RegisteredDataset))}
+    models = {layout.model_dir(row.id) for row in session.scalars(select(RegisteredModel))}
+    present = set(layout.datasets.iterdir()) if layout.datasets.is_dir() else set()
+    present_models = set(layout.models.iterdir()) if layout.models.is_dir() else set()
+    problems += [f"dataset file {path.name} has no row" for path in sorted(present - datasets)]
+    problems += [f"a dataset row has no file {path.name}" for path in sorted(datasets - present)]
+    problems += [f"model directory {path.name} has no row" for path in sorted(present_models - models)]
+    problems += [f"a model row has no directory {path.name}" for path in sorted(models - present_models)]
+    for leftover in ("staging", "trash"):
+        folder = registry / f".{leftover}"
+        if folder.is_dir() and any(folder.iterdir()):
+            problems.append(f"the registry's .{leftover} folder is not empty: {sorted(p.name for p in folder.iterdir())}")
+    return problems
+
+
+def database_problems(sessions: sessionmaker[Session], registry: Path | None = None) -> list[str]:
     """Everything half-written or inconsistent in the database (empty: all is well).
 
     Every job's spec validates as a ``JobSpec``, is strict JSON and agrees with its columns; its status
     is known and its timestamps, error and attempts fit the status; it renders as the
-    job resource; no step record or attempt belongs to a missing job.
+    job resource; no step record or attempt belongs to a missing job. With ``registry`` (the registry
+    directory), every registered dataset and model has its file and every file its row, and no upload
+    left anything in staging or trash.
     """
     problems: list[str] = []
     with sessions() as session:
+        if registry is not None:
+            problems += _registry_problems(session, registry)
         for job in session.scalars(select(Job)):
             problems += _spec_problems(job) + _status_problems(job)
             try:

@@ -1,5 +1,8 @@
 """Every route × every kind of caller: no token and a revoked token get 401, another owner 404 (403 for admin routes).
 
+Registered datasets and models (``registered`` routes) are isolated like jobs: ``bob`` gets the 404 of a
+missing one for alice's dataset or model and deletes nothing.
+
 The routes come from the app itself, ``HEAD`` ones included, so a route added without
 deciding its access fails here (add it to ``CASES`` or, for a public one, to
 ``PUBLIC``). Each job route is asked about one job owned by ``alice``: ``bob`` gets
@@ -10,6 +13,8 @@ on ``GET`` and ``HEAD`` she gets what ``alice`` gets, on any other method a 401.
 
 from __future__ import annotations
 
+import io
+import tarfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +28,7 @@ from starlette.routing import Mount, Route
 
 from server.app import create_app
 from server.auth import SESSION_COOKIE
-from server.db.models import Job
+from server.db.models import Job, RegisteredDataset, RegisteredModel, utcnow
 from server.db.tokens import revoke_token
 from server.settings import Settings
 
@@ -50,6 +55,26 @@ class Case:
     checkpoint: bool = False
     #: The job has an ``adapter`` export in attempt 1 (for the export routes).
     export: bool = False
+    #: The job has a ``model`` export in attempt 1 (for registering it).
+    model_export: bool = False
+    #: A raw request body and its content type (uploads), instead of ``json``.
+    content: bytes | None = None
+    content_type: str | None = None
+
+
+#: An upload's body: a dataset of two text rows, and a model directory as a tar.
+DATASET_ROWS = b'{"text": "a"}\n{"text": "b"}\n'
+MODEL_FILES = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"\x08\0\0\0\0\0\0\0{}      "}
+
+
+def _model_tar() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in MODEL_FILES.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 CASES: dict[tuple[str, str], Case] = {
@@ -73,6 +98,15 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/session"): Case("any"),
     ("POST", "/session"): Case("any"),
     ("DELETE", "/session"): Case("any"),
+    ("POST", "/datasets"): Case("any", params={"format": "text"}, content=DATASET_ROWS, content_type="application/jsonl"),
+    ("GET", "/datasets"): Case("any"),
+    ("GET", "/datasets/{dataset_id}"): Case("registered"),
+    ("DELETE", "/datasets/{dataset_id}"): Case("registered"),
+    ("POST", "/models"): Case("any", content=_model_tar(), content_type="application/x-tar"),
+    ("GET", "/models"): Case("any"),
+    ("GET", "/models/{model_id}"): Case("registered"),
+    ("DELETE", "/models/{model_id}"): Case("registered"),
+    ("POST", "/jobs/{job_id}/exports/model/register"): Case("job", model_export=True),
 }
 
 
@@ -107,6 +141,20 @@ class World:
     tokens: dict[str, str | None]
     job_id: str
     sessions: sessionmaker[Session]
+    #: alice's registered dataset and model.
+    registered: dict[str, str] = field(default_factory=dict)
+
+
+def _register_for_alice(sessions: sessionmaker[Session]) -> dict[str, str]:
+    """A dataset and a model row of ``alice`` (their files are not needed to read or delete them)."""
+    ids = {"dataset_id": str(uuid.uuid4()), "model_id": str(uuid.uuid4())}
+    with sessions() as session:
+        session.add(RegisteredDataset(id=ids["dataset_id"], owner="alice", name="d", format="text", file_format="jsonl",
+                                      rows=2, bytes=10, sha256="0" * 64, created_at=utcnow()))  # fmt: skip
+        session.add(RegisteredModel(id=ids["model_id"], owner="alice", name="m", model_type="llama", files=2, bytes=10,
+                                    sha256="0" * 64, created_at=utcnow()))  # fmt: skip
+        session.commit()
+    return ids
 
 
 @pytest.fixture
@@ -131,8 +179,13 @@ def world(settings: Settings, database_url: str, sessions: sessionmaker[Session]
         folder = settings.runs_dir / job_id / "attempt-1" / "export" / "adapter"
         folder.mkdir(parents=True)
         (folder / "adapter_config.json").write_bytes(b"{}")
+    if case is not None and case.model_export:
+        folder = settings.runs_dir / job_id / "attempt-1" / "export" / "model"
+        folder.mkdir(parents=True)
+        for name, data in MODEL_FILES.items():
+            (folder / name).write_bytes(data)
     with TestClient(create_app(settings, FakeQueue())) as client:
-        yield World(client, tokens, job_id, sessions)
+        yield World(client, tokens, job_id, sessions, _register_for_alice(sessions))
 
 
 def _credentials(world: World, caller: str) -> dict[str, str]:
@@ -143,12 +196,15 @@ def _credentials(world: World, caller: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _call(world: World, method: str, path: str, caller: str, job_id: str | None = None) -> Any:
+def _call(world: World, method: str, path: str, caller: str, job_id: str | None = None, item_id: str | None = None) -> Any:
     case = CASES[(method, path)]
     headers = _credentials(world, caller)
     url = path.replace("{job_id}", job_id or world.job_id)
-    for name, value in case.path_params.items():
-        url = url.replace("{" + name + "}", value)
+    for name, value in {**world.registered, **case.path_params}.items():
+        url = url.replace("{" + name + "}", item_id if item_id is not None and name in world.registered else value)
+    if case.content is not None:
+        headers["content-type"] = case.content_type or ""
+        return world.client.request(method, url, headers=headers, content=case.content, params=case.params)
     return world.client.request(method, url, headers=headers, json=case.json, params=case.params)
 
 
@@ -186,6 +242,12 @@ def test_route_access(world: World, route: tuple[str, str], caller: str) -> None
         if has_body:
             assert response.json() == {**missing.json(), "job_id": world.job_id, "detail": missing.json()["detail"].replace(missing_id, world.job_id)}
         assert _status_of(world) == case.job_status  # nothing changed
+    elif case.access == "registered" and caller == "other":
+        missing = _call(world, method, path, caller, item_id=(missing_id := str(uuid.uuid4())))
+        assert response.status_code == missing.status_code == 404, response.text
+        present = next(value for value in world.registered.values() if value in response.json()["detail"])
+        assert response.json() == {"detail": missing.json()["detail"].replace(missing_id, present)}
+        assert _call(world, "GET", path, "admin").status_code == 200  # nothing deleted
     else:
         assert 200 <= response.status_code < 300, response.text
     if (method, path) == ("GET", "/jobs") and response.status_code == 200:

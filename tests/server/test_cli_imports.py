@@ -28,7 +28,10 @@ SERVER_SIDE = ("torch", "sqlalchemy", "fastapi", "starlette", "celery", "kombu",
 #: Every command that talks to the API, with arguments that get it to its first request.
 JOB_COMMANDS = (["list"], ["status", "j"], ["watch", "j"], ["cancel", "j"], ["submit", str(SPEC)], ["logs", "j"],
                 ["logs", "j", "-f"], ["checkpoints", "j"], ["download", "j"], ["exports", "j"],
-                ["export", "j", "model"], ["audit"])  # fmt: skip
+                ["export", "j", "model"], ["audit"], ["datasets", "upload", str(SPEC), "--format", "text"],
+                ["datasets", "list"], ["datasets", "show", "d"], ["datasets", "delete", "d"],
+                ["models", "upload", str(SPEC.parent)], ["models", "list"], ["models", "show", "m"],
+                ["models", "delete", "m"], ["models", "register", "j"])  # fmt: skip
 
 #: Runs each command of argv (a JSON list of argument lists) with main(); prints the exit statuses and the modules loaded.
 PROBE = """

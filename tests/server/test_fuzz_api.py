@@ -32,6 +32,10 @@ until the job is terminal, so the seeded ids swapped into their paths are only t
 of terminal jobs (their streams end after the snapshot); a generated id is unknown
 (404); pytest-timeout ends a stream that would not.
 
+Uploads: ``POST /datasets`` and ``POST /models`` take raw bodies (JSON lines or CSV; a tar), which
+schemathesis generates as strings and bytes (:func:`_raw_bytes` serializes the tar media type); a
+refused upload must leave no row and no file under the registry directory.
+
 Authentication: each operation is fuzzed as ``admin`` (an admin token: sees every
 job), ``user`` (a plain token owning the seeded jobs) and ``anonymous`` (no token:
 401 JSON with ``WWW-Authenticate: Bearer`` everywhere but ``/healthz`` and
@@ -104,6 +108,14 @@ EXCLUDED_CHECKS = (
 )
 
 
+@schemathesis.serializer("application/x-tar")
+def _raw_bytes(_ctx: Any, value: Any) -> bytes:
+    """A generated body of ``POST /models`` (any bytes: what the route must refuse unless it is a model tar)."""
+    if isinstance(value, bytes):
+        return value
+    return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else json.dumps(value).encode()
+
+
 @dataclass
 class FuzzTarget:
     """One app under fuzz: its client, a session factory on its database, the seeded ids, and tallies."""
@@ -113,6 +125,7 @@ class FuzzTarget:
     seeded: Seeded
     backend: str
     tokens: dict[str, str]
+    registry: Path
     examples: Counter[str] = field(default_factory=Counter)
     statuses: dict[str, Counter[int]] = field(default_factory=dict)
 
@@ -147,7 +160,7 @@ def fuzz_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     tokens = make_tokens(sessions)
     (settings_.broker_dir / "in").mkdir(parents=True)  # what a worker creates: /readyz is then 200
     with TestClient(create_app(settings_, FakeQueue()), raise_server_exceptions=False) as client:
-        target = FuzzTarget(client, sessions, seeded, request.param, tokens)
+        target = FuzzTarget(client, sessions, seeded, request.param, tokens, settings_.registry_dir)
         yield target
     _report(target)
     engine.dispose()
@@ -339,5 +352,5 @@ def test_fuzzed_database_is_consistent(fuzz_target: FuzzTarget) -> None:
     It shares the module-scoped database with :func:`test_fuzz_operation` and runs after
     it (pytest keeps the file's order); run alone it checks only the seeded rows.
     """
-    problems = database_problems(fuzz_target.sessions)
+    problems = database_problems(fuzz_target.sessions, fuzz_target.registry)
     assert not problems, "\n".join(problems)

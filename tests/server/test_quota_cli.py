@@ -16,7 +16,7 @@ from server.db.quotas import QuotaLimits, get_override, set_quota
 def cli_database(monkeypatch: pytest.MonkeyPatch, database_url: str) -> str:
     """The CLI's ``HALFCAST_DATABASE_URL`` is the test database; no default quota is set."""
     monkeypatch.setenv("HALFCAST_DATABASE_URL", database_url)
-    for name in ("MAX_ACTIVE_JOBS", "MAX_GPUS", "MAX_QUEUED_JOBS"):
+    for name in ("MAX_ACTIVE_JOBS", "MAX_GPUS", "MAX_QUEUED_JOBS", "MAX_STORAGE_BYTES"):
         monkeypatch.delenv(f"HALFCAST_QUOTA_{name}", raising=False)
     return database_url
 
@@ -40,7 +40,8 @@ def test_set_changes_only_the_limits_given_and_is_audited(cli_database: str, ses
     assert "max_active_jobs=3, max_gpus=4, max_queued_jobs=default" in capsys.readouterr().out
     [first, second] = quota_events(sessions)
     assert first == ("quota.set", "alice", {"set": {"max_gpus": 4, "max_queued_jobs": 10}, "via": "cli",
-                                             "override": {"max_active_jobs": None, "max_gpus": 4, "max_queued_jobs": 10}})  # fmt: skip
+                                             "override": {"max_active_jobs": None, "max_gpus": 4, "max_queued_jobs": 10,
+                                                          "max_storage_bytes": None}})  # fmt: skip
     assert second[2] is not None and second[2]["set"] == {"max_queued_jobs": None, "max_active_jobs": 3}
     with sessions() as session:
         assert session.scalars(select(AuditEvent.actor).where(AuditEvent.action == "quota.set")).first().startswith("cli:")  # type: ignore[union-attr]
@@ -68,10 +69,11 @@ def test_list_shows_the_defaults_and_every_override(cli_database: str, sessions:
     assert main(["quotas", "list"]) == 0
 
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["OWNER", "MAX", "ACTIVE", "JOBS", "MAX", "GPUS", "MAX", "QUEUED", "JOBS"]
-    assert lines[1].split() == ["(server", "default)", "unlimited", "unlimited", "7"]
-    assert lines[2].split() == ["alice", "2", "default", "(unlimited)", "default", "(7)"]
-    assert lines[3].split() == ["bob", "default", "(unlimited)", "8", "default", "(7)"]
+    assert lines[0].split() == ["OWNER", "MAX", "ACTIVE", "JOBS", "MAX", "GPUS", "MAX", "QUEUED", "JOBS",
+                                "MAX", "STORAGE", "BYTES"]  # fmt: skip
+    assert lines[1].split() == ["(server", "default)", "unlimited", "unlimited", "7", "unlimited"]
+    assert lines[2].split() == ["alice", "2", "default", "(unlimited)", "default", "(7)", "default", "(unlimited)"]
+    assert lines[3].split() == ["bob", "default", "(unlimited)", "8", "default", "(7)", "default", "(unlimited)"]
 
 
 def test_clear_drops_the_override_and_is_audited_once(cli_database: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,7 +86,8 @@ def test_clear_drops_the_override_and_is_audited_once(cli_database: str, session
     with sessions() as session:
         assert session.get(OwnerQuota, "alice") is None
     assert quota_events(sessions)[1:] == [
-        ("quota.clear", "alice", {"previous": {"max_active_jobs": None, "max_gpus": 2, "max_queued_jobs": None}, "via": "cli"})]  # fmt: skip
+        ("quota.clear", "alice", {"previous": {"max_active_jobs": None, "max_gpus": 2, "max_queued_jobs": None,
+                                                 "max_storage_bytes": None}, "via": "cli"})]  # fmt: skip
     assert "had no override" in capsys.readouterr().out
 
 
@@ -96,3 +99,13 @@ def test_quota_events_are_listed_by_the_audit_route(cli_database: str, client: T
         response = client.get("/audit", params={"action": action})
         assert response.status_code == 200, response.text
         assert [event["subject"] for event in response.json()["events"]] == ["alice"]
+
+
+def test_set_takes_the_storage_limit_of_registered_datasets_and_models(
+    cli_database: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["quotas", "set", "alice", "--max-storage-bytes", "1073741824"]) == 0
+    assert override(sessions, "alice") == QuotaLimits(max_storage_bytes=1 << 30)
+    assert "max_storage_bytes=1073741824" in capsys.readouterr().out
+    assert main(["quotas", "set", "alice", "--max-storage-bytes", "default"]) == 0
+    assert override(sessions, "alice") == QuotaLimits()

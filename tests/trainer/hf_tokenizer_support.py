@@ -59,6 +59,20 @@ def build_tokenizer_dir(directory: Path, chat_template: str | None = CHAT_TEMPLA
     return directory
 
 
+def save_chat_llama(directory: Path, seed: int = 0) -> Path:
+    """A seeded random-init 1-layer Llama sized for the tiny tokenizer, saved with it (safetensors) into ``directory``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    build_tokenizer_dir(directory)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, max_position_embeddings=128,
+                         vocab_size=len(load_tokenizer(directory)))  # fmt: skip
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(str(directory), safe_serialization=True)
+    return directory
+
+
 def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     """The tokenizer saved in ``directory``, loaded offline."""
     from transformers import AutoTokenizer

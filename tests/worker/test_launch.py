@@ -46,6 +46,7 @@ def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> 
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "10"  # torchrun's own SIGKILL of its ranks: the grace (rounded up)
     assert build_environment(JobSpec.model_validate(small_spec()), Settings(data_dir=tmp_path, cancel_grace_s=2.5), base)[
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "3"
+    assert env["HALFCAST_REGISTRY_DIR"] == str(tmp_path.resolve() / "registry")  # registered datasets and models
     cpus = len(os.sched_getaffinity(0))
     assert env["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
 

@@ -1,52 +1,33 @@
-"""Dataset registry: ``build_dataset(spec.dataset, tokenizer)`` gives the loop a :class:`Dataset`."""
+"""Datasets: ``build_dataset(spec.dataset, tokenizer)`` gives the loop a :class:`Dataset`.
+
+The names are loaded on first use (:func:`__getattr__`): importing a torch-free module of
+this package (:mod:`trainer.data.sources`, :mod:`trainer.data.jsonl.rows`,
+:mod:`trainer.data.jsonl.formats`, which the API uses to check uploaded datasets) does not
+import torch.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from trainer.catalog import DatasetSpec
-from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Dataset, Task
-from trainer.data.digits import build_digits
-from trainer.data.jsonl import build_jsonl
-from trainer.data.synthetic import build_synthetic
-from trainer.data.text import build_text
-
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Dataset, Task
+    from trainer.data.builders import DATASETS, build_dataset
 
 __all__ = ["IGNORE_INDEX", "Batch", "DataInfo", "Dataset", "Task", "build_dataset", "DATASETS"]
 
-#: ``builder(config, tokenizer)``: the entry's typed config and the model's tokenizer (or ``None``).
-Builder = Callable[[Any, "PreTrainedTokenizerBase | None"], Dataset]
+#: Where each exported name lives.
+_HOMES = {
+    "IGNORE_INDEX": "trainer.data.base", "Batch": "trainer.data.base", "DataInfo": "trainer.data.base",
+    "Dataset": "trainer.data.base", "Task": "trainer.data.base",
+    "DATASETS": "trainer.data.builders", "build_dataset": "trainer.data.builders",
+}  # fmt: skip
 
 
-def _without_tokenizer(build: Callable[[Any], Dataset]) -> Builder:
-    """A builder of data that needs no tokenizer (it ignores the one it is given)."""
-
-    def builder(config: Any, tokenizer: PreTrainedTokenizerBase | None) -> Dataset:
-        return build(config)
-
-    builder.__doc__ = build.__doc__
-    return builder
-
-
-#: Registry name -> builder taking the entry's typed config and the tokenizer.
-DATASETS: dict[str, Builder] = {
-    "digits": _without_tokenizer(build_digits),
-    "synthetic": _without_tokenizer(build_synthetic),
-    "text": _without_tokenizer(build_text),
-    "jsonl": build_jsonl,
-}
-
-
-def build_dataset(spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase | None = None) -> Dataset:
-    """The dataset named by ``spec`` (``{"name", "config"}`` from :mod:`trainer.catalog`).
-
-    ``tokenizer``: the model's tokenizer, for token datasets read from files (``jsonl``
-    requires one; the others ignore it). Raises ``KeyError`` for a name without a
-    builder (the catalog rejects those first) and :class:`trainer.errors.TrainerError`
-    (``data_unavailable`` when the data cannot be read, ``spec_invalid`` when ``jsonl``
-    gets no tokenizer).
-    """
-    return DATASETS[spec.name](spec.config, tokenizer)
+def __getattr__(name: str) -> Any:
+    """The exported ``name``, imported from its module on first use."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

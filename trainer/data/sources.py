@@ -91,14 +91,19 @@ def open_data_file(relative: str, max_bytes: int, roots: list[Path] | None = Non
     is empty, or is larger than ``max_bytes`` (never read in part: a cut file would
     silently lose rows).
     """
-    path = resolve_data_file(relative, roots)
+    return open_bounded(resolve_data_file(relative, roots), relative, max_bytes)
+
+
+def open_bounded(path: Path, name: str, max_bytes: int) -> BinaryIO:
+    """``path`` opened for streaming binary reads; ``data_unavailable`` (naming the file ``name``) when it
+    cannot be opened, is empty, or is larger than ``max_bytes``. The caller closes it."""
     try:
         handle = path.open("rb")
     except OSError as exc:
-        raise TrainerError("data_unavailable", f"cannot read dataset file {relative!r}: {exc}") from exc
+        raise TrainerError("data_unavailable", f"cannot read dataset file {name!r}: {exc}") from exc
     size = os.fstat(handle.fileno()).st_size
     if size == 0 or size > max_bytes:
         handle.close()
         problem = "is empty" if size == 0 else f"is {size} bytes, over max_bytes ({max_bytes})"
-        raise TrainerError("data_unavailable", f"dataset file {relative!r} {problem}")
+        raise TrainerError("data_unavailable", f"dataset file {name!r} {problem}")
     return handle

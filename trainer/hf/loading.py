@@ -19,6 +19,7 @@ from trainer.catalog import HFConfig
 from trainer.data.base import DataInfo, Task
 from trainer.errors import TrainerError
 from trainer.hf.safety import check_model_dir, check_tokenizer_dir
+from trainer.registered import registered_model_dir
 from trainer.roots import MODEL_ROOTS
 
 log = logging.getLogger(__name__)
@@ -29,22 +30,30 @@ BYTE_VOCAB = 256
 _LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError)
 
 
+def _pretrained_dir(config: HFConfig) -> Path | None:
+    """Where a ``path`` (under a model root) or ``model_id`` (registered) model is; ``None`` for ``hf_config``."""
+    if config.model_id is not None:
+        return registered_model_dir(config.model_id)
+    if config.path is not None:
+        return MODEL_ROOTS.resolve(config.path, kind="dir")
+    return None
+
+
 def model_dir(config: HFConfig) -> Path | None:
-    """The checked directory of a ``path`` model (``model_unavailable`` if refused), or ``None``."""
-    if config.path is None:
-        return None
-    directory = MODEL_ROOTS.resolve(config.path, kind="dir")
-    check_model_dir(directory)
+    """The checked directory of a ``path`` or ``model_id`` model (``model_unavailable`` if refused), or ``None``."""
+    directory = _pretrained_dir(config)
+    if directory is not None:
+        check_model_dir(directory)
     return directory
 
 
 def tokenizer_dir(config: HFConfig) -> Path | None:
-    """The checked tokenizer directory: ``tokenizer_path``, else the model's ``path``; ``None`` when byte-level."""
+    """The checked tokenizer directory: ``tokenizer_path``, else the model's own; ``None`` when byte-level."""
     if config.tokenizer_path is not None:
-        directory = MODEL_ROOTS.resolve(config.tokenizer_path, kind="dir")
-    elif config.path is not None:
-        directory = MODEL_ROOTS.resolve(config.path, kind="dir")
+        directory: Path | None = MODEL_ROOTS.resolve(config.tokenizer_path, kind="dir")
     else:
+        directory = _pretrained_dir(config)
+    if directory is None:
         return None
     check_tokenizer_dir(directory)
     return directory

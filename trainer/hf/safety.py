@@ -1,5 +1,8 @@
 """What a model directory must be before Hugging Face may read it: no remote code, no pickle weights.
 
+Torch-free: the API applies the same rules to an uploaded model (``POST /models``) through
+:func:`remote_code_problem` and :func:`weights_problem`.
+
 ``from_pretrained`` with ``trust_remote_code=False`` already refuses remote code, and
 ``use_safetensors=True`` refuses pickle weights; these checks run first so that a refused
 directory fails with a clear ``model_unavailable`` message naming the reason.
@@ -8,7 +11,8 @@ directory fails with a clear ``model_unavailable`` message naming the reason.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Iterable
+from pathlib import Path, PurePath
 from typing import Any
 
 from trainer.errors import TrainerError
@@ -17,6 +21,8 @@ from trainer.errors import TrainerError
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".ckpt", ".pkl"})
 CONFIG_FILE = "config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+#: Config keys that make Hugging Face import code shipped with the model.
+REMOTE_CODE_KEYS = frozenset({"auto_map"})
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -29,10 +35,30 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def remote_code_problem(data: dict[str, Any], name: str) -> str | None:
+    """Why the parsed config file ``name`` asks for remote code (a key of :data:`REMOTE_CODE_KEYS`), or ``None``."""
+    found = sorted(REMOTE_CODE_KEYS & data.keys())
+    if not found:
+        return None
+    return f"needs remote code ('{found[0]}' in {name}); Halfcast never runs trust_remote_code"
+
+
+def weights_problem(file_names: Iterable[str]) -> str | None:
+    """Why a model directory holding ``file_names`` (its top level) has no usable weights, or ``None``:
+    it needs ``*.safetensors`` (pickle weights alone are never loaded)."""
+    names = sorted(file_names)
+    if any(name.endswith(".safetensors") for name in names):
+        return None
+    pickles = [name for name in names if PurePath(name).suffix in PICKLE_SUFFIXES]
+    if pickles:
+        return f"holds only pickle weights ({', '.join(pickles[:4])}); convert them to safetensors"
+    return "holds no *.safetensors weights"
+
+
 def _refuse_remote_code(path: Path) -> None:
-    if "auto_map" in _read_json(path):
-        msg = f"{path.parent} needs remote code ('auto_map' in {path.name}); Halfcast never runs trust_remote_code"
-        raise TrainerError("model_unavailable", msg)
+    problem = remote_code_problem(_read_json(path), path.name)
+    if problem is not None:
+        raise TrainerError("model_unavailable", f"{path.parent} {problem}")
 
 
 def check_model_dir(directory: Path) -> None:
@@ -43,14 +69,9 @@ def check_model_dir(directory: Path) -> None:
         raise TrainerError("model_unavailable", f"{directory} has no {CONFIG_FILE}")
     _refuse_remote_code(config)
     check_tokenizer_dir(directory, required=False)
-    files = [p for p in directory.iterdir() if p.is_file()]
-    if any(p.suffix == ".safetensors" for p in files):
-        return
-    pickles = sorted(p.name for p in files if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        msg = f"{directory} holds only pickle weights ({', '.join(pickles[:4])}); convert them to safetensors"
-        raise TrainerError("model_unavailable", msg)
-    raise TrainerError("model_unavailable", f"{directory} holds no *.safetensors weights")
+    problem = weights_problem(p.name for p in directory.iterdir() if p.is_file())
+    if problem is not None:
+        raise TrainerError("model_unavailable", f"{directory} {problem}")
 
 
 def check_tokenizer_dir(directory: Path, *, required: bool = True) -> None:

@@ -24,7 +24,8 @@ from trainer.data.jsonl.formats import (
     TextExample,
     parse_row,
 )
-from trainer.data.jsonl.rows import read_rows
+from trainer.data.jsonl.rows import rows_of
+from trainer.data.jsonl.source import open_dataset
 from trainer.data.jsonl.samples import SplitCounts, class_labels, classification_sample, lm_sample
 from trainer.data.jsonl.tokens import (
     TokenExample,
@@ -52,10 +53,12 @@ def build_jsonl(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase | None) 
     """
     if tokenizer is None:
         raise TrainerError("spec_invalid", "dataset 'jsonl' needs the model's tokenizer (use a model that has one)")
+    if not config.resolved:
+        raise TrainerError("spec_invalid", f"{config.source} was not resolved by the worker (format, file_format, sha256)")
     pad_id = _pad_id(tokenizer)
     _check_tokenizer(config, tokenizer)
     examples = _read_examples(config)
-    splits = split_rows(len(examples), config.test_fraction, config.split_seed, config.path)
+    splits = split_rows(len(examples), config.test_fraction, config.split_seed, config.source)
     if config.format == "classification":
         dataset = _classification(config, tokenizer, cast(list[ClassificationExample], examples), splits, pad_id)
     else:
@@ -80,9 +83,10 @@ def _check_tokenizer(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase) ->
 
 
 def _read_examples(config: JsonlConfig) -> list[Example]:
-    csv = config.effective_file_format == "csv"
-    rows = read_rows(config.path, config.effective_file_format, config.max_bytes)
-    return [parse_row(row, config.format, config.column_map, csv=csv) for row in rows]
+    with open_dataset(config) as handle:
+        file_format, fmt = config.effective_file_format, cast(str, config.format)  # resolved: open_dataset checks
+        rows = rows_of(config.source, handle, file_format)
+        return [parse_row(row, fmt, config.column_map, csv=file_format == "csv") for row in rows]
 
 
 def split_rows(count: int, test_fraction: float, split_seed: int, file: str) -> tuple[list[int], list[int]]:
@@ -107,7 +111,7 @@ def _language_model(
             return text_tokens(example, tokenizer, prefix)
         if isinstance(example, InstructionExample):
             return instruction_tokens(example, tokenizer, prefix, masking)
-        return chat_tokens(cast(ChatExample, example), tokenizer, masking, config.path)
+        return chat_tokens(cast(ChatExample, example), tokenizer, masking, config.source)
 
     counts = (SplitCounts(), SplitCounts())
     samples: tuple[list[Sample], list[Sample]] = ([], [])
@@ -125,7 +129,7 @@ def _classification(
     config: JsonlConfig, tokenizer: PreTrainedTokenizerBase, examples: list[ClassificationExample],
     splits: tuple[list[int], list[int]], pad_id: int,
 ) -> TokenFileDataset:
-    labels = class_labels(examples, config.path)
+    labels = class_labels(examples, config.source)
     counts = (SplitCounts(), SplitCounts())
     samples: tuple[list[Sample], list[Sample]] = ([], [])
     for rows, split_counts, split_samples in zip(splits, counts, samples, strict=True):
@@ -140,7 +144,7 @@ def _check_not_empty(config: JsonlConfig, counts: tuple[SplitCounts, SplitCounts
     for name, split in zip(("training", "held-out"), counts, strict=True):
         if split.examples == 0:
             msg = (
-                f"dataset file {config.path!r}: no {name} example has a trainable token left "
+                f"dataset file {config.source!r}: no {name} example has a trainable token left "
                 f"({split.dropped_no_trainable_tokens} dropped after truncation to max_seq_len {config.max_seq_len})"
             )
             raise TrainerError("data_unavailable", msg)
@@ -165,7 +169,7 @@ def report(
 
 
 def _log_report(config: JsonlConfig, summary: dict[str, object]) -> None:
-    log.info("dataset %s: %s", config.path, summary)
+    log.info("dataset %s: %s", config.source, summary)
     if summary["truncated"] or summary["dropped_no_trainable_tokens"]:
         log.warning("dataset %s: %s examples truncated to max_seq_len %d, %s dropped without a trainable token",
-                    config.path, summary["truncated"], config.max_seq_len, summary["dropped_no_trainable_tokens"])
+                    config.source, summary["truncated"], config.max_seq_len, summary["dropped_no_trainable_tokens"])

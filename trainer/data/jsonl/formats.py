@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainer.data.jsonl.rows import Row, json_type, row_error
 
@@ -144,3 +144,39 @@ class _FieldReader:
         if not isinstance(content, str):
             raise self.fail(f"{where}.content", f"expected a string, got {json_type(content)}")
         return dict(message)
+
+
+@dataclass
+class LabelCheck:
+    """What a classification file's labels must be as a whole, checked one example at a time.
+
+    Every label is of the first row's kind (integer class ids, or class names), and the
+    file has at least two classes (an id above 0, or two distinct names). Used by the
+    trainer (:func:`trainer.data.jsonl.samples.class_labels`) and by the API on upload.
+    """
+
+    file: str
+    integers: bool | None = None
+    first_line: int = 0
+    max_id: int = 0
+    names: set[str] = field(default_factory=set)
+
+    def add(self, example: ClassificationExample) -> None:
+        """Take ``example``; ``data_unavailable`` when its label kind differs from the first row's."""
+        is_integer = isinstance(example.label, int)
+        if self.integers is None:
+            self.integers, self.first_line = is_integer, example.line
+        elif is_integer != self.integers:
+            kind = "a class name" if self.integers else "an integer class id"
+            first = "integer class ids" if self.integers else "class names"
+            raise row_error(self.file, example.line, "label", f"{kind} in a file whose first row has {first}")
+        if isinstance(example.label, int):
+            self.max_id = max(self.max_id, example.label)
+        elif len(self.names) < 2:
+            self.names.add(example.label)
+
+    def finish(self) -> None:
+        """``data_unavailable`` when the examples taken hold a single class."""
+        classes = self.max_id + 1 if self.integers else len(self.names)
+        if classes < 2:
+            raise row_error(self.file, self.first_line, "label", "every row has the same class: classification needs two")

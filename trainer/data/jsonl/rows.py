@@ -33,10 +33,22 @@ class Row:
     fields: dict[str, object]
 
 
-def row_error(file: str, line: int, field: str | None, what: str) -> TrainerError:
+class RowError(TrainerError):
+    """A bad row (``data_unavailable``), with the ``line``, the ``field`` at fault (``None``: the row
+    itself) and ``what`` is wrong, so the API can name them in its ``422`` (``POST /datasets``)."""
+
+    def __init__(self, file: str, line: int, field: str | None, what: str) -> None:
+        where = f"file {file}, line {line}: " + (f"field {field}: " if field is not None else "")
+        super().__init__("data_unavailable", where + what)
+        self.file = file
+        self.line = line
+        self.field = field
+        self.what = what
+
+
+def row_error(file: str, line: int, field: str | None, what: str) -> RowError:
     """``data_unavailable``: ``file <file>, line <line>: field <field>: <what>`` (no field part when ``None``)."""
-    where = f"file {file}, line {line}: " + (f"field {field}: " if field is not None else "")
-    return TrainerError("data_unavailable", where + what)
+    return RowError(file, line, field, what)
 
 
 def read_rows(relative: str, file_format: str, max_bytes: int) -> Iterator[Row]:
@@ -47,21 +59,45 @@ def read_rows(relative: str, file_format: str, max_bytes: int) -> Iterator[Row]:
     malformed line; and when the file holds no row at all.
     """
     with open_data_file(relative, max_bytes) as handle:
-        rows = _jsonl_rows(relative, handle) if file_format == "jsonl" else _csv_rows(relative, handle)
-        count = 0
-        for row in rows:
-            count += 1
-            yield row
+        yield from rows_of(relative, handle, file_format)
+
+
+def rows_of(file: str, handle: BinaryIO, file_format: str, max_line_bytes: int | None = None) -> Iterator[Row]:
+    """The rows of the open data file ``handle`` (named ``file`` in errors), in file order.
+
+    ``max_line_bytes`` bounds each physical line (a longer one is a :class:`RowError`, so an
+    untrusted file without newlines is never read into memory whole; the API's upload check
+    sets it). Raises :class:`RowError` for a malformed line and :class:`TrainerError` when
+    the file holds no row at all (both ``data_unavailable``).
+    """
+    lines = _lines(file, handle, max_line_bytes)
+    rows = _jsonl_rows(file, lines) if file_format == "jsonl" else _csv_rows(file, lines)
+    count = 0
+    for row in rows:
+        count += 1
+        yield row
     if count == 0:
-        raise TrainerError("data_unavailable", f"dataset file {relative!r} holds no rows")
+        raise TrainerError("data_unavailable", f"dataset file {file!r} holds no rows")
 
 
-def _lines(file: str, handle: BinaryIO) -> Iterator[tuple[int, str]]:
+def _raw_lines(file: str, handle: BinaryIO, max_line_bytes: int | None) -> Iterator[bytes]:
+    if max_line_bytes is None:
+        yield from handle
+        return
+    number = 0
+    while raw := handle.readline(max_line_bytes + 1):
+        number += 1
+        if len(raw) > max_line_bytes:
+            raise row_error(file, number, None, f"the line is longer than {max_line_bytes} bytes")
+        yield raw
+
+
+def _lines(file: str, handle: BinaryIO, max_line_bytes: int | None = None) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` of each physical line, its line end kept; a leading UTF-8 BOM dropped.
 
     Decoded line by line, so a byte that is not UTF-8 is reported at its own line.
     """
-    for number, raw in enumerate(handle, start=1):
+    for number, raw in enumerate(_raw_lines(file, handle, max_line_bytes), start=1):
         if number == 1 and raw.startswith(_BOM):
             raw = raw[len(_BOM) :]
         try:
@@ -70,8 +106,8 @@ def _lines(file: str, handle: BinaryIO) -> Iterator[tuple[int, str]]:
             raise row_error(file, number, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def _jsonl_rows(file: str, handle: BinaryIO) -> Iterator[Row]:
-    for number, text in _lines(file, handle):
+def _jsonl_rows(file: str, lines: Iterator[tuple[int, str]]) -> Iterator[Row]:
+    for number, text in lines:
         if text.strip():
             yield Row(file, number, _json_object(file, number, text))
 
@@ -87,9 +123,9 @@ def _json_object(file: str, number: int, text: str) -> dict[str, object]:
     return value
 
 
-def _csv_rows(file: str, handle: BinaryIO) -> Iterator[Row]:
+def _csv_rows(file: str, lines: Iterator[tuple[int, str]]) -> Iterator[Row]:
     csv.field_size_limit(CSV_FIELD_LIMIT)  # process-wide; the default (128 KiB) is too small for documents
-    reader = csv.reader((text for _, text in _lines(file, handle)), strict=True)
+    reader = csv.reader((text for _, text in lines), strict=True)
     header: list[str] | None = None
     while True:
         start = reader.line_num + 1

@@ -13,8 +13,7 @@ import torch
 
 from trainer.data.base import IGNORE_INDEX
 from trainer.data.jsonl.batches import Sample
-from trainer.data.jsonl.formats import ClassificationExample
-from trainer.data.jsonl.rows import row_error
+from trainer.data.jsonl.formats import ClassificationExample, LabelCheck
 from trainer.data.jsonl.tokens import TokenExample
 
 
@@ -72,19 +71,15 @@ def class_labels(examples: Sequence[ClassificationExample], file: str) -> Labels
     Raises ``data_unavailable`` at the first row whose label kind (integer or name)
     differs from the first row's, or when only one class occurs.
     """
-    integers = isinstance(examples[0].label, int)
+    check = LabelCheck(file)
     for example in examples:
-        if isinstance(example.label, int) != integers:
-            kind = "a class name" if integers else "an integer class id"
-            first = "integer class ids" if integers else "class names"
-            raise row_error(file, example.line, "label", f"{kind} in a file whose first row has {first}")
-    if integers:
+        check.add(example)
+    check.finish()
+    if check.integers:
         ids = [int(example.label) for example in examples]
         names, count = None, max(ids) + 1
     else:
         names = sorted({str(example.label) for example in examples})
         index = {name: number for number, name in enumerate(names)}
         ids, count = [index[str(example.label)] for example in examples], len(names)
-    if count < 2:
-        raise row_error(file, examples[0].line, "label", "every row has the same class: classification needs two")
     return Labels(ids, count, names)

@@ -1,0 +1,98 @@
+"""``halfcast datasets upload|list|show|delete``: registered datasets (``/datasets``).
+
+``upload FILE --format FORMAT`` streams a JSON-lines or CSV file to the API, which checks every
+row against ``FORMAT`` (``text``, ``instruction``, ``chat``, ``classification``) before it accepts
+it; a bad row exits 2 with ``error: line[<n>].<field>: ...``. It prints the dataset's id (the
+``dataset_id`` a job spec names) and, on stderr, its rows, size and SHA-256; uploads over a few MB
+show a progress bar on stderr. Exit statuses as for the job commands (:mod:`server.cli.jobs`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from server.cli.checkpoints import format_size
+from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_listing
+from server.cli.progress import UploadProgress
+
+#: The formats a dataset's rows are checked against (the ``jsonl`` dataset's).
+FORMATS = ("text", "instruction", "chat", "classification")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``datasets`` command group."""
+    parser = subparsers.add_parser("datasets", help="upload, list, show and delete registered datasets")
+    commands = parser.add_subparsers(dest="datasets_command", metavar="DATASETS_COMMAND", required=True)
+    upload = add_api_command(commands, "upload", "upload a JSON-lines or CSV file as a dataset", run_upload)
+    upload.add_argument("file", type=Path)
+    upload.add_argument("--format", required=True, choices=FORMATS, help="what every row must be")
+    upload.add_argument("--file-format", choices=("jsonl", "csv"), default=None, help="default: from the extension")
+    upload.add_argument("--name", default=None, help="default: the file's name")
+    upload.add_argument("--json", action="store_true", help="print the dataset as JSON")
+    listing = add_api_command(commands, "list", "list registered datasets, newest first", run_list)
+    listing.add_argument("--json", action="store_true", help="print the list as JSON")
+    show = add_api_command(commands, "show", "show one registered dataset", run_show)
+    show.add_argument("dataset_id")
+    show.add_argument("--json", action="store_true", help="print the dataset as JSON")
+    delete = add_api_command(commands, "delete", "delete a registered dataset", run_delete)
+    delete.add_argument("dataset_id")
+
+
+def describe(dataset: dict[str, Any]) -> str:
+    """One line: rows, format, size and SHA-256."""
+    return (f"{dataset['rows']} rows of {dataset['format']} ({dataset['file_format']}), "
+            f"{format_size(dataset['bytes'])}, sha256 {dataset['sha256']}")  # fmt: skip
+
+
+def run_upload(args: argparse.Namespace) -> int:
+    """Upload the file; print the dataset's id (or the dataset as JSON)."""
+    progress = UploadProgress(f"uploading {args.file.name}")
+    try:
+        with client_for(args) as client:
+            dataset = client.upload_dataset(args.file, args.format, name=args.name, file_format=args.file_format,
+                                            progress=progress)  # fmt: skip
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"error: cannot upload {args.file}: {getattr(exc, 'strerror', None) or exc}\n")
+        return EXIT_ERROR
+    finally:
+        progress.close()
+    if args.json:
+        sys.stdout.write(json.dumps(dataset, indent=2) + "\n")
+        return 0
+    sys.stderr.write(f"dataset {dataset['name']}: {describe(dataset)}\n")
+    sys.stdout.write(f"{dataset['id']}\n")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """Print the registered datasets (a note on stderr when there are none)."""
+    with client_for(args) as client:
+        found = list(client.datasets())
+    header = ("ID", "NAME", "FORMAT", "ROWS", "SIZE", "CREATED")
+    return write_listing(found, args.json, "no dataset registered", header,
+                         lambda d: (d["id"], d["name"], f"{d['format']}/{d['file_format']}", str(d["rows"]),
+                                    format_size(d["bytes"]), d["created_at"][:19].replace("T", " ")))  # fmt: skip
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """Print one dataset."""
+    with client_for(args) as client:
+        dataset = client.dataset(args.dataset_id)
+    if args.json:
+        sys.stdout.write(json.dumps(dataset, indent=2) + "\n")
+    else:
+        fields = ("id", "name", "owner", "format", "file_format", "rows", "bytes", "sha256", "created_at")
+        sys.stdout.write("".join(f"{key + ':':<12} {dataset[key]}\n" for key in fields))
+    return 0
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    """Delete a dataset (1 when a job that has not ended uses it)."""
+    with client_for(args) as client:
+        client.delete_dataset(args.dataset_id)
+    sys.stderr.write(f"dataset {args.dataset_id} deleted\n")
+    return 0

@@ -1,0 +1,261 @@
+"""Rows of registered datasets and models (``datasets``, ``models``): stored with their files, read, listed, deleted.
+
+Creating and deleting move files in the registry directory inside the row's transaction, under
+locks, so that a committed row always has its file and a refused or failed request stores none:
+
+- the transaction begins with the owner's lock (:func:`server.db.quota_check.begin_owner_transaction`:
+  the same one job submissions take, so a job naming a dataset and the dataset's deletion are
+  serialised), then takes the lock of the file (PostgreSQL: an advisory lock on the dataset's
+  SHA-256, as two owners may share a file; SQLite's ``BEGIN IMMEDIATE`` already serialises writers);
+- an upload checks the storage quota, renames its staged file or directory into place and inserts
+  the row and its audit event, then commits (a dataset file that already exists is replaced by the
+  same bytes);
+- a deletion refuses while a job that is not terminal names the row (:class:`RegisteredInUse`),
+  deletes the row and its audit event, renames the file (a dataset's only when no other row shares
+  it) into the trash, commits, then removes the trash; a failed commit renames it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from server.db import audit
+from server.db.jobs import InvalidCursor, decode_cursor, encode_cursor
+from server.db.models import ACTIVE_STATUSES, Job, RegisteredDataset, RegisteredModel
+from server.db.quota_check import begin_owner_transaction, enforce_storage
+from server.db.quotas import QuotaLimits
+from server.registry.layout import RegistryLayout, remove_path
+
+Row = TypeVar("Row", RegisteredDataset, RegisteredModel)
+
+#: Jobs named in a :class:`RegisteredInUse` at most.
+IN_USE_SHOWN = 5
+
+__all__ = ["InvalidCursor", "RegisteredInUse", "RegisteredPage", "create_dataset", "create_model", "delete_dataset",
+           "delete_model", "get_dataset", "get_model", "list_rows"]  # fmt: skip
+
+
+class RegisteredInUse(RuntimeError):
+    """Jobs that are not terminal name the dataset or model (``job_ids``: the oldest few)."""
+
+    def __init__(self, kind: str, item_id: str, job_ids: Sequence[str]) -> None:
+        super().__init__(f"{kind} {item_id} is used by jobs that have not ended: {', '.join(job_ids)}")
+        self.job_ids = list(job_ids)
+
+
+@dataclass(frozen=True)
+class RegisteredPage:
+    """One page of rows, newest first; ``next_cursor`` is ``None`` on the last page."""
+
+    rows: Sequence[Any]
+    next_cursor: str | None
+
+
+def _lock_file(session: Session, key: str) -> None:
+    """PostgreSQL: the transaction-scoped advisory lock of registry file ``key`` (SQLite: the write lock is held)."""
+    if session.get_bind().dialect.name == "postgresql":
+        digest = hashlib.sha256(f"halfcast.registry:{key}".encode()).digest()
+        session.execute(select(func.pg_advisory_xact_lock(int.from_bytes(digest[:8], "big", signed=True))))
+
+
+def _details(row: RegisteredDataset | RegisteredModel, **extra: Any) -> dict[str, Any]:
+    return {"owner": row.owner, "name": row.name, "bytes": row.bytes, "sha256": row.sha256, **extra}
+
+
+def get_dataset(session: Session, dataset_id: str) -> RegisteredDataset | None:
+    return session.get(RegisteredDataset, dataset_id, populate_existing=True)
+
+
+def get_model(session: Session, model_id: str) -> RegisteredModel | None:
+    return session.get(RegisteredModel, model_id, populate_existing=True)
+
+
+def list_rows(session: Session, table: type[Row], *, owner: str | None, limit: int, cursor: str | None) -> RegisteredPage:
+    """Rows of ``table`` newest first (ties by id), of ``owner`` (``None``: everyone's), after ``cursor``.
+
+    Raises :class:`InvalidCursor` for a cursor this server did not produce.
+    """
+    query = select(table).order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
+    if owner is not None:
+        query = query.where(table.owner == owner)
+    if cursor is not None:
+        created, last_id = decode_cursor(cursor)
+        query = query.where(or_(table.created_at < created, and_(table.created_at == created, table.id < last_id)))
+    rows = list(session.scalars(query))
+    if len(rows) <= limit:
+        return RegisteredPage(rows, None)
+    return RegisteredPage(rows[:limit], encode_cursor(cast(Job, rows[limit - 1])))
+
+
+def _jobs_using(session: Session, column: Any, item_id: str) -> list[str]:
+    query = (select(Job.id).where(Job.status.in_(sorted(ACTIVE_STATUSES)), column.as_string() == item_id)
+             .order_by(Job.created_at).limit(IN_USE_SHOWN))  # fmt: skip
+    return list(session.scalars(query))
+
+
+def _commit_or_restore(session: Session, moved: list[tuple[Path, Path]]) -> None:
+    """Commit; if that fails, move each ``(from, to)`` back and re-raise."""
+    try:
+        session.commit()
+    except BaseException:
+        session.rollback()
+        for source, target in reversed(moved):
+            os.replace(target, source)
+        raise
+
+
+# ----------------------------------------------------------------------------- datasets
+
+
+def create_dataset(session: Session, row: RegisteredDataset, staged: Path, layout: RegistryLayout,
+                   quota_defaults: QuotaLimits) -> RegisteredDataset:  # fmt: skip
+    """Store ``row`` with its staged file (renamed to its content address), audited as ``dataset.create``.
+
+    Raises :class:`server.db.quota_check.QuotaExceeded` (nothing stored) when the owner's
+    registered bytes would exceed ``max_storage_bytes``.
+    """
+    begin_owner_transaction(session, row.owner)
+    placed = False
+    try:
+        _lock_file(session, f"dataset:{row.sha256}")
+        enforce_storage(session, row.owner, row.bytes, quota_defaults)
+        os.replace(staged, layout.dataset_file(row.sha256, row.file_format))  # same bytes if it was there
+        placed = True
+        session.add(row)
+        audit.add_event(session, row.owner, "dataset.create", row.id, _details(row, format=row.format, rows=row.rows))
+        session.commit()
+    except BaseException:
+        session.rollback()
+        if placed:
+            _drop_unreferenced_file(session, layout, row)
+        raise
+    return row
+
+
+def _drop_unreferenced_file(session: Session, layout: RegistryLayout, row: RegisteredDataset) -> None:
+    """After a failed insert: remove the dataset's file unless a committed row shares it."""
+    try:
+        begin_owner_transaction(session, row.owner)
+        _lock_file(session, f"dataset:{row.sha256}")
+        if not _sharing(session, row):
+            layout.dataset_file(row.sha256, row.file_format).unlink(missing_ok=True)
+        session.commit()
+    except Exception:  # noqa: BLE001  # best effort: an unreferenced file is only wasted space
+        session.rollback()
+
+
+def _sharing(session: Session, row: RegisteredDataset) -> int:
+    """Other rows with the same file."""
+    query = select(func.count()).select_from(RegisteredDataset).where(
+        RegisteredDataset.sha256 == row.sha256, RegisteredDataset.file_format == row.file_format,
+        RegisteredDataset.id != row.id,
+    )  # fmt: skip
+    return int(session.scalar(query) or 0)
+
+
+def delete_dataset(session: Session, dataset_id: str, actor: str, layout: RegistryLayout) -> bool:
+    """Delete the dataset (and its file, when no other row shares it), audited as ``dataset.delete``.
+
+    Returns ``False`` when there is no such dataset. Raises :class:`RegisteredInUse` while a job
+    that is not terminal names it. End any transaction of ``session`` first.
+    """
+    owner = session.scalar(select(RegisteredDataset.owner).where(RegisteredDataset.id == dataset_id))
+    session.commit()
+    if owner is None:
+        return False
+    begin_owner_transaction(session, owner)
+    try:
+        row = get_dataset(session, dataset_id)
+        if row is None:
+            session.commit()
+            return False
+        using = _jobs_using(session, Job.spec["dataset"]["config"]["dataset_id"], dataset_id)
+        if using:
+            raise RegisteredInUse("dataset", dataset_id, using)
+        _lock_file(session, f"dataset:{row.sha256}")
+        session.delete(row)
+        audit.add_event(session, actor, "dataset.delete", dataset_id, _details(row))
+        moved = _trash_if(not _sharing(session, row), layout.dataset_file(row.sha256, row.file_format), layout)
+    except BaseException:
+        session.rollback()
+        raise
+    _commit_or_restore(session, moved)
+    for _, trash in moved:
+        remove_path(trash)
+    return True
+
+
+def _trash_if(condition: bool, path: Path, layout: RegistryLayout) -> list[tuple[Path, Path]]:
+    """Rename ``path`` into the trash when ``condition`` holds and it exists; the ``(from, to)`` moves made."""
+    if not condition or not os.path.lexists(path):
+        return []
+    trash = layout.trash_path()
+    os.replace(path, trash)
+    return [(path, trash)]
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def create_model(session: Session, row: RegisteredModel, staged: Path, layout: RegistryLayout,
+                 quota_defaults: QuotaLimits, *, actor: str, via: str) -> RegisteredModel:  # fmt: skip
+    """Store ``row`` with its staged directory (renamed to ``models/<id>``), audited as ``model.create`` by ``actor``.
+
+    ``via``: ``upload`` or ``export``. Raises :class:`server.db.quota_check.QuotaExceeded`
+    (nothing stored) when the owner's registered bytes would exceed ``max_storage_bytes``.
+    """
+    target = layout.model_dir(row.id)
+    begin_owner_transaction(session, row.owner)
+    placed = False
+    try:
+        enforce_storage(session, row.owner, row.bytes, quota_defaults)
+        os.replace(staged, target)
+        placed = True
+        session.add(row)
+        details = _details(row, model_type=row.model_type, via=via, job_id=row.source_job_id)
+        audit.add_event(session, actor, "model.create", row.id, details)
+        session.commit()
+    except BaseException:
+        session.rollback()
+        if placed:
+            remove_path(target)
+        raise
+    return row
+
+
+def delete_model(session: Session, model_id: str, actor: str, layout: RegistryLayout) -> bool:
+    """Delete the model and its directory, audited as ``model.delete``; ``False`` when there is no such model.
+
+    Raises :class:`RegisteredInUse` while a job that is not terminal names it.
+    """
+    owner = session.scalar(select(RegisteredModel.owner).where(RegisteredModel.id == model_id))
+    session.commit()
+    if owner is None:
+        return False
+    begin_owner_transaction(session, owner)
+    try:
+        row = get_model(session, model_id)
+        if row is None:
+            session.commit()
+            return False
+        using = _jobs_using(session, Job.spec["model"]["config"]["model_id"], model_id)
+        if using:
+            raise RegisteredInUse("model", model_id, using)
+        session.delete(row)
+        audit.add_event(session, actor, "model.delete", model_id, _details(row))
+        moved = _trash_if(True, layout.model_dir(model_id), layout)
+    except BaseException:
+        session.rollback()
+        raise
+    _commit_or_restore(session, moved)
+    for _, trash in moved:
+        remove_path(trash)
+    return True

@@ -1,0 +1,103 @@
+"""A job spec's registered inputs (``dataset.config.dataset_id``, ``model.config.model_id``): looked up, checked, filled in.
+
+The API checks them at submission (an id the caller cannot see is a ``422`` at the id's field,
+as for one that does not exist; a ``format``, ``file_format`` or ``sha256`` given with a
+``dataset_id`` must be the registered dataset's) and stores the spec as submitted. The worker
+fills them in again before each attempt and writes that copy as the run's ``spec.json``: the
+dataset's ``format``, ``file_format`` and ``sha256`` (the trainer finds the file by them and
+checks its hash); a model needs nothing filled in (its directory is named by its id).
+Torch-free; works on a Session or a Connection.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from server.db.models import RegisteredDataset, RegisteredModel
+
+#: Where pydantic locates a ``jsonl`` dataset's and an ``hf`` model's config in a job spec.
+DATASET_CONFIG = ("dataset", "jsonl", "config")
+MODEL_CONFIG = ("model", "hf", "config")
+#: The fields of a dataset config the registry fills in.
+DATASET_FIELDS = ("format", "file_format", "sha256")
+
+Executor = Session | Connection
+#: Whether the caller may use an input of this owner.
+Visible = Callable[[str], bool]
+
+
+class RefError(Exception):
+    """A registered input the spec names cannot be used: at ``loc`` (in the spec), with the failure ``reason``
+    a worker records (``data_unavailable``, ``model_unavailable``)."""
+
+    def __init__(self, loc: tuple[str, ...], message: str, value: object, reason: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+        self.value = value
+        self.reason = reason
+
+
+def _config(spec: dict[str, Any], block: str, name: str) -> dict[str, Any] | None:
+    entry = spec.get(block)
+    if not isinstance(entry, dict) or entry.get("name") != name or not isinstance(entry.get("config"), dict):
+        return None
+    config: dict[str, Any] = entry["config"]
+    return config
+
+
+def dataset_id_of(spec: dict[str, Any]) -> str | None:
+    """The ``dataset_id`` a (JSON) spec names, if any."""
+    config = _config(spec, "dataset", "jsonl")
+    return config.get("dataset_id") if config is not None else None
+
+
+def model_id_of(spec: dict[str, Any]) -> str | None:
+    """The ``model_id`` a (JSON) spec names, if any."""
+    config = _config(spec, "model", "hf")
+    return config.get("model_id") if config is not None else None
+
+
+def names_registered_inputs(spec: dict[str, Any]) -> bool:
+    """Whether the spec names a registered dataset or model."""
+    return dataset_id_of(spec) is not None or model_id_of(spec) is not None
+
+
+def _fill_dataset(executor: Executor, config: dict[str, Any], visible: Visible) -> None:
+    dataset_id = config["dataset_id"]
+    columns = (RegisteredDataset.owner, RegisteredDataset.format, RegisteredDataset.file_format, RegisteredDataset.sha256)
+    row = executor.execute(select(*columns).where(RegisteredDataset.id == dataset_id)).one_or_none()
+    if row is None or not visible(row.owner):
+        raise RefError((*DATASET_CONFIG, "dataset_id"), f"no registered dataset {dataset_id}", dataset_id, "data_unavailable")
+    for field in DATASET_FIELDS:
+        given, registered = config.get(field), getattr(row, field)
+        if given is not None and given != registered:
+            msg = f"dataset {dataset_id} has {field} {registered!r}, not {given!r}"
+            raise RefError((*DATASET_CONFIG, field), msg, given, "data_unavailable")
+        config[field] = registered
+
+
+def _check_model(executor: Executor, model_id: str, visible: Visible) -> None:
+    owner = executor.execute(select(RegisteredModel.owner).where(RegisteredModel.id == model_id)).scalar_one_or_none()
+    if owner is None or not visible(owner):
+        raise RefError((*MODEL_CONFIG, "model_id"), f"no registered model {model_id}", model_id, "model_unavailable")
+
+
+def resolve_refs(executor: Executor, spec: dict[str, Any], visible: Visible) -> dict[str, Any]:
+    """A copy of the JSON ``spec`` with its registered dataset's ``format``, ``file_format`` and ``sha256``
+    filled in; :class:`RefError` for an id that names nothing ``visible`` accepts, or a given value
+    that is not the registered one. A spec naming no registered input comes back equal."""
+    resolved = copy.deepcopy(spec)
+    dataset = _config(resolved, "dataset", "jsonl")
+    if dataset is not None and dataset.get("dataset_id") is not None:
+        _fill_dataset(executor, dataset, visible)
+    model_id = model_id_of(resolved)
+    if model_id is not None:
+        _check_model(executor, model_id, visible)
+    return resolved

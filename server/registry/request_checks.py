@@ -1,0 +1,60 @@
+"""What the registry routes share: the upload's media type, its name, early refusals (size, quota), 422s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from starlette.concurrency import run_in_threadpool
+
+from server.db.quota_check import QuotaExceeded, storage_in_use
+from server.db.quotas import QuotaLimits, effective_limits
+from server.errors import ApiError
+from server.quotas import QuotaApiError
+from server.registry.upload import declared_length
+
+#: Longest name of a registered dataset or model.
+MAX_NAME_CHARS = 200
+
+
+def invalid(loc: tuple[str | int, ...], message: str, value: Any = None) -> RequestValidationError:
+    """A ``422`` at ``loc`` (FastAPI's format)."""
+    return RequestValidationError([{"type": "value_error", "loc": loc, "msg": message, "input": value}])
+
+
+def media_type(request: Request) -> str:
+    """The request's ``Content-Type`` without parameters, lower case (``""`` without one)."""
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def unsupported_media_type(given: str, accepted: list[str]) -> ApiError:
+    """The ``415`` of an upload whose ``Content-Type`` is not one of ``accepted``."""
+    shown = given or "none"
+    return ApiError(415, f"Content-Type must be one of {', '.join(accepted)} (got {shown})")
+
+
+def checked_name(name: str | None, default: str) -> str:
+    """The upload's ``name`` (default ``default``): printable, at most :data:`MAX_NAME_CHARS`; else ``422`` at ``query.name``."""
+    if name is None:
+        return default[:MAX_NAME_CHARS]
+    if not name.strip() or not name.isprintable():
+        raise invalid(("query", "name"), "the name must be printable and not blank", name)
+    return name.strip()
+
+
+def _check_declared(request: Request, owner: str, defaults: QuotaLimits) -> None:
+    declared = declared_length(request)
+    if declared is None:
+        return
+    with request.app.state.session_factory() as session:
+        limit = effective_limits(session, owner, defaults).max_storage_bytes
+        in_use = storage_in_use(session, owner) if limit is not None else 0
+    if limit is not None and in_use + declared > limit:
+        raise QuotaApiError(QuotaExceeded(owner, "max_storage_bytes", limit, in_use))
+
+
+async def refuse_early(request: Request, owner: str, defaults: QuotaLimits) -> None:
+    """``429`` before a byte is read when the declared ``Content-Length`` alone would exceed the owner's storage
+    quota (the check that counts is made again, atomically, when the row is inserted)."""
+    await run_in_threadpool(_check_declared, request, owner, defaults)

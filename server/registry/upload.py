@@ -1,0 +1,68 @@
+"""A request body streamed into a file: hashed (SHA-256) and counted as it arrives, never held in memory whole.
+
+The body is read with ``request.stream()`` in chunks and written through a worker thread in
+batches of :data:`WRITE_BATCH` bytes. Past ``max_bytes`` the upload is refused with ``413``
+at once; a client that disconnects mid-way raises Starlette's ``ClientDisconnect``. Either
+way the caller removes the file (the routes do, in ``finally``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from server.errors import ApiError
+
+#: Bytes gathered before one write to the file.
+WRITE_BATCH = 1 << 20
+
+
+@dataclass(frozen=True)
+class Received:
+    """What arrived: ``bytes`` written to the file and their ``sha256`` (hex)."""
+
+    bytes: int
+    sha256: str
+
+
+def too_large(max_bytes: int) -> ApiError:
+    """The ``413`` of an upload over ``max_bytes`` (``HALFCAST_MAX_UPLOAD_BYTES``)."""
+    return ApiError(413, f"the upload exceeds {max_bytes} bytes (HALFCAST_MAX_UPLOAD_BYTES)")
+
+
+def declared_length(request: Request) -> int | None:
+    """The request's ``Content-Length``, if it declares a valid one."""
+    try:
+        return int(request.headers["content-length"])
+    except (KeyError, ValueError):
+        return None
+
+
+async def receive_to_file(request: Request, path: Path, max_bytes: int) -> Received:
+    """Stream the body of ``request`` into the new file ``path``; raise ``413`` past ``max_bytes``."""
+    digest = hashlib.sha256()
+    size = 0
+    pending: list[bytes] = []
+    pending_size = 0
+    handle: BinaryIO = await run_in_threadpool(path.open, "xb")
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise too_large(max_bytes)
+            digest.update(chunk)
+            pending.append(chunk)
+            pending_size += len(chunk)
+            if pending_size >= WRITE_BATCH:
+                await run_in_threadpool(handle.write, b"".join(pending))
+                pending, pending_size = [], 0
+        if pending:
+            await run_in_threadpool(handle.write, b"".join(pending))
+    finally:
+        await run_in_threadpool(handle.close)
+    return Received(size, digest.hexdigest())

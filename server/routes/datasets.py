@@ -1,0 +1,171 @@
+"""``/datasets``: upload a JSON-lines or CSV dataset file, list, read and delete registered datasets.
+
+``POST /datasets?format=...&name=...`` takes the file itself as the request body
+(``Content-Type: application/jsonl`` or ``text/csv``), streamed to a staging file while it
+is hashed (never held in memory whole; at most ``HALFCAST_MAX_UPLOAD_BYTES``, else 413).
+Every row is checked against ``format`` by the trainer's own parser (:mod:`server.registry.dataset_check`):
+the first bad one is a 422 naming its line and field, and nothing is stored. An accepted file
+is stored under its SHA-256 (:mod:`server.db.registry`). A job names it with
+``dataset: {"name": "jsonl", "config": {"dataset_id": ...}}``. Owner isolation is that of jobs
+(another owner's dataset is a 404; admins see all); uploads and deletions are audited; the
+owner's storage quota is checked (429).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path as FilePath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from server.access import visible_dataset_or_404
+from server.auth import Principal, PrincipalDep, authenticate
+from server.db import registry as repo
+from server.db.models import RegisteredDataset, utcnow
+from server.db.quota_check import QuotaExceeded
+from server.deps import SessionDep, SettingsDep
+from server.errors import ApiError
+from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
+from server.registry.dataset_check import DatasetRejected, check_dataset_file
+from server.registry.layout import RegistryLayout, remove_path
+from server.registry.request_checks import (
+    checked_name,
+    invalid,
+    media_type,
+    refuse_early,
+    unsupported_media_type,
+)
+from server.registry.schemas import DatasetList, DatasetPublic
+from server.registry.upload import receive_to_file
+from server.schemas import ErrorBody
+from server.settings import Settings
+from trainer.catalog import JsonlFormat
+
+log = logging.getLogger(__name__)
+
+#: The path of uploads (the body-size middleware streams it instead of buffering it).
+UPLOAD_PATH = "/datasets"
+
+router = APIRouter(prefix=UPLOAD_PATH, tags=["datasets"], dependencies=[Depends(authenticate)])
+
+#: Content types of a dataset file, and the file format each means.
+CONTENT_TYPES = {
+    "application/jsonl": "jsonl", "application/x-ndjson": "jsonl", "application/x-jsonlines": "jsonl",
+    "application/jsonlines": "jsonl", "text/csv": "csv",
+}  # fmt: skip
+_BODY = {"requestBody": {"required": True, "description": "The dataset file: JSON lines or CSV with a header row",
+                         "content": {kind: {"schema": {"type": "string"}} for kind in ("application/jsonl", "text/csv")}}}  # fmt: skip
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown dataset"}}
+DatasetId = Annotated[str, Path(max_length=64)]
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetPublic,
+    openapi_extra=_BODY,
+    responses={
+        413: {"model": ErrorBody, "description": "The file exceeds HALFCAST_MAX_UPLOAD_BYTES"},
+        415: {"model": ErrorBody, "description": "Content-Type is neither JSON lines nor CSV"},
+        429: QUOTA_RESPONSE,
+    },
+)
+async def upload_dataset(
+    request: Request,
+    response: Response,
+    principal: PrincipalDep,
+    settings: SettingsDep,
+    format: Annotated[JsonlFormat, Query(description="The format every row is checked against")],
+    name: Annotated[str | None, Query(min_length=1, max_length=200, description="default: dataset")] = None,
+) -> DatasetPublic:
+    """Check every row of the uploaded file against ``format`` and register it; ``Location`` names the dataset."""
+    kind = media_type(request)
+    file_format = CONTENT_TYPES.get(kind)
+    if file_format is None:
+        raise unsupported_media_type(kind, sorted(CONTENT_TYPES))
+    if format == "chat" and file_format == "csv":
+        raise invalid(("query", "format"), "format 'chat' reads JSON lines, not CSV", format)
+    label = checked_name(name, "dataset")
+    defaults = default_limits(settings)
+    await refuse_early(request, principal.owner, defaults)
+    layout = RegistryLayout(settings.registry_dir)
+    staged = await run_in_threadpool(layout.staging_path, f".{file_format}")
+    try:
+        received = await receive_to_file(request, staged, settings.max_upload_bytes)
+        rows = await run_in_threadpool(_checked_rows, staged, label, file_format, format)
+        row = RegisteredDataset(id=str(uuid.uuid4()), owner=principal.owner, name=label, format=format,
+                                file_format=file_format, rows=rows, bytes=received.bytes, sha256=received.sha256,
+                                created_at=utcnow())  # fmt: skip
+        stored = await run_in_threadpool(_store, request, row, staged, settings)
+    finally:
+        await run_in_threadpool(remove_path, staged)
+    log.info("dataset %s registered for %s: %d rows, %d bytes", stored.id, stored.owner, stored.rows, stored.bytes)
+    response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
+    return stored
+
+
+def _checked_rows(staged: FilePath, name: str, file_format: str, fmt: str) -> int:
+    try:
+        return check_dataset_file(staged, name, file_format, fmt)
+    except DatasetRejected as exc:
+        loc: tuple[str | int, ...] = ("body",)
+        if exc.line is not None:
+            loc = ("body", "line", exc.line) + ((exc.field,) if exc.field is not None else ())
+        raise invalid(loc, exc.message) from None
+
+
+def _store(request: Request, row: RegisteredDataset, staged: FilePath, settings: Settings) -> DatasetPublic:
+    with request.app.state.session_factory() as session:
+        try:
+            stored = repo.create_dataset(session, row, staged, RegistryLayout(settings.registry_dir), default_limits(settings))
+        except QuotaExceeded as exc:
+            raise QuotaApiError(exc) from None
+        return DatasetPublic.from_row(stored)
+
+
+@router.get("", response_model=DatasetList)
+def list_datasets(
+    session: SessionDep,
+    principal: PrincipalDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=512, description="next_cursor of the previous page")] = None,
+) -> DatasetList:
+    """The caller's datasets (an admin's: everyone's), newest first."""
+    owner = None if principal.admin else principal.owner
+    try:
+        page = repo.list_rows(session, RegisteredDataset, owner=owner, limit=limit, cursor=cursor)
+    except repo.InvalidCursor as exc:
+        raise invalid(("query", "cursor"), str(exc), cursor) from None
+    return DatasetList(datasets=[DatasetPublic.from_row(row) for row in page.rows], next_cursor=page.next_cursor)
+
+
+@router.get("/{dataset_id}", response_model=DatasetPublic, responses=_NOT_FOUND)
+def get_dataset(dataset_id: DatasetId, session: SessionDep, principal: PrincipalDep) -> DatasetPublic:
+    """One registered dataset."""
+    return DatasetPublic.from_row(visible_dataset_or_404(repo.get_dataset(session, dataset_id), dataset_id, principal))
+
+
+@router.delete(
+    "/{dataset_id}",
+    status_code=204,
+    response_class=Response,
+    responses={**_NOT_FOUND, 409: {"model": ErrorBody, "description": "A job that has not ended uses it"}},
+)
+def delete_dataset(dataset_id: DatasetId, session: SessionDep, settings: SettingsDep, principal: PrincipalDep) -> Response:
+    """Delete the dataset (its file too, unless another registered dataset has the same bytes)."""
+    _delete(session, dataset_id, settings, principal)
+    return Response(status_code=204)
+
+
+def _delete(session: Any, dataset_id: str, settings: Settings, principal: Principal) -> None:
+    visible_dataset_or_404(repo.get_dataset(session, dataset_id), dataset_id, principal)
+    session.commit()
+    try:
+        deleted = repo.delete_dataset(session, dataset_id, principal.owner, RegistryLayout(settings.registry_dir))
+    except repo.RegisteredInUse as exc:
+        raise ApiError(409, str(exc)) from None
+    if not deleted:
+        raise ApiError(404, f"dataset {dataset_id} not found")

@@ -1,0 +1,215 @@
+"""``/models``: upload a Hugging Face model directory as a tar, list, read and delete registered models; and
+``POST /jobs/{id}/exports/model/register``: a job's exported model registered in one call.
+
+``POST /models?name=...`` takes an uncompressed tar (``Content-Type: application/x-tar``) of the model
+directory (``config.json``, ``*.safetensors``, tokenizer files), streamed to a staging file (at most
+``HALFCAST_MAX_UPLOAD_BYTES``, else 413), checked entry by entry (no absolute names, ``..``, links,
+devices, pickle files: :mod:`server.registry.model_archive`), extracted with tarfile's ``data`` filter,
+and checked as a model (:mod:`server.registry.model_check`: a supported ``model_type``, no remote code,
+safetensors weights). A refusal is a 422 naming the entry, and nothing is stored. A job names a
+registered model with ``model: {"name": "hf", "config": {"model_id": ...}}``; so a fine-tuned model can
+be fine-tuned again, registering an export copies the job's ``export/model`` into the registry as a
+model of the job's owner. Isolation, audit and the storage quota are as for datasets.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path as FilePath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from server.access import visible_job_or_404, visible_model_or_404
+from server.auth import Principal, PrincipalDep, authenticate
+from server.db import registry as repo
+from server.db.models import RegisteredModel, utcnow
+from server.db.quota_check import QuotaExceeded
+from server.deps import SessionDep, SettingsDep
+from server.errors import ApiError
+from server.export_files import ExportKind, find_export
+from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
+from server.registry.export_copy import copy_export
+from server.registry.layout import RegistryLayout, remove_path
+from server.registry.model_archive import ArchiveRejected, extract_model_archive
+from server.registry.model_check import ModelSummary, summarise_model_dir
+from server.registry.request_checks import (
+    checked_name,
+    invalid,
+    media_type,
+    unsupported_media_type,
+)
+from server.registry.schemas import ModelList, ModelPublic
+from server.registry.upload import receive_to_file
+from server.schemas import ErrorBody
+from server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: The path of uploads (the body-size middleware streams it instead of buffering it).
+UPLOAD_PATH = "/models"
+#: Content types of a model archive.
+CONTENT_TYPES = ("application/x-tar", "application/tar")
+
+router = APIRouter(tags=["models"], dependencies=[Depends(authenticate)])
+
+_BODY = {"requestBody": {"required": True, "description": "An uncompressed tar of the model directory",
+                         "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}}}  # fmt: skip
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown model"}}
+_CREATED: dict[int | str, dict[str, Any]] = {429: QUOTA_RESPONSE}
+ModelId = Annotated[str, Path(max_length=64)]
+ModelName = Annotated[str | None, Query(min_length=1, max_length=200, description="default: model")]
+
+
+@router.post(
+    UPLOAD_PATH,
+    status_code=201,
+    response_model=ModelPublic,
+    openapi_extra=_BODY,
+    responses={
+        **_CREATED,
+        413: {"model": ErrorBody, "description": "The archive exceeds HALFCAST_MAX_UPLOAD_BYTES"},
+        415: {"model": ErrorBody, "description": "Content-Type is not application/x-tar"},
+    },
+)
+async def upload_model(
+    request: Request, response: Response, principal: PrincipalDep, settings: SettingsDep, name: ModelName = None
+) -> ModelPublic:
+    """Check the uploaded model archive and register the model; ``Location`` names it."""
+    kind = media_type(request)
+    if kind not in CONTENT_TYPES:
+        raise unsupported_media_type(kind, list(CONTENT_TYPES))
+    label = checked_name(name, "model")  # (no early quota check: the archive is larger than the files it holds)
+    layout = RegistryLayout(settings.registry_dir)
+    archive = await run_in_threadpool(layout.staging_path, ".tar")
+    tree = archive.with_suffix(".d")
+    try:
+        await receive_to_file(request, archive, settings.max_upload_bytes)
+        summary = await run_in_threadpool(_extracted, archive, tree)
+        await run_in_threadpool(remove_path, archive)
+        row = _row(principal.owner, label, summary, None)
+        stored = await run_in_threadpool(_store, request, row, tree, settings, principal.owner, "upload")
+    finally:
+        await run_in_threadpool(remove_path, archive)
+        await run_in_threadpool(remove_path, tree)
+    response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
+    return stored
+
+
+def _extracted(archive: FilePath, tree: FilePath) -> ModelSummary:
+    try:
+        extract_model_archive(archive, tree)
+        return summarise_model_dir(tree)
+    except ArchiveRejected as exc:
+        loc: tuple[str | int, ...] = ("body",) if exc.entry is None else ("body", exc.entry)
+        raise invalid(loc, exc.message) from None
+
+
+def _row(owner: str, name: str, summary: ModelSummary, job_id: str | None) -> RegisteredModel:
+    return RegisteredModel(id=str(uuid.uuid4()), owner=owner, name=name, model_type=summary.model_type,
+                           files=summary.files, bytes=summary.bytes, sha256=summary.sha256, source_job_id=job_id,
+                           created_at=utcnow())  # fmt: skip
+
+
+def _store(request: Request, row: RegisteredModel, tree: FilePath, settings: Settings, actor: str, via: str) -> ModelPublic:
+    layout = RegistryLayout(settings.registry_dir)
+    with request.app.state.session_factory() as session:
+        try:
+            stored = repo.create_model(session, row, tree, layout, default_limits(settings), actor=actor, via=via)
+        except QuotaExceeded as exc:
+            raise QuotaApiError(exc) from None
+        log.info("model %s (%s) registered for %s via %s: %d files, %d bytes",
+                 stored.id, stored.model_type, stored.owner, via, stored.files, stored.bytes)  # fmt: skip
+        return ModelPublic.from_row(stored)
+
+
+@router.get(UPLOAD_PATH, response_model=ModelList)
+def list_models(
+    session: SessionDep,
+    principal: PrincipalDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=512, description="next_cursor of the previous page")] = None,
+) -> ModelList:
+    """The caller's models (an admin's: everyone's), newest first."""
+    owner = None if principal.admin else principal.owner
+    try:
+        page = repo.list_rows(session, RegisteredModel, owner=owner, limit=limit, cursor=cursor)
+    except repo.InvalidCursor as exc:
+        raise invalid(("query", "cursor"), str(exc), cursor) from None
+    return ModelList(models=[ModelPublic.from_row(row) for row in page.rows], next_cursor=page.next_cursor)
+
+
+@router.get(UPLOAD_PATH + "/{model_id}", response_model=ModelPublic, responses=_NOT_FOUND)
+def get_model(model_id: ModelId, session: SessionDep, principal: PrincipalDep) -> ModelPublic:
+    """One registered model."""
+    return ModelPublic.from_row(visible_model_or_404(repo.get_model(session, model_id), model_id, principal))
+
+
+@router.delete(
+    UPLOAD_PATH + "/{model_id}",
+    status_code=204,
+    response_class=Response,
+    responses={**_NOT_FOUND, 409: {"model": ErrorBody, "description": "A job that has not ended uses it"}},
+)
+def delete_model(model_id: ModelId, session: SessionDep, settings: SettingsDep, principal: PrincipalDep) -> Response:
+    """Delete the model and its files."""
+    _delete(session, model_id, settings, principal)
+    return Response(status_code=204)
+
+
+def _delete(session: Any, model_id: str, settings: Settings, principal: Principal) -> None:
+    visible_model_or_404(repo.get_model(session, model_id), model_id, principal)
+    session.commit()
+    try:
+        deleted = repo.delete_model(session, model_id, principal.owner, RegistryLayout(settings.registry_dir))
+    except repo.RegisteredInUse as exc:
+        raise ApiError(409, str(exc)) from None
+    if not deleted:
+        raise ApiError(404, f"model {model_id} not found")
+
+
+@router.post(
+    "/jobs/{job_id}/exports/model/register",
+    status_code=201,
+    response_model=ModelPublic,
+    responses={
+        **_CREATED,
+        404: {"model": ErrorBody, "description": "Unknown job, or it has no model export"},
+        409: {"model": ErrorBody, "description": "The exported model is not one the registry accepts"},
+    },
+)
+def register_export(
+    job_id: Annotated[str, Path(max_length=64)],
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    name: ModelName = None,
+) -> ModelPublic:
+    """Register the job's exported model (``export/model``, newest attempt) as a model of the job's owner."""
+    job = visible_job_or_404(session, job_id, principal)
+    session.commit()
+    export = find_export(settings.runs_dir, job_id, ExportKind.MODEL)
+    if export is None:
+        raise ApiError(404, f"job {job_id} has no model export", job_id=job_id)
+    owner = job.owner or principal.owner
+    label = checked_name(name, job.name or f"job {job_id}")
+    tree = RegistryLayout(settings.registry_dir).staging_path(".d")
+    try:
+        copy_export(export, tree)
+        summary = _summary(tree)
+        stored = _store(request, _row(owner, label, summary, job_id), tree, settings, principal.owner, "export")
+    finally:
+        remove_path(tree)
+    response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
+    return stored
+
+
+def _summary(tree: FilePath) -> ModelSummary:
+    try:
+        return summarise_model_dir(tree)
+    except ArchiveRejected as exc:
+        raise ApiError(409, f"the job's exported model cannot be registered: {exc.message}") from None
