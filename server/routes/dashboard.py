@@ -25,7 +25,7 @@ def static_dir() -> Path:
 
 @router.get("/", include_in_schema=False)
 def index() -> FileResponse:
-    """The dashboard's single page (its routes live in the URL fragment: ``#/jobs/<id>``, ``#/submit``)."""
+    """The dashboard's single page (its routes live in the URL fragment: ``#/jobs/<id>``, ``#/submit``, ``#/datasets``...)."""
     return FileResponse(static_dir() / "index.html", headers={"Cache-Control": "no-cache"})
 
 

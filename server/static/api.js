@@ -71,6 +71,46 @@ export const cancelJob = (id) => api(`/jobs/${encodeURIComponent(id)}/cancel`, {
 export const submitJob = (spec) =>
   api("/jobs", { method: "POST", headers: { "content-type": "application/json", accept: "application/json" }, body: JSON.stringify(spec) });
 
+// The registry: datasets and models (docs/registry.md). Lists are newest first; one page of `limit`.
+export const listDatasets = (limit = 1000) => api(`/datasets?limit=${limit}`);
+export const listModels = (limit = 1000) => api(`/models?limit=${limit}`);
+export const deleteDataset = (id) => api(`/datasets/${encodeURIComponent(id)}`, { method: "DELETE" });
+export const deleteModel = (id) => api(`/models/${encodeURIComponent(id)}`, { method: "DELETE" });
+
+/**
+ * POST `body` (a File or Blob) to `path` as `contentType` with XMLHttpRequest, since fetch reports no upload progress.
+ * `onProgress(sent, total)` is called as the bytes go out (and once more when all are sent); `signal` aborts it.
+ * Resolves to the decoded answer; rejects with ApiError: the server's status and body, or status 0 when no answer came
+ * (the connection failed, or the upload was cancelled).
+ */
+export function upload(path, body, contentType, { onProgress = () => {}, signal } = {}) {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("POST", path);
+    for (const [name, value] of Object.entries(withAuth({ accept: "application/json", "content-type": contentType }))) {
+      xhr.setRequestHeader(name, value);
+    }
+    xhr.upload.addEventListener("progress", (event) => onProgress(event.loaded, event.lengthComputable ? event.total : body.size));
+    xhr.upload.addEventListener("load", () => onProgress(body.size, body.size));
+    xhr.addEventListener("load", () => {
+      let answer;
+      try {
+        answer = JSON.parse(xhr.responseText);
+      } catch {
+        answer = { detail: xhr.statusText || `HTTP ${xhr.status}` };
+      }
+      if (xhr.status === 401) window.dispatchEvent(new CustomEvent("halfcast:unauthorized"));
+      if (xhr.status >= 200 && xhr.status < 300) resolve(answer);
+      else reject(new ApiError(xhr.status, answer));
+    });
+    xhr.addEventListener("error", () =>
+      reject(new ApiError(0, { detail: "the connection failed before the server answered (is the API up? a proxy's size limit?)" })));
+    xhr.addEventListener("abort", () => reject(new ApiError(0, { detail: "the upload was cancelled; nothing was stored" })));
+    if (signal) signal.addEventListener("abort", () => xhr.abort(), { once: true });
+    xhr.send(body);
+  });
+}
+
 /** Every step record of a job with step > afterStep, fetched in pages. */
 export async function allMetrics(id, afterStep = 0) {
   const points = [];
@@ -102,6 +142,15 @@ export function fmt(value, digits = 4) {
   if (value === null || value === undefined) return "-";
   if (Number.isInteger(value) && Math.abs(value) < 1e15) return String(value);
   return Number(value).toPrecision(digits).replace(/\.?0+(e|$)/, "$1");
+}
+
+/** A size in bytes: "812 B", "1.5 KiB", "3.02 GiB". */
+export function sizeText(bytes) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let size = bytes;
+  let unit = 0;
+  while (size >= 1024 && unit < units.length - 1) { size /= 1024; unit += 1; }
+  return unit === 0 ? `${bytes} B` : `${size.toPrecision(3).replace(/\.?0+$/, "")} ${units[unit]}`;
 }
 
 /** A loss scale with its power of two: "65536 (2^16)". */

@@ -1,8 +1,10 @@
-// The dashboard's router: #/ (jobs), #/jobs/<id> (one job), #/submit (the form); a login view first when the API wants a token.
+// The dashboard's router: #/ (jobs), #/jobs/<id> (one job), #/submit (the form), #/datasets and #/models (the registry);
+// a login view first when the API wants a token.
 
 import { getToken, login, logout, whoami } from "./api.js";
 import { jobList, jobPage } from "./jobs.js";
 import { loginPage } from "./login.js";
+import { datasetsPage, modelsPage } from "./registry.js";
 import { submitPage } from "./submit.js";
 
 const view = document.getElementById("view");
@@ -16,6 +18,8 @@ function route() {
   const job = /^#\/jobs\/([^/]+)$/.exec(hash);
   if (job) cleanup = jobPage(view, decodeURIComponent(job[1]));
   else if (hash === "#/submit") cleanup = submitPage(view);
+  else if (hash === "#/datasets") cleanup = datasetsPage(view);
+  else if (hash === "#/models") cleanup = modelsPage(view);
   else cleanup = jobList(view);
   for (const link of document.querySelectorAll("header nav a")) {
     link.classList.toggle("active", link.getAttribute("href") === (job ? "#/" : hash));

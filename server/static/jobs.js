@@ -4,7 +4,7 @@
 
 import {
   ApiError, TERMINAL, allMetrics, cancelJob, el, fmt, getCheckpoints, getEvals, getExports, getJob, listJobs, scaleText, scalesLoss,
-  statusBadge,
+  sizeText, statusBadge,
 } from "./api.js";
 import { ChartData, JobCharts } from "./charts.js";
 
@@ -271,14 +271,6 @@ export function jobPage(view, id) {
       el("li", { dataset: { testid: "export" } },
         el("a", { href: e.url, download: `${id}-${e.kind}.tar` }, `${e.kind}.tar`),
         ` attempt ${e.attempt}, ${e.files.length} files, ${sizeText(e.size_bytes)}`))));
-  }
-
-  function sizeText(bytes) {
-    const units = ["B", "KiB", "MiB", "GiB"];
-    let size = bytes;
-    let unit = 0;
-    while (size >= 1024 && unit < units.length - 1) { size /= 1024; unit += 1; }
-    return unit === 0 ? `${bytes} B` : `${size.toPrecision(3).replace(/\.?0+$/, "")} ${units[unit]}`;
   }
 
   let renderTimer = null;

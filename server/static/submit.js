@@ -1,7 +1,12 @@
 // The submit form: a JSON or YAML spec in a textarea; 422 field errors are shown next to the line of the field
-// (the server's `field` path: no union tags) and listed in full below it.
+// (the server's `field` path: no union tags) and listed in full below it. Registered datasets and models are
+// offered by name: choosing one sets the spec's `dataset` or `model` to it by id (spec_edit.js).
 
-import { ApiError, el, submitJob } from "./api.js";
+import { ApiError, el, listDatasets, listModels, sizeText, submitJob } from "./api.js";
+import { datasetWith, modelWith, setField } from "./spec_edit.js";
+import { lineOf } from "./spec_tree.js";
+
+export { lineOf, nodeTree } from "./spec_tree.js";
 
 const EXAMPLE = `# A short fp16 run on seeded synthetic data; YAML or JSON.
 name: synthetic-fp16
@@ -26,10 +31,12 @@ optimizer:
   lr: 0.001
 `;
 
+/** Whether `text` is read as JSON: `format` says so, or it is "auto" and the text starts with "{". */
+export const isJson = (text, format = "auto") => format === "json" || (format === "auto" && text.trimStart().startsWith("{"));
+
 /** Parse `text` as JSON when it looks like JSON (or `format` says so), else as YAML. Throws with a `line` (0-based) if known. */
 export function parseSpec(text, format = "auto") {
-  const json = format === "json" || (format === "auto" && text.trimStart().startsWith("{"));
-  if (json) {
+  if (isJson(text, format)) {
     try {
       return JSON.parse(text);
     } catch (error) {
@@ -45,64 +52,6 @@ export function parseSpec(text, format = "auto") {
     error.message = error.reason || error.message;
     throw error;
   }
-}
-
-// Where each key and item of a spec is written: js-yaml (4.1.0, vendored) calls `listener` when it
-// opens and closes every node, nested as the document is, so the closed nodes form a tree with the
-// line each node starts on. A mapping's children are its keys and values in turn, a sequence's its
-// items; JSON text is YAML too and gets the same tree.
-
-/** The node tree of `text` ({line, kind, result, children}), or null when js-yaml cannot read it. */
-export function nodeTree(text) {
-  const stack = [{ children: [] }];
-  const listener = (event, state) => {
-    if (event === "open") {
-      stack.push({ line: state.line, children: [] });
-      return;
-    }
-    const node = stack.pop();
-    node.kind = state.kind;
-    node.result = state.result;
-    stack[stack.length - 1].children.push(node);
-  };
-  try {
-    jsyaml.load(text, { listener });
-  } catch {
-    return null;
-  }
-  return stack[0].children.length ? stack[0].children[stack[0].children.length - 1] : null;
-}
-
-// A node read twice (js-yaml tries a value as a mapping key first) holds itself once more as its only child.
-function unwrap(node) {
-  while (node.children.length === 1 && node.children[0].result === node.result) node = node.children[0];
-  return node;
-}
-
-/** `{line, node}` of `part` (a key, or an index) in the mapping or sequence `node`; null when it has none. */
-function childOf(node, part) {
-  if (node.kind === "sequence") {
-    const item = Number.isInteger(part) ? node.children[part] : undefined;
-    return item ? { line: item.line, node: item } : null;
-  }
-  if (node.kind !== "mapping" || node.children.length % 2 !== 0) return null;
-  for (let i = 0; i < node.children.length; i += 2) {
-    const key = node.children[i];
-    if (String(key.result) === String(part)) return { line: key.line, node: node.children[i + 1] };
-  }
-  return null;
-}
-
-/** The 0-based line of the deepest key (or item) of `path` (["model", "config", "hidden_sizes", 0]) written in `text`; -1 for none. */
-export function lineOf(text, path) {
-  let node = nodeTree(text);
-  let line = -1;
-  for (const part of path) {
-    const found = node && childOf(unwrap(node), part);
-    if (!found) break;
-    ({ line, node } = found);
-  }
-  return line;
 }
 
 /** The field path of a 422 item: the server's `field` (no source, no union tags), else its `loc` without "body". */
@@ -134,10 +83,12 @@ export function submitPage(view) {
   const errors = el("ul", { class: "field-errors", dataset: { testid: "errors" } });
   const status = el("p", { class: "muted", dataset: { testid: "submit-status" } });
   const button = el("button", { type: "submit", class: "primary", dataset: { testid: "submit" } }, "Submit");
+  const registered = registeredPickers(useRegistered);
   const form = el("form", { class: "submit-form", onsubmit: onSubmit },
     el("h1", {}, "Submit a job"),
     el("p", { class: "muted" }, "Write the job spec in YAML or JSON. Fields the server rejects are marked next to their line."),
     el("label", {}, "Format ", format),
+    registered,
     el("div", { class: "editor" }, editor, gutter),
     errors,
     el("div", { class: "actions" }, button, status),
@@ -164,6 +115,27 @@ export function submitPage(view) {
       el("li", { dataset: { path } }, el("code", {}, path), line >= 0 ? ` (line ${line + 1})` : "", ": ",
         el("span", { class: "message", dataset: { testid: "error-message" } }, text))));
     gutter.scrollTop = editor.scrollTop;
+  }
+
+  // Set the spec's `field` ("dataset" or "model") to the registered one `id`; a spec that does not parse is marked instead.
+  function useRegistered(field, id) {
+    show([]);
+    let spec;
+    try {
+      spec = parseSpec(editor.value, format.value);
+    } catch (error) {
+      show([{ line: error.line ?? 0, path: "(syntax)", text: `${error.message} (fix the spec first)` }]);
+      return;
+    }
+    if (spec === null || spec === undefined) spec = {};
+    if (typeof spec !== "object" || Array.isArray(spec)) {
+      show([{ line: 0, path: "(spec)", text: "the spec must be a mapping of fields" }]);
+      return;
+    }
+    const value = field === "dataset" ? datasetWith(spec.dataset, id) : modelWith(spec.model, id);
+    editor.value = setField(editor.value, spec, field, value, isJson(editor.value, format.value));
+    sessionStorage.setItem("halfcast-spec", editor.value);
+    editor.focus();
   }
 
   async function onSubmit(event) {
@@ -200,4 +172,39 @@ export function submitPage(view) {
   }
 
   return () => {};
+}
+
+// The registered datasets and models, each a select (by name) and a button that puts the chosen one in the spec.
+// An older API without the registry, or a failed list, leaves the pickers out.
+function registeredPickers(onUse) {
+  const box = el("div", { class: "registered", hidden: true, dataset: { testid: "registered" } });
+  const kinds = [
+    { field: "dataset", label: "Dataset", list: listDatasets, key: "datasets", page: "#/datasets",
+      describe: (d) => `${d.name} (${d.format}, ${d.rows} rows, ${sizeText(d.bytes)}) · ${d.id.slice(0, 8)}` },
+    { field: "model", label: "Model", list: listModels, key: "models", page: "#/models",
+      describe: (m) => `${m.name} (${m.model_type}, ${sizeText(m.bytes)}) · ${m.id.slice(0, 8)}` },
+  ];
+  Promise.all(kinds.map(async (kind) => {
+    try {
+      return [kind, (await kind.list())[kind.key]];
+    } catch {
+      return [kind, null];
+    }
+  })).then((found) => {
+    box.replaceChildren(...found.filter(([, items]) => items !== null).map(([kind, items]) => picker(kind, items, onUse)));
+    box.hidden = box.children.length === 0;
+  });
+  return box;
+}
+
+function picker(kind, items, onUse) {
+  const select = el("select", { dataset: { testid: `pick-${kind.field}` }, disabled: items.length === 0 },
+    items.length ? el("option", { value: "" }, `choose a registered ${kind.field}…`) : el("option", { value: "" }, `none registered`),
+    ...items.map((item) => el("option", { value: item.id }, kind.describe(item))));
+  const use = el("button", { type: "button", disabled: true, dataset: { testid: `use-${kind.field}` },
+    onclick: () => { if (select.value) onUse(kind.field, select.value); } }, `Use in spec`);
+  select.addEventListener("change", () => { use.disabled = !select.value; });
+  return el("div", { class: "picker" },
+    el("label", {}, `${kind.label} `, select), " ", use, " ",
+    el("a", { href: kind.page, class: "muted" }, items.length ? `all ${kind.field}s` : `upload one`));
 }

@@ -4,24 +4,31 @@ Signs in with the stack's token (a wrong one is refused; signing out asks again)
 submits a spec through the form (first a bad one: the 422 errors appear next to
 their lines), watches the job reach ``succeeded`` with its charts drawn, cancels
 another job from its page, sees a failed job's reason, and watches the job list
-update without a reload. Screenshots go to ``test-artifacts/dashboard-*.png``.
+update without a reload. On the Datasets and Models pages it uploads a JSON-lines file (its progress reaching
+100%, a bad file's 422 naming the line), a tiny Llama as a tar and as a directory the page packs itself,
+finds them offered by name in the submit form, and deletes them. Screenshots go to ``test-artifacts/dashboard-*.png``.
 The submit form's error marks are also checked without a stack: the page's static files
 are served from the package and ``POST /jobs`` answers the 422 the API would
-(:func:`_rejection`), so a nested field's mark lands on its own line.
+(:func:`_rejection`), so a nested field's mark lands on its own line; so are the registry pages with canned
+answers (the Content-Type each upload is sent with, a 409/413/415/422/429 shown whole), the tar the page packs (read
+by Python's tarfile) and the spec edit that puts a registered id in the form's text.
 Skipped when Chromium or the ``playwright`` package is missing, unless
 ``HALFCAST_REQUIRE_SERVICES=1`` (CI, which installs both) makes that a failure.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import mimetypes
 import os
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
@@ -152,9 +159,14 @@ def _spec(label: str, **overrides: Any) -> dict[str, Any]:
     return spec
 
 
+#: Statuses the pages expect and show (a bad spec's or upload's 422, the 401 before login, an upload's 413 or 429, the 409 of
+#: deleting a dataset in use): Chromium notes each as a console error.
+EXPECTED_STATUSES = (401, 409, 413, 415, 422, 429)
+
+
 def _unexpected(message: Any) -> bool:
-    """A console error other than Chromium's note on an answer the page expects (the 422 of a bad spec, the 401 before login)."""
-    return bool(message.type == "error" and "status of 422" not in message.text and "status of 401" not in message.text)
+    """A console error other than Chromium's note on an answer the page expects (:data:`EXPECTED_STATUSES`)."""
+    return bool(message.type == "error" and not any(f"status of {status}" in message.text for status in EXPECTED_STATUSES))
 
 
 def _shot(page: Any, name: str) -> None:
@@ -258,6 +270,129 @@ def test_a_failed_job_shows_its_reason_and_the_list_updates_live(page: Any, embe
     _shot(page, "job-failed")
 
 
+# ----------------------------------------------------------------------------- the registry pages on the real stack
+
+
+def _upload_outcome(page: Any) -> tuple[Any, Any]:
+    """The upload form's progress text and outcome box."""
+    return page.get_by_test_id("upload-progress"), page.get_by_test_id("upload-result")
+
+
+def _delete_row(page: Any, row: Any) -> None:
+    """Click the row's delete button and accept the confirmation."""
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_test_id("delete").click()
+
+
+def test_upload_a_dataset_from_its_page_see_a_bad_files_line_offer_it_in_the_form_and_delete_it(
+    page: Any, embedded_stack: Stack, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    good = tmp_path / "greetings.jsonl"
+    good.write_text("".join(json.dumps({"text": f"hello number {i}"}) + "\n" for i in range(7)))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n{"text": "b"}\n{"txt": "c"}\n')
+    page.get_by_test_id("nav-datasets").click()
+    form = page.get_by_test_id("dataset-upload")
+    progress, outcome = _upload_outcome(page)
+    form.get_by_test_id("dataset-format").select_option("text")
+
+    form.get_by_test_id("dataset-file").set_input_files(str(bad))
+    form.get_by_test_id("upload").click()
+    expect(outcome).to_contain_text("The server refused it (HTTP 422); nothing was stored")
+    expect(outcome.get_by_test_id("upload-error")).to_have_text("line 3: field text: missing")  # the API's message, whole
+    _shot(page, "dataset-422")
+
+    form.get_by_test_id("dataset-file").set_input_files(str(good))
+    form.get_by_test_id("upload").click()
+    expect(outcome).to_contain_text('Uploaded dataset "greetings.jsonl": 7 rows of text')
+    expect(progress).to_contain_text(f"100% · {good.stat().st_size} B of {good.stat().st_size} B sent")
+    expect(form.get_by_test_id("upload-bar")).to_have_js_property("value", 100)
+    [stored] = [d for d in embedded_stack.client.get("/datasets").json()["datasets"] if d["name"] == "greetings.jsonl"]
+    assert (stored["rows"], stored["sha256"]) == (7, hashlib.sha256(good.read_bytes()).hexdigest())
+    assert not [d for d in embedded_stack.client.get("/datasets").json()["datasets"] if d["name"] == "bad.jsonl"]
+    row = page.locator(f"[data-testid=dataset-row][data-id='{stored['id']}']")
+    expect(row.locator("[data-column=rows]")).to_have_text("7")
+    expect(row.locator("[data-column=format]")).to_have_text("text (jsonl)")
+    expect(row.locator("[data-column=sha256]")).to_have_text(stored["sha256"][:12])
+    _shot(page, "datasets")
+
+    # the submit form offers it by name and puts its id in the spec, the rest of the text as written
+    page.get_by_test_id("nav-submit").click()
+    picker = page.get_by_test_id("pick-dataset")
+    expect(picker.locator("option", has_text="greetings.jsonl (text, 7 rows")).to_have_count(1)
+    picker.select_option(stored["id"])
+    page.get_by_test_id("use-dataset").click()
+    text = page.get_by_test_id("spec").input_value()
+    spec = yaml.safe_load(text)
+    assert spec["dataset"] == {"name": "jsonl", "config": {"dataset_id": stored["id"]}}
+    assert spec["model"]["name"] == "mlp" and text.startswith("# A short fp16 run")  # the comment stays
+    _shot(page, "submit-registered")
+
+    page.get_by_test_id("nav-datasets").click()
+    _delete_row(page, row)
+    expect(row).to_have_count(0)
+    assert embedded_stack.client.get(f"/datasets/{stored['id']}").status_code == 404
+
+
+def test_upload_a_model_as_a_tar_and_as_a_directory_offer_it_in_the_form_and_delete_it(
+    page: Any, embedded_stack: Stack, tmp_path: Path
+) -> None:
+    """A tiny Llama uploaded twice from the Models page: as a tar made here, and as its directory (the page packs it);
+    both store the same files (one SHA-256)."""
+    from playwright.sync_api import expect
+
+    from tests.trainer.hf_support import save_tiny_llama
+
+    directory = tmp_path / "tiny-llama"
+    save_tiny_llama(directory)
+    files = sorted(directory.iterdir())
+    archive = tmp_path / "tiny-llama.tar"
+    with tarfile.open(archive, "w") as tar:  # uncompressed
+        for file in files:
+            tar.add(file, arcname=file.name)
+    page.get_by_test_id("nav-models").click()
+    form = page.get_by_test_id("model-upload")
+    progress, outcome = _upload_outcome(page)
+
+    form.get_by_test_id("model-file").set_input_files(str(archive))
+    expect(form.get_by_test_id("model-chosen")).to_contain_text("tiny-llama.tar")
+    form.get_by_test_id("upload").click()
+    expect(outcome).to_contain_text(f'Uploaded model "tiny-llama": llama, {len(files)} files')
+    expect(progress).to_contain_text("100%")
+
+    form.get_by_test_id("model-dir").set_input_files(str(directory))
+    expect(form.get_by_test_id("model-chosen")).to_contain_text(f"tiny-llama/: {len(files)} files")
+    form.get_by_test_id("upload-name").fill("tiny-llama-dir")
+    form.get_by_test_id("upload").click()
+    expect(outcome).to_contain_text(f'Uploaded model "tiny-llama-dir": llama, {len(files)} files')
+    expect(progress).to_contain_text("100%")
+    models = {m["name"]: m for m in embedded_stack.client.get("/models").json()["models"]}
+    assert models["tiny-llama"]["sha256"] == models["tiny-llama-dir"]["sha256"]  # the same files, byte for byte
+    assert models["tiny-llama"]["bytes"] == sum(file.stat().st_size for file in files)
+    rows = [page.locator(f"[data-testid=model-row][data-id='{models[name]['id']}']") for name in ("tiny-llama", "tiny-llama-dir")]
+    for row in rows:
+        expect(row.locator("[data-column=model_type]")).to_have_text("llama")
+        expect(row.locator("[data-column=files]")).to_have_text(str(len(files)))
+        expect(row.locator("[data-column=source]")).to_have_text("upload")
+    _shot(page, "models")
+
+    page.get_by_test_id("nav-submit").click()
+    picker = page.get_by_test_id("pick-model")
+    expect(picker.locator("option", has_text="tiny-llama-dir (llama")).to_have_count(1)
+    picker.select_option(models["tiny-llama-dir"]["id"])
+    page.get_by_test_id("use-model").click()
+    spec = yaml.safe_load(page.get_by_test_id("spec").input_value())
+    assert spec["model"] == {"name": "hf", "config": {"model_id": models["tiny-llama-dir"]["id"]}}
+
+    page.get_by_test_id("nav-models").click()
+    for row in rows:
+        _delete_row(page, row)
+        expect(row).to_have_count(0)
+    assert all(embedded_stack.client.get(f"/models/{models[n]['id']}").status_code == 404 for n in ("tiny-llama", "tiny-llama-dir"))
+
+
 # ----------------------------------------------------------------------------- the submit form's marks, no stack
 
 #: The origin the static-only pages load from; Playwright answers every request to it (:meth:`StaticSite.serve`).
@@ -299,13 +434,26 @@ class StaticSite:
 
     page: Any
     #: GET path -> the JSON it answers (the job resource, its metrics...), or the text of an event stream;
-    #: any other API path is a 404.
-    answers: dict[str, Any] = field(default_factory=dict)
+    #: any other API path is a 404. The registry's lists start empty.
+    answers: dict[str, Any] = field(default_factory=lambda: {"/datasets": {"datasets": [], "next_cursor": None},
+                                                             "/models": {"models": [], "next_cursor": None}})  # fmt: skip
+    #: (method, path) -> (status, JSON body) for requests other than a GET (an upload, a deletion).
+    replies: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
+    #: Every API request but a GET: method, path, query, headers and body.
+    requests: list[dict[str, Any]] = field(default_factory=list)
 
     def serve(self, route: Any) -> None:
-        """Static files from the package; ``POST /jobs`` a 422 for its body (:func:`_rejection`); ``answers``; ``/`` a blank page."""
+        """Static files from the package; ``replies``; ``POST /jobs`` a 422 for its body (:func:`_rejection`); ``answers``;
+        ``/`` a blank page."""
         url = urlsplit(route.request.url)
-        if url.path.startswith("/static/"):
+        method = route.request.method
+        if method != "GET":
+            self.requests.append({"method": method, "path": url.path, "query": parse_qs(url.query),
+                                  "headers": route.request.headers, "body": route.request.post_data_buffer})  # fmt: skip
+        if (reply := self.replies.get((method, url.path))) is not None:
+            status, body = reply
+            route.fulfill(status=status, body=b"" if body is None else json.dumps(body), content_type="application/json")
+        elif url.path.startswith("/static/"):
             file = static_dir() / url.path.removeprefix("/static/")
             content_type = "text/javascript" if file.suffix == ".js" else mimetypes.guess_type(file.name)[0] or "text/plain"
             route.fulfill(status=200, body=file.read_bytes(), content_type=content_type)
@@ -496,3 +644,228 @@ def test_a_fine_tuned_jobs_page_links_its_exports_as_tar_downloads(site: StaticS
     site.page.evaluate("async () => (await import('/static/jobs.js')).jobPage(document.getElementById('view'), 'plain')")
     expect(site.page.get_by_test_id("chart-loss")).to_have_attribute("data-points", "6")
     expect(site.page.get_by_test_id("exports")).to_be_hidden()
+
+
+# ----------------------------------------------------------------------------- the registry pages, no stack
+
+#: Files of a model directory as ``webkitdirectory`` gives them: (path under the chosen directory, content).
+DIRECTORY = [
+    ("model/config.json", '{"model_type": "llama"}'), ("model/empty.txt", ""), ("model/one-block.bin.txt", "x" * 512),
+    ("model/over-a-block", "y" * 513), ("model/" + "d" * 120 + "/" + "f" * 90 + ".json", "split between prefix and name"),
+    ("model/" + "/".join(["n" * 60] * 5) + "/deep.txt", "a pax path"), ("model/токенизатор.json", "not ASCII"),
+]  # fmt: skip
+#: Builds the ``DIRECTORY`` files (each with its ``webkitRelativePath``) and packs them with tar.js; the tar's bytes.
+PACK_DIRECTORY = """async (directory) => {
+  const { directoryEntries, tarBlob } = await import('/static/tar.js');
+  const files = directory.map(([path, content]) => {
+    const file = new File([content], path.split('/').pop(), { lastModified: 1700000000123 });
+    Object.defineProperty(file, 'webkitRelativePath', { value: path });
+    return file;
+  });
+  return Array.from(new Uint8Array(await tarBlob(directoryEntries(files.reverse())).arrayBuffer()));
+}"""
+
+
+def test_a_chosen_directory_is_packed_into_a_tar_that_tarfile_and_the_registry_read(site: StaticSite, tmp_path: Path) -> None:
+    """tar.js's ustar: names split between prefix and name, pax paths for long or non-ASCII ones, sizes at and over
+    a block; Python's tarfile reads it (checksums included) and the registry's archive check extracts it."""
+    from server.registry.model_archive import extract_model_archive
+
+    packed = bytes(site.page.evaluate(PACK_DIRECTORY, [list(item) for item in DIRECTORY]))
+    assert len(packed) % 512 == 0 and packed.endswith(bytes(1024))
+    with tarfile.open(fileobj=io.BytesIO(packed), mode="r:") as tar:
+        members = tar.getmembers()
+        assert [m.name for m in members] == sorted(path for path, _ in DIRECTORY)  # in name order
+        assert all(m.isreg() and m.mode == 0o644 and m.mtime == 1_700_000_000 for m in members)
+        assert {m.name: tar.extractfile(m).read().decode() for m in members} == dict(DIRECTORY)  # type: ignore[union-attr]
+    archive = tmp_path / "model.tar"
+    archive.write_bytes(packed)
+    extract_model_archive(archive, tmp_path / "extracted")  # the top directory is dropped
+    assert (tmp_path / "extracted" / "config.json").read_text() == '{"model_type": "llama"}'
+    assert (tmp_path / "extracted" / "токенизатор.json").read_text() == "not ASCII"
+
+    # a file of 8 GiB or more: its size in a pax record (11 octal digits stop at 8 GiB - 1)
+    script = "async (size) => (await import('/static/tar.js')).entryHeaders('model/huge.safetensors', size, 1700000000).flatMap((b) => Array.from(b))"
+    headers = bytes(site.page.evaluate(script, 2**33 + 5))
+    with tarfile.open(fileobj=io.BytesIO(headers), mode="r:") as tar:
+        huge = tar.firstmember
+        assert huge is not None and (huge.name, huge.size, huge.mtime) == ("model/huge.safetensors", 2**33 + 5, 1_700_000_000)
+
+
+#: A spec written by hand: comments, a jsonl dataset under a data root, an hf model under a model root.
+HAND_WRITTEN = """\
+# fine-tune on my chats
+name: by-hand
+model:
+  name: hf
+  config: {path: llama/base, tokenizer_path: llama/tok, task: sequence_classification, num_labels: 3}
+dataset:
+  name: jsonl  # from the data root
+  config:
+    path: chats/train.jsonl
+    format: chat
+    column_map: {prompt: instruction}
+    max_seq_len: 128
+
+# the optimizer's settings
+optimizer: {name: adamw, lr: 0.001}
+"""
+
+
+def _set_field(page: Any, text: str, field: str, registered_id: str, json_text: bool = False) -> str:
+    """spec_edit.js's setField of ``text`` with ``field`` set to the registered ``registered_id`` (datasetWith / modelWith)."""
+    script = """async ([text, field, id, json]) => {
+      const edit = await import('/static/spec_edit.js');
+      const spec = json ? JSON.parse(text) : jsyaml.load(text);
+      const value = field === 'dataset' ? edit.datasetWith(spec.dataset, id) : edit.modelWith(spec.model, id);
+      return edit.setField(text, spec, field, value, json);
+    }"""
+    result: str = page.evaluate(script, [text, field, registered_id, json_text])
+    return result
+
+
+def test_using_a_registered_input_replaces_only_that_field_of_the_spec(site: StaticSite) -> None:
+    with_dataset = _set_field(site.page, HAND_WRITTEN, "dataset", "d-1")
+    # the dataset's block only: the source fields go (format defaults to the dataset's), max_seq_len stays, comments stay
+    assert with_dataset == HAND_WRITTEN.replace(
+        "  name: jsonl  # from the data root\n  config:\n    path: chats/train.jsonl\n    format: chat\n"
+        "    column_map: {prompt: instruction}\n    max_seq_len: 128\n",
+        "  name: jsonl\n  config:\n    dataset_id: d-1\n    max_seq_len: 128\n")  # fmt: skip
+    with_both = yaml.safe_load(_set_field(site.page, with_dataset, "model", "m-1"))
+    assert with_both["model"] == {"name": "hf", "config": {"model_id": "m-1", "task": "sequence_classification", "num_labels": 3}}
+    assert with_both["optimizer"] == {"name": "adamw", "lr": 0.001}
+    # another kind of dataset or model is replaced whole; a spec without one gets it appended
+    assert yaml.safe_load(_set_field(site.page, "model: {name: mlp, config: {hidden_sizes: [8]}}\n", "model", "m-2")) == {
+        "model": {"name": "hf", "config": {"model_id": "m-2"}}}  # fmt: skip
+    assert _set_field(site.page, "name: x\n\n\n", "dataset", "d-2") == "name: x\ndataset:\n  name: jsonl\n  config:\n    dataset_id: d-2\n"
+    # JSON is written out again; so is YAML whose top-level keys are not plain block keys
+    spec = {"name": "j", "dataset": {"name": "synthetic", "config": {}}, "max_steps": 3}
+    assert json.loads(_set_field(site.page, json.dumps(spec), "dataset", "d-3", json_text=True)) == {
+        **spec, "dataset": {"name": "jsonl", "config": {"dataset_id": "d-3"}}}  # fmt: skip
+    assert yaml.safe_load(_set_field(site.page, '"name": q\nmax_steps: 3\n', "dataset", "d-4")) == {
+        "name": "q", "max_steps": 3, "dataset": {"name": "jsonl", "config": {"dataset_id": "d-4"}}}  # fmt: skip
+
+
+def _registered(kind: str, item_id: str, **fields: Any) -> dict[str, Any]:
+    """A dataset or model as ``GET /datasets`` or ``GET /models`` lists it (checked by its schema)."""
+    from server.registry.schemas import DatasetPublic, ModelPublic
+
+    if kind == "dataset":
+        base = {"format": "classification", "file_format": "csv", "rows": 1234, "bytes": 1_572_864}
+        schema: Any = DatasetPublic
+    else:
+        base = {"model_type": "bert", "files": 6, "bytes": 9_000_000, "source_job_id": None}
+        schema = ModelPublic
+    item = {"id": item_id, "name": f"my-{kind}", "owner": "alice", "sha256": "abcdef0123456789" * 4, "created_at": AT, **base} | fields
+    return schema.model_validate(item).model_dump(mode="json")
+
+
+def _upload_requests(site: StaticSite, path: str) -> list[dict[str, Any]]:
+    return [request for request in site.requests if (request["method"], request["path"]) == ("POST", path)]
+
+
+def test_the_datasets_page_sends_the_type_its_extension_names_and_shows_each_refusal_whole(site: StaticSite) -> None:
+    from playwright.sync_api import expect
+
+    from server.db.registry import RegisteredInUse
+    from server.registry.request_checks import unsupported_media_type
+
+    dataset = _registered("dataset", "ds-1")
+    site.answers["/datasets"] = {"datasets": [dataset], "next_cursor": None}
+    quota = "quota exceeded: max_storage_bytes is 1000000 for owner alice (1572864 in use)"
+    site.replies[("POST", "/datasets")] = (429, {"detail": quota, "limit": "max_storage_bytes", "value": 1_000_000})
+    in_use = str(RegisteredInUse("dataset", "ds-1", ["job-a", "job-b"]))
+    site.replies[("DELETE", "/datasets/ds-1")] = (409, {"detail": in_use})
+    page = site.page
+    page.evaluate("sessionStorage.setItem('halfcast-token', 'hc_static')")
+    page.evaluate("async () => (await import('/static/registry.js')).datasetsPage(document.getElementById('view'))")
+    row = page.locator("[data-testid=dataset-row][data-id='ds-1']")
+    assert [row.locator(f"[data-column={c}]").inner_text() for c in ("format", "rows", "bytes", "sha256", "owner")] == [
+        "classification (csv)", "1234", "1.5 MiB", "abcdef012345", "alice"]  # fmt: skip
+
+    form = page.get_by_test_id("dataset-upload")
+    progress, outcome = _upload_outcome(page)
+    csv = b"text,label\nhello,0\nbye,1\n"
+    form.get_by_test_id("dataset-file").set_input_files(files=[{"name": "rows.csv", "mimeType": "text/plain", "buffer": csv}])
+    form.get_by_test_id("upload").click()  # no format chosen: the browser asks for one, nothing is sent
+    page.wait_for_timeout(200)
+    assert not _upload_requests(site, "/datasets")
+    form.get_by_test_id("dataset-format").select_option("classification")
+    form.get_by_test_id("upload").click()
+    expect(outcome).to_contain_text("The server refused it (HTTP 429); nothing was stored")
+    expect(outcome.get_by_test_id("upload-error")).to_have_text(quota)
+    [sent] = _upload_requests(site, "/datasets")
+    assert (sent["headers"]["content-type"], sent["query"], sent["body"]) == (
+        "text/csv", {"format": ["classification"], "name": ["rows.csv"]}, csv)  # fmt: skip
+    assert sent["headers"]["authorization"] == "Bearer hc_static"  # api.js's token, on the XMLHttpRequest too
+    expect(progress).to_contain_text(f"of {len(csv)} B")  # (Playwright's routing sends no upload progress events)
+    _shot(page, "dataset-429")
+
+    # the type comes from the extension (.json is JSON lines), or from the choice; an unknown one is not sent
+    site.replies[("POST", "/datasets")] = (415, {"detail": unsupported_media_type("", ["application/jsonl", "text/csv"]).body.detail})
+    form.get_by_test_id("dataset-file").set_input_files(files=[{"name": "rows.json", "mimeType": "", "buffer": b'{"text": 1}\n'}])
+    form.get_by_test_id("upload-name").fill("named here")
+    form.get_by_test_id("upload").click()
+    expect(outcome.get_by_test_id("upload-error")).to_have_text("Content-Type must be one of application/jsonl, text/csv (got none)")
+    assert _upload_requests(site, "/datasets")[-1]["headers"]["content-type"] == "application/jsonl"
+    assert _upload_requests(site, "/datasets")[-1]["query"]["name"] == ["named here"]
+    form.get_by_test_id("dataset-file").set_input_files(files=[{"name": "rows.txt", "mimeType": "text/plain", "buffer": csv}])
+    form.get_by_test_id("upload").click()
+    expect(outcome.get_by_test_id("upload-error")).to_have_text(
+        "cannot tell the file format of rows.txt: name it .jsonl, .json or .csv, or choose its file type")
+    assert len(_upload_requests(site, "/datasets")) == 2
+    form.get_by_test_id("dataset-file-type").select_option("csv")
+    form.get_by_test_id("upload").click()
+    expect(page.get_by_test_id("upload-result")).to_contain_text("HTTP 415")
+    assert _upload_requests(site, "/datasets")[-1]["headers"]["content-type"] == "text/csv"
+
+    # deleting asks first; a dataset in use is a 409 naming its jobs, each a link
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    row.get_by_test_id("delete").click()
+    page.wait_for_timeout(200)
+    assert not [r for r in site.requests if r["method"] == "DELETE"]
+    _delete_row(page, row)
+    problem = page.get_by_test_id("registry-error")
+    expect(problem).to_contain_text(f"Not deleted (HTTP 409): {in_use}")
+    assert [a.get_attribute("href") for a in problem.get_by_test_id("using-job").all()] == ["#/jobs/job-a", "#/jobs/job-b"]
+    expect(row).to_be_visible()
+    _shot(page, "dataset-409")
+
+
+def test_the_models_page_sends_a_chosen_tar_as_it_is_and_shows_a_refusal_whole(site: StaticSite) -> None:
+    from playwright.sync_api import expect
+
+    from server.registry.upload import too_large
+
+    site.answers["/models"] = {"models": [_registered("model", "m-1", source_job_id="job-9")], "next_cursor": None}
+    refused = "entry 'pytorch_model.bin': pickle files are refused (use *.safetensors weights)"
+    site.replies[("POST", "/models")] = (422, {"detail": [{"type": "value_error", "loc": ["body", "pytorch_model.bin"],
+                                                           "msg": refused, "input": None}]})  # fmt: skip
+    page = site.page
+    page.evaluate("async () => (await import('/static/registry.js')).modelsPage(document.getElementById('view'))")
+    row = page.locator("[data-testid=model-row][data-id='m-1']")
+    expect(row.locator("[data-column=source] a")).to_have_attribute("href", "#/jobs/job-9")
+    expect(row.locator("[data-column=model_type]")).to_have_text("bert")
+
+    form = page.get_by_test_id("model-upload")
+    _, outcome = _upload_outcome(page)
+    form.get_by_test_id("upload").click()
+    expect(outcome.get_by_test_id("upload-error")).to_have_text("choose a model directory or a tar archive of one")
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo("pytorch_model.bin")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"evil"))
+    form.get_by_test_id("model-file").set_input_files(files=[{"name": "weights.tar", "mimeType": "", "buffer": archive.getvalue()}])
+    form.get_by_test_id("upload").click()
+    expect(outcome).to_contain_text("The server refused it (HTTP 422); nothing was stored")
+    expect(outcome.get_by_test_id("upload-error")).to_have_text(refused)
+    [sent] = _upload_requests(site, "/models")
+    assert (sent["headers"]["content-type"], sent["query"], sent["body"]) == (
+        "application/x-tar", {"name": ["weights"]}, archive.getvalue())  # fmt: skip
+    too_big = too_large(16).body.detail
+    site.replies[("POST", "/models")] = (413, {"detail": too_big})
+    form.get_by_test_id("upload").click()
+    expect(outcome.get_by_test_id("upload-error")).to_have_text(too_big)
+    expect(outcome).to_contain_text("HTTP 413")
+    _shot(page, "model-413")
