@@ -98,7 +98,8 @@ function registryPage(view, page) {
 
   function row(item) {
     const cells = Object.entries(page.cells(item)).map(([column, value]) => el("td", { dataset: { column } }, value));
-    const button = el("button", { type: "button", class: "danger", dataset: { testid: "delete" } }, "Delete");
+    const button = el("button", { type: "button", class: "danger", "aria-label": `Delete ${page.kind} ${item.name}`, dataset: { testid: "delete" } },
+      "Delete");
     button.addEventListener("click", () => remove(item, button));
     return el("tr", { dataset: { testid: `${page.kind}-row`, id: item.id } }, ...cells, el("td", {}, button));
   }
