@@ -72,8 +72,12 @@ def test_a_real_jobs_steps_stream_once_in_order_within_half_a_second(layout: str
 
     kinds = [kind for _, kind, _, _ in received]
     assert kinds[0] == "status" and kinds[-1] == "status" and received[-1][3]["status"] == "succeeded", received[-1]
-    statuses = [data["status"] for _, kind, _, data in received if kind == "status"]
-    assert statuses == sorted(set(statuses), key=statuses.index), statuses  # each status once
+    states = [(data["status"], data.get("phase")) for _, kind, _, data in received if kind == "status"]
+    assert states == sorted(set(states), key=states.index), states  # each status (and start-up phase) once
+    statuses = [status for status, _ in states]
+    assert [s for i, s in enumerate(statuses) if s not in statuses[:i]] == ["queued", "starting", "running", "succeeded"][
+        -len(set(statuses)):], statuses  # in order, never back
+    assert {phase for status, phase in states if status == "running"} <= {None, "loading data", "building model", "first step"}
     steps = [(arrival, int(event_id), data) for arrival, kind, event_id, data in received if kind == "step"]  # type: ignore[arg-type]
     assert [step for _, step, _ in steps] == list(range(1, 121))
     assert all(data["step"] == step for _, step, data in steps)
