@@ -12,6 +12,7 @@ RUN pip install ${TORCH_SPEC}
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY server ./server
+COPY broker ./broker
 COPY worker ./worker
 COPY trainer ./trainer
 COPY migrations ./migrations
