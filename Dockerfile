@@ -12,10 +12,12 @@ RUN pip install ${TORCH_SPEC}
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY server ./server
+COPY broker ./broker
 COPY worker ./worker
 COPY trainer ./trainer
 COPY migrations ./migrations
-RUN pip install .
+# Every extra: the image runs the API, the worker and the migrations (pyproject.toml's `all`).
+RUN pip install '.[all]'
 
 # Run as an unprivileged user; a named volume mounted at the data directory takes
 # this directory's owner when it is first created.

@@ -1,5 +1,6 @@
 # Set-up commands for a fresh clone (see README.md):
-#   make up       install the product into .venv if needed, then start the API and a worker (embedded defaults)
+#   make up       install the product (the client and the server, worker and trainer extras) into .venv if
+#                 needed, then start the API and a worker (embedded defaults)
 #   make test     also install the test extras (pytest, playwright, schemathesis) if needed, then run the whole suite
 #   make install  both installs, without running anything
 #
@@ -18,7 +19,7 @@ ARGS ?=
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 # Each written after a successful install; older than pyproject.toml means "install again".
-# The product's runtime dependencies only (what `make up` needs):
+# The product's runtime dependencies only (what `make up` needs: `halfcast up` runs the API and a worker):
 RUNTIME_STAMP := $(VENV)/.halfcast-installed
 # The test extras on top of them (what `make test` needs):
 TEST_STAMP := $(VENV)/.halfcast-test-installed
@@ -36,7 +37,7 @@ install: $(RUNTIME_STAMP) $(TEST_STAMP)
 $(RUNTIME_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(TORCH_SPEC)
-	$(PIP) install -e .
+	$(PIP) install -e '.[all]'
 	touch $@
 
 # After the runtime install (so torch still comes first), and again whenever it is redone.

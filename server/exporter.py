@@ -1,4 +1,4 @@
-"""Prometheus exposition built at scrape time from the database (DESIGN.md §3, §7).
+"""Prometheus exposition built at scrape time from the database (docs/api.md, "Prometheus series").
 
 One collector reads the ``jobs`` table on every scrape and yields per-job series
 only for jobs not yet terminal, so label cardinality is bounded by live jobs and a

@@ -1,4 +1,4 @@
-"""Response bodies of the HTTP API (DESIGN.md §3). Request bodies are ``trainer.spec.JobSpec``."""
+"""Response bodies of the HTTP API (docs/api.md, docs/results.md). Request bodies are ``trainer.spec.JobSpec``."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 No Docker engine runs here, so these tests check the files themselves: the services
 and their start order, that every ``halfcast`` command is a real CLI subcommand, that
 every file the stack mounts or copies exists, that Prometheus scrapes the API, and
-that the Grafana dashboard queries only metrics the API exports (DESIGN.md §3).
+that the Grafana dashboard queries only metrics the API exports (docs/api.md, "Prometheus series").
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 
-#: DESIGN.md §3 "Prometheus", plus the queue gauge.
+#: Series of docs/api.md, "Prometheus series", that the dashboard may query.
 EXPORTED_METRICS = {
     "halfcast_loss_scale",
     "halfcast_skipped_steps_total",

@@ -7,7 +7,8 @@
   series ``GET /metrics`` exposes, docs/configuration.md every ``HALFCAST_*`` setting, docs/cli.md every
   ``halfcast`` command;
 - the Docker Compose commands the docs give for minting a token are real ``halfcast`` commands run in a
-  service of the compose file.
+  service of the compose file;
+- every ``*.md`` file the code's docstrings and comments cite exists.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ DOC_FILES = sorted(DOCS.glob("*.md"))
 MARKDOWN = [README, *DOC_FILES]
 README_MAX_LINES = 200
 MAX_LINE = 120
+#: The folders of Python code whose docstrings and comments may cite documents.
+CODE_DIRS = ("server", "broker", "worker", "trainer", "migrations", "bench", "tests")
+#: A cited document: a path ending in ``.md``.
+CITED_DOCUMENT = re.compile(r"[\w./-]*\w\.md\b")
 
 #: ``[text](target)``: the target up to the first space or closing parenthesis.
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -103,6 +108,16 @@ def test_relative_links_resolve(path: Path) -> None:
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(f"{path.name}:{number}: {target} (no heading #{anchor} in {linked.name})")
     assert not broken, "\n".join(broken)
+
+
+def test_the_code_cites_only_documents_the_repository_has() -> None:
+    """A ``*.md`` named in a Python file is a path from the repository's root, from docs/ or from the file's folder."""
+    missing = []
+    for path in sorted(p for folder in CODE_DIRS for p in (ROOT / folder).rglob("*.py")):
+        for name in set(CITED_DOCUMENT.findall(path.read_text(encoding="utf-8"))):
+            if not any((base / name).is_file() for base in (ROOT, DOCS, path.parent)):
+                missing.append(f"{path.relative_to(ROOT)}: {name}")
+    assert missing == []
 
 
 def test_every_doc_is_linked_from_the_readme() -> None:

@@ -1,8 +1,8 @@
 """The Makefile's install steps, read from ``make -n`` (prints the commands, runs none) against a throwaway venv.
 
-``make up`` installs only what the product needs (torch first, then ``pip install -e .``);
-``make test`` adds the test extras; each install has its own stamp, redone when
-``pyproject.toml`` is newer. Make runs in a scratch directory with a stand-in
+``make up`` installs only what the product needs (torch first, then ``pip install -e '.[all]'``:
+the client and every extra ``halfcast up`` needs); ``make test`` adds the test extras; each
+install has its own stamp, redone when ``pyproject.toml`` is newer. Make runs in a scratch directory with a stand-in
 ``pyproject.toml`` whose age each test sets, and ``VENV`` there, so nothing here
 touches the real ``.venv``.
 """
@@ -15,8 +15,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from packaging_support import resolved
+
+from server.cli import COMMANDS
+from server.cli.extras import expand
 
 MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
+#: What ``make up`` installs after torch.
+PRODUCT = "-e '.[all]'"
 RUNTIME_STAMP = ".halfcast-installed"
 TEST_STAMP = ".halfcast-test-installed"
 
@@ -56,14 +62,20 @@ def workdir(tmp_path: Path) -> Path:
 
 def test_up_installs_torch_then_the_product_without_test_extras(workdir: Path) -> None:
     lines = dry_run(workdir, "up")
-    assert pip_installs(lines) == ["torch==2.13.0", "-e ."]
+    assert pip_installs(lines) == ["torch==2.13.0", PRODUCT]
     assert not any("[test]" in line or "/bin/pytest" in line for line in lines)
     assert lines[-1].endswith("/bin/halfcast up")
 
 
+def test_up_installs_every_extra_halfcast_up_needs(workdir: Path) -> None:
+    product = pip_installs(dry_run(workdir, "up"))[-1]
+    installed = product.split("[", 1)[1].split("]", 1)[0].split(",")
+    assert set(expand(COMMANDS["up"].extras)) <= set().union(*map(resolved, installed))
+
+
 def test_test_installs_the_test_extras_after_the_product(workdir: Path) -> None:
     lines = dry_run(workdir, "test")
-    assert pip_installs(lines) == ["torch==2.13.0", "-e .", "-e '.[test]'"]
+    assert pip_installs(lines) == ["torch==2.13.0", PRODUCT, "-e '.[test]'"]
     assert lines[-1].split()[0].endswith("/bin/pytest")
 
 
@@ -85,8 +97,8 @@ def test_fresh_stamps_install_nothing(workdir: Path) -> None:
 
 def test_a_newer_pyproject_redoes_both_installs(workdir: Path) -> None:
     set_ages(workdir, runtime=10, test=9)
-    assert pip_installs(dry_run(workdir, "up")) == ["torch==2.13.0", "-e ."]
-    assert pip_installs(dry_run(workdir, "test")) == ["torch==2.13.0", "-e .", "-e '.[test]'"]
+    assert pip_installs(dry_run(workdir, "up")) == ["torch==2.13.0", PRODUCT]
+    assert pip_installs(dry_run(workdir, "test")) == ["torch==2.13.0", PRODUCT, "-e '.[test]'"]
 
 
 def test_a_newer_pyproject_redoes_the_test_install_even_with_a_fresh_product_install(workdir: Path) -> None:

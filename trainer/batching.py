@@ -2,7 +2,7 @@
 
 One optimizer step consumes a *window* of ``accumulation_steps`` micro-batches on
 every rank, so ``global_batch_size = micro_batch_size * accumulation_steps * world_size``
-(DESIGN.md §3).
+(docs/job-spec.md, "Fields").
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The optimizers are Halfcast's device-skipping ``AdamW`` / ``SGD``
 (:mod:`trainer.optimizers`); the schedule is a device-side function of the count of
 *applied* steps (:mod:`trainer.schedule`), advanced by the step's ``applied`` flag,
-so a skipped step never moves it (DESIGN.md §4; pytorch#44511).
+so a skipped step never moves it (docs/trainer.md, "Numerics of one optimizer step";
+pytorch#44511).
 """
 
 from __future__ import annotations

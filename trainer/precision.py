@@ -5,7 +5,8 @@ The training loop uses only :class:`PrecisionPolicy`: ``prepare_model`` once,
 ``step(optimizer, parameters, max_grad_norm)`` once per optimizer step. Master
 weights, gradients and optimizer state stay float32 in every precision; autocast
 runs eligible ops in the compute dtype. (The interface follows the shape of
-Lightning Fabric's precision plugins; the step logic is DESIGN.md §4.)
+Lightning Fabric's precision plugins; the step logic is docs/trainer.md, "Numerics of one
+optimizer step".)
 
 A step, at the accumulation boundary: unscale the gradients once; find non-finite
 values (the fused unscale kernel plus the finiteness of the global gradient norm);

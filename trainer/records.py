@@ -1,10 +1,10 @@
 """The records sink: rank 0 appends JSON lines to ``<run_dir>/records.jsonl``.
 
 Line types and fields are the run-directory contract of docs/architecture.md and the
-step record of DESIGN.md §3. Lines are flushed as soon as they are written (step lines
-in one batch per logging interval, see :mod:`trainer.telemetry`), so the worker can
-tail the file while training runs. JSON has no NaN or infinity: a non-finite float is
-written as ``null``.
+step record of docs/results.md ("Step records"). Lines are flushed as soon as they are
+written (step lines in one batch per logging interval, see :mod:`trainer.telemetry`),
+so the worker can tail the file while training runs. JSON has no NaN or infinity: a
+non-finite float is written as ``null``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ RECORDS_FILE = "records.jsonl"
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One attempted optimizer step (DESIGN.md §3).
+    """One attempted optimizer step (docs/results.md, "Step records").
 
     ``step``: 1-based attempted step; ``loss``: global mean loss of the window;
     ``loss_scale``: scale used for this step (1.0 without scaling); ``overflow``:

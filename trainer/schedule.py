@@ -1,11 +1,12 @@
 """Learning-rate schedules over *applied* optimizer steps, computed on the device.
 
 ``lr(n) = initial_lr * m(n)`` where ``n`` is the number of applied (not skipped)
-optimizer steps so far: a skipped step never advances the schedule (DESIGN.md §4;
-pytorch/pytorch#44511). The count ``n`` is a 0-d int64 tensor on the device, advanced
-by the step's ``applied`` flag, and the next step's learning rate is computed from it
-with tensor ops and written into each ``param_group["lr"]`` (a 0-d tensor, see
-:mod:`trainer.optimizers`): the host never reads either.
+optimizer steps so far: a skipped step never advances the schedule (docs/trainer.md,
+"Numerics of one optimizer step"; pytorch/pytorch#44511). The count ``n`` is a 0-d
+int64 tensor on the device, advanced by the step's ``applied`` flag, and the next
+step's learning rate is computed from it with tensor ops and written into each
+``param_group["lr"]`` (a 0-d tensor, see :mod:`trainer.optimizers`): the host never
+reads either.
 
 The multiplier ``m`` (:class:`LRMultiplier` is the host closed form, the reference):
 

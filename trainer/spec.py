@@ -1,4 +1,4 @@
-"""The job spec: the one contract shared by server, worker and trainer (DESIGN.md §3).
+"""The job spec: the one contract shared by server, worker and trainer (docs/job-spec.md).
 
 Pure pydantic, torch-free, so the API validates a spec without importing torch.
 Every block rejects unknown fields; every value is bounded, so a bad spec is a
@@ -190,7 +190,7 @@ class AdapterSpec(_Strict):
 
 
 class JobSpec(_Strict):
-    """A training job. See DESIGN.md §3 for the meaning of each field.
+    """A training job. See docs/job-spec.md for the meaning of each field.
 
     Raises ``pydantic.ValidationError`` (``loc`` names the field) for unknown fields,
     out-of-range values, a ``loss_scale`` block on a non-fp16 job, fp8 without GPUs,
@@ -390,7 +390,7 @@ class JobSpec(_Strict):
 
     @property
     def effective_loss_scale(self) -> LossScaleSpec | None:
-        """The loss-scale policy: the given block, DESIGN.md defaults for fp16, else ``None``."""
+        """The loss-scale policy: the given block, the fp16 defaults (docs/job-spec.md), else ``None``."""
         if self.precision != "fp16":
             return None
         return self.loss_scale or LossScaleSpec()

@@ -1,8 +1,9 @@
 """The worker's side of the database: claiming a job, its lease, recording progress, finishing it.
 
-Ownership lives in the database, not the broker (DESIGN.md §7, celery#5935): a job
-is claimed with a compare-and-set from ``queued``, so a redelivered or duplicate
-message, or one for a job cancelled while queued, updates no row and is dropped.
+Ownership lives in the database, not the broker (docs/worker.md, "Leases and fencing";
+celery#5935): a job is claimed with a compare-and-set from ``queued``, so a redelivered
+or duplicate message, or one for a job cancelled while queued, updates no row and is
+dropped.
 The claim also takes a lease: ``worker_id`` is the owner, ``attempt`` the fencing
 token, ``lease_expires_at`` the expiry, pushed forward by the owner's heartbeat.
 

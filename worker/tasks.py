@@ -31,11 +31,11 @@ from celery import Celery, Task
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from sqlalchemy.exc import DBAPIError
 
+from broker.celery_app import RUN_JOB_TASK
 from server.db.engine import make_engine
 from server.settings import Settings
 from worker.acks import acknowledge
 from worker.broker_watch import BrokerWatch, queued_job_ids, redis_marker_store
-from worker.celery_app import RUN_JOB_TASK
 from worker.gpu_locks import GpuLocks
 from worker.gpus import discover_gpus
 from worker.holds import MessageHolds

@@ -7,7 +7,9 @@ Output for people goes to stdout; diagnostics go through ``logging`` (stderr).
 Only the module of the command being run is imported (:data:`COMMANDS` says which
 module holds each command): a job command such as ``halfcast list`` imports the HTTP
 client, not the server's database, web framework, task queue or torch. The other
-commands appear in ``--help`` with the help text of :data:`COMMANDS`.
+commands appear in ``--help`` with the help text of :data:`COMMANDS`. A command that
+needs an extra this install lacks (``halfcast api`` after ``pip install halfcast``)
+stops with the pip command that adds it (:mod:`server.cli.extras`).
 """
 
 from __future__ import annotations
@@ -21,28 +23,36 @@ from collections.abc import Collection, Sequence
 from types import ModuleType
 from typing import NamedTuple
 
+from server.cli.extras import missing_extra_message, missing_extras
 from server.quiet_logs import quiet_third_party_logs
 from server.redact import install_log_redaction
 
 #: Exit status of a command whose reader closed the pipe (``halfcast list | head``): 128 + SIGPIPE, as a shell reports it.
 EXIT_BROKEN_PIPE = 141
+#: Exit status of a command that needs an extra this install lacks (as for a usage error).
+EXIT_MISSING_EXTRA = 2
 
 
 class Command(NamedTuple):
-    """Where a top-level command is registered (a module of :mod:`server.cli`), and its one-line help."""
+    """Where a top-level command is registered (a module of :mod:`server.cli`), its one-line help, and its extras.
+
+    ``extras`` names the extras of pyproject.toml the command needs beyond the client's
+    own dependencies (:mod:`server.cli.extras`); the job commands need none.
+    """
 
     module: str
     help: str
+    extras: tuple[str, ...] = ()
 
 
 #: Every top-level command, in the order ``--help`` lists them. The help must be the one its module registers.
 COMMANDS: dict[str, Command] = {
-    "up": Command("services", "migrate, then run the API and a worker (embedded defaults)"),
-    "api": Command("services", "run the HTTP API (uvicorn)"),
-    "worker": Command("services", "run a Celery worker; extra arguments go to Celery"),
-    "db": Command("db", "database schema commands"),
-    "tokens": Command("tokens", "create, list and revoke API tokens (database access)"),
-    "quotas": Command("quotas", "set, list and clear per-owner job quotas (database access)"),
+    "up": Command("services", "migrate, then run the API and a worker (embedded defaults)", ("server", "worker")),
+    "api": Command("services", "run the HTTP API (uvicorn)", ("server",)),
+    "worker": Command("services", "run a Celery worker; extra arguments go to Celery", ("worker",)),
+    "db": Command("db", "database schema commands", ("server",)),
+    "tokens": Command("tokens", "create, list and revoke API tokens (database access)", ("server",)),
+    "quotas": Command("quotas", "set, list and clear per-owner job quotas (database access)", ("server",)),
     "submit": Command("jobs", "submit a job spec (YAML or JSON file; - reads stdin)"),
     "list": Command("jobs", "list jobs, newest first"),
     "status": Command("jobs", "show one job"),
@@ -106,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``halfcast`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = command_name(argv)
+    if command in COMMANDS and (missing := missing_extras(COMMANDS[command].extras)):
+        sys.stderr.write(missing_extra_message(command, COMMANDS[command].extras, missing) + "\n")
+        return EXIT_MISSING_EXTRA
     args = build_parser([command] if command else []).parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()

@@ -19,7 +19,6 @@ import sys
 import threading
 from pathlib import Path
 
-from server.auth import ExposureError, check_exposure
 from server.cli.ready import announce_when_ready, client_url
 from server.cli.supervisor import Child, RestartPolicy, Supervisor
 from server.settings import Settings
@@ -65,6 +64,8 @@ def _positive(text: str) -> int:
 
 def _refused(settings: Settings) -> bool:
     """Write why and return ``True`` when authentication is off on a non-loopback address."""
+    from server.auth import ExposureError, check_exposure  # the web framework: not for `halfcast worker`
+
     try:
         check_exposure(settings)
     except ExposureError as exc:

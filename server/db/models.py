@@ -10,7 +10,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from server.db.redacted import RedactedText
 
-#: Job statuses (DESIGN.md §3). Terminal statuses never change again.
+#: Job statuses (docs/results.md, "Statuses"). Terminal statuses never change again.
 STATUSES = ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled")
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE_STATUSES = frozenset(STATUSES) - TERMINAL_STATUSES
@@ -112,7 +112,7 @@ class Attempt(Base):
 
 
 class StepRecord(Base):
-    """One step record (DESIGN.md §3) of a job; ``data`` holds the whole record."""
+    """One step record (docs/results.md, "Step records") of a job; ``data`` holds the whole record."""
 
     __tablename__ = "step_records"
 

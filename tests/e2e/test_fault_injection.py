@@ -22,9 +22,9 @@ import pytest
 from e2e_support import Stack, load_example, run_processes
 from sqlalchemy import text
 
+from broker.celery_app import RUN_JOB_TASK, create_celery_app
 from server.db.engine import make_engine
 from server.settings import Settings
-from worker.celery_app import RUN_JOB_TASK, create_celery_app
 
 from conftest import make_stack
 

@@ -14,9 +14,9 @@ import redis
 from fastapi.testclient import TestClient
 
 from api_support import VALID_SPEC
+from broker.celery_app import RUN_JOB_TASK
 from server.app import create_app
 from server.settings import Settings
-from worker.celery_app import RUN_JOB_TASK
 
 
 def task_of(message: dict[str, Any]) -> tuple[str, list[Any]]:

@@ -1,4 +1,4 @@
-"""worker/redis_transport.py: closing a collected connection that holds unacknowledged messages does not raise.
+"""broker/redis_transport.py: closing a collected connection that holds unacknowledged messages does not raise.
 
 When the Redis connection drops, Celery's consumer runs ``connection.collect()``, then
 ``connection.close()`` (``on_connection_error_after_connected``). The collect's own
@@ -21,7 +21,7 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Message, Queue
 
-from worker.redis_transport import TRANSPORT_PATH
+from broker.redis_transport import TRANSPORT_PATH
 
 pytestmark = pytest.mark.redis
 

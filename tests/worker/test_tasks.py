@@ -9,11 +9,11 @@ from pathlib import Path
 from worker_support import insert_job, small_spec
 from sqlalchemy import select
 
+from broker.celery_app import RUN_JOB_TASK, create_celery_app
 from server.db.engine import make_engine
 from server.db.models import Base, Job
 from server.settings import Settings
 from worker.__main__ import worker_argv
-from worker.celery_app import RUN_JOB_TASK, create_celery_app
 from worker.store import JobStore
 from worker.tasks import register_tasks
 
@@ -71,7 +71,7 @@ def test_the_celery_process_never_imports_torch(data_dir: Path) -> None:
         "import sys\n"
         "from server.settings import Settings\n"
         "import worker.__main__, worker.tasks, worker.runner, worker.launch, worker.store, worker.tail\n"
-        "from worker.celery_app import create_celery_app\n"
+        "from broker.celery_app import create_celery_app\n"
         "from worker.tasks import register_tasks\n"
         f"register_tasks(create_celery_app(Settings(data_dir={str(data_dir)!r})))\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -13,7 +13,7 @@ that is gone. kombu then raises the same kind of ``AttributeError`` inside Celer
 event loop, which kills the worker too.
 
 A worker here holds an unacknowledged message only while the task that took it is
-executing (prefetch is off, see :mod:`worker.celery_app`), and that task still runs
+executing (prefetch is off, see :mod:`broker.celery_app`), and that task still runs
 after the reconnect: it claims the job or hands the message back itself. So there is
 nothing to give back, and nothing to acknowledge, through a connection that is
 already gone: :class:`QoS` skips the restore, the ack and the reject of a channel
@@ -34,7 +34,7 @@ from kombu.transport import redis
 log = logging.getLogger(__name__)
 
 #: What ``broker_transport`` names to use this transport.
-TRANSPORT_PATH = "worker.redis_transport:Transport"
+TRANSPORT_PATH = "broker.redis_transport:Transport"
 
 
 class QoS(redis.QoS):

@@ -8,7 +8,7 @@ process while another consumed). A lost message is a job stuck in ``queued``.
 
 This channel writes each message to a hidden temporary name (which no consumer
 matches) and renames it into place, so a consumer only ever sees complete files.
-Celery selects it with ``broker_transport = "worker.fs_transport:Transport"``.
+Celery selects it with ``broker_transport = "broker.fs_transport:Transport"``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
 #: The value of ``broker_transport`` that selects this transport.
-TRANSPORT_PATH = "worker.fs_transport:Transport"
+TRANSPORT_PATH = "broker.fs_transport:Transport"
 
 
 class Channel(filesystem.Channel):

@@ -12,7 +12,7 @@ Settings are chosen for long GPU jobs (docs/worker.md, "Delivery"):
   so a busy worker would reserve more messages and keep them in its pool's queue
   while other workers sit idle. The embedded broker serves one host, where a
   prefetch of one per thread is kept;
-- the Redis transport of :mod:`worker.redis_transport`, which survives a broker
+- the Redis transport of :mod:`broker.redis_transport`, which survives a broker
   restart while messages are unacknowledged (kombu's own makes the worker exit);
 - rejection on worker loss (with a process pool, a child killed mid-task gives the
   message back rather than acknowledging it);
@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from celery import Celery
 
+from broker.fs_transport import TRANSPORT_PATH as FILESYSTEM_TRANSPORT_PATH
+from broker.redis_transport import TRANSPORT_PATH as REDIS_TRANSPORT_PATH
 from server.settings import Settings
-from worker.fs_transport import TRANSPORT_PATH as FILESYSTEM_TRANSPORT_PATH
-from worker.redis_transport import TRANSPORT_PATH as REDIS_TRANSPORT_PATH
 
 #: Name of the task that runs one job; the API enqueues it by name.
 RUN_JOB_TASK = "halfcast.run_job"
-#: Broker URL schemes served by :mod:`worker.redis_transport`.
+#: Broker URL schemes served by :mod:`broker.redis_transport`.
 REDIS_TRANSPORT_SCHEMES = ("redis://", "rediss://")
 
 
@@ -84,7 +84,7 @@ def create_celery_app(settings: Settings | None = None) -> Celery:
     )
     url = settings.effective_broker_url
     if url.startswith("filesystem://"):
-        # kombu's own filesystem channel can lose messages (see worker.fs_transport)
+        # kombu's own filesystem channel can lose messages (see broker.fs_transport)
         app.conf.broker_transport = FILESYSTEM_TRANSPORT_PATH
     elif url.startswith(REDIS_TRANSPORT_SCHEMES):
         app.conf.broker_transport = REDIS_TRANSPORT_PATH

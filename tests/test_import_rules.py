@@ -1,0 +1,110 @@
+"""Which of Halfcast's packages may import which, read from the code with ``ast``; and the picture that shows it.
+
+Every ``import``/``from ... import`` of a first-party package, at any depth of a module
+(imports inside functions included), is checked against :data:`ALLOWED`, with the few
+exceptions of :data:`EXCEPTIONS`, each with its reason (docs/architecture.md, "Package
+rules"). The picture at the top of docs/architecture.md draws one dotted arrow per pair
+of packages of which the first imports the second: exactly the pairs the code has.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+#: Halfcast's packages: the four that ship (pyproject.toml), the migrations, and the benchmarks.
+PACKAGES = ("server", "broker", "worker", "trainer", "migrations", "bench")
+#: The modules of other packages each package may import (a module allows its submodules too).
+ALLOWED: dict[str, tuple[str, ...]] = {
+    # pure PyTorch: nothing of the rest
+    "trainer": (),
+    # the Celery app both ends share reads the settings only
+    "broker": ("server.settings",),
+    # the server's shared core (settings, database, run-directory names, ...), the broker,
+    # and the trainer's torch-free contract (the spec, the record file, the start-up phases)
+    "worker": ("server.settings", "server.db", "server.runlogs", "server.schemas", "server.timeutil",
+               "server.quiet_logs", "server.redact", "server.registry.refs", "broker", "trainer.spec",
+               "trainer.records", "trainer.startup", "trainer.registered"),  # fmt: skip
+    # the broker to publish a job; the spec to validate it, and the trainer's torch-free input rules
+    # (row parser, model-directory safety, supported model types, registry layout), so an upload the API
+    # accepts is one the trainer reads
+    "server": ("broker", "trainer.spec", "trainer.catalog", "trainer.errors", "trainer.data.jsonl.formats",
+               "trainer.data.jsonl.rows", "trainer.hf.safety", "trainer.hf.model_types", "trainer.registered"),
+    "migrations": ("server.db", "server.settings"),
+    # measures the others (not shipped)
+    "bench": ("server", "worker", "trainer"),
+}
+#: The imports outside :data:`ALLOWED`: (importing module, imported module) -> why.
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("server.cli.services", "worker.__main__"): "`halfcast worker` runs the Celery worker in the CLI's process",
+    ("worker.torchrun", "trainer.preemption"): "torchrun's own process (it imports torch), never the Celery worker",
+}
+#: A dotted arrow of the Mermaid picture: ``a -.-> b`` or ``a -.->|label| b``.
+IMPORT_ARROW = re.compile(r"^\s*(\w+)\s*-\.->(?:\|[^|]*\|)?\s*(\w+)\s*$")
+
+
+def module_name(path: Path) -> str:
+    """The dotted module name of a file under :data:`ROOT` (a package's ``__init__.py`` names the package)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def first_party_imports() -> Iterator[tuple[str, str]]:
+    """(importing module, imported module) for every import of one package's module by another package."""
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            importer = module_name(path)
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in PACKAGES and top != package:
+                        yield importer, name
+
+
+def allows(allowed: tuple[str, ...], name: str) -> bool:
+    """Whether ``name`` is one of the ``allowed`` modules or inside one of them."""
+    return any(name == module or name.startswith(module + ".") for module in allowed)
+
+
+def test_each_package_imports_only_what_its_rules_allow() -> None:
+    breaking = [(importer, name) for importer, name in first_party_imports()
+                if not allows(ALLOWED[importer.split(".")[0]], name)]  # fmt: skip
+    assert [pair for pair in breaking if pair not in EXCEPTIONS] == []
+
+
+def test_every_exception_is_still_in_the_code() -> None:
+    assert set(EXCEPTIONS) <= set(first_party_imports())
+
+
+def test_the_architecture_doc_names_every_exception() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert [pair for pair in EXCEPTIONS if not all(f"`{module}`" in text for module in pair)] == []
+
+
+def picture() -> list[str]:
+    """The lines of the Mermaid block that opens docs/architecture.md."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    start = text.index("```mermaid\n") + len("```mermaid\n")
+    return text[start : text.index("```", start)].splitlines()
+
+
+def test_the_picture_draws_exactly_the_imports_between_packages() -> None:
+    drawn = {(m.group(1), m.group(2)) for line in picture() if (m := IMPORT_ARROW.match(line))}
+    in_code = {(importer.split(".")[0], name.split(".")[0]) for importer, name in first_party_imports()}
+    assert drawn == in_code
+
+
+def test_the_picture_numbers_the_path_of_a_job_once_each() -> None:
+    labels = [m.group(1) for line in picture() if (m := re.search(r'==>\|"([^"]*)"\|', line))]
+    steps = sorted(int(number) for label in labels for number in re.findall(r"(?:^|<br/>)(\d+)\. ", label))
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 10
