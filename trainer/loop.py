@@ -228,7 +228,6 @@ def _train_steps(
     faults = FaultInjector(spec.faults, dist_ctx.rank, run.spec.precision)
     records.step_fields = {"precision": run.spec.precision} if run.precision_switch else {}
     flusher = _record_flusher(run, records, dist_ctx)
-    underflow_every = _underflow_interval(run.spec)
     stopped_at = None
     try:
         for step in range(run.done + 1, spec.max_steps + 1):
@@ -236,7 +235,6 @@ def _train_steps(
             micro_batches = _next_window(run.window_stream, dist_ctx.device)
             result = train_step(
                 parts, micro_batches, step=step, max_grad_norm=spec.max_grad_norm, dist_ctx=dist_ctx, faults=faults,
-                sample_underflow=_due(step, underflow_every),
             )
             record_step(flusher.step_log, step, result)
             evaluate_now = _due(step, spec.eval_interval) and step < spec.max_steps
@@ -358,12 +356,6 @@ def _stop_after(
     raise StopRequested(step)
 
 
-def _underflow_interval(spec: JobSpec) -> int | None:
-    """Steps between underflow samples: fp16 only, from ``loss_scale.underflow_sample_interval``."""
-    scaling = spec.effective_loss_scale
-    return scaling.underflow_sample_interval if spec.precision == "fp16" and scaling is not None else None
-
-
 def _due(step: int, interval: int | None) -> bool:
     return interval is not None and step % interval == 0
 
@@ -444,7 +436,7 @@ def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:
         "num_parameters": sum(p.numel() for p in parts.parameters),
         "model": model_summary(parts.model),
         "parallelism": spec.parallelism,
-        **({"fp8_layers": parts.precision.fp8_report} if spec.precision == "fp8" else {}),
+        **parts.precision.start_fields(),
         **_data_report(parts.dataset),
     }
 

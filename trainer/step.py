@@ -23,7 +23,8 @@ from trainer.distributed import DistContext, all_reduce_sum
 from trainer.faults import FaultInjector
 from trainer.losses import LossFn
 from trainer.parallel import grad_sync
-from trainer.precision import PrecisionPolicy, StepOutcome
+from trainer.precision import PrecisionPolicy
+from trainer.step_outcome import StepOutcome
 from trainer.telemetry import StepLog
 
 
@@ -121,13 +122,13 @@ def train_step(
     max_grad_norm: float | None,
     dist_ctx: DistContext,
     faults: FaultInjector | None = None,
-    sample_underflow: bool = False,
 ) -> StepResult:
     """Attempt optimizer step ``step`` (1-based) on one window of micro-batches (already on the device).
 
     The LR schedule advances by the step's ``applied`` flag (skipped steps leave it);
     gradients are zeroed (set to ``None``) afterwards in every case. Nothing is read
-    on the host. With ``sample_underflow`` the step measures the fp16 underflow fraction.
+    on the host. The precision step's observers see ``step`` (the fp16 underflow sampler
+    samples on its interval's multiples).
     A window without loss-bearing elements on any rank (all padding) is no update: the
     precision step skips the optimizer and holds the schedule and the loss scale
     (``no_data``); its logged loss is 0.0 and it is neither an overflow nor a skipped step.
@@ -139,7 +140,7 @@ def train_step(
     if faults is not None:
         faults.after_backward(step, components.parameters)
     outcome = components.precision.step(
-        components.optimizer, components.parameters, max_grad_norm, sample_underflow=sample_underflow,
+        components.optimizer, components.parameters, max_grad_norm, step=step,
         no_data=_maybe_empty(micro_batches, window),
     )
     components.lr_scheduler.step(outcome.applied)

@@ -107,7 +107,7 @@ class StepLog:
         """Write step ``step``'s 0-d ``values`` (one per :data:`FIELDS` entry, any dtypes) into the next row.
 
         ``evidence``: ``(rank_kinds [num_ranks], param_kinds [num_params])`` when the log
-        keeps them (see :class:`trainer.precision.StepOutcome`).
+        keeps them (see :class:`trainer.step_outcome.StepOutcome`).
 
         Raises:
             RuntimeError: the buffer is full (drain it first).
