@@ -25,7 +25,7 @@ from trainer.losses import LossFn
 from trainer.parallel import grad_sync
 from trainer.precision import PrecisionPolicy
 from trainer.step_outcome import StepOutcome
-from trainer.telemetry import StepLog
+from trainer.telemetry import StepLog, StepMetrics
 
 
 @dataclass(frozen=True)
@@ -149,10 +149,18 @@ def train_step(
 
 
 def record_step(step_log: StepLog, step: int, result: StepResult) -> None:
-    """Write ``result`` into the next row of ``step_log`` (device ops only; see :data:`trainer.telemetry.FIELDS`)."""
+    """Write ``result`` into the next row of ``step_log`` as :class:`trainer.telemetry.StepMetrics` (device ops only)."""
     window, outcome = result.window, result.outcome
-    tokens = window.num_tokens if window.num_tokens is not None else window.num_samples
-    values = [window.loss, outcome.loss_scale, outcome.overflow_kind, outcome.skipped_steps, outcome.grad_norm,
-              result.lr, window.num_samples, tokens, outcome.underflow_fraction]
+    metrics = StepMetrics(
+        loss=window.loss,
+        loss_scale=outcome.loss_scale,
+        overflow_kind=outcome.overflow_kind,
+        skipped_steps=outcome.skipped_steps,
+        grad_norm=outcome.grad_norm,
+        lr=result.lr,
+        samples=window.num_samples,
+        tokens=window.num_tokens if window.num_tokens is not None else window.num_samples,
+        underflow_fraction=outcome.underflow_fraction,
+    )
     evidence = (outcome.rank_kinds, outcome.param_kinds) if step_log.num_ranks + step_log.num_params else ()
-    step_log.record(step, values, has_tokens=window.num_tokens is not None, evidence=evidence)
+    step_log.record(step, metrics, has_tokens=window.num_tokens is not None, evidence=evidence)

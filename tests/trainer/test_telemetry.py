@@ -15,15 +15,18 @@ from trainer.distributed import DistContext
 from trainer.loop import train
 from trainer.records import RecordSink, read_records
 from trainer.spec import JobSpec
-from trainer.telemetry import FIELDS, StepLog
+from trainer.telemetry import FIELDS, StepLog, StepMetrics
 
 CPU = torch.device("cpu")
 
 
-def _values(loss: float, kind: float, skipped: int, samples: int, tokens: int) -> list[torch.Tensor]:
-    return [torch.tensor(loss), torch.tensor(1024.0), torch.tensor(kind), torch.tensor(skipped),
-            torch.tensor(float("nan") if kind else 0.5), torch.tensor(0.1, dtype=torch.float64),
-            torch.tensor(samples), torch.tensor(tokens), torch.tensor(float("nan") if kind else 0.125)]
+def _values(loss: float, kind: float, skipped: int, samples: int, tokens: int) -> StepMetrics:
+    return StepMetrics(
+        loss=torch.tensor(loss), loss_scale=torch.tensor(1024.0), overflow_kind=torch.tensor(kind),
+        skipped_steps=torch.tensor(skipped), grad_norm=torch.tensor(float("nan") if kind else 0.5),
+        lr=torch.tensor(0.1, dtype=torch.float64), samples=torch.tensor(samples), tokens=torch.tensor(tokens),
+        underflow_fraction=torch.tensor(float("nan") if kind else 0.125),
+    )
 
 
 def test_rows_round_trip_exactly_and_the_log_is_bounded() -> None:
@@ -40,7 +43,7 @@ def test_rows_round_trip_exactly_and_the_log_is_bounded() -> None:
     assert second.overflow and second.nan and second.tokens is None and second.skipped_steps == 1
     assert log.pending == 0 and log.drain() == []
     with pytest.raises(ValueError):
-        log.record(1, _values(0.0, 0.0, 0, 1, 1)[:3], has_tokens=False)
+        log.record(1, _values(0.0, 0.0, 0, 1, 1)[:3], has_tokens=False)  # type: ignore[arg-type]
 
 
 def test_rows_carry_the_overflow_evidence_of_every_rank_and_parameter() -> None:
