@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from torch import Tensor, nn
+from torch import Tensor
 
 
 class Gradients(NamedTuple):
@@ -36,18 +36,19 @@ class Gradients(NamedTuple):
     count: int
 
     @classmethod
-    def of(cls, parameters: Sequence[Tensor | nn.Parameter]) -> Gradients:
+    def of(cls, parameters: Sequence[Tensor]) -> Gradients:
         """The gradients of ``parameters`` (those whose ``.grad`` is ``None`` are left out)."""
         present = [i for i, p in enumerate(parameters) if p.grad is not None]
-        tensors = [parameters[i].grad for i in present]
-        return cls(tensors, None if len(present) == len(parameters) else present, len(parameters))  # type: ignore[arg-type]
+        tensors: list[Tensor] = [parameters[i].grad for i in present]  # type: ignore[misc]
+        return cls(tensors, None if len(present) == len(parameters) else present, len(parameters))
 
 
 class UnderflowObserver(Protocol):
     """Looks at the scaled gradients before they are unscaled."""
 
     def before_unscale(self, step: int | None, grads: Sequence[Tensor]) -> Tensor | None:
-        """A 0-d float32 finding for attempted step ``step`` (1-based; ``None``: unnumbered), or ``None`` when it did not look.
+        """A 0-d float32 finding for attempted step ``step`` (1-based; ``None``: unnumbered), or ``None``
+        when it did not look.
 
         Every rank must decide alike: a finding may take a collective.
         """
