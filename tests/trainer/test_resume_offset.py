@@ -1,21 +1,29 @@
-"""A data stream starts at any micro-batch by offset (issue 14 item 4): the stream from micro-batch ``n``
-is the whole stream without its first ``n`` micro-batches."""
+"""A resumed run positions its data stream by offset (issue 14 item 4): the stream from micro-batch ``n``
+is the whole stream without its first ``n`` micro-batches, and a resume at step N builds no batch of the
+steps before N."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from hf_support import lora_spec
 
+from trainer import loop
 from trainer.catalog import SyntheticConfig
+from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.data import Batch, Dataset
 from trainer.data.base import DataInfo, Task
 from trainer.data.epochs import EpochPosition, epoch_position
 from trainer.data.jsonl.batches import Sample, TokenFileDataset
 from trainer.data.synthetic import build_synthetic
 from trainer.data.text import ByteTextDataset
+from trainer.distributed import DistContext
+from trainer.spec import JobSpec
 
 
 def _same(a: Batch, b: Batch) -> bool:
@@ -67,3 +75,77 @@ def test_epoch_positions() -> None:
         epoch_position(-1, 3)
     with pytest.raises(ValueError):
         epoch_position(1, lambda e: 0)
+
+
+# ----------------------------------------------------------------------------- a resumed job
+
+
+def _count_builds(monkeypatch: pytest.MonkeyPatch, dataset: str) -> list[int]:
+    """Count the micro-batches built (``collate`` for jsonl files); note the count when the run's first step begins."""
+    from trainer.data import arrays
+    from trainer.data.jsonl import batches
+
+    target, name = {"synthetic": (arrays, "feature_batch"), "text": (ByteTextDataset, "_windows"),
+                    "jsonl": (batches, "collate")}[dataset]
+    original, counts = getattr(target, name), [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Batch:
+        counts[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, staticmethod(counted) if target is ByteTextDataset else counted)
+    built_before_first_step: list[int] = []
+    step = loop.train_step
+
+    def first_step_noted(*args: Any, **kwargs: Any) -> Any:
+        if not built_before_first_step:
+            built_before_first_step.append(counts[0])
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", first_step_noted)
+    return built_before_first_step
+
+
+def _spec(dataset: str) -> JobSpec:
+    steps = {"micro_batch_size": 8, "gradient_accumulation_steps": 2, "max_steps": 9, "checkpoint_interval": 7,
+             "log_interval": 3, "seed": 4, "optimizer": {"name": "adamw", "lr": 0.01}}
+    if dataset == "jsonl":
+        data = {"name": "jsonl", "config": {"path": "d.jsonl", "format": "text", "max_seq_len": 16}}
+        return JobSpec.model_validate(lora_spec(dataset=data, **steps | {"micro_batch_size": 2}))
+    if dataset == "synthetic":
+        data = {"name": "synthetic", "config": {"in_features": 8, "num_samples": 48, "seed": 2}}
+        return JobSpec.model_validate({"model": {"name": "mlp", "config": {"hidden_sizes": [16]}}, "dataset": data,
+                                       **steps})
+    data = {"name": "text", "config": {"seq_len": 8, "max_bytes": 3000, "test_fraction": 0.1}}
+    return JobSpec.model_validate({"model": {"name": "gpt", "config": {"n_layer": 1, "n_head": 2, "d_model": 16}},
+                                   "dataset": data, **steps})
+
+
+@pytest.fixture
+def data_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``d.jsonl`` (13 rows of text) under a fresh data root."""
+    (tmp_path / "data").mkdir()
+    rows = [f'{{"text": "row {i}: {"abc " * (i % 4 + 1)}"}}' for i in range(13)]
+    (tmp_path / "data" / "d.jsonl").write_text("\n".join(rows) + "\n")
+    monkeypatch.setenv("HALFCAST_DATA_ROOTS", str(tmp_path / "data"))
+
+
+@pytest.mark.parametrize("dataset", ["synthetic", "text", "jsonl"])
+def test_a_resume_at_step_n_builds_no_batch_of_the_steps_before_it(
+    dataset: str, cpu_ctx: DistContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """Step 7 of 2 micro-batches each lies epochs into the stream (synthetic: 3 micro-batches per epoch, jsonl:
+    6 of 2 rows); the resumed run builds only step 8's window before step 8, and ends bit-identical to the
+    straight run."""
+    if dataset == "jsonl":
+        request.getfixturevalue("model_roots")
+        request.getfixturevalue("data_file")
+    spec = _spec(dataset)
+    loop.train(spec, tmp_path / "whole", cpu_ctx)
+    built_before_first_step = _count_builds(monkeypatch, dataset)
+    loop.train(spec, tmp_path / "resumed", cpu_ctx, resume_from=step_path(tmp_path / "whole", 7))
+    assert built_before_first_step == [2]  # step 8's window, not the 14 micro-batches of steps 1-7 first
+    whole, resumed = load_checkpoint(final_path(tmp_path / "whole")), load_checkpoint(final_path(tmp_path / "resumed"))
+    for part in ("model", "optimizer", "lr_scheduler", "precision", "counters"):
+        assert str(whole[part]) == str(resumed[part]), part
+    assert all(torch.equal(whole["model"][k], resumed["model"][k]) for k in whole["model"])
