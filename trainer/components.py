@@ -13,7 +13,7 @@ from torch import nn
 from trainer.checkpoint import TrainingState
 from trainer.data import Dataset, build_dataset
 from trainer.distributed import DistContext
-from trainer.flushing import RecordFlusher
+from trainer.flushing import RecordFlusher, RunTotals
 from trainer.guard import DivergenceGuard
 from trainer.loss_scale import DynamicLossScaler
 from trainer.losses import LossFn, task_loss
@@ -111,8 +111,7 @@ def divergence_guard(spec: JobSpec, parts: Components) -> DivergenceGuard:
 
 
 def build_record_flusher(
-    spec: JobSpec, parts: Components, guard: DivergenceGuard, records: RecordSink, dist_ctx: DistContext,
-    totals: dict[str, int] | None = None,
+    spec: JobSpec, parts: Components, records: RecordSink, dist_ctx: DistContext, totals: RunTotals | None = None
 ) -> RecordFlusher:
     """The record flusher a job's loop uses: a ``log_interval``-row device step log that keeps the
     overflow evidence of every rank and parameter, flushed by time on rank 0 (``log_interval_s``)."""
@@ -120,5 +119,5 @@ def build_record_flusher(
     readable = getattr(parts.model, "readable_names", None)  # hf: without the wrapper's and PEFT's prefixes
     names = readable(names) if callable(readable) else names
     step_log = StepLog(spec.log_interval, dist_ctx.device, num_ranks=dist_ctx.world_size, num_params=len(names))
-    return RecordFlusher(step_log, records, guard, spec.max_steps, dist_ctx.is_main, param_names=names,
+    return RecordFlusher(step_log, records, spec.max_steps, dist_ctx.is_main, param_names=names,
                          max_latency_s=spec.log_interval_s, totals=totals)

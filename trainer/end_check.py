@@ -25,7 +25,7 @@ like the guard's, so ``on_divergence: "fallback_bf16"`` answers it (:mod:`traine
 
 from __future__ import annotations
 
-from trainer.errors import TrainerError
+from trainer.errors import DivergenceError
 from trainer.guard import DivergenceGuard
 
 #: A final stretch shorter than this never fails a run (unless the guard's own limit is lower).
@@ -44,18 +44,18 @@ def final_stretch_limit(limit: int, max_steps: int) -> int:
 
 
 def check_updates_applied(guard: DivergenceGuard, max_steps: int, skipped_steps: int) -> None:
-    """Raise :class:`TrainerError` if the run that ended at ``max_steps`` learned nothing (see the module docstring).
+    """Raise :class:`DivergenceError` if the run that ended at ``max_steps`` learned nothing (see the module docstring).
 
     ``guard``: the run's guard, after the last flush; ``skipped_steps``: the job's cumulative
     skipped steps at ``max_steps``.
     """
     applied = max_steps - skipped_steps
     if applied <= 0:
-        raise TrainerError("no_update_applied", f"no update was applied: all {max_steps} attempted steps were skipped "
+        raise DivergenceError("no_update_applied", f"no update was applied: all {max_steps} attempted steps were skipped "
                                                 "(non-finite gradients), so the model is still its initialisation")
     losses, loss_limit = guard.consecutive_nonfinite_losses, final_stretch_limit(guard.max_nonfinite_losses, max_steps)
     if losses >= loss_limit:
-        raise TrainerError("nonfinite_loss", f"the loss was non-finite for {_final_stretch(losses, max_steps, loss_limit)}")
+        raise DivergenceError("nonfinite_loss", f"the loss was non-finite for {_final_stretch(losses, max_steps, loss_limit)}")
     skips, skip_limit = guard.consecutive_skips, final_stretch_limit(guard.max_skips, max_steps)
     if skips >= skip_limit:
         raise guard.skip_failure(_final_stretch(skips, max_steps, skip_limit, f", after {applied} applied updates"))

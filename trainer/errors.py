@@ -1,7 +1,9 @@
 """Typed trainer failures (docs/architecture.md, "Typed failure reasons").
 
 A :class:`TrainerError` carries one of :data:`REASONS`; ``python -m trainer`` turns it
-into ``<run_dir>/error.json`` and exit status 3, and the worker records the reason.
+into ``<run_dir>/error.json`` and exit status 3, and the worker records the reason. A
+:class:`DivergenceError` is the kind the divergence guard and the end check raise: the
+training loop answers it with the bf16 fallback when the job opts in (:mod:`trainer.fallback`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ REASONS: frozenset[str] = frozenset(
         "no_update_applied",
     }
 )
+#: The reasons of a run that diverged (:mod:`trainer.guard`, :mod:`trainer.end_check`).
+DIVERGENCE_REASONS: frozenset[str] = frozenset(
+    {"nonfinite_loss", "loss_scale_collapsed", "nonfinite_gradients", "no_update_applied"}
+)
 
 
 class TrainerError(Exception):
@@ -36,3 +42,15 @@ class TrainerError(Exception):
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
+
+
+class DivergenceError(TrainerError):
+    """The run diverged: non-finite losses, skipped steps, or no update applied (one of :data:`DIVERGENCE_REASONS`).
+
+    Raises ``ValueError`` when constructed with another reason.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        if reason not in DIVERGENCE_REASONS:
+            raise ValueError(f"{reason!r} is not a divergence reason")
+        super().__init__(reason, message)

@@ -1,9 +1,9 @@
 """``on_divergence: "fallback_bf16"``: an fp16 job whose divergence guard trips goes on in bf16 once.
 
 When the guard (:mod:`trainer.guard`), or the end check after the last step
-(:mod:`trainer.end_check`: no update applied, or a final stretch of skipped steps), fails
-an fp16 job that opted in, the loop asks :meth:`PrecisionFallback.fall_back` where to
-start again instead of failing:
+(:mod:`trainer.end_check`: no update applied, or a final stretch of skipped steps), raises
+a :class:`trainer.errors.DivergenceError` in an fp16 job that opted in, the loop catches it
+and asks :meth:`PrecisionFallback.fall_back` where to start again instead of failing:
 
 1. the **healthy checkpoint** is the newest checkpoint written at a step *before* the
    failing run began (the earlier start of the current run of skipped steps and of
@@ -18,8 +18,8 @@ start again instead of failing:
    abandoned fp16 trajectory, and a retry must never resume from them);
 4. the loop rebuilds its components from a bf16 copy of the spec (no loss scaler) and
    restores the checkpoint's model, optimizer, LR schedule, guard counters, RNG and
-   data position (the skipped-step counter carries over; the fp16 scaler state is
-   dropped), then trains on to ``max_steps``.
+   data position (the stream starts at the checkpoint's offset; the skipped-step counter
+   carries over; the fp16 scaler state is dropped), then trains on to ``max_steps``.
 
 Every rank sees the same step rows, so every rank trips at the same flush and takes the
 same decision from the same numbers (no collective is needed to agree); the rebuild's
@@ -36,24 +36,22 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint import CHECKPOINT_DIR, load_checkpoint, step_path
-from trainer.errors import TrainerError
+from trainer.errors import DivergenceError
 from trainer.guard import DivergenceGuard
+from trainer.inputs import INPUTS_KEY, check_inputs_unchanged
 from trainer.loss_scale import NoOpLossScaler
 from trainer.records import RecordSink
-from trainer.inputs import INPUTS_KEY, check_inputs_unchanged
 from trainer.resume import PRECISION_SWITCH_KEY, check_resumable
 from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-#: The divergence guard's and the end check's typed reasons (:mod:`trainer.end_check`): the only
-#: failures a fallback answers.
-DIVERGENCE_REASONS = frozenset({"nonfinite_gradients", "loss_scale_collapsed", "nonfinite_loss", "no_update_applied"})
 FALLBACK_PRECISION = "bf16"
 _STEP_FILE = re.compile(r"step-(\d+)\.pt$")
 
@@ -72,17 +70,51 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class PrecisionSwitch:
+    """The one switch of a job from fp16 to bf16: where the guard tripped, why, and where training went on.
+
+    ``step``: the step the divergence was found at; ``source``/``target``: the precisions
+    (``from``/``to`` in records); ``reason``, ``message``: the divergence's;
+    ``rewound_to_step``: the checkpoint's step (0: the start); ``time``: unix seconds.
+    """
+
+    step: int
+    source: str
+    target: str
+    reason: str
+    message: str
+    rewound_to_step: int
+    time: float | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        """The switch as records and checkpoints hold it: ``step``, ``from``, ``to``, ``reason``, ``message``,
+        ``rewound_to_step``, ``time``."""
+        record = {"step": self.step, "from": self.source, "to": self.target, "reason": self.reason,
+                  "message": self.message, "rewound_to_step": self.rewound_to_step}
+        return record | ({"time": self.time} if self.time is not None else {})
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> PrecisionSwitch:
+        """The switch a checkpoint holds (:meth:`as_record`'s form)."""
+        return cls(step=int(record["step"]), source=str(record["from"]), target=str(record["to"]),
+                   reason=str(record["reason"]), message=str(record["message"]),
+                   rewound_to_step=int(record["rewound_to_step"]),
+                   time=float(record["time"]) if record.get("time") is not None else None)
+
+
+@dataclass(frozen=True)
 class RunStart:
     """Where a run (or its continuation after a switch) starts.
 
-    ``spec``: the spec to build the components from (the job's, or its bf16 copy);
-    ``checkpoint``: what to restore (``None``: step 0); ``precision_switch``: the switch
-    record once the job has switched (checkpoints and the ``start`` record repeat it).
+    ``effective_spec``: the spec to build the components from and compute with (the job's,
+    or its bf16 copy after a switch); ``checkpoint``: what to restore (``None``: step 0);
+    ``precision_switch``: the switch once the job has switched (checkpoints and the ``start``
+    record repeat it).
     """
 
-    spec: JobSpec
+    effective_spec: JobSpec
     checkpoint: Checkpoint | None = None
-    precision_switch: dict[str, Any] | None = None
+    precision_switch: PrecisionSwitch | None = None
 
 
 def bf16_spec(spec: JobSpec) -> JobSpec:
@@ -94,13 +126,13 @@ class PrecisionFallback:
     """Decides and records the one switch from fp16 to bf16 of a job (see the module docstring).
 
     Args:
-        spec: the job's spec, as the user gave it.
+        job_spec: the job's spec, as the user gave it.
         run_dir: this run's directory (its ``checkpoints/``).
         main: this is rank 0 (deletes stale checkpoints).
     """
 
-    def __init__(self, spec: JobSpec, run_dir: Path, main: bool) -> None:
-        self.spec = spec
+    def __init__(self, job_spec: JobSpec, run_dir: Path, main: bool) -> None:
+        self.job_spec = job_spec
         self.run_dir = run_dir
         self.main = main
         self.resumed: Checkpoint | None = None
@@ -115,44 +147,43 @@ class PrecisionFallback:
             FileNotFoundError: no file at ``resume_from``.
         """
         if resume_from is None:
-            return RunStart(self.spec)
+            return RunStart(self.job_spec)
         self.resumed = Checkpoint(resume_from, load_checkpoint(resume_from))
-        check_resumable(self.resumed.payload, self.spec, resume_from)
-        check_inputs_unchanged(self.resumed.payload.get(INPUTS_KEY), self.spec, resume_from)
-        switch = self.resumed.payload.get(PRECISION_SWITCH_KEY)
-        if switch is None:
-            return RunStart(self.spec, self.resumed)
+        check_resumable(self.resumed.payload, self.job_spec, resume_from)
+        check_inputs_unchanged(self.resumed.payload.get(INPUTS_KEY), self.job_spec, resume_from)
+        record = self.resumed.payload.get(PRECISION_SWITCH_KEY)
+        if record is None:
+            return RunStart(self.job_spec, self.resumed)
         self.switched = True
-        log.info("resuming in %s: the job switched precision at step %s", switch["to"], switch["step"])
-        return RunStart(bf16_spec(self.spec), self.resumed, dict(switch))
+        switch = PrecisionSwitch.from_record(record)
+        log.info("resuming in %s: the job switched precision at step %s", switch.target, switch.step)
+        return RunStart(bf16_spec(self.job_spec), self.resumed, switch)
 
-    def fall_back(self, failure: TrainerError, guard: DivergenceGuard, records: RecordSink) -> RunStart | None:
-        """The bf16 restart after the guard's ``failure``, or ``None`` when the job must fail with it.
+    def fall_back(self, divergence: DivergenceError, guard: DivergenceGuard, records: RecordSink) -> RunStart | None:
+        """The bf16 restart after ``divergence``, or ``None`` when the job must fail with it.
 
         Falls back only for an fp16 job with ``on_divergence: "fallback_bf16"`` that has
-        not switched yet, and only for a guard or end-check reason (:data:`DIVERGENCE_REASONS`). Writes the ``precision_switch``
-        record, marks later step lines ``precision: bf16`` and (rank 0) deletes the
-        checkpoints of the abandoned trajectory.
+        not switched yet. Writes the ``precision_switch`` record, marks later step lines
+        ``precision: bf16`` and (rank 0) deletes the checkpoints of the abandoned trajectory.
         """
-        if not self._may_fall_back(failure):
+        if not self._may_fall_back():
             return None
         checkpoint = self._healthy_checkpoint(guard.failing_run_start)
-        rewound_to = 0 if checkpoint is None else checkpoint.step
-        switch = {"step": guard.last_step, "from": self.spec.precision, "to": FALLBACK_PRECISION,
-                  "reason": failure.reason, "message": failure.message, "rewound_to_step": rewound_to,
-                  "time": time.time()}  # fmt: skip
+        switch = PrecisionSwitch(step=guard.last_step, source=self.job_spec.precision, target=FALLBACK_PRECISION,
+                                 reason=divergence.reason, message=divergence.message,
+                                 rewound_to_step=0 if checkpoint is None else checkpoint.step, time=time.time())
         log.warning("divergence at step %d (%s); rewinding to step %d and continuing in %s",
-                    guard.last_step, failure.reason, rewound_to, FALLBACK_PRECISION)
-        records.precision_switch(switch)
+                    switch.step, switch.reason, switch.rewound_to_step, FALLBACK_PRECISION)
+        records.precision_switch(switch.as_record())
         if self.main:
-            self._delete_checkpoints_after(rewound_to)
+            self._delete_checkpoints_after(switch.rewound_to_step)
         self.switched = True
         restored = None if checkpoint is None else Checkpoint(checkpoint.path, _as_bf16(checkpoint.payload))
-        return RunStart(bf16_spec(self.spec), restored, switch)
+        return RunStart(bf16_spec(self.job_spec), restored, switch)
 
-    def _may_fall_back(self, failure: TrainerError) -> bool:
-        return (self.spec.on_divergence == "fallback_bf16" and self.spec.precision == "fp16"
-                and not self.switched and failure.reason in DIVERGENCE_REASONS)  # fmt: skip
+    def _may_fall_back(self) -> bool:
+        return (self.job_spec.on_divergence == "fallback_bf16" and self.job_spec.precision == "fp16"
+                and not self.switched)  # fmt: skip
 
     def _healthy_checkpoint(self, failing_run_start: int) -> Checkpoint | None:
         """The newest checkpoint written before step ``failing_run_start``, or ``None``.
@@ -160,7 +191,7 @@ class PrecisionFallback:
         Computed from the spec, not by listing files, so every rank picks the same one.
         """
         resumed_step = self.resumed.step if self.resumed is not None else 0
-        interval = self.spec.checkpoint_interval
+        interval = self.job_spec.checkpoint_interval
         if interval is not None:
             newest = (failing_run_start - 1) // interval * interval
             if newest > resumed_step:

@@ -2,8 +2,9 @@
 
 :class:`RecordFlusher` drains the loop's :class:`trainer.telemetry.StepLog` (one
 device-to-host copy), writes one step record per attempted step (rank 0), logs
-progress, then lets the divergence guard check the rows (every rank, so all ranks stop
-at the same flush).
+progress, and hands the rows back: the loop then lets the divergence guard check them
+(every rank, so all ranks stop at the same flush). :class:`RunTotals` counts the samples
+and tokens of every attempted step, across resumes.
 """
 
 from __future__ import annotations
@@ -12,18 +13,43 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from trainer.forensics import describe_overflow
-from trainer.guard import DivergenceGuard
 from trainer.records import RecordSink, StepRecord
 from trainer.telemetry import StepLog, StepRow
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class RunTotals:
+    """Samples and tokens of every attempted step of the job so far (a checkpoint's, then counted on).
+
+    Mutable on purpose: the record flusher adds each written row, checkpoints read it.
+    """
+
+    samples: int = 0
+    tokens: int = 0
+
+    @classmethod
+    def from_counters(cls, counters: Mapping[str, int]) -> RunTotals:
+        """The totals a checkpoint's ``counters`` hold (``samples_total``, ``tokens_total``; 0 when missing)."""
+        return cls(int(counters.get("samples_total", 0)), int(counters.get("tokens_total", 0)))
+
+    def add(self, row: StepRow) -> None:
+        """Count one attempted step's row."""
+        self.samples += row.samples
+        self.tokens += row.tokens or 0
+
+    def as_counters(self) -> dict[str, int]:
+        """``samples_total`` and ``tokens_total``, for a checkpoint's ``counters``."""
+        return {"samples_total": self.samples, "tokens_total": self.tokens}
+
+
 class RecordFlusher:
-    """Copies pending step rows to the host, writes their records, checks the guard, logs progress.
+    """Copies pending step rows to the host, writes their records, logs progress; returns the rows to check.
 
     Throughput is honest without per-step syncs: the samples (tokens) of the rows of
     one flush divided by the wall time since the previous flush (or the last
@@ -32,27 +58,25 @@ class RecordFlusher:
     Args:
         step_log: the loop's device step log.
         records: the records sink (writes nothing on ranks other than 0).
-        guard: the divergence guard, given every flushed row (may raise ``TrainerError``).
         max_steps: the job's attempted steps (for progress logging).
         main: this is rank 0 (logs progress).
         param_names: module paths of the trainable parameters, in model order (names the
             overflow evidence of the step log's rows; empty when it keeps none).
         max_latency_s: on rank 0, :meth:`flush_if_stale` writes pending records once the
             oldest is this old (``None``: only :meth:`flush` writes).
-        totals: ``{"samples": n, "tokens": n}`` counted before this flusher's first row
-            (a resumed run's totals, from its checkpoint); updated in place as rows are written.
+        totals: the job's totals before this flusher's first row (a resumed run's, from its
+            checkpoint); counted on as rows are written.
     """
 
-    def __init__(self, step_log: StepLog, records: RecordSink, guard: DivergenceGuard, max_steps: int,
-                 main: bool, param_names: Sequence[str] = (), max_latency_s: float | None = None,
-                 totals: dict[str, int] | None = None) -> None:
+    def __init__(self, step_log: StepLog, records: RecordSink, max_steps: int, main: bool,
+                 param_names: Sequence[str] = (), max_latency_s: float | None = None,
+                 totals: RunTotals | None = None) -> None:
         self.step_log = step_log
         self.param_names = list(param_names)
         self.max_latency_s = max_latency_s if main else None
-        self.totals = totals if totals is not None else {"samples": 0, "tokens": 0}
+        self.totals = totals if totals is not None else RunTotals()
         self._unchecked: list[StepRow] = []
         self.records = records
-        self.guard = guard
         self.max_steps = max_steps
         self.main = main
         self.skipped_steps: int | None = None
@@ -62,24 +86,25 @@ class RecordFlusher:
         """Start a new throughput interval (after time spent outside training steps)."""
         self._since = time.perf_counter()
 
-    def flush(self) -> None:
-        """Drain the step log (one device-to-host copy), write records, then check the guard (may raise).
+    def flush(self) -> list[StepRow]:
+        """Drain the step log (one device-to-host copy) and write its records; return the rows to check.
 
-        Every rank calls this at the same steps, so the guard stops all ranks together; it
-        also sees the rows :meth:`flush_if_stale` wrote since the last call.
+        The rows returned are every row written since the last call, those
+        :meth:`flush_if_stale` wrote included. Every rank calls this at the same steps and
+        hands the rows to its divergence guard, so the guard stops all ranks together.
         """
         rows = self.step_log.drain()
         if rows:
             self._write(rows, max(time.perf_counter() - self._since, 1e-9))
             self.restart_clock()
         checked, self._unchecked = self._unchecked + rows, []
-        self.guard.observe(checked)
+        return checked
 
     def flush_if_stale(self) -> None:
         """Rank 0: write the pending records if the oldest waited ``max_latency_s`` (one device-to-host copy).
 
-        Bounds the telemetry latency when steps are slow; the guard sees these rows at
-        the next :meth:`flush` (the ranks must decide together, and only rank 0 flushes here).
+        Bounds the telemetry latency when steps are slow; :meth:`flush` returns these rows
+        for the check (the ranks must decide together, and only rank 0 flushes here).
         """
         oldest = self.step_log.oldest_time
         if self.max_latency_s is None or oldest is None or time.time() - oldest < self.max_latency_s:
@@ -104,11 +129,10 @@ class RecordFlusher:
         tokens_per_second = sum(token_rows) / seconds if len(token_rows) == len(rows) else None
         records = []
         for row in rows:
-            self.totals["samples"] += row.samples
-            self.totals["tokens"] += row.tokens or 0
+            self.totals.add(row)
             record = _step_record(row, samples_per_second, tokens_per_second, self.param_names)
-            totals = {"samples_total": self.totals["samples"],
-                      "tokens_total": self.totals["tokens"] if row.tokens is not None else None}
+            totals = {"samples_total": self.totals.samples,
+                      "tokens_total": self.totals.tokens if row.tokens is not None else None}
             records.append((row.time, dataclasses.replace(record, **totals)))
         self.records.steps(records)
         self.skipped_steps = rows[-1].skipped_steps

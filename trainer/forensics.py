@@ -1,13 +1,13 @@
 """Overflow forensics: which parameters had non-finite gradients, and on which rank.
 
-On every step the precision step already computes each gradient's local L2 norm (one
-``_foreach_norm``, reused for the global norm and clipping). A norm is NaN iff the
-gradient holds a NaN and infinite iff it holds an infinity (or overflows fp32 when
-squared), so the per-parameter *kinds* (0 finite, 1 infinite, 2 NaN) cost one
-elementwise pass over ``P`` norms. They travel in the cross-rank flag reduction the
-step makes anyway, as one MAX ``all_reduce`` of ``[this rank's kind per rank slot,
-kind per parameter]`` (``W + P`` floats instead of one), and into the device step log.
-Names are decoded on the host only for the overflow rows of a flush, so a clean step
+:class:`OverflowForensics` is a step observer (:mod:`trainer.observers`). On every step
+the precision step already computes each gradient's local L2 norm (one ``_foreach_norm``,
+reused for the global norm and clipping), and from it each gradient's kind (0 finite, 1
+infinite, 2 NaN; :func:`trainer.overflow.nonfinite_kinds`). The observer lays those kinds
+out by parameter (``P`` floats, 0 for a parameter without a gradient) and they ride in the
+cross-rank reduction the step makes anyway (:func:`trainer.overflow.agree_across_ranks`:
+``W + P`` floats instead of ``W``), then into the device step log. Names are decoded on
+the host only for the overflow rows of a flush (:func:`describe_overflow`), so a clean step
 pays a few microseconds and no synchronisation.
 
 Which rank: under DDP every rank holds the all-reduced gradient, so a non-finite value
@@ -21,68 +21,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
+
+from trainer.observers import Gradients
 
 #: Parameters named per overflow step record (the count gives the rest).
 MAX_NAMED_PARAMETERS = 8
 _KIND_NAMES = {1: "inf", 2: "nan"}
 
 
-@dataclass(frozen=True)
-class OverflowVerdict:
-    """The agreed overflow evidence of one step, as device tensors (nothing read on the host).
+class OverflowForensics:
+    """Step observer: the kind of every trainable parameter's gradient, agreed over the ranks.
 
-    ``rank_kinds``: float32 ``[W]``, per rank the worst kind its gradients held (0 finite,
-    1 infinite, 2 NaN); ``param_kinds``: float32 ``[P]``, per parameter the worst kind over
-    ranks (0 for parameters without a gradient).
+    The agreed kinds come back as the step outcome's ``param_kinds`` (float32 ``[P]``, model
+    order, the worst kind over ranks); the per-rank kinds are the agreement's own.
     """
 
-    rank_kinds: Tensor
-    param_kinds: Tensor
-
-    @property
-    def kind(self) -> Tensor:
-        """0-d float32, the worst kind over all ranks."""
-        return self.rank_kinds.max()
-
-
-def nonfinite_kinds(norms: Tensor) -> Tensor:
-    """Per-tensor kind from per-tensor norms: float32 like ``norms``; 2 NaN, 1 infinite, else 0."""
-    return torch.where(norms.isnan(), 2.0, norms.isinf().float())
-
-
-def agree_across_ranks(
-    local_kind: Tensor, param_kinds: Tensor, present: Sequence[int] | None, num_params: int
-) -> OverflowVerdict:
-    """Max-reduce this rank's evidence over the default process group (one ``all_reduce``; none alone).
-
-    Args:
-        local_kind: 0-d float32, this rank's worst kind (gradients, plus other overflow sources).
-        param_kinds: float32 ``[G]``, kinds of the gradients that exist on this rank.
-        present: for each of those ``G`` gradients its index among the ``num_params``
-            parameters, or ``None`` when every parameter has a gradient (``G == P``).
-        num_params: ``P``, the number of trainable parameters.
-
-    Every rank must call this at the same step (a collective when distributed).
-    """
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    world, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
-    device = local_kind.device
-    ranks = torch.zeros(world, dtype=torch.float32, device=device)
-    ranks[rank] = local_kind
-    params = param_kinds if present is None else _scatter(param_kinds, present, num_params)
-    evidence = torch.cat([ranks, params.to(device)])
-    if distributed:
-        dist.all_reduce(evidence, op=dist.ReduceOp.MAX)
-    return OverflowVerdict(rank_kinds=evidence[:world], param_kinds=evidence[world:])
-
-
-def _scatter(kinds: Tensor, present: Sequence[int], size: int) -> Tensor:
-    full = torch.zeros(size, dtype=torch.float32, device=kinds.device)
-    if present:
-        full[torch.tensor(list(present), device=kinds.device)] = kinds
-    return full
+    def evidence(self, param_kinds: Tensor, grads: Gradients) -> Tensor:
+        """float32 ``[P]``: ``param_kinds`` at their parameters' positions, 0 where a parameter has no gradient."""
+        if grads.present is None:
+            return param_kinds
+        full = torch.zeros(grads.count, dtype=torch.float32, device=param_kinds.device)
+        if grads.present:
+            full[torch.tensor(grads.present, device=param_kinds.device)] = param_kinds
+        return full
 
 
 @dataclass(frozen=True)

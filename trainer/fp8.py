@@ -154,7 +154,7 @@ class Fp8OverflowFlag:
     fp8 quantisation since the last :meth:`reset` saw a non-finite amax.
 
     The precision step ORs :attr:`value` into its ``found_inf`` before the cross-rank
-    max-reduce and clears it: ``policy.add_overflow_source(flag.consume)``. Nothing here
+    max-reduce and clears it (the fp8 policy adds ``flag.consume`` as an overflow source). Nothing here
     syncs the host.
     """
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from trainer.errors import TrainerError
+from trainer.errors import DivergenceError
 from trainer.telemetry import StepRow
 
 
@@ -60,7 +60,7 @@ class DivergenceGuard:
         return self.last_step - max(self.consecutive_skips, self.consecutive_nonfinite_losses) + 1
 
     def observe(self, rows: Iterable[StepRow]) -> None:
-        """Account for ``rows`` (in step order); raise :class:`TrainerError` once a limit is reached."""
+        """Account for ``rows`` (in step order); raise :class:`DivergenceError` once a limit is reached."""
         for row in rows:
             self._update(row)
 
@@ -76,11 +76,11 @@ class DivergenceGuard:
         self.consecutive_nonfinite_losses = 0 if finite else self.consecutive_nonfinite_losses + 1
         if self.consecutive_nonfinite_losses >= self.max_nonfinite_losses:
             msg = f"the loss was non-finite for {self.consecutive_nonfinite_losses} consecutive steps (at step {row.step})"
-            raise TrainerError("nonfinite_loss", msg)
+            raise DivergenceError("nonfinite_loss", msg)
         if self.consecutive_skips >= self.max_skips:
             raise self.skip_failure(f"{self.consecutive_skips} consecutive steps (at step {row.step})")
 
-    def skip_failure(self, stretch: str) -> TrainerError:
+    def skip_failure(self, stretch: str) -> DivergenceError:
         """The failure of the current run of skipped steps, described as ``stretch`` ("N consecutive steps ...").
 
         ``loss_scale_collapsed`` when the last row's scale was already ``min_scale`` and the
@@ -93,9 +93,9 @@ class DivergenceGuard:
         if collapsed:
             msg = (f"the loss scale collapsed to min_scale {self.min_scale:g} and gradients still overflowed "
                    f"(infinities, no NaN) for {run}")
-            return TrainerError("loss_scale_collapsed", msg)
+            return DivergenceError("loss_scale_collapsed", msg)
         kinds = "NaN" if self.nan_skips_in_run else "infinite"
-        return TrainerError("nonfinite_gradients", f"gradients were non-finite ({kinds}) for {run}")
+        return DivergenceError("nonfinite_gradients", f"gradients were non-finite ({kinds}) for {run}")
 
     def state_dict(self) -> dict[str, int]:
         """The counters, for checkpoints."""

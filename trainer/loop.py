@@ -1,37 +1,38 @@
 """The training loop: one path for every precision, readable top to bottom.
 
-A job is built from its spec (:mod:`trainer.components`); one optimizer step
-(:mod:`trainer.step`) consumes a *window* of K micro-batches (K = accumulation steps)
-on every rank:
+A job is built from its spec (:mod:`trainer.components`). Each attempted step, on every rank:
 
-1. count the loss-bearing elements of the window (samples, or valid tokens) and
-   all-reduce the count, so the normaliser is the global count of the window (a
-   device tensor: the loss is divided by it, never read);
-2. per micro-batch, under the precision's autocast, compute the SUM loss, divide it
-   by the global count and multiply by the world size (DDP averages gradients over
-   ranks), and call ``precision.backward``; every micro-batch but the last runs in
-   DDP's ``no_sync()``, so gradients are all-reduced once per window. The
-   accumulated gradient is then exactly the gradient of the mean loss over every
-   element of the window on every rank, however unequal the micro-batches
-   (huggingface/transformers#34263);
-3. inject test faults, if the spec asks;
-4. ``precision.step``: unscale once, check for non-finite gradients on every rank,
-   clip the unscaled gradients, step or skip (on the device);
-5. advance the LR schedule by the step's ``applied`` flag, on the device, so a skipped
-   step never moves it (pytorch#44511);
-6. zero the gradients;
-7. write the step's row into the device step log (:mod:`trainer.telemetry`).
+1. **get the window**: the next K micro-batches (K = accumulation steps) of this rank's
+   stream, on the device;
+2. **accumulate and step** (:func:`trainer.step.train_step`): count and all-reduce the
+   window's loss-bearing elements, backpropagate each micro-batch's SUM loss divided by
+   that global count (times the world size: DDP averages), gradients synchronised on the
+   last micro-batch only; inject test faults if the spec asks; then ``precision.step``
+   unscales once, agrees on overflow across ranks, clips and steps or skips on the device,
+   and the LR schedule advances by the step's ``applied`` flag (pytorch#44511);
+3. **record** the step's row into the device step log (:mod:`trainer.telemetry`);
+4. **flush** every ``log_interval`` steps, before each evaluation and checkpoint, after
+   the process's first step and at the end: the pending rows are copied to the host at
+   once and rank 0 writes one step record per attempted step (in between, rank 0 also
+   writes records that waited ``log_interval_s``);
+5. **check for divergence**: every rank's guard reads the flushed rows (all ranks see the
+   same values, so they stop together) and raises a :class:`trainer.errors.DivergenceError`;
+6. maybe **evaluate** (every ``eval_interval`` steps; early stopping can end the run there,
+   ``keep_best`` keeps the best state: :mod:`trainer.early_stopping`, :mod:`trainer.best`)
+   and maybe **checkpoint** (every ``checkpoint_interval`` steps; rank 0 writes);
+7. on SIGTERM agreed by every rank: flush, checkpoint, stop (:mod:`trainer.preemption`).
 
-No step reads a device value on the host. Every ``log_interval`` steps, before each
-evaluation and checkpoint, at the end and on failure, the pending rows are copied to
-the host at once: rank 0 writes one step record per attempted step, and every rank's
-divergence guard checks them (all ranks see the same values, so they stop together).
-Every rank evaluates its share of the held-out set every ``eval_interval`` steps and at the
-end (:mod:`trainer.evaluate`); early stopping can end the run at an evaluation, and ``keep_best``
-keeps the best evaluated state (:mod:`trainer.early_stopping`, :mod:`trainer.best`). Rank 0 writes checkpoints; an
-``hf`` job's rank 0 writes its exports (:mod:`trainer.hf.export`) before the ``end`` record.
-After the last step the end check (:mod:`trainer.end_check`) fails a run that applied no
-update, or ended inside a long stretch of skipped steps, before anything final is written.
+No step reads a device value on the host. After the last step the end check
+(:mod:`trainer.end_check`) fails a run that applied no update, or ended inside a long
+stretch of skipped steps, before anything final is written. A divergence of an fp16 job
+with ``on_divergence: "fallback_bf16"`` is caught once: the job rewinds to a healthy
+checkpoint and goes on in bf16 (:mod:`trainer.fallback`). Then the final evaluation,
+``final.pt``, an ``hf`` job's exports (:mod:`trainer.hf.export`) and the ``end`` record.
+
+Two specs are at work: the **job spec** (``job_spec``: what the user submitted; it decides
+the steps, intervals and limits, and every checkpoint stores it) and the **effective
+spec** (``RunState.effective_spec``: what the run computes with; the job spec, or its bf16
+copy after a precision switch).
 """
 
 from __future__ import annotations
@@ -43,28 +44,29 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from trainer.batching import plan_batches, windows
-from trainer.components import Components, build_components, build_record_flusher, divergence_guard
 from trainer.best import best_model_state, best_path, carry_best
 from trainer.checkpoint import checkpointed_model_state, final_path, restore_state, save_checkpoint, step_path
-from trainer.export import DATA_INFO_KEY, data_info_entry
-from trainer.inputs import INPUTS_KEY, input_fingerprints
+from trainer.components import Components, build_components, build_record_flusher, divergence_guard
 from trainer.data import Batch, Dataset
 from trainer.distributed import DistContext, barrier, broadcast_from_main, gather_to_main
 from trainer.early_stopping import TRACKER_KEY, BestTracker, Decision
 from trainer.end_check import check_updates_applied
-from trainer.errors import TrainerError
+from trainer.errors import DivergenceError
 from trainer.evaluate import evaluate
-from trainer.fallback import Checkpoint, PrecisionFallback, RunStart
+from trainer.export import DATA_INFO_KEY, data_info_entry
+from trainer.fallback import Checkpoint, PrecisionFallback, PrecisionSwitch, RunStart
 from trainer.faults import FaultInjector
-from trainer.flushing import RecordFlusher
+from trainer.flushing import RecordFlusher, RunTotals
 from trainer.guard import DivergenceGuard
+from trainer.inputs import INPUTS_KEY, input_fingerprints
 from trainer.models import model_summary
 from trainer.preemption import StopRequested, StopSignal
 from trainer.records import RECORDS_FILE, RecordSink
@@ -80,23 +82,27 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunState:
-    """A run in progress: what it computes with (``spec``: the job's spec, or its bf16 copy after a
-    precision switch), its components, guard and data stream, the steps ``done`` when it started,
-    and the switch record once the job has switched (:mod:`trainer.fallback`)."""
+    """A run in progress: what it computes with, from which step, and what it counts.
 
-    spec: JobSpec
+    ``effective_spec``: the job's spec, or its bf16 copy after a precision switch;
+    ``window_stream``: this rank's accumulation windows from step ``done + 1`` on; ``done``:
+    the attempted steps when the run started; ``precision_switch``: the switch once the job
+    has switched (:mod:`trainer.fallback`).
+    """
+
+    effective_spec: JobSpec
     parts: Components
     guard: DivergenceGuard
     window_stream: Iterator[list[Batch]]
     done: int
-    precision_switch: dict[str, Any] | None = None
-    #: Samples and tokens of every attempted step so far (from the checkpoint, then counted
-    #: by the run's record flusher); checkpoints carry them, so totals survive a resume.
-    totals: dict[str, int] = dataclasses.field(default_factory=lambda: {"samples": 0, "tokens": 0})
+    #: Samples and tokens of every attempted step so far (from the checkpoint, then counted by
+    #: the run's record flusher); checkpoints carry them, so totals survive a resume.
+    totals: RunTotals
     #: The best evaluation so far and the evaluations since (``keep_best``, ``early_stopping``); from the checkpoint.
-    tracker: BestTracker | None = None
+    tracker: BestTracker
+    precision_switch: PrecisionSwitch | None = None
     #: Fingerprints of the input files (rank 0; :mod:`trainer.inputs`), written into every checkpoint.
-    inputs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    inputs: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     #: The process's start-up clock (:mod:`trainer.startup`) until its first step; ``None`` after a precision switch.
     startup: StartupClock | None = None
 
@@ -126,13 +132,23 @@ class TrainResult:
         return self.steps - self.skipped_steps
 
 
+class Due(NamedTuple):
+    """What follows an attempted step: a flush of its records (then the divergence check), an evaluation,
+    a checkpoint."""
+
+    flush: bool
+    evaluate: bool
+    checkpoint: bool
+
+
 # ----------------------------------------------------------------------------- the job
 
 
 def train(
-    spec: JobSpec, run_dir: Path, dist_ctx: DistContext, resume_from: Path | None = None, stop: StopSignal | None = None
+    job_spec: JobSpec, run_dir: Path, dist_ctx: DistContext, resume_from: Path | None = None,
+    stop: StopSignal | None = None,
 ) -> TrainResult:
-    """Run the job ``spec`` for ``spec.max_steps`` attempted optimizer steps, writing into ``run_dir``.
+    """Run the job ``job_spec`` for ``job_spec.max_steps`` attempted optimizer steps, writing into ``run_dir``.
 
     With ``resume_from`` (a checkpoint), training continues exactly where it stopped:
     model, optimizer, LR schedule, loss-scaler state, guard counters, every rank's RNG
@@ -141,16 +157,17 @@ def train(
 
     Rank 0 appends ``records.jsonl`` (step records in batches, see the module
     docstring) and writes ``checkpoints/``. Raises :class:`trainer.errors.TrainerError`
+    (``data_unavailable``, ``spec_invalid``, ...), its :class:`trainer.errors.DivergenceError`
     (``nonfinite_gradients``, ``loss_scale_collapsed``, ``nonfinite_loss``,
-    ``no_update_applied``, ``data_unavailable``, ``spec_invalid``; after the last step,
-    before the final checkpoint and the ``end`` record, when the run learned nothing:
-    :mod:`trainer.end_check`), ``PrecisionUnsupportedError``, and
-    ``RuntimeError`` from an injected ``raise_at_step`` fault; the records of the
-    steps attempted before a failure are written first. With ``stop`` (SIGTERM trapped,
-    :mod:`trainer.preemption`), once every rank has seen the signal the loop writes the
-    pending records and a checkpoint of the last step, then raises ``StopRequested``.
+    ``no_update_applied``; after the last step, before the final checkpoint and the ``end``
+    record, when the run learned nothing: :mod:`trainer.end_check`) unless the bf16 fallback
+    answers it, ``PrecisionUnsupportedError``, and ``RuntimeError`` from an injected
+    ``raise_at_step`` fault; the records of the steps attempted before a failure are written
+    first. With ``stop`` (SIGTERM trapped, :mod:`trainer.preemption`), once every rank has
+    seen the signal the loop writes the pending records and a checkpoint of the last step,
+    then raises ``StopRequested``.
     """
-    fallback = PrecisionFallback(spec, run_dir, dist_ctx.is_main)
+    fallback = PrecisionFallback(job_spec, run_dir, dist_ctx.is_main)
     with RecordSink(run_dir / RECORDS_FILE if dist_ctx.is_main else None) as records:
         startup = StartupClock.entered(records, dist_ctx.is_main)
         run = start_run(fallback.begin(resume_from), dist_ctx, run_dir, startup)
@@ -158,20 +175,20 @@ def train(
         records.start(**_start_fields(run, dist_ctx), resumed_from_step=run.done, startup=startup.times.as_record())
         while True:
             try:
-                done = _train_steps(run, spec, run_dir, records, dist_ctx, stop)
+                done = _train_steps(run, job_spec, run_dir, records, dist_ctx, stop)
                 check_updates_applied(run.guard, done.last_step, done.skipped)  # before final.pt and the end record
                 break
-            except TrainerError as failure:
-                restart = fallback.fall_back(failure, run.guard, records)  # on_divergence: "fallback_bf16"
+            except DivergenceError as divergence:  # on_divergence "fallback_bf16": rewind once, go on in bf16
+                restart = fallback.fall_back(divergence, run.guard, records)
                 if restart is None:
                     raise
             del run  # free the fp16 components before the bf16 ones are built
             run = start_run(restart, dist_ctx, run_dir)
         last, final_eval = done.last_step, None
         if not done.stopped_early:  # an early stop ended at an evaluation of its last step
-            final_eval, _ = _evaluate_step(run, spec, run_dir, dist_ctx, records, last)
-        _checkpoint(final_path(run_dir), run, last, spec, dist_ctx)
-        exported = _export_on_main(run, run_dir, dist_ctx, spec, last)
+            final_eval, _ = _evaluate_step(run, job_spec, run_dir, dist_ctx, records, last)
+        _checkpoint(final_path(run_dir), run, last, job_spec, dist_ctx)
+        exported = _export_on_main(run, run_dir, dist_ctx, job_spec, last)
         records.end(steps=last, skipped_steps=done.skipped, **_end_fields(run, done, exported))
     log.info("finished %d steps (%d skipped)%s; final evaluation %s", last, done.skipped,
              " (stopped early)" if done.stopped_early else "", final_eval)
@@ -181,7 +198,6 @@ def train(
 
 def _end_fields(run: RunState, done: StepsDone, exported: int | None) -> dict[str, Any]:
     """The end record's ``stopped_early`` (early stops) and ``exported_step`` (jobs with exports)."""
-    assert run.tracker is not None
     fields: dict[str, Any] = {"stopped_early": run.tracker.stopped_early(done.last_step)} if done.stopped_early else {}
     return fields | ({"exported_step": exported} if exported is not None else {})
 
@@ -189,95 +205,111 @@ def _end_fields(run: RunState, done: StepsDone, exported: int | None) -> dict[st
 def start_run(
     start: RunStart, dist_ctx: DistContext, run_dir: Path | None = None, startup: StartupClock | None = None
 ) -> RunState:
-    """Build the components of ``start.spec`` and restore ``start.checkpoint`` into them, if any.
+    """Build the components of ``start.effective_spec`` and restore ``start.checkpoint`` into them, if any.
 
-    The best-evaluation tracker comes back from the checkpoint too; with ``keep_best``, rank 0
-    carries the resumed checkpoint's ``best.pt`` into ``run_dir`` (:func:`trainer.best.carry_best`).
+    The data stream starts at the checkpoint's step, by offset (no earlier window is built). The
+    best-evaluation tracker comes back from the checkpoint too; with ``keep_best``, rank 0 carries
+    the resumed checkpoint's ``best.pt`` into ``run_dir`` (:func:`trainer.best.carry_best`).
     With ``startup`` (the process's first run), its ``model`` phase begins once the dataset is built.
     """
+    spec, checkpoint = start.effective_spec, start.checkpoint
     data_built = functools.partial(startup.begin, "model") if startup is not None else None
-    parts = build_components(start.spec, dist_ctx, data_built=data_built)
-    guard = divergence_guard(start.spec, parts)
-    window_stream = _train_windows(parts.dataset, start.spec, dist_ctx)
-    done = 0 if start.checkpoint is None else _resume(start.checkpoint, parts, guard, window_stream, dist_ctx)
-    counters = start.checkpoint.payload["counters"] if start.checkpoint is not None else {}
-    totals = {"samples": int(counters.get("samples_total", 0)), "tokens": int(counters.get("tokens_total", 0))}
-    tracker = BestTracker.for_spec(start.spec)
-    if start.checkpoint is not None:
-        tracker.load_state_dict(start.checkpoint.payload.get(TRACKER_KEY))
-        if start.spec.keep_best and run_dir is not None and dist_ctx.is_main:
-            carry_best(start.checkpoint.path, run_dir, tracker.best_step)
-    inputs = input_fingerprints(start.spec) if dist_ctx.is_main else {}
-    return RunState(start.spec, parts, guard, window_stream, done, start.precision_switch, totals, tracker,
-                    inputs=inputs, startup=startup)
+    parts = build_components(spec, dist_ctx, data_built=data_built)
+    guard = divergence_guard(spec, parts)
+    tracker = BestTracker.for_spec(spec)
+    done, totals = 0, RunTotals()
+    if checkpoint is not None:
+        done = _restore(checkpoint, parts, guard, dist_ctx)
+        totals = RunTotals.from_counters(checkpoint.payload["counters"])
+        tracker.load_state_dict(checkpoint.payload.get(TRACKER_KEY))
+        if spec.keep_best and run_dir is not None and dist_ctx.is_main:
+            carry_best(checkpoint.path, run_dir, tracker.best_step)
+    inputs = MappingProxyType(input_fingerprints(spec) if dist_ctx.is_main else {})
+    return RunState(spec, parts, guard, _train_windows(parts.dataset, spec, dist_ctx, after_step=done), done,
+                    totals, tracker, start.precision_switch, inputs=inputs, startup=startup)
 
 
 def _train_steps(
-    run: RunState, spec: JobSpec, run_dir: Path, records: RecordSink, dist_ctx: DistContext, stop: StopSignal | None
+    run: RunState, job_spec: JobSpec, run_dir: Path, records: RecordSink, dist_ctx: DistContext,
+    stop: StopSignal | None,
 ) -> StepsDone:
-    """Attempt steps ``run.done + 1`` to ``spec.max_steps`` (``spec``: the job's), or until early stopping
-    says stop at an evaluation (every rank at the same step: they rank rank 0's metric); return how it ended.
+    """Attempt steps ``run.done + 1`` to ``job_spec.max_steps``, or until early stopping says stop at an
+    evaluation (every rank at the same step: they rank rank 0's metric); return how it ended.
 
-    Every rank flushes at the same steps (after the process's first step, which ends its
-    start-up; every ``log_interval``, before evaluations and checkpoints, at the end);
-    between them rank 0 also writes records older than ``log_interval_s``. Raises what a step raises, the divergence guard's
-    :class:`TrainerError` included, after writing the pending step records, and
-    ``StopRequested`` after the stop checkpoint.
+    Raises what a step raises, the divergence guard's :class:`DivergenceError` included, after
+    writing the pending step records, and ``StopRequested`` after the stop checkpoint.
     """
-    parts = run.parts
-    faults = FaultInjector(spec.faults, dist_ctx.rank, run.spec.precision)
-    records.step_fields = {"precision": run.spec.precision} if run.precision_switch else {}
+    faults = FaultInjector(job_spec.faults, dist_ctx.rank, run.effective_spec.precision)
+    records.step_fields = {"precision": run.effective_spec.precision} if run.precision_switch else {}
     flusher = _record_flusher(run, records, dist_ctx)
-    underflow_every = _underflow_interval(run.spec)
-    stopped_at = None
     try:
-        for step in range(run.done + 1, spec.max_steps + 1):
+        for step in range(run.done + 1, job_spec.max_steps + 1):
             faults.at_step_start(step)
-            micro_batches = _next_window(run.window_stream, dist_ctx.device)
-            result = train_step(
-                parts, micro_batches, step=step, max_grad_norm=spec.max_grad_norm, dist_ctx=dist_ctx, faults=faults,
-                sample_underflow=_due(step, underflow_every),
-            )
+            window = _next_window(run.window_stream, dist_ctx.device)
+            result = train_step(run.parts, window, step=step, max_grad_norm=job_spec.max_grad_norm,
+                                dist_ctx=dist_ctx, faults=faults)
             record_step(flusher.step_log, step, result)
-            evaluate_now = _due(step, spec.eval_interval) and step < spec.max_steps
-            checkpoint_now = _due(step, spec.checkpoint_interval)
-            first_step = step == run.done + 1 and run.startup is not None
-            if first_step or _due(step, spec.log_interval) or evaluate_now or checkpoint_now or step == spec.max_steps:
-                flusher.flush()
+            due = _due_after(step, run, job_spec)
+            if due.flush:
+                rows = flusher.flush()  # write the step records,
+                run.guard.observe(rows)  # then check them for divergence (every rank, the same rows)
             else:
                 flusher.flush_if_stale()
-            if first_step and run.startup is not None:
+            if step == run.done + 1 and run.startup is not None:
                 run.startup.begin("training")
-            if evaluate_now:
-                stopped_at = step if _evaluate_step(run, spec, run_dir, dist_ctx, records, step)[1].stop else None
-            if checkpoint_now:
-                _checkpoint(step_path(run_dir, step), run, step, spec, dist_ctx)
-            if evaluate_now or checkpoint_now:
+            stop_early = due.evaluate and _evaluate_step(run, job_spec, run_dir, dist_ctx, records, step)[1].stop
+            if due.checkpoint:
+                _checkpoint(step_path(run_dir, step), run, step, job_spec, dist_ctx)
+            if due.evaluate or due.checkpoint:
                 flusher.restart_clock()
-            if stopped_at is not None:
-                break
-            if stop is not None and step < spec.max_steps and stop.agreed():
-                _stop_after(step, run, spec, run_dir, flusher, dist_ctx, checkpointed=checkpoint_now)
+            if stop_early:
+                return _stopped_early(run, step, flusher)
+            if stop is not None and step < job_spec.max_steps and stop.agreed():
+                _stop_after(step, run, job_spec, run_dir, flusher, dist_ctx, checkpointed=due.checkpoint)
     except BaseException:
         flusher.flush_after_failure()
         raise
-    skipped = flusher.skipped_steps if flusher.skipped_steps is not None else int(parts.precision.skipped_steps)
-    if stopped_at is not None:
-        log.info("early stopping at step %d: no improvement of %s in %s evaluations", stopped_at,
-                 run.tracker.metric if run.tracker else "?", run.tracker.patience if run.tracker else "?")
-        return StepsDone(stopped_at, skipped, stopped_early=True)
-    return StepsDone(spec.max_steps, skipped)
+    return StepsDone(job_spec.max_steps, _skipped_steps(run, flusher))
 
 
 # ----------------------------------------------------------------------------- helpers
 
 
-def _train_windows(dataset: Dataset, spec: JobSpec, dist_ctx: DistContext) -> Iterator[list[Batch]]:
-    """This rank's endless stream of accumulation windows."""
+def _due_after(step: int, run: RunState, job_spec: JobSpec) -> Due:
+    """Flush after the process's first step (it ends the start-up), every ``log_interval``, before evaluations
+    and checkpoints and at the end; evaluate every ``eval_interval`` but at the end (the final evaluation);
+    checkpoint every ``checkpoint_interval``."""
+    evaluate_now = _due(step, job_spec.eval_interval) and step < job_spec.max_steps
+    checkpoint_now = _due(step, job_spec.checkpoint_interval)
+    first_step = step == run.done + 1 and run.startup is not None
+    last_step = step == job_spec.max_steps
+    flush = first_step or _due(step, job_spec.log_interval) or evaluate_now or checkpoint_now or last_step
+    return Due(flush=flush, evaluate=evaluate_now, checkpoint=checkpoint_now)
+
+
+def _skipped_steps(run: RunState, flusher: RecordFlusher) -> int:
+    """The job's skipped steps: the last written row's count (resumed history included), else the policy's."""
+    return flusher.skipped_steps if flusher.skipped_steps is not None else int(run.parts.precision.skipped_steps)
+
+
+def _stopped_early(run: RunState, step: int, flusher: RecordFlusher) -> StepsDone:
+    """Early stopping ended the run at ``step`` (an evaluation step)."""
+    log.info("early stopping at step %d: no improvement of %s in %s evaluations", step, run.tracker.metric,
+             run.tracker.patience)
+    return StepsDone(step, _skipped_steps(run, flusher), stopped_early=True)
+
+
+def _train_windows(
+    dataset: Dataset, spec: JobSpec, dist_ctx: DistContext, after_step: int = 0
+) -> Iterator[list[Batch]]:
+    """This rank's endless stream of accumulation windows, from step ``after_step + 1`` on.
+
+    The dataset starts its stream at micro-batch ``after_step * K`` by offset
+    (:mod:`trainer.data.epochs`): a resumed run builds no window of the steps before it.
+    """
     plan = plan_batches(spec)
-    stream = dataset.train_batches(
-        plan.micro_batch_size, rank=dist_ctx.rank, world_size=dist_ctx.world_size, seed=spec.seed
-    )
+    stream = dataset.train_batches(plan.micro_batch_size, rank=dist_ctx.rank, world_size=dist_ctx.world_size,
+                                   seed=spec.seed, start=after_step * plan.accumulation_steps)
     return windows(stream, plan.accumulation_steps)
 
 
@@ -296,46 +328,37 @@ def _pinned(batch: Batch) -> Batch:
                                attention_mask=mask)
 
 
-def _checkpoint(path: Path, run: RunState, step: int, spec: JobSpec, dist_ctx: DistContext) -> None:
+def _checkpoint(path: Path, run: RunState, step: int, job_spec: JobSpec, dist_ctx: DistContext) -> None:
     """Every rank contributes its RNG state (a collective); rank 0 writes the file (pending records flushed first).
 
-    ``spec`` is the job's (as the user gave it); after a precision switch the file also
+    The file holds the job spec (as the user gave it); after a precision switch it also
     holds the switch, so a resume from it continues in bf16.
     """
     rng_states = gather_to_main(capture_rng_state(), dist_ctx)
     model_state, optimizer_state = gather_state_dicts(run.parts.model, run.parts.optimizer)  # a collective under FSDP2
     if dist_ctx.is_main:
         extra = {DATA_INFO_KEY: data_info_entry(run.parts.dataset.info), INPUTS_KEY: dict(run.inputs)}
-        if run.precision_switch:
-            extra[PRECISION_SWITCH_KEY] = run.precision_switch
-        if run.tracker is not None:
-            extra[TRACKER_KEY] = run.tracker.state_dict()
-        counters = {**run.guard.state_dict(), "samples_total": run.totals["samples"], "tokens_total": run.totals["tokens"]}
+        if run.precision_switch is not None:
+            extra[PRECISION_SWITCH_KEY] = run.precision_switch.as_record()
+        extra[TRACKER_KEY] = run.tracker.state_dict()
+        counters = {**run.guard.state_dict(), **run.totals.as_counters()}
         save_checkpoint(
-            path, run.parts.training_state, step=step, counters=counters, spec=spec, rng=rng_states,
+            path, run.parts.training_state, step=step, counters=counters, spec=job_spec, rng=rng_states,
             model_state=model_state, optimizer_state=optimizer_state, extra=extra,
         )
         log.info("checkpoint written: %s", path)
 
 
-def _resume(
-    checkpoint: Checkpoint,
-    parts: Components,
-    guard: DivergenceGuard,
-    window_stream: Iterator[list[Batch]],
-    dist_ctx: DistContext,
-) -> int:
+def _restore(checkpoint: Checkpoint, parts: Components, guard: DivergenceGuard, dist_ctx: DistContext) -> int:
     """Restore a checkpoint (already checked against the spec) into ``parts`` and ``guard``; return its step.
 
-    The data stream is advanced past the windows already consumed, and this rank's
-    RNG state is restored last (building the model consumed random numbers).
+    This rank's RNG state is restored last (building the model consumed random numbers); the
+    data stream is positioned by the caller, by offset.
     """
     payload, done = checkpoint.payload, checkpoint.step
     restore_state(payload, parts.training_state)
     guard.load_state_dict(payload["counters"])
     guard.last_step = done
-    for _ in range(done):
-        next(window_stream)
     restore_rng_state(payload["rng"][dist_ctx.rank])
     log.info("resumed from %s at step %d in %s (loss scale %g)", checkpoint.path, done, parts.precision.name,
              parts.precision.loss_scale)
@@ -344,24 +367,19 @@ def _resume(
 
 def _record_flusher(run: RunState, records: RecordSink, dist_ctx: DistContext) -> RecordFlusher:
     """The flusher of the run's device step log (its totals continue the checkpoint's)."""
-    return build_record_flusher(run.spec, run.parts, run.guard, records, dist_ctx, totals=run.totals)
+    return build_record_flusher(run.effective_spec, run.parts, records, dist_ctx, totals=run.totals)
 
 
 def _stop_after(
-    step: int, run: RunState, spec: JobSpec, run_dir: Path, flusher: RecordFlusher, dist_ctx: DistContext,
+    step: int, run: RunState, job_spec: JobSpec, run_dir: Path, flusher: RecordFlusher, dist_ctx: DistContext,
     *, checkpointed: bool,
 ) -> None:
-    """Every rank saw SIGTERM: write the pending records and a checkpoint of ``step``, then raise ``StopRequested``."""
-    flusher.flush()
+    """Every rank saw SIGTERM: write the pending records (and check them), a checkpoint of ``step``, then raise
+    ``StopRequested``."""
+    run.guard.observe(flusher.flush())
     if not checkpointed:
-        _checkpoint(step_path(run_dir, step), run, step, spec, dist_ctx)
+        _checkpoint(step_path(run_dir, step), run, step, job_spec, dist_ctx)
     raise StopRequested(step)
-
-
-def _underflow_interval(spec: JobSpec) -> int | None:
-    """Steps between underflow samples: fp16 only, from ``loss_scale.underflow_sample_interval``."""
-    scaling = spec.effective_loss_scale
-    return scaling.underflow_sample_interval if spec.precision == "fp16" and scaling is not None else None
 
 
 def _due(step: int, interval: int | None) -> bool:
@@ -380,17 +398,16 @@ def _evaluate(parts: Components, spec: JobSpec, dist_ctx: DistContext) -> dict[s
 
 
 def _evaluate_step(
-    run: RunState, spec: JobSpec, run_dir: Path, dist_ctx: DistContext, records: RecordSink, step: int
+    run: RunState, job_spec: JobSpec, run_dir: Path, dist_ctx: DistContext, records: RecordSink, step: int
 ) -> tuple[dict[str, float | None], Decision]:
     """Evaluate at ``step``: rank 0 writes the eval record; every rank ranks rank 0's value of the tracked
     metric (broadcast), and with ``keep_best`` an improvement writes ``best.pt`` (a collective)."""
-    metrics = _evaluate(run.parts, run.spec, dist_ctx)
+    metrics = _evaluate(run.parts, run.effective_spec, dist_ctx)
     if dist_ctx.is_main:
         records.eval(step, metrics)
-    assert run.tracker is not None
     decision = run.tracker.update(step, _main_value(metrics.get(run.tracker.metric), dist_ctx))
-    if spec.keep_best and decision.improved:
-        _checkpoint(best_path(run_dir), run, step, spec, dist_ctx)
+    if job_spec.keep_best and decision.improved:
+        _checkpoint(best_path(run_dir), run, step, job_spec, dist_ctx)
     barrier()
     return metrics, decision
 
@@ -404,11 +421,11 @@ def _main_value(value: float | None, dist_ctx: DistContext) -> float | None:
     return None if math.isnan(shared) else shared
 
 
-def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, spec: JobSpec, last: int) -> int | None:
+def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, job_spec: JobSpec, last: int) -> int | None:
     """An ``hf`` job's ``export/`` directories (:mod:`trainer.hf.export`), written by rank 0 from a float32
     CPU rebuild of the trained model (from ``best.pt``'s weights with ``keep_best``); the model state is
     gathered by every rank first (a collective under FSDP2). Returns the exported step (``None``: no exports)."""
-    if run.spec.model.name != "hf":
+    if run.effective_spec.model.name != "hf":
         return None
     live = checkpointed_model_state(run.parts.model, gather_model_state(run.parts.model))
     exported = last
@@ -416,9 +433,9 @@ def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, spec: J
         from trainer.hf.build import rebuild_hf_model
         from trainer.hf.export import write_exports
 
-        best_step = run.tracker.best_step if spec.keep_best and run.tracker is not None else None
+        best_step = run.tracker.best_step if job_spec.keep_best else None
         exported, best = best_model_state(run_dir, best_step, last)
-        model = rebuild_hf_model(run.spec, run.parts.dataset.info, run.parts.tokenizer,
+        model = rebuild_hf_model(run.effective_spec, run.parts.dataset.info, run.parts.tokenizer,
                                  run.parts.precision.compute_dtype, live if best is None else best)
         write_exports(model, run.parts.tokenizer, run_dir)
     barrier()
@@ -426,9 +443,10 @@ def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, spec: J
 
 
 def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:
-    spec, parts = run.spec, run.parts
+    """The ``start`` record's fields, from the effective spec (a resumed switched job starts in bf16)."""
+    spec, parts = run.effective_spec, run.parts
     plan = plan_batches(spec)
-    switch = {PRECISION_SWITCH_KEY: run.precision_switch} if run.precision_switch else {}
+    switch = {PRECISION_SWITCH_KEY: run.precision_switch.as_record()} if run.precision_switch else {}
     return {
         **switch,
         "world_size": dist_ctx.world_size,
@@ -444,7 +462,7 @@ def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:
         "num_parameters": sum(p.numel() for p in parts.parameters),
         "model": model_summary(parts.model),
         "parallelism": spec.parallelism,
-        **({"fp8_layers": parts.precision.fp8_report} if spec.precision == "fp8" else {}),
+        **parts.precision.start_fields(),
         **_data_report(parts.dataset),
     }
 

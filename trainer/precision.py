@@ -1,40 +1,50 @@
-"""Precision policies: one narrow interface for fp32, bf16, fp16 and fp8.
+"""Precision policies: fp32 and bf16, fp16 with its loss scaler, fp8 with its converted model.
 
-The training loop uses only :class:`PrecisionPolicy`: ``prepare_model`` once,
-``autocast()`` around the forward pass, ``backward(loss)`` per micro-batch, and
-``step(optimizer, parameters, max_grad_norm)`` once per optimizer step. Master
-weights, gradients and optimizer state stay float32 in every precision; autocast
-runs eligible ops in the compute dtype. (The interface follows the shape of
-Lightning Fabric's precision plugins; the step logic is docs/trainer.md, "Numerics of one
-optimizer step".)
+The training loop uses only the :class:`PrecisionPolicy` interface, after the shape of
+Lightning Fabric's precision plugins: ``prepare_model`` once, ``autocast()`` around the
+forward pass, ``backward(loss)`` per micro-batch and ``step(...)`` once per optimizer
+step. Each precision is a small policy class that owns what only it needs:
 
-A step, at the accumulation boundary: unscale the gradients once; find non-finite
-values (the fused unscale kernel plus the finiteness of the global gradient norm);
-max-reduce the flag across ranks when a process group exists, so every rank makes
-the same decision; clip the *unscaled* gradients; then step the optimizer or skip it,
-and update the loss scale. A non-finite gradient is never applied, in any precision.
+=====================  ===========  ==========================================================
+policy                 precisions   owns
+=====================  ===========  ==========================================================
+:class:`PlainPrecision`  fp32, bf16   nothing more: bf16 autocasts, fp32 runs as it is
+:class:`Fp16Precision`   fp16         the loss scaler (static or dynamic, :mod:`trainer.loss_scale`)
+:class:`Fp8Precision`    fp8          the model conversion to fp8 Linears (:mod:`trainer.fp8`)
+=====================  ===========  ==========================================================
+
+Master weights, gradients and optimizer state stay float32 in every precision; autocast
+runs eligible ops in the compute dtype. :func:`build_precision` is the factory.
+
+A step, at the accumulation boundary, runs five phases (:meth:`PrecisionPolicy.step`):
+**unscale and check** (the scaler's fused unscale kernel, any extra overflow source, and
+each gradient's norm, whose NaN or infinity marks a non-finite gradient), **agree across
+ranks** (one MAX ``all_reduce`` of every rank's verdict, :mod:`trainer.overflow`),
+**clip** the *unscaled* gradients, **apply** (step the optimizer, or skip it on the
+device) and **update** (the skipped-step counter and the loss scale). A non-finite
+gradient is never applied, in any precision. Overflow forensics and underflow sampling
+are optional observers called at defined points (:mod:`trainer.observers`).
 
 Everything stays on the device: the overflow flag, the skip decision (the optimizer
 receives ``found_inf`` and skips itself, see :mod:`trainer.optimizers`), the scale and
 its trackers, and the skipped-step counter. A steady-state step makes no host
 synchronisation; :class:`StepOutcome` carries 0-d tensors that the loop gathers into
 its step-record buffer (:mod:`trainer.telemetry`) and copies to the host once per
-logging interval. NaN is told from infinity by the global gradient norm (NaN iff some
-gradient holds a NaN), for the divergence guard's reasons.
+logging interval.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from trainer.forensics import agree_across_ranks, nonfinite_kinds
+from trainer.forensics import OverflowForensics
 from trainer.fp8 import Fp8LayerReport, Fp8Recipe, convert_to_fp8
 from trainer.loss_scale import (
     DynamicLossScaler,
@@ -42,118 +52,112 @@ from trainer.loss_scale import (
     NoOpLossScaler,
     StaticLossScaler,
 )
-from trainer.sharded import clip_grads_, grad_norms, local_tensors
-from trainer.spec import JobSpec, LossScaleSpec
-from trainer.underflow import underflow_fraction
+from trainer.observers import NO_OBSERVERS, Gradients, StepObservers
+from trainer.overflow import agree_across_ranks, nonfinite_kinds
+from trainer.sharded import GradNorms, clip_grads_, grad_norms, local_tensors
+from trainer.spec import JobSpec, LossScaleSpec, Precision
+from trainer.step_outcome import HostStepOutcome, StepOutcome
+from trainer.underflow import UnderflowSampler
+
+__all__ = [
+    "COMPUTE_DTYPES",
+    "FP8_MIN_CAPABILITY",
+    "Fp8Precision",
+    "Fp16Precision",
+    "HostStepOutcome",
+    "PlainPrecision",
+    "PrecisionPolicy",
+    "PrecisionUnsupportedError",
+    "StepOutcome",
+    "build_precision",
+    "build_scaler",
+    "check_supported",
+]
 
 log = logging.getLogger(__name__)
 
 #: Compute capability needed for fp8 tensor cores (Ada / Hopper and newer).
 FP8_MIN_CAPABILITY = (8, 9)
 
-_COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 #: The dtype each precision computes in (autocast), by precision name.
-COMPUTE_DTYPES = _COMPUTE_DTYPES
+COMPUTE_DTYPES: Mapping[str, torch.dtype] = {
+    "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16,
+}
+
+#: A 0-d float32 flag on the device (1.0 = overflow), read once per step.
+OverflowSource = Callable[[], Tensor]
 
 
 class PrecisionUnsupportedError(RuntimeError):
     """The requested precision cannot run on this device (typed reason ``precision_unsupported``)."""
 
 
-@dataclass(frozen=True)
-class HostStepOutcome:
-    """A :class:`StepOutcome` read on the host (for tests and tools).
+class _Check(NamedTuple):
+    """This rank's side of a step: the gradients' norms, their kinds, and the worst kind (with other sources)."""
 
-    ``grad_norm`` is ``None`` when the step was skipped; ``nan`` is true when some
-    rank's gradients held a NaN (not only infinities).
-    """
-
-    applied: bool
-    overflow: bool
-    nan: bool
-    loss_scale: float
-    grad_norm: float | None
-    skipped_steps: int
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What happened at one optimizer step, as 0-d tensors on the device (nothing is read on the host).
-
-    Attributes:
-        overflow: float32, 1.0 if non-finite gradients were found on some rank and the
-            update was skipped, else 0.0 (``bool(outcome.overflow)`` reads it).
-        applied: float32, 1.0 if the optimizer applied the update: ``1 - overflow``, and 0.0
-            for a window without loss-bearing elements (see :meth:`PrecisionPolicy.step`).
-        overflow_kind: float32, 0 clean, 1 only infinities, 2 a NaN was present
-            (max over ranks; the divergence guard tells NaN from overflow with it).
-        loss_scale: float32, the scale used for this step's backward passes (1.0 without scaling).
-        grad_norm: float32, global L2 norm of the unscaled gradients before clipping;
-            non-finite on an overflow step.
-        skipped_steps: int64, skipped steps so far, this one included.
-        underflow_fraction: float32, fraction of gradient values zero or subnormal in
-            fp16 before unscaling (:mod:`trainer.underflow`); NaN on steps not sampled.
-        rank_kinds: float32 ``[world size]``, per rank the worst kind (0, 1 inf, 2 NaN)
-            its gradients held (:mod:`trainer.forensics`).
-        param_kinds: float32 ``[P]``, per trainable parameter (model order) the worst
-            kind over ranks.
-    """
-
-    overflow: Tensor
-    applied: Tensor
-    overflow_kind: Tensor
-    loss_scale: Tensor
-    grad_norm: Tensor
-    skipped_steps: Tensor
-    underflow_fraction: Tensor
-    rank_kinds: Tensor
+    norms: GradNorms
     param_kinds: Tensor
-
-    def to_host(self) -> HostStepOutcome:
-        """Read every field with one batched copy (a host synchronisation)."""
-        flag, kind, scale, norm, skipped = torch.stack(
-            [self.overflow, self.overflow_kind, self.loss_scale, self.grad_norm, self.skipped_steps]
-        ).to(torch.float64).tolist()
-        overflow = flag > 0.0
-        return HostStepOutcome(
-            applied=not overflow,
-            overflow=overflow,
-            nan=kind >= 2.0,
-            loss_scale=scale,
-            grad_norm=None if overflow else norm,
-            skipped_steps=int(skipped),
-        )
+    local_kind: Tensor
 
 
-OverflowSource = Callable[[], Tensor]
+class _Agreement(NamedTuple):
+    """The step's decision input, the same on every rank: the worst kind and the evidence behind it."""
+
+    kind: Tensor
+    rank_kinds: Tensor
+    param_kinds: Tensor | None
 
 
-class PrecisionPolicy:
-    """Autocast, loss scaling and step-or-skip for one precision on one device.
+class PrecisionPolicy(ABC):
+    """Autocast, loss scaling and step-or-skip for one precision on one device (the base of the policies).
 
     Args:
-        name: ``fp32``, ``bf16``, ``fp16`` or ``fp8``.
+        name: the precision (``fp32``, ``bf16``, ``fp16``, ``fp8``), saved in checkpoints.
         device: the device the model and gradients live on.
-        scaler: the loss scaler (no-op for everything but fp16).
+        scaler: the loss scaler (the no-op one for every policy but fp16's).
+        observers: the step's optional observers (:mod:`trainer.observers`).
     """
 
-    def __init__(self, name: str, device: torch.device, scaler: LossScaler, fp8_recipe: Fp8Recipe = "tensorwise") -> None:
+    def __init__(self, name: Precision, device: torch.device, scaler: LossScaler,
+                 observers: StepObservers = NO_OBSERVERS) -> None:
         self.name = name
-        self.fp8_recipe: Fp8Recipe = fp8_recipe
-        self.fp8_report: list[Fp8LayerReport] = []
         self.device = device
-        self.compute_dtype = _COMPUTE_DTYPES[name]
+        self.compute_dtype = COMPUTE_DTYPES[name]
         self.scaler = scaler
+        self.observers = observers
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
         self._overflow_sources: list[OverflowSource] = []
         self._warned_host_skip = False
-        self.fp8_layers: list[str] = []
         self._not_sampled = torch.full((), float("nan"), dtype=torch.float32, device=device)
+        self._no_evidence = torch.zeros(0, dtype=torch.float32, device=device)
+
+    # ------------------------------------------------------------------ the interface
 
     @property
-    def skipped_steps(self) -> Tensor:
-        """Skipped steps so far: 0-d int64 on the device."""
-        return self._skipped
+    def fp8_layers(self) -> list[str]:
+        """Names of the Linear layers that run in fp8 (none but for :class:`Fp8Precision`)."""
+        return []
+
+    @property
+    def fp8_report(self) -> list[Fp8LayerReport]:
+        """Every Linear and whether it runs in fp8 (empty but for :class:`Fp8Precision`)."""
+        return []
+
+    def start_fields(self) -> dict[str, Any]:
+        """What the policy adds to the ``start`` record (nothing by default)."""
+        return {}
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        """Adapt ``model`` to the precision before wrapping (unchanged by default)."""
+        return model
+
+    @abstractmethod
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Context for the forward pass."""
+
+    def backward(self, loss: Tensor) -> None:
+        """Backward of ``loss`` (0-d) multiplied by the current loss scale."""
+        self.scaler.scale_loss(loss).backward()
 
     def add_overflow_source(self, source: OverflowSource) -> None:
         """Also skip a step when ``source()`` (called once per step, before the decision) is 1.
@@ -163,41 +167,16 @@ class PrecisionPolicy:
         """
         self._overflow_sources.append(source)
 
-    def prepare_model(self, model: nn.Module) -> nn.Module:
-        """Adapt ``model`` to the precision before wrapping.
-
-        fp8: :func:`trainer.fp8.convert_to_fp8` swaps the eligible Linears (torchao on CUDA,
-        the emulated Linear elsewhere, for tests: jobs are rejected off CUDA by
-        :func:`check_supported`); ``fp8_report`` lists every Linear, ``fp8_layers`` the
-        converted ones; an emulated fp8 overflow skips the step like a gradient overflow.
-        """
-        if self.name == "fp8":
-            conversion = convert_to_fp8(model, self.fp8_recipe, emulate=self.device.type != "cuda")
-            self.fp8_report = conversion.report
-            self.fp8_layers = conversion.fp8_modules
-            if conversion.overflow is not None:
-                self.add_overflow_source(conversion.overflow.consume)
-        return model
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Context for the forward pass: autocast to the compute dtype (nothing for fp32)."""
-        if self.name == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
-
-    def backward(self, loss: Tensor) -> None:
-        """Backward of ``loss`` (0-d) multiplied by the current loss scale."""
-        self.scaler.scale_loss(loss).backward()
-
     def step(
         self,
         optimizer: torch.optim.Optimizer,
         parameters: Sequence[Tensor],
         max_grad_norm: float | None,
-        sample_underflow: bool = False,
+        *,
+        step: int | None = None,
         no_data: Tensor | None = None,
     ) -> StepOutcome:
-        """Unscale, check, agree across ranks, clip, then step or skip on the device; update the scale.
+        """Unscale and check, agree across ranks, clip, apply or skip on the device, update the scale.
 
         No host synchronisation for optimizers that follow PyTorch's AMP protocol
         (``_step_supports_amp_scaling``: Halfcast's :mod:`trainer.optimizers`, PyTorch's
@@ -205,10 +184,11 @@ class PrecisionPolicy:
         is stepped after one host read of the flag. The caller zeroes the gradients
         afterwards and advances the LR schedule by ``outcome.applied``.
 
-        With ``sample_underflow`` (fp16: every rank at the same steps), the fraction of
-        gradient values that are zero or subnormal in fp16 is measured before
-        unscaling (:mod:`trainer.underflow`). The per-parameter and per-rank overflow
-        evidence travels in the one cross-rank reduction (:mod:`trainer.forensics`).
+        ``step`` (the attempted step, 1-based, the same on every rank) is what the
+        observers see: the underflow sampler samples on its multiples of its interval
+        (:mod:`trainer.underflow`); before unscaling, so it sees the values fp16 held. The
+        per-parameter overflow evidence travels in the one cross-rank reduction
+        (:mod:`trainer.forensics`).
 
         ``no_data`` (0-d bool, the same on every rank): the window held no loss-bearing
         element on any rank, so its (zero) gradient carries nothing to learn. The optimizer
@@ -217,53 +197,32 @@ class PrecisionPolicy:
         and the loss scale and its trackers are left; it is not an overflow and not a
         skipped step (``overflow`` 0, ``skipped_steps`` unchanged).
         """
-        present = [i for i, p in enumerate(parameters) if p.grad is not None]
-        grads = [parameters[i].grad for i in present]
+        grads = Gradients.of(parameters)
         scale_used = self.scaler.scale  # the scaler replaces, never mutates, its scale tensor
-        underflow = underflow_fraction(grads, self.device) if sample_underflow else self._not_sampled
-        found = self.scaler.unscale_(local_tensors(grads))
-        for source in self._overflow_sources:
-            found = torch.maximum(found, source().to(found.device, torch.float32))
-        norms = grad_norms(grads, self.device)
-        param_kinds = nonfinite_kinds(norms.per_tensor)
-        local_kind = torch.maximum(found, param_kinds.max()) if grads else found
-        verdict = agree_across_ranks(local_kind, param_kinds, None if len(present) == len(parameters) else present,
-                                     len(parameters))
-        kind = torch.maximum(verdict.kind, nonfinite_kinds(norms.total))
-        found_inf = (kind > 0).float()
+        underflow = self._observe_scaled(step, grads)
+        check = self._unscale_and_check(grads)
+        agreed = self._agree(check, grads)
+        found_inf = (agreed.kind > 0).float()
         skip = found_inf if no_data is None else torch.maximum(found_inf, no_data.to(found_inf.device, torch.float32))
-        if max_grad_norm is not None and grads:
-            clip_grads_(grads, max_grad_norm, norms.total)
-        self._optimizer_step(optimizer, skip)
-        self._skipped = self._skipped + found_inf.long()
-        self.scaler.update(found_inf, hold=no_data)
+        self._clip(grads, check.norms, max_grad_norm)
+        self._apply(optimizer, skip)
+        self._update(found_inf, no_data)
         return StepOutcome(
             overflow=found_inf,
             applied=1.0 - skip,
-            overflow_kind=kind,
+            overflow_kind=agreed.kind,
             loss_scale=scale_used,
-            grad_norm=norms.total,
+            grad_norm=check.norms.total,
             skipped_steps=self._skipped,
             underflow_fraction=underflow,
-            rank_kinds=verdict.rank_kinds,
-            param_kinds=verdict.param_kinds,
+            rank_kinds=agreed.rank_kinds,
+            param_kinds=self._no_evidence if agreed.param_kinds is None else agreed.param_kinds,
         )
 
-    def _optimizer_step(self, optimizer: torch.optim.Optimizer, found_inf: Tensor) -> None:
-        if getattr(optimizer, "_step_supports_amp_scaling", False):
-            optimizer.grad_scale = None  # type: ignore[attr-defined]
-            optimizer.found_inf = found_inf  # type: ignore[attr-defined]
-            try:
-                optimizer.step()
-            finally:
-                del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
-            return
-        if not self._warned_host_skip:
-            log.warning("%s cannot skip a step on the device: one host read of the overflow flag per step",
-                        type(optimizer).__name__)
-            self._warned_host_skip = True
-        if not bool(found_inf):
-            optimizer.step()
+    @property
+    def skipped_steps(self) -> Tensor:
+        """Skipped steps so far: 0-d int64 on the device."""
+        return self._skipped
 
     @property
     def loss_scale(self) -> float:
@@ -285,6 +244,150 @@ class PrecisionPolicy:
         self.scaler.load_state_dict(state["scaler"])
         self._skipped = torch.full((), int(state["skipped_steps"]), dtype=torch.int64, device=self.device)
 
+    # ------------------------------------------------------------------ the phases of a step
+
+    def _observe_scaled(self, step: int | None, grads: Gradients) -> Tensor:
+        """Before unscaling: the underflow observer's finding, NaN when it did not look."""
+        observer = self.observers.underflow
+        finding = None if observer is None else observer.before_unscale(step, grads.tensors)
+        return self._not_sampled if finding is None else finding
+
+    def _unscale_and_check(self, grads: Gradients) -> _Check:
+        """Unscale in place; this rank's worst kind over the scaler's flag, the overflow sources and the norms."""
+        found = self.scaler.unscale_(local_tensors(grads.tensors))
+        for source in self._overflow_sources:
+            found = torch.maximum(found, source().to(found.device, torch.float32))
+        norms = grad_norms(grads.tensors, self.device)
+        param_kinds = nonfinite_kinds(norms.per_tensor)
+        local_kind = torch.maximum(found, param_kinds.max()) if grads.tensors else found
+        return _Check(norms, param_kinds, local_kind)
+
+    def _agree(self, check: _Check, grads: Gradients) -> _Agreement:
+        """One MAX reduction over the ranks (the forensics' evidence rides along); the global norm's kind joins in."""
+        forensics = self.observers.forensics
+        evidence = None if forensics is None else forensics.evidence(check.param_kinds, grads)
+        verdict = agree_across_ranks(check.local_kind, evidence)
+        kind = torch.maximum(verdict.kind, nonfinite_kinds(check.norms.total))
+        return _Agreement(kind, verdict.rank_kinds, verdict.evidence)
+
+    @staticmethod
+    def _clip(grads: Gradients, norms: GradNorms, max_grad_norm: float | None) -> None:
+        """Clip the unscaled gradients to ``max_grad_norm`` by their global norm (a skipped step is never applied)."""
+        if max_grad_norm is not None and grads.tensors:
+            clip_grads_(grads.tensors, max_grad_norm, norms.total)
+
+    def _apply(self, optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
+        """Step the optimizer, which skips itself on the device where ``skip`` is 1 (AMP protocol)."""
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            optimizer.grad_scale = None  # type: ignore[attr-defined]
+            optimizer.found_inf = skip  # type: ignore[attr-defined]
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
+            return
+        if not self._warned_host_skip:
+            log.warning("%s cannot skip a step on the device: one host read of the overflow flag per step",
+                        type(optimizer).__name__)
+            self._warned_host_skip = True
+        if not bool(skip):
+            optimizer.step()
+
+    def _update(self, found_inf: Tensor, no_data: Tensor | None) -> None:
+        """Count a skipped step; advance the loss scale (held for a window without data)."""
+        self._skipped = self._skipped + found_inf.long()
+        self.scaler.update(found_inf, hold=no_data)
+
+
+def _autocast_to(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class PlainPrecision(PrecisionPolicy):
+    """fp32 (full precision) or bf16 (autocast): no loss scaling, no conversion.
+
+    bf16 has fp32's exponent range, so its gradients need no scale; the no-op scaler only
+    keeps the checkpoint layout of every precision.
+    """
+
+    def __init__(self, name: Precision, device: torch.device, observers: StepObservers = NO_OBSERVERS) -> None:
+        if name not in ("fp32", "bf16"):
+            raise ValueError(f"PlainPrecision computes in fp32 or bf16, not {name!r}")
+        super().__init__(name, device, NoOpLossScaler(device), observers)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast to bf16; fp32 runs as it is."""
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return _autocast_to(self.device, self.compute_dtype)
+
+
+class Fp16Precision(PrecisionPolicy):
+    """fp16 autocast with the loss scaler it owns (static or dynamic): losses are scaled, gradients unscaled.
+
+    Args:
+        device: the training device.
+        scaler: the job's loss scaler (:func:`build_scaler`).
+        observers: typically the forensics and an underflow sampler.
+    """
+
+    def __init__(self, device: torch.device, scaler: LossScaler, observers: StepObservers = NO_OBSERVERS) -> None:
+        super().__init__("fp16", device, scaler, observers)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast to fp16."""
+        return _autocast_to(self.device, self.compute_dtype)
+
+
+class Fp8Precision(PrecisionPolicy):
+    """fp8 Linears in a bf16-autocast model: the policy owns the model's conversion.
+
+    Args:
+        device: the training device (CUDA in jobs: :func:`check_supported`; any device in tests,
+            which emulate the fp8 Linears).
+        recipe: torchao's scaling recipe, ``tensorwise`` or ``rowwise``.
+        observers: typically the forensics.
+    """
+
+    def __init__(self, device: torch.device, recipe: Fp8Recipe = "tensorwise",
+                 observers: StepObservers = NO_OBSERVERS) -> None:
+        super().__init__("fp8", device, NoOpLossScaler(device), observers)
+        self.recipe: Fp8Recipe = recipe
+        self._report: list[Fp8LayerReport] = []
+
+    @property
+    def fp8_report(self) -> list[Fp8LayerReport]:
+        """Every Linear of the prepared model and whether (and why not) it runs in fp8."""
+        return self._report
+
+    @property
+    def fp8_layers(self) -> list[str]:
+        """Names of the Linear layers converted to fp8."""
+        return [row["module"] for row in self._report if row["fp8"]]
+
+    def start_fields(self) -> dict[str, Any]:
+        """``fp8_layers``: the per-Linear report, for the ``start`` record."""
+        return {"fp8_layers": self._report}
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        """Swap the eligible Linears for fp8 ones (:func:`trainer.fp8.convert_to_fp8`).
+
+        torchao on CUDA, the emulated Linear elsewhere (for tests: jobs are rejected off CUDA by
+        :func:`check_supported`); an emulated fp8 overflow skips the step like a gradient overflow.
+        """
+        conversion = convert_to_fp8(model, self.recipe, emulate=self.device.type != "cuda")
+        self._report = conversion.report
+        if conversion.overflow is not None:
+            self.add_overflow_source(conversion.overflow.consume)
+        return model
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast to bf16 (the fp8 Linears cast their own GEMM operands)."""
+        return _autocast_to(self.device, self.compute_dtype)
+
+
+# ----------------------------------------------------------------------------- the factory
+
 
 def build_scaler(loss_scale: LossScaleSpec | None, device: torch.device) -> LossScaler:
     """The scaler for a spec's effective loss-scale block (``None`` → no-op)."""
@@ -305,25 +408,61 @@ def build_scaler(loss_scale: LossScaleSpec | None, device: torch.device) -> Loss
     )
 
 
+def _check_fp8(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise PrecisionUnsupportedError(f"fp8 needs a CUDA GPU with compute capability >= 8.9; this rank runs on {device.type}")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FP8_MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        raise PrecisionUnsupportedError(f"fp8 needs compute capability >= 8.9; {name} has {capability[0]}.{capability[1]}")
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as exc:
+        raise PrecisionUnsupportedError("fp8 needs the torchao package on the worker") from exc
+
+
+def _check_bf16(device: torch.device) -> None:
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise PrecisionUnsupportedError(f"bf16 is not supported on {torch.cuda.get_device_name(device)}")
+
+
+_DEVICE_CHECKS: Mapping[str, Callable[[torch.device], None]] = {"fp8": _check_fp8, "bf16": _check_bf16}
+
+
 def check_supported(precision: str, device: torch.device) -> None:
     """Raise :class:`PrecisionUnsupportedError` if ``precision`` cannot run on ``device``.
 
     Never falls back to another precision: fp8 needs CUDA with compute capability
     >= 8.9 and torchao; bf16 on CUDA needs hardware bf16 support.
     """
-    if precision == "fp8":
-        if device.type != "cuda":
-            raise PrecisionUnsupportedError(f"fp8 needs a CUDA GPU with compute capability >= 8.9; this rank runs on {device.type}")
-        capability = torch.cuda.get_device_capability(device)
-        if capability < FP8_MIN_CAPABILITY:
-            name = torch.cuda.get_device_name(device)
-            raise PrecisionUnsupportedError(f"fp8 needs compute capability >= 8.9; {name} has {capability[0]}.{capability[1]}")
-        try:
-            import torchao.float8  # noqa: F401
-        except ImportError as exc:
-            raise PrecisionUnsupportedError("fp8 needs the torchao package on the worker") from exc
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise PrecisionUnsupportedError(f"bf16 is not supported on {torch.cuda.get_device_name(device)}")
+    device_check = _DEVICE_CHECKS.get(precision)
+    if device_check is not None:
+        device_check(device)
+
+
+def _observers(spec: JobSpec, device: torch.device) -> StepObservers:
+    """Forensics on every job; underflow sampling where the effective loss-scale block asks (fp16 only)."""
+    scaling = spec.effective_loss_scale
+    interval = scaling.underflow_sample_interval if scaling is not None else None
+    return StepObservers(underflow=None if interval is None else UnderflowSampler(interval, device),
+                         forensics=OverflowForensics())
+
+
+def _plain(spec: JobSpec, device: torch.device) -> PrecisionPolicy:
+    return PlainPrecision(spec.precision, device, _observers(spec, device))
+
+
+def _fp16(spec: JobSpec, device: torch.device) -> PrecisionPolicy:
+    return Fp16Precision(device, build_scaler(spec.effective_loss_scale, device), _observers(spec, device))
+
+
+def _fp8(spec: JobSpec, device: torch.device) -> PrecisionPolicy:
+    return Fp8Precision(device, spec.effective_fp8_recipe or "tensorwise", _observers(spec, device))
+
+
+_POLICIES: Mapping[str, Callable[[JobSpec, torch.device], PrecisionPolicy]] = {
+    "fp32": _plain, "bf16": _plain, "fp16": _fp16, "fp8": _fp8,
+}
 
 
 def build_precision(spec: JobSpec, device: torch.device) -> PrecisionPolicy:
@@ -333,5 +472,4 @@ def build_precision(spec: JobSpec, device: torch.device) -> PrecisionPolicy:
         PrecisionUnsupportedError: the precision cannot run on ``device`` (see :func:`check_supported`).
     """
     check_supported(spec.precision, device)
-    return PrecisionPolicy(spec.precision, device, build_scaler(spec.effective_loss_scale, device),
-                           fp8_recipe=spec.effective_fp8_recipe or "tensorwise")
+    return _POLICIES[spec.precision](spec, device)

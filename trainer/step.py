@@ -23,8 +23,9 @@ from trainer.distributed import DistContext, all_reduce_sum
 from trainer.faults import FaultInjector
 from trainer.losses import LossFn
 from trainer.parallel import grad_sync
-from trainer.precision import PrecisionPolicy, StepOutcome
-from trainer.telemetry import StepLog
+from trainer.precision import PrecisionPolicy
+from trainer.step_outcome import StepOutcome
+from trainer.telemetry import StepLog, StepMetrics
 
 
 @dataclass(frozen=True)
@@ -121,13 +122,13 @@ def train_step(
     max_grad_norm: float | None,
     dist_ctx: DistContext,
     faults: FaultInjector | None = None,
-    sample_underflow: bool = False,
 ) -> StepResult:
     """Attempt optimizer step ``step`` (1-based) on one window of micro-batches (already on the device).
 
     The LR schedule advances by the step's ``applied`` flag (skipped steps leave it);
     gradients are zeroed (set to ``None``) afterwards in every case. Nothing is read
-    on the host. With ``sample_underflow`` the step measures the fp16 underflow fraction.
+    on the host. The precision step's observers see ``step`` (the fp16 underflow sampler
+    samples on its interval's multiples).
     A window without loss-bearing elements on any rank (all padding) is no update: the
     precision step skips the optimizer and holds the schedule and the loss scale
     (``no_data``); its logged loss is 0.0 and it is neither an overflow nor a skipped step.
@@ -139,7 +140,7 @@ def train_step(
     if faults is not None:
         faults.after_backward(step, components.parameters)
     outcome = components.precision.step(
-        components.optimizer, components.parameters, max_grad_norm, sample_underflow=sample_underflow,
+        components.optimizer, components.parameters, max_grad_norm, step=step,
         no_data=_maybe_empty(micro_batches, window),
     )
     components.lr_scheduler.step(outcome.applied)
@@ -148,10 +149,18 @@ def train_step(
 
 
 def record_step(step_log: StepLog, step: int, result: StepResult) -> None:
-    """Write ``result`` into the next row of ``step_log`` (device ops only; see :data:`trainer.telemetry.FIELDS`)."""
+    """Write ``result`` into the next row of ``step_log`` as :class:`trainer.telemetry.StepMetrics` (device ops only)."""
     window, outcome = result.window, result.outcome
-    tokens = window.num_tokens if window.num_tokens is not None else window.num_samples
-    values = [window.loss, outcome.loss_scale, outcome.overflow_kind, outcome.skipped_steps, outcome.grad_norm,
-              result.lr, window.num_samples, tokens, outcome.underflow_fraction]
+    metrics = StepMetrics(
+        loss=window.loss,
+        loss_scale=outcome.loss_scale,
+        overflow_kind=outcome.overflow_kind,
+        skipped_steps=outcome.skipped_steps,
+        grad_norm=outcome.grad_norm,
+        lr=result.lr,
+        samples=window.num_samples,
+        tokens=window.num_tokens if window.num_tokens is not None else window.num_samples,
+        underflow_fraction=outcome.underflow_fraction,
+    )
     evidence = (outcome.rank_kinds, outcome.param_kinds) if step_log.num_ranks + step_log.num_params else ()
-    step_log.record(step, values, has_tokens=window.num_tokens is not None, evidence=evidence)
+    step_log.record(step, metrics, has_tokens=window.num_tokens is not None, evidence=evidence)

@@ -4,7 +4,7 @@ Each attempted optimizer step writes one row of a preallocated ``[capacity, F + 
 float64 buffer on the training device (``torch.stack(..., out=)`` and ``torch.cat(...,
 out=)``): the window loss, the loss scale used, the overflow kind, the cumulative
 skipped steps, the raw gradient norm, the learning rate used, the global sample and
-token counts and the sampled underflow fraction (:data:`FIELDS`), then the step's
+token counts and the sampled underflow fraction (:class:`StepMetrics`), then the step's
 overflow evidence (:mod:`trainer.forensics`: the kind per rank, then per parameter).
 Nothing is read on the host while rows accumulate. :meth:`StepLog.drain` copies the
 filled rows with one ``tolist()`` (the interval's only device-to-host
@@ -17,13 +17,35 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+
+class StepMetrics(NamedTuple):
+    """One step's values for its row, as 0-d device tensors (any dtypes): the buffer's columns, in order.
+
+    ``loss``: the window's global mean loss; ``loss_scale``: the scale used; ``overflow_kind``:
+    0 clean, 1 infinities, 2 NaN; ``skipped_steps``: cumulative; ``grad_norm``: pre-clip norm
+    of the unscaled gradients; ``lr``: the learning rate used; ``samples``, ``tokens``: the
+    window's global counts (``tokens`` = ``samples`` for non-token data); ``underflow_fraction``:
+    NaN when the step was not sampled.
+    """
+
+    loss: Tensor
+    loss_scale: Tensor
+    overflow_kind: Tensor
+    skipped_steps: Tensor
+    grad_norm: Tensor
+    lr: Tensor
+    samples: Tensor
+    tokens: Tensor
+    underflow_fraction: Tensor
+
+
 #: Columns of the device buffer, in order.
-FIELDS = ("loss", "loss_scale", "overflow_kind", "skipped_steps", "grad_norm", "lr", "samples", "tokens",
-          "underflow_fraction")
+FIELDS: tuple[str, ...] = StepMetrics._fields
 
 
 @dataclass(frozen=True)
@@ -102,12 +124,12 @@ class StepLog:
         """True when the next :meth:`record` would not fit."""
         return self.pending >= self.capacity
 
-    def record(self, step: int, values: Sequence[Tensor], has_tokens: bool,
+    def record(self, step: int, values: StepMetrics, has_tokens: bool,
                evidence: Sequence[Tensor] = ()) -> None:
-        """Write step ``step``'s 0-d ``values`` (one per :data:`FIELDS` entry, any dtypes) into the next row.
+        """Write step ``step``'s 0-d ``values`` into the next row.
 
         ``evidence``: ``(rank_kinds [num_ranks], param_kinds [num_params])`` when the log
-        keeps them (see :class:`trainer.precision.StepOutcome`).
+        keeps them (see :class:`trainer.step_outcome.StepOutcome`).
 
         Raises:
             RuntimeError: the buffer is full (drain it first).
@@ -118,7 +140,7 @@ class StepLog:
         if len(values) != len(FIELDS):
             raise ValueError(f"expected {len(FIELDS)} values {FIELDS}, got {len(values)}")
         row = self._buffer[self.pending]
-        torch.stack(list(values), out=row[: len(FIELDS)])
+        torch.stack(values, out=row[: len(FIELDS)])
         if self.num_ranks + self.num_params:
             widths = [int(t.numel()) for t in evidence]
             if widths != [self.num_ranks, self.num_params]:
@@ -133,23 +155,27 @@ class StepLog:
         if not self._steps:
             return []
         values = self._buffer[: self.pending].tolist()
-        rows = [
-            StepRow(
-                step=step,
-                time=when,
-                loss=row[0],
-                loss_scale=row[1],
-                overflow_kind=row[2],
-                skipped_steps=int(row[3]),
-                grad_norm=row[4],
-                lr=row[5],
-                samples=int(row[6]),
-                tokens=int(row[7]) if has_tokens else None,
-                underflow_fraction=row[8],
-                rank_kinds=tuple(row[len(FIELDS): len(FIELDS) + self.num_ranks]),
-                param_kinds=tuple(row[len(FIELDS) + self.num_ranks:]),
-            )
-            for step, when, has_tokens, row in zip(self._steps, self._times, self._has_tokens, values)
-        ]
+        rows = [self._row(step, when, has_tokens, row)
+                for step, when, has_tokens, row in zip(self._steps, self._times, self._has_tokens, values)]
         self._steps, self._times, self._has_tokens = [], [], []
         return rows
+
+    def _row(self, step: int, when: float, has_tokens: bool, values: list[float]) -> StepRow:
+        """One buffer row read back: the :class:`StepMetrics` columns by name, then the evidence."""
+        metrics = dict(zip(FIELDS, values, strict=False))
+        evidence = values[len(FIELDS):]
+        return StepRow(
+            step=step,
+            time=when,
+            loss=metrics["loss"],
+            loss_scale=metrics["loss_scale"],
+            overflow_kind=metrics["overflow_kind"],
+            skipped_steps=int(metrics["skipped_steps"]),
+            grad_norm=metrics["grad_norm"],
+            lr=metrics["lr"],
+            samples=int(metrics["samples"]),
+            tokens=int(metrics["tokens"]) if has_tokens else None,
+            underflow_fraction=metrics["underflow_fraction"],
+            rank_kinds=tuple(evidence[: self.num_ranks]),
+            param_kinds=tuple(evidence[self.num_ranks:]),
+        )

@@ -10,8 +10,10 @@ embedding rows) count as well, so read the fraction as a trend: it rising while 
 scale falls means the scale is too low (Micikevicius et al., "Mixed Precision
 Training", ICLR 2018, §3.2 on gradient values lost to underflow).
 
-Sampling every N steps keeps the cost off the other steps; a sampled step does one
-comparison pass over the gradients and no host synchronisation.
+:class:`UnderflowSampler` is a step observer (:mod:`trainer.observers`) that the fp16
+policy is built with: it samples every ``loss_scale.underflow_sample_interval`` steps,
+which keeps the cost off the other steps; a sampled step does one comparison pass over
+the gradients and no host synchronisation.
 """
 
 from __future__ import annotations
@@ -26,6 +28,26 @@ from trainer.sharded import is_sharded, local_tensor
 
 #: Smallest positive normal float16 (2**-14): values below it are subnormal or zero in fp16.
 FP16_MIN_NORMAL = torch.finfo(torch.float16).tiny
+
+
+class UnderflowSampler:
+    """Step observer: on every ``interval``-th attempted step, the :func:`underflow_fraction` of the scaled gradients.
+
+    Every rank samples at the same steps (the step number is the same on every rank), so
+    the sharded count's collective is joined by all.
+    """
+
+    def __init__(self, interval: int, device: torch.device) -> None:
+        if interval < 1:
+            raise ValueError(f"underflow sample interval must be at least 1, got {interval}")
+        self.interval = interval
+        self.device = device
+
+    def before_unscale(self, step: int | None, grads: Sequence[Tensor]) -> Tensor | None:
+        """The fraction on a sampled step (0-d float32 on the device), ``None`` on the others and unnumbered steps."""
+        if step is None or step % self.interval != 0:
+            return None
+        return underflow_fraction(grads, self.device)
 
 
 def underflow_fraction(grads: Sequence[Tensor], device: torch.device) -> Tensor:

@@ -5,7 +5,7 @@ autocast and loss scale, sync-free unscale, overflow check, clip, device-side
 skip, LR schedule advanced by the ``applied`` flag) and :func:`trainer.step.record_step`
 into a :class:`trainer.telemetry.StepLog`. Every ``log_interval`` steps a
 :class:`trainer.flushing.RecordFlusher` copies the rows to the host, writes the step
-records to a temporary ``records.jsonl`` and runs the divergence guard, exactly like
+records to a temporary ``records.jsonl``, then the divergence guard checks the rows, exactly like
 :func:`trainer.loop.train`, so its cost is part of the measured time.
 """
 
@@ -50,8 +50,8 @@ class HalfcastRunner:
         self.parts = build_components(self.spec, CPU)
         self._dir = Path(tempfile.mkdtemp(prefix="halfcast-bench-"))
         self._sink = RecordSink(self._dir / RECORDS_FILE)
-        guard = divergence_guard(self.spec, self.parts)
-        self.flusher = build_record_flusher(self.spec, self.parts, guard, self._sink, CPU)  # as a real job's
+        self.guard = divergence_guard(self.spec, self.parts)
+        self.flusher = build_record_flusher(self.spec, self.parts, self._sink, CPU)  # as a real job's
         self._step = 0
         self._probe = ActivationProbe(self.parts.model)
         used = resolve_implementation(implementation, self.parts.parameters)
@@ -76,7 +76,7 @@ class HalfcastRunner:
         """Flush every ``log_interval`` steps, else when the oldest record waited ``log_interval_s``,
         like ``trainer.loop.train``; True when a flush copied anything."""
         if self.flusher.step_log.full:
-            self.flusher.flush()
+            self.guard.observe(self.flusher.flush())  # write the records, then check them
             return True
         pending = self.flusher.step_log.pending
         self.flusher.flush_if_stale()

@@ -29,7 +29,8 @@ class HeldOut:
     def __init__(self, info: DataInfo, batches: list[Batch]) -> None:
         self.info, self.batches = info, batches
 
-    def train_batches(self, micro_batch_size: int, *, rank: int, world_size: int, seed: int) -> Iterator[Batch]:
+    def train_batches(self, micro_batch_size: int, *, rank: int, world_size: int, seed: int,
+                      start: int = 0) -> Iterator[Batch]:
         raise NotImplementedError
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from trainer.distributed import DistContext
-from trainer.forensics import MAX_NAMED_PARAMETERS, describe_overflow, nonfinite_kinds
+from trainer.forensics import MAX_NAMED_PARAMETERS, describe_overflow
 from trainer.loop import train
+from trainer.overflow import nonfinite_kinds
 from trainer.precision import build_precision
 from trainer.records import read_records
 from trainer.spec import JobSpec

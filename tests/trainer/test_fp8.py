@@ -281,13 +281,12 @@ def test_gpt_plan_respects_the_rules() -> None:
 
 
 def test_fp8_policy_converts_reports_and_skips_on_an_fp8_overflow() -> None:
-    from trainer.loss_scale import NoOpLossScaler
     from trainer.optim import build_optimizer
-    from trainer.precision import PrecisionPolicy
+    from trainer.precision import Fp8Precision
     from trainer.spec import OptimizerSpec
 
     cpu = torch.device("cpu")
-    policy = PrecisionPolicy("fp8", cpu, NoOpLossScaler(cpu), fp8_recipe="rowwise")
+    policy = Fp8Precision(cpu, recipe="rowwise")
     model = policy.prepare_model(_selection_model())
     assert policy.fp8_report == plan_fp8_layers(_selection_model())
     assert policy.fp8_layers == ["2.0", "2.2"]

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from trainer.distributed import DistContext
-from trainer.errors import TrainerError
+from trainer.end_check import check_updates_applied
+from trainer.errors import DIVERGENCE_REASONS, DivergenceError, TrainerError
 from trainer.guard import DivergenceGuard
 from trainer.loop import train
 from trainer.records import read_records
@@ -85,6 +86,22 @@ def test_a_nan_earlier_in_the_run_survives_a_checkpoint() -> None:
 def test_unknown_reasons_are_refused() -> None:
     with pytest.raises(ValueError):
         TrainerError("oops", "not a reason")
+    with pytest.raises(ValueError):
+        DivergenceError("data_unavailable", "a trainer error, but no divergence")
+
+
+def test_the_guard_and_the_end_check_raise_divergence_errors() -> None:
+    """The bf16 fallback catches exactly these (trainer.loop.train), by type."""
+    failures = []
+    for rows, limits in ([[_row(1, INF), _row(2, INF)], (2, 10)], [[_row(1, loss=math.nan)], (10, 1)]):
+        with pytest.raises(DivergenceError) as failure:
+            DivergenceGuard(*limits).observe(rows)
+        failures.append(failure.value.reason)
+    with pytest.raises(DivergenceError) as failure:
+        check_updates_applied(DivergenceGuard(50, 10), 5, 5)
+    failures.append(failure.value.reason)
+    assert failures == ["nonfinite_gradients", "nonfinite_loss", "no_update_applied"]
+    assert set(failures) <= DIVERGENCE_REASONS and issubclass(DivergenceError, TrainerError)
 
 
 def test_an_fp16_job_whose_gradients_overflow_at_min_scale_fails_as_collapsed(

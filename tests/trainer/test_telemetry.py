@@ -12,18 +12,22 @@ import pytest
 import torch
 
 from trainer.distributed import DistContext
+from trainer.flushing import RecordFlusher, RunTotals
 from trainer.loop import train
 from trainer.records import RecordSink, read_records
 from trainer.spec import JobSpec
-from trainer.telemetry import FIELDS, StepLog
+from trainer.telemetry import FIELDS, StepLog, StepMetrics
 
 CPU = torch.device("cpu")
 
 
-def _values(loss: float, kind: float, skipped: int, samples: int, tokens: int) -> list[torch.Tensor]:
-    return [torch.tensor(loss), torch.tensor(1024.0), torch.tensor(kind), torch.tensor(skipped),
-            torch.tensor(float("nan") if kind else 0.5), torch.tensor(0.1, dtype=torch.float64),
-            torch.tensor(samples), torch.tensor(tokens), torch.tensor(float("nan") if kind else 0.125)]
+def _values(loss: float, kind: float, skipped: int, samples: int, tokens: int) -> StepMetrics:
+    return StepMetrics(
+        loss=torch.tensor(loss), loss_scale=torch.tensor(1024.0), overflow_kind=torch.tensor(kind),
+        skipped_steps=torch.tensor(skipped), grad_norm=torch.tensor(float("nan") if kind else 0.5),
+        lr=torch.tensor(0.1, dtype=torch.float64), samples=torch.tensor(samples), tokens=torch.tensor(tokens),
+        underflow_fraction=torch.tensor(float("nan") if kind else 0.125),
+    )
 
 
 def test_rows_round_trip_exactly_and_the_log_is_bounded() -> None:
@@ -40,7 +44,7 @@ def test_rows_round_trip_exactly_and_the_log_is_bounded() -> None:
     assert second.overflow and second.nan and second.tokens is None and second.skipped_steps == 1
     assert log.pending == 0 and log.drain() == []
     with pytest.raises(ValueError):
-        log.record(1, _values(0.0, 0.0, 0, 1, 1)[:3], has_tokens=False)
+        log.record(1, _values(0.0, 0.0, 0, 1, 1)[:3], has_tokens=False)  # type: ignore[arg-type]
 
 
 def test_rows_carry_the_overflow_evidence_of_every_rank_and_parameter() -> None:
@@ -94,6 +98,24 @@ def test_records_are_batched_at_log_interval_one_per_step(
         assert len(rates) == 1 and next(iter(rates)) > 0
     assert all(a["time"] <= b["time"] for a, b in zip(steps, steps[1:]))
     assert records[0]["log_interval"] == 3
+
+
+def test_a_flush_writes_and_returns_the_rows_to_check_it_checks_nothing(tmp_path: Path) -> None:
+    """Flushing and the divergence check are two steps: ``flush`` hands back every row written since the
+    last flush (those a stale flush wrote first), for the loop to give its guard; ``RunTotals`` count on."""
+    log = StepLog(4, CPU)
+    with RecordSink(tmp_path / "records.jsonl") as sink:
+        flusher = RecordFlusher(log, sink, max_steps=9, main=True, max_latency_s=0.0, totals=RunTotals(100, 7))
+        log.record(1, _values(0.5, 0.0, 0, 8, 8), has_tokens=True)
+        flusher.flush_if_stale()  # rank 0 writes it early
+        log.record(2, _values(float("nan"), 1.0, 1, 8, 8), has_tokens=True)
+        rows = flusher.flush()
+        assert [r.step for r in rows] == [1, 2] and rows[1].overflow  # a NaN loss, yet nothing raised
+        assert flusher.flush() == [] and flusher.skipped_steps == 1
+    assert (flusher.totals.samples, flusher.totals.tokens) == (116, 23)
+    assert flusher.totals.as_counters() == {"samples_total": 116, "tokens_total": 23}
+    assert RunTotals.from_counters({"samples_total": 116, "tokens_total": 23}) == flusher.totals
+    assert [r["samples_total"] for r in read_records(tmp_path) if r["type"] == "step"] == [108, 116]
 
 
 def test_slow_steps_are_written_once_the_oldest_waited_log_interval_s(

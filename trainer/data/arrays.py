@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from trainer.data.base import Batch, DataInfo, epoch_generator, feature_batch, shard_indices
+from trainer.data.base import Batch, DataInfo, epoch_generator, feature_batch
+from trainer.data.epochs import batches_per_rank, sharded_epochs
 from trainer.errors import TrainerError
 
 
@@ -31,21 +31,27 @@ class ArrayDataset:
         if self.train_x.shape[0] != self.train_y.shape[0] or self.eval_x.shape[0] != self.eval_y.shape[0]:
             raise ValueError("inputs and targets must hold the same number of samples")
 
-    def train_batches(self, micro_batch_size: int, *, rank: int, world_size: int, seed: int) -> Iterator[Batch]:
+    def train_batches(
+        self, micro_batch_size: int, *, rank: int, world_size: int, seed: int, start: int = 0
+    ) -> Iterator[Batch]:
         """Endless micro-batches: each epoch a fresh permutation from ``(seed, epoch)``, sharded by rank.
 
         Every rank gets ``N // world_size`` samples per epoch, cut into micro-batches of
-        ``micro_batch_size`` with a shorter last one. Raises :class:`TrainerError`
+        ``micro_batch_size`` with a shorter last one. ``start``: the stream begins at its
+        micro-batch ``start``, the earlier ones neither built nor drawn
+        (:func:`trainer.data.epochs.sharded_epochs`). Raises :class:`TrainerError`
         (``spec_invalid``) when the training set has fewer samples than ranks.
         """
-        if self.train_x.shape[0] < world_size:
-            msg = f"{self.train_x.shape[0]} training samples cannot be shared by {world_size} ranks"
+        samples = self.train_x.shape[0]
+        if samples < world_size:
+            msg = f"{samples} training samples cannot be shared by {world_size} ranks"
             raise TrainerError("spec_invalid", msg)
-        for epoch in itertools.count():
-            order = torch.randperm(self.train_x.shape[0], generator=epoch_generator(seed, epoch))
-            mine = shard_indices(order, rank, world_size)
-            for chunk in mine.split(micro_batch_size):
-                yield feature_batch(self.train_x[chunk], self.train_y[chunk])
+        yield from sharded_epochs(
+            lambda epoch: torch.randperm(samples, generator=epoch_generator(seed, epoch)),
+            batches_per_rank(samples, world_size, micro_batch_size),
+            lambda chunk: feature_batch(self.train_x[chunk], self.train_y[chunk]),
+            micro_batch_size, rank=rank, world_size=world_size, start=start,
+        )
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:
         """The held-out samples in stored order, in batches of ``batch_size`` (the last may be shorter)."""

@@ -105,12 +105,16 @@ class Dataset(Protocol):
 
     info: DataInfo
 
-    def train_batches(self, micro_batch_size: int, *, rank: int, world_size: int, seed: int) -> Iterator[Batch]:
-        """Endless training micro-batches of this rank's shard.
+    def train_batches(
+        self, micro_batch_size: int, *, rank: int, world_size: int, seed: int, start: int = 0
+    ) -> Iterator[Batch]:
+        """Endless training micro-batches of this rank's shard, from micro-batch ``start`` of the stream on.
 
         Within an epoch the ranks see disjoint samples and the same number of
         micro-batches of the same sizes; the order depends only on ``seed`` and the
-        epoch number.
+        epoch number. The stream from ``start`` equals the whole stream with its first
+        ``start`` micro-batches dropped, but builds none of them (a resume's position,
+        :mod:`trainer.data.epochs`).
         """
         ...
 

@@ -7,14 +7,14 @@ evaluation. A training sample is a window of ``seq_len + 1`` consecutive bytes
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from trainer.catalog import TextConfig
-from trainer.data.base import Batch, DataInfo, Task, epoch_generator, shard_indices, token_batch
+from trainer.data.base import Batch, DataInfo, Task, epoch_generator, token_batch
+from trainer.data.epochs import batches_per_rank, sharded_epochs
 from trainer.data.sources import read_data_file, read_stdlib
 from trainer.errors import TrainerError
 
@@ -49,27 +49,40 @@ class ByteTextDataset:
         """Bytes per sample: ``seq_len + 1``."""
         return (self.info.seq_len or 0) + 1
 
-    def train_batches(self, micro_batch_size: int, *, rank: int, world_size: int, seed: int) -> Iterator[Batch]:
+    def train_batches(
+        self, micro_batch_size: int, *, rank: int, world_size: int, seed: int, start: int = 0
+    ) -> Iterator[Batch]:
         """Endless micro-batches of random, non-overlapping windows, sharded by rank.
 
         Each epoch draws a random offset and a random order of the windows that start
         at ``offset + k * window``, both from ``(seed, epoch)``; rank ``r`` takes every
-        ``world_size``-th window. Inputs and targets: int64 ``[B, seq_len]``.
-        Raises :class:`TrainerError` (``spec_invalid``) when an epoch holds fewer
-        windows than ranks.
+        ``world_size``-th window. Inputs and targets: int64 ``[B, seq_len]``. ``start``:
+        the stream begins at its micro-batch ``start``; the epochs before it draw only
+        their offsets (which fix their sizes), and no earlier batch is built
+        (:func:`trainer.data.epochs.sharded_epochs`). Raises :class:`TrainerError`
+        (``spec_invalid``) when an epoch holds fewer windows than ranks.
         """
         size, window = self.train.numel(), self.window
         if size < window * world_size:
             msg = f"{size} training bytes hold fewer windows of {window} bytes than the {world_size} ranks"
             raise TrainerError("spec_invalid", msg)
         spread = min(window, size - window * world_size + 1)
-        for epoch in itertools.count():
+
+        def offset(generator: torch.Generator) -> int:
+            """The epoch's first window start: its generator's first draw."""
+            return int(torch.randint(spread, (1,), generator=generator).item())
+
+        def order(epoch: int) -> torch.Tensor:
             generator = epoch_generator(seed, epoch)
-            offset = int(torch.randint(spread, (1,), generator=generator).item())
-            starts = torch.arange(offset, size - window + 1, window)
-            order = starts[torch.randperm(starts.numel(), generator=generator)]
-            for chunk in shard_indices(order, rank, world_size).split(micro_batch_size):
-                yield self._windows(self.train, chunk, window)
+            starts = torch.arange(offset(generator), size - window + 1, window)
+            return starts[torch.randperm(starts.numel(), generator=generator)]
+
+        def batches_in(epoch: int) -> int:
+            windows = len(range(offset(epoch_generator(seed, epoch)), size - window + 1, window))
+            return batches_per_rank(windows, world_size, micro_batch_size)
+
+        yield from sharded_epochs(order, batches_in, lambda chunk: self._windows(self.train, chunk, window),
+                                  micro_batch_size, rank=rank, world_size=world_size, start=start)
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:
         """Consecutive non-overlapping windows over the held-out bytes (one shorter window if none fits)."""

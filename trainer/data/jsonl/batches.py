@@ -9,13 +9,13 @@ micro-batch pads its samples on the right to its own longest one (not to
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Task, epoch_generator, shard_indices
+from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Task, epoch_generator
+from trainer.data.epochs import batches_per_rank, sharded_epochs
 from trainer.errors import TrainerError
 
 
@@ -69,19 +69,26 @@ class TokenFileDataset:
         if not self.train or not self.held_out:
             raise ValueError("a token file dataset needs training and held-out samples")
 
-    def train_batches(self, micro_batch_size: int, *, rank: int, world_size: int, seed: int) -> Iterator[Batch]:
+    def train_batches(
+        self, micro_batch_size: int, *, rank: int, world_size: int, seed: int, start: int = 0
+    ) -> Iterator[Batch]:
         """Endless micro-batches: each epoch a permutation from ``(seed, epoch)``, sharded by rank.
 
         Every rank gets ``N // world_size`` samples per epoch, cut into micro-batches of
-        ``micro_batch_size`` with a shorter last one. Raises :class:`TrainerError`
+        ``micro_batch_size`` with a shorter last one. ``start``: the stream begins at its
+        micro-batch ``start``, the earlier ones never collated
+        (:func:`trainer.data.epochs.sharded_epochs`). Raises :class:`TrainerError`
         (``spec_invalid``) when the training set has fewer samples than ranks.
         """
-        if len(self.train) < world_size:
-            raise TrainerError("spec_invalid", f"{len(self.train)} training examples cannot be shared by {world_size} ranks")
-        for epoch in itertools.count():
-            order = torch.randperm(len(self.train), generator=epoch_generator(seed, epoch))
-            for chunk in shard_indices(order, rank, world_size).split(micro_batch_size):
-                yield collate([self.train[int(index)] for index in chunk], self.pad_id, self.info.task)
+        examples = len(self.train)
+        if examples < world_size:
+            raise TrainerError("spec_invalid", f"{examples} training examples cannot be shared by {world_size} ranks")
+        yield from sharded_epochs(
+            lambda epoch: torch.randperm(examples, generator=epoch_generator(seed, epoch)),
+            batches_per_rank(examples, world_size, micro_batch_size),
+            lambda chunk: collate([self.train[int(index)] for index in chunk], self.pad_id, self.info.task),
+            micro_batch_size, rank=rank, world_size=world_size, start=start,
+        )
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:
         """The held-out samples in file order, in batches of ``batch_size`` (the last may be shorter)."""

@@ -1,0 +1,78 @@
+"""The optional observers of a precision step: they watch at defined points and never decide.
+
+:meth:`trainer.precision.PrecisionPolicy.step` calls them at two points:
+
+1. **before unscaling**, :class:`UnderflowObserver`: the accumulated gradients, still
+   multiplied by the loss scale, as the low-precision backward left them
+   (:class:`trainer.underflow.UnderflowSampler`: the fraction of values fp16 cannot hold);
+2. **at the cross-rank agreement**, :class:`ForensicsObserver`: evidence that rides in the
+   step's one MAX ``all_reduce`` and comes back agreed over the ranks
+   (:class:`trainer.forensics.OverflowForensics`: the kind of every parameter's gradient).
+
+An observer changes no gradient and no decision: a step without observers skips, clips,
+steps and scales exactly as one with them, only its :class:`trainer.step_outcome.StepOutcome`
+lacks their findings (``underflow_fraction`` NaN, ``param_kinds`` empty). Both observe on
+the device and read nothing on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from torch import Tensor
+
+
+class Gradients(NamedTuple):
+    """The gradients of one step.
+
+    ``tensors``: the gradients that exist, in model order; ``present``: their indices among the
+    ``count`` trainable parameters, or ``None`` when every parameter has one.
+    """
+
+    tensors: list[Tensor]
+    present: list[int] | None
+    count: int
+
+    @classmethod
+    def of(cls, parameters: Sequence[Tensor]) -> Gradients:
+        """The gradients of ``parameters`` (those whose ``.grad`` is ``None`` are left out)."""
+        present = [i for i, p in enumerate(parameters) if p.grad is not None]
+        tensors: list[Tensor] = [parameters[i].grad for i in present]  # type: ignore[misc]
+        return cls(tensors, None if len(present) == len(parameters) else present, len(parameters))
+
+
+class UnderflowObserver(Protocol):
+    """Looks at the scaled gradients before they are unscaled."""
+
+    def before_unscale(self, step: int | None, grads: Sequence[Tensor]) -> Tensor | None:
+        """A 0-d float32 finding for attempted step ``step`` (1-based; ``None``: unnumbered), or ``None``
+        when it did not look.
+
+        Every rank must decide alike: a finding may take a collective.
+        """
+        ...
+
+
+class ForensicsObserver(Protocol):
+    """Adds evidence to the step's cross-rank agreement."""
+
+    def evidence(self, param_kinds: Tensor, grads: Gradients) -> Tensor:
+        """float32 ``[E]`` (``E`` the same on every rank) to max-reduce with the ranks' verdicts.
+
+        ``param_kinds``: float32 ``[len(grads.tensors)]``, the kind of each existing gradient on this rank.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class StepObservers:
+    """What a precision step is watched by; ``None`` leaves that point unwatched."""
+
+    underflow: UnderflowObserver | None = None
+    forensics: ForensicsObserver | None = None
+
+
+#: A step watched by nothing.
+NO_OBSERVERS = StepObservers()

@@ -1,0 +1,64 @@
+"""Non-finite gradients: their kinds, and the one cross-rank agreement of a precision step.
+
+A gradient's L2 norm is NaN iff the gradient holds a NaN, and infinite iff it holds an
+infinity (or overflows fp32 when squared), so the per-tensor norms the step takes anyway
+tell each gradient's *kind* (0 finite, 1 infinite, 2 NaN) in one elementwise pass.
+
+Every rank writes its worst kind into its own slot of a ``[W]`` vector and the ranks
+max-reduce it in one ``all_reduce``: every rank then holds every rank's kind, and makes
+the same step-or-skip decision. Evidence from the step's observers (the per-parameter
+kinds of :mod:`trainer.forensics`) rides in the same reduction, appended to the slots, so
+watching costs no second collective.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def nonfinite_kinds(norms: Tensor) -> Tensor:
+    """Per-tensor kind from per-tensor norms: float32 like ``norms``; 2 NaN, 1 infinite, else 0."""
+    return torch.where(norms.isnan(), 2.0, norms.isinf().float())
+
+
+class OverflowVerdict(NamedTuple):
+    """The agreed result of one step's cross-rank reduction, as device tensors (nothing read on the host).
+
+    ``rank_kinds``: float32 ``[W]``, per rank the worst kind it reported (0 finite, 1
+    infinite, 2 NaN); ``evidence``: the riders' part, max-reduced over the ranks
+    (``None`` when nothing rode along).
+    """
+
+    rank_kinds: Tensor
+    evidence: Tensor | None
+
+    @property
+    def kind(self) -> Tensor:
+        """0-d float32, the worst kind over all ranks."""
+        return self.rank_kinds.max()
+
+
+def agree_across_ranks(local_kind: Tensor, evidence: Tensor | None = None) -> OverflowVerdict:
+    """Max-reduce this rank's kind (and ``evidence``) over the default process group: one ``all_reduce``, none alone.
+
+    Args:
+        local_kind: 0-d float32, this rank's worst kind (its gradients, plus other overflow sources).
+        evidence: float32 ``[E]`` to max-reduce in the same collective (the same ``E`` on every rank), or ``None``.
+
+    Every rank must call this at the same step (a collective when distributed).
+    """
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    world, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
+    device = local_kind.device
+    ranks = torch.zeros(world, dtype=torch.float32, device=device)
+    ranks[rank] = local_kind
+    payload = ranks if evidence is None else torch.cat([ranks, evidence.to(device)])
+    if distributed:
+        dist.all_reduce(payload, op=dist.ReduceOp.MAX)
+    if evidence is None:
+        return OverflowVerdict(rank_kinds=payload, evidence=None)
+    return OverflowVerdict(rank_kinds=payload[:world], evidence=payload[world:])
