@@ -34,13 +34,13 @@ again and repeats the switch in the ``start`` record (:meth:`PrecisionFallback.b
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import CHECKPOINT_DIR, load_checkpoint, step_path
+from contracts.rundir import RunDir
+from trainer.checkpoint import load_checkpoint, step_path
 from trainer.errors import TrainerError
 from trainer.guard import DivergenceGuard
 from trainer.loss_scale import NoOpLossScaler
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 #: failures a fallback answers.
 DIVERGENCE_REASONS = frozenset({"nonfinite_gradients", "loss_scale_collapsed", "nonfinite_loss", "no_update_applied"})
 FALLBACK_PRECISION = "bf16"
-_STEP_FILE = re.compile(r"step-(\d+)\.pt$")
 
 
 @dataclass(frozen=True)
@@ -171,9 +170,8 @@ class PrecisionFallback:
         return None
 
     def _delete_checkpoints_after(self, step: int) -> None:
-        for path in (self.run_dir / CHECKPOINT_DIR).glob("step-*.pt"):
-            match = _STEP_FILE.match(path.name)
-            if match is not None and int(match.group(1)) > step:
+        for number, path in RunDir(self.run_dir).step_checkpoints():
+            if number > step:
                 path.unlink(missing_ok=True)
                 log.info("deleted %s (abandoned fp16 trajectory)", path)
 

@@ -22,8 +22,11 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.runlogs import launcher_log
-from worker.end_record import EndRecord
+from pydantic import ValidationError
+
+from contracts.error_file import ErrorFile
+from contracts.records import EndRecord
+from contracts.rundir import RunDir
 from worker.failure_logs import failure_log, root_cause, scan_text
 from worker.launch import log_tail
 
@@ -84,8 +87,8 @@ def exit_outcome(
     """
     if code == 0 and end is not None:
         return ended_outcome(end, max_steps)
-    error = read_error(run_dir / "error.json")
-    cause = root_cause(log_tail(launcher_log(run_dir), SCAN_LINES))
+    error = read_error(RunDir(run_dir).error)
+    cause = root_cause(log_tail(RunDir(run_dir).launcher_log, SCAN_LINES))
     rank = error[2] if error is not None else cause.rank if cause is not None else None
     source = failure_log(run_dir, rank)
     label = f"logs/{source.name}"
@@ -108,7 +111,8 @@ def exit_outcome(
 
 
 def read_error(path: Path) -> tuple[str, str, int | None] | None:
-    """``(reason, message, rank)`` from a rank's ``error.json``; ``None`` if absent or unreadable."""
+    """``(reason, message, rank)`` from a rank's ``error.json`` (:class:`~contracts.error_file.ErrorFile`);
+    ``None`` if absent, unreadable or without a reason."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -116,13 +120,14 @@ def read_error(path: Path) -> tuple[str, str, int | None] | None:
     except (OSError, ValueError):
         log.warning("unreadable %s", path)
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("reason"), str) or not data["reason"]:
+    try:
+        error = ErrorFile.model_validate(data)
+    except ValidationError:
         log.warning("%s has no reason: %.200r", path, data)
         return None
-    rank = data.get("rank")
-    message = str(data.get("message") or "")
-    text = f"{message} (rank {rank})" if rank is not None else message
-    return data["reason"], text, rank if isinstance(rank, int) else None
+    message = error.message or ""
+    text = f"{message} (rank {error.rank})" if error.rank is not None else message
+    return error.reason, text, error.rank
 
 
 def with_tail(message: str, source: str, tail: str) -> str:

@@ -32,17 +32,17 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 
+from contracts.records import EndRecord
+from contracts.rundir import RunDir
 from server.settings import Settings
-from trainer.records import RECORDS_FILE
 from trainer.spec import JobSpec
 from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
 from worker.deadline import Deadline
 from worker.launch import RunProcess, build_command, build_environment, start_run
 from worker.lease import Lease
 from worker.oomwatch import oom_kill_count
-from worker.end_record import EndRecord, parse_end_record
+from worker.ingest import end_info, ingest, parse_lines
 from worker.outcomes import Outcome, ended_outcome, exit_outcome
-from worker.phase_record import parse_phase_record
 from worker.reasons import RETRY_POLICY
 from worker.recovery import Enqueue, Recovery
 from worker.store import Claim, JobStore, Progress
@@ -64,11 +64,6 @@ CommandBuilder = Callable[[JobSpec, Path, Path], list[str]]
 
 def _nothing() -> object:
     return None
-
-
-def _up_to(step: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of ``records`` at or before ``step``."""
-    return [record for record in records if int(record.get("step") or 0) <= step]
 
 
 @dataclass
@@ -118,9 +113,10 @@ class Attempt:
         self.store = context.store
         self.fence = claim.fence
         self.run_dir = claim.run_dir
+        self.rundir = RunDir(claim.run_dir)
         self.lease = Lease(context.store, claim.fence, context.settings.lease_ttl_s)
         self.deadline = Deadline.for_spec(claim.spec, claim.runtime_used_s)
-        self.tail = RecordTail(self.run_dir / RECORDS_FILE)
+        self.tail = RecordTail(self.rundir.records)
         self.process: RunProcess | None = None
         self.oom_kills_at_launch: int | None = None
         self.running = False
@@ -185,8 +181,8 @@ class Attempt:
             spec = JobSpec.model_validate(self.claim.spec)
         except ValidationError as exc:
             return Outcome("failed", "spec_invalid", f"the stored spec does not validate on the worker:\n{exc}")
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
+        self.rundir.logs.mkdir(parents=True, exist_ok=True)
+        self.rundir.spec.write_text(spec.model_dump_json(indent=2))
         self.max_steps = spec.max_steps
         return spec
 
@@ -196,7 +192,7 @@ class Attempt:
         Without one, a ``resume_from`` in the spec is resolved and passed on. Step
         records after the resume point are dropped (the retry writes them again).
         """
-        command = self.context.build_command(spec, self.run_dir / "spec.json", self.run_dir)
+        command = self.context.build_command(spec, self.rundir.spec, self.run_dir)
         checkpoint: Path | None = None
         if self.claim.attempt > 1:
             job_dir = self.context.settings.runs_dir / self.claim.job_id
@@ -221,7 +217,7 @@ class Attempt:
         without this, the steps between the last stored record and the checkpoint would
         be missing from the job for good.
         """
-        records = step_records_up_to(checkpoint.parents[1] / RECORDS_FILE, step)
+        records = step_records_up_to(RunDir(checkpoint.parents[1]).records, step)
         if records and not self.store.record_progress(self.fence, Progress(steps=records)):
             self.lease.mark_lost("the job was taken over before launch")
 
@@ -328,35 +324,11 @@ class Attempt:
             self.lease.mark_lost("a progress write matched no row: the job is no longer this attempt's")
         self.pending = []  # stored (kept on an error above, to be written again: insert-or-ignore)
 
-    def _progress(self, records: list[dict[str, Any]]) -> Progress:
-        """The progress of ``records`` in file order; a ``precision_switch`` drops the batch's records after
-        its ``rewound_to_step`` (those steps are trained again and follow it); the newest ``phase`` record
-        is the attempt's start-up so far."""
-        steps: list[dict[str, Any]] = []
-        evaluations: list[dict[str, Any]] = []
-        switches: list[dict[str, Any]] = []
-        known: list[dict[str, Any]] = []
-        world_size: int | None = None
-        startup: dict[str, Any] | None = None
-        for record in records:
-            kind = record.get("type")
-            body = {key: value for key, value in record.items() if key != "type"}
-            if kind == "step" and isinstance(body.get("step"), int):
-                steps.append(body)
-            elif kind == "eval" and isinstance(body.get("step"), int):
-                evaluations.append(body)
-            elif kind == "precision_switch" and isinstance(body.get("rewound_to_step"), int):
-                steps, evaluations = _up_to(body["rewound_to_step"], steps), _up_to(body["rewound_to_step"], evaluations)
-                switches.append(body)
-            elif kind == "start":
-                world_size = body["world_size"] if isinstance(body.get("world_size"), int) else world_size
-                known += [body["precision_switch"]] if isinstance(body.get("precision_switch"), dict) else []
-            elif kind == "phase" and (phase := parse_phase_record(body)) is not None:
-                startup = phase.summary()
-            elif kind == "end":
-                self.end = parse_end_record(body)
-        return Progress(steps=steps, evals=evaluations, world_size=world_size, switches=switches, known_switches=known,
-                        startup=startup)  # fmt: skip
+    def _progress(self, lines: list[dict[str, Any]]) -> Progress:
+        """The progress of the record lines ``lines`` in file order (:func:`worker.ingest.ingest`); keeps their ``end`` record."""
+        ingested = ingest(parse_lines(lines))
+        self.end = ingested.end if ingested.end is not None else self.end
+        return ingested.progress
 
     def _finish(self, outcome: Outcome) -> None:
         """Record the outcome: a retryable failure goes through the retry policy; nothing if the lease is lost."""
@@ -380,6 +352,6 @@ class Attempt:
         if outcome.status == "failed" and outcome.reason and RETRY_POLICY.get(outcome.reason, False):
             result = Recovery(self.store, self.context.enqueue).release(self.fence, outcome.reason, message or "")
             return result is not None, f"{result} ({outcome.reason})"
-        end_info = self.end.summary() if outcome.status == "succeeded" and self.end is not None else None
-        done = self.store.finish(self.fence, outcome.status, outcome.reason, message, end_info)
+        kept = end_info(self.end) if outcome.status == "succeeded" and self.end is not None else None
+        done = self.store.finish(self.fence, outcome.status, outcome.reason, message, kept)
         return done, outcome.status + (f" ({outcome.reason})" if outcome.reason else "")

@@ -26,10 +26,10 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.rundir import JobRuns
 from server.db import tokens
 from server.db.jobs import spec_hash
 from server.db.models import STATUSES, TERMINAL_STATUSES, Attempt, Job, StepRecord, Worker
-from server.runlogs import attempt_dir, rank_log
 from server.schemas import JobPublic
 from server.strict_json import JsonPath
 from trainer.spec import JobSpec
@@ -91,11 +91,11 @@ def _add_history(session: Session, job: Job, runs_dir: Path) -> None:
     for step in (1, 2, 3):
         session.add(StepRecord(job_id=job.id, step=step, time=1000.0 + step, data=_step_data(step)))
     job.step, job.latest = 3, _step_data(3)
-    log_path = rank_log(attempt_dir(runs_dir, job.id, 1), 0)
+    log_path = JobRuns.of(runs_dir, job.id).attempt(1).rank_log(0)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("".join(f"rank 0 line {n}\n" for n in range(5)))
     if job.status == "succeeded":
-        adapter = attempt_dir(runs_dir, job.id, 1) / "export" / "adapter"
+        adapter = JobRuns.of(runs_dir, job.id).attempt(1).export_of("adapter")
         adapter.mkdir(parents=True)
         (adapter / "adapter_config.json").write_text('{"r": 8}')
 
