@@ -34,6 +34,7 @@ from sqlalchemy.exc import DBAPIError
 
 from contracts.records import EndRecord
 from contracts.rundir import RunDir
+from contracts.status import FailureReason, JobStatus
 from server.settings import Settings
 from trainer.spec import JobSpec
 from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
@@ -134,12 +135,12 @@ class Attempt:
         ``worker_error`` (after the run is stopped), and the outcome is written even
         when a ``BaseException`` propagates.
         """
-        outcome = Outcome("failed", "worker_error", "the worker stopped supervising the job unexpectedly")
+        outcome = Outcome(JobStatus.FAILED, FailureReason.WORKER_ERROR, "the worker stopped supervising the job unexpectedly")
         try:
             outcome = self._run()
         except Exception as exc:
             log.exception("job %s: worker error", self.claim.job_id)
-            outcome = Outcome("failed", "worker_error", f"{type(exc).__name__}: {exc}")
+            outcome = Outcome(JobStatus.FAILED, FailureReason.WORKER_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
             outcome = self._ensure_stopped(outcome)
             self._finish(outcome)
@@ -150,7 +151,7 @@ class Attempt:
             self._stop_process()
         except Exception as exc:
             log.exception("job %s: could not stop its run", self.claim.job_id)
-            return Outcome("failed", "worker_error", f"the run could not be stopped: {exc}")
+            return Outcome(JobStatus.FAILED, FailureReason.WORKER_ERROR, f"the run could not be stopped: {exc}")
         return outcome
 
     def _run(self) -> Outcome:
@@ -158,13 +159,13 @@ class Attempt:
         if isinstance(spec, Outcome):
             return spec
         if self.store.cancel_requested(self.claim.job_id):
-            return Outcome("cancelled", None, "cancelled before launch")
+            return Outcome(JobStatus.CANCELLED, None, "cancelled before launch")
         if self.deadline.passed():
-            return Outcome("failed", "deadline_exceeded", self.deadline.message())
+            return Outcome(JobStatus.FAILED, FailureReason.DEADLINE_EXCEEDED, self.deadline.message())
         try:
             command = self._command(spec)
         except CheckpointUnavailable as exc:
-            return Outcome("failed", "checkpoint_unavailable", str(exc))
+            return Outcome(JobStatus.FAILED, FailureReason.CHECKPOINT_UNAVAILABLE, str(exc))
         if not self.lease.renew_if_due():
             return self._lost()
         self.oom_kills_at_launch = oom_kill_count()
@@ -172,7 +173,7 @@ class Attempt:
             environment = build_environment(spec, self.context.settings, gpus=self.context.gpus)
             self.process = start_run(command, self.run_dir, environment, pass_fds=self.context.gpu_lock_fds)
         except OSError as exc:
-            return Outcome("failed", "launch_failed", f"torchrun could not be started: {exc}")
+            return Outcome(JobStatus.FAILED, FailureReason.LAUNCH_FAILED, f"torchrun could not be started: {exc}")
         return self._supervise(self.process)
 
     def _prepare(self) -> JobSpec | Outcome:
@@ -180,7 +181,7 @@ class Attempt:
         try:
             spec = JobSpec.model_validate(self.claim.spec)
         except ValidationError as exc:
-            return Outcome("failed", "spec_invalid", f"the stored spec does not validate on the worker:\n{exc}")
+            return Outcome(JobStatus.FAILED, FailureReason.SPEC_INVALID, f"the stored spec does not validate on the worker:\n{exc}")
         self.rundir.logs.mkdir(parents=True, exist_ok=True)
         self.rundir.spec.write_text(spec.model_dump_json(indent=2))
         self.max_steps = spec.max_steps
@@ -232,15 +233,15 @@ class Attempt:
             if not self.lease.renew_if_due():
                 return self._stop_for(self._lost())
             if self._tolerant(lambda: self.store.cancel_requested(self.claim.job_id), False):
-                return self._stop_for(Outcome("cancelled", None, "cancelled by request"))
+                return self._stop_for(Outcome(JobStatus.CANCELLED, None, "cancelled by request"))
             if self.context.shutdown.is_set():
-                return self._stop_for(Outcome("failed", "worker_shutdown", "the worker shut down while the job ran"))
+                return self._stop_for(Outcome(JobStatus.FAILED, FailureReason.WORKER_SHUTDOWN, "the worker shut down while the job ran"))
             if self.deadline.passed():
-                return self._stop_for(Outcome("failed", "deadline_exceeded", self.deadline.message()))
+                return self._stop_for(Outcome(JobStatus.FAILED, FailureReason.DEADLINE_EXCEEDED, self.deadline.message()))
             self.context.shutdown.wait(poll_s)
 
     def _lost(self) -> Outcome:
-        return Outcome("failed", "worker_lost", f"lease lost: {self.lease.lost_reason}")
+        return Outcome(JobStatus.FAILED, FailureReason.WORKER_LOST, f"lease lost: {self.lease.lost_reason}")
 
     def _oom_killed(self) -> bool:
         before, after = self.oom_kills_at_launch, oom_kill_count()
@@ -261,8 +262,8 @@ class Attempt:
             return outcome
         log.info("job %s: the run had finished every step before it was stopped", self.claim.job_id)
         ended = ended_outcome(self.end, self.max_steps)
-        if ended.status == "succeeded":
-            return Outcome("succeeded", None, f"finished before it was stopped ({outcome.message})")
+        if ended.status == JobStatus.SUCCEEDED:
+            return Outcome(JobStatus.SUCCEEDED, None, f"finished before it was stopped ({outcome.message})")
         return ended
 
     def _tolerant(self, action: Callable[[], T], default: T) -> T:
@@ -349,9 +350,9 @@ class Attempt:
 
     def _record(self, outcome: Outcome, message: str | None) -> tuple[bool, str]:
         """Write the outcome once (fenced); return whether it was written and what it was."""
-        if outcome.status == "failed" and outcome.reason and RETRY_POLICY.get(outcome.reason, False):
+        if outcome.status == JobStatus.FAILED and outcome.reason and RETRY_POLICY.get(outcome.reason, False):
             result = Recovery(self.store, self.context.enqueue).release(self.fence, outcome.reason, message or "")
             return result is not None, f"{result} ({outcome.reason})"
-        kept = end_info(self.end) if outcome.status == "succeeded" and self.end is not None else None
+        kept = end_info(self.end) if outcome.status == JobStatus.SUCCEEDED and self.end is not None else None
         done = self.store.finish(self.fence, outcome.status, outcome.reason, message, kept)
         return done, outcome.status + (f" ({outcome.reason})" if outcome.reason else "")

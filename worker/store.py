@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Insert, delete, insert, select, update
 
 from contracts import records
+from contracts.status import LIVE_STATUSES as LIVE_JOB_STATUSES
 from contracts.rundir import JobRuns
 from server.db import models
 from server.db.engine import WRITE_TRANSACTION
@@ -41,8 +42,8 @@ log = logging.getLogger(__name__)
 BATCH_SIZE = 500
 #: Longest ``error_reason`` the schema stores.
 MAX_REASON_CHARS = 64
-#: Statuses in which the claimed attempt may still write progress.
-LIVE_STATUSES = ("starting", "running", "cancelling")
+#: Statuses in which the claimed attempt may still write progress (:data:`contracts.status.LIVE_STATUSES`).
+LIVE_STATUSES: tuple[str, ...] = tuple(member.value for member in LIVE_JOB_STATUSES)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class Progress:
     is rewound). Both are appended to ``jobs.precision_switches`` unless already there.
     ``evals``: the poll's evaluation records (each stored in ``eval_records``; the newest
     stored one, by step, becomes ``jobs.eval``), under the same rule as ``steps``.
-    ``startup``: the newest start-up phase the poll read (:mod:`worker.phase_record`),
+    ``startup``: the newest start-up phase the poll read (:func:`worker.ingest.startup_summary`),
     kept in ``jobs.startup``; ``None`` leaves it as it is.
     """
 
@@ -228,11 +229,12 @@ class JobStore:
         """Give the attempt its terminal ``status`` and typed error; ``False`` if it no longer owns the job.
 
         A ``cancelled`` job keeps no error (``error`` is null in the resource). ``end_info``:
-        what the run's ``end`` record said (:meth:`worker.end_record.EndRecord.summary`), kept
-        in ``jobs.end_info`` when given.
+        what the run's ``end`` record said (:func:`worker.ingest.end_info`), kept in
+        ``jobs.end_info`` when given.
         """
         if status not in TERMINAL_STATUSES:
             raise ValueError(f"{status!r} is not a terminal status")
+        status = str(status)  # a JobStatus member is stored as its plain value
         reason = reason[:MAX_REASON_CHARS] if reason else None
         if status == "cancelled":
             message = None
@@ -266,7 +268,7 @@ def end_attempt(conn: Connection, fence: Fence, status: str, reason: str | None,
     conn.execute(
         update(Attempt)
         .where(Attempt.job_id == fence.job_id, Attempt.attempt == fence.attempt, Attempt.ended_at.is_(None))
-        .values(ended_at=ended_at, status=status, reason=reason[:MAX_REASON_CHARS] if reason else None)
+        .values(ended_at=ended_at, status=str(status), reason=reason[:MAX_REASON_CHARS] if reason else None)
     )
 
 
