@@ -30,7 +30,7 @@ from contracts.rundir import JobRuns
 from server.db import tokens
 from server.db.jobs import spec_hash
 from server.db.models import STATUSES, TERMINAL_STATUSES, Attempt, Job, StepRecord, Worker
-from server.schemas import JobPublic
+from server.schemas import job_public
 from server.strict_json import JsonPath
 from trainer.spec import JobSpec
 
@@ -217,7 +217,7 @@ def database_problems(sessions: sessionmaker[Session]) -> list[str]:
         for job in session.scalars(select(Job)):
             problems += _spec_problems(job) + _status_problems(job)
             try:
-                JobPublic.from_row(job)
+                job_public(job)
             except ValidationError as exc:
                 problems.append(f"job {job.id}: does not render as a job resource: {exc}")
         problems += _orphan_problems(session)
