@@ -1,7 +1,7 @@
 """Statuses and failure reasons are the enums of ``contracts.status``: every reason the code reports is one of them.
 
 The reasons are found in the source (``ast``) of ``trainer/``, ``worker/`` and ``server/``: the first
-argument of ``TrainerError(...)``, the reason of ``Outcome(status, reason, ...)``, every ``reason=``
+argument of ``TrainerError(...)`` (and ``DivergenceError(...)``), the reason of ``Outcome(status, reason, ...)``, every ``reason=``
 and ``error_reason=`` keyword, and what is assigned to a name ``reason`` or to a constant whose name
 holds ``REASON`` or ``CAUSES`` (strings, ``FailureReason.X``, either side of a conditional, the
 items of a tuple, set or dict).
@@ -21,6 +21,8 @@ from worker.reasons import FAILURE_REASONS, RETRY_POLICY
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("trainer", "worker", "server")
 REASON_KEYWORDS = frozenset({"reason", "error_reason"})
+#: The typed errors whose first argument is a reason (``DivergenceError``: the guard's, where the code has it).
+REASON_ERRORS = frozenset({"TrainerError", "DivergenceError"})
 
 
 def _values(node: ast.expr) -> list[ast.expr]:
@@ -68,7 +70,7 @@ def reported_reasons(source: str) -> list[tuple[int, str]]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name == "TrainerError" and node.args:
+            if name in REASON_ERRORS and node.args:
                 found += _values(node.args[0])
             if name == "Outcome" and len(node.args) > 1:
                 found += _values(node.args[1])
