@@ -11,6 +11,7 @@ RUN pip install ${TORCH_SPEC}
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY contracts ./contracts
 COPY server ./server
 COPY broker ./broker
 COPY worker ./worker

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.records import EvalRecord, StepRecord
 from server.db.engine import make_engine
 from worker.store import Fence, JobStore, Progress
 
@@ -43,11 +44,11 @@ class WriterConfig:
     step_interval_s: tuple[float, float] = (0.05, 0.1)
 
 
-def step_record(step: int) -> dict[str, Any]:
+def step_record(step: int) -> StepRecord:
     """A plausible fp16 step record for ``step``."""
-    return {"step": step, "time": time.time(), "loss": 2.3 / (1 + step / 50), "loss_scale": 65536.0,
-            "overflow": False, "skipped_steps": 0, "grad_norm": 0.7, "lr": 0.003, "samples_per_second": 5400.0,
-            "tokens_per_second": None, "samples_total": 64 * step, "tokens_total": None}  # fmt: skip
+    return StepRecord(step=step, time=time.time(), loss=2.3 / (1 + step / 50), loss_scale=65536.0, overflow=False,
+                      skipped_steps=0, grad_norm=0.7, lr=0.003, samples_per_second=5400.0, tokens_per_second=None,
+                      samples_total=64 * step, tokens_total=None)  # fmt: skip
 
 
 def _write_job(store: JobStore, fence: Fence, config: WriterConfig, stop: multiprocessing.synchronize.Event,
@@ -57,7 +58,7 @@ def _write_job(store: JobStore, fence: Fence, config: WriterConfig, stop: multip
     low, high = config.step_interval_s
     while not stop.wait(random.uniform(low, high)):
         step += 1
-        evals = [{"step": step, "time": time.time(), "loss": 2.0 / (1 + step / 50), "accuracy": 0.5}] if step % EVAL_EVERY == 0 else []
+        evals = [EvalRecord(step=step, time=time.time(), loss=2.0 / (1 + step / 50), accuracy=0.5)] if step % EVAL_EVERY == 0 else []
         if not store.record_progress(fence, Progress(steps=[step_record(step)], evals=evals)):
             log.warning("job %s is no longer ours; its writer stops", fence.job_id)
             return

@@ -4,8 +4,8 @@ The trainer writes ``<runs_dir>/<job_id>/attempt-<n>/checkpoints/step-<N>.pt`` e
 ``checkpoint_interval`` steps and when it stops early (cancel, preemption), and
 ``final.pt`` when it reaches ``max_steps`` (:mod:`trainer.checkpoint`). Each file is
 written to a hidden temporary name and moved into place, so a file listed here is
-complete. Only names matching :data:`CHECKPOINT_NAME` are ever listed or served, and
-only from the job's own attempt directories: a request cannot reach another path.
+complete. Only names matching :data:`contracts.rundir.CHECKPOINT_NAME` are ever listed or
+served, and only from the job's own attempt directories: a request cannot reach another path.
 
 As with logs, the API reads *its* ``runs_dir``; with the API and the workers on
 different hosts the runs directory must be shared.
@@ -18,14 +18,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from server.runlogs import attempt_dir
+from contracts.rundir import CHECKPOINT_NAME, FINAL_CHECKPOINT, JobRuns, checkpoint_step
 
-#: A checkpoint file name: ``final.pt`` or ``step-<N>.pt`` (the trainer's names).
-CHECKPOINT_NAME = r"^(final|step-[0-9]{1,18})\.pt$"
+__all__ = ["CHECKPOINT_NAME", "CheckpointFile", "final_step", "find_checkpoint", "list_checkpoints"]
+
 _NAME = re.compile(CHECKPOINT_NAME)
-_ATTEMPT = re.compile(r"attempt-([0-9]{1,9})")
-CHECKPOINT_DIR = "checkpoints"
-FINAL_NAME = "final.pt"
 
 
 @dataclass(frozen=True)
@@ -52,15 +49,8 @@ def final_step(max_steps: int, end_info: dict[str, object] | None) -> int:
 
 
 def _step_of(name: str, max_steps: int) -> int:
-    return max_steps if name == FINAL_NAME else int(name.removeprefix("step-").removesuffix(".pt"))
-
-
-def attempt_numbers(runs_dir: Path, job_id: str) -> list[int]:
-    """The numbers of ``job_id``'s attempt directories, ascending (none: the job never started)."""
-    job_dir = runs_dir / job_id
-    if not job_dir.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in job_dir.iterdir() if (m := _ATTEMPT.fullmatch(p.name)) and p.is_dir())
+    step = checkpoint_step(name)
+    return max_steps if step is None else step
 
 
 def _describe(path: Path, attempt: int, max_steps: int) -> CheckpointFile | None:
@@ -72,7 +62,7 @@ def _describe(path: Path, attempt: int, max_steps: int) -> CheckpointFile | None
         attempt=attempt,
         name=path.name,
         step=_step_of(path.name, max_steps),
-        final=path.name == FINAL_NAME,
+        final=path.name == FINAL_CHECKPOINT,
         size_bytes=stat.st_size,
         modified_at=datetime.fromtimestamp(stat.st_mtime, UTC),
         path=path,
@@ -82,8 +72,9 @@ def _describe(path: Path, attempt: int, max_steps: int) -> CheckpointFile | None
 def list_checkpoints(runs_dir: Path, job_id: str, max_steps: int) -> list[CheckpointFile]:
     """Every complete checkpoint of ``job_id``, by attempt, then step (``final.pt`` last in its attempt)."""
     found: list[CheckpointFile] = []
-    for attempt in attempt_numbers(runs_dir, job_id):
-        folder = attempt_dir(runs_dir, job_id, attempt) / CHECKPOINT_DIR
+    runs = JobRuns.of(runs_dir, job_id)
+    for attempt in runs.attempt_numbers():
+        folder = runs.attempt(attempt).checkpoints
         if not folder.is_dir():
             continue
         for path in folder.iterdir():
@@ -102,9 +93,10 @@ def find_checkpoint(runs_dir: Path, job_id: str, name: str, max_steps: int, atte
     """
     if not _NAME.fullmatch(name):
         raise ValueError(f"{name!r} is not a checkpoint name (final.pt or step-<N>.pt)")
-    attempts = [attempt] if attempt is not None else list(reversed(attempt_numbers(runs_dir, job_id)))
+    runs = JobRuns.of(runs_dir, job_id)
+    attempts = [attempt] if attempt is not None else list(reversed(runs.attempt_numbers()))
     for number in attempts:
-        path = attempt_dir(runs_dir, job_id, number) / CHECKPOINT_DIR / name
+        path = runs.attempt(number).checkpoints / name
         if path.is_file():
             described = _describe(path, number, max_steps)
             if described is not None:

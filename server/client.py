@@ -3,12 +3,17 @@
 >>> from server.client import HalfcastClient
 >>> with HalfcastClient("http://127.0.0.1:8000") as halfcast:     # doctest: +SKIP
 ...     job = halfcast.submit({"model": {"name": "mlp"}, "dataset": {"name": "digits"}})
-...     for event in halfcast.events(job["id"]):
+...     for event in halfcast.events(job.id):
 ...         print(event.event, event.data)
 
 Datasets and models are uploaded with :meth:`HalfcastClient.upload_dataset` and
 :meth:`HalfcastClient.upload_model` (streamed, with a ``progress`` callback), listed, read and
 deleted; :meth:`HalfcastClient.register_export` registers a job's exported model.
+The job calls answer the API's own models (:mod:`contracts.resources`, :mod:`contracts.records`):
+a job is a :class:`~contracts.resources.JobPublic`, a step record a
+:class:`~contracts.records.StepRecord`, an evaluation an :class:`~contracts.records.EvalRecord`,
+a log tail :class:`~contracts.resources.LogLines`. An answer that does not validate as its model
+is a :class:`HalfcastError`.
 
 Errors are typed: :class:`ServerUnavailable` (no connection, a timeout, or a 503),
 :class:`ValidationFailed` (422, with every field error), :class:`NotFound` (404),
@@ -19,7 +24,6 @@ job would take its owner over a quota limit), and :class:`HalfcastError` for any
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import shutil
@@ -29,10 +33,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
+from contracts.records import EvalRecord, StepRecord
+from contracts.resources import JobList, JobPublic, LogLines
+from contracts.status import TERMINAL_STATUSES
 from server.download import IncompleteDownload, save_response
 from server.export_extract import (
     UnsafeArchive,
@@ -49,9 +57,8 @@ log = logging.getLogger(__name__)
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: Job resources :meth:`HalfcastClient.get` keeps with their ETag, to ask again with ``If-None-Match``.
 KEPT_JOBS = 256
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
-#: A JSON object as the API returns it (a job resource, a step record).
+#: A JSON object as the API returns it (a checkpoint or export description, an audit page).
 Json = dict[str, Any]
 #: A list of JSON objects (``HalfcastClient.list`` shadows the builtin inside the class).
 JsonList = list[Json]
@@ -64,6 +71,9 @@ UPLOAD_TIMEOUT_S = 600.0
 #: A dataset file's extension -> file format, and each file format's media type.
 DATASET_EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 DATASET_MEDIA_TYPES = {"jsonl": "application/jsonl", "csv": "text/csv"}
+#: A page of jobs as :meth:`HalfcastClient.list` returns it.
+Jobs = list[JobPublic]
+M = TypeVar("M", bound=BaseModel)
 
 
 class HalfcastError(Exception):
@@ -221,6 +231,13 @@ def _counted(chunks: Iterator[bytes], total: int, progress: Progress | None) -> 
         if progress is not None:
             progress(sent, total)
 
+def _parsed(model: type[M], body: Any) -> M:
+    """``body`` (an answer's JSON) as ``model``; :class:`HalfcastError` when it does not validate."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise HalfcastError(f"the API answered a {model.__name__} that does not validate: {exc}") from exc
+
 
 def _require_json(value: Mapping[str, Any]) -> None:
     """Raise :class:`ValidationFailed` (``loc`` under ``body``) where ``value`` is not strict JSON."""
@@ -246,7 +263,7 @@ class HalfcastClient:
         if token:
             headers["authorization"] = f"Bearer {token}"
         self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
-        self._jobs: dict[str, tuple[str, dict[str, Any]]] = {}  # job id -> (ETag, resource), for get()
+        self._jobs: dict[str, tuple[str, JobPublic]] = {}  # job id -> (ETag, resource), for get()
 
     def close(self) -> None:
         """Close the connections."""
@@ -271,7 +288,7 @@ class HalfcastClient:
 
     # ------------------------------------------------------------------ jobs
 
-    def submit(self, spec: Mapping[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit(self, spec: Mapping[str, Any], *, idempotency_key: str | None = None) -> JobPublic:
         """POST a job spec; the new job resource. Raises :class:`ValidationFailed` for a bad spec.
 
         A spec JSON cannot carry (a NaN or infinite float, as YAML's ``.nan``/``.inf`` parse
@@ -279,10 +296,9 @@ class HalfcastClient:
         """
         _require_json(spec)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        job: dict[str, Any] = self._request("POST", "/jobs", json=dict(spec), headers=headers)
-        return job
+        return _parsed(JobPublic, self._request("POST", "/jobs", json=dict(spec), headers=headers))
 
-    def get(self, job_id: str) -> dict[str, Any]:
+    def get(self, job_id: str) -> JobPublic:
         """The job resource. Raises :class:`NotFound`.
 
         A job read before is asked for with ``If-None-Match``: while it has not changed
@@ -292,13 +308,13 @@ class HalfcastClient:
         kept = self._jobs.get(job_id)
         response = self._send("GET", f"/jobs/{job_id}", headers={"If-None-Match": kept[0]} if kept else None)
         if response.status_code == 304 and kept is not None:
-            return copy.deepcopy(kept[1])
+            return kept[1].model_copy(deep=True)
         _raise_for(response)
-        job: dict[str, Any] = response.json()
+        job = _parsed(JobPublic, response.json())
         self._keep(job_id, response.headers.get("etag"), job)
-        return copy.deepcopy(job)
+        return job.model_copy(deep=True)
 
-    def _keep(self, job_id: str, etag: str | None, job: dict[str, Any]) -> None:
+    def _keep(self, job_id: str, etag: str | None, job: JobPublic) -> None:
         """Remember ``job`` under its ``etag`` (at most :data:`KEPT_JOBS` jobs, the oldest dropped first)."""
         self._jobs.pop(job_id, None)
         if etag is None:
@@ -307,7 +323,7 @@ class HalfcastClient:
         while len(self._jobs) > KEPT_JOBS:
             self._jobs.pop(next(iter(self._jobs)))
 
-    def jobs(self, status: str | None = None, page_size: int = 100) -> Iterator[dict[str, Any]]:
+    def jobs(self, status: str | None = None, page_size: int = 100) -> Iterator[JobPublic]:
         """Every job (of ``status``), newest first, fetched a page at a time."""
         cursor: str | None = None
         while True:
@@ -316,37 +332,36 @@ class HalfcastClient:
                 params["status"] = status
             if cursor is not None:
                 params["cursor"] = cursor
-            page = self._request("GET", "/jobs", params=params)
-            yield from page["jobs"]
-            cursor = page["next_cursor"]
+            page = _parsed(JobList, self._request("GET", "/jobs", params=params))
+            yield from page.jobs
+            cursor = page.next_cursor
             if cursor is None:
                 return
 
-    def list(self, status: str | None = None, limit: int = 50) -> JsonList:
+    def list(self, status: str | None = None, limit: int = 50) -> Jobs:
         """The newest ``limit`` jobs (of ``status``)."""
-        found: JsonList = []
+        found: Jobs = []
         for job in self.jobs(status, page_size=min(limit, 1000)):
             found.append(job)
             if len(found) >= limit:
                 break
         return found
 
-    def metrics(self, job_id: str, after_step: int = 0, page_size: int = 1000) -> Iterator[JsonList]:
+    def metrics(self, job_id: str, after_step: int = 0, page_size: int = 1000) -> Iterator[list[StepRecord]]:
         """Pages of step records with ``step > after_step``, in step order, until none are left."""
         while True:
             page = self._request("GET", f"/jobs/{job_id}/metrics", params={"after_step": after_step, "limit": page_size})
-            points: JsonList = page["points"]
+            points = [_parsed(StepRecord, point) for point in page["points"]]
             if not points:
                 return
             yield points
-            after_step = int(points[-1]["step"])
+            after_step = points[-1].step
             if len(points) < page_size:
                 return
 
-    def evals(self, job_id: str) -> JsonList:
+    def evals(self, job_id: str) -> list[EvalRecord]:
         """Every evaluation record of the job, in step order. Raises :class:`NotFound`."""
-        evaluations: JsonList = self._request("GET", f"/jobs/{job_id}/evals")["evals"]
-        return evaluations
+        return [_parsed(EvalRecord, evaluation) for evaluation in self._request("GET", f"/jobs/{job_id}/evals")["evals"]]
 
     def checkpoints(self, job_id: str) -> JsonList:
         """The job's checkpoint files, by attempt then step (the last is the newest). Raises :class:`NotFound`."""
@@ -434,10 +449,9 @@ class HalfcastClient:
         except IncompleteDownload as exc:
             raise ServerUnavailable(str(exc)) from exc
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
+    def cancel(self, job_id: str) -> JobPublic:
         """Ask to cancel; the job resource (``cancelled`` or ``cancelling``). Raises :class:`Conflict` if it ended."""
-        job: dict[str, Any] = self._request("POST", f"/jobs/{job_id}/cancel")
-        return job
+        return _parsed(JobPublic, self._request("POST", f"/jobs/{job_id}/cancel"))
 
     # ------------------------------------------------------------------ registered datasets and models
 
@@ -593,8 +607,8 @@ class HalfcastClient:
 
     # ------------------------------------------------------------------ logs
 
-    def logs(self, job_id: str, *, rank: int = 0, tail: int = 200, attempt: int | None = None) -> dict[str, Any]:
-        """The last ``tail`` lines of ``rank``'s log: ``{"job_id", "attempt", "rank", "lines"}`` (newest attempt by default).
+    def logs(self, job_id: str, *, rank: int = 0, tail: int = 200, attempt: int | None = None) -> LogLines:
+        """The last ``tail`` lines of ``rank``'s log (newest attempt by default).
 
         Raises :class:`NotFound` (unknown job, or one that never started),
         :class:`Conflict` (not started yet), :class:`ValidationFailed` (a rank or
@@ -603,8 +617,7 @@ class HalfcastClient:
         params: dict[str, Any] = {"rank": rank, "tail": tail}
         if attempt is not None:
             params["attempt"] = attempt
-        body: dict[str, Any] = self._request("GET", f"/jobs/{job_id}/logs", params=params)
-        return body
+        return _parsed(LogLines, self._request("GET", f"/jobs/{job_id}/logs", params=params))
 
     def follow_logs(self, job_id: str, *, rank: int = 0, tail: int = 200, attempt: int | None = None) -> Iterator[Event]:
         """Follow ``rank``'s log: ``attempt``, ``lines`` (``data["lines"]``) and finally ``end`` events.

@@ -53,7 +53,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import jobs as repo
 from server.db.models import TERMINAL_STATUSES
-from server.schemas import JobPublic, current_phase, step_point
+from server.schemas import current_phase, job_public, step_point
 from server.shared_reads import SharedReads, next_tick_delay
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ def read_snapshot(
         except repo.JobNotFound:
             return None
         state = job_state(job.status, job.startup)
-        resource = JobPublic.from_row(job).model_dump(mode="json") if state != known_status else None
+        resource = job_public(job).model_dump(mode="json") if state != known_status else None
         start = max(after_step - 1, 0)  # include the record at after_step: is it still there?
         rows = repo.list_step_records(session, job_id, after_step=start, limit=limit + 1)
         has_cursor_record = after_step == 0 or (bool(rows) and rows[0].step == after_step)

@@ -22,27 +22,19 @@ import os
 import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 
-from server.checkpoint_files import attempt_numbers
-from server.runlogs import attempt_dir
+from contracts.rundir import ExportKind, JobRuns
+
+__all__ = ["MAX_DEPTH", "MAX_FILES", "Export", "ExportFile", "ExportKind", "UnsafeExport", "find_export", "list_exports",
+           "read_export"]
 
 log = logging.getLogger(__name__)
 
-#: Folder of an attempt's run directory that holds its exports.
-EXPORT_DIR = "export"
 #: Most files one export may hold.
 MAX_FILES = 10_000
 #: Most directories a file of an export may be nested in, below the export's own.
 MAX_DEPTH = 8
-
-
-class ExportKind(StrEnum):
-    """What an export holds: a PEFT ``adapter`` or a merged Hugging Face ``model``."""
-
-    ADAPTER = "adapter"
-    MODEL = "model"
 
 
 class UnsafeExport(Exception):
@@ -73,11 +65,6 @@ class Export:
     def size_bytes(self) -> int:
         """Bytes of every file together."""
         return sum(f.size_bytes for f in self.files)
-
-
-def export_dir(run_dir: Path, kind: ExportKind) -> Path:
-    """Where one attempt's run directory holds its export of ``kind``."""
-    return run_dir / EXPORT_DIR / kind.value
 
 
 def _is_real_dir(path: Path) -> bool:
@@ -132,15 +119,15 @@ def read_export(path: Path, kind: ExportKind, attempt: int) -> Export | None:
 
 
 def _in_attempt(runs_dir: Path, job_id: str, attempt: int, kind: ExportKind) -> Export | None:
-    run_dir = attempt_dir(runs_dir, job_id, attempt)
-    if not (_is_real_dir(run_dir) and _is_real_dir(run_dir / EXPORT_DIR)):
+    run = JobRuns.of(runs_dir, job_id).attempt(attempt)
+    if not (_is_real_dir(run.path) and _is_real_dir(run.export)):
         return None
-    return read_export(export_dir(run_dir, kind), kind, attempt)
+    return read_export(run.export_of(kind), kind, attempt)
 
 
 def find_export(runs_dir: Path, job_id: str, kind: ExportKind, attempt: int | None = None) -> Export | None:
     """The export ``kind`` of ``attempt`` (default: the newest attempt that has one), or ``None``."""
-    attempts = [attempt] if attempt is not None else list(reversed(attempt_numbers(runs_dir, job_id)))
+    attempts = [attempt] if attempt is not None else list(reversed(JobRuns.of(runs_dir, job_id).attempt_numbers()))
     for number in attempts:
         found = _in_attempt(runs_dir, job_id, number, kind)
         if found is not None:

@@ -36,10 +36,10 @@ import anyio
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.rundir import JobRuns
 from server.db.models import TERMINAL_STATUSES, Job
 from server.events import StreamStats, Tick, frame, poll_stream
 from server.logtail import LineFollower, read_tail
-from server.runlogs import attempt_dir, rank_log
 from server.shared_reads import SharedReads
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class LogTarget:
 
     def path(self, attempt: int) -> Path:
         """The rank's log file in ``attempt``'s run directory."""
-        return rank_log(attempt_dir(self.runs_dir, self.job_id, attempt), self.rank)
+        return JobRuns.of(self.runs_dir, self.job_id).attempt(attempt).rank_log(self.rank)
 
 
 def _open_attempt(target: LogTarget, attempt: int, *, whole: bool, done: bool) -> tuple[LineFollower, list[str]]:

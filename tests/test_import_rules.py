@@ -17,26 +17,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 #: Halfcast's packages: the four that ship (pyproject.toml), the migrations, and the benchmarks.
-PACKAGES = ("server", "broker", "worker", "trainer", "migrations", "bench")
+PACKAGES = ("contracts", "server", "broker", "worker", "trainer", "migrations", "bench")
 #: The modules of other packages each package may import (a module allows its submodules too).
 ALLOWED: dict[str, tuple[str, ...]] = {
-    # pure PyTorch: nothing of the rest
-    "trainer": (),
+    # what flows between the others, defined once (pydantic only): imports none of them
+    "contracts": (),
+    # pure PyTorch: nothing of the rest but the contracts
+    "trainer": ("contracts",),
     # the Celery app both ends share reads the settings only
-    "broker": ("server.settings",),
+    "broker": ("server.settings", "contracts"),
     # the server's shared core (settings, database, run-directory names, ...), the broker,
     # and the trainer's torch-free contract (the spec, the record file, the start-up phases)
-    "worker": ("server.settings", "server.db", "server.runlogs", "server.schemas", "server.timeutil",
+    "worker": ("server.settings", "server.db", "server.schemas", "server.timeutil",
                "server.quiet_logs", "server.redact", "server.registry.refs", "broker", "trainer.spec",
-               "trainer.records", "trainer.startup", "trainer.registered"),  # fmt: skip
+               "trainer.records", "trainer.startup", "trainer.registered", "contracts"),  # fmt: skip
     # the broker to publish a job; the spec to validate it, and the trainer's torch-free input rules
     # (row parser, model-directory safety, supported model types, registry layout), so an upload the API
     # accepts is one the trainer reads
     "server": ("broker", "trainer.spec", "trainer.catalog", "trainer.errors", "trainer.data.jsonl.formats",
-               "trainer.data.jsonl.rows", "trainer.hf.safety", "trainer.hf.model_types", "trainer.registered"),
-    "migrations": ("server.db", "server.settings"),
+               "trainer.data.jsonl.rows", "trainer.hf.safety", "trainer.hf.model_types", "trainer.registered",
+               "contracts"),
+    "migrations": ("server.db", "server.settings", "contracts"),
     # measures the others (not shipped)
-    "bench": ("server", "worker", "trainer"),
+    "bench": ("server", "worker", "trainer", "contracts"),
 }
 #: The imports outside :data:`ALLOWED`: (importing module, imported module) -> why.
 EXCEPTIONS: dict[tuple[str, str], str] = {

@@ -20,11 +20,11 @@ from server.cli import COMMANDS
 from server.cli.extras import EXTRA_INCLUDES, EXTRA_MODULES, expand
 
 #: The packages the wheel ships (the benchmarks and the tests stay in the repository).
-SHIPPED = {"server", "broker", "worker", "trainer", "migrations"}
+SHIPPED = {"contracts", "server", "broker", "worker", "trainer", "migrations"}
 
 
 def test_the_client_brings_only_its_own_dependencies() -> None:
-    assert client_requirements() == {"httpx", "pyyaml", "rich"}
+    assert client_requirements() == {"httpx", "pydantic", "pyyaml", "rich"}  # pydantic: the typed answers (contracts/)
 
 
 def test_all_is_every_extra_and_test_has_all() -> None:

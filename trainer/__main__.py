@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 
+from contracts.error_file import ErrorFile
+from contracts.rundir import RunDir
 from trainer.distributed import distributed_session
 from trainer.errors import TrainerError
 from trainer.loop import train
@@ -36,7 +38,6 @@ from trainer.spec import JobSpec
 log = logging.getLogger("trainer")
 
 TYPED_FAILURE_EXIT = 3
-ERROR_FILE = "error.json"
 DUMP_PARAMS_ENV = "HALFCAST_DUMP_PARAMS"
 #: The worker sets it to ``1`` only when its settings allow fault injection; a spec with a
 #: ``faults`` block is refused otherwise (defence in depth behind the API's 422).
@@ -67,11 +68,13 @@ def load_spec(path: Path) -> JobSpec:
 
 
 def write_error(run_dir: Path, reason: str, message: str, rank: int) -> None:
-    """Write ``error.json`` atomically (ranks failing together never leave a torn file)."""
+    """Write ``error.json`` (:class:`~contracts.error_file.ErrorFile`) atomically (ranks failing together never tear it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{ERROR_FILE}.rank{rank}.tmp"
-    tmp.write_text(json.dumps({"reason": reason, "message": message, "rank": rank}), encoding="utf-8")
-    os.replace(tmp, run_dir / ERROR_FILE)
+    path = RunDir(run_dir).error
+    tmp = path.with_name(f".{path.name}.rank{rank}.tmp")
+    error = ErrorFile(reason=reason, message=message, rank=rank)
+    tmp.write_text(json.dumps(error.model_dump(mode="json")), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def run(spec_path: Path, run_dir: Path, resume_from: Path | None = None) -> None:

@@ -17,16 +17,14 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint import CHECKPOINT_DIR
+from contracts.rundir import BEST_CHECKPOINT, RunDir
 
 log = logging.getLogger(__name__)
 
-BEST_NAME = "best.pt"
-
 
 def best_path(run_dir: Path) -> Path:
-    """``<run_dir>/checkpoints/best.pt``."""
-    return run_dir / CHECKPOINT_DIR / BEST_NAME
+    """``<run_dir>/checkpoints/best.pt`` (:class:`contracts.rundir.RunDir`)."""
+    return RunDir(run_dir).best_checkpoint
 
 
 def _step_of(path: Path) -> int | None:
@@ -37,11 +35,11 @@ def _step_of(path: Path) -> int | None:
 
 def carry_best(resumed: Path, run_dir: Path, best_step: int | None) -> None:
     """Copy the ``best.pt`` beside the checkpoint ``resumed`` into ``run_dir`` if it holds ``best_step``."""
-    source, target = resumed.parent / BEST_NAME, best_path(run_dir)
+    source, target = resumed.parent / BEST_CHECKPOINT, best_path(run_dir)
     if best_step is None or source == target or _step_of(source) != best_step:
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{BEST_NAME}.carry.tmp")
+    tmp = target.with_name(f".{BEST_CHECKPOINT}.carry.tmp")
     shutil.copyfile(source, tmp)
     tmp.replace(target)
     log.info("best checkpoint (step %d) carried over from %s", best_step, source)

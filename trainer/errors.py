@@ -8,19 +8,21 @@ training loop answers it with the bf16 fallback when the job opts in (:mod:`trai
 
 from __future__ import annotations
 
-#: The typed failure reasons a trainer rank may report (a subset of the worker's table).
-REASONS: frozenset[str] = frozenset(
+from contracts.status import FailureReason
+
+#: The typed failure reasons a trainer rank may report (of :class:`contracts.status.FailureReason`).
+REASONS: frozenset[FailureReason] = frozenset(
     {
-        "spec_invalid",
-        "precision_unsupported",
-        "gpu_unavailable",
-        "data_unavailable",
-        "model_unavailable",
-        "launch_failed",
-        "nonfinite_loss",
-        "loss_scale_collapsed",
-        "nonfinite_gradients",
-        "no_update_applied",
+        FailureReason.SPEC_INVALID,
+        FailureReason.PRECISION_UNSUPPORTED,
+        FailureReason.GPU_UNAVAILABLE,
+        FailureReason.DATA_UNAVAILABLE,
+        FailureReason.MODEL_UNAVAILABLE,
+        FailureReason.LAUNCH_FAILED,
+        FailureReason.NONFINITE_LOSS,
+        FailureReason.LOSS_SCALE_COLLAPSED,
+        FailureReason.NONFINITE_GRADIENTS,
+        FailureReason.NO_UPDATE_APPLIED,
     }
 )
 #: The reasons of a run that diverged (:mod:`trainer.guard`, :mod:`trainer.end_check`).
@@ -36,11 +38,11 @@ class TrainerError(Exception):
     reach the worker as a reason it does not know.
     """
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: FailureReason | str, message: str) -> None:
         if reason not in REASONS:
             raise ValueError(f"unknown trainer failure reason {reason!r}")
         super().__init__(f"{reason}: {message}")
-        self.reason = reason
+        self.reason = str(reason)
         self.message = message
 
 

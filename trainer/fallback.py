@@ -34,14 +34,14 @@ again and repeats the switch in the ``start`` record (:meth:`PrecisionFallback.b
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import CHECKPOINT_DIR, load_checkpoint, step_path
+from contracts.rundir import RunDir
+from trainer.checkpoint import load_checkpoint, step_path
 from trainer.errors import DivergenceError
 from trainer.guard import DivergenceGuard
 from trainer.inputs import INPUTS_KEY, check_inputs_unchanged
@@ -53,7 +53,6 @@ from trainer.spec import JobSpec
 log = logging.getLogger(__name__)
 
 FALLBACK_PRECISION = "bf16"
-_STEP_FILE = re.compile(r"step-(\d+)\.pt$")
 
 
 @dataclass(frozen=True)
@@ -202,9 +201,8 @@ class PrecisionFallback:
         return None
 
     def _delete_checkpoints_after(self, step: int) -> None:
-        for path in (self.run_dir / CHECKPOINT_DIR).glob("step-*.pt"):
-            match = _STEP_FILE.match(path.name)
-            if match is not None and int(match.group(1)) > step:
+        for number, path in RunDir(self.run_dir).step_checkpoints():
+            if number > step:
                 path.unlink(missing_ok=True)
                 log.info("deleted %s (abandoned fp16 trajectory)", path)
 

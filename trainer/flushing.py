@@ -9,7 +9,6 @@ and tokens of every attempted step, across resumes.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -133,7 +132,7 @@ class RecordFlusher:
             record = _step_record(row, samples_per_second, tokens_per_second, self.param_names)
             totals = {"samples_total": self.totals.samples,
                       "tokens_total": self.totals.tokens if row.tokens is not None else None}
-            records.append((row.time, dataclasses.replace(record, **totals)))
+            records.append((row.time, record.model_copy(update=totals)))
         self.records.steps(records)
         self.skipped_steps = rows[-1].skipped_steps
         if self.main:

@@ -34,8 +34,8 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
+from contracts.records import PhaseName
 from trainer.records import RecordSink
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ LAUNCHED_AT_ENV = "HALFCAST_LAUNCHED_AT"
 RANK_STARTED_AT_ENV = "HALFCAST_RANK_STARTED_AT"
 
 #: The phase a ``phase`` record says begins; ``training``: start-up is over.
-Phase = Literal["data", "model", "first_step", "training"]
+Phase = PhaseName
 
 #: The field of :class:`StartupTimes` that the beginning of each phase ends.
 _ENDED_BY: dict[Phase, str] = {"model": "data_s", "first_step": "model_s", "training": "first_step_s"}

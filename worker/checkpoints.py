@@ -11,11 +11,9 @@ each checkpoint atomically, so a file under that name is complete).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-_ATTEMPT = re.compile(r"attempt-(\d+)$")
-_STEP = re.compile(r"step-(\d+)\.pt$")
+from contracts.rundir import JobRuns, RunDir
 
 
 class CheckpointUnavailable(Exception):
@@ -40,20 +38,18 @@ def resolve_resume(resume_from: str, runs_dir: Path) -> Path:
 
 
 def _newest_checkpoint(job_dir: Path, job_id: str) -> Path:
-    attempts = sorted(
-        (int(m.group(1)), path) for path in job_dir.iterdir() if (m := _ATTEMPT.match(path.name))
-    )
-    for _, attempt in reversed(attempts):
-        found = _attempt_checkpoint(attempt / "checkpoints")
+    runs = JobRuns(job_dir)
+    for number in reversed(runs.attempt_numbers()):
+        found = _attempt_checkpoint(runs.attempt(number))
         if found is not None:
             return found
     raise CheckpointUnavailable(f"job {job_id} has no checkpoint to resume from")
 
 
-def _attempt_checkpoint(folder: Path) -> Path | None:
-    if (folder / "final.pt").is_file():
-        return folder / "final.pt"
-    steps = sorted((int(m.group(1)), p) for p in folder.glob("step-*.pt") if (m := _STEP.match(p.name)))
+def _attempt_checkpoint(run: RunDir) -> Path | None:
+    if run.final_checkpoint.is_file():
+        return run.final_checkpoint
+    steps = run.step_checkpoints()
     return steps[-1][1] if steps else None
 
 
@@ -65,16 +61,10 @@ def retry_checkpoint(job_dir: Path, attempt: int, max_steps: int) -> tuple[Path,
     tie. (A checkpoint at ``max_steps`` is a finished run: the trainer refuses to
     resume from it.)
     """
-    best: tuple[int, int, Path] | None = None
-    if not job_dir.is_dir():
+    runs = JobRuns(job_dir)
+    found = [(step, number, path) for number in runs.attempt_numbers() if number < attempt
+             for step, path in runs.attempt(number).step_checkpoints() if step < max_steps]  # fmt: skip
+    if not found:
         return None
-    for path in job_dir.iterdir():
-        m = _ATTEMPT.match(path.name)
-        if m is None or int(m.group(1)) >= attempt:
-            continue
-        for file in (path / "checkpoints").glob("step-*.pt"):
-            s = _STEP.match(file.name)
-            if s is not None and int(s.group(1)) < max_steps and file.is_file():
-                candidate = (int(s.group(1)), int(m.group(1)), file)
-                best = candidate if best is None or candidate[:2] > best[:2] else best
-    return None if best is None else (best[2], best[0])
+    step, _, path = max(found, key=lambda candidate: candidate[:2])
+    return path, step

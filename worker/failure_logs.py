@@ -4,7 +4,7 @@ The failing rank comes from ``error.json`` (the trainer writes its rank there) o
 without one, from torchrun's failure summary in ``launcher.log`` ("Root Cause (first
 observed failure)" … ``rank : <r>``). Known causes (out of memory, collective
 timeouts) are searched in the launcher log and in every rank's log, since each
-rank's output now lives in its own file (:mod:`server.runlogs`).
+rank's output now lives in its own file (:mod:`contracts.rundir`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.runlogs import launcher_log, logs_dir, rank_log
+from contracts.rundir import RunDir
 from worker.launch import log_tail
 
 #: torchrun's report of the first rank that failed, under "Root Cause": ``rank : 1 (local_rank: 1)``,
@@ -44,16 +44,17 @@ def root_cause(launcher_text: str) -> RootCause | None:
 def failure_log(run_dir: Path, rank: int | None) -> Path:
     """The log to quote for a failure: ``rank``'s own log when known and not empty, else ``launcher.log``."""
     if rank is not None and rank >= 0:
-        path = rank_log(run_dir, rank)
+        path = RunDir(run_dir).rank_log(rank)
         try:
             if path.stat().st_size > 0:
                 return path
         except FileNotFoundError:
             pass
-    return launcher_log(run_dir)
+    return RunDir(run_dir).launcher_log
 
 
 def scan_text(run_dir: Path, lines: int) -> str:
     """The last ``lines`` lines of ``launcher.log`` and of every ``rank-<r>.log``, joined (for cause patterns)."""
-    paths = [launcher_log(run_dir), *sorted(logs_dir(run_dir).glob("rank-*.log"))]
+    run = RunDir(run_dir)
+    paths = [run.launcher_log, *run.rank_logs()]
     return "\n".join(log_tail(path, lines) for path in paths)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from server.runlogs import launcher_log, logs_dir
+from contracts.rundir import RunDir
 from server.settings import Settings
 from trainer.registered import REGISTRY_DIR_ENV
 from trainer.spec import JobSpec
@@ -63,12 +63,12 @@ def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "
 
     torchrun runs through :mod:`worker.torchrun` (torchrun's arguments, torchrun's
     ``main``). Each rank runs ``module`` through :mod:`worker.rank_output`, which keeps the
-    rank's stdout and stderr in ``<run_dir>/logs/rank-<r>.log`` (:mod:`server.runlogs`).
+    rank's stdout and stderr in ``<run_dir>/logs/rank-<r>.log`` (:mod:`contracts.rundir`).
     """
     return [
         sys.executable, "-m", LAUNCHER,
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
-        "-m", RANK_WRAPPER, str(logs_dir(run_dir)), module, "--spec", str(spec_path), "--run-dir", str(run_dir),
+        "-m", RANK_WRAPPER, str(RunDir(run_dir).logs), module, "--spec", str(spec_path), "--run-dir", str(run_dir),
     ]  # fmt: skip
 
 
@@ -338,7 +338,7 @@ def start_run(command: list[str], run_dir: Path, env: Mapping[str, str], pass_fd
     """
     if shutil.which(command[0], path=env.get("PATH")) is None:
         raise FileNotFoundError(f"no executable {command[0]!r}")
-    log_path = launcher_log(run_dir)
+    log_path = RunDir(run_dir).launcher_log
     log_path.parent.mkdir(parents=True, exist_ok=True)
     guarded = [sys.executable, "-m", "worker.deathsig", str(os.getpid()), "--", *command]
     env = {**env, LAUNCHED_AT_ENV: f"{time.time():.6f}"}

@@ -22,8 +22,12 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.runlogs import launcher_log
-from worker.end_record import EndRecord
+from pydantic import ValidationError
+
+from contracts.error_file import ErrorFile
+from contracts.records import EndRecord
+from contracts.rundir import RunDir
+from contracts.status import FailureReason, JobStatus
 from worker.failure_logs import failure_log, root_cause, scan_text
 from worker.launch import log_tail
 
@@ -39,10 +43,11 @@ SCAN_LINES = 2000
 
 #: (reason, pattern, explanation): causes recognised in the log, first match wins (an OOM on one
 #: rank often makes the others fail in a collective, so it is looked for first).
-LOG_CAUSES: tuple[tuple[str, re.Pattern[str], str], ...] = (
-    ("oom", re.compile(r"CUDA out of memory|HIP out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory"),
+LOG_CAUSES: tuple[tuple[FailureReason, re.Pattern[str], str], ...] = (
+    (FailureReason.OOM,
+     re.compile(r"CUDA out of memory|HIP out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory"),
      "a rank ran out of memory"),
-    ("collective_timeout", re.compile(
+    (FailureReason.COLLECTIVE_TIMEOUT, re.compile(
         r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out"
         r"|Timed out waiting \d+ ?ms for (?:recv|send) operation|ProcessGroup(?:NCCL|Gloo)\S*.{0,200}[Tt]imed? ?out"),
      "a collective operation timed out (a rank stopped taking part, or the network failed)"),
@@ -55,7 +60,7 @@ RANK_SIGKILLED = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received"
 class Outcome:
     """How an attempt ended: a terminal status and, for failures, a typed reason and message."""
 
-    status: str
+    status: JobStatus
     reason: str | None = None
     message: str | None = None
 
@@ -66,12 +71,12 @@ def ended_outcome(end: EndRecord, max_steps: int | None = None) -> Outcome:
     if max_steps is not None and end.steps < max_steps and (end.stopped_early is None or end.stopped_early.step != end.steps):
         message = (f"the run's end record counts {end.steps} of {max_steps} steps without saying early stopping "
                    "ended it there (stopped_early)")
-        return Outcome("failed", "rank_failed", message)
+        return Outcome(JobStatus.FAILED, FailureReason.RANK_FAILED, message)
     if end.applied > 0:
-        return Outcome("succeeded")
+        return Outcome(JobStatus.SUCCEEDED)
     message = (f"the run ended without applying any update: its end record counts {end.steps} attempted steps, "
                f"{end.skipped_steps} skipped" + ("" if end.applied_steps is None else f", {end.applied_steps} applied"))
-    return Outcome("failed", "no_update_applied", message)
+    return Outcome(JobStatus.FAILED, FailureReason.NO_UPDATE_APPLIED, message)
 
 
 def exit_outcome(
@@ -84,14 +89,14 @@ def exit_outcome(
     """
     if code == 0 and end is not None:
         return ended_outcome(end, max_steps)
-    error = read_error(run_dir / "error.json")
-    cause = root_cause(log_tail(launcher_log(run_dir), SCAN_LINES))
+    error = read_error(RunDir(run_dir).error)
+    cause = root_cause(log_tail(RunDir(run_dir).launcher_log, SCAN_LINES))
     rank = error[2] if error is not None else cause.rank if cause is not None else None
     source = failure_log(run_dir, rank)
     label = f"logs/{source.name}"
     if error is not None:
         reason, message, _ = error
-        return Outcome("failed", reason, with_tail(message, label, log_tail(source, TYPED_TAIL_LINES)))
+        return Outcome(JobStatus.FAILED, reason, with_tail(message, label, log_tail(source, TYPED_TAIL_LINES)))
     tail = log_tail(source, LOG_TAIL_LINES)
     what = "exited 0 without an end record" if code == 0 else f"exited with {describe_exit(code)}"
     if cause is not None:  # torchrun's own exit code says little; which rank died of what says more
@@ -100,15 +105,16 @@ def exit_outcome(
     scan = scan_text(run_dir, SCAN_LINES)
     for reason, pattern, explanation in LOG_CAUSES:
         if pattern.search(scan):
-            return Outcome("failed", reason, with_tail(f"the trainer {what}: {explanation}", label, tail))
+            return Outcome(JobStatus.FAILED, reason, with_tail(f"the trainer {what}: {explanation}", label, tail))
     if oom_killed and (code == -signal.SIGKILL or RANK_SIGKILLED.search(scan)):
         explanation = "a rank was killed with SIGKILL while the kernel's OOM killer was active"
-        return Outcome("failed", "oom", with_tail(f"the trainer {what}: {explanation}", label, tail))
-    return Outcome("failed", "rank_failed", with_tail(f"the trainer {what}", label, tail))
+        return Outcome(JobStatus.FAILED, FailureReason.OOM, with_tail(f"the trainer {what}: {explanation}", label, tail))
+    return Outcome(JobStatus.FAILED, FailureReason.RANK_FAILED, with_tail(f"the trainer {what}", label, tail))
 
 
 def read_error(path: Path) -> tuple[str, str, int | None] | None:
-    """``(reason, message, rank)`` from a rank's ``error.json``; ``None`` if absent or unreadable."""
+    """``(reason, message, rank)`` from a rank's ``error.json`` (:class:`~contracts.error_file.ErrorFile`);
+    ``None`` if absent, unreadable or without a reason."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -116,13 +122,14 @@ def read_error(path: Path) -> tuple[str, str, int | None] | None:
     except (OSError, ValueError):
         log.warning("unreadable %s", path)
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("reason"), str) or not data["reason"]:
+    try:
+        error = ErrorFile.model_validate(data)
+    except ValidationError:
         log.warning("%s has no reason: %.200r", path, data)
         return None
-    rank = data.get("rank")
-    message = str(data.get("message") or "")
-    text = f"{message} (rank {rank})" if rank is not None else message
-    return data["reason"], text, rank if isinstance(rank, int) else None
+    message = error.message or ""
+    text = f"{message} (rank {error.rank})" if error.rank is not None else message
+    return error.reason, text, error.rank
 
 
 def with_tail(message: str, source: str, tail: str) -> str:

@@ -1,7 +1,7 @@
 """The typed failure reasons of a ``failed`` job and whether a failure with each is retried.
 
-One table for the whole project: docs/architecture.md and docs/results.md list the same
-reasons (a test checks it). Only a lost worker is retried (from the attempt's last
+The reasons are :class:`contracts.status.FailureReason`; docs/architecture.md and
+docs/results.md list the same (a test checks it). Only a lost worker is retried (from the attempt's last
 checkpoint, up to the spec's ``max_attempts``), and a worker's graceful shutdown
 (``worker_shutdown``: the run was stopped and checkpointed on purpose), which does not
 use up an attempt; a failure of the job itself (out of memory, diverging numerics, a bad
@@ -13,36 +13,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-#: reason -> retried (up to ``max_attempts``) when an attempt fails with it.
-RETRY_POLICY: Mapping[str, bool] = MappingProxyType(
-    {
-        "spec_invalid": False,
-        "precision_unsupported": False,
-        "gpu_unavailable": False,
-        "data_unavailable": False,
-        "model_unavailable": False,
-        "checkpoint_unavailable": False,
-        "launch_failed": False,
-        "rank_failed": False,
-        "oom": False,
-        "collective_timeout": False,
-        "nonfinite_loss": False,
-        "loss_scale_collapsed": False,
-        "nonfinite_gradients": False,
-        "no_update_applied": False,
-        "deadline_exceeded": False,
-        "worker_lost": True,
-        "worker_shutdown": True,
-        "worker_error": False,
-        "enqueue_failed": False,
-    }
-)
+from contracts.status import FailureReason
+
+#: The reasons an attempt is retried with (up to ``max_attempts``); every other one is final.
+RETRIED_REASONS: frozenset[FailureReason] = frozenset({FailureReason.WORKER_LOST, FailureReason.WORKER_SHUTDOWN})
+
+#: reason -> retried (up to ``max_attempts``) when an attempt fails with it, for every :class:`FailureReason`.
+RETRY_POLICY: Mapping[str, bool] = MappingProxyType({reason: reason in RETRIED_REASONS for reason in FailureReason})
 
 #: Attempts ended with these reasons do not count against ``max_attempts``.
-UNCOUNTED_REASONS: frozenset[str] = frozenset({"worker_shutdown"})
+UNCOUNTED_REASONS: frozenset[str] = frozenset({FailureReason.WORKER_SHUTDOWN})
 
 #: Every typed failure reason.
-FAILURE_REASONS: frozenset[str] = frozenset(RETRY_POLICY)
+FAILURE_REASONS: frozenset[str] = frozenset(FailureReason)
 
 
 def should_retry(reason: str | None, attempt: int, max_attempts: int) -> bool:

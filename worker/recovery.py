@@ -31,8 +31,8 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, func, or_, select, update
 
+from contracts.status import AttemptStatus
 from server.db.models import Attempt, Job, utcnow
-from server.schemas import AttemptStatus
 from server.timeutil import as_utc
 from worker.reasons import UNCOUNTED_REASONS, should_retry
 from worker.store import LIVE_STATUSES, MAX_REASON_CHARS, Fence, JobStore, end_attempt
@@ -145,8 +145,9 @@ def attempt_status(resolution: Resolution, reason: str) -> AttemptStatus:
     it back the job failed, and so did the attempt.
     """
     if resolution == "cancelled":
-        return "cancelled"
-    return "requeued" if resolution == "requeued" and reason in UNCOUNTED_REASONS else "failed"
+        return AttemptStatus.CANCELLED
+    requeued = resolution == "requeued" and reason in UNCOUNTED_REASONS
+    return AttemptStatus.REQUEUED if requeued else AttemptStatus.FAILED
 
 
 def _decide(status: str, reason: str, message: str, retry: bool, now: datetime) -> tuple[Resolution, dict[str, Any]]:

@@ -32,17 +32,18 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 
+from contracts.records import EndRecord
+from contracts.rundir import RunDir
+from contracts.status import FailureReason, JobStatus
 from server.settings import Settings
-from trainer.records import RECORDS_FILE
 from trainer.spec import JobSpec
 from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
 from worker.deadline import Deadline
 from worker.launch import RunProcess, build_command, build_environment, start_run
 from worker.lease import Lease
 from worker.oomwatch import oom_kill_count
-from worker.end_record import EndRecord, parse_end_record
+from worker.ingest import end_info, ingest, parse_lines
 from worker.outcomes import Outcome, ended_outcome, exit_outcome
-from worker.phase_record import parse_phase_record
 from worker.reasons import RETRY_POLICY
 from worker.registered_inputs import RefError, resolve_inputs
 from worker.recovery import Enqueue, Recovery
@@ -65,11 +66,6 @@ CommandBuilder = Callable[[JobSpec, Path, Path], list[str]]
 
 def _nothing() -> object:
     return None
-
-
-def _up_to(step: int, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of ``records`` at or before ``step``."""
-    return [record for record in records if int(record.get("step") or 0) <= step]
 
 
 @dataclass
@@ -119,9 +115,10 @@ class Attempt:
         self.store = context.store
         self.fence = claim.fence
         self.run_dir = claim.run_dir
+        self.rundir = RunDir(claim.run_dir)
         self.lease = Lease(context.store, claim.fence, context.settings.lease_ttl_s)
         self.deadline = Deadline.for_spec(claim.spec, claim.runtime_used_s)
-        self.tail = RecordTail(self.run_dir / RECORDS_FILE)
+        self.tail = RecordTail(self.rundir.records)
         self.process: RunProcess | None = None
         self.oom_kills_at_launch: int | None = None
         self.running = False
@@ -139,12 +136,12 @@ class Attempt:
         ``worker_error`` (after the run is stopped), and the outcome is written even
         when a ``BaseException`` propagates.
         """
-        outcome = Outcome("failed", "worker_error", "the worker stopped supervising the job unexpectedly")
+        outcome = Outcome(JobStatus.FAILED, FailureReason.WORKER_ERROR, "the worker stopped supervising the job unexpectedly")
         try:
             outcome = self._run()
         except Exception as exc:
             log.exception("job %s: worker error", self.claim.job_id)
-            outcome = Outcome("failed", "worker_error", f"{type(exc).__name__}: {exc}")
+            outcome = Outcome(JobStatus.FAILED, FailureReason.WORKER_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
             outcome = self._ensure_stopped(outcome)
             self._finish(outcome)
@@ -155,7 +152,7 @@ class Attempt:
             self._stop_process()
         except Exception as exc:
             log.exception("job %s: could not stop its run", self.claim.job_id)
-            return Outcome("failed", "worker_error", f"the run could not be stopped: {exc}")
+            return Outcome(JobStatus.FAILED, FailureReason.WORKER_ERROR, f"the run could not be stopped: {exc}")
         return outcome
 
     def _run(self) -> Outcome:
@@ -163,13 +160,13 @@ class Attempt:
         if isinstance(spec, Outcome):
             return spec
         if self.store.cancel_requested(self.claim.job_id):
-            return Outcome("cancelled", None, "cancelled before launch")
+            return Outcome(JobStatus.CANCELLED, None, "cancelled before launch")
         if self.deadline.passed():
-            return Outcome("failed", "deadline_exceeded", self.deadline.message())
+            return Outcome(JobStatus.FAILED, FailureReason.DEADLINE_EXCEEDED, self.deadline.message())
         try:
             command = self._command(spec)
         except CheckpointUnavailable as exc:
-            return Outcome("failed", "checkpoint_unavailable", str(exc))
+            return Outcome(JobStatus.FAILED, FailureReason.CHECKPOINT_UNAVAILABLE, str(exc))
         if not self.lease.renew_if_due():
             return self._lost()
         self.oom_kills_at_launch = oom_kill_count()
@@ -177,7 +174,7 @@ class Attempt:
             environment = build_environment(spec, self.context.settings, gpus=self.context.gpus)
             self.process = start_run(command, self.run_dir, environment, pass_fds=self.context.gpu_lock_fds)
         except OSError as exc:
-            return Outcome("failed", "launch_failed", f"torchrun could not be started: {exc}")
+            return Outcome(JobStatus.FAILED, FailureReason.LAUNCH_FAILED, f"torchrun could not be started: {exc}")
         return self._supervise(self.process)
 
     def _prepare(self) -> JobSpec | Outcome:
@@ -187,9 +184,9 @@ class Attempt:
         except RefError as exc:
             return Outcome("failed", exc.reason, f"{exc.message} (it was deleted after the job was submitted)")
         except ValidationError as exc:
-            return Outcome("failed", "spec_invalid", f"the stored spec does not validate on the worker:\n{exc}")
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "spec.json").write_text(spec.model_dump_json(indent=2))
+            return Outcome(JobStatus.FAILED, FailureReason.SPEC_INVALID, f"the stored spec does not validate on the worker:\n{exc}")
+        self.rundir.logs.mkdir(parents=True, exist_ok=True)
+        self.rundir.spec.write_text(spec.model_dump_json(indent=2))
         self.max_steps = spec.max_steps
         return spec
 
@@ -199,7 +196,7 @@ class Attempt:
         Without one, a ``resume_from`` in the spec is resolved and passed on. Step
         records after the resume point are dropped (the retry writes them again).
         """
-        command = self.context.build_command(spec, self.run_dir / "spec.json", self.run_dir)
+        command = self.context.build_command(spec, self.rundir.spec, self.run_dir)
         checkpoint: Path | None = None
         if self.claim.attempt > 1:
             job_dir = self.context.settings.runs_dir / self.claim.job_id
@@ -224,7 +221,7 @@ class Attempt:
         without this, the steps between the last stored record and the checkpoint would
         be missing from the job for good.
         """
-        records = step_records_up_to(checkpoint.parents[1] / RECORDS_FILE, step)
+        records = step_records_up_to(RunDir(checkpoint.parents[1]).records, step)
         if records and not self.store.record_progress(self.fence, Progress(steps=records)):
             self.lease.mark_lost("the job was taken over before launch")
 
@@ -239,15 +236,15 @@ class Attempt:
             if not self.lease.renew_if_due():
                 return self._stop_for(self._lost())
             if self._tolerant(lambda: self.store.cancel_requested(self.claim.job_id), False):
-                return self._stop_for(Outcome("cancelled", None, "cancelled by request"))
+                return self._stop_for(Outcome(JobStatus.CANCELLED, None, "cancelled by request"))
             if self.context.shutdown.is_set():
-                return self._stop_for(Outcome("failed", "worker_shutdown", "the worker shut down while the job ran"))
+                return self._stop_for(Outcome(JobStatus.FAILED, FailureReason.WORKER_SHUTDOWN, "the worker shut down while the job ran"))
             if self.deadline.passed():
-                return self._stop_for(Outcome("failed", "deadline_exceeded", self.deadline.message()))
+                return self._stop_for(Outcome(JobStatus.FAILED, FailureReason.DEADLINE_EXCEEDED, self.deadline.message()))
             self.context.shutdown.wait(poll_s)
 
     def _lost(self) -> Outcome:
-        return Outcome("failed", "worker_lost", f"lease lost: {self.lease.lost_reason}")
+        return Outcome(JobStatus.FAILED, FailureReason.WORKER_LOST, f"lease lost: {self.lease.lost_reason}")
 
     def _oom_killed(self) -> bool:
         before, after = self.oom_kills_at_launch, oom_kill_count()
@@ -268,8 +265,8 @@ class Attempt:
             return outcome
         log.info("job %s: the run had finished every step before it was stopped", self.claim.job_id)
         ended = ended_outcome(self.end, self.max_steps)
-        if ended.status == "succeeded":
-            return Outcome("succeeded", None, f"finished before it was stopped ({outcome.message})")
+        if ended.status == JobStatus.SUCCEEDED:
+            return Outcome(JobStatus.SUCCEEDED, None, f"finished before it was stopped ({outcome.message})")
         return ended
 
     def _tolerant(self, action: Callable[[], T], default: T) -> T:
@@ -331,35 +328,11 @@ class Attempt:
             self.lease.mark_lost("a progress write matched no row: the job is no longer this attempt's")
         self.pending = []  # stored (kept on an error above, to be written again: insert-or-ignore)
 
-    def _progress(self, records: list[dict[str, Any]]) -> Progress:
-        """The progress of ``records`` in file order; a ``precision_switch`` drops the batch's records after
-        its ``rewound_to_step`` (those steps are trained again and follow it); the newest ``phase`` record
-        is the attempt's start-up so far."""
-        steps: list[dict[str, Any]] = []
-        evaluations: list[dict[str, Any]] = []
-        switches: list[dict[str, Any]] = []
-        known: list[dict[str, Any]] = []
-        world_size: int | None = None
-        startup: dict[str, Any] | None = None
-        for record in records:
-            kind = record.get("type")
-            body = {key: value for key, value in record.items() if key != "type"}
-            if kind == "step" and isinstance(body.get("step"), int):
-                steps.append(body)
-            elif kind == "eval" and isinstance(body.get("step"), int):
-                evaluations.append(body)
-            elif kind == "precision_switch" and isinstance(body.get("rewound_to_step"), int):
-                steps, evaluations = _up_to(body["rewound_to_step"], steps), _up_to(body["rewound_to_step"], evaluations)
-                switches.append(body)
-            elif kind == "start":
-                world_size = body["world_size"] if isinstance(body.get("world_size"), int) else world_size
-                known += [body["precision_switch"]] if isinstance(body.get("precision_switch"), dict) else []
-            elif kind == "phase" and (phase := parse_phase_record(body)) is not None:
-                startup = phase.summary()
-            elif kind == "end":
-                self.end = parse_end_record(body)
-        return Progress(steps=steps, evals=evaluations, world_size=world_size, switches=switches, known_switches=known,
-                        startup=startup)  # fmt: skip
+    def _progress(self, lines: list[dict[str, Any]]) -> Progress:
+        """The progress of the record lines ``lines`` in file order (:func:`worker.ingest.ingest`); keeps their ``end`` record."""
+        ingested = ingest(parse_lines(lines))
+        self.end = ingested.end if ingested.end is not None else self.end
+        return ingested.progress
 
     def _finish(self, outcome: Outcome) -> None:
         """Record the outcome: a retryable failure goes through the retry policy; nothing if the lease is lost."""
@@ -380,9 +353,9 @@ class Attempt:
 
     def _record(self, outcome: Outcome, message: str | None) -> tuple[bool, str]:
         """Write the outcome once (fenced); return whether it was written and what it was."""
-        if outcome.status == "failed" and outcome.reason and RETRY_POLICY.get(outcome.reason, False):
+        if outcome.status == JobStatus.FAILED and outcome.reason and RETRY_POLICY.get(outcome.reason, False):
             result = Recovery(self.store, self.context.enqueue).release(self.fence, outcome.reason, message or "")
             return result is not None, f"{result} ({outcome.reason})"
-        end_info = self.end.summary() if outcome.status == "succeeded" and self.end is not None else None
-        done = self.store.finish(self.fence, outcome.status, outcome.reason, message, end_info)
+        kept = end_info(self.end) if outcome.status == JobStatus.SUCCEEDED and self.end is not None else None
+        done = self.store.finish(self.fence, outcome.status, outcome.reason, message, kept)
         return done, outcome.status + (f" ({outcome.reason})" if outcome.reason else "")

@@ -20,7 +20,6 @@ on SQLite (see :mod:`server.db.engine`).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,8 +29,12 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Insert, delete, insert, select, update
 
+from contracts import records
+from contracts.status import LIVE_STATUSES as LIVE_JOB_STATUSES
+from contracts.rundir import JobRuns
+from server.db import models
 from server.db.engine import WRITE_TRANSACTION
-from server.db.models import TERMINAL_STATUSES, Attempt, EvalRecord, Job, StepRecord, utcnow
+from server.db.models import TERMINAL_STATUSES, Attempt, Job, utcnow
 from server.timeutil import as_utc
 
 log = logging.getLogger(__name__)
@@ -40,8 +43,8 @@ log = logging.getLogger(__name__)
 BATCH_SIZE = 500
 #: Longest ``error_reason`` the schema stores.
 MAX_REASON_CHARS = 64
-#: Statuses in which the claimed attempt may still write progress.
-LIVE_STATUSES = ("starting", "running", "cancelling")
+#: Statuses in which the claimed attempt may still write progress (:data:`contracts.status.LIVE_STATUSES`).
+LIVE_STATUSES: tuple[str, ...] = tuple(member.value for member in LIVE_JOB_STATUSES)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Progress:
-    """What one poll of the step records adds to a job.
+    """What one poll of the step records adds to a job (the records as :mod:`worker.ingest` read them).
 
     ``switches``: the poll's ``precision_switch`` records (``on_divergence:
     "fallback_bf16"``), in order; each first forgets the job's step records after its
@@ -82,15 +85,15 @@ class Progress:
     is rewound). Both are appended to ``jobs.precision_switches`` unless already there.
     ``evals``: the poll's evaluation records (each stored in ``eval_records``; the newest
     stored one, by step, becomes ``jobs.eval``), under the same rule as ``steps``.
-    ``startup``: the newest start-up phase the poll read (:mod:`worker.phase_record`),
+    ``startup``: the newest start-up phase the poll read (:func:`worker.ingest.startup_summary`),
     kept in ``jobs.startup``; ``None`` leaves it as it is.
     """
 
-    steps: Sequence[dict[str, Any]] = ()
-    evals: Sequence[dict[str, Any]] = ()
+    steps: Sequence[records.StepRecord] = ()
+    evals: Sequence[records.EvalRecord] = ()
     world_size: int | None = None
-    switches: Sequence[dict[str, Any]] = ()
-    known_switches: Sequence[dict[str, Any]] = ()
+    switches: Sequence[records.PrecisionSwitchRecord] = ()
+    known_switches: Sequence[records.PrecisionSwitch] = ()
     startup: dict[str, Any] | None = None
 
 
@@ -127,7 +130,7 @@ class JobStore:
             if row is None or row.status != "queued":
                 return None
             attempt = row.attempt + 1
-            run_dir = runs_dir / job_id / f"attempt-{attempt}"
+            run_dir = JobRuns.of(runs_dir, job_id).attempt(attempt).path
             claimed = conn.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.status == "queued", Job.attempt == row.attempt)
@@ -171,9 +174,9 @@ class JobStore:
             if progress.switches or progress.known_switches:
                 _record_switches(conn, fence.job_id, progress)
                 conn.execute(update(Job).where(Job.id == fence.job_id).values(**values))
-            for table, records in ((StepRecord, progress.steps), (EvalRecord, progress.evals)):
-                for start in range(0, len(records), BATCH_SIZE):
-                    rows = [_record_row(fence.job_id, record) for record in records[start : start + BATCH_SIZE]]
+            for table, written in ((models.StepRecord, progress.steps), (models.EvalRecord, progress.evals)):
+                for start in range(0, len(written), BATCH_SIZE):
+                    rows = [_record_row(fence.job_id, record) for record in written[start : start + BATCH_SIZE]]
                     if (statement := _insert_ignore(conn, table, rows)) is not None:
                         conn.execute(statement)
             if progress.evals:
@@ -227,11 +230,12 @@ class JobStore:
         """Give the attempt its terminal ``status`` and typed error; ``False`` if it no longer owns the job.
 
         A ``cancelled`` job keeps no error (``error`` is null in the resource). ``end_info``:
-        what the run's ``end`` record said (:meth:`worker.end_record.EndRecord.summary`), kept
-        in ``jobs.end_info`` when given.
+        what the run's ``end`` record said (:func:`worker.ingest.end_info`), kept in
+        ``jobs.end_info`` when given.
         """
         if status not in TERMINAL_STATUSES:
             raise ValueError(f"{status!r} is not a terminal status")
+        status = str(status)  # a JobStatus member is stored as its plain value
         reason = reason[:MAX_REASON_CHARS] if reason else None
         if status == "cancelled":
             message = None
@@ -265,7 +269,7 @@ def end_attempt(conn: Connection, fence: Fence, status: str, reason: str | None,
     conn.execute(
         update(Attempt)
         .where(Attempt.job_id == fence.job_id, Attempt.attempt == fence.attempt, Attempt.ended_at.is_(None))
-        .values(ended_at=ended_at, status=status, reason=reason[:MAX_REASON_CHARS] if reason else None)
+        .values(ended_at=ended_at, status=str(status), reason=reason[:MAX_REASON_CHARS] if reason else None)
     )
 
 
@@ -275,17 +279,17 @@ def _rewind_job(conn: Connection, job_id: str, step: int) -> None:
     ``eval`` becomes the newest evaluation at or before ``step`` (``None`` if none).
     Runs inside a transaction whose fenced update already matched the job's row.
     """
-    latest = conn.execute(
-        select(StepRecord.data).where(StepRecord.job_id == job_id, StepRecord.step == step)
-    ).scalar_one_or_none()
-    conn.execute(delete(StepRecord).where(StepRecord.job_id == job_id, StepRecord.step > step))
-    conn.execute(delete(EvalRecord).where(EvalRecord.job_id == job_id, EvalRecord.step > step))
+    steps, evals = models.StepRecord, models.EvalRecord
+    latest = conn.execute(select(steps.data).where(steps.job_id == job_id, steps.step == step)).scalar_one_or_none()
+    conn.execute(delete(steps).where(steps.job_id == job_id, steps.step > step))
+    conn.execute(delete(evals).where(evals.job_id == job_id, evals.step > step))
     conn.execute(update(Job).where(Job.id == job_id).values(step=step, latest=latest, eval=_newest_eval(job_id)))
 
 
 def _newest_eval(job_id: str) -> Any:
     """The stored evaluation of ``job_id`` with the highest step, as a scalar subquery (NULL if none)."""
-    query = select(EvalRecord.data).where(EvalRecord.job_id == job_id).order_by(EvalRecord.step.desc()).limit(1)
+    evals = models.EvalRecord
+    query = select(evals.data).where(evals.job_id == job_id).order_by(evals.step.desc()).limit(1)
     return query.scalar_subquery()
 
 
@@ -296,14 +300,15 @@ SWITCH_KEYS = ("step", "from", "to", "reason", "rewound_to_step")
 def _record_switches(conn: Connection, job_id: str, progress: Progress) -> None:
     """Rewind for each of ``progress.switches`` in order, then append the new switches to ``precision_switches``."""
     for switch in progress.switches:
-        _rewind_job(conn, job_id, int(switch["rewound_to_step"]))
+        _rewind_job(conn, job_id, switch.rewound_to_step)
     stored = list(conn.execute(select(Job.precision_switches).where(Job.id == job_id)).scalar_one_or_none() or [])
     known = {tuple(item.get(key) for key in SWITCH_KEYS) for item in stored}
     for switch in [*progress.known_switches, *progress.switches]:
-        identity = tuple(switch.get(key) for key in SWITCH_KEYS)
+        body = switch.body()
+        identity = tuple(body.get(key) for key in SWITCH_KEYS)
         if identity not in known:
             known.add(identity)
-            stored.append(json_safe(dict(switch)))
+            stored.append(body)
     conn.execute(update(Job).where(Job.id == job_id).values(precision_switches=stored))
 
 
@@ -318,22 +323,24 @@ def _runtime_used(conn: Connection, job_id: str) -> float:
 def _progress_values(progress: Progress) -> dict[str, Any]:
     values: dict[str, Any] = {}
     if progress.steps:
-        latest = max(progress.steps, key=lambda record: int(record["step"]))
-        values["latest"] = json_safe(latest)
-        values["step"] = int(latest["step"])
+        latest = max(progress.steps, key=lambda record: record.step)
+        values["latest"] = latest.body()
+        values["step"] = latest.step
     if progress.world_size is not None:
         values["world_size"] = progress.world_size
     if progress.startup is not None:
-        values["startup"] = json_safe(progress.startup)
+        values["startup"] = records.finite(progress.startup)
     return values
 
 
-def _record_row(job_id: str, record: dict[str, Any]) -> dict[str, Any]:
+def _record_row(job_id: str, record: records.StepRecord | records.EvalRecord) -> dict[str, Any]:
     """A ``step_records``/``eval_records`` row: the record keyed by ``(job_id, step)``, whole in ``data``."""
-    return {"job_id": job_id, "step": int(record["step"]), "time": float(record.get("time") or 0.0), "data": json_safe(record)}
+    return {"job_id": job_id, "step": record.step, "time": float(record.time or 0.0), "data": record.body()}
 
 
-def _insert_ignore(conn: Connection, table: type[StepRecord] | type[EvalRecord], rows: list[dict[str, Any]]) -> Insert | None:
+def _insert_ignore(
+    conn: Connection, table: type[models.StepRecord] | type[models.EvalRecord], rows: list[dict[str, Any]]
+) -> Insert | None:
     """INSERT of ``rows`` into ``table`` that skips steps already stored (``None``: nothing to insert)."""
     if not rows:
         return None
@@ -351,14 +358,3 @@ def _insert_ignore(conn: Connection, table: type[StepRecord] | type[EvalRecord],
     existing = set(conn.execute(query).scalars())
     fresh = [row for row in rows if row["step"] not in existing]
     return insert(table).values(fresh) if fresh else None
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by ``None`` (strict JSON, Postgres ``json``)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: json_safe(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [json_safe(item) for item in value]
-    return value

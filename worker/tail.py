@@ -13,6 +13,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from contracts.records import StepRecord, parse_record
+
 log = logging.getLogger(__name__)
 
 #: Bytes read per call at most, so one poll never loads a huge backlog at once.
@@ -66,18 +68,16 @@ class RecordTail:
             return b""
 
 
-def step_records_up_to(path: Path, step: int) -> list[dict[str, Any]]:
+def step_records_up_to(path: Path, step: int) -> list[StepRecord]:
     """The step records of a finished run's ``records.jsonl`` with ``step <= step``, in step order.
 
-    ``"type"`` is dropped, as the worker stores them. When a step appears more than once
-    (a precision switch rewound and re-ran it) the last occurrence wins: it is the one the
-    run continued from. ``[]`` when the file does not exist.
+    When a step appears more than once (a precision switch rewound and re-ran it) the last
+    occurrence wins: it is the one the run continued from. ``[]`` when the file does not exist.
     """
-    latest: dict[int, dict[str, Any]] = {}
-    for record in RecordTail(path).drain():
-        number = record.get("step")
-        if record.get("type") == "step" and isinstance(number, int) and number <= step:
-            latest[number] = {key: value for key, value in record.items() if key != "type"}
+    latest: dict[int, StepRecord] = {}
+    for line in RecordTail(path).drain():
+        if line.get("type") == "step" and isinstance(record := parse_record(line), StepRecord) and record.step <= step:
+            latest[record.step] = record
     return [latest[number] for number in sorted(latest)]
 
 

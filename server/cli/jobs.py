@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from contracts.resources import JobPublic
 from server.cli.credentials import resolve_token, token_path
 from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
 from server.cli.watch import WatchView, format_number, format_scale, watch_output
@@ -145,9 +146,9 @@ def run_submit(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     with client_for(args) as client:
         job = client.submit(spec, idempotency_key=args.idempotency_key)
-        sys.stdout.write(f"{job['id']}\n" if args.quiet else f"submitted job {job['id']} ({job['status']})\n")
+        sys.stdout.write(f"{job.id}\n" if args.quiet else f"submitted job {job.id} ({job.status})\n")
         sys.stdout.flush()
-        return watch_job(client, job["id"]) if args.watch else 0
+        return watch_job(client, job.id) if args.watch else 0
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -155,24 +156,29 @@ def run_list(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         jobs = client.list(status=args.status, limit=args.limit)
     if args.json:
-        sys.stdout.write(json.dumps(jobs, indent=2) + "\n")
+        sys.stdout.write(json.dumps([job.model_dump(mode="json") for job in jobs], indent=2) + "\n")
         return 0
     rows = [("ID", "STATUS", "STEP", "LOSS", "SCALE", "SKIPPED", "CREATED", "NAME")]
     for job in jobs:
-        latest = job.get("latest") or {}
-        rows.append((job["id"], job["status"], f"{job['step']}/{job['max_steps']}", format_number(latest.get("loss")),
+        latest = job.latest or {}
+        rows.append((job.id, job.status, f"{job.step}/{job.max_steps}", format_number(latest.get("loss")),
                      _scale_cell(job, format_number), str(latest.get("skipped_steps", "-")),
-                     job["created_at"][:19].replace("T", " "), job.get("name") or ""))  # fmt: skip
+                     job.created_at.strftime("%Y-%m-%d %H:%M:%S"), job.name or ""))  # fmt: skip
     write_table(rows)
     return 0
 
 
-def _scale_cell(job: dict[str, Any], shown: Callable[[Any], str]) -> str:
+def _sent(job: JobPublic, field: str) -> bool:
+    """Whether the API sent ``field`` of the resource (an older server lacks the newer ones: their defaults stand in)."""
+    return field in job.model_fields_set
+
+
+def _scale_cell(job: JobPublic, shown: Callable[[Any], str]) -> str:
     """The latest loss scale as ``shown`` formats it; ``none`` for a job that does no loss scaling (fp32, bf16,
     fp8: its scale is always 1, which would read as a scale)."""
-    if job.get("loss_scaling") == "none":
+    if _sent(job, "loss_scaling") and job.loss_scaling == "none":
         return "none"
-    return shown((job.get("latest") or {}).get("loss_scale"))
+    return shown((job.latest or {}).get("loss_scale"))
 
 
 def write_table(rows: list[tuple[str, ...]]) -> None:
@@ -199,31 +205,31 @@ def run_status(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         job = client.get(args.job_id)
     if args.json:
-        sys.stdout.write(json.dumps(job, indent=2) + "\n")
+        sys.stdout.write(json.dumps(job.model_dump(mode="json"), indent=2) + "\n")
         return 0
     sys.stdout.write("".join(f"{key + ':':<10} {value}\n" for key, value in describe(job)))
     return 0
 
 
-def describe(job: dict[str, Any]) -> list[tuple[str, str]]:
+def describe(job: JobPublic) -> list[tuple[str, str]]:
     """``(label, text)`` lines describing a job resource."""
-    latest = job.get("latest") or {}
-    lines = [("id", job["id"]), ("name", job.get("name") or "-"), ("status", job["status"]),
-             ("step", f"{job['step']}/{job['max_steps']} (world size {job['world_size']})"),
+    latest = job.latest or {}
+    lines = [("id", job.id), ("name", job.name or "-"), ("status", str(job.status)),
+             ("step", f"{job.step}/{job.max_steps} (world size {job.world_size})"),
              ("precision", _precision_text(job))]  # fmt: skip
-    if job.get("phase"):
-        lines.append(("phase", job["phase"]))
-    if job.get("startup"):
-        lines.append(("start-up", _startup_text(job["startup"])))
+    if job.phase:
+        lines.append(("phase", job.phase))
+    if job.startup:
+        lines.append(("start-up", _startup_text(job.startup.model_dump())))
     if latest:
         lines += [("loss", format_number(latest.get("loss"))), ("scale", _scale_cell(job, format_scale)),
                   ("updates", _updates_text(job, latest)),
                   ("samples/s", format_number(latest.get("samples_per_second"), 5))]  # fmt: skip
-    if job.get("eval"):
-        lines.append(("eval", ", ".join(f"{k} {format_number(v)}" for k, v in job["eval"].items() if k not in ("time", "type"))))
-    if job.get("error"):
-        lines.append(("error", f"{job['error']['reason']}: {job['error']['message']}"))
-    lines.append(("created", job["created_at"]))
+    if job.eval:
+        lines.append(("eval", ", ".join(f"{k} {format_number(v)}" for k, v in job.eval.items() if k not in ("time", "type"))))
+    if job.error:
+        lines.append(("error", f"{job.error.reason}: {job.error.message}"))
+    lines.append(("created", job.model_dump(mode="json", include={"created_at"})["created_at"]))
     return lines
 
 
@@ -234,18 +240,18 @@ def _startup_text(startup: dict[str, Any]) -> str:
     return ", ".join(f"{name} {value:.1f} s" for name, value in timed) or "-"
 
 
-def _updates_text(job: dict[str, Any], latest: dict[str, Any]) -> str:
+def _updates_text(job: JobPublic, latest: dict[str, Any]) -> str:
     """``applied N / skipped M``: the resource's counts (from the latest record on an older server)."""
-    skipped = job.get("skipped_steps", latest.get("skipped_steps"))
-    applied = job.get("applied_steps", job["step"] - (skipped or 0))
+    skipped = job.skipped_steps if _sent(job, "skipped_steps") else latest.get("skipped_steps")
+    applied = job.applied_steps if _sent(job, "applied_steps") else job.step - (skipped or 0)
     return f"applied {applied} / skipped {skipped}"
 
 
-def _precision_text(job: dict[str, Any]) -> str:
+def _precision_text(job: JobPublic) -> str:
     """The spec's precision, or ``fp16 -> bf16 at step 12 (reason; rewound to step 8)`` after a switch."""
-    switches = job.get("precision_switches") or []
+    switches = job.precision_switches
     if not switches:
-        return str(job["spec"]["precision"])
+        return str(job.spec["precision"])
     last = switches[-1]
     return (f"{last['from']} -> {last['to']} at step {last['step']} "
             f"({last['reason']}; rewound to step {last['rewound_to_step']})")
@@ -260,9 +266,9 @@ def run_watch(args: argparse.Namespace) -> int:
 def watch_job(client: HalfcastClient, job_id: str) -> int:
     """Print the live view of ``job_id`` (:mod:`server.cli.watch`); 0 if it succeeds, 1 if it fails or is cancelled."""
     job = client.get(job_id)
-    view = WatchView(job_id, int(job["max_steps"]), scales_loss=job.get("loss_scaling", "dynamic") != "none")
-    start = max(0, int(job["step"]) - 50)  # a little history for the ETA, not the whole run
-    status = job["status"]
+    view = WatchView(job_id, job.max_steps, scales_loss=not (_sent(job, "loss_scaling") and job.loss_scaling == "none"))
+    start = max(0, job.step - 50)  # a little history for the ETA, not the whole run
+    status: str = job.status
     with watch_output(sys.stdout) as output:
         for event in client.events(job_id, after_step=start):
             output.show(view, event, view.apply(event))
@@ -275,5 +281,5 @@ def run_cancel(args: argparse.Namespace) -> int:
     """Ask the API to cancel the job; print its new status."""
     with client_for(args) as client:
         job = client.cancel(args.job_id)
-    sys.stdout.write(f"job {job['id']}: {job['status']}\n")
+    sys.stdout.write(f"job {job.id}: {job.status}\n")
     return 0

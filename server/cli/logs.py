@@ -73,7 +73,7 @@ def _print_logs(args: argparse.Namespace) -> int:
         if args.follow:
             return follow(client, args.job_id, args.rank, args.tail, args.attempt)
         body = client.logs(args.job_id, rank=args.rank, tail=args.tail, attempt=args.attempt)
-    sys.stdout.writelines(line + "\n" for line in body["lines"])
+    sys.stdout.writelines(line + "\n" for line in body.lines)
     return 0
 
 

@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from server.client import TERMINAL_STATUSES, Event
+from contracts.status import TERMINAL_STATUSES
+from server.client import Event
 
 #: Width of the progress bar, in characters (and of its short form, on narrow terminals).
 BAR_WIDTH, SHORT_BAR_WIDTH = 24, 10

@@ -8,15 +8,17 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from contracts import status
 from server.db.redacted import RedactedText
 
-#: Job statuses (docs/results.md, "Statuses"). Terminal statuses never change again.
-STATUSES = ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled")
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
-ACTIVE_STATUSES = frozenset(STATUSES) - TERMINAL_STATUSES
-#: How an attempt ended (``attempts.status``; null while it runs): a job's terminal statuses, and
-#: ``requeued``: a graceful worker shutdown stopped it and handed the job back to the queue.
-ATTEMPT_STATUSES = ("succeeded", "failed", "cancelled", "requeued")
+#: Job statuses (:class:`contracts.status.JobStatus`, docs/results.md, "Statuses"), as the column stores them. Terminal
+#: statuses never change again.
+STATUSES: tuple[str, ...] = tuple(member.value for member in status.JobStatus)
+TERMINAL_STATUSES: frozenset[str] = frozenset(member.value for member in status.TERMINAL_STATUSES)
+ACTIVE_STATUSES: frozenset[str] = frozenset(STATUSES) - TERMINAL_STATUSES
+#: How an attempt ended (``attempts.status``; null while it runs; :class:`contracts.status.AttemptStatus`): a
+#: job's terminal statuses, and ``requeued``: a graceful worker shutdown stopped it and handed the job back.
+ATTEMPT_STATUSES: tuple[str, ...] = tuple(member.value for member in status.AttemptStatus)
 
 
 def utcnow() -> datetime:

@@ -12,12 +12,13 @@ from __future__ import annotations
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from contracts.status import FailureReason
 from server.db import audit, quota_check
 from server.db.models import Job, utcnow
 from server.db.quotas import QuotaLimits
 
 #: The error reason of a job whose message the broker refused (``server.db.jobs.mark_enqueue_failed``).
-ENQUEUE_FAILED = "enqueue_failed"
+ENQUEUE_FAILED = FailureReason.ENQUEUE_FAILED.value
 
 
 def never_sent(job: Job) -> bool:

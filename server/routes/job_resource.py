@@ -22,7 +22,7 @@ from server.auth import bearer, can_see, presented_token_hash, principal_of
 from server.db.job_reads import read_job
 from server.errors import ApiError
 from server.etags import job_etag, none_match
-from server.schemas import ErrorBody, JobPublic
+from server.schemas import ErrorBody, JobPublic, job_public
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -57,5 +57,5 @@ async def get_job(
     headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL}
     if none_match(if_none_match, etag):
         return Response(status_code=304, headers=headers)
-    body = JobPublic.from_row(read.job).model_dump_json()
+    body = job_public(read.job).model_dump_json()
     return Response(body, media_type="application/json", headers=headers)

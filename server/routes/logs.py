@@ -1,6 +1,6 @@
 """``GET /jobs/{id}/logs``: the last lines of one rank's log of one attempt, or a live follow of it.
 
-The files are read from the API's own runs directory (:mod:`server.runlogs`); with
+The files are read from the API's own runs directory (:mod:`contracts.rundir`); with
 the API and the workers on different hosts that directory must be shared (the
 docker-compose file mounts one volume in both). Without ``follow`` the answer is
 JSON (:class:`LogLines`); with ``follow=true`` it is a Server-Sent Events stream
@@ -14,8 +14,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
 
+from contracts.resources import LogLines
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
 from server.db.models import TERMINAL_STATUSES, Job
@@ -32,15 +32,6 @@ router = APIRouter(prefix="/jobs", tags=["logs"], dependencies=[Depends(authenti
 MAX_TAIL = 10_000
 #: Lines returned when ``tail`` is not given.
 DEFAULT_TAIL = 200
-
-
-class LogLines(BaseModel):
-    """The last lines of one rank's log of one attempt (oldest first; no line endings)."""
-
-    job_id: str
-    attempt: int = Field(description="The attempt the lines come from (1-based)")
-    rank: int = Field(description="The global rank whose stdout and stderr these are")
-    lines: list[str] = Field(description="At most `tail` lines; empty while the rank has written nothing")
 
 
 def install(app: FastAPI, settings: EventStreamSettings | None = None) -> None:

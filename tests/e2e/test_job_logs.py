@@ -22,7 +22,7 @@ def test_follow_rank_1_of_a_two_process_job_until_it_ends(embedded_stack: Stack)
         assert any("rank=1 world_size=2" in line for line in lines), lines  # rank 1's own "joined process group"
         assert any("finished 20 steps" in line for line in lines), lines
         assert not any(" rank0 " in line for line in lines), lines  # nothing of rank 0
-        rank_0 = client.logs(job_id, rank=0, tail=1000)["lines"]
+        rank_0 = client.logs(job_id, rank=0, tail=1000).lines
         assert any("rank=0 world_size=2" in line for line in rank_0) and not any(" rank1 " in line for line in rank_0)
-        assert client.logs(job_id, rank=1, tail=1000)["lines"] == lines  # the follow saw every line, once, in order
+        assert client.logs(job_id, rank=1, tail=1000).lines == lines  # the follow saw every line, once, in order
     assert embedded_stack.job(job_id)["status"] == "succeeded"

@@ -26,14 +26,14 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.rundir import JobRuns
 from server.db import tokens
 from server.db.jobs import spec_hash
 from server.db.models import (
     STATUSES, TERMINAL_STATUSES, Attempt, Job, RegisteredDataset, RegisteredModel, StepRecord, Worker,
 )
 from server.registry.layout import RegistryLayout
-from server.runlogs import attempt_dir, rank_log
-from server.schemas import JobPublic
+from server.schemas import job_public
 from server.strict_json import JsonPath
 from trainer.spec import JobSpec
 
@@ -94,11 +94,11 @@ def _add_history(session: Session, job: Job, runs_dir: Path) -> None:
     for step in (1, 2, 3):
         session.add(StepRecord(job_id=job.id, step=step, time=1000.0 + step, data=_step_data(step)))
     job.step, job.latest = 3, _step_data(3)
-    log_path = rank_log(attempt_dir(runs_dir, job.id, 1), 0)
+    log_path = JobRuns.of(runs_dir, job.id).attempt(1).rank_log(0)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("".join(f"rank 0 line {n}\n" for n in range(5)))
     if job.status == "succeeded":
-        adapter = attempt_dir(runs_dir, job.id, 1) / "export" / "adapter"
+        adapter = JobRuns.of(runs_dir, job.id).attempt(1).export_of("adapter")
         adapter.mkdir(parents=True)
         (adapter / "adapter_config.json").write_text('{"r": 8}')
         model = adapter.parent / "model"  # registrable: POST /jobs/{id}/exports/model/register reaches its 201
@@ -249,7 +249,7 @@ def database_problems(sessions: sessionmaker[Session], registry: Path | None = N
         for job in session.scalars(select(Job)):
             problems += _spec_problems(job) + _status_problems(job)
             try:
-                JobPublic.from_row(job)
+                job_public(job)
             except ValidationError as exc:
                 problems.append(f"job {job.id}: does not render as a job resource: {exc}")
         problems += _orphan_problems(session)

@@ -9,13 +9,13 @@ from fastapi.testclient import TestClient
 from live_server import set_status
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.runlogs import attempt_dir, rank_log
+from contracts.rundir import JobRuns
 from server.settings import Settings
 
 
 def write_log(settings: Settings, job_id: str, attempt: int, rank: int, text: str) -> Path:
     """Write ``text`` as ``rank``'s log of ``attempt`` where the worker would."""
-    path = rank_log(attempt_dir(settings.runs_dir, job_id, attempt), rank)
+    path = JobRuns.of(settings.runs_dir, job_id).attempt(attempt).rank_log(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

@@ -15,7 +15,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.records import EndRecord, PrecisionSwitchRecord, StepRecord
 from server.db.models import Job
+from worker.ingest import end_info
 from worker.store import JobStore, Progress
 
 
@@ -26,8 +28,9 @@ def _counts(client: TestClient, job_id: str) -> tuple[int, int, int]:
     return job["step"], job["applied_steps"], job["skipped_steps"]
 
 
-def _step(step: int, skipped: int, **extra: Any) -> dict[str, Any]:
-    return {"step": step, "time": float(step), "loss": 1.0, "overflow": False, "skipped_steps": skipped, **extra}
+def _step(step: int, skipped: int, **extra: Any) -> StepRecord:
+    return StepRecord.model_validate({"step": step, "time": float(step), "loss": 1.0, "overflow": False,
+                                      "skipped_steps": skipped, **extra})
 
 
 def test_the_resource_counts_applied_and_skipped_steps(client: TestClient, sessions: sessionmaker[Session]) -> None:
@@ -35,7 +38,7 @@ def test_the_resource_counts_applied_and_skipped_steps(client: TestClient, sessi
     assert _counts(client, job_id) == (0, 0, 0)  # no step record yet
     insert_steps(sessions, job_id, range(1, 6))  # step 3 overflowed
     with sessions() as session:
-        session.execute(update(Job).where(Job.id == job_id).values(step=5, latest=_step(5, 1)))
+        session.execute(update(Job).where(Job.id == job_id).values(step=5, latest=_step(5, 1).body()))
         session.commit()
     assert _counts(client, job_id) == (5, 4, 1)
 
@@ -51,8 +54,8 @@ def test_the_counts_follow_a_precision_switch_and_a_retry_rewind(
     fp16 = [_step(s, max(0, s - 8), overflow=s > 8) for s in range(1, 13)]
     assert store.record_progress(claim.fence, Progress(steps=fp16))
     assert _counts(client, claim.job_id) == (12, 8, 4)
-    switch = {"step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed", "message": "m",
-              "rewound_to_step": 8, "time": 1.0}  # fmt: skip
+    switch = PrecisionSwitchRecord.model_validate({"step": 12, "from": "fp16", "to": "bf16", "message": "m",
+                                                   "reason": "loss_scale_collapsed", "rewound_to_step": 8, "time": 1.0})
     bf16 = [_step(s, 0, precision="bf16") for s in (9, 10, 11)]
     assert store.record_progress(claim.fence, Progress(steps=bf16, switches=[switch]))
     assert _counts(client, claim.job_id) == (11, 11, 0)
@@ -65,14 +68,12 @@ def test_an_early_stop_shows_on_the_resource_and_final_pt_holds_its_step(
 ) -> None:
     """The worker keeps the succeeded run's end record (``jobs.end_info``); the resource shows its
     ``stopped_early`` and ``exported_step``, and the checkpoint list gives ``final.pt`` the step it stopped at."""
-    from worker.end_record import parse_end_record
-
     store = JobStore(engine)
     claim = store.claim(insert_job(sessions), "w", tmp_path)
     assert claim is not None
-    end = parse_end_record({"steps": 30, "skipped_steps": 2, "applied_steps": 28, "exported_step": 20,
-                            "stopped_early": {"step": 30, "metric": "loss", "best_step": 20, "best_value": 0.5}})  # fmt: skip
-    assert end is not None and store.finish(claim.fence, "succeeded", end_info=end.summary())
+    end = EndRecord.model_validate({"steps": 30, "skipped_steps": 2, "applied_steps": 28, "exported_step": 20,
+                                    "stopped_early": {"step": 30, "metric": "loss", "best_step": 20, "best_value": 0.5}})
+    assert store.finish(claim.fence, "succeeded", end_info=end_info(end))
     job = client.get(f"/jobs/{claim.job_id}").json()
     assert job["stopped_early"] == {"step": 30, "metric": "loss", "best_step": 20, "best_value": 0.5}
     assert job["exported_step"] == 20

@@ -25,9 +25,10 @@ from server.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "digits-fp16.json"
-#: Packages of the server, the worker and the trainer that no job command may import (none in a client-only install).
+#: Packages of the server, the worker and the trainer that no job command may import (none in a client-only install;
+#: pydantic is the client's own, for its typed answers).
 SERVER_SIDE = ("torch", "sqlalchemy", "fastapi", "fastapi_offline", "starlette", "celery", "kombu", "redis", "uvicorn",
-               "alembic", "psycopg", "pydantic", "pydantic_core", "pydantic_settings", "prometheus_client",
+               "alembic", "psycopg", "pydantic_settings", "prometheus_client",
                "transformers", "peft", "sklearn", "safetensors", "tokenizers", "broker", "worker", "trainer",
                "server.app", "server.db")  # fmt: skip
 #: Every command that talks to the API, with arguments that get it to its first request.

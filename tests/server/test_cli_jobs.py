@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -25,6 +26,7 @@ from live_server import (
 from sqlalchemy.orm import Session, sessionmaker
 from terminal_support import FakeTerminal, Screen
 
+from contracts.resources import JobPublic
 from server.app import create_app
 from server.cli import EXIT_BROKEN_PIPE, main
 from server.cli.watch import (
@@ -239,14 +241,22 @@ def test_formatting() -> None:
     assert progress_bar(5, 10, width=4) == "[##..]" and progress_bar(0, 0, width=2) == "[..]"
 
 
+def _job(**fields: Any) -> JobPublic:
+    """The resource of a running fp16 job, with ``fields``, as the client reads it."""
+    base = {"id": "j", "name": None, "status": "running", "spec": {"precision": "fp16"}, "created_at": "2026-12-02T10:00:00Z",
+            "started_at": None, "finished_at": None, "error": None, "step": 0, "max_steps": 20, "world_size": 1,
+            "latest": None, "eval": None, "attempt": 1}  # fmt: skip
+    return JobPublic.model_validate(base | fields)
+
+
 def test_status_names_a_precision_switch() -> None:
     from server.cli.jobs import describe
 
-    job = {"id": "j", "status": "running", "step": 12, "max_steps": 20, "world_size": 1, "created_at": "t",
-           "spec": {"precision": "fp16"}, "precision_switches": []}
+    job = _job(step=12, precision_switches=[])
     assert ("precision", "fp16") in describe(job)
-    job["precision_switches"] = [{"step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed",
-                                  "message": "...", "rewound_to_step": 8}]
+    assert ("created", "2026-12-02T10:00:00Z") in describe(job)
+    job = _job(step=12, precision_switches=[{"step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed",
+                                             "message": "...", "rewound_to_step": 8}])  # fmt: skip
     assert ("precision", "fp16 -> bf16 at step 12 (loss_scale_collapsed; rewound to step 8)") in describe(job)
 
 
@@ -254,22 +264,19 @@ def test_status_shows_applied_and_skipped_steps() -> None:
     from server.cli.jobs import describe
 
     latest = {"step": 10, "loss": 2.3, "loss_scale": 1.0, "skipped_steps": 10, "samples_per_second": 100.0}
-    job = {"id": "j", "status": "failed", "step": 10, "max_steps": 10, "world_size": 1, "created_at": "t",
-           "spec": {"precision": "fp16"}, "latest": latest, "applied_steps": 0, "skipped_steps": 10}
+    job = _job(status="failed", step=10, max_steps=10, latest=latest, applied_steps=0, skipped_steps=10)
     assert ("updates", "applied 0 / skipped 10") in describe(job)
-    del job["applied_steps"], job["skipped_steps"]  # an older server: derived from the latest record
+    job = _job(status="failed", step=10, max_steps=10, latest=latest)  # an older server: derived from the latest record
     assert ("updates", "applied 0 / skipped 10") in describe(job)
 
 
 def test_status_shows_the_start_up_phase_and_its_times() -> None:
     from server.cli.jobs import describe
 
-    job = {"id": "j", "status": "running", "step": 0, "max_steps": 20, "world_size": 1, "created_at": "t",
-           "spec": {"precision": "fp16"}, "phase": "building model",
-           "startup": {"launch_s": 1.52, "imports_s": 6.0, "data_s": 0.25, "model_s": None, "first_step_s": None}}
-    lines = describe(job)
+    startup = {"launch_s": 1.52, "imports_s": 6.0, "data_s": 0.25, "model_s": None, "first_step_s": None}
+    lines = describe(_job(phase="building model", startup=startup))
     assert ("phase", "building model") in lines and ("start-up", "launch 1.5 s, imports 6.0 s, data 0.2 s") in lines
-    job.update(status="succeeded", phase=None, startup=None)  # an older server has neither
+    job = _job(status="succeeded")  # an older server has neither
     assert not {"phase", "start-up"} & {label for label, _ in describe(job)}
 
 
@@ -280,9 +287,9 @@ def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(monke
     from server.cli.jobs import describe
 
     latest = {"step": 4, "loss": 0.5, "loss_scale": 1.0, "skipped_steps": 0, "samples_per_second": 10.0}
-    bf16 = {"id": "b", "status": "running", "step": 4, "max_steps": 8, "world_size": 1, "created_at": "2026-12-02T10:00:00",
-            "spec": {"precision": "bf16"}, "latest": latest, "loss_scaling": "none", "name": "b"}
-    fp16 = bf16 | {"id": "f", "spec": {"precision": "fp16"}, "loss_scaling": "dynamic", "latest": latest | {"loss_scale": 1024.0}}
+    bf16 = _job(id="b", step=4, max_steps=8, spec={"precision": "bf16"}, latest=latest, loss_scaling="none", name="b")
+    fp16 = bf16.model_copy(update={"id": "f", "spec": {"precision": "fp16"}, "loss_scaling": "dynamic",
+                                   "latest": latest | {"loss_scale": 1024.0}})  # fmt: skip
     assert ("scale", "none") in describe(bf16) and ("scale", "1024 (2^10)") in describe(fp16)
 
     class Client:
@@ -292,7 +299,7 @@ def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(monke
         def __exit__(self, *exc: object) -> None:
             return None
 
-        def list(self, **kwargs: object) -> list[dict[str, object]]:
+        def list(self, **kwargs: object) -> list[JobPublic]:
             return [bf16, fp16]
 
     monkeypatch.setattr(cli_jobs, "client_for", lambda args: Client())

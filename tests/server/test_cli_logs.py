@@ -12,10 +12,10 @@ from api_support import FakeQueue, insert_job
 from live_server import LiveServer, free_port, set_status, sqlite_copy
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.rundir import JobRuns
 from server.app import create_app
 from server.cli import main
 from server.events import EventStreamSettings, StreamStats
-from server.runlogs import attempt_dir, rank_log
 from server.settings import Settings
 
 
@@ -37,7 +37,7 @@ def url(settings: Settings, monkeypatch: pytest.MonkeyPatch, admin_token: str) -
 
 
 def _append(settings: Settings, job_id: str, text: str, attempt: int = 1, rank: int = 0) -> None:
-    path = rank_log(attempt_dir(settings.runs_dir, job_id, attempt), rank)
+    path = JobRuns.of(settings.runs_dir, job_id).attempt(attempt).rank_log(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         handle.write(text)

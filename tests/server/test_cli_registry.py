@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from server.cli import main
 from server.cli.progress import MIN_BYTES, UploadProgress
 from server.client import HalfcastClient, ValidationFailed
-from server.runlogs import attempt_dir
+from contracts.rundir import JobRuns
 from server.settings import Settings
 
 
@@ -76,7 +76,7 @@ def test_models_upload_list_show_delete_and_a_link_refused(url: str, tmp_path: P
 def test_models_register_a_jobs_export(url: str, settings: Settings, sessions: sessionmaker[Session],
                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     job_id = insert_job(sessions, status="succeeded", owner="tester")
-    write_model_dir(attempt_dir(settings.runs_dir, job_id, 1) / "export" / "model").mkdir(exist_ok=True)
+    write_model_dir(JobRuns.of(settings.runs_dir, job_id).attempt(1).export_of("model")).mkdir(exist_ok=True)
     assert main(["models", "register", job_id, "--name", "again", "--json"]) == 0
     model = json.loads(_out(capsys)[0])
     assert (model["name"], model["source_job_id"], model["files"]) == ("again", job_id, 3)

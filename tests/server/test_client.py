@@ -13,9 +13,22 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.records import EvalRecord as EvalLine
+from contracts.records import StepRecord
+from contracts.resources import JobPublic
+from contracts.status import JobStatus
 from server.app import create_app
 from server.db.models import EvalRecord
-from server.client import Conflict, FieldError, HalfcastClient, NotFound, ServerUnavailable, ValidationFailed, parse_sse
+from server.client import (
+    Conflict,
+    FieldError,
+    HalfcastClient,
+    HalfcastError,
+    NotFound,
+    ServerUnavailable,
+    ValidationFailed,
+    parse_sse,
+)
 from server.events import EventStreamSettings, StreamStats
 from server.settings import Settings
 from server.strict_json import NONFINITE_MESSAGE
@@ -52,13 +65,13 @@ def halfcast(server: LiveServer, admin_token: str) -> Iterator[HalfcastClient]:
 
 def test_submit_get_and_cancel(halfcast: HalfcastClient, queue: FakeQueue) -> None:
     job = halfcast.submit(VALID_SPEC)
-    assert job["status"] == "queued" and queue.sent == [job["id"]]
-    assert halfcast.get(job["id"])["spec"]["precision"] == "fp16"
-    assert halfcast.cancel(job["id"])["status"] == "cancelled"
+    assert isinstance(job, JobPublic) and job.status == JobStatus.QUEUED and queue.sent == [job.id]
+    assert halfcast.get(job.id).spec["precision"] == "fp16"
+    assert halfcast.cancel(job.id).status == "cancelled"
     with pytest.raises(Conflict, match="already cancelled"):
-        halfcast.cancel(job["id"])
+        halfcast.cancel(job.id)
     again = halfcast.submit(VALID_SPEC, idempotency_key="k-1")
-    assert halfcast.submit(VALID_SPEC, idempotency_key="k-1")["id"] == again["id"]
+    assert halfcast.submit(VALID_SPEC, idempotency_key="k-1").id == again.id
 
 
 def test_get_asks_again_with_the_etag_and_reuses_its_copy_on_304(
@@ -68,11 +81,20 @@ def test_get_asks_again_with_the_etag_and_reuses_its_copy_on_304(
     halfcast._http.event_hooks["response"].append(lambda response: statuses.append(response.status_code))
     job_id = insert_job(sessions, status="running")
     first = halfcast.get(job_id)
-    first["status"] = "mutated by the caller"  # the copy kept is not the one handed out
-    assert halfcast.get(job_id)["status"] == "running" and statuses == [200, 304]
+    first.status, first.spec["precision"] = JobStatus.FAILED, "mutated by the caller"  # the copy kept is not handed out
+    again = halfcast.get(job_id)
+    assert (again.status, again.spec["precision"]) == ("running", "fp16") and statuses == [200, 304]
     add_steps(sessions, job_id, [step_record(1)])
-    assert halfcast.get(job_id)["step"] == 1 and statuses == [200, 304, 200]
-    assert halfcast.get(job_id)["latest"]["step"] == 1 and statuses[-1] == 304
+    assert halfcast.get(job_id).step == 1 and statuses == [200, 304, 200]
+    assert (halfcast.get(job_id).latest or {})["step"] == 1 and statuses[-1] == 304
+
+
+def test_an_answer_that_is_not_the_model_is_a_halfcast_error() -> None:
+    """A job resource without its fields (a proxy's page, a broken server) is a typed error, not a KeyError later."""
+    client = HalfcastClient("http://halfcast.test")
+    client._http = httpx.Client(base_url=client.url, transport=httpx.MockTransport(lambda _: httpx.Response(200, json={"id": "j"})))
+    with client, pytest.raises(HalfcastError, match="JobPublic that does not validate"):
+        client.get("j")
 
 
 def test_a_bad_spec_raises_validation_failed_with_every_field(halfcast: HalfcastClient, queue: FakeQueue) -> None:
@@ -122,13 +144,15 @@ def test_unknown_job_is_not_found(halfcast: HalfcastClient) -> None:
 
 def test_list_pages_and_metrics_pages(halfcast: HalfcastClient, sessions: sessionmaker[Session]) -> None:
     ids = [insert_job(sessions, seconds=n) for n in range(5)]
-    assert [job["id"] for job in halfcast.list(limit=3)] == ids[::-1][:3]
-    assert [job["id"] for job in halfcast.jobs(page_size=2)] == ids[::-1]
+    assert [job.id for job in halfcast.list(limit=3)] == ids[::-1][:3]
+    assert [job.id for job in halfcast.jobs(page_size=2)] == ids[::-1]
     assert halfcast.list(status="running") == []
     insert_steps(sessions, ids[0], range(1, 8))
     pages = list(halfcast.metrics(ids[0], page_size=3))
-    assert [[point["step"] for point in page] for page in pages] == [[1, 2, 3], [4, 5, 6], [7]]
-    assert [point["step"] for page in halfcast.metrics(ids[0], after_step=5) for point in page] == [6, 7]
+    assert [[point.step for point in page] for page in pages] == [[1, 2, 3], [4, 5, 6], [7]]
+    assert [point.step for page in halfcast.metrics(ids[0], after_step=5) for point in page] == [6, 7]
+    point = pages[0][2]
+    assert isinstance(point, StepRecord) and (point.overflow, point.grad_norm, point.skipped_steps) == (True, None, 1)
 
 
 def test_evals_are_the_jobs_validation_curve_in_step_order(halfcast: HalfcastClient, sessions: sessionmaker[Session]) -> None:
@@ -138,7 +162,9 @@ def test_evals_are_the_jobs_validation_curve_in_step_order(halfcast: HalfcastCli
     with sessions() as session:
         session.add_all(EvalRecord(job_id=job_id, step=e["step"], time=e["time"], data=e) for e in evaluations)
         session.commit()
-    assert [e["step"] for e in halfcast.evals(job_id)] == [3, 6, 9]
+    found = halfcast.evals(job_id)
+    assert [e.step for e in found] == [3, 6, 9] and all(isinstance(e, EvalLine) for e in found)
+    assert (found[0].loss, found[0].accuracy, found[0].perplexity) == (1 / 3, 0.3, None)
     with pytest.raises(NotFound):
         halfcast.evals("no-such-job")
 

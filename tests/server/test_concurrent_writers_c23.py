@@ -30,6 +30,7 @@ from live_server import LiveServer
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.records import StepRecord as StepLine
 from server.app import create_app
 from server.db.models import Job, StepRecord
 from server.settings import Settings
@@ -63,12 +64,12 @@ def _write(store: JobStore, fence: Fence, outcome: Outcome) -> None:
     try:
         step = 0
         while step < STEPS:
-            batch = [{"step": n, "time": time.time(), "loss": 1.0 / n, "loss_scale": 1024.0, "overflow": False,
-                      "skipped_steps": 0} for n in range(step + 1, min(step + 1 + step % 3 + 1, STEPS + 1))]  # fmt: skip
+            batch = [StepLine(step=n, time=time.time(), loss=1.0 / n, loss_scale=1024.0, overflow=False, skipped_steps=0)
+                     for n in range(step + 1, min(step + 1 + step % 3 + 1, STEPS + 1))]  # fmt: skip
             if not store.record_progress(fence, Progress(steps=batch)):
-                outcome.error(f"{fence.job_id}: steps {batch[0]['step']}.. were fenced out")
+                outcome.error(f"{fence.job_id}: steps {batch[0].step}.. were fenced out")
                 return
-            step = batch[-1]["step"]
+            step = batch[-1].step
             if step % 30 == 0 and not store.renew_lease(fence, 30.0):
                 outcome.error(f"{fence.job_id}: lease lost at step {step}")
     except Exception as exc:  # noqa: BLE001  # any failure of a writer is the test's failure

@@ -25,9 +25,9 @@ from live_server import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.rundir import JobRuns
 from server.app import create_app
 from server.events import EventStreamSettings, StreamStats
-from server.runlogs import attempt_dir, rank_log
 from server.settings import Settings
 
 #: Seconds within which a server-side stream must end after its client disconnected (field case C24).
@@ -55,7 +55,7 @@ def live(settings: Settings) -> Iterator[tuple[LiveServer, StreamStats]]:
 
 
 def _append(settings: Settings, job_id: str, attempt: int, text: str, rank: int = 0) -> None:
-    path = rank_log(attempt_dir(settings.runs_dir, job_id, attempt), rank)
+    path = JobRuns.of(settings.runs_dir, job_id).attempt(attempt).rank_log(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         handle.write(text)

@@ -8,7 +8,6 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import get_args
 
 import pytest
 from alembic import command
@@ -16,10 +15,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
+from contracts.status import AttemptStatus, JobStatus
 from server.db.engine import make_engine
 from server.db.migrate import alembic_config, current_revision, head_revision, upgrade_database
 from server.db.models import ATTEMPT_STATUSES, STATUSES, Base
-from server.schemas import AttemptStatus, JobStatus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,9 +115,10 @@ def test_alembic_command_line_from_the_repository(tmp_path: Path) -> None:
     assert current_revision(f"sqlite:///{tmp_path / 'data' / 'halfcast.db'}") == head_revision()
 
 
-def test_status_literals_match_the_models() -> None:
-    assert get_args(JobStatus) == STATUSES
-    assert get_args(AttemptStatus) == ATTEMPT_STATUSES
+def test_the_columns_statuses_are_the_contracts_enums() -> None:
+    assert STATUSES == ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled")
+    assert STATUSES == tuple(JobStatus) and ATTEMPT_STATUSES == tuple(AttemptStatus)
+    assert ATTEMPT_STATUSES == ("succeeded", "failed", "cancelled", "requeued")
 
 
 def test_0002_keeps_rows_and_backfills_the_attempts(empty_database_url: str) -> None:

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
 from server.db.models import Job
-from server.runlogs import attempt_dir
+from contracts.rundir import JobRuns
 from server.settings import Settings
 
 TAR = {"content-type": "application/x-tar"}
@@ -181,7 +181,7 @@ def test_a_spec_with_model_id_and_path_is_a_422(client: TestClient) -> None:
 def _succeeded_job_with_export(sessions: sessionmaker[Session], settings: Settings, owner: str,
                                files: dict[str, bytes] | None = None) -> str:  # fmt: skip
     job_id = insert_job(sessions, status="succeeded", owner=owner)
-    export = attempt_dir(settings.runs_dir, job_id, 1) / "export" / "model"
+    export = JobRuns.of(settings.runs_dir, job_id).attempt(1).export_of("model")
     export.mkdir(parents=True)
     write_model_dir(export, files)
     return job_id

@@ -19,9 +19,9 @@ from live_server import LiveServer, add_steps, iter_events, set_status, step_rec
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.rundir import JobRuns
 from server.app import create_app
 from server.events import EventStreamSettings, StreamStats
-from server.runlogs import attempt_dir, rank_log
 from server.settings import Settings
 
 VIEWERS = 20
@@ -55,7 +55,7 @@ class _Viewer:
 
 
 def _write(settings: Settings, sessions: sessionmaker[Session], job_id: str) -> None:
-    log_path = rank_log(attempt_dir(settings.runs_dir, job_id, 1), 0)
+    log_path = JobRuns.of(settings.runs_dir, job_id).attempt(1).rank_log(0)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     for step in range(1, STEPS + 1):
         add_steps(sessions, job_id, [step_record(step)])

@@ -42,9 +42,9 @@ from live_server import (
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.rundir import JobRuns
 from server.app import create_app
 from server.events import EventStreamSettings, StreamStats
-from server.runlogs import attempt_dir, rank_log
 from server.settings import Settings
 
 #: Seconds within which a server-side stream must end after its client disconnected (C24).
@@ -74,7 +74,7 @@ def _request(kind: str, base_url: str, job_id: str) -> tuple[str, dict[str, str]
 
 
 def _append(settings: Settings, job_id: str, text: str, attempt: int = 1) -> None:
-    path = rank_log(attempt_dir(settings.runs_dir, job_id, attempt), 0)
+    path = JobRuns.of(settings.runs_dir, job_id).attempt(attempt).rank_log(0)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         handle.write(text)

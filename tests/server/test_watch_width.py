@@ -12,6 +12,7 @@ import pytest
 from live_server import step_record
 from terminal_support import FakeTerminal, Screen
 
+from contracts.resources import JobPublic
 from server.cli.jobs import watch_job
 from server.cli.watch import Part, WatchView, fit
 from server.client import Event
@@ -35,8 +36,11 @@ def _events() -> Iterator[Event]:
 class FakeClient:
     """The two calls ``watch_job`` makes."""
 
-    def get(self, job_id: str) -> dict[str, Any]:
-        return {"id": job_id, "status": "starting", "max_steps": 1000, "step": 0}
+    def get(self, job_id: str) -> JobPublic:
+        return JobPublic.model_validate({"id": job_id, "name": None, "status": "starting", "spec": {}, "step": 0,
+                                         "max_steps": 1000, "world_size": 1, "created_at": "2026-12-02T10:00:00Z",
+                                         "started_at": None, "finished_at": None, "error": None, "latest": None,
+                                         "eval": None, "attempt": 1})  # fmt: skip
 
     def events(self, job_id: str, after_step: int = 0) -> Iterator[Event]:
         return _events()

@@ -13,6 +13,7 @@ import time
 import traceback
 from pathlib import Path
 
+from contracts.records import StepRecord
 from server.db.engine import make_engine
 from worker.store import Fence, JobStore, Progress
 
@@ -24,7 +25,7 @@ def write_steps(store: JobStore, fence: Fence, errors: list[str]) -> None:
     try:
         store.mark_running(fence)
         for step in range(1, STEPS + 1):
-            record = {"step": step, "time": time.time(), "loss": 1.0 / step, "loss_scale": 1024.0}
+            record = StepRecord(step=step, time=time.time(), loss=1.0 / step, loss_scale=1024.0)
             if not store.record_progress(fence, Progress(steps=[record])):
                 errors.append(f"{fence.job_id}: step {step} was fenced out")
             if step % 20 == 0 and not store.renew_lease(fence, 30.0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from server.runlogs import launcher_log, rank_log
+from contracts.rundir import RunDir
 from worker.failure_logs import RootCause, failure_log, root_cause
 from worker.outcomes import TYPED_TAIL_LINES, exit_outcome
 
@@ -36,10 +36,10 @@ Root Cause (first observed failure):
 
 
 def _run_dir(tmp_path: Path, launcher: str = "", ranks: dict[int, str] | None = None) -> Path:
-    launcher_log(tmp_path).parent.mkdir(parents=True, exist_ok=True)
-    launcher_log(tmp_path).write_text(launcher)
+    RunDir(tmp_path).launcher_log.parent.mkdir(parents=True, exist_ok=True)
+    RunDir(tmp_path).launcher_log.write_text(launcher)
     for rank, text in (ranks or {}).items():
-        rank_log(tmp_path, rank).write_text(text)
+        RunDir(tmp_path).rank_log(rank).write_text(text)
     return tmp_path
 
 
@@ -52,10 +52,10 @@ def test_root_cause_is_read_from_torchruns_report() -> None:
 
 def test_failure_log_is_the_ranks_own_when_it_has_output(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, ranks={0: "", 1: "boom"})
-    assert failure_log(run_dir, 1) == rank_log(run_dir, 1)
-    assert failure_log(run_dir, 0) == launcher_log(run_dir)  # empty
-    assert failure_log(run_dir, 5) == launcher_log(run_dir)  # absent
-    assert failure_log(run_dir, None) == launcher_log(run_dir)
+    assert failure_log(run_dir, 1) == RunDir(run_dir).rank_log(1)
+    assert failure_log(run_dir, 0) == RunDir(run_dir).launcher_log  # empty
+    assert failure_log(run_dir, 5) == RunDir(run_dir).launcher_log  # absent
+    assert failure_log(run_dir, None) == RunDir(run_dir).launcher_log
 
 
 def test_rank_failed_quotes_the_root_cause_ranks_log(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.records import EndRecord, parse_record
 from trainer.records import read_records
-from worker.end_record import EndRecord, parse_end_record
 from worker.outcomes import exit_outcome
 
 #: torchrun's report when a rank died of SIGKILL (as torch 2.13 prints it).
@@ -47,8 +47,8 @@ def test_success_needs_exit_0_and_the_end_record(tmp_path: Path) -> None:
 def test_an_end_record_that_applied_no_update_is_no_success(tmp_path: Path, counts: dict[str, int]) -> None:
     (tmp_path / "records.jsonl").write_text(json.dumps({"type": "end", "time": 1.0, **counts}) + "\n")
     [line] = read_records(tmp_path)
-    end = parse_end_record({k: v for k, v in line.items() if k != "type"})
-    assert end is not None
+    end = parse_record(line)
+    assert isinstance(end, EndRecord)
     outcome = exit_outcome(0, end, _run_dir(tmp_path))
     assert (outcome.status, outcome.reason) == ("failed", "no_update_applied")
     assert outcome.message is not None and "10 attempted steps" in outcome.message
@@ -56,7 +56,7 @@ def test_an_end_record_that_applied_no_update_is_no_success(tmp_path: Path, coun
 
 @pytest.mark.parametrize("body", [{}, {"steps": 10}, {"steps": "10", "skipped_steps": 0}, {"steps": 3, "skipped_steps": -1}])
 def test_an_end_record_without_valid_counts_is_no_end_record(body: dict[str, object]) -> None:
-    assert parse_end_record({"time": 1.0, **body}) is None
+    assert parse_record({"type": "end", "time": 1.0, **body}) is None
 
 
 def test_error_json_wins(tmp_path: Path) -> None:
@@ -93,10 +93,9 @@ def test_a_rank_killed_by_sigkill_is_oom_only_when_the_oom_killer_ran(tmp_path: 
 
 def test_a_short_end_record_succeeds_only_when_it_says_it_stopped_early(tmp_path: Path) -> None:
     stopped = {"step": 3, "metric": "loss", "best_step": 1, "best_value": 0.5}
-    early = parse_end_record({"steps": 3, "skipped_steps": 0, "applied_steps": 3, "stopped_early": stopped})
-    short = parse_end_record({"steps": 3, "skipped_steps": 0, "applied_steps": 3})
-    mismatched = parse_end_record({"steps": 3, "skipped_steps": 0, "stopped_early": {**stopped, "step": 2}})
-    assert early is not None and short is not None and mismatched is not None
+    early = EndRecord.model_validate({"steps": 3, "skipped_steps": 0, "applied_steps": 3, "stopped_early": stopped})
+    short = EndRecord(steps=3, skipped_steps=0, applied_steps=3)
+    mismatched = EndRecord.model_validate({"steps": 3, "skipped_steps": 0, "stopped_early": {**stopped, "step": 2}})
     assert exit_outcome(0, early, _run_dir(tmp_path), max_steps=10).status == "succeeded"
     refused = exit_outcome(0, short, _run_dir(tmp_path), max_steps=10)
     assert (refused.status, refused.reason) == ("failed", "rank_failed") and "stopped_early" in (refused.message or "")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from worker_support import small_spec
 
-from server.runlogs import attempt_dir, launcher_log, rank_log
+from contracts.rundir import JobRuns, RunDir
 from server.settings import Settings
 from trainer.spec import JobSpec
 from worker.launch import build_command, build_environment, start_run
@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 
 def _run_two_ranks(tmp_path: Path, attempt: int, name: str | None = None) -> tuple[Path, int]:
     """Launch ``rank_echo`` on 2 ranks under torchrun in attempt ``attempt``'s run directory; its exit status."""
-    run_dir = attempt_dir(tmp_path / "runs", "job", attempt)
+    run_dir = JobRuns.of(tmp_path / "runs", "job").attempt(attempt).path
     run_dir.mkdir(parents=True)
     spec = JobSpec.model_validate(small_spec(processes=2, name=name))
     (run_dir / "spec.json").write_text(spec.model_dump_json())
@@ -41,21 +41,21 @@ def _expected(rank: int) -> str:
 @pytest.mark.slow
 def test_each_rank_keeps_its_own_stdout_and_stderr_per_attempt(tmp_path: Path) -> None:
     first, code = _run_two_ranks(tmp_path, 1)
-    assert code == 0, launcher_log(first).read_text()
+    assert code == 0, RunDir(first).launcher_log.read_text()
     second, _ = _run_two_ranks(tmp_path, 2)  # a retry: a new run directory; the first attempt's logs stay
     for run_dir in (first, second):
         for rank in (0, 1):
-            note, text = rank_log(run_dir, rank).read_text().split("\n", 1)
+            note, text = RunDir(run_dir).rank_log(rank).read_text().split("\n", 1)
             assert note.endswith(f" rank{rank} INFO worker.rank_output: start-up: starting python -m rank_echo (imports)")
             assert text == _expected(rank)  # stdout and stderr interleaved, in order
-        assert "rank 0 out" not in launcher_log(run_dir).read_text()  # torchrun's own output only
+        assert "rank 0 out" not in RunDir(run_dir).launcher_log.read_text()  # torchrun's own output only
 
 
 @pytest.mark.slow
 def test_a_failed_rank_s_own_log_is_quoted_in_the_failure(tmp_path: Path) -> None:
     run_dir, code = _run_two_ranks(tmp_path, 1, name="rank-1-fails")
     assert code != 0
-    assert "boom from rank 1" in rank_log(run_dir, 1).read_text()
+    assert "boom from rank 1" in RunDir(run_dir).rank_log(1).read_text()
     outcome = exit_outcome(code, None, run_dir)
     assert (outcome.status, outcome.reason) == ("failed", "rank_failed")
     assert outcome.message is not None and "--- last lines of logs/rank-1.log ---" in outcome.message

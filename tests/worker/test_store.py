@@ -14,6 +14,8 @@ import pytest
 from worker_support import insert_job, small_spec
 from sqlalchemy import Engine, select
 
+from contracts.records import EvalRecord as EvalLine
+from contracts.records import StepRecord as StepLine
 from server.db.models import Attempt, EvalRecord, Job, StepRecord, utcnow
 from server.timeutil import as_utc
 from worker.store import Fence, JobStore, Progress
@@ -73,7 +75,7 @@ def test_step_records_are_inserted_once_in_batches(db: Engine, tmp_path: Path) -
     job_id = insert_job(db)
     claim = store.claim(job_id, "w", tmp_path)
     assert claim is not None
-    records = [{"step": step, "time": 1000.0 + step, "loss": 1.0 / step} for step in range(1, 1201)]
+    records = [StepLine(step=step, time=1000.0 + step, loss=1.0 / step) for step in range(1, 1201)]
     assert store.record_progress(claim.fence, Progress(steps=records[:700], world_size=2))
     assert store.record_progress(claim.fence, Progress(steps=records[600:]))  # overlap: re-read records
     assert _steps(db, job_id) == list(range(1, 1201))
@@ -86,8 +88,8 @@ def test_progress_keeps_eval_and_replaces_non_finite_numbers(db: Engine, tmp_pat
     job_id = insert_job(db)
     fence = Fence(job_id, 1, "w")
     store.claim(job_id, "w", tmp_path)
-    step = {"step": 1, "time": 1.0, "loss": float("nan"), "grad_norm": float("inf"), "overflow": True}
-    store.record_progress(fence, Progress(steps=[step], evals=[{"step": 1, "loss": 0.5, "accuracy": 0.9}]))
+    step = StepLine(step=1, time=1.0, loss=float("nan"), grad_norm=float("inf"), overflow=True)
+    store.record_progress(fence, Progress(steps=[step], evals=[EvalLine(step=1, loss=0.5, accuracy=0.9)]))
     row = _job(db, job_id)
     assert row.latest == {"step": 1, "time": 1.0, "loss": None, "grad_norm": None, "overflow": True}
     assert row.eval == {"step": 1, "loss": 0.5, "accuracy": 0.9}
@@ -111,7 +113,7 @@ def test_running_cancel_and_finish_are_compare_and_set(db: Engine, tmp_path: Pat
     row = _job(db, job_id)
     assert (row.status, row.error_reason, row.error_message) == ("cancelled", None, None)  # no error for a cancel
     assert row.finished_at is not None and row.lease_expires_at is None
-    assert store.record_progress(fence, Progress(steps=[{"step": 9, "time": 1.0}])) is False
+    assert store.record_progress(fence, Progress(steps=[StepLine(step=9, time=1.0)])) is False
     assert _job(db, job_id).step == 0 and _steps(db, job_id) == []  # nothing written to a terminal job
     with pytest.raises(ValueError):
         store.finish(fence, "running")
@@ -155,10 +157,10 @@ def test_a_stale_attempt_writes_nothing_after_the_job_moved_on(db: Engine, tmp_p
     store = JobStore(db)
     job_id = insert_job(db)
     old = store.claim(job_id, "w1", tmp_path)
-    assert old is not None and store.record_progress(old.fence, Progress(steps=[{"step": 1, "time": 1.0}]))
+    assert old is not None and store.record_progress(old.fence, Progress(steps=[StepLine(step=1, time=1.0)]))
     with db.begin() as conn:  # what a reaper does when w1's lease expires
         conn.execute(Job.__table__.update().where(Job.id == job_id).values(status="queued", worker_id=None))
-    stale_step = Progress(steps=[{"step": 2, "time": 2.0, "loss": 9.0}])
+    stale_step = Progress(steps=[StepLine(step=2, time=2.0, loss=9.0)])
     assert store.record_progress(old.fence, stale_step) is False  # requeued: no owner any more
     new = store.claim(job_id, "w2", tmp_path)
     assert new is not None and new.attempt == 2
@@ -168,7 +170,7 @@ def test_a_stale_attempt_writes_nothing_after_the_job_moved_on(db: Engine, tmp_p
     assert store.finish(old.fence, "failed", "worker_lost", "stale") is False
     assert store.rewind(old.fence, 0) is False
     assert _steps(db, job_id) == [1] and _job(db, job_id).status == "starting"
-    assert store.record_progress(new.fence, Progress(steps=[{"step": 2, "time": 3.0, "loss": 1.0}]))
+    assert store.record_progress(new.fence, Progress(steps=[StepLine(step=2, time=3.0, loss=1.0)]))
     assert _steps(db, job_id) == [1, 2] and _job(db, job_id).latest["loss"] == 1.0
 
 
@@ -177,8 +179,8 @@ def test_rewind_drops_records_after_the_resume_step(db: Engine, tmp_path: Path) 
     job_id = insert_job(db)
     claim = store.claim(job_id, "w", tmp_path)
     assert claim is not None
-    records = [{"step": step, "time": float(step), "loss": 1.0 / step} for step in range(1, 11)]
-    store.record_progress(claim.fence, Progress(steps=records, evals=[{"step": 8, "loss": 0.5}]))
+    records = [StepLine(step=step, time=float(step), loss=1.0 / step) for step in range(1, 11)]
+    store.record_progress(claim.fence, Progress(steps=records, evals=[EvalLine(step=8, loss=0.5)]))
     assert store.rewind(claim.fence, 6) is True
     row = _job(db, job_id)
     assert _steps(db, job_id) == [1, 2, 3, 4, 5, 6]
@@ -210,14 +212,14 @@ def test_every_evaluation_is_kept_and_a_rewind_restores_the_one_before(db: Engin
     job_id = insert_job(db)
     claim = store.claim(job_id, "w", tmp_path)
     assert claim is not None
-    records = [{"step": step, "time": float(step), "loss": 1.0 / step} for step in range(1, 11)]
-    evals = [{"step": step, "time": float(step), "loss": 1.0 / step, "accuracy": step / 10} for step in (3, 6, 9)]
+    records = [StepLine(step=step, time=float(step), loss=1.0 / step) for step in range(1, 11)]
+    evals = [EvalLine(step=step, time=float(step), loss=1.0 / step, accuracy=step / 10) for step in (3, 6, 9)]
     store.record_progress(claim.fence, Progress(steps=records[:5], evals=evals[:1]))
     store.record_progress(claim.fence, Progress(steps=records[5:], evals=evals[1:]))
     store.record_progress(claim.fence, Progress(evals=evals[1:2]))  # replayed after a lost write: ignored
     assert _steps(db, job_id, EvalRecord) == [3, 6, 9] and _job(db, job_id).eval["step"] == 9
     assert store.rewind(claim.fence, 7) is True
-    assert _steps(db, job_id, EvalRecord) == [3, 6] and _job(db, job_id).eval == evals[1]
+    assert _steps(db, job_id, EvalRecord) == [3, 6] and _job(db, job_id).eval == evals[1].body()
     assert store.rewind(claim.fence, 2) is True
     assert _steps(db, job_id, EvalRecord) == [] and _job(db, job_id).eval is None
 

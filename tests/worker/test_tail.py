@@ -65,5 +65,5 @@ def test_step_records_up_to_keeps_the_last_occurrence_of_a_rerun_step(tmp_path: 
              {"type": "step", "step": 3}]
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     records = step_records_up_to(tmp_path / "records.jsonl", 2)
-    assert records == [{"step": 1, "precision": "fp16"}, {"step": 2, "precision": "bf16"}]
+    assert [record.body() for record in records] == [{"step": 1, "precision": "fp16"}, {"step": 2, "precision": "bf16"}]
     assert step_records_up_to(tmp_path / "missing.jsonl", 5) == []

@@ -28,13 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from contracts.rundir import ExportKind, RunDir
 from trainer.hf.wrapper import HFModule
 
 log = logging.getLogger(__name__)
-
-EXPORT_DIR = "export"
-ADAPTER_DIR = "adapter"
-MODEL_DIR = "model"
 
 
 def write_exports(model: HFModule, tokenizer: Any | None, run_dir: Path) -> list[Path]:
@@ -43,11 +40,11 @@ def write_exports(model: HFModule, tokenizer: Any | None, run_dir: Path) -> list
     ``model`` (float32, on the CPU: :func:`trainer.hf.build.rebuild_hf_model`) is consumed: the
     adapter is merged into it, in place, after the adapter export.
     """
-    root = run_dir / EXPORT_DIR
+    run = RunDir(run_dir)
     written = []
     if model.adapter:
-        written.append(_publish(root / ADAPTER_DIR, lambda tmp: model.model.save_pretrained(str(tmp))))
-    written.append(_publish(root / MODEL_DIR, lambda tmp: _save_full(model, tokenizer, tmp)))
+        written.append(_publish(run.export_of(ExportKind.ADAPTER), lambda tmp: model.model.save_pretrained(str(tmp))))
+    written.append(_publish(run.export_of(ExportKind.MODEL), lambda tmp: _save_full(model, tokenizer, tmp)))
     log.info("exports written: %s", ", ".join(str(p) for p in written))
     return written
 

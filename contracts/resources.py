@@ -1,0 +1,164 @@
+"""The job resource and the pages the job routes answer, as the API serves them and its client reads them.
+
+docs/results.md describes the fields; :mod:`server.schemas` builds these models from the database
+rows, the routes answer them, and :class:`server.client.HalfcastClient` returns them. Step and
+evaluation records stay JSON objects here (``latest``, ``eval``, ``points``, ``evals``): the API
+serves them as the trainer wrote them (:mod:`contracts.records`), fields an older trainer did not
+write absent.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from contracts.status import AttemptStatus, JobStatus
+
+#: How a job's spec scales its loss: fp16's ``loss_scale.mode`` (default ``dynamic``); ``none`` for
+#: fp32, bf16 and fp8, whose step records carry ``loss_scale`` 1 (``trainer.spec.JobSpec.effective_loss_scale``).
+LossScaling = Literal["dynamic", "static", "none"]
+#: What a starting job is doing (the resource's ``phase``).
+StartupPhase = Literal["launching", "loading data", "building model", "first step"]
+
+
+class JobError(BaseModel):
+    """Why a job failed: a typed ``reason`` (see docs/architecture.md) and a human ``message``."""
+
+    reason: str
+    message: str
+
+
+class AttemptPublic(BaseModel):
+    """One launch attempt: who ran it, when, and how it ended (``ended_at``, ``status``, ``reason`` null while it runs)."""
+
+    attempt: int = Field(description="1-based attempt number (the lease's fencing token)")
+    worker_id: str = Field(description="The worker that ran it, as <hostname>/<pid>")
+    started_at: datetime
+    ended_at: datetime | None
+    status: AttemptStatus | None = Field(
+        description="How it ended: the job's terminal status, or requeued (a graceful worker shutdown stopped it "
+        "and queued the job again, not counted against max_attempts; reason worker_shutdown)"
+    )
+    reason: str | None = Field(description="The typed reason it ended with (e.g. worker_lost, worker_shutdown)")
+    gpus: list[int] | None = Field(default=None, description="GPU indices on the worker's host it was given; null: CPU")
+    resumed_from_step: int | None = Field(
+        default=None,
+        description="A retry: the step of the earlier attempts' checkpoint it resumed from (0: none, it started over); "
+        "null for a first attempt",
+    )
+
+
+class StoppedEarlyPublic(BaseModel):
+    """Early stopping ended the job: at ``step``, on ``metric``, whose best evaluation was ``best_value`` at ``best_step``."""
+
+    step: int
+    metric: str
+    best_step: int | None = None
+    best_value: float | None = None
+
+
+class StartupPublic(BaseModel):
+    """Seconds each start-up phase of the current attempt took, as its trainer reported them (docs/api.md, "Start-up").
+
+    Null until the phase has ended (and ``launch_s``/``imports_s`` when the trainer could not time them).
+    """
+
+    launch_s: float | None = Field(default=None, description="From the worker starting torchrun to the trainer's Python")
+    imports_s: float | None = Field(default=None, description="Then to the training loop (imports, spec, process group)")
+    data_s: float | None = Field(default=None, description="Then to the dataset built (a resumed run's checkpoint read)")
+    model_s: float | None = Field(default=None, description="Then to the model, optimizer and schedule built")
+    first_step_s: float | None = Field(default=None, description="Then to the first step's record written")
+
+
+class JobPublic(BaseModel):
+    """The job resource (``GET /jobs/{id}``). Timestamps are UTC; ``step`` is the latest attempted step."""
+
+    id: str
+    name: str | None
+    status: JobStatus
+    spec: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: JobError | None
+    step: int
+    max_steps: int
+    world_size: int
+    latest: dict[str, Any] | None = Field(description="The newest step record, or null")
+    eval: dict[str, Any] | None = Field(description="The newest evaluation record, or null")
+    attempt: int = Field(description="Launch attempts so far (0 while queued)")
+    attempts: list[AttemptPublic] = Field(default_factory=list, description="Every launch attempt, oldest first")
+    precision_switches: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description='Precision switches of the run (on_divergence "fallback_bf16"), oldest first: '
+        "{step, from, to, reason, message, rewound_to_step, time}",
+    )
+    effective_precision: str = Field(
+        default="fp32", description="The precision the job computes in: the spec's, or the last switch's 'to'"
+    )
+    loss_scaling: LossScaling = Field(
+        default="none",
+        description="How the spec's precision scales the loss: fp16's loss_scale.mode (dynamic or static); "
+        "none for fp32, bf16 and fp8 (their records' loss_scale is 1). After a switch to bf16 the steps "
+        "trained in bf16 are not scaled either (loss_scale 1)",
+    )
+    applied_steps: int = Field(
+        default=0, description="Attempted steps up to `step` that applied an update (`step` minus `skipped_steps`)"
+    )
+    skipped_steps: int = Field(
+        default=0, description="Attempted steps up to `step` skipped for non-finite gradients (the latest record's count)"
+    )
+    stopped_early: StoppedEarlyPublic | None = Field(
+        default=None, description="Set when early stopping ended the succeeded job before `max_steps`"
+    )
+    exported_step: int | None = Field(
+        default=None, description="The step whose weights the job's exports hold (the best evaluation with `keep_best`)"
+    )
+    phase: StartupPhase | None = Field(
+        default=None,
+        description="While the job starts, what it is doing: `launching` (status `starting`), then, `running` before "
+        "its first step, `loading data`, `building model`, `first step`; null otherwise",
+    )
+    startup: StartupPublic | None = Field(
+        default=None, description="The current attempt's start-up phase times so far; null before its trainer reported one"
+    )
+
+
+class JobList(BaseModel):
+    """A page of jobs, newest first. Pass ``next_cursor`` as ``cursor`` for the next page (null: last page)."""
+
+    jobs: list[JobPublic]
+    next_cursor: str | None
+
+
+class MetricsPage(BaseModel):
+    """Step records of one job in step order (``GET /jobs/{id}/metrics``).
+
+    Page on by passing the last point's ``step`` as ``after_step``; an empty or short
+    page means no more records yet.
+    """
+
+    job_id: str
+    points: list[dict[str, Any]]
+
+
+class EvalList(BaseModel):
+    """Every evaluation of one job in step order (``GET /jobs/{id}/evals``): its validation curve.
+
+    Each is ``{"step", "time", "loss", "accuracy"|"perplexity"}``; the job resource's
+    ``eval`` is the last of them.
+    """
+
+    job_id: str
+    evals: list[dict[str, Any]]
+
+
+class LogLines(BaseModel):
+    """The last lines of one rank's log of one attempt (oldest first; no line endings)."""
+
+    job_id: str
+    attempt: int = Field(description="The attempt the lines come from (1-based)")
+    rank: int = Field(description="The global rank whose stdout and stderr these are")
+    lines: list[str] = Field(description="At most `tail` lines; empty while the rank has written nothing")
