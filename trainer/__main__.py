@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from contracts.error_file import ErrorFile
 from contracts.rundir import RunDir
+from contracts.status import FailureReason
 from trainer.distributed import distributed_session
 from trainer.errors import TrainerError
 from trainer.loop import train
@@ -64,10 +65,10 @@ def load_spec(path: Path) -> JobSpec:
     try:
         return JobSpec.model_validate_json(path.read_bytes())
     except (OSError, ValidationError) as exc:
-        raise TrainerError("spec_invalid", f"cannot load job spec {path}: {exc}") from exc
+        raise TrainerError(FailureReason.SPEC_INVALID, f"cannot load job spec {path}: {exc}") from exc
 
 
-def write_error(run_dir: Path, reason: str, message: str, rank: int) -> None:
+def write_error(run_dir: Path, reason: FailureReason, message: str, rank: int) -> None:
     """Write ``error.json`` (:class:`~contracts.error_file.ErrorFile`) atomically (ranks failing together never tear it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = RunDir(run_dir).error
@@ -81,10 +82,12 @@ def run(spec_path: Path, run_dir: Path, resume_from: Path | None = None) -> None
     """Load the spec, join the job's ranks, train (from ``resume_from`` if given); optionally dump parameters."""
     spec = load_spec(spec_path)
     if spec.faults is not None and os.environ.get(ALLOW_FAULTS_ENV) != "1":
-        raise TrainerError("spec_invalid", f"the spec has a faults block but fault injection is off ({ALLOW_FAULTS_ENV}=1)")
+        raise TrainerError(
+            FailureReason.SPEC_INVALID, f"the spec has a faults block but fault injection is off ({ALLOW_FAULTS_ENV}=1)"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume_from is not None and not resume_from.is_file():
-        raise TrainerError("spec_invalid", f"checkpoint to resume from does not exist: {resume_from}")
+        raise TrainerError(FailureReason.SPEC_INVALID, f"checkpoint to resume from does not exist: {resume_from}")
     with distributed_session(spec) as dist_ctx:
         result = train(spec, run_dir, dist_ctx, resume_from, stop=StopSignal().install())
         if os.environ.get(DUMP_PARAMS_ENV) == "1":
@@ -109,9 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainerError as exc:
         reason, message = exc.reason, exc.message
     except PrecisionUnsupportedError as exc:
-        reason, message = "precision_unsupported", str(exc)
+        reason, message = FailureReason.PRECISION_UNSUPPORTED, str(exc)
     except (torch.OutOfMemoryError, MemoryError) as exc:
-        reason, message = "oom", f"out of memory: {exc}"
+        reason, message = FailureReason.OOM, f"out of memory: {exc}"
     else:
         return 0
     log.error("job failed: %s: %s", reason, message)

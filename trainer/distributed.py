@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from contracts.status import FailureReason
 from trainer.errors import TrainerError
 from trainer.spec import JobSpec
 
@@ -59,7 +60,7 @@ def env_ranks() -> tuple[int, int, int]:
     world_size = _env_int("WORLD_SIZE", 1)
     if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
         msg = f"inconsistent torchrun environment: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world_size}"
-        raise TrainerError("launch_failed", msg)
+        raise TrainerError(FailureReason.LAUNCH_FAILED, msg)
     return rank, local_rank, world_size
 
 
@@ -68,7 +69,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return default if raw is None else int(raw)
     except ValueError as exc:
-        raise TrainerError("launch_failed", f"malformed torchrun environment: {name}={raw!r}") from exc
+        raise TrainerError(FailureReason.LAUNCH_FAILED, f"malformed torchrun environment: {name}={raw!r}") from exc
 
 
 def select_device(gpus: int, local_rank: int, local_world_size: int = 1) -> torch.device:
@@ -81,11 +82,11 @@ def select_device(gpus: int, local_rank: int, local_world_size: int = 1) -> torc
     if gpus <= 0:
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise TrainerError("gpu_unavailable", f"the job asks for {gpus} GPU(s) but CUDA is not available")
+        raise TrainerError(FailureReason.GPU_UNAVAILABLE, f"the job asks for {gpus} GPU(s) but CUDA is not available")
     count = torch.cuda.device_count()
     if count < local_world_size or local_rank >= count:
         msg = f"the job runs {local_world_size} rank(s) with one GPU each on this host, which has {count} GPU(s)"
-        raise TrainerError("gpu_unavailable", msg)
+        raise TrainerError(FailureReason.GPU_UNAVAILABLE, msg)
     return torch.device("cuda", local_rank)
 
 
@@ -100,7 +101,7 @@ def init_distributed(spec: JobSpec) -> DistContext:
     rank, local_rank, world_size = env_ranks()
     if world_size != spec.world_size:
         msg = f"the job needs {spec.world_size} rank(s) but was launched with {world_size}"
-        raise TrainerError("launch_failed", msg)
+        raise TrainerError(FailureReason.LAUNCH_FAILED, msg)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
     device = select_device(spec.gpus, local_rank, local_world_size)
     if device.type == "cuda":

@@ -25,6 +25,7 @@ like the guard's, so ``on_divergence: "fallback_bf16"`` answers it (:mod:`traine
 
 from __future__ import annotations
 
+from contracts.status import FailureReason
 from trainer.errors import DivergenceError
 from trainer.guard import DivergenceGuard
 
@@ -51,11 +52,14 @@ def check_updates_applied(guard: DivergenceGuard, max_steps: int, skipped_steps:
     """
     applied = max_steps - skipped_steps
     if applied <= 0:
-        raise DivergenceError("no_update_applied", f"no update was applied: all {max_steps} attempted steps were skipped "
-                                                "(non-finite gradients), so the model is still its initialisation")
+        msg = (f"no update was applied: all {max_steps} attempted steps were skipped (non-finite gradients), "
+               "so the model is still its initialisation")
+        raise DivergenceError(FailureReason.NO_UPDATE_APPLIED, msg)
     losses, loss_limit = guard.consecutive_nonfinite_losses, final_stretch_limit(guard.max_nonfinite_losses, max_steps)
     if losses >= loss_limit:
-        raise DivergenceError("nonfinite_loss", f"the loss was non-finite for {_final_stretch(losses, max_steps, loss_limit)}")
+        raise DivergenceError(
+            FailureReason.NONFINITE_LOSS, f"the loss was non-finite for {_final_stretch(losses, max_steps, loss_limit)}"
+        )
     skips, skip_limit = guard.consecutive_skips, final_stretch_limit(guard.max_skips, max_steps)
     if skips >= skip_limit:
         raise guard.skip_failure(_final_stretch(skips, max_steps, skip_limit, f", after {applied} applied updates"))

@@ -26,23 +26,29 @@ REASONS: frozenset[FailureReason] = frozenset(
     }
 )
 #: The reasons of a run that diverged (:mod:`trainer.guard`, :mod:`trainer.end_check`).
-DIVERGENCE_REASONS: frozenset[str] = frozenset(
-    {"nonfinite_loss", "loss_scale_collapsed", "nonfinite_gradients", "no_update_applied"}
+DIVERGENCE_REASONS: frozenset[FailureReason] = frozenset(
+    {
+        FailureReason.NONFINITE_LOSS,
+        FailureReason.LOSS_SCALE_COLLAPSED,
+        FailureReason.NONFINITE_GRADIENTS,
+        FailureReason.NO_UPDATE_APPLIED,
+    }
 )
 
 
 class TrainerError(Exception):
     """A failure with a typed ``reason`` (one of :data:`REASONS`) and a human ``message``.
 
-    Raises ``ValueError`` when constructed with an unknown reason, so a typo cannot
-    reach the worker as a reason it does not know.
+    Every raise site names its reason as a :class:`~contracts.status.FailureReason` member
+    (``tests/contracts/test_contracts_status.py`` refuses a string). Raises ``ValueError``
+    when constructed with a reason a trainer may not report, so none reaches the worker.
     """
 
-    def __init__(self, reason: FailureReason | str, message: str) -> None:
+    def __init__(self, reason: FailureReason, message: str) -> None:
         if reason not in REASONS:
             raise ValueError(f"unknown trainer failure reason {reason!r}")
         super().__init__(f"{reason}: {message}")
-        self.reason = str(reason)
+        self.reason: FailureReason = FailureReason(reason)
         self.message = message
 
 
@@ -52,7 +58,7 @@ class DivergenceError(TrainerError):
     Raises ``ValueError`` when constructed with another reason.
     """
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: FailureReason, message: str) -> None:
         if reason not in DIVERGENCE_REASONS:
             raise ValueError(f"{reason!r} is not a divergence reason")
         super().__init__(reason, message)

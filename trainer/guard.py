@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+from contracts.status import FailureReason
 from trainer.errors import DivergenceError
 from trainer.telemetry import StepRow
 
@@ -76,7 +77,7 @@ class DivergenceGuard:
         self.consecutive_nonfinite_losses = 0 if finite else self.consecutive_nonfinite_losses + 1
         if self.consecutive_nonfinite_losses >= self.max_nonfinite_losses:
             msg = f"the loss was non-finite for {self.consecutive_nonfinite_losses} consecutive steps (at step {row.step})"
-            raise DivergenceError("nonfinite_loss", msg)
+            raise DivergenceError(FailureReason.NONFINITE_LOSS, msg)
         if self.consecutive_skips >= self.max_skips:
             raise self.skip_failure(f"{self.consecutive_skips} consecutive steps (at step {row.step})")
 
@@ -93,9 +94,9 @@ class DivergenceGuard:
         if collapsed:
             msg = (f"the loss scale collapsed to min_scale {self.min_scale:g} and gradients still overflowed "
                    f"(infinities, no NaN) for {run}")
-            return DivergenceError("loss_scale_collapsed", msg)
+            return DivergenceError(FailureReason.LOSS_SCALE_COLLAPSED, msg)
         kinds = "NaN" if self.nan_skips_in_run else "infinite"
-        return DivergenceError("nonfinite_gradients", f"gradients were non-finite ({kinds}) for {run}")
+        return DivergenceError(FailureReason.NONFINITE_GRADIENTS, f"gradients were non-finite ({kinds}) for {run}")
 
     def state_dict(self) -> dict[str, int]:
         """The counters, for checkpoints."""

@@ -21,6 +21,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from contracts.status import FailureReason
 from trainer.errors import TrainerError
 from trainer.spec import JobSpec
 
@@ -31,7 +32,11 @@ WHOLE_FILE_BYTES = 16 << 20
 #: Bytes hashed at each end of a larger file.
 EDGE_BYTES = 1 << 20
 #: The failure reason when each input changed.
-_REASONS = {"model": "model_unavailable", "tokenizer": "model_unavailable", "data": "data_unavailable"}
+_REASONS: dict[str, FailureReason] = {
+    "model": FailureReason.MODEL_UNAVAILABLE,
+    "tokenizer": FailureReason.MODEL_UNAVAILABLE,
+    "data": FailureReason.DATA_UNAVAILABLE,
+}
 
 
 def file_fingerprint(path: Path) -> str:

@@ -24,6 +24,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from contracts.status import FailureReason
 from trainer.errors import TrainerError
 
 #: The variable the worker sets to the registry directory for the run.
@@ -39,7 +40,7 @@ def dataset_file_name(sha256: str, file_format: str) -> str:
     return f"{sha256}.{file_format}"
 
 
-def registry_dir(reason: str) -> Path:
+def registry_dir(reason: FailureReason) -> Path:
     """``HALFCAST_REGISTRY_DIR``; ``reason`` (``data_unavailable``, ``model_unavailable``) when it is unset."""
     raw = os.environ.get(REGISTRY_DIR_ENV, "")
     if not raw:
@@ -47,7 +48,7 @@ def registry_dir(reason: str) -> Path:
     return Path(raw)
 
 
-def _regular(path: Path, reason: str, what: str) -> Path:
+def _regular(path: Path, reason: FailureReason, what: str) -> Path:
     """``path`` when it is a regular file (not a link), else ``reason``."""
     try:
         mode = path.lstat().st_mode
@@ -60,19 +61,19 @@ def _regular(path: Path, reason: str, what: str) -> Path:
 
 def registered_dataset_file(dataset_id: str, sha256: str, file_format: str) -> Path:
     """The file of registered dataset ``dataset_id`` (``data_unavailable`` when it is not there)."""
-    path = registry_dir("data_unavailable") / DATASETS_DIR / dataset_file_name(sha256, file_format)
-    return _regular(path, "data_unavailable", f"the file of dataset {dataset_id}")
+    path = registry_dir(FailureReason.DATA_UNAVAILABLE) / DATASETS_DIR / dataset_file_name(sha256, file_format)
+    return _regular(path, FailureReason.DATA_UNAVAILABLE, f"the file of dataset {dataset_id}")
 
 
 def registered_model_dir(model_id: str) -> Path:
     """The directory of registered model ``model_id`` (``model_unavailable`` when it is not there or is a link)."""
-    path = registry_dir("model_unavailable") / MODELS_DIR / model_id
+    path = registry_dir(FailureReason.MODEL_UNAVAILABLE) / MODELS_DIR / model_id
     try:
         mode = path.lstat().st_mode
     except OSError:
-        raise TrainerError("model_unavailable", f"model {model_id} is missing from the registry") from None
+        raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"model {model_id} is missing from the registry") from None
     if not stat.S_ISDIR(mode):
-        raise TrainerError("model_unavailable", f"model {model_id} in the registry is not a directory")
+        raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"model {model_id} in the registry is not a directory")
     return path
 
 
@@ -91,4 +92,4 @@ def check_sha256(handle: BinaryIO, expected: str, name: str) -> None:
     handle.seek(0)
     if actual != expected:
         msg = f"{name} has SHA-256 {actual}, not the expected {expected}: the file changed after it was registered"
-        raise TrainerError("data_unavailable", msg)
+        raise TrainerError(FailureReason.DATA_UNAVAILABLE, msg)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from contracts.status import FailureReason
 from trainer.errors import TrainerError
 from trainer.spec import JobSpec
 
@@ -33,13 +34,15 @@ def check_resumable(payload: Mapping[str, Any], spec: JobSpec, path: Path) -> in
     wanted = spec.model_dump(mode="json")
     changed = sorted(k for k in wanted if k not in MAY_CHANGE and saved.get(k) != wanted[k])
     if changed:
-        raise TrainerError("spec_invalid", f"cannot resume from {path}: the spec changed {changed}")
+        raise TrainerError(FailureReason.SPEC_INVALID, f"cannot resume from {path}: the spec changed {changed}")
     switch = payload.get(PRECISION_SWITCH_KEY)
     if switch is not None and spec.on_divergence != "fallback_bf16":
         msg = (f"cannot resume from {path}: the job switched from {switch.get('from')} to {switch.get('to')} "
                f"at step {switch.get('step')}; resume it with on_divergence 'fallback_bf16'")
-        raise TrainerError("spec_invalid", msg)
+        raise TrainerError(FailureReason.SPEC_INVALID, msg)
     done = int(payload["step"])
     if done >= spec.max_steps:
-        raise TrainerError("spec_invalid", f"checkpoint {path} is at step {done}, not before max_steps {spec.max_steps}")
+        raise TrainerError(
+            FailureReason.SPEC_INVALID, f"checkpoint {path} is at step {done}, not before max_steps {spec.max_steps}"
+        )
     return done

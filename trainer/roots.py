@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Literal
 
+from contracts.status import FailureReason
 from trainer.errors import TrainerError
 
 Kind = Literal["file", "dir"]
@@ -24,7 +25,7 @@ class RootSet:
     """Where a kind of input may come from: the ``env`` variable, the failure ``reason`` and a ``what`` for messages."""
 
     env: str
-    reason: str
+    reason: FailureReason
     what: str
     root_name: str
 
@@ -68,5 +69,9 @@ class RootSet:
         return real if matches else None
 
 
-DATA_ROOTS = RootSet(env="HALFCAST_DATA_ROOTS", reason="data_unavailable", what="dataset", root_name="data root")
-MODEL_ROOTS = RootSet(env="HALFCAST_MODEL_ROOTS", reason="model_unavailable", what="model", root_name="model root")
+DATA_ROOTS = RootSet(
+    env="HALFCAST_DATA_ROOTS", reason=FailureReason.DATA_UNAVAILABLE, what="dataset", root_name="data root"
+)
+MODEL_ROOTS = RootSet(
+    env="HALFCAST_MODEL_ROOTS", reason=FailureReason.MODEL_UNAVAILABLE, what="model", root_name="model root"
+)

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, func, or_, select, update
 
-from contracts.status import AttemptStatus
+from contracts.status import AttemptStatus, FailureReason
 from server.db.models import Attempt, Job, utcnow
 from server.timeutil import as_utc
 from worker.reasons import UNCOUNTED_REASONS, should_retry
@@ -82,7 +82,8 @@ class Recovery:
             f"worker {lease.owner} stopped renewing the lease of attempt {lease.attempt} "
             f"(expired at {since}); it is presumed dead"
         )
-        return self._resolve(lease.job_id, lease.attempt, lease.owner, "worker_lost", message, expired_before=now)
+        reason = FailureReason.WORKER_LOST
+        return self._resolve(lease.job_id, lease.attempt, lease.owner, reason, message, expired_before=now)
 
     def release(self, fence: Fence, reason: str, message: str) -> Resolution | None:
         """End this worker's own attempt that failed with ``reason`` (retried by policy); ``None`` if not owned."""
@@ -133,7 +134,9 @@ class Recovery:
             conn.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.status == "queued", Job.attempt == attempt, Job.worker_id.is_(None))
-                .values(status="failed", error_reason="enqueue_failed", error_message=error, finished_at=utcnow())
+                .values(
+                    status="failed", error_reason=FailureReason.ENQUEUE_FAILED, error_message=error, finished_at=utcnow()
+                )
             )
 
 

@@ -22,6 +22,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from contracts.status import FailureReason
 from server.db import audit, quota_check
 from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, EvalRecord, Job, StepRecord, utcnow
 from server.db.quota_check import begin_owner_transaction
@@ -194,7 +195,7 @@ def mark_enqueue_failed(session: Session, job_id: str, message: str) -> bool:
         job_id,
         {"queued"},
         status="failed",
-        error_reason="enqueue_failed",
+        error_reason=FailureReason.ENQUEUE_FAILED,
         error_message=message,
         finished_at=now,
     )

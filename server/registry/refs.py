@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from contracts.status import FailureReason
 from server.db.models import RegisteredDataset, RegisteredModel
 
 #: Where pydantic locates a ``jsonl`` dataset's and an ``hf`` model's config in a job spec.
@@ -36,7 +37,7 @@ class RefError(Exception):
     """A registered input the spec names cannot be used: at ``loc`` (in the spec), with the failure ``reason``
     a worker records (``data_unavailable``, ``model_unavailable``)."""
 
-    def __init__(self, loc: tuple[str, ...], message: str, value: object, reason: str) -> None:
+    def __init__(self, loc: tuple[str, ...], message: str, value: object, reason: FailureReason) -> None:
         super().__init__(message)
         self.loc = loc
         self.message = message
@@ -74,19 +75,21 @@ def _fill_dataset(executor: Executor, config: dict[str, Any], visible: Visible) 
     columns = (RegisteredDataset.owner, RegisteredDataset.format, RegisteredDataset.file_format, RegisteredDataset.sha256)
     row = executor.execute(select(*columns).where(RegisteredDataset.id == dataset_id)).one_or_none()
     if row is None or not visible(row.owner):
-        raise RefError((*DATASET_CONFIG, "dataset_id"), f"no registered dataset {dataset_id}", dataset_id, "data_unavailable")
+        msg = f"no registered dataset {dataset_id}"
+        raise RefError((*DATASET_CONFIG, "dataset_id"), msg, dataset_id, FailureReason.DATA_UNAVAILABLE)
     for field in DATASET_FIELDS:
         given, registered = config.get(field), getattr(row, field)
         if given is not None and given != registered:
             msg = f"dataset {dataset_id} has {field} {registered!r}, not {given!r}"
-            raise RefError((*DATASET_CONFIG, field), msg, given, "data_unavailable")
+            raise RefError((*DATASET_CONFIG, field), msg, given, FailureReason.DATA_UNAVAILABLE)
         config[field] = registered
 
 
 def _check_model(executor: Executor, model_id: str, visible: Visible) -> None:
     owner = executor.execute(select(RegisteredModel.owner).where(RegisteredModel.id == model_id)).scalar_one_or_none()
     if owner is None or not visible(owner):
-        raise RefError((*MODEL_CONFIG, "model_id"), f"no registered model {model_id}", model_id, "model_unavailable")
+        msg = f"no registered model {model_id}"
+        raise RefError((*MODEL_CONFIG, "model_id"), msg, model_id, FailureReason.MODEL_UNAVAILABLE)
 
 
 def resolve_refs(executor: Executor, spec: dict[str, Any], visible: Visible) -> dict[str, Any]:

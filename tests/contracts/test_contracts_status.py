@@ -4,7 +4,8 @@ The reasons are found in the source (``ast``) of ``trainer/``, ``worker/`` and `
 argument of ``TrainerError(...)`` (and ``DivergenceError(...)``), the reason of ``Outcome(status, reason, ...)``, every ``reason=``
 and ``error_reason=`` keyword, and what is assigned to a name ``reason`` or to a constant whose name
 holds ``REASON`` or ``CAUSES`` (strings, ``FailureReason.X``, either side of a conditional, the
-items of a tuple, set or dict).
+items of a tuple, set or dict). Every one must be a ``FailureReason`` member, never a string; and no
+string literal of those packages (``contracts.status`` aside) may spell a reason, wherever it is passed.
 """
 
 from __future__ import annotations
@@ -85,9 +86,19 @@ def _is_known(reason: str) -> bool:
     return member in FailureReason.__members__ if reason.startswith("FailureReason.") else reason in set(FailureReason)
 
 
+def spelled_reasons(source: str) -> list[tuple[int, str]]:
+    """``(line, value)`` of every string literal in ``source`` that is exactly a failure reason's value."""
+    values = set(FailureReason)
+    return [(node.lineno, node.value) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in values]  # fmt: skip
+
+
+def _sources() -> list[Path]:
+    return sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
+
+
 def _every_reported_reason() -> list[tuple[str, str]]:
-    paths = sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
-    return [(f"{path.relative_to(ROOT)}:{line}", reason) for path in paths
+    return [(f"{path.relative_to(ROOT)}:{line}", reason) for path in _sources()
             for line, reason in reported_reasons(path.read_text(encoding="utf-8"))]  # fmt: skip
 
 
@@ -108,12 +119,30 @@ def test_the_scan_finds_reported_reasons(source: str, reasons: list[str]) -> Non
     assert [reason for _, reason in reported_reasons(source)] == reasons
 
 
-def test_every_reason_the_code_reports_is_a_failure_reason() -> None:
+def test_every_reason_the_code_reports_is_a_failure_reason_member() -> None:
     reported = _every_reported_reason()
     unknown = [f"{where}: {reason!r}" for where, reason in reported if not _is_known(reason)]
     assert unknown == [], "not a contracts.status.FailureReason:\n" + "\n".join(unknown)
+    strings = [f"{where}: {reason!r}" for where, reason in reported if not reason.startswith("FailureReason.")]
+    assert strings == [], "a reason spelled as a string (use its FailureReason member):\n" + "\n".join(strings)
     named = {reason.removeprefix("FailureReason.").lower() for _, reason in reported}
     assert set(REASONS) <= named and {"worker_lost", "worker_error", "enqueue_failed", "oom"} <= named  # the scan sees
+
+
+@pytest.mark.parametrize(
+    ("source", "spelled"),
+    [('registry_dir("data_unavailable")', [(1, "data_unavailable")]),
+     ('registry_dir(FailureReason.DATA_UNAVAILABLE)', []),
+     ('message = "oom while loading"', [])],
+)  # fmt: skip
+def test_the_spelling_scan_finds_reason_strings(source: str, spelled: list[tuple[int, str]]) -> None:
+    assert spelled_reasons(source) == spelled
+
+
+def test_no_module_spells_a_reason_as_a_string() -> None:
+    spelled = [f"{path.relative_to(ROOT)}:{line}: {value!r}" for path in _sources()
+               for line, value in spelled_reasons(path.read_text(encoding="utf-8"))]  # fmt: skip
+    assert spelled == [], "a failure reason spelled as a string (use its FailureReason member):\n" + "\n".join(spelled)
 
 
 def test_the_worker_and_the_trainer_use_the_one_list() -> None:

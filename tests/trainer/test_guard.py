@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from contracts.status import FailureReason
 from trainer.distributed import DistContext
 from trainer.end_check import check_updates_applied
 from trainer.errors import DIVERGENCE_REASONS, DivergenceError, TrainerError
@@ -87,7 +88,7 @@ def test_unknown_reasons_are_refused() -> None:
     with pytest.raises(ValueError):
         TrainerError("oops", "not a reason")
     with pytest.raises(ValueError):
-        DivergenceError("data_unavailable", "a trainer error, but no divergence")
+        DivergenceError(FailureReason.DATA_UNAVAILABLE, "a trainer error, but no divergence")
 
 
 def test_the_guard_and_the_end_check_raise_divergence_errors() -> None:

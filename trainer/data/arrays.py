@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.status import FailureReason
 from trainer.data.base import Batch, DataInfo, epoch_generator, feature_batch
 from trainer.data.epochs import batches_per_rank, sharded_epochs
 from trainer.errors import TrainerError
@@ -45,7 +46,7 @@ class ArrayDataset:
         samples = self.train_x.shape[0]
         if samples < world_size:
             msg = f"{samples} training samples cannot be shared by {world_size} ranks"
-            raise TrainerError("spec_invalid", msg)
+            raise TrainerError(FailureReason.SPEC_INVALID, msg)
         yield from sharded_epochs(
             lambda epoch: torch.randperm(samples, generator=epoch_generator(seed, epoch)),
             batches_per_rank(samples, world_size, micro_batch_size),

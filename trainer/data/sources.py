@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from contracts.status import FailureReason
 from trainer.errors import TrainerError
 from trainer.roots import DATA_ROOTS
 
@@ -52,7 +53,7 @@ def read_stdlib(max_bytes: int, root: Path | None = None) -> bytes:
         if size >= max_bytes:
             break
     if size == 0:
-        raise TrainerError("data_unavailable", "no Python standard library sources found on this worker")
+        raise TrainerError(FailureReason.DATA_UNAVAILABLE, "no Python standard library sources found on this worker")
     return b"".join(parts)
 
 
@@ -78,9 +79,9 @@ def read_data_file(relative: str, max_bytes: int, roots: list[Path] | None = Non
         with path.open("rb") as handle:
             data = handle.read(max_bytes)
     except OSError as exc:
-        raise TrainerError("data_unavailable", f"cannot read dataset file {relative!r}: {exc}") from exc
+        raise TrainerError(FailureReason.DATA_UNAVAILABLE, f"cannot read dataset file {relative!r}: {exc}") from exc
     if not data:
-        raise TrainerError("data_unavailable", f"dataset file {relative!r} is empty")
+        raise TrainerError(FailureReason.DATA_UNAVAILABLE, f"dataset file {relative!r} is empty")
     return data
 
 
@@ -100,10 +101,10 @@ def open_bounded(path: Path, name: str, max_bytes: int) -> BinaryIO:
     try:
         handle = path.open("rb")
     except OSError as exc:
-        raise TrainerError("data_unavailable", f"cannot read dataset file {name!r}: {exc}") from exc
+        raise TrainerError(FailureReason.DATA_UNAVAILABLE, f"cannot read dataset file {name!r}: {exc}") from exc
     size = os.fstat(handle.fileno()).st_size
     if size == 0 or size > max_bytes:
         handle.close()
         problem = "is empty" if size == 0 else f"is {size} bytes, over max_bytes ({max_bytes})"
-        raise TrainerError("data_unavailable", f"dataset file {name!r} {problem}")
+        raise TrainerError(FailureReason.DATA_UNAVAILABLE, f"dataset file {name!r} {problem}")
     return handle

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contracts.status import FailureReason
 from trainer.catalog import TextConfig
 from trainer.data.base import Batch, DataInfo, Task, epoch_generator, token_batch
 from trainer.data.epochs import batches_per_rank, sharded_epochs
@@ -42,7 +43,7 @@ class ByteTextDataset:
                 f"text too short: {self.train.numel()} training bytes for windows of {self.window}, "
                 f"{self.held_out.numel()} held-out bytes"
             )
-            raise TrainerError("data_unavailable", msg)
+            raise TrainerError(FailureReason.DATA_UNAVAILABLE, msg)
 
     @property
     def window(self) -> int:
@@ -65,7 +66,7 @@ class ByteTextDataset:
         size, window = self.train.numel(), self.window
         if size < window * world_size:
             msg = f"{size} training bytes hold fewer windows of {window} bytes than the {world_size} ranks"
-            raise TrainerError("spec_invalid", msg)
+            raise TrainerError(FailureReason.SPEC_INVALID, msg)
         spread = min(window, size - window * world_size + 1)
 
         def offset(generator: torch.Generator) -> int:
@@ -107,7 +108,7 @@ def build_text(config: TextConfig) -> ByteTextDataset:
     if config.source == "python-stdlib":
         raw = read_stdlib(config.max_bytes)
     elif config.path is None:
-        raise TrainerError("data_unavailable", "text source 'file' needs a 'path'")
+        raise TrainerError(FailureReason.DATA_UNAVAILABLE, "text source 'file' needs a 'path'")
     else:
         raw = read_data_file(config.path, config.max_bytes)
     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from contracts.status import FailureReason
 from trainer.catalog import HFConfig
 from trainer.errors import TrainerError
 from trainer.spec import AdapterSpec
@@ -38,7 +39,9 @@ def apply_lora(model: nn.Module, adapter: AdapterSpec, config: HFConfig) -> nn.M
     if targets != ALL_LINEAR:
         missing = unmatched_targets(model, list(targets))
         if missing:
-            raise TrainerError("spec_invalid", f"adapter target_modules {missing} match no module of the model")
+            raise TrainerError(
+                FailureReason.SPEC_INVALID, f"adapter target_modules {missing} match no module of the model"
+            )
     task_type = TaskType.CAUSAL_LM if config.task == "causal_lm" else TaskType.SEQ_CLS
     lora = LoraConfig(
         r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout, task_type=task_type,
@@ -47,7 +50,7 @@ def apply_lora(model: nn.Module, adapter: AdapterSpec, config: HFConfig) -> nn.M
     try:
         return get_peft_model(model, lora)
     except (ValueError, TypeError) as exc:
-        raise TrainerError("spec_invalid", f"cannot apply the LoRA adapter: {exc}") from exc
+        raise TrainerError(FailureReason.SPEC_INVALID, f"cannot apply the LoRA adapter: {exc}") from exc
 
 
 def cast_frozen(model: nn.Module, dtype: torch.dtype) -> int:
@@ -68,7 +71,7 @@ def check_trainable(model: nn.Module) -> None:
     """Every trainable parameter is float32 (master weights); raises ``spec_invalid`` if none trains."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
-        raise TrainerError("spec_invalid", "the adapter leaves no trainable parameter")
+        raise TrainerError(FailureReason.SPEC_INVALID, "the adapter leaves no trainable parameter")
     for param in trainable:
         if param.dtype != torch.float32:
             param.data = param.data.float()

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from contracts.status import FailureReason
 from trainer.catalog import HFConfig
 from trainer.data.base import DataInfo, Task
 from trainer.errors import TrainerError
@@ -75,7 +76,7 @@ def load_tokenizer(config: HFConfig, dataset_name: str) -> Any | None:
     try:
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
     except _LOAD_ERRORS as exc:
-        raise TrainerError("model_unavailable", f"cannot load the tokenizer in {directory}: {exc}") from exc
+        raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"cannot load the tokenizer in {directory}: {exc}") from exc
 
 
 def load_base_model(config: HFConfig, info: DataInfo, tokenizer: Any | None) -> nn.Module:
@@ -98,10 +99,11 @@ def load_base_model(config: HFConfig, info: DataInfo, tokenizer: Any | None) -> 
 def _check_task(config: HFConfig, info: DataInfo) -> None:
     wanted = Task.LM if config.task == "causal_lm" else Task.CLASSIFICATION
     if info.task is not wanted or info.seq_len is None:
-        raise TrainerError("spec_invalid", f"hf task '{config.task}' needs {wanted.value} token data, got {info.task.value}")
+        msg = f"hf task '{config.task}' needs {wanted.value} token data, got {info.task.value}"
+        raise TrainerError(FailureReason.SPEC_INVALID, msg)
     if config.task == "sequence_classification" and info.num_outputs != config.num_labels:
         msg = f"num_labels is {config.num_labels} but the dataset has {info.num_outputs} classes"
-        raise TrainerError("spec_invalid", msg)
+        raise TrainerError(FailureReason.SPEC_INVALID, msg)
 
 
 def _pretrained_config(directory: Path) -> Any:
@@ -110,7 +112,9 @@ def _pretrained_config(directory: Path) -> Any:
     try:
         return AutoConfig.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
     except _LOAD_ERRORS as exc:
-        raise TrainerError("model_unavailable", f"cannot read the model config in {directory}: {exc}") from exc
+        raise TrainerError(
+            FailureReason.MODEL_UNAVAILABLE, f"cannot read the model config in {directory}: {exc}"
+        ) from exc
 
 
 def _scratch_config(config: HFConfig, info: DataInfo, tokenizer: Any | None) -> Any:
@@ -126,7 +130,9 @@ def _scratch_config(config: HFConfig, info: DataInfo, tokenizer: Any | None) -> 
     try:
         return AutoConfig.for_model(model_type, **fields)
     except _LOAD_ERRORS as exc:
-        raise TrainerError("spec_invalid", f"hf_config does not describe a transformers model: {exc}") from exc
+        raise TrainerError(
+            FailureReason.SPEC_INVALID, f"hf_config does not describe a transformers model: {exc}"
+        ) from exc
 
 
 def _pad_token_id(tokenizer: Any | None, hf_config: Any) -> int:
@@ -142,11 +148,11 @@ def _check_sizes(hf_config: Any, info: DataInfo) -> None:
     vocab = getattr(hf_config, "vocab_size", None)
     if info.task is Task.LM and (not isinstance(vocab, int) or vocab < info.vocab_size):
         msg = f"the model's vocab_size ({vocab}) is smaller than the data's vocabulary ({info.vocab_size})"
-        raise TrainerError("spec_invalid", msg)
+        raise TrainerError(FailureReason.SPEC_INVALID, msg)
     context = getattr(hf_config, "max_position_embeddings", None)
     if isinstance(context, int) and info.seq_len is not None and info.seq_len > context:
         msg = f"seq_len {info.seq_len} exceeds the model's max_position_embeddings ({context})"
-        raise TrainerError("spec_invalid", msg)
+        raise TrainerError(FailureReason.SPEC_INVALID, msg)
 
 
 def _check_tokenizer_fits(hf_config: Any, tokenizer: Any | None) -> None:
@@ -158,7 +164,7 @@ def _check_tokenizer_fits(hf_config: Any, tokenizer: Any | None) -> None:
         return
     msg = (f"the tokenizer has {len(tokenizer)} tokens but the model embeds only {vocab} (vocab_size): "
            "ids from {vocab} up would index past the embedding; use the model's own tokenizer or a resized model")
-    raise TrainerError("spec_invalid", msg.replace("{vocab}", str(vocab)))
+    raise TrainerError(FailureReason.SPEC_INVALID, msg.replace("{vocab}", str(vocab)))
 
 
 def _auto_class(config: HFConfig) -> Any:
@@ -179,5 +185,5 @@ def _instantiate(config: HFConfig, hf_config: Any, directory: Path | None) -> nn
         )
     except _LOAD_ERRORS as exc:
         where = directory if directory is not None else f"hf_config model_type {hf_config.model_type!r}"
-        reason = "model_unavailable" if directory is not None else "spec_invalid"
+        reason = FailureReason.MODEL_UNAVAILABLE if directory is not None else FailureReason.SPEC_INVALID
         raise TrainerError(reason, f"cannot build the model from {where}: {exc}") from exc

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path, PurePath
 from typing import Any
 
+from contracts.status import FailureReason
 from trainer.errors import TrainerError
 
 #: Weight files that ``torch.load`` would unpickle (arbitrary code); never read.
@@ -29,9 +30,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise TrainerError("model_unavailable", f"cannot read {path.name} in {path.parent}: {exc}") from exc
+        raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"cannot read {path.name} in {path.parent}: {exc}") from exc
     if not isinstance(data, dict):
-        raise TrainerError("model_unavailable", f"{path} is not a JSON object")
+        raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"{path} is not a JSON object")
     return data
 
 
@@ -58,7 +59,7 @@ def weights_problem(file_names: Iterable[str]) -> str | None:
 def _refuse_remote_code(path: Path) -> None:
     problem = remote_code_problem(_read_json(path), path.name)
     if problem is not None:
-        raise TrainerError("model_unavailable", f"{path.parent} {problem}")
+        raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"{path.parent} {problem}")
 
 
 def check_model_dir(directory: Path) -> None:
@@ -66,12 +67,12 @@ def check_model_dir(directory: Path) -> None:
     in it or its tokenizer config (remote code), or without ``*.safetensors`` weights (pickle only, or none)."""
     config = directory / CONFIG_FILE
     if not config.is_file():
-        raise TrainerError("model_unavailable", f"{directory} has no {CONFIG_FILE}")
+        raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"{directory} has no {CONFIG_FILE}")
     _refuse_remote_code(config)
     check_tokenizer_dir(directory, required=False)
     problem = weights_problem(p.name for p in directory.iterdir() if p.is_file())
     if problem is not None:
-        raise TrainerError("model_unavailable", f"{directory} {problem}")
+        raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"{directory} {problem}")
 
 
 def check_tokenizer_dir(directory: Path, *, required: bool = True) -> None:
@@ -81,4 +82,4 @@ def check_tokenizer_dir(directory: Path, *, required: bool = True) -> None:
     if config.is_file():
         _refuse_remote_code(config)
     elif required:
-        raise TrainerError("model_unavailable", f"{directory} has no {TOKENIZER_CONFIG_FILE}")
+        raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"{directory} has no {TOKENIZER_CONFIG_FILE}")

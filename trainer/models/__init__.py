@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from contracts.status import FailureReason
 from trainer.catalog import GPTConfig, MLPConfig, ModelSpec
 from trainer.data.base import DataInfo
 from trainer.errors import TrainerError
@@ -27,16 +28,16 @@ __all__ = ["build_job_model", "build_model", "model_summary", "MODELS"]
 
 def _mlp(config: MLPConfig, info: DataInfo) -> nn.Module:
     if info.in_features is None:
-        raise TrainerError("spec_invalid", "model 'mlp' needs feature data (a dataset with in_features)")
+        raise TrainerError(FailureReason.SPEC_INVALID, "model 'mlp' needs feature data (a dataset with in_features)")
     return build_mlp(info.in_features, info.num_outputs, config.hidden_sizes, config.activation, config.dropout)
 
 
 def _gpt(config: GPTConfig, info: DataInfo) -> nn.Module:
     if info.seq_len is None:
-        raise TrainerError("spec_invalid", "model 'gpt' needs token data (a dataset with seq_len)")
+        raise TrainerError(FailureReason.SPEC_INVALID, "model 'gpt' needs token data (a dataset with seq_len)")
     if config.d_model % config.n_head:
         msg = f"gpt d_model ({config.d_model}) must be divisible by n_head ({config.n_head})"
-        raise TrainerError("spec_invalid", msg)
+        raise TrainerError(FailureReason.SPEC_INVALID, msg)
     return GPT(
         vocab_size=info.vocab_size,
         context=info.seq_len,

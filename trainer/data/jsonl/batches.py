@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from contracts.status import FailureReason
 from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Task, epoch_generator
 from trainer.data.epochs import batches_per_rank, sharded_epochs
 from trainer.errors import TrainerError
@@ -82,7 +83,9 @@ class TokenFileDataset:
         """
         examples = len(self.train)
         if examples < world_size:
-            raise TrainerError("spec_invalid", f"{examples} training examples cannot be shared by {world_size} ranks")
+            raise TrainerError(
+                FailureReason.SPEC_INVALID, f"{examples} training examples cannot be shared by {world_size} ranks"
+            )
         yield from sharded_epochs(
             lambda epoch: torch.randperm(examples, generator=epoch_generator(seed, epoch)),
             batches_per_rank(examples, world_size, micro_batch_size),

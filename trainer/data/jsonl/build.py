@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from contracts.status import FailureReason
 from trainer.catalog import JsonlConfig
 from trainer.data.base import DataInfo, Task
 from trainer.data.jsonl.batches import Sample, TokenFileDataset
@@ -52,9 +53,13 @@ def build_jsonl(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase | None) 
     field), or too small to split.
     """
     if tokenizer is None:
-        raise TrainerError("spec_invalid", "dataset 'jsonl' needs the model's tokenizer (use a model that has one)")
+        raise TrainerError(
+            FailureReason.SPEC_INVALID, "dataset 'jsonl' needs the model's tokenizer (use a model that has one)"
+        )
     if not config.resolved:
-        raise TrainerError("spec_invalid", f"{config.source} was not resolved by the worker (format, file_format, sha256)")
+        raise TrainerError(
+            FailureReason.SPEC_INVALID, f"{config.source} was not resolved by the worker (format, file_format, sha256)"
+        )
     pad_id = _pad_id(tokenizer)
     _check_tokenizer(config, tokenizer)
     examples = _read_examples(config)
@@ -70,7 +75,9 @@ def build_jsonl(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase | None) 
 def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
-        raise TrainerError("spec_invalid", "the tokenizer has neither a pad nor an EOS token to pad batches with")
+        raise TrainerError(
+            FailureReason.SPEC_INVALID, "the tokenizer has neither a pad nor an EOS token to pad batches with"
+        )
     return int(pad)
 
 
@@ -94,7 +101,7 @@ def split_rows(count: int, test_fraction: float, split_seed: int, file: str) -> 
     held = max(1, round(count * test_fraction))
     if count - held < 1:
         msg = f"dataset file {file!r} has {count} rows: too few to hold out test_fraction {test_fraction} and train"
-        raise TrainerError("data_unavailable", msg)
+        raise TrainerError(FailureReason.DATA_UNAVAILABLE, msg)
     order = torch.randperm(count, generator=torch.Generator().manual_seed(split_seed)).tolist()
     return sorted(order[held:]), sorted(order[:held])
 
@@ -147,7 +154,7 @@ def _check_not_empty(config: JsonlConfig, counts: tuple[SplitCounts, SplitCounts
                 f"dataset file {config.source!r}: no {name} example has a trainable token left "
                 f"({split.dropped_no_trainable_tokens} dropped after truncation to max_seq_len {config.max_seq_len})"
             )
-            raise TrainerError("data_unavailable", msg)
+            raise TrainerError(FailureReason.DATA_UNAVAILABLE, msg)
 
 
 def report(

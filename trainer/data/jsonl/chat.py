@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from contracts.status import FailureReason
 from trainer.data.jsonl.formats import ChatExample
 from trainer.data.jsonl.rows import row_error
 from trainer.data.jsonl.tokens import TokenExample, encode
@@ -33,7 +34,9 @@ Messages = Sequence[dict[str, object]]
 def check_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
     """``spec_invalid`` when the tokenizer has no chat template to render chats with."""
     if not getattr(tokenizer, "chat_template", None):
-        raise TrainerError("spec_invalid", "format 'chat' needs a tokenizer with a chat template, and it has none")
+        raise TrainerError(
+            FailureReason.SPEC_INVALID, "format 'chat' needs a tokenizer with a chat template, and it has none"
+        )
 
 
 def chat_tokens(example: ChatExample, tokenizer: PreTrainedTokenizerBase, masking: str, file: str) -> TokenExample:
@@ -84,5 +87,7 @@ def _render(
     except Exception as exc:  # a chat template is arbitrary Jinja: any failure is this row's
         raise row_error(file, line, "messages", f"the chat template failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(text, str):
-        raise TrainerError("spec_invalid", "the tokenizer's apply_chat_template(tokenize=False) did not return text")
+        raise TrainerError(
+            FailureReason.SPEC_INVALID, "the tokenizer's apply_chat_template(tokenize=False) did not return text"
+        )
     return encode(tokenizer, text)

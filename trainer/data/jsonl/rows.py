@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from contracts.status import FailureReason
 from trainer.data.sources import open_data_file
 from trainer.errors import TrainerError
 
@@ -39,7 +40,7 @@ class RowError(TrainerError):
 
     def __init__(self, file: str, line: int, field: str | None, what: str) -> None:
         where = f"file {file}, line {line}: " + (f"field {field}: " if field is not None else "")
-        super().__init__("data_unavailable", where + what)
+        super().__init__(FailureReason.DATA_UNAVAILABLE, where + what)
         self.file = file
         self.line = line
         self.field = field
@@ -77,7 +78,7 @@ def rows_of(file: str, handle: BinaryIO, file_format: str, max_line_bytes: int |
         count += 1
         yield row
     if count == 0:
-        raise TrainerError("data_unavailable", f"dataset file {file!r} holds no rows")
+        raise TrainerError(FailureReason.DATA_UNAVAILABLE, f"dataset file {file!r} holds no rows")
 
 
 def _raw_lines(file: str, handle: BinaryIO, max_line_bytes: int | None) -> Iterator[bytes]:

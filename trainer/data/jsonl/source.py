@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO
 
+from contracts.status import FailureReason
 from trainer.catalog import JsonlConfig
 from trainer.data.sources import open_bounded, resolve_data_file
 from trainer.errors import TrainerError
@@ -21,7 +22,9 @@ def dataset_path(config: JsonlConfig) -> Path:
     if config.path is not None:
         return resolve_data_file(config.path)
     if not config.resolved or config.dataset_id is None or config.sha256 is None:
-        raise TrainerError("spec_invalid", f"{config.source} was not resolved by the worker (format, file_format, sha256)")
+        raise TrainerError(
+            FailureReason.SPEC_INVALID, f"{config.source} was not resolved by the worker (format, file_format, sha256)"
+        )
     return registered_dataset_file(config.dataset_id, config.sha256, config.effective_file_format)
 
 

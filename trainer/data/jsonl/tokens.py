@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from contracts.status import FailureReason
 from trainer.data.jsonl.formats import InstructionExample, TextExample
 from trainer.errors import TrainerError
 
@@ -62,7 +63,9 @@ def leading_special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 def eos_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The tokenizer's EOS id; ``spec_invalid`` when it has none (the model could never learn to stop)."""
     if tokenizer.eos_token_id is None:
-        raise TrainerError("spec_invalid", "the tokenizer has no EOS token: language-modelling formats need one")
+        raise TrainerError(
+            FailureReason.SPEC_INVALID, "the tokenizer has no EOS token: language-modelling formats need one"
+        )
     return int(tokenizer.eos_token_id)
 
 
