@@ -67,15 +67,23 @@ class RecordBase(BaseModel):
 
 
 class StartupTimes(BaseModel):
-    """Seconds each start-up phase took; ``None`` until it ended (or when the trainer could not time it)."""
+    """Seconds each start-up phase took; ``None`` until it ended (or when the trainer could not time it).
+
+    The one definition: the trainer's clock keeps it (:mod:`trainer.startup`), ``phase`` and ``start``
+    records carry it, and the job resource serves the current attempt's as ``startup`` (docs/api.md, "Start-up").
+    """
 
     model_config = _CLOSED
 
-    launch_s: Seconds | None = None
-    imports_s: Seconds | None = None
-    data_s: Seconds | None = None
-    model_s: Seconds | None = None
-    first_step_s: Seconds | None = None
+    launch_s: Seconds | None = Field(default=None, description="From the worker starting torchrun to the trainer's Python")
+    imports_s: Seconds | None = Field(default=None, description="Then to the training loop (imports, spec, process group)")
+    data_s: Seconds | None = Field(default=None, description="Then to the dataset built (a resumed run's checkpoint read)")
+    model_s: Seconds | None = Field(default=None, description="Then to the model, optimizer and schedule built")
+    first_step_s: Seconds | None = Field(default=None, description="Then to the first step's record written")
+
+    def as_record(self) -> dict[str, float | None]:
+        """The times as a record's ``startup`` field (every key, ``None`` included)."""
+        return self.model_dump()
 
 
 class PhaseRecord(RecordBase):

@@ -2,9 +2,9 @@
 
 docs/results.md describes the fields; :mod:`server.schemas` builds these models from the database
 rows, the routes answer them, and :class:`server.client.HalfcastClient` returns them. Step and
-evaluation records stay JSON objects here (``latest``, ``eval``, ``points``, ``evals``): the API
-serves them as the trainer wrote them (:mod:`contracts.records`), fields an older trainer did not
-write absent.
+evaluation records (``latest``, ``eval``, ``points``, ``evals``) and precision switches are the
+record models of :mod:`contracts.records` as :mod:`contracts.stored` serves them: typed, their JSON
+the object the worker stored (the fields the trainer wrote, an older trainer's missing ones absent).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from contracts.records import StartupTimes
 from contracts.status import AttemptStatus, JobStatus
+from contracts.stored import StoredEval, StoredStep, StoredSwitch
 
 #: How a job's spec scales its loss: fp16's ``loss_scale.mode`` (default ``dynamic``); ``none`` for
 #: fp32, bf16 and fp8, whose step records carry ``loss_scale`` 1 (``trainer.spec.JobSpec.effective_loss_scale``).
@@ -59,19 +61,6 @@ class StoppedEarlyPublic(BaseModel):
     best_value: float | None = None
 
 
-class StartupPublic(BaseModel):
-    """Seconds each start-up phase of the current attempt took, as its trainer reported them (docs/api.md, "Start-up").
-
-    Null until the phase has ended (and ``launch_s``/``imports_s`` when the trainer could not time them).
-    """
-
-    launch_s: float | None = Field(default=None, description="From the worker starting torchrun to the trainer's Python")
-    imports_s: float | None = Field(default=None, description="Then to the training loop (imports, spec, process group)")
-    data_s: float | None = Field(default=None, description="Then to the dataset built (a resumed run's checkpoint read)")
-    model_s: float | None = Field(default=None, description="Then to the model, optimizer and schedule built")
-    first_step_s: float | None = Field(default=None, description="Then to the first step's record written")
-
-
 class JobPublic(BaseModel):
     """The job resource (``GET /jobs/{id}``). Timestamps are UTC; ``step`` is the latest attempted step."""
 
@@ -86,11 +75,11 @@ class JobPublic(BaseModel):
     step: int
     max_steps: int
     world_size: int
-    latest: dict[str, Any] | None = Field(description="The newest step record, or null")
-    eval: dict[str, Any] | None = Field(description="The newest evaluation record, or null")
+    latest: StoredStep | None = Field(description="The newest step record, or null")
+    eval: StoredEval | None = Field(description="The newest evaluation record, or null")
     attempt: int = Field(description="Launch attempts so far (0 while queued)")
     attempts: list[AttemptPublic] = Field(default_factory=list, description="Every launch attempt, oldest first")
-    precision_switches: list[dict[str, Any]] = Field(
+    precision_switches: list[StoredSwitch] = Field(
         default_factory=list,
         description='Precision switches of the run (on_divergence "fallback_bf16"), oldest first: '
         "{step, from, to, reason, message, rewound_to_step, time}",
@@ -121,7 +110,7 @@ class JobPublic(BaseModel):
         description="While the job starts, what it is doing: `launching` (status `starting`), then, `running` before "
         "its first step, `loading data`, `building model`, `first step`; null otherwise",
     )
-    startup: StartupPublic | None = Field(
+    startup: StartupTimes | None = Field(
         default=None, description="The current attempt's start-up phase times so far; null before its trainer reported one"
     )
 
@@ -141,7 +130,7 @@ class MetricsPage(BaseModel):
     """
 
     job_id: str
-    points: list[dict[str, Any]]
+    points: list[StoredStep]
 
 
 class EvalList(BaseModel):
@@ -152,7 +141,7 @@ class EvalList(BaseModel):
     """
 
     job_id: str
-    evals: list[dict[str, Any]]
+    evals: list[StoredEval]
 
 
 class LogLines(BaseModel):

@@ -9,11 +9,13 @@
 Datasets and models are uploaded with :meth:`HalfcastClient.upload_dataset` and
 :meth:`HalfcastClient.upload_model` (streamed, with a ``progress`` callback), listed, read and
 deleted; :meth:`HalfcastClient.register_export` registers a job's exported model.
-The job calls answer the API's own models (:mod:`contracts.resources`, :mod:`contracts.records`):
-a job is a :class:`~contracts.resources.JobPublic`, a step record a
-:class:`~contracts.records.StepRecord`, an evaluation an :class:`~contracts.records.EvalRecord`,
-a log tail :class:`~contracts.resources.LogLines`. An answer that does not validate as its model
-is a :class:`HalfcastError`.
+Every call answers the API's own models, the ones its routes answer (:mod:`contracts`): a job is a
+:class:`~contracts.resources.JobPublic`, a step record a :class:`~contracts.stored.StoredStep`, an
+evaluation a :class:`~contracts.stored.StoredEval`, a log tail :class:`~contracts.resources.LogLines`,
+a checkpoint or an export :mod:`contracts.artifacts`, a registered dataset or model
+:mod:`contracts.registry`, the audit log and ``whoami`` :mod:`contracts.access`, and each event of a
+stream an :class:`Event` whose ``data`` is the model of its name (:mod:`contracts.events`). An
+answer that does not validate as its model is a :class:`HalfcastError`.
 
 Errors are typed: :class:`ServerUnavailable` (no connection, a timeout, or a 503),
 :class:`ValidationFailed` (422, with every field error), :class:`NotFound` (404),
@@ -33,14 +35,18 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from contracts.records import EvalRecord, StepRecord
-from contracts.resources import JobList, JobPublic, LogLines
-from contracts.status import TERMINAL_STATUSES
+from contracts.access import AuditList, SessionPublic
+from contracts.artifacts import CheckpointList, CheckpointPublic, ExportList, ExportPublic
+from contracts.events import JOB_EVENTS, LOG_EVENTS, JobEventData, LogEventData
+from contracts.records import StepRecord
+from contracts.registry import DatasetList, DatasetPublic, ModelList, ModelPublic
+from contracts.resources import EvalList, JobList, JobPublic, LogLines, MetricsPage
+from contracts.stored import StoredEval
 from server.download import IncompleteDownload, save_response
 from server.export_extract import (
     UnsafeArchive,
@@ -58,10 +64,6 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 #: Job resources :meth:`HalfcastClient.get` keeps with their ETag, to ask again with ``If-None-Match``.
 KEPT_JOBS = 256
 
-#: A JSON object as the API returns it (a checkpoint or export description, an audit page).
-Json = dict[str, Any]
-#: A list of JSON objects (``HalfcastClient.list`` shadows the builtin inside the class).
-JsonList = list[Json]
 #: ``progress(sent, total)``: bytes of an upload sent so far, of ``total``.
 Progress = Callable[[int, int], None]
 #: Bytes read from a file per chunk of an upload.
@@ -74,6 +76,10 @@ DATASET_MEDIA_TYPES = {"jsonl": "application/jsonl", "csv": "text/csv"}
 #: A page of jobs as :meth:`HalfcastClient.list` returns it.
 Jobs = list[JobPublic]
 M = TypeVar("M", bound=BaseModel)
+#: What an :class:`Event` carries: a model, or (from :func:`parse_sse`) the decoded JSON.
+D = TypeVar("D")
+#: A page of registered datasets or models.
+RegistryPage = TypeVar("RegistryPage", DatasetList, ModelList)
 
 
 class HalfcastError(Exception):
@@ -154,15 +160,34 @@ class ValidationFailed(HalfcastError):
 
 
 @dataclass(frozen=True)
-class Event:
-    """One Server-Sent Event of a job stream: ``event`` (``status``, ``step``, ``eval``, ``rewind``), ``id``, decoded ``data``."""
+class Event(Generic[D]):
+    """One Server-Sent Event: its name ``event``, its ``id``, and its ``data``.
+
+    From :meth:`HalfcastClient.events` and :meth:`HalfcastClient.follow_logs`, ``data`` is the model
+    :mod:`contracts.events` gives the name (a ``status`` event's is a :class:`~contracts.resources.JobPublic`,
+    a ``step`` event's a :class:`~contracts.stored.StoredStep`...); from :func:`parse_sse`, the decoded JSON.
+    """
 
     event: str
     id: str | None
-    data: Any
+    data: D
 
 
-def parse_sse(lines: Iterator[str]) -> Iterator[Event]:
+#: An event of a job's stream (``status``, ``step``, ``eval``, ``rewind``, ``precision_switch``).
+JobEvent = Event[JobEventData]
+#: An event of a followed log (``attempt``, ``lines``, ``end``).
+LogEvent = Event[LogEventData]
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """A downloaded checkpoint: what :meth:`HalfcastClient.checkpoints` says of it, and the ``path`` it was saved at."""
+
+    checkpoint: CheckpointPublic
+    path: Path
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[Event[Any]]:
     """Events from SSE text lines (``data`` decoded as JSON); comments and ``retry`` lines are skipped."""
     fields: dict[str, str] = {}
     for line in lines:
@@ -230,6 +255,17 @@ def _counted(chunks: Iterator[bytes], total: int, progress: Progress | None) -> 
         yield chunk
         if progress is not None:
             progress(sent, total)
+
+def _typed(events: Iterator[Event[Any]], models: Mapping[str, type[D]]) -> Iterator[Event[D]]:
+    """``events`` with each ``data`` read as the model of its name in ``models``; events of other names are skipped
+    (a newer server's), logged. :class:`HalfcastError` for a payload that does not validate."""
+    for event in events:
+        model = models.get(event.event)
+        if model is None:
+            log.debug("skipping an event the client does not know: %s", event.event)
+            continue
+        yield Event(event.event, event.id, _parsed(model, event.data))  # type: ignore[type-var]
+
 
 def _parsed(model: type[M], body: Any) -> M:
     """``body`` (an answer's JSON) as ``model``; :class:`HalfcastError` when it does not validate."""
@@ -348,10 +384,10 @@ class HalfcastClient:
         return found
 
     def metrics(self, job_id: str, after_step: int = 0, page_size: int = 1000) -> Iterator[list[StepRecord]]:
-        """Pages of step records with ``step > after_step``, in step order, until none are left."""
+        """Pages of step records (:class:`~contracts.stored.StoredStep`) with ``step > after_step``, in step order."""
         while True:
             page = self._request("GET", f"/jobs/{job_id}/metrics", params={"after_step": after_step, "limit": page_size})
-            points = [_parsed(StepRecord, point) for point in page["points"]]
+            points: list[StepRecord] = [*_parsed(MetricsPage, page).points]
             if not points:
                 return
             yield points
@@ -359,17 +395,18 @@ class HalfcastClient:
             if len(points) < page_size:
                 return
 
-    def evals(self, job_id: str) -> list[EvalRecord]:
+    def evals(self, job_id: str) -> list[StoredEval]:
         """Every evaluation record of the job, in step order. Raises :class:`NotFound`."""
-        return [_parsed(EvalRecord, evaluation) for evaluation in self._request("GET", f"/jobs/{job_id}/evals")["evals"]]
+        return _parsed(EvalList, self._request("GET", f"/jobs/{job_id}/evals")).evals
 
-    def checkpoints(self, job_id: str) -> JsonList:
+    def checkpoints(self, job_id: str) -> list[CheckpointPublic]:
         """The job's checkpoint files, by attempt then step (the last is the newest). Raises :class:`NotFound`."""
-        files: JsonList = self._request("GET", f"/jobs/{job_id}/checkpoints")["checkpoints"]
-        return files
+        return _parsed(CheckpointList, self._request("GET", f"/jobs/{job_id}/checkpoints")).checkpoints
 
-    def download_checkpoint(self, job_id: str, destination: Path, *, name: str | None = None, attempt: int | None = None) -> Json:
-        """Download a checkpoint; its description (as in :meth:`checkpoints`) with ``path``, where it was saved.
+    def download_checkpoint(
+        self, job_id: str, destination: Path, *, name: str | None = None, attempt: int | None = None
+    ) -> SavedCheckpoint:
+        """Download a checkpoint; its description (as in :meth:`checkpoints`) and the ``path`` it was saved at.
 
         ``name`` (``final.pt`` or ``step-<N>.pt``) and ``attempt`` pick the file; by default
         the newest (what ``resume_from: <job id>`` would resume from). A ``destination``
@@ -381,21 +418,20 @@ class HalfcastClient:
             NotFound: no such job, or it has no (such) checkpoint.
             ServerUnavailable: the connection failed or the download was cut short.
         """
-        listed = [c for c in self.checkpoints(job_id) if (name is None or c["name"] == name)
-                  and (attempt is None or c["attempt"] == attempt)]  # fmt: skip
+        listed = [c for c in self.checkpoints(job_id) if (name is None or c.name == name)
+                  and (attempt is None or c.attempt == attempt)]  # fmt: skip
         if not listed:
             what = "checkpoint" if name is None else f"checkpoint {name}"
             where = "" if attempt is None else f" in attempt {attempt}"
             raise NotFound(f"job {job_id} has no {what}{where}", 404)
         chosen = listed[-1]
-        path = destination / f"{job_id}-attempt-{chosen['attempt']}-{chosen['name']}" if destination.is_dir() else destination
-        self._save(chosen["url"], path, "application/octet-stream")
-        return {**chosen, "path": str(path)}
+        path = destination / f"{job_id}-attempt-{chosen.attempt}-{chosen.name}" if destination.is_dir() else destination
+        self._save(chosen.url, path, "application/octet-stream")
+        return SavedCheckpoint(chosen, path)
 
-    def exports(self, job_id: str) -> JsonList:
+    def exports(self, job_id: str) -> list[ExportPublic]:
         """The job's exports (``adapter``, ``model``), each from the newest attempt that has it. Raises :class:`NotFound`."""
-        found: JsonList = self._request("GET", f"/jobs/{job_id}/exports")["exports"]
-        return found
+        return _parsed(ExportList, self._request("GET", f"/jobs/{job_id}/exports")).exports
 
     def download_export(
         self, job_id: str, kind: str, dest_dir: Path, attempt: int | None = None, *, overwrite: bool = False
@@ -456,10 +492,9 @@ class HalfcastClient:
     # ------------------------------------------------------------------ registered datasets and models
 
     def upload_dataset(self, path: Path, format: str, *, name: str | None = None, file_format: str | None = None,
-                       progress: Progress | None = None, timeout: float = UPLOAD_TIMEOUT_S) -> dict[str, Any]:  # fmt: skip
+                       progress: Progress | None = None, timeout: float = UPLOAD_TIMEOUT_S) -> DatasetPublic:  # fmt: skip
         """Upload the dataset file at ``path``, checked by the API against ``format`` (``text``, ``instruction``,
-        ``chat``, ``classification``); the registered dataset (``{"id", "name", "format", "rows", "bytes",
-        "sha256", ...}``).
+        ``chat``, ``classification``); the registered dataset.
 
         ``file_format`` (``jsonl`` or ``csv``) defaults from the extension (``.jsonl``/``.json``, ``.csv``);
         ``name`` defaults to the file's name. The file is streamed, never read whole; ``progress(sent,
@@ -477,12 +512,13 @@ class HalfcastClient:
             raise ValueError(f"cannot tell the file format of {path.name}: name it .jsonl, .json or .csv, or pass file_format")
         size = path.stat().st_size
         params = {"format": format, "name": name or path.name}
-        return self._upload("/datasets", _file_chunks(path, size, progress), size, DATASET_MEDIA_TYPES[kind], params, timeout)
+        chunks = _file_chunks(path, size, progress)
+        return _parsed(DatasetPublic, self._upload("/datasets", chunks, size, DATASET_MEDIA_TYPES[kind], params, timeout))
 
     def upload_model(self, directory: Path, *, name: str | None = None, progress: Progress | None = None,
-                     timeout: float = UPLOAD_TIMEOUT_S) -> dict[str, Any]:  # fmt: skip
+                     timeout: float = UPLOAD_TIMEOUT_S) -> ModelPublic:  # fmt: skip
         """Upload the Hugging Face model ``directory`` (``config.json``, ``*.safetensors``, tokenizer files);
-        the registered model (``{"id", "name", "model_type", "files", "bytes", "sha256", ...}``).
+        the registered model.
 
         The directory is sent as an uncompressed tar built on the fly (entries ``model/<file>``, the
         format of ``GET /jobs/{id}/exports/model``: :mod:`server.export_tar`) with an exact
@@ -501,83 +537,81 @@ class HalfcastClient:
         size = archive_size(tree)
         chunks = _counted(stream_archive(tree), size, progress)
         params = {"name": name or Path(directory).resolve().name}
-        return self._upload("/models", chunks, size, "application/x-tar", params, timeout)
+        return _parsed(ModelPublic, self._upload("/models", chunks, size, "application/x-tar", params, timeout))
 
     def _upload(self, path: str, chunks: Iterator[bytes], size: int, media_type: str, params: dict[str, Any],
-                timeout: float) -> dict[str, Any]:  # fmt: skip
+                timeout: float) -> Any:  # fmt: skip
         headers = {"content-type": media_type, "content-length": str(size)}
         limits = httpx.Timeout(self._http.timeout.connect or 10.0, read=timeout, write=timeout, pool=timeout)
-        body: dict[str, Any] = self._request("POST", path, params=params, content=chunks, headers=headers, timeout=limits)
-        return body
+        return self._request("POST", path, params=params, content=chunks, headers=headers, timeout=limits)
 
-    def datasets(self, page_size: int = 100) -> Iterator[dict[str, Any]]:
+    def datasets(self, page_size: int = 100) -> Iterator[DatasetPublic]:
         """Every registered dataset the token may see, newest first."""
-        yield from self._pages("/datasets", "datasets", page_size)
+        for page in self._pages("/datasets", DatasetList, page_size):
+            yield from page.datasets
 
-    def dataset(self, dataset_id: str) -> dict[str, Any]:
+    def dataset(self, dataset_id: str) -> DatasetPublic:
         """One registered dataset. Raises :class:`NotFound`."""
-        found: dict[str, Any] = self._request("GET", f"/datasets/{dataset_id}")
-        return found
+        return _parsed(DatasetPublic, self._request("GET", f"/datasets/{dataset_id}"))
 
     def delete_dataset(self, dataset_id: str) -> None:
         """Delete a registered dataset. Raises :class:`NotFound`, :class:`Conflict` (a job that has not ended uses it)."""
         _raise_for(self._send("DELETE", f"/datasets/{dataset_id}"))
 
-    def models(self, page_size: int = 100) -> Iterator[dict[str, Any]]:
+    def models(self, page_size: int = 100) -> Iterator[ModelPublic]:
         """Every registered model the token may see, newest first."""
-        yield from self._pages("/models", "models", page_size)
+        for page in self._pages("/models", ModelList, page_size):
+            yield from page.models
 
-    def model(self, model_id: str) -> dict[str, Any]:
+    def model(self, model_id: str) -> ModelPublic:
         """One registered model. Raises :class:`NotFound`."""
-        found: dict[str, Any] = self._request("GET", f"/models/{model_id}")
-        return found
+        return _parsed(ModelPublic, self._request("GET", f"/models/{model_id}"))
 
     def delete_model(self, model_id: str) -> None:
         """Delete a registered model. Raises :class:`NotFound`, :class:`Conflict` (a job that has not ended uses it)."""
         _raise_for(self._send("DELETE", f"/models/{model_id}"))
 
-    def register_export(self, job_id: str, *, name: str | None = None, timeout: float = UPLOAD_TIMEOUT_S) -> dict[str, Any]:
+    def register_export(self, job_id: str, *, name: str | None = None, timeout: float = UPLOAD_TIMEOUT_S) -> ModelPublic:
         """Register the job's exported model (``export/model``) as a model of the job's owner; the model.
 
         Raises :class:`NotFound` (no such job, or no model export) and :class:`Conflict` (an export
         the registry refuses).
         """
         params = {"name": name} if name else None
-        found: dict[str, Any] = self._request("POST", f"/jobs/{job_id}/exports/model/register", params=params,
-                                              timeout=timeout)  # fmt: skip
-        return found
+        body = self._request("POST", f"/jobs/{job_id}/exports/model/register", params=params, timeout=timeout)
+        return _parsed(ModelPublic, body)
 
-    def _pages(self, path: str, key: str, page_size: int) -> Iterator[dict[str, Any]]:
+    def _pages(self, path: str, model: type[RegistryPage], page_size: int) -> Iterator[RegistryPage]:
+        """The pages of ``path`` as ``model``, following ``next_cursor`` to the last."""
         cursor: str | None = None
         while True:
             params: dict[str, Any] = {"limit": page_size, **({"cursor": cursor} if cursor else {})}
-            page = self._request("GET", path, params=params)
-            yield from page[key]
-            cursor = page["next_cursor"]
+            page = _parsed(model, self._request("GET", path, params=params))
+            yield page
+            cursor = page.next_cursor
             if cursor is None:
                 return
 
     # ------------------------------------------------------------------ audit
 
-    def audit(self, *, limit: int = 50, action: str | None = None, cursor: str | None = None) -> dict[str, Any]:
-        """One page of the audit log, newest first: ``{"events", "next_cursor"}``. Raises :class:`Forbidden` for a non-admin."""
+    def audit(self, *, limit: int = 50, action: str | None = None, cursor: str | None = None) -> AuditList:
+        """One page of the audit log, newest first (``events``, ``next_cursor``). Raises :class:`Forbidden` for a non-admin."""
         params: dict[str, Any] = {"limit": limit}
         if action is not None:
             params["action"] = action
         if cursor is not None:
             params["cursor"] = cursor
-        page: dict[str, Any] = self._request("GET", "/audit", params=params)
-        return page
+        return _parsed(AuditList, self._request("GET", "/audit", params=params))
 
-    def whoami(self) -> dict[str, Any]:
-        """The token's ``{"owner", "admin"}``. Raises :class:`Unauthorized` for a bad token."""
-        body: dict[str, Any] = self._request("GET", "/session")
-        return body
+    def whoami(self) -> SessionPublic:
+        """Whom the token belongs to (``owner``) and whether it is an admin's. Raises :class:`Unauthorized` for a bad token."""
+        return _parsed(SessionPublic, self._request("GET", "/session"))
 
     # ------------------------------------------------------------------ events
 
-    def events(self, job_id: str, after_step: int = 0, *, reconnects: int = 5) -> Iterator[Event]:
-        """The job's event stream (``status``, ``step``, ``eval``, ``rewind``) until its terminal ``status`` event.
+    def events(self, job_id: str, after_step: int = 0, *, reconnects: int = 5) -> Iterator[JobEvent]:
+        """The job's event stream (``status``, ``step``, ``eval``, ``rewind``, ``precision_switch``: their ``data``
+        :data:`contracts.events.JOB_EVENTS`) until its terminal ``status`` event.
 
         A dropped connection is resumed with ``Last-Event-ID`` (so no step is lost or
         repeated), up to ``reconnects`` times in a row; then :class:`ServerUnavailable`.
@@ -591,7 +625,7 @@ class HalfcastClient:
                     if event.id is not None:
                         last_id = event.id
                     yield event
-                    if event.event == "status" and event.data.get("status") in TERMINAL_STATUSES:
+                    if isinstance(event.data, JobPublic) and event.data.status.terminal:
                         return
             except (httpx.TransportError, ServerUnavailable) as exc:
                 failures += 1
@@ -619,8 +653,9 @@ class HalfcastClient:
             params["attempt"] = attempt
         return _parsed(LogLines, self._request("GET", f"/jobs/{job_id}/logs", params=params))
 
-    def follow_logs(self, job_id: str, *, rank: int = 0, tail: int = 200, attempt: int | None = None) -> Iterator[Event]:
-        """Follow ``rank``'s log: ``attempt``, ``lines`` (``data["lines"]``) and finally ``end`` events.
+    def follow_logs(self, job_id: str, *, rank: int = 0, tail: int = 200, attempt: int | None = None) -> Iterator[LogEvent]:
+        """Follow ``rank``'s log: ``attempt``, ``lines`` (``data.lines``) and finally ``end`` events
+        (their ``data``: :data:`contracts.events.LOG_EVENTS`).
 
         Waits for a queued job to start, moves on to a retry's attempt (unless
         ``attempt`` is given) and returns after ``end``. A dropped connection is not
@@ -630,7 +665,7 @@ class HalfcastClient:
         if attempt is not None:
             params["attempt"] = attempt
         try:
-            for event in self._sse(f"/jobs/{job_id}/logs", params=params):
+            for event in _typed(self._sse(f"/jobs/{job_id}/logs", params=params), LOG_EVENTS):
                 yield event
                 if event.event == "end":
                     return
@@ -638,7 +673,9 @@ class HalfcastClient:
             raise ServerUnavailable(f"lost the log stream of job {job_id} at {self.url}: {exc}") from exc
         raise ServerUnavailable(f"the log stream of job {job_id} ended early")
 
-    def _sse(self, path: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> Iterator[Event]:
+    def _sse(
+        self, path: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+    ) -> Iterator[Event[Any]]:
         """The events of one SSE answer from ``path`` (typed errors for an error status)."""
         timeout = httpx.Timeout(self._http.timeout.connect or 10.0, read=self.stream_timeout)
         headers = {"accept": "text/event-stream", **(headers or {})}
@@ -651,5 +688,5 @@ class HalfcastClient:
         except httpx.ConnectError as exc:
             raise ServerUnavailable(f"cannot reach the Halfcast API at {self.url}: {exc}") from exc
 
-    def _stream(self, job_id: str, last_id: str) -> Iterator[Event]:
-        yield from self._sse(f"/jobs/{job_id}/events", headers={"Last-Event-ID": last_id})
+    def _stream(self, job_id: str, last_id: str) -> Iterator[JobEvent]:
+        yield from _typed(self._sse(f"/jobs/{job_id}/events", headers={"Last-Event-ID": last_id}), JOB_EVENTS)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from contracts.records import StartupTimes
 from contracts.resources import (
     AttemptPublic,
     EvalList,
@@ -20,7 +21,6 @@ from contracts.resources import (
     LossScaling,
     MetricsPage,
     StartupPhase,
-    StartupPublic,
     StoppedEarlyPublic,
 )
 from contracts.status import AttemptStatus, JobStatus
@@ -29,7 +29,7 @@ from server.db.models import Attempt, Job, StepRecord
 from server.timeutil import as_utc, as_utc_or_none
 
 __all__ = ["MAX_STEP_NUMBER", "AttemptPublic", "AttemptStatus", "ErrorBody", "EvalList", "JobError", "JobList",
-           "JobPublic", "JobStatus", "LossScaling", "MetricsPage", "QuotaErrorBody", "StartupPhase", "StartupPublic",
+           "JobPublic", "JobStatus", "LossScaling", "MetricsPage", "QuotaErrorBody", "StartupPhase", "StartupTimes",
            "StoppedEarlyPublic", "attempt_public", "current_phase", "effective_precision", "job_public", "loss_scaling",
            "startup_public", "step_counts", "step_point", "stopped_early"]  # fmt: skip
 
@@ -53,10 +53,10 @@ def attempt_public(row: Attempt | AttemptView) -> AttemptPublic:
     )
 
 
-def startup_public(startup: dict[str, Any] | None) -> StartupPublic | None:
+def startup_public(startup: dict[str, Any] | None) -> StartupTimes | None:
     """The times of a stored ``jobs.startup``; ``None`` when there is none (or it does not validate)."""
     try:
-        return StartupPublic.model_validate(startup) if isinstance(startup, dict) else None
+        return StartupTimes.model_validate(startup) if isinstance(startup, dict) else None
     except ValidationError:
         return None
 

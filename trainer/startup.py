@@ -20,22 +20,20 @@ rank's start in :data:`RANK_STARTED_AT_ENV` (unix seconds); without them (a plai
 
 As ``data``, ``model`` and ``first_step`` begin, and once the first step is done
 (``training``), rank 0 logs a line and writes a ``phase`` record ``{"type": "phase",
-"time", "phase", "startup"}``: ``startup`` holds :class:`StartupTimes`, the seconds of the
+"time", "phase", "startup"}``: ``startup`` holds :class:`~contracts.records.StartupTimes`, the seconds of the
 phases ended so far (``None`` for the rest). The ``start`` record, written right after the
 ``first_step`` one, repeats them as its ``startup``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
-from contracts.records import PhaseName
+from contracts.records import PhaseName, StartupTimes
 from trainer.records import RecordSink
 
 log = logging.getLogger(__name__)
@@ -48,7 +46,7 @@ RANK_STARTED_AT_ENV = "HALFCAST_RANK_STARTED_AT"
 #: The phase a ``phase`` record says begins; ``training``: start-up is over.
 Phase = PhaseName
 
-#: The field of :class:`StartupTimes` that the beginning of each phase ends.
+#: The field of :class:`~contracts.records.StartupTimes` that the beginning of each phase ends.
 _ENDED_BY: dict[Phase, str] = {"model": "data_s", "first_step": "model_s", "training": "first_step_s"}
 
 #: What the log line of each phase says.
@@ -58,25 +56,10 @@ _LOG_TEXT: dict[Phase, str] = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True)
-class StartupTimes:
-    """Seconds each start-up phase took; ``None`` until it has ended, or when it cannot be measured
-    (``launch_s`` and ``imports_s`` without the launcher's environment variables)."""
-
-    launch_s: float | None = None
-    imports_s: float | None = None
-    data_s: float | None = None
-    model_s: float | None = None
-    first_step_s: float | None = None
-
-    def as_record(self) -> dict[str, float | None]:
-        """The times as a record's ``startup`` field (every key, ``None`` included)."""
-        return dataclasses.asdict(self)
-
-    def text(self) -> str:
-        """``launch 3.10 s, imports 4.23 s, data 0.31 s`` over the measured phases."""
-        known = [(name.removesuffix("_s"), value) for name, value in self.as_record().items() if value is not None]
-        return ", ".join(f"{name.replace('_', ' ')} {value:.2f} s" for name, value in known)
+def times_text(times: StartupTimes) -> str:
+    """``launch 3.10 s, imports 4.23 s, data 0.31 s`` over the measured phases of ``times``."""
+    known = [(name.removesuffix("_s"), value) for name, value in times.as_record().items() if value is not None]
+    return ", ".join(f"{name.replace('_', ' ')} {value:.2f} s" for name, value in known)
 
 
 def _stamp(environ: Mapping[str, str], name: str) -> float | None:
@@ -128,7 +111,7 @@ class StartupClock:
     def begin(self, phase: Phase) -> None:
         """``phase`` begins now: the phase before it has ended and is timed."""
         now = self.clock()
-        self.times = dataclasses.replace(self.times, **{_ENDED_BY[phase]: _seconds(self._since, now)})
+        self.times = self.times.model_copy(update={_ENDED_BY[phase]: _seconds(self._since, now)})
         self._since = now
         self._announce(phase)
 
@@ -136,5 +119,5 @@ class StartupClock:
         self.phase = phase
         if not self.main:
             return
-        log.info("start-up: %s (%s)", _LOG_TEXT[phase], self.times.text() or "no phase timed yet")
+        log.info("start-up: %s (%s)", _LOG_TEXT[phase], times_text(self.times) or "no phase timed yet")
         self.records.phase(phase, self.times.as_record())

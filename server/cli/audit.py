@@ -8,7 +8,7 @@ import sys
 
 # ``add_api_command`` gives the command the shared --url/--timeout/--token options and error reporting.
 from server.cli.jobs import add_api_command
-from server.cli.jobs import client_for
+from server.cli.jobs import client_for, format_time, write_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -24,9 +24,9 @@ def run_audit(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         page = client.audit(limit=args.limit, action=args.action)
     if args.json:
-        sys.stdout.write(json.dumps(page["events"], indent=2) + "\n")
+        write_json([event.model_dump(mode="json") for event in page.events])
         return 0
-    for event in page["events"]:
-        details = json.dumps(event["details"], sort_keys=True) if event["details"] else ""
-        sys.stdout.write(f"{event['at'][:19].replace('T', ' ')}  {event['actor']}  {event['action']}  {event['subject']}  {details}\n")
+    for event in page.events:
+        details = json.dumps(event.details, sort_keys=True) if event.details else ""
+        sys.stdout.write(f"{format_time(event.at)}  {event.actor}  {event.action}  {event.subject}  {details}\n")
     return 0

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_listing
+from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, format_time, write_listing
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,8 +41,8 @@ def run_checkpoints(args: argparse.Namespace) -> int:
         files = client.checkpoints(args.job_id)
     header = ("ATTEMPT", "NAME", "STEP", "SIZE", "MODIFIED")
     return write_listing(files, args.json, f"job {args.job_id} has no checkpoint yet", header,
-                         lambda f: (str(f["attempt"]), f["name"], str(f["step"]), format_size(f["size_bytes"]),
-                                    f["modified_at"][:19].replace("T", " ")))  # fmt: skip
+                         lambda f: (str(f.attempt), f.name, str(f.step), format_size(f.size_bytes),
+                                    format_time(f.modified_at)))  # fmt: skip
 
 
 def run_download(args: argparse.Namespace) -> int:
@@ -54,9 +54,10 @@ def run_download(args: argparse.Namespace) -> int:
         except OSError as exc:  # the target cannot be written (BrokenPipeError never comes from here)
             sys.stderr.write(f"error: cannot save to {target}: {exc.strerror or exc}\n")
             return EXIT_ERROR
-    sys.stderr.write(f"job {args.job_id}: {saved['name']} of attempt {saved['attempt']} (step {saved['step']}, "
-                     f"{format_size(saved['size_bytes'])})\n")  # fmt: skip
-    sys.stdout.write(f"{saved['path']}\n")
+    file = saved.checkpoint
+    sys.stderr.write(f"job {args.job_id}: {file.name} of attempt {file.attempt} (step {file.step}, "
+                     f"{format_size(file.size_bytes)})\n")  # fmt: skip
+    sys.stdout.write(f"{saved.path}\n")
     return 0
 
 

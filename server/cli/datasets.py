@@ -10,13 +10,12 @@ show a progress bar on stderr. Exit statuses as for the job commands (:mod:`serv
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
+from contracts.registry import DatasetPublic
 from server.cli.checkpoints import format_size
-from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_listing
+from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, format_time, write_json, write_listing
 from server.cli.progress import UploadProgress
 
 #: The formats a dataset's rows are checked against (the ``jsonl`` dataset's).
@@ -42,10 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     delete.add_argument("dataset_id")
 
 
-def describe(dataset: dict[str, Any]) -> str:
+def describe(dataset: DatasetPublic) -> str:
     """One line: rows, format, size and SHA-256."""
-    return (f"{dataset['rows']} rows of {dataset['format']} ({dataset['file_format']}), "
-            f"{format_size(dataset['bytes'])}, sha256 {dataset['sha256']}")  # fmt: skip
+    return (f"{dataset.rows} rows of {dataset.format} ({dataset.file_format}), "
+            f"{format_size(dataset.bytes)}, sha256 {dataset.sha256}")  # fmt: skip
 
 
 def run_upload(args: argparse.Namespace) -> int:
@@ -61,10 +60,10 @@ def run_upload(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     if args.json:
-        sys.stdout.write(json.dumps(dataset, indent=2) + "\n")
+        write_json(dataset.model_dump(mode="json"))
         return 0
-    sys.stderr.write(f"dataset {dataset['name']}: {describe(dataset)}\n")
-    sys.stdout.write(f"{dataset['id']}\n")
+    sys.stderr.write(f"dataset {dataset.name}: {describe(dataset)}\n")
+    sys.stdout.write(f"{dataset.id}\n")
     return 0
 
 
@@ -74,19 +73,20 @@ def run_list(args: argparse.Namespace) -> int:
         found = list(client.datasets())
     header = ("ID", "NAME", "FORMAT", "ROWS", "SIZE", "CREATED")
     return write_listing(found, args.json, "no dataset registered", header,
-                         lambda d: (d["id"], d["name"], f"{d['format']}/{d['file_format']}", str(d["rows"]),
-                                    format_size(d["bytes"]), d["created_at"][:19].replace("T", " ")))  # fmt: skip
+                         lambda d: (d.id, d.name, f"{d.format}/{d.file_format}", str(d.rows),
+                                    format_size(d.bytes), format_time(d.created_at)))  # fmt: skip
 
 
 def run_show(args: argparse.Namespace) -> int:
     """Print one dataset."""
     with client_for(args) as client:
         dataset = client.dataset(args.dataset_id)
+    body = dataset.model_dump(mode="json")
     if args.json:
-        sys.stdout.write(json.dumps(dataset, indent=2) + "\n")
+        write_json(body)
     else:
         fields = ("id", "name", "owner", "format", "file_format", "rows", "bytes", "sha256", "created_at")
-        sys.stdout.write("".join(f"{key + ':':<12} {dataset[key]}\n" for key in fields))
+        sys.stdout.write("".join(f"{key + ':':<12} {body[key]}\n" for key in fields))
     return 0
 
 

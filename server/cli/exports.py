@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from server.cli.checkpoints import format_size
-from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_listing
+from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, format_time, write_listing
 from server.export_files import ExportKind
 
 
@@ -40,8 +40,8 @@ def run_exports(args: argparse.Namespace) -> int:
         found = client.exports(args.job_id)
     header = ("KIND", "ATTEMPT", "FILES", "SIZE", "MODIFIED")
     return write_listing(found, args.json, f"job {args.job_id} has no export", header,
-                         lambda e: (e["kind"], str(e["attempt"]), str(len(e["files"])), format_size(e["size_bytes"]),
-                                    e["modified_at"][:19].replace("T", " ")))  # fmt: skip
+                         lambda e: (e.kind.value, str(e.attempt), str(len(e.files)), format_size(e.size_bytes),
+                                    format_time(e.modified_at)))  # fmt: skip
 
 
 def run_export(args: argparse.Namespace) -> int:

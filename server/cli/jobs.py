@@ -15,9 +15,13 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
+from contracts.records import StartupTimes, StepRecord
 from contracts.resources import JobPublic
 from server.cli.credentials import resolve_token, token_path
 from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
@@ -160,9 +164,10 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     rows = [("ID", "STATUS", "STEP", "LOSS", "SCALE", "SKIPPED", "CREATED", "NAME")]
     for job in jobs:
-        latest = job.latest or {}
-        rows.append((job.id, job.status, f"{job.step}/{job.max_steps}", format_number(latest.get("loss")),
-                     _scale_cell(job, format_number), str(latest.get("skipped_steps", "-")),
+        latest = job.latest
+        skipped = latest.skipped_steps if latest is not None else None
+        rows.append((job.id, job.status, f"{job.step}/{job.max_steps}", format_number(latest.loss if latest else None),
+                     _scale_cell(job, format_number), "-" if skipped is None else str(skipped),
                      job.created_at.strftime("%Y-%m-%d %H:%M:%S"), job.name or ""))  # fmt: skip
     write_table(rows)
     return 0
@@ -178,7 +183,21 @@ def _scale_cell(job: JobPublic, shown: Callable[[Any], str]) -> str:
     fp8: its scale is always 1, which would read as a scale)."""
     if _sent(job, "loss_scaling") and job.loss_scaling == "none":
         return "none"
-    return shown((job.latest or {}).get("loss_scale"))
+    return shown(job.latest.loss_scale if job.latest is not None else None)
+
+
+#: A resource a listing shows.
+Item = TypeVar("Item", bound=BaseModel)
+
+
+def write_json(value: Any) -> None:
+    """Print ``value`` as indented JSON."""
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+
+
+def format_time(value: datetime) -> str:
+    """``2025-01-31 12:00:00``: a UTC timestamp of the API to the second."""
+    return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def write_table(rows: list[tuple[str, ...]]) -> None:
@@ -188,11 +207,12 @@ def write_table(rows: list[tuple[str, ...]]) -> None:
         sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
-def write_listing(items: list[dict[str, Any]], as_json: bool, empty_note: str, header: tuple[str, ...],
-                  row: Callable[[dict[str, Any]], tuple[str, ...]]) -> int:  # fmt: skip
-    """Print ``items`` as JSON, or as a table of ``header`` and ``row(item)``; ``empty_note`` on stderr if none."""
+def write_listing(items: Sequence[Item], as_json: bool, empty_note: str, header: tuple[str, ...],
+                  row: Callable[[Item], tuple[str, ...]]) -> int:  # fmt: skip
+    """Print ``items`` as JSON (as the API sent them), or as a table of ``header`` and ``row(item)``; ``empty_note``
+    on stderr if none."""
     if as_json:
-        sys.stdout.write(json.dumps(items, indent=2) + "\n")
+        write_json([item.model_dump(mode="json") for item in items])
     elif not items:
         sys.stderr.write(empty_note + "\n")
     else:
@@ -213,36 +233,37 @@ def run_status(args: argparse.Namespace) -> int:
 
 def describe(job: JobPublic) -> list[tuple[str, str]]:
     """``(label, text)`` lines describing a job resource."""
-    latest = job.latest or {}
+    latest = job.latest
     lines = [("id", job.id), ("name", job.name or "-"), ("status", str(job.status)),
              ("step", f"{job.step}/{job.max_steps} (world size {job.world_size})"),
              ("precision", _precision_text(job))]  # fmt: skip
     if job.phase:
         lines.append(("phase", job.phase))
     if job.startup:
-        lines.append(("start-up", _startup_text(job.startup.model_dump())))
-    if latest:
-        lines += [("loss", format_number(latest.get("loss"))), ("scale", _scale_cell(job, format_scale)),
+        lines.append(("start-up", _startup_text(job.startup)))
+    if latest is not None:
+        lines += [("loss", format_number(latest.loss)), ("scale", _scale_cell(job, format_scale)),
                   ("updates", _updates_text(job, latest)),
-                  ("samples/s", format_number(latest.get("samples_per_second"), 5))]  # fmt: skip
-    if job.eval:
-        lines.append(("eval", ", ".join(f"{k} {format_number(v)}" for k, v in job.eval.items() if k not in ("time", "type"))))
+                  ("samples/s", format_number(latest.samples_per_second, 5))]  # fmt: skip
+    if job.eval is not None:
+        shown = [(k, v) for k, v in job.eval.model_dump(exclude_unset=True).items() if k not in ("time", "type")]  # as the API sent it
+        lines.append(("eval", ", ".join(f"{k} {format_number(v)}" for k, v in shown)))
     if job.error:
         lines.append(("error", f"{job.error.reason}: {job.error.message}"))
     lines.append(("created", job.model_dump(mode="json", include={"created_at"})["created_at"]))
     return lines
 
 
-def _startup_text(startup: dict[str, Any]) -> str:
+def _startup_text(startup: StartupTimes) -> str:
     """``launch 1.5 s, imports 6.2 s, data 0.3 s, model 0.2 s, first step 0.1 s``: the phases timed so far."""
-    timed = [(name.removesuffix("_s").replace("_", " "), value) for name, value in startup.items()
-             if name.endswith("_s") and isinstance(value, (int, float))]  # fmt: skip
+    timed = [(name.removesuffix("_s").replace("_", " "), value) for name, value in startup.as_record().items()
+             if value is not None]  # fmt: skip
     return ", ".join(f"{name} {value:.1f} s" for name, value in timed) or "-"
 
 
-def _updates_text(job: JobPublic, latest: dict[str, Any]) -> str:
+def _updates_text(job: JobPublic, latest: StepRecord) -> str:
     """``applied N / skipped M``: the resource's counts (from the latest record on an older server)."""
-    skipped = job.skipped_steps if _sent(job, "skipped_steps") else latest.get("skipped_steps")
+    skipped = job.skipped_steps if _sent(job, "skipped_steps") else latest.skipped_steps
     applied = job.applied_steps if _sent(job, "applied_steps") else job.step - (skipped or 0)
     return f"applied {applied} / skipped {skipped}"
 
@@ -253,8 +274,8 @@ def _precision_text(job: JobPublic) -> str:
     if not switches:
         return str(job.spec["precision"])
     last = switches[-1]
-    return (f"{last['from']} -> {last['to']} at step {last['step']} "
-            f"({last['reason']}; rewound to step {last['rewound_to_step']})")
+    return (f"{last.from_} -> {last.to} at step {last.step} "
+            f"({last.reason}; rewound to step {last.rewound_to_step})")
 
 
 def run_watch(args: argparse.Namespace) -> int:
@@ -272,8 +293,8 @@ def watch_job(client: HalfcastClient, job_id: str) -> int:
     with watch_output(sys.stdout) as output:
         for event in client.events(job_id, after_step=start):
             output.show(view, event, view.apply(event))
-            if event.event == "status":
-                status = event.data["status"]
+            if isinstance(event.data, JobPublic):
+                status = event.data.status
     return 0 if status == "succeeded" else EXIT_ERROR
 
 

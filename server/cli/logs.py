@@ -17,6 +17,9 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from contracts.events import LogAttempt, LogChunk, LogEnd
+from contracts.status import JobStatus
+
 # ``add_api_command`` gives the command the shared --url/--timeout options and error reporting.
 from server.cli.jobs import EXIT_ERROR, client_for
 from server.cli.jobs import add_api_command
@@ -79,14 +82,15 @@ def _print_logs(args: argparse.Namespace) -> int:
 
 def follow(client: HalfcastClient, job_id: str, rank: int, tail: int, attempt: int | None) -> int:
     """Print the followed log as it comes; 0 if the job succeeded, else 1."""
-    status = None
+    status: JobStatus | None = None
     for event in client.follow_logs(job_id, rank=rank, tail=tail, attempt=attempt):
-        if event.event == "lines":
-            sys.stdout.writelines(line + "\n" for line in event.data["lines"])
+        data = event.data
+        if isinstance(data, LogChunk):
+            sys.stdout.writelines(line + "\n" for line in data.lines)
             sys.stdout.flush()
-        elif event.event == "attempt":
-            sys.stderr.write(f"--- job {job_id}: attempt {event.data['attempt']}, rank {event.data['rank']} ---\n")
-        elif event.event == "end":
-            status = event.data["status"]
+        elif isinstance(data, LogAttempt):
+            sys.stderr.write(f"--- job {job_id}: attempt {data.attempt}, rank {data.rank} ---\n")
+        elif isinstance(data, LogEnd):
+            status = data.status
             sys.stderr.write(f"--- job {job_id}: {status} ---\n")
     return 0 if status == "succeeded" else EXIT_ERROR

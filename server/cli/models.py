@@ -10,13 +10,12 @@ names). Uploads over a few MB show a progress bar on stderr. Exit statuses as fo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
+from contracts.registry import ModelPublic
 from server.cli.checkpoints import format_size
-from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_listing
+from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, format_time, write_json, write_listing
 from server.cli.progress import UploadProgress
 
 
@@ -41,14 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     delete.add_argument("model_id")
 
 
-def _print_model(model: dict[str, Any], as_json: bool) -> int:
+def _print_model(model: ModelPublic, as_json: bool) -> int:
     if as_json:
-        sys.stdout.write(json.dumps(model, indent=2) + "\n")
+        write_json(model.model_dump(mode="json"))
         return 0
-    source = f" from job {model['source_job_id']}" if model["source_job_id"] else ""
-    sys.stderr.write(f"model {model['name']}: {model['model_type']}, {model['files']} files, "
-                     f"{format_size(model['bytes'])}{source}\n")  # fmt: skip
-    sys.stdout.write(f"{model['id']}\n")
+    source = f" from job {model.source_job_id}" if model.source_job_id else ""
+    sys.stderr.write(f"model {model.name}: {model.model_type}, {model.files} files, "
+                     f"{format_size(model.bytes)}{source}\n")  # fmt: skip
+    sys.stdout.write(f"{model.id}\n")
     return 0
 
 
@@ -79,19 +78,20 @@ def run_list(args: argparse.Namespace) -> int:
         found = list(client.models())
     header = ("ID", "NAME", "TYPE", "FILES", "SIZE", "FROM JOB", "CREATED")
     return write_listing(found, args.json, "no model registered", header,
-                         lambda m: (m["id"], m["name"], m["model_type"], str(m["files"]), format_size(m["bytes"]),
-                                    m["source_job_id"] or "-", m["created_at"][:19].replace("T", " ")))  # fmt: skip
+                         lambda m: (m.id, m.name, m.model_type, str(m.files), format_size(m.bytes),
+                                    m.source_job_id or "-", format_time(m.created_at)))  # fmt: skip
 
 
 def run_show(args: argparse.Namespace) -> int:
     """Print one model."""
     with client_for(args) as client:
         model = client.model(args.model_id)
+    body = model.model_dump(mode="json")
     if args.json:
-        sys.stdout.write(json.dumps(model, indent=2) + "\n")
+        write_json(body)
     else:
         fields = ("id", "name", "owner", "model_type", "files", "bytes", "sha256", "source_job_id", "created_at")
-        sys.stdout.write("".join(f"{key + ':':<14} {model[key]}\n" for key in fields))
+        sys.stdout.write("".join(f"{key + ':':<14} {body[key]}\n" for key in fields))
     return 0
 
 

@@ -17,14 +17,17 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from contracts.events import Rewind
+from contracts.records import EvalRecord, StepRecord
+from contracts.resources import JobPublic
 from contracts.status import TERMINAL_STATUSES
-from server.client import Event
+from server.client import JobEvent
 
 #: Width of the progress bar, in characters (and of its short form, on narrow terminals).
 BAR_WIDTH, SHORT_BAR_WIDTH = 24, 10
@@ -130,7 +133,7 @@ class WatchView:
     status: str = "?"
     scales_loss: bool = True
     phase: str | None = None
-    latest: dict[str, Any] | None = None
+    latest: StepRecord | None = None
     _times: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
 
     def eta_s(self) -> float | None:
@@ -145,17 +148,16 @@ class WatchView:
 
     def progress_parts(self) -> list[Part]:
         """The fields of the progress line, in display order, with their short forms and priorities."""
-        record = self.latest or {}
-        step = int(record.get("step", 0))
-        scale, skipped = record.get("loss_scale"), record.get("skipped_steps", 0)
-        throughput = f"{format_number(record.get('samples_per_second'), 5)} samples/s"
-        tokens = f"{format_number(record['tokens_per_second'], 5)} tok/s" if record.get("tokens_per_second") is not None else None
-        overflow = [Part(("OVERFLOW",), 1), Part((_overflow_where(record),), 9, "")] if record.get("overflow") else []
+        record = self.latest or StepRecord(step=0)
+        step, scale, skipped = record.step, record.loss_scale, record.skipped_steps or 0
+        throughput = f"{format_number(record.samples_per_second, 5)} samples/s"
+        tokens = f"{format_number(record.tokens_per_second, 5)} tok/s" if record.tokens_per_second is not None else None
+        overflow = [Part(("OVERFLOW",), 1), Part((_overflow_where(record),), 9, "")] if record.overflow else []
         return [
             Part((progress_bar(step, self.max_steps), progress_bar(step, self.max_steps, SHORT_BAR_WIDTH)), 4, ""),
             Part((f"{step}/{self.max_steps}",), 0, " "),
             Part((f"ETA {format_duration(self.eta_s())}",), 5, " "),
-            Part((f"loss {format_number(record.get('loss'))}",), 2),
+            Part((f"loss {format_number(record.loss)}",), 2),
             *([Part((f"scale {format_scale(scale)}", f"scale {format_number(scale)}"), 6)] if self.scales_loss else []),
             Part((f"skipped {skipped}",), 7),
             Part((f"{throughput} {tokens}", tokens) if tokens else (throughput,), 8),
@@ -166,31 +168,34 @@ class WatchView:
         """The one-line summary of the latest step, fitted to ``width`` characters (``None``: in full)."""
         return fit(self.progress_parts(), width)
 
-    def apply(self, event: Event) -> list[str]:
+    def apply(self, event: JobEvent) -> list[str]:
         """Take ``event``; return the lines of their own it adds (status and phase changes, evaluations, rewinds)."""
-        if event.event == "step":
-            self.latest = event.data
-            self._times.append((int(event.data["step"]), float(event.data["time"])))
+        data = event.data
+        if isinstance(data, StepRecord):
+            self.latest = data
+            if data.time is not None:
+                self._times.append((data.step, data.time))
             return []
-        if event.event == "status":
-            return self._status_lines(event.data)
-        if event.event == "eval":
-            return [f"eval at step {event.data.get('step')}: {_eval_text(event.data)}"]
-        if event.event == "rewind":
+        if isinstance(data, JobPublic):
+            return self._status_lines(data)
+        if isinstance(data, EvalRecord):
+            return [f"eval at step {data.step}: {_eval_text(data)}"]
+        if isinstance(data, Rewind):
             self._times.clear()
-            return [f"resumed from the checkpoint at step {event.data.get('step')}"]
+            return [f"resumed from the checkpoint at step {data.step}"]
         return []
 
-    def _status_lines(self, job: dict[str, Any]) -> list[str]:
-        status, phase = str(job.get("status")), job.get("phase")
+    def _status_lines(self, job: JobPublic) -> list[str]:
+        status, phase = str(job.status), job.phase
         if (status, phase) == (self.status, self.phase):
             return []
         self.status, self.phase = status, phase
-        self.max_steps = int(job.get("max_steps") or self.max_steps)
-        self.scales_loss = job.get("loss_scaling", "dynamic") != "none"
+        self.max_steps = job.max_steps or self.max_steps
+        # An older server does not send loss_scaling: show the scale, as it did.
+        self.scales_loss = "loss_scaling" not in job.model_fields_set or job.loss_scaling != "none"
         text = f"job {self.job_id}: {status}" + (f" ({phase})" if phase else "")
-        if job.get("error"):
-            text += f" ({job['error']['reason']}: {job['error']['message'].splitlines()[0] if job['error']['message'] else ''})"
+        if job.error is not None:
+            text += f" ({job.error.reason}: {job.error.message.splitlines()[0] if job.error.message else ''})"
         return [text]
 
 
@@ -200,7 +205,7 @@ class WatchView:
 class WatchOutput(Protocol):
     """Where :func:`watch_output` shows a view: after each event, its own lines and the progress."""
 
-    def show(self, view: WatchView, event: Event, lines: list[str]) -> None:
+    def show(self, view: WatchView, event: JobEvent, lines: list[str]) -> None:
         """Show ``lines`` (what ``view.apply(event)`` returned) and, after a step, the progress."""
 
 
@@ -210,7 +215,7 @@ class PlainOutput:
     def __init__(self, out: TextIO) -> None:
         self.out = out
 
-    def show(self, view: WatchView, event: Event, lines: list[str]) -> None:
+    def show(self, view: WatchView, event: JobEvent, lines: list[str]) -> None:
         """Write ``lines`` and, after a step, the progress line in full; flush."""
         lines = [*lines, view.progress_line()] if event.event == "step" else lines
         self.out.writelines(line + "\n" for line in lines)
@@ -225,7 +230,7 @@ class LiveOutput:
         self.console = Console(file=out, highlight=False, emoji=False, markup=False)
         self.live: Live | None = None
 
-    def show(self, view: WatchView, event: Event, lines: list[str]) -> None:
+    def show(self, view: WatchView, event: JobEvent, lines: list[str]) -> None:
         """Print ``lines`` above the live line, then redraw it (once there is a step to show); a terminal
         status ends the live display first, so its line comes last."""
         if event.event == "status" and view.status in TERMINAL_STATUSES:
@@ -260,18 +265,20 @@ def watch_output(out: TextIO) -> Iterator[WatchOutput]:
         live.close()
 
 
-def _eval_text(record: dict[str, Any]) -> str:
-    parts = [f"{key} {format_number(value)}" for key, value in record.items() if key not in ("step", "time", "type")]
+def _eval_text(record: EvalRecord) -> str:
+    """``loss 0.5, accuracy 0.9``: the metrics of an evaluation record, as the API sent them."""
+    parts = [f"{key} {format_number(value)}" for key, value in record.model_dump(exclude_unset=True).items()
+             if key not in ("step", "time", "type")]  # fmt: skip
     return ", ".join(parts)
 
 
-def _overflow_where(record: dict[str, Any]) -> str:
+def _overflow_where(record: StepRecord) -> str:
     """`` in fc1.weight (nan) +2 more on rank 1`` from a step record's overflow forensics; '' without them."""
-    params = record.get("nonfinite_params") or []
+    params = record.nonfinite_params or []
     if not params:
         return ""
     text = f" in {params[0]['name']} ({params[0]['kind']})"
-    more = int(record.get("nonfinite_param_count") or len(params)) - 1
+    more = (record.nonfinite_param_count or len(params)) - 1
     text += f" +{more} more" if more > 0 else ""
-    ranks = record.get("overflow_ranks") or []
+    ranks = record.overflow_ranks or []
     return text + (f" on rank {','.join(map(str, ranks))}" if ranks else "")

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import os
 import pathlib
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, Field
 
+from contracts.artifacts import CheckpointList, CheckpointPublic
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
 from server.checkpoint_files import CHECKPOINT_NAME, CheckpointFile, final_step, find_checkpoint, list_checkpoints
@@ -34,30 +33,11 @@ from server.schemas import ErrorBody
 router = APIRouter(prefix="/jobs", tags=["checkpoints"], dependencies=[Depends(authenticate)])
 
 
-class CheckpointPublic(BaseModel):
-    """One checkpoint file of a job."""
-
-    attempt: int = Field(description="The attempt (1-based) that wrote it")
-    name: str = Field(description="`final.pt` (written at `max_steps`) or `step-<N>.pt`")
-    step: int = Field(description="Attempted optimizer steps it holds")
-    final: bool = Field(description="Written when the job reached `max_steps`")
-    size_bytes: int
-    modified_at: datetime
-    url: str = Field(description="Path of its download, relative to the API's base URL")
-
-    @classmethod
-    def from_file(cls, job_id: str, file: CheckpointFile) -> CheckpointPublic:
-        """Describe ``file`` of ``job_id``."""
-        return cls(attempt=file.attempt, name=file.name, step=file.step, final=file.final, size_bytes=file.size_bytes,
-                   modified_at=file.modified_at, url=f"/jobs/{job_id}/checkpoints/{file.name}?attempt={file.attempt}")  # fmt: skip
-
-
-class CheckpointList(BaseModel):
-    """Every checkpoint of a job: by attempt, then step; the last one is what `resume_from: <job id>` resumes from."""
-
-    job_id: str
-    checkpoints: list[CheckpointPublic]
-
+def checkpoint_public(job_id: str, file: CheckpointFile) -> CheckpointPublic:
+    """The description of checkpoint ``file`` of ``job_id``."""
+    return CheckpointPublic(attempt=file.attempt, name=file.name, step=file.step, final=file.final,
+                            size_bytes=file.size_bytes, modified_at=file.modified_at,
+                            url=f"/jobs/{job_id}/checkpoints/{file.name}?attempt={file.attempt}")  # fmt: skip
 
 
 _NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such checkpoint"}}
@@ -68,7 +48,7 @@ def get_checkpoints(job_id: str, request: Request, principal: PrincipalDep) -> C
     """The job's checkpoint files (empty before its first checkpoint)."""
     job = visible_job_for_files(request, job_id, principal)
     files = list_checkpoints(request.app.state.settings.runs_dir, job.id, final_step(job.max_steps, job.end_info))
-    return CheckpointList(job_id=job.id, checkpoints=[CheckpointPublic.from_file(job.id, f) for f in files])
+    return CheckpointList(job_id=job.id, checkpoints=[checkpoint_public(job.id, f) for f in files])
 
 
 _DOWNLOAD_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -38,7 +38,7 @@ from server.registry.request_checks import (
     refuse_early,
     unsupported_media_type,
 )
-from server.registry.schemas import DatasetList, DatasetPublic
+from server.registry.schemas import DatasetList, DatasetPublic, dataset_public
 from server.registry.upload import receive_to_file
 from server.schemas import ErrorBody
 from server.settings import Settings
@@ -123,7 +123,7 @@ def _store(request: Request, row: RegisteredDataset, staged: FilePath, settings:
             stored = repo.create_dataset(session, row, staged, RegistryLayout(settings.registry_dir), default_limits(settings))
         except QuotaExceeded as exc:
             raise QuotaApiError(exc) from None
-        return DatasetPublic.from_row(stored)
+        return dataset_public(stored)
 
 
 @router.get("", response_model=DatasetList)
@@ -139,13 +139,13 @@ def list_datasets(
         page = repo.list_rows(session, RegisteredDataset, owner=owner, limit=limit, cursor=cursor)
     except repo.InvalidCursor as exc:
         raise invalid(("query", "cursor"), str(exc), cursor) from None
-    return DatasetList(datasets=[DatasetPublic.from_row(row) for row in page.rows], next_cursor=page.next_cursor)
+    return DatasetList(datasets=[dataset_public(row) for row in page.rows], next_cursor=page.next_cursor)
 
 
 @router.get("/{dataset_id}", response_model=DatasetPublic, responses=_NOT_FOUND)
 def get_dataset(dataset_id: DatasetId, session: SessionDep, principal: PrincipalDep) -> DatasetPublic:
     """One registered dataset."""
-    return DatasetPublic.from_row(visible_dataset_or_404(repo.get_dataset(session, dataset_id), dataset_id, principal))
+    return dataset_public(visible_dataset_or_404(repo.get_dataset(session, dataset_id), dataset_id, principal))
 
 
 @router.delete(

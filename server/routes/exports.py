@@ -9,13 +9,12 @@ The same isolation as every job route applies (another owner's job is a 404).
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, Field
 
+from contracts.artifacts import ExportFilePublic, ExportList, ExportPublic
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
 from server.errors import ApiError
@@ -29,38 +28,12 @@ router = APIRouter(prefix="/jobs", tags=["exports"], dependencies=[Depends(authe
 TAR_MEDIA_TYPE = "application/x-tar"
 
 
-class ExportFilePublic(BaseModel):
-    """One file of an export."""
-
-    name: str = Field(description="Path relative to the export's directory (`/`-separated)")
-    size_bytes: int
-
-
-class ExportPublic(BaseModel):
-    """One export of a job."""
-
-    kind: ExportKind = Field(description="`adapter` (a PEFT adapter) or `model` (a merged Hugging Face model)")
-    attempt: int = Field(description="The attempt (1-based) that wrote it")
-    files: list[ExportFilePublic] = Field(description="Its files, by name")
-    size_bytes: int = Field(description="Bytes of its files together")
-    modified_at: datetime
-    url: str = Field(description="Path of its download (a tar), relative to the API's base URL")
-
-    @classmethod
-    def from_export(cls, job_id: str, export: Export) -> ExportPublic:
-        """Describe ``export`` of ``job_id``."""
-        files = [ExportFilePublic(name=f.name, size_bytes=f.size_bytes) for f in export.files]
-        url = f"/jobs/{job_id}/exports/{export.kind.value}?attempt={export.attempt}"
-        return cls(kind=export.kind, attempt=export.attempt, files=files, size_bytes=export.size_bytes,
-                   modified_at=export.modified_at, url=url)  # fmt: skip
-
-
-class ExportList(BaseModel):
-    """Each kind of export the job has, from the newest attempt that has it."""
-
-    job_id: str
-    exports: list[ExportPublic]
-
+def export_public(job_id: str, export: Export) -> ExportPublic:
+    """The description of ``export`` of ``job_id``."""
+    files = [ExportFilePublic(name=f.name, size_bytes=f.size_bytes) for f in export.files]
+    url = f"/jobs/{job_id}/exports/{export.kind.value}?attempt={export.attempt}"
+    return ExportPublic(kind=export.kind, attempt=export.attempt, files=files, size_bytes=export.size_bytes,
+                        modified_at=export.modified_at, url=url)  # fmt: skip
 
 
 _NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such export"}}
@@ -71,7 +44,7 @@ def get_exports(job_id: str, request: Request, principal: PrincipalDep) -> Expor
     """The job's exports (empty until a successful job has written one)."""
     job = visible_job_for_files(request, job_id, principal)
     found = list_exports(request.app.state.settings.runs_dir, job.id)
-    return ExportList(job_id=job.id, exports=[ExportPublic.from_export(job.id, e) for e in found])
+    return ExportList(job_id=job.id, exports=[export_public(job.id, e) for e in found])
 
 
 @router.head("/{job_id}/exports/{kind}", include_in_schema=False)

@@ -41,7 +41,7 @@ from server.registry.request_checks import (
     media_type,
     unsupported_media_type,
 )
-from server.registry.schemas import ModelList, ModelPublic
+from server.registry.schemas import ModelList, ModelPublic, model_public
 from server.registry.upload import receive_to_file
 from server.schemas import ErrorBody
 from server.settings import Settings
@@ -122,7 +122,7 @@ def _store(request: Request, row: RegisteredModel, tree: FilePath, settings: Set
             raise QuotaApiError(exc) from None
         log.info("model %s (%s) registered for %s via %s: %d files, %d bytes",
                  stored.id, stored.model_type, stored.owner, via, stored.files, stored.bytes)  # fmt: skip
-        return ModelPublic.from_row(stored)
+        return model_public(stored)
 
 
 @router.get(UPLOAD_PATH, response_model=ModelList)
@@ -138,13 +138,13 @@ def list_models(
         page = repo.list_rows(session, RegisteredModel, owner=owner, limit=limit, cursor=cursor)
     except repo.InvalidCursor as exc:
         raise invalid(("query", "cursor"), str(exc), cursor) from None
-    return ModelList(models=[ModelPublic.from_row(row) for row in page.rows], next_cursor=page.next_cursor)
+    return ModelList(models=[model_public(row) for row in page.rows], next_cursor=page.next_cursor)
 
 
 @router.get(UPLOAD_PATH + "/{model_id}", response_model=ModelPublic, responses=_NOT_FOUND)
 def get_model(model_id: ModelId, session: SessionDep, principal: PrincipalDep) -> ModelPublic:
     """One registered model."""
-    return ModelPublic.from_row(visible_model_or_404(repo.get_model(session, model_id), model_id, principal))
+    return model_public(visible_model_or_404(repo.get_model(session, model_id), model_id, principal))
 
 
 @router.delete(

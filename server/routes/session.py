@@ -14,18 +14,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.security.utils import get_authorization_scheme_param
-from pydantic import BaseModel
-
+from contracts.access import SessionPublic
 from server.auth import SESSION_COOKIE, PrincipalDep, authenticate
 
 router = APIRouter(prefix="/session", tags=["session"], dependencies=[Depends(authenticate)])
-
-
-class SessionPublic(BaseModel):
-    """Who the token belongs to."""
-
-    owner: str
-    admin: bool
 
 
 @router.get("", response_model=SessionPublic)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from terminal_support import FakeTerminal, Screen
 
 from contracts.resources import JobPublic
+from contracts.stored import StoredEval, StoredStep
 from server.app import create_app
 from server.cli import EXIT_BROKEN_PIPE, main
 from server.cli.watch import (
@@ -36,7 +37,7 @@ from server.cli.watch import (
     progress_bar,
     watch_output,
 )
-from server.client import Event
+from server.client import Event, JobEvent
 from server.events import EventStreamSettings, StreamStats
 from server.settings import Settings
 from server.strict_json import NONFINITE_MESSAGE
@@ -206,10 +207,10 @@ def test_watch_exits_1_with_the_error_of_a_failed_job(url: str, sessions: sessio
 def test_the_tty_view_redraws_one_line_with_progress_eta_scale_and_throughput(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     out, view = FakeTerminal(), WatchView("j", max_steps=100)
-    events = [Event("status", None, {"status": "running", "max_steps": 100})]
-    events += [Event("step", str(step), step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=1234.5))
+    events: list[JobEvent] = [Event("status", None, _job(status="running", max_steps=100))]
+    events += [Event("step", str(step), _step(step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=1234.5)))
                for step in range(1, 11)]  # fmt: skip
-    events.append(Event("eval", None, {"step": 10, "loss": 0.5}))
+    events.append(Event("eval", None, StoredEval.model_validate({"step": 10, "loss": 0.5})))
     with watch_output(out) as output:
         for event in events:
             output.show(view, event, view.apply(event))
@@ -223,15 +224,15 @@ def test_the_tty_view_redraws_one_line_with_progress_eta_scale_and_throughput(mo
 
 
 def test_the_view_has_no_scale_column_for_a_job_that_does_no_loss_scaling() -> None:
-    record = step_record(3, time=1003.0, loss_scale=1.0)
+    record = _step(step_record(3, time=1003.0, loss_scale=1.0))
     bf16 = WatchView("j", max_steps=10, scales_loss=False)
     bf16.apply(Event("step", "3", record))
     assert "scale" not in bf16.progress_line()
     fp16 = WatchView("j", max_steps=10)
-    fp16.apply(Event("status", None, {"status": "running", "max_steps": 10, "loss_scaling": "none"}))  # the resource decides
+    fp16.apply(Event("status", None, _job(status="running", max_steps=10, loss_scaling="none")))  # the resource decides
     fp16.apply(Event("step", "3", record))
     assert "scale" not in fp16.progress_line()
-    fp16.apply(Event("status", None, {"status": "succeeded", "max_steps": 10, "loss_scaling": "dynamic"}))
+    fp16.apply(Event("status", None, _job(status="succeeded", max_steps=10, loss_scaling="dynamic")))
     assert " | scale 1 (2^0) | " in fp16.progress_line()
 
 
@@ -247,6 +248,11 @@ def _job(**fields: Any) -> JobPublic:
             "started_at": None, "finished_at": None, "error": None, "step": 0, "max_steps": 20, "world_size": 1,
             "latest": None, "eval": None, "attempt": 1}  # fmt: skip
     return JobPublic.model_validate(base | fields)
+
+
+def _step(record: dict[str, Any]) -> StoredStep:
+    """A step event's record, as the client reads it."""
+    return StoredStep.model_validate(record)
 
 
 def test_status_names_a_precision_switch() -> None:
@@ -289,7 +295,7 @@ def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(monke
     latest = {"step": 4, "loss": 0.5, "loss_scale": 1.0, "skipped_steps": 0, "samples_per_second": 10.0}
     bf16 = _job(id="b", step=4, max_steps=8, spec={"precision": "bf16"}, latest=latest, loss_scaling="none", name="b")
     fp16 = bf16.model_copy(update={"id": "f", "spec": {"precision": "fp16"}, "loss_scaling": "dynamic",
-                                   "latest": latest | {"loss_scale": 1024.0}})  # fmt: skip
+                                   "latest": _step(latest | {"loss_scale": 1024.0})})  # fmt: skip
     assert ("scale", "none") in describe(bf16) and ("scale", "1024 (2^10)") in describe(fp16)
 
     class Client:

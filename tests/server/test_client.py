@@ -86,7 +86,8 @@ def test_get_asks_again_with_the_etag_and_reuses_its_copy_on_304(
     assert (again.status, again.spec["precision"]) == ("running", "fp16") and statuses == [200, 304]
     add_steps(sessions, job_id, [step_record(1)])
     assert halfcast.get(job_id).step == 1 and statuses == [200, 304, 200]
-    assert (halfcast.get(job_id).latest or {})["step"] == 1 and statuses[-1] == 304
+    latest = halfcast.get(job_id).latest
+    assert latest is not None and latest.step == 1 and statuses[-1] == 304
 
 
 def test_an_answer_that_is_not_the_model_is_a_halfcast_error() -> None:
@@ -183,7 +184,9 @@ def test_events_follow_a_job_to_its_end(halfcast: HalfcastClient, sessions: sess
     events = list(halfcast.events(job_id, after_step=2))
     writer.join()
     assert [(e.event, e.id) for e in events if e.event == "step"] == [("step", "3"), ("step", "4"), ("step", "5")]
-    assert events[0].event == "status" and events[-1].data["error"]["reason"] == "nonfinite_loss"
+    last = events[-1].data
+    assert isinstance(events[0].data, JobPublic) and isinstance(last, JobPublic)
+    assert last.error is not None and last.error.reason == "nonfinite_loss"
 
 
 def test_a_server_that_is_down_raises_server_unavailable() -> None:
