@@ -78,7 +78,7 @@ def test_a_lora_chat_job_exports_an_adapter_and_a_merged_model_that_load_without
     assert job["status"] == "succeeded", (job["error"], stack.log_tail("worker"))
     assert job["applied_steps"] + job["skipped_steps"] == 8 and job["applied_steps"] > 0
     with HalfcastClient(str(stack.client.base_url), timeout=60, token=stack.token) as client:
-        assert sorted(export["kind"] for export in client.exports(job["id"])) == ["adapter", "model"]
+        assert sorted(export.kind for export in client.exports(job["id"])) == ["adapter", "model"]
         adapter = client.download_export(job["id"], "adapter", tmp_path / "adapter")
         merged_dir = client.download_export(job["id"], "model", tmp_path / "model")
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in adapter.iterdir()}

@@ -101,11 +101,11 @@ def test_resume_from_a_finished_job_continues_its_trajectory(embedded_stack: Sta
     assert first["status"] == "succeeded", first["error"]
     with HalfcastClient(str(embedded_stack.client.base_url), token=embedded_stack.token) as halfcast:
         saved = halfcast.download_checkpoint(first["id"], tmp_path)
-    assert (saved["name"], saved["step"], saved["final"]) == ("final.pt", 12, True)
-    checkpoint = torch.load(saved["path"], map_location="cpu", weights_only=True)
+    assert (saved.checkpoint.name, saved.checkpoint.step, saved.checkpoint.final) == ("final.pt", 12, True)
+    checkpoint = torch.load(saved.path, map_location="cpu", weights_only=True)
     assert checkpoint["step"] == 12 and checkpoint["spec"]["max_steps"] == 12
     assert checkpoint["model"] and all(isinstance(t, torch.Tensor) for t in checkpoint["model"].values())
-    model = load_trained_model(saved["path"])  # the trained model itself, for inference
+    model = load_trained_model(saved.path)  # the trained model itself, for inference
     assert all(torch.equal(model.state_dict()[k], v) for k, v in checkpoint["model"].items())
     spec = _synthetic(max_steps=20, resume_from=first["id"])
     second = embedded_stack.wait_terminal(embedded_stack.submit(spec)["id"])

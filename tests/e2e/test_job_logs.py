@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from e2e_support import Stack, load_example
 
+from contracts.events import LogAttempt, LogChunk, LogEnd
+from contracts.status import JobStatus
 from server.client import HalfcastClient
 
 pytestmark = pytest.mark.e2e
@@ -16,9 +18,9 @@ def test_follow_rank_1_of_a_two_process_job_until_it_ends(embedded_stack: Stack)
     url = str(embedded_stack.client.base_url)
     with HalfcastClient(url, stream_timeout=60, token=embedded_stack.token) as client:
         events = list(client.follow_logs(job_id, rank=1))  # submitted just now: the stream waits for the claim
-        lines = [line for event in events if event.event == "lines" for line in event.data["lines"]]
-        assert events[0].event == "attempt" and events[0].data == {"attempt": 1, "rank": 1}
-        assert events[-1].event == "end" and events[-1].data == {"status": "succeeded", "attempt": 1}
+        lines = [line for event in events if isinstance(event.data, LogChunk) for line in event.data.lines]
+        assert events[0].event == "attempt" and events[0].data == LogAttempt(attempt=1, rank=1)
+        assert events[-1].event == "end" and events[-1].data == LogEnd(status=JobStatus.SUCCEEDED, attempt=1)
         assert any("rank=1 world_size=2" in line for line in lines), lines  # rank 1's own "joined process group"
         assert any("finished 20 steps" in line for line in lines), lines
         assert not any(" rank0 " in line for line in lines), lines  # nothing of rank 0

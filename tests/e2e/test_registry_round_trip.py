@@ -66,27 +66,27 @@ def test_upload_train_register_and_fine_tune_the_registered_model_again(stack: S
     with HalfcastClient(str(stack.client.base_url), timeout=60, token=stack.token) as client:
         dataset = client.upload_dataset(data, "chat")
         base = client.upload_model(model_dir, name="chat-llama")
-        assert (dataset["rows"], base["model_type"]) == (len(CHATS), "llama")
+        assert (dataset.rows, base.model_type) == (len(CHATS), "llama")
 
-        first = stack.submit(_spec("round-1", base["id"], dataset["id"]))
+        first = stack.submit(_spec("round-1", base.id, dataset.id))
         with pytest.raises(Conflict):  # the job names it and has not ended
-            client.delete_dataset(dataset["id"])
+            client.delete_dataset(dataset.id)
         _succeeded(stack, first["id"])
-        assert {e["kind"] for e in client.exports(first["id"])} == {"adapter", "model"}
+        assert {e.kind for e in client.exports(first["id"])} == {"adapter", "model"}
         tuned = client.register_export(first["id"], name="chat-llama-tuned")
-        assert (tuned["source_job_id"], tuned["model_type"]) == (first["id"], "llama")
+        assert (tuned.source_job_id, tuned.model_type) == (first["id"], "llama")
 
-        second = stack.submit(_spec("round-2", tuned["id"], dataset["id"], adapter=None, max_steps=3))
+        second = stack.submit(_spec("round-2", tuned.id, dataset.id, adapter=None, max_steps=3))
         job = _succeeded(stack, second["id"])
         assert job["applied_steps"] + job["skipped_steps"] == 3
         assert job["spec"]["dataset"]["config"]["sha256"] is None  # stored as submitted
         run = _run_spec(stack, second["id"])["dataset"]["config"]
-        assert (run["sha256"], run["format"], run["file_format"]) == (dataset["sha256"], "chat", "jsonl")
-        merged = stack.data_dir / "registry" / "models" / tuned["id"]
+        assert (run["sha256"], run["format"], run["file_format"]) == (dataset.sha256, "chat", "jsonl")
+        merged = stack.data_dir / "registry" / "models" / tuned.id
         assert (merged / "config.json").is_file() and list(merged.glob("*.safetensors"))
 
-        client.delete_model(base["id"])
-        assert [m["id"] for m in client.models()] == [tuned["id"]]
+        client.delete_model(base.id)
+        assert [m.id for m in client.models()] == [tuned.id]
 
 
 def test_a_dataset_whose_bytes_changed_fails_the_next_job(stack: Stack, inputs: tuple[Path, Path], tmp_path: Path) -> None:
@@ -96,8 +96,8 @@ def test_a_dataset_whose_bytes_changed_fails_the_next_job(stack: Stack, inputs: 
     with HalfcastClient(str(stack.client.base_url), timeout=60, token=stack.token) as client:
         dataset = client.upload_dataset(copy, "chat")
         model = client.upload_model(model_dir)
-    stored = stack.data_dir / "registry" / "datasets" / f"{dataset['sha256']}.jsonl"
+    stored = stack.data_dir / "registry" / "datasets" / f"{dataset.sha256}.jsonl"
     stored.write_bytes(stored.read_bytes().replace(b"plus", b"PLUS", 1))
-    job = stack.wait_terminal(stack.submit(_spec("tampered", model["id"], dataset["id"]))["id"], timeout_s=300)
+    job = stack.wait_terminal(stack.submit(_spec("tampered", model.id, dataset.id))["id"], timeout_s=300)
     assert job["status"] == "failed" and job["error"]["reason"] == "data_unavailable", job["error"]
-    assert dataset["sha256"] in job["error"]["message"]
+    assert dataset.sha256 in job["error"]["message"]

@@ -167,7 +167,7 @@ def test_a_file_shrinking_mid_stream_drops_the_connection_and_leaves_nothing(
 
 def test_the_client_downloads_to_the_path_it_returns(url: str, job_id: str, admin_token: str, out: Path) -> None:
     with HalfcastClient(url, token=admin_token) as client:
-        assert client.exports(job_id)[0]["kind"] == "adapter"
+        assert client.exports(job_id)[0].kind == "adapter"
         saved = client.download_export(job_id, "adapter", out / "a")
         with pytest.raises(NotFound, match="no model export in attempt 3"):
             client.download_export(job_id, "model", out / "b", attempt=3)
