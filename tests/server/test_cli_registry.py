@@ -94,7 +94,7 @@ def test_the_client_streams_uploads_and_reports_progress(url: str, admin_token: 
         assert client.model(model.id).files == 4
         with pytest.raises(ValidationFailed) as caught:
             client.upload_dataset(path, "chat")
-    assert dataset["rows"] == len(rows) and dataset["bytes"] == path.stat().st_size
+    assert dataset.rows == len(rows) and dataset.bytes == path.stat().st_size
     assert len(seen) > 2 and seen[-1] == (path.stat().st_size, path.stat().st_size)
     assert caught.value.errors[0].loc == ("body", "line", 1, "messages")
 

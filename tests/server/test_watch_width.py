@@ -13,36 +13,42 @@ from live_server import step_record
 from terminal_support import FakeTerminal, Screen
 
 from contracts.resources import JobPublic
+from contracts.stored import StoredEval, StoredStep
 from server.cli.jobs import watch_job
 from server.cli.watch import Part, WatchView, fit
-from server.client import Event
+from server.client import Event, JobEvent
 
 
-def _events() -> Iterator[Event]:
+def _job(**fields: Any) -> JobPublic:
+    """A job resource with ``fields`` (an older server's: no ``loss_scaling``)."""
+    return JobPublic.model_validate({"id": "j", "name": None, "status": "starting", "spec": {}, "step": 0,
+                                     "max_steps": 1000, "world_size": 1, "created_at": "2026-12-02T10:00:00Z",
+                                     "started_at": None, "finished_at": None, "error": None, "latest": None,
+                                     "eval": None, "attempt": 1} | fields)  # fmt: skip
+
+
+def _events() -> Iterator[JobEvent]:
     """A start-up with its phases, ten long step records (tokens, an overflow with its forensics), an eval, the end."""
-    yield Event("status", None, {"status": "starting", "max_steps": 1000, "phase": "launching"})
-    yield Event("status", None, {"status": "running", "max_steps": 1000, "phase": "loading data"})
-    yield Event("status", None, {"status": "running", "max_steps": 1000, "phase": None})
+    yield Event("status", None, _job(status="starting", phase="launching"))
+    yield Event("status", None, _job(status="running", phase="loading data"))
+    yield Event("status", None, _job(status="running", phase=None))
     for step in range(1, 11):
         overflow: dict[str, Any] = {"overflow": True, "overflow_ranks": [0, 1], "nonfinite_param_count": 12,
                                     "nonfinite_params": [{"name": "transformer.h.11.mlp.c_proj.weight", "kind": "inf"}]}
         record = step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=123456.7,
                              samples_per_second=9876.5, skipped_steps=int(step >= 4), **(overflow if step == 4 else {}))
-        yield Event("step", str(step), record)
-    yield Event("eval", None, {"step": 10, "loss": 0.5})
-    yield Event("status", None, {"status": "succeeded", "max_steps": 1000, "phase": None})
+        yield Event("step", str(step), StoredStep.model_validate(record))
+    yield Event("eval", None, StoredEval.model_validate({"step": 10, "loss": 0.5}))
+    yield Event("status", None, _job(status="succeeded", phase=None))
 
 
 class FakeClient:
     """The two calls ``watch_job`` makes."""
 
     def get(self, job_id: str) -> JobPublic:
-        return JobPublic.model_validate({"id": job_id, "name": None, "status": "starting", "spec": {}, "step": 0,
-                                         "max_steps": 1000, "world_size": 1, "created_at": "2026-12-02T10:00:00Z",
-                                         "started_at": None, "finished_at": None, "error": None, "latest": None,
-                                         "eval": None, "attempt": 1})  # fmt: skip
+        return _job(id=job_id)
 
-    def events(self, job_id: str, after_step: int = 0) -> Iterator[Event]:
+    def events(self, job_id: str, after_step: int = 0) -> Iterator[JobEvent]:
         return _events()
 
 
@@ -73,7 +79,7 @@ def test_the_redrawn_line_is_never_longer_than_the_width_at_any_width() -> None:
     view = WatchView("j", max_steps=100_000)
     record = step_record(99_999, time=1.0, loss_scale=2.0**-14, tokens_per_second=1e9, overflow=True,
                          nonfinite_params=[{"name": "a" * 200, "kind": "nan"}], nonfinite_param_count=9)
-    view.apply(Event("step", "99999", record))
+    view.apply(Event("step", "99999", StoredStep.model_validate(record)))
     full = view.progress_line()
     assert "OVERFLOW in " + "a" * 200 in full and "tok/s" in full
     for width in range(len(full) + 2):
