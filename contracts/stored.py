@@ -11,6 +11,7 @@ models with that serialization (:class:`AsStored`), so the job resource and its 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
 from pydantic import (
@@ -42,19 +43,27 @@ class AsStored(BaseModel):
     def _remember_keys(cls, data: Any, handler: ModelWrapValidatorHandler[AsStored]) -> AsStored:
         model = handler(data)
         if isinstance(data, Mapping):
-            model._keys = tuple(str(key) for key in data)
+            model._keys = tuple(data)
         return model
 
     @model_serializer(mode="wrap")
     def _as_stored(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]  # unannotated: the schema stays the model's
         dumped: dict[str, Any] = handler(self)
-        names = {field.alias: name for name, field in type(self).model_fields.items() if field.alias}
+        if list(dumped) == list(self._keys):  # the common case: every key given, in the fields' order
+            return dumped
+        names = _names_by_alias(type(self))
         out: dict[str, Any] = {}
         for key in self._keys:
             found = key if key in dumped else names.get(key)
             if found is not None and found in dumped:
                 out[found] = dumped[found]
         return out
+
+
+@cache
+def _names_by_alias(model: type[BaseModel]) -> dict[str, str]:
+    """``{alias: field name}`` of ``model``'s aliased fields (``from`` -> ``from_``)."""
+    return {field.alias: name for name, field in model.model_fields.items() if field.alias}
 
 
 class StoredStep(AsStored, StepRecord):
