@@ -10,6 +10,12 @@ time; the resource's ``phase`` is noted as it changes, and once the job has succ
 its ``startup`` times are kept. It prints a markdown table, the median and the median
 start-up phases; ``--json`` writes every number. ``--root`` runs the stack from another
 source tree (an older commit's ``git archive``) for a before/after on the same machine.
+
+``--modes`` picks what is measured, one after another in one run: ``warm`` (the worker's
+warm standby, :mod:`worker.warm`, the default; each job is submitted once a standby is
+ready), ``cold`` (``HALFCAST_WARM_START=0``: torchrun and the ranks import torch) and
+``bare`` (no service: ``torchrun -m trainer`` of the same spec, timed from its start to
+the first step record in its ``records.jsonl``, the floor a cold launch is compared with).
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ PHASES = ("launch_s", "imports_s", "data_s", "model_s", "first_step_s")
 JOB_TIMEOUT_S = 600.0
 #: Seconds the worker gets to register itself.
 WORKER_START_S = 120.0
+#: What ``--modes`` may name (see the module).
+MODES = ("warm", "cold", "bare")
+#: The worker's log line once its warm standby is ready (:mod:`worker.warm.pool`).
+STANDBY_READY = b"warm standby"
 
 
 @dataclass
@@ -62,7 +72,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--poll-s", type=float, default=0.05, help="seconds between two GETs of the job (default 0.05)")
     parser.add_argument("--root", type=Path, default=ROOT, help="source tree the API and worker run from (default: this one)")
     parser.add_argument("--json", type=Path, default=None, help="write every number to this file")
-    return parser.parse_args(argv)
+    parser.add_argument("--modes", default="warm,cold,bare", help="comma-separated: warm, cold, bare (default all three)")
+    args = parser.parse_args(argv)
+    args.modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
+    if unknown := set(args.modes) - set(MODES):
+        parser.error(f"unknown --modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+    return args
 
 
 def job_spec(steps: int, root: Path) -> dict[str, Any]:
@@ -79,9 +94,10 @@ def migrate(database_url: str, root: Path) -> None:
 
 
 @contextmanager
-def worker_process(database_url: str, data_dir: Path, root: Path) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(database_url: str, data_dir: Path, root: Path, warm: bool = True) -> Iterator[subprocess.Popen[bytes]]:
     """``python -m worker`` on the stack's database and data directory (its output in ``worker.log``); stopped on exit."""
-    env = process_environment(database_url, {"HALFCAST_DATA_DIR": str(data_dir)}, root)
+    extra = {"HALFCAST_DATA_DIR": str(data_dir), "HALFCAST_WARM_START": "1" if warm else "0"}
+    env = process_environment(database_url, extra, root)
     with (data_dir / "worker.log").open("ab") as out:
         popen = subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -126,7 +142,18 @@ def measure_job(client: httpx.Client, spec: dict[str, Any], poll_s: float) -> Jo
     return JobStart(job["id"], round(first_step_s, 2), seen, job.get("startup"), job["status"])
 
 
-def run_bench(args: argparse.Namespace) -> list[JobStart]:
+def wait_for_standby(log_path: Path, after: int) -> None:
+    """Return once ``worker.log`` has reported a ready warm standby more than ``after`` times (or after a minute)."""
+    deadline = time.monotonic() + WORKER_START_S
+    while time.monotonic() < deadline:
+        ready = [line for line in log_path.read_bytes().splitlines() if STANDBY_READY in line and line.endswith(b"is ready")]
+        if len(ready) > after:
+            return
+        time.sleep(0.2)
+    log.warning("no warm standby reported ready within %.0f s", WORKER_START_S)
+
+
+def run_bench(args: argparse.Namespace, warm: bool = True) -> list[JobStart]:
     """Start the stack in a temporary directory and measure ``args.jobs`` jobs, one after another."""
     with tempfile.TemporaryDirectory(prefix="halfcast-job-start-") as tmp:
         data_dir = Path(tmp)
@@ -135,15 +162,51 @@ def run_bench(args: argparse.Namespace) -> list[JobStart]:
         token = admin_token(database_url)
         with (
             ApiProcess(database_url, data_dir, root=args.root) as api,
-            worker_process(database_url, data_dir, args.root) as worker,
+            worker_process(database_url, data_dir, args.root, warm) as worker,
             httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client,
         ):
             wait_for_worker(client, worker)
             results = []
             for number in range(1, args.jobs + 1):
+                if warm:
+                    wait_for_standby(data_dir / "worker.log", number - 1)
                 results.append(measure_job(client, job_spec(args.steps, args.root), args.poll_s))
                 log.info("job %d/%d: %s", number, args.jobs, results[-1])
             return results
+
+
+def run_bare(args: argparse.Namespace) -> list[JobStart]:
+    """``torchrun -m trainer`` of the same spec, ``args.jobs`` times: seconds from its start to the first step record."""
+    results = []
+    for number in range(1, args.jobs + 1):
+        with tempfile.TemporaryDirectory(prefix="halfcast-bare-") as tmp:
+            run_dir = Path(tmp)
+            (run_dir / "spec.json").write_text(json.dumps(job_spec(args.steps, args.root)))
+            env = process_environment("sqlite://", {}, args.root)
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                       "--nproc-per-node", "1", "-m", "trainer", "--spec", "spec.json", "--run-dir", "."]  # fmt: skip
+            started = time.monotonic()
+            popen = subprocess.Popen(command, cwd=run_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            first = _first_step_time(run_dir / "records.jsonl", popen, started, args.poll_s)
+            status = "succeeded" if popen.wait() == 0 else "failed"
+            results.append(JobStart(f"bare-{number}", round(first, 2), status=status))
+            log.info("bare %d/%d: %s", number, args.jobs, results[-1])
+    return results
+
+
+def _first_step_time(records: Path, popen: subprocess.Popen[bytes], started: float, poll_s: float) -> float:
+    while popen.poll() is None and time.monotonic() - started < JOB_TIMEOUT_S:
+        if records.exists() and any(_is_step(line) for line in records.read_bytes().splitlines()):
+            return time.monotonic() - started
+        time.sleep(poll_s)
+    return time.monotonic() - started
+
+
+def _is_step(line: bytes) -> bool:
+    try:
+        return json.loads(line).get("type") == "step"
+    except ValueError:  # a line still being written
+        return False
 
 
 def report(results: list[JobStart]) -> str:
@@ -175,11 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_third_party_logs()
-    results = run_bench(args)
-    sys.stdout.write(report(results) + "\n")
+    measured = {mode: run_bare(args) if mode == "bare" else run_bench(args, warm=mode == "warm") for mode in args.modes}
+    for mode, results in measured.items():
+        sys.stdout.write(f"\n## {mode}\n\n" + report(results) + "\n")
     if args.json is not None:
-        args.json.write_text(json.dumps([asdict(result) for result in results], indent=2))
-    return 0 if all(result.status == "succeeded" for result in results) else 1
+        args.json.write_text(json.dumps({mode: [asdict(r) for r in results] for mode, results in measured.items()}, indent=2))
+    return 0 if all(r.status == "succeeded" for results in measured.values() for r in results) else 1
 
 
 if __name__ == "__main__":

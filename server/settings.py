@@ -42,6 +42,10 @@ class Settings(BaseSettings):
         default_factory=list, description="Directories hf models and tokenizers may be loaded from"
     )
     worker_concurrency: int = Field(default=2, ge=1, le=256, description="CPU jobs (gpus 0) one worker runs at once")
+    warm_start: bool = Field(
+        default=True,
+        description="Keep a standby Python with torch and the trainer imported that forks the next CPU job's ranks",
+    )
     worker_gpus: str | None = Field(
         default=None,
         description='GPU indices this worker hands to jobs: "0,1,2,3", "none", or unset to discover them',

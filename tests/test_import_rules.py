@@ -45,6 +45,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("server.cli.services", "worker.__main__"): "`halfcast worker` runs the Celery worker in the CLI's process",
     ("worker.torchrun", "trainer.preemption"): "torchrun's own process (it imports torch), never the Celery worker",
+    ("worker.warm.standby", "trainer.__main__"): "the warm standby is the ranks' Python (it imports torch), never the Celery worker",
+    ("worker.warm.standby", "trainer.preemption"): "the warm standby ends as a rank does, without the interpreter's teardown",
 }
 #: A dotted arrow of the Mermaid picture: ``a -.-> b`` or ``a -.->|label| b``.
 IMPORT_ARROW = re.compile(r"^\s*(\w+)\s*-\.->(?:\|[^|]*\|)?\s*(\w+)\s*$")

@@ -40,6 +40,7 @@ from trainer.spec import JobSpec
 from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
 from worker.deadline import Deadline
 from worker.launch import RunProcess, build_command, build_environment, start_run
+from worker.warm.pool import WarmPool
 from worker.lease import Lease
 from worker.oomwatch import oom_kill_count
 from worker.ingest import end_info, ingest, parse_lines
@@ -88,6 +89,8 @@ class RunnerContext:
     on_claimed: Callable[[], object] = _nothing
     gpus: tuple[int, ...] = ()
     gpu_lock_fds: tuple[int, ...] = ()
+    #: The worker's warm standby (:mod:`worker.warm`); ``None``: every run starts cold.
+    warm: WarmPool | None = None
 
 
 def run_job(job_id: str, context: RunnerContext) -> Outcome | None:
@@ -172,7 +175,8 @@ class Attempt:
         self.oom_kills_at_launch = oom_kill_count()
         try:
             environment = build_environment(spec, self.context.settings, gpus=self.context.gpus)
-            self.process = start_run(command, self.run_dir, environment, pass_fds=self.context.gpu_lock_fds)
+            launch = start_run if self.context.warm is None else self.context.warm.start_run
+            self.process = launch(command, self.run_dir, environment, pass_fds=self.context.gpu_lock_fds)
         except OSError as exc:
             return Outcome(JobStatus.FAILED, FailureReason.LAUNCH_FAILED, f"torchrun could not be started: {exc}")
         return self._supervise(self.process)

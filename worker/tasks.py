@@ -44,6 +44,7 @@ from worker.reaper import Reaper
 from worker.recovery import Recovery
 from worker.registry import Heartbeat, WorkerInfo, WorkerRegistry
 from worker.runner import RunnerContext, run_job
+from worker.warm.pool import WarmPool
 from worker.slots import Placement, Slots
 from worker.store import JobStore
 
@@ -66,6 +67,7 @@ class WorkerRuntime:
         self._reaper: Reaper | None = None
         self._slots: Slots | None = None
         self._heartbeat: Heartbeat | None = None
+        self._warm: WarmPool | None = None
         self._lock = threading.Lock()
         self._slots_lock = threading.Lock()
 
@@ -101,7 +103,17 @@ class WorkerRuntime:
             on_claimed=partial(acknowledge, task_id),
             gpus=placement.gpus if placement else (),
             gpu_lock_fds=placement.lock_fds if placement else (),
+            warm=self.warm(),
         )
+
+    def warm(self) -> WarmPool | None:
+        """The warm standby (:mod:`worker.warm`), created once; ``None`` with ``HALFCAST_WARM_START=0``."""
+        if not self.settings.warm_start:
+            return None
+        with self._lock:
+            if self._warm is None:
+                self._warm = WarmPool(self.settings.runs_dir, self.shutdown)
+            return self._warm
 
     def slots(self) -> Slots:
         """This worker's slots; its GPUs are discovered on first use (raises ``ValueError`` for a bad setting)."""
@@ -152,6 +164,8 @@ class WorkerRuntime:
     def on_ready(self, sender: Any = None, **_: Any) -> None:
         """Celery ``worker_ready`` receiver: start the reaper (its first pass runs at once) and the heartbeat."""
         log.info("starting the reaper (every %.1f s)", self.settings.reaper_interval_s)
+        if (warm := self.warm()) is not None:
+            warm.start()
         self.reaper().start()
         self.heartbeat(getattr(sender, "hostname", None)).start()
 

@@ -33,10 +33,14 @@ def _spec(**overrides: Any) -> dict[str, Any]:
 
 
 def _master_ports(job_id: str) -> set[str]:
-    """``MASTER_PORT`` of every live rank of the job (torchrun sets it for its ranks)."""
+    """``MASTER_PORT`` of every live rank of the job: in its environment (torchrun sets it for its ranks), or in
+    the process title of a warm run's launcher and ranks (worker/warm/agent.py)."""
     ports = set()
     for pid, _, cmdline in live_processes():
         if job_id.encode() not in cmdline:
+            continue
+        if titled := re.search(rb"MASTER_PORT=(\d+)", cmdline):
+            ports.add(titled.group(1).decode())
             continue
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

@@ -1,0 +1,141 @@
+"""Warm start (worker/warm): a standby forks a CPU job's ranks; the run is the cold run's, step for step.
+
+One standby per test module is expensive (torch, the trainer, scikit-learn, transformers
+imported: seconds), so the module shares one pool and each test takes the standby and
+waits for the next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from worker_support import small_spec
+
+from contracts.rundir import JobRuns, RunDir
+from server.settings import Settings
+from trainer.spec import JobSpec
+from worker.failure_logs import root_cause
+from worker.launch import RunProcess, build_command, build_environment, start_run
+from worker.warm.agent import rank_environment
+from worker.warm.assignment import warm_command_parts
+from worker.warm.pool import WarmPool, standby_environment
+
+READY_WAIT_S = 180.0
+RUN_WAIT_S = 180.0
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmPool]:
+    shutdown = threading.Event()
+    warm = WarmPool(tmp_path_factory.mktemp("warm"), shutdown)
+    warm.start()
+    yield warm
+    shutdown.set()
+
+
+def _standby_ready(pool: WarmPool) -> None:
+    deadline = time.monotonic() + READY_WAIT_S
+    while pool._ready is None:
+        assert time.monotonic() < deadline, "no warm standby became ready"
+        time.sleep(0.1)
+
+
+def _launch(tmp_path: Path, spec: dict[str, Any], attempt: int, pool: WarmPool | None) -> tuple[Path, RunProcess]:
+    run_dir = JobRuns.of(tmp_path / "runs", "job").attempt(attempt).path
+    run_dir.mkdir(parents=True)
+    job = JobSpec.model_validate(spec)
+    RunDir(run_dir).spec.write_text(job.model_dump_json())
+    env = build_environment(job, Settings(data_dir=tmp_path, allow_faults=True))
+    command = build_command(job, RunDir(run_dir).spec, run_dir)
+    if pool is None:
+        return run_dir, start_run(command, run_dir, env)
+    _standby_ready(pool)
+    return run_dir, pool.start_run(command, run_dir, env)
+
+
+def _wait(process: RunProcess) -> int:
+    deadline = time.monotonic() + RUN_WAIT_S
+    while (code := process.poll()) is None:
+        assert time.monotonic() < deadline, "the run did not finish"
+        time.sleep(0.05)
+    return code
+
+
+def _steps(run_dir: Path) -> list[dict[str, Any]]:
+    records = [json.loads(line) for line in RunDir(run_dir).records.read_text().splitlines()]
+    return [{k: r[k] for k in ("step", "loss", "loss_scale", "skipped") if k in r} for r in records if r["type"] == "step"]
+
+
+def test_only_single_node_trainer_commands_take_the_warm_path(tmp_path: Path) -> None:
+    job = JobSpec.model_validate(small_spec(processes=2))
+    command = build_command(job, tmp_path / "spec.json", tmp_path)
+    processes, logs, args = warm_command_parts(command) or (0, None, ())
+    assert (processes, logs) == (2, RunDir(tmp_path).logs)
+    assert args == ("--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path))
+    assert warm_command_parts(build_command(job, tmp_path / "spec.json", tmp_path, module="rank_echo")) is None
+    assert warm_command_parts([*command[:3], "--nnodes", "2", *command[5:]]) is None
+    assert warm_command_parts(["python", "fake_trainer.py", "--spec", "s"]) is None
+
+
+def test_the_standby_has_one_thread_no_gpu_and_ranks_get_torchrun_s_environment() -> None:
+    env = standby_environment({"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0", "HALFCAST_DATABASE_URL": "x"})
+    assert (env["CUDA_VISIBLE_DEVICES"], env["OMP_NUM_THREADS"], env["PATH"]) == ("", "1", "/bin")
+    assert "HALFCAST_DATABASE_URL" not in env
+    rank = rank_environment({"OMP_NUM_THREADS": "4"}, 1, 2, "r")
+    assert {k: rank[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")} == {
+        "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }  # fmt: skip  (the launcher hosts the store: rank 0 does not bind a port of its own)
+    assert rank["OMP_NUM_THREADS"] == "4"
+
+
+@pytest.mark.slow
+def test_a_warm_run_is_the_cold_run_step_for_step(tmp_path: Path, pool: WarmPool) -> None:
+    spec = small_spec(processes=2, max_steps=6, log_interval=1, precision="fp16")
+    cold_dir, cold = _launch(tmp_path / "cold", spec, 1, None)
+    warm_dir, warm = _launch(tmp_path / "warm", spec, 1, pool)
+    assert _wait(warm) == 0, RunDir(warm_dir).launcher_log.read_text()
+    assert _wait(cold) == 0, RunDir(cold_dir).launcher_log.read_text()
+    assert len(_steps(warm_dir)) == 6
+    assert _steps(warm_dir) == _steps(cold_dir)  # losses, scales and skips, bit for bit
+    for rank in (0, 1):
+        assert "forked from a warm standby" in RunDir(warm_dir).rank_log(rank).read_text()
+    start = next(json.loads(line) for line in RunDir(warm_dir).records.read_text().splitlines() if '"start"' in line)
+    assert start["startup"]["launch_s"] is not None and start["startup"]["imports_s"] is not None
+    assert not warm.members()  # nothing of the run is left
+
+
+@pytest.mark.slow
+def test_a_stopped_warm_run_checkpoints_and_leaves_no_process(tmp_path: Path, pool: WarmPool) -> None:
+    spec = small_spec(processes=2, max_steps=100_000, log_interval=1, faults={"sleep_per_step_s": 0.05})
+    run_dir, process = _launch(tmp_path, spec, 1, pool)
+    deadline = time.monotonic() + RUN_WAIT_S
+    while not (RunDir(run_dir).records.exists() and '"step"' in RunDir(run_dir).records.read_text()):
+        assert process.poll() is None, RunDir(run_dir).launcher_log.read_text()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    titles = [Path(f"/proc/{info.pid}/cmdline").read_bytes() for info in process.members()]
+    assert len(titles) == 3 and all(str(run_dir).encode() in title for title in titles), titles  # ps names the job
+    assert sum(b"MASTER_PORT=" in title for title in titles) == 3
+    assert process.stop(grace_s=30.0)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert list(RunDir(run_dir).checkpoints.glob("*")), "the stop wrote no checkpoint"
+    assert "stopped by SIGTERM" in RunDir(run_dir).launcher_log.read_text()
+
+
+@pytest.mark.slow
+def test_a_failed_rank_stops_the_others_and_is_named_as_the_root_cause(tmp_path: Path, pool: WarmPool) -> None:
+    spec = small_spec(processes=2, max_steps=100_000, faults={"kill_at_step": {"step": 2, "rank": 1}})
+    run_dir, process = _launch(tmp_path, spec, 1, pool)
+    assert _wait(process) == 1
+    cause = root_cause(RunDir(run_dir).launcher_log.read_text())
+    assert cause is not None and (cause.rank, cause.exitcode) == (1, -signal.SIGKILL)
+    assert not process.members()
+    assert os.path.exists(RunDir(run_dir).rank_log(0))

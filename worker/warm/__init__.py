@@ -1,0 +1,13 @@
+"""Warm start: a standby Python with torch and the trainer imported, which forks a CPU job's ranks (issue 17).
+
+A cold launch pays for two interpreters that import torch one after the other (torchrun's,
+then each rank's: seconds each). The worker instead keeps one *standby* ready
+(:mod:`worker.warm.pool`): ``python -m worker.warm.standby``, started like any run (in a
+session of its own, through :mod:`worker.deathsig`), that has imported torch, the trainer
+and the libraries its datasets and models use, and then waits. A single-node CPU job is
+handed to it (:class:`~worker.warm.assignment.Assignment`); it takes the job's environment
+and directory and becomes the run's launcher (:mod:`worker.warm.agent`): it forks one rank
+per process, each with torchrun's environment, its own session and its own log, and
+supervises them as torchrun does. GPU jobs, multi-node jobs and any command that is not the
+trainer's keep the cold path (torchrun), as do jobs that find no standby ready.
+"""

@@ -1,0 +1,300 @@
+"""The launcher a standby becomes: fork a job's ranks and supervise them as torchrun does.
+
+Each rank is a fork of the standby (torch and the trainer already imported) in a session
+of its own, with torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_*``), its output in
+``logs/rank-<r>.log`` (:func:`worker.rank_output.redirect_output`), ``torch.set_num_threads``
+from ``OMP_NUM_THREADS`` (read by OpenMP when the standby imported torch, before the job's
+value was known) and a process title naming the job's run directory (``ps`` shows which
+job a rank runs). As under torchrun, the launcher hosts the ``env://`` rendezvous store
+(``TORCHELASTIC_USE_AGENT_STORE``): it binds port 0 itself once the ranks are forked (the
+store's thread never sees a fork) and sends each rank the port through a pipe, so two runs
+started together never race for a port (C25, pytorch#126510). The supervision follows
+torchrun's single-node rules:
+
+* every rank exits 0: the launcher exits 0;
+* a rank fails (non-zero exit or a signal): the others get SIGTERM, then SIGKILL after
+  ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds; torchrun's "Root Cause" summary goes to
+  ``launcher.log`` (the worker reads it, :mod:`worker.failure_logs`) and the launcher exits 1;
+* the launcher gets SIGTERM, SIGINT or SIGHUP: it passes it on to every rank's group, waits
+  for them as long (then SIGKILL) and exits 128 + the signal number, as :mod:`worker.torchrun` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from worker.rank_output import redirect_output
+from worker.warm.assignment import Assignment
+
+log = logging.getLogger("worker.warm.agent")
+
+#: The signals a launcher passes on to its ranks (torchrun's own set).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: torchrun's variable: seconds the ranks get after a stop signal before SIGKILL.
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+#: The address ranks of a single-node job meet at.
+LOCALHOST = "127.0.0.1"
+#: Exit status of a run one of whose ranks failed (torchrun's).
+FAILED_EXIT = 1
+#: Seconds between two checks of the ranks while waiting for them to stop.
+STOP_POLL_S = 0.02
+
+
+class Stopped(Exception):
+    """The launcher got a stop signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank ended: its global rank, pid and wait status as an exit code (negative: the signal)."""
+
+    rank: int
+    pid: int
+    exitcode: int
+    at: float
+
+
+RankMain = Callable[[list[str]], int]
+
+
+def rank_environment(base: Mapping[str, str], rank: int, world_size: int, run_id: str) -> dict[str, str]:
+    """torchrun's environment for ``rank`` of a single-node run of ``world_size`` ranks (``MASTER_PORT`` comes later)."""
+    return {
+        **base,
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default", "MASTER_ADDR": LOCALHOST, "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+    }  # fmt: skip  (one row per group of torchrun's variables)
+
+
+def set_title(title: str) -> None:
+    """The process title ``ps`` and ``/proc/<pid>/cmdline`` show (setproctitle; unchanged where it is missing)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        return
+    setproctitle(title)
+
+
+def run(assignment: Assignment, rank_main: RankMain) -> int:
+    """Fork the assignment's ranks, supervise them, return the launcher's exit status (see the module)."""
+    stops: list[int] = []
+    _handle_stops(stops, raising=True)
+    run_id = f"warm-{os.getpid()}"
+    ranks: dict[int, int] = {}
+    ports: list[int] = []
+    failure: RankExit | None = None
+    try:
+        for rank in range(assignment.world_size):
+            env = rank_environment(assignment.env, rank, assignment.world_size, run_id)
+            ports.append(_fork_rank(assignment, rank, env, rank_main, ranks))
+        store = _host_store(ports, assignment.world_size)
+        set_title(f"halfcast-launcher (warm) --nproc-per-node {assignment.world_size} --run-dir {assignment.run_dir} "
+                  f"MASTER_PORT={store.port}")  # fmt: skip
+        failure = _wait_all(ranks)
+    except Stopped:
+        pass
+    _handle_stops(stops, raising=False)  # a second signal while stopping only is noted
+    if stops:
+        log.warning("stopped by %s: passing it on to the ranks", signal.Signals(stops[0]).name)
+        _stop_ranks(ranks, signal.Signals(stops[0]), _shutdown_timeout(assignment.env))
+        return 128 + stops[0]
+    if failure is None:
+        return 0
+    _stop_ranks(ranks, signal.SIGTERM, _shutdown_timeout(assignment.env))
+    sys.stderr.write(root_cause_report(failure))
+    return FAILED_EXIT
+
+
+def _handle_stops(stops: list[int], *, raising: bool) -> None:
+    """Note each stop signal in ``stops``; with ``raising``, the first also raises :class:`Stopped`."""
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        stops.append(signum)
+        if raising and len(stops) == 1:
+            raise Stopped(signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop)
+
+
+def _shutdown_timeout(env: Mapping[str, str]) -> float:
+    try:
+        return max(0.0, float(env.get(SHUTDOWN_TIMEOUT_ENV, "30")))
+    except ValueError:
+        return 30.0
+
+
+def _host_store(port_pipes: list[int], world_size: int) -> Any:
+    """The rendezvous store on a port of the kernel's choosing; its port written to every rank's pipe."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore(LOCALHOST, 0, world_size, is_master=True, wait_for_workers=False)
+    for fd in port_pipes:
+        try:
+            os.write(fd, f"{store.port}\n".encode())
+        except OSError:  # that rank is gone already: its exit is seen by the wait
+            pass
+        os.close(fd)
+    return store
+
+
+def _fork_rank(assignment: Assignment, rank: int, env: dict[str, str], rank_main: RankMain, ranks: dict[int, int]) -> int:
+    """Fork rank ``rank`` into ``ranks`` (pid -> rank); the write end of its port pipe. The child never returns.
+
+    Stop signals are blocked from the fork until the child is in ``ranks``, so a stop
+    reaches every rank that was started.
+    """
+    read_end, write_end = os.pipe()
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the launcher's code
+            os.close(write_end)
+            os._exit(_run_rank(assignment, rank, env, rank_main, read_end))
+        ranks[pid] = rank
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    os.close(read_end)
+    return write_end
+
+
+def _read_port(fd: int) -> str:
+    """The store's port, from the launcher (``OSError`` when the launcher ended first)."""
+    with os.fdopen(fd, "rb") as pipe:
+        line = pipe.readline().strip()
+    if not line.isdigit():
+        raise OSError("the launcher ended before it sent the rendezvous port")
+    return line.decode()
+
+
+def _run_rank(assignment: Assignment, rank: int, env: dict[str, str], rank_main: RankMain, port_fd: int) -> int:
+    """The rank's body in the forked child: its session, environment, log, threads, port, then the trainer."""
+    try:
+        os.setsid()
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        os.environ.clear()
+        os.environ.update(env)
+        redirect_output(assignment.logs_dir, rank)
+        _note_start(rank)
+        _set_threads(env)
+        os.environ["MASTER_PORT"] = _read_port(port_fd)
+        sys.argv = ["python -m trainer", *assignment.trainer_args]
+        set_title(f"halfcast-rank {rank}/{assignment.world_size} (warm) python -m trainer "
+                  f"{' '.join(assignment.trainer_args)} MASTER_PORT={os.environ['MASTER_PORT']}")  # fmt: skip
+        status = rank_main(list(assignment.trainer_args))
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except BaseException:  # what an uncaught exception does to a Python: its traceback, status 1
+        traceback.print_exc()
+        status = 1
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    return status
+
+
+def _note_start(rank: int) -> None:
+    from trainer.startup import RANK_STARTED_AT_ENV
+
+    now = time.time()
+    os.environ[RANK_STARTED_AT_ENV] = f"{now:.6f}"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
+    sys.stderr.write(f"{stamp} rank{rank} INFO worker.warm.agent: start-up: forked from a warm standby (imports done)\n")
+
+
+def _set_threads(env: Mapping[str, str]) -> None:
+    import torch
+
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
+def _exitcode(status: int) -> int:
+    """A wait status as Popen reports it: the exit code, or minus the signal."""
+    return os.waitstatus_to_exitcode(status)
+
+
+def _wait_all(ranks: dict[int, int]) -> RankExit | None:
+    """Wait for every rank; the first that failed (the rest still running), or ``None`` when all exited 0."""
+    left = dict(ranks)
+    while left:
+        pid, status = os.waitpid(-1, 0)
+        if pid not in left:
+            continue
+        ended = RankExit(left.pop(pid), pid, _exitcode(status), time.time())
+        if ended.exitcode != 0:
+            ranks.clear()
+            ranks.update(left)
+            return ended
+    ranks.clear()
+    return None
+
+
+def _stop_ranks(ranks: dict[int, int], signum: signal.Signals, timeout_s: float) -> None:
+    """``signum`` to each live rank's group, then SIGKILL once ``timeout_s`` has passed; reap them all."""
+    for signal_now in (signum, signal.SIGKILL):
+        for pid in list(ranks):
+            _signal_group(pid, signal_now)
+        deadline = time.monotonic() + (timeout_s if signal_now == signum else 10.0)
+        while ranks and time.monotonic() < deadline:
+            _reap(ranks)
+            if ranks:
+                time.sleep(STOP_POLL_S)
+        if not ranks:
+            return
+        log.warning("ranks %s outlived %.1f s after %s: killing them", sorted(ranks.values()), timeout_s, signum.name)
+
+
+def _reap(ranks: dict[int, int]) -> None:
+    while ranks:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            ranks.clear()
+            return
+        if pid == 0:
+            return
+        ranks.pop(pid, None)
+
+
+def _signal_group(pid: int, signum: signal.Signals) -> None:
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def root_cause_report(failure: RankExit) -> str:
+    """torchrun's failure summary for ``failure`` (the part :mod:`worker.failure_logs` reads)."""
+    when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(failure.at))
+    return (
+        "Root Cause (first observed failure):\n"
+        "[0]:\n"
+        f"  time      : {when}\n"
+        f"  host      : {socket.gethostname()}\n"
+        f"  rank      : {failure.rank} (local_rank: {failure.rank})\n"
+        f"  exitcode  : {failure.exitcode} (pid: {failure.pid})\n"
+    )

@@ -1,0 +1,45 @@
+"""What the worker hands a standby: one run's command, directory and environment (:mod:`worker.warm`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: The only rank module a standby runs: the one it has imported.
+TRAINER_MODULE = "trainer"
+#: The rank wrapper of a cold command (:data:`worker.launch.RANK_WRAPPER`), whose arguments a standby takes over.
+RANK_WRAPPER = "worker.rank_output"
+
+
+class Assignment(BaseModel):
+    """One run for a standby: ``world_size`` ranks of ``python -m trainer ARGS`` in ``run_dir``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_dir: Path
+    logs_dir: Path
+    launcher_log: Path
+    world_size: int = Field(ge=1)
+    trainer_args: tuple[str, ...]
+    env: dict[str, str]
+
+
+def warm_command_parts(command: list[str]) -> tuple[int, Path, tuple[str, ...]] | None:
+    """``(processes, logs_dir, trainer args)`` of a single-node torchrun command of the trainer, else ``None``.
+
+    The command is :func:`worker.launch.build_command`'s: ``... --nnodes 1 --nproc-per-node P
+    -m worker.rank_output LOGS trainer ARGS...``. Any other shape (another module, several
+    nodes, a command a test built) is left to the cold path.
+    """
+    try:
+        wrapper = command.index(RANK_WRAPPER)
+        nodes = command[command.index("--nnodes") + 1]
+        processes = int(command[command.index("--nproc-per-node") + 1])
+    except (ValueError, IndexError):
+        return None
+    if nodes != "1" or command[wrapper - 1] != "-m" or len(command) < wrapper + 3:
+        return None
+    if command[wrapper + 2] != TRAINER_MODULE:
+        return None
+    return processes, Path(command[wrapper + 1]), tuple(command[wrapper + 3 :])

@@ -1,0 +1,182 @@
+"""The worker's warm standby: one ready at a time, handed the next single-node CPU run (:mod:`worker.warm`).
+
+:class:`WarmPool` keeps one standby ready. Its own thread starts each standby, so the
+standby's death signal (:mod:`worker.deathsig`: it fires when the *thread* that started the
+process ends) stays armed as long as the worker runs; that thread outlives the worker's
+shutdown until every standby it started has exited. :meth:`WarmPool.start_run` is
+:func:`worker.launch.start_run` with a warm path: when the command is the trainer's on one
+node, the job needs no GPU and a standby is ready, the standby gets the run (the returned
+:class:`~worker.launch.RunProcess` supervises and stops it exactly as it does torchrun) and
+the next standby starts; otherwise the run starts cold. A standby that fails to start is
+retried after :data:`RETRY_S`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from contracts.rundir import RunDir
+from trainer.startup import LAUNCHED_AT_ENV
+from worker.launch import PASSTHROUGH_ENV, RunProcess, project_root, start_run
+from worker.warm.assignment import Assignment, warm_command_parts
+from worker.warm.standby import READY
+
+log = logging.getLogger(__name__)
+
+#: The module a standby runs.
+STANDBY_MODULE = "worker.warm.standby"
+#: Seconds before starting a standby again after one failed to start.
+RETRY_S = 30.0
+#: Seconds a standby may take to import everything before it is given up.
+READY_TIMEOUT_S = 300.0
+
+
+def standby_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A standby's environment before it has a run: the pass-through variables, the project's path, no GPU, one thread.
+
+    One OpenMP/BLAS thread keeps the standby a single thread (safe to fork); each rank sets the
+    job's own thread count (:func:`worker.warm.agent.rank_environment` and ``torch.set_num_threads``).
+    """
+    base = os.environ if base is None else base
+    env = {name: base[name] for name in PASSTHROUGH_ENV if name in base}
+    paths = [str(project_root()), *[p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    env.update(PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")  # fmt: skip
+    return env
+
+
+class Standby:
+    """One started standby and its pipes: ready once it wrote :data:`READY`."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+
+    @classmethod
+    def start(cls, cwd: Path) -> Standby:
+        """Start ``python -m worker.warm.standby`` in a session of its own, signalled when this thread's worker dies."""
+        command = [sys.executable, "-m", "worker.deathsig", str(os.getpid()), "--", sys.executable, "-m", STANDBY_MODULE]
+        popen = subprocess.Popen(command, cwd=cwd, env=standby_environment(), stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, start_new_session=True, close_fds=True)  # fmt: skip
+        return cls(popen)
+
+    def wait_ready(self) -> bool:
+        """Block until the standby reports ready (``True``) or ends (``False``)."""
+        assert self.popen.stdout is not None
+        line = self.popen.stdout.readline()
+        self.popen.stdout.close()
+        return line == READY
+
+    def assign(self, assignment: Assignment) -> bool:
+        """Hand over the run; ``False`` when the standby is gone."""
+        assert self.popen.stdin is not None
+        try:
+            self.popen.stdin.write(assignment.model_dump_json().encode() + b"\n")
+            self.popen.stdin.close()
+        except (BrokenPipeError, ValueError, OSError):
+            return False
+        return self.popen.poll() is None
+
+    def release(self) -> None:
+        """Let an unused standby go (end of input ends it; SIGKILL if it lingers)."""
+        if self.popen.stdin is not None and not self.popen.stdin.closed:
+            try:
+                self.popen.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+class WarmPool:
+    """Keeps one standby ready and gives it the next run it can take (see the module)."""
+
+    def __init__(self, cwd: Path, shutdown: threading.Event) -> None:
+        self.cwd = cwd
+        self.shutdown = shutdown
+        self._cond = threading.Condition()
+        self._ready: Standby | None = None
+        self._started: list[Standby] = []
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread that keeps a standby ready (once)."""
+        if self._thread is None:
+            self.cwd.mkdir(parents=True, exist_ok=True)
+            self._thread = threading.Thread(target=self._keep_ready, name="warm-standby", daemon=True)
+            self._thread.start()
+
+    def take(self) -> Standby | None:
+        """The ready standby (the next one starts), or ``None`` when none is ready."""
+        with self._cond:
+            standby, self._ready = self._ready, None
+            self._cond.notify_all()
+            return standby
+
+    def start_run(self, command: list[str], run_dir: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()) -> RunProcess:
+        """:func:`worker.launch.start_run`, through the ready standby when the run can take one."""
+        parts = warm_command_parts(command)
+        if parts is None or pass_fds or env.get("CUDA_VISIBLE_DEVICES", "") != "":
+            return start_run(command, run_dir, env, pass_fds)
+        standby = self.take()
+        if standby is None:
+            log.info("no warm standby ready: starting %s cold", run_dir)
+            return start_run(command, run_dir, env, pass_fds)
+        processes, logs_dir, trainer_args = parts
+        rundir = RunDir(run_dir)
+        assignment = Assignment(run_dir=run_dir, logs_dir=logs_dir, launcher_log=rundir.launcher_log,
+                                world_size=processes, trainer_args=trainer_args,
+                                env={**env, LAUNCHED_AT_ENV: f"{time.time():.6f}"})  # fmt: skip
+        if not standby.assign(assignment):
+            log.warning("the warm standby %d was gone: starting %s cold", standby.popen.pid, run_dir)
+            standby.release()
+            return start_run(command, run_dir, env, pass_fds)
+        log.info("started run %d in %s from a warm standby: %s", standby.popen.pid, run_dir, " ".join(command))
+        return RunProcess(standby.popen, rundir.launcher_log)
+
+    def _keep_ready(self) -> None:
+        while not self.shutdown.is_set():
+            with self._cond:
+                if self._ready is not None:
+                    self._cond.wait(timeout=1.0)  # until taken, or a second to look at the shutdown flag
+                    continue
+            if self.shutdown.is_set():
+                break
+            standby = self._start_one()
+            if standby is None:
+                self.shutdown.wait(RETRY_S)
+                continue
+            with self._cond:
+                self._ready = standby
+        self._wind_down()
+
+    def _start_one(self) -> Standby | None:
+        try:
+            standby = Standby.start(self.cwd)
+        except OSError:
+            log.exception("a warm standby could not be started")
+            return None
+        self._started = [other for other in self._started if other.popen.poll() is None] + [standby]
+        if standby.wait_ready():
+            log.info("warm standby %d is ready", standby.popen.pid)
+            return standby
+        log.warning("warm standby %d ended before it was ready (status %s)", standby.popen.pid, standby.popen.wait())
+        return None
+
+    def _wind_down(self) -> None:
+        """Let the unused standby go; live on while runs started from standbys do (their death signal)."""
+        with self._cond:
+            ready, self._ready = self._ready, None
+        if ready is not None:
+            ready.release()
+        while any(standby.popen.poll() is None for standby in self._started):
+            time.sleep(1.0)
