@@ -23,7 +23,7 @@ from contracts.status import FailureReason, JobStatus, MemberStatus
 from server.db.members import Member, Members
 from trainer.spec import JobSpec
 from worker.gang import GangEnd, Gathering, MemberLease, all_exited, peer_verdict, settled
-from worker.gang_launch import NodePlan, gang_command
+from worker.gang_launch import NodePlan, gang_command, node_environment
 from worker.gang_plan import write_plan
 from worker.launch import RunProcess
 from worker.outcomes import Outcome
@@ -61,6 +61,9 @@ class Node0Attempt(Attempt):
             self.resume_from = command[command.index("--resume-from") + 1]
         self.gang_timeout_s = spec.effective_distributed.gang_timeout_s
         return command
+
+    def _environment(self, spec: JobSpec) -> dict[str, str]:
+        return node_environment(super()._environment(spec), self.plan.local_address)
 
     def _before_launch(self) -> Outcome | None:
         """Wait for the gang; publish the launch file; ``None`` once every node may launch."""

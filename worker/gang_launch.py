@@ -15,8 +15,11 @@ to the shared run directory, which node 0's worker reads.
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import struct
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -25,6 +28,10 @@ from contracts.rundir import RunDir
 from trainer.spec import JobSpec
 from worker.launch import LAUNCHER, RANK_WRAPPER
 
+#: ``ioctl`` request for an interface's IPv4 address (Linux ``SIOCGIFADDR``).
+SIOCGIFADDR = 0x8915
+#: Variables naming the interface gloo and NCCL connect the ranks over.
+SOCKET_IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 #: Port a database URL without one is reached at, for :func:`route_address`.
 DEFAULT_DB_PORT = 5432
 
@@ -60,6 +67,30 @@ def gang_command(spec: JobSpec, spec_path: Path, run_dir: Path, plan: NodePlan, 
         "--max-restarts", "0",
         "-m", RANK_WRAPPER, str(RunDir(run_dir).logs), module, "--spec", str(spec_path), "--run-dir", str(run_dir),
     ]  # fmt: skip
+
+
+def node_environment(environment: Mapping[str, str], address: str) -> dict[str, str]:
+    """``environment`` plus the interface of ``address`` for gloo and NCCL.
+
+    Without it gloo binds the ranks to the address the hostname resolves to (often a loopback
+    address), which the other hosts cannot reach; the interface is left unset when none has ``address``.
+    """
+    interface = interface_of(address)
+    extra = {name: interface for name in SOCKET_IFNAME_ENV} if interface else {}
+    return {**environment, **extra}
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the network interface with IPv4 ``address`` here, or ``None``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == address:
+                return name
+    return None
 
 
 def route_address(database_url: str) -> str:

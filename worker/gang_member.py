@@ -27,7 +27,7 @@ from server.db.members import Member, Members
 from server.db.models import Job, utcnow
 from trainer.spec import JobSpec
 from worker.gang import MemberLease
-from worker.gang_launch import NodePlan, gang_command
+from worker.gang_launch import NodePlan, gang_command, node_environment
 from worker.gang_plan import read_plan
 from worker.launch import RunProcess, build_environment, start_run
 from worker.runner import RunnerContext
@@ -117,7 +117,8 @@ class MemberRun:
         if plan_file.resume_from is not None:
             command += ["--resume-from", plan_file.resume_from]
         node_dir = run_dir / "nodes" / f"node-{self.member.node_rank}"
-        environment = build_environment(spec, self.context.settings, gpus=self.context.gpus)
+        environment = node_environment(build_environment(spec, self.context.settings, gpus=self.context.gpus),
+                                       self.member.host_address)
         if not self.members.mark_running(self.member.id):
             return None
         self.process = start_run(command, node_dir, environment, pass_fds=self.context.gpu_lock_fds)

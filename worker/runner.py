@@ -173,7 +173,7 @@ class Attempt:
             return held
         self.oom_kills_at_launch = oom_kill_count()
         try:
-            environment = build_environment(spec, self.context.settings, gpus=self.context.gpus)
+            environment = self._environment(spec)
             self.process = start_run(command, self.run_dir, environment, pass_fds=self.context.gpu_lock_fds)
         except OSError as exc:
             return Outcome(JobStatus.FAILED, FailureReason.LAUNCH_FAILED, f"torchrun could not be started: {exc}")
@@ -252,6 +252,10 @@ class Attempt:
     def _before_launch(self) -> Outcome | None:
         """Called once the run is prepared, right before its launch: an outcome ends the attempt there."""
         return None
+
+    def _environment(self, spec: JobSpec) -> dict[str, str]:
+        """The run's environment (:func:`worker.launch.build_environment`)."""
+        return build_environment(spec, self.context.settings, gpus=self.context.gpus)
 
     def _peer_outcome(self) -> Outcome | None:
         """Called on every poll of the run: an outcome stops the run for it (a peer node failed)."""
