@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from contracts.records import StartupTimes
-from contracts.status import AttemptStatus, JobStatus
+from contracts.status import AttemptStatus, JobStatus, MemberStatus
 from contracts.stored import StoredEval, StoredStep, StoredSwitch
 
 #: How a job's spec scales its loss: fp16's ``loss_scale.mode`` (default ``dynamic``); ``none`` for
@@ -52,6 +52,18 @@ class AttemptPublic(BaseModel):
     )
 
 
+class MemberPublic(BaseModel):
+    """One node of a multi-node job's gang in the current attempt (docs/api.md, "Multi-node jobs")."""
+
+    node_rank: int = Field(description="The node's place in the gang (0: the node that claimed the job and hosts the rendezvous)")
+    worker_id: str = Field(description="The worker running this node, as <hostname>/<pid>")
+    host_address: str | None = Field(description="The address the node is reached at by the other nodes")
+    status: MemberStatus = Field(description="joined, running, exited (its torchrun exited 0), failed, lost or released")
+    exit_code: int | None = Field(default=None, description="Its torchrun's exit status once it ended; null before")
+    joined_at: datetime
+    ended_at: datetime | None = None
+
+
 class StoppedEarlyPublic(BaseModel):
     """Early stopping ended the job: at ``step``, on ``metric``, whose best evaluation was ``best_value`` at ``best_step``."""
 
@@ -75,6 +87,10 @@ class JobPublic(BaseModel):
     step: int
     max_steps: int
     world_size: int
+    nodes: int = Field(default=1, description="Hosts the job spans (the spec's nodes)")
+    members: list[MemberPublic] = Field(
+        default_factory=list, description="The nodes of the current attempt's gang, by node rank; empty for one-node jobs"
+    )
     latest: StoredStep | None = Field(description="The newest step record, or null")
     eval: StoredEval | None = Field(description="The newest evaluation record, or null")
     attempt: int = Field(description="Launch attempts so far (0 while queued)")

@@ -13,7 +13,11 @@ from enum import StrEnum
 
 
 class JobStatus(StrEnum):
-    """A job's status: ``queued`` → ``starting`` → ``running`` → a terminal one (or ``cancelling`` → ``cancelled``)."""
+    """A job's status: ``queued`` → ``starting`` → ``running`` → a terminal one (or ``cancelling`` → ``cancelled``).
+
+    A multi-node job passes through ``gathering`` between ``queued`` and ``starting`` (docs/worker.md, "Multi-node
+    jobs"); a gang that does not form in time goes back to ``queued``.
+    """
 
     QUEUED = "queued"
     STARTING = "starting"
@@ -22,6 +26,8 @@ class JobStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    #: A multi-node job (``nodes`` > 1) whose gang is forming: node 0 has claimed it, the other nodes join.
+    GATHERING = "gathering"
 
     @property
     def terminal(self) -> bool:
@@ -32,7 +38,7 @@ class JobStatus(StrEnum):
 #: The statuses a job ends in; every job reaches one.
 TERMINAL_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 #: The statuses in which a claimed attempt runs (and may still write progress).
-LIVE_STATUSES: tuple[JobStatus, ...] = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING)
+LIVE_STATUSES: tuple[JobStatus, ...] = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.GATHERING)
 
 
 class AttemptStatus(StrEnum):
@@ -66,3 +72,29 @@ class FailureReason(StrEnum):
     WORKER_SHUTDOWN = "worker_shutdown"
     WORKER_ERROR = "worker_error"
     ENQUEUE_FAILED = "enqueue_failed"
+
+
+class MemberStatus(StrEnum):
+    """Where one node of a multi-node job's gang stands (``job_members.status``; the resource's ``members``).
+
+    ``joined``: in the gang, its torchrun not started yet; ``running``: its torchrun runs; ``exited``:
+    its torchrun exited 0; ``failed``: it exited otherwise or was stopped; ``lost``: its worker stopped
+    renewing the membership; ``released``: it left before launch (the gang timed out, was cancelled, or
+    its worker shut down).
+    """
+
+    JOINED = "joined"
+    RUNNING = "running"
+    EXITED = "exited"
+    FAILED = "failed"
+    LOST = "lost"
+    RELEASED = "released"
+
+    @property
+    def open(self) -> bool:
+        """Whether the membership still holds its worker (``joined`` or ``running``)."""
+        return self in OPEN_MEMBER_STATUSES
+
+
+#: The statuses of a membership that still holds its worker (one such membership per worker).
+OPEN_MEMBER_STATUSES: frozenset[MemberStatus] = frozenset({MemberStatus.JOINED, MemberStatus.RUNNING})

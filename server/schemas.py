@@ -7,6 +7,7 @@ module builds them from the rows (:func:`job_public`) and adds the error bodies.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -19,19 +20,20 @@ from contracts.resources import (
     JobList,
     JobPublic,
     LossScaling,
+    MemberPublic,
     MetricsPage,
     StartupPhase,
     StoppedEarlyPublic,
 )
 from contracts.status import AttemptStatus, JobStatus
-from server.db.job_reads import AttemptView, JobView
-from server.db.models import Attempt, Job, StepRecord
+from server.db.job_reads import AttemptView, JobView, MemberView
+from server.db.models import Attempt, Job, JobMember, StepRecord
 from server.timeutil import as_utc, as_utc_or_none
 
 __all__ = ["MAX_STEP_NUMBER", "AttemptPublic", "AttemptStatus", "ErrorBody", "EvalList", "JobError", "JobList",
-           "JobPublic", "JobStatus", "LossScaling", "MetricsPage", "QuotaErrorBody", "StartupPhase", "StartupTimes",
-           "StoppedEarlyPublic", "attempt_public", "current_phase", "effective_precision", "job_public", "loss_scaling",
-           "startup_public", "step_counts", "step_point", "stopped_early"]  # fmt: skip
+           "JobPublic", "JobStatus", "LossScaling", "MemberPublic", "MetricsPage", "QuotaErrorBody", "StartupPhase",
+           "StartupTimes", "StoppedEarlyPublic", "attempt_public", "current_phase", "effective_precision", "job_public",
+           "loss_scaling", "members_public", "startup_public", "step_counts", "step_point", "stopped_early"]  # fmt: skip
 
 #: The resource's ``phase`` of a ``running`` job by the trainer's last ``phase`` record (``training``: none).
 RUNNING_PHASES: dict[str, StartupPhase] = {
@@ -88,6 +90,8 @@ def job_public(job: Job | JobView) -> JobPublic:
         step=job.step,
         max_steps=job.max_steps,
         world_size=job.world_size,
+        nodes=_nodes(job.spec),
+        members=members_public(job.members, job.attempt),
         latest=job.latest,
         eval=job.eval,
         attempt=job.attempt,
@@ -102,6 +106,22 @@ def job_public(job: Job | JobView) -> JobPublic:
         phase=current_phase(job.status, job.startup),
         startup=startup_public(job.startup),
     )
+
+
+def members_public(rows: Sequence[JobMember | MemberView], attempt: int) -> list[MemberPublic]:
+    """The gang memberships of attempt ``attempt`` (the job's current one), by node rank."""
+    current = sorted((row for row in rows if row.attempt == attempt), key=lambda row: row.node_rank)
+    return [
+        MemberPublic(node_rank=row.node_rank, worker_id=row.worker_id, host_address=row.host_address,
+                     status=row.status, exit_code=row.exit_code, joined_at=as_utc(row.joined_at),  # type: ignore[arg-type]
+                     ended_at=as_utc_or_none(row.ended_at))  # fmt: skip
+        for row in current
+    ]
+
+
+def _nodes(spec: dict[str, Any]) -> int:
+    nodes = spec.get("nodes", 1) if isinstance(spec, dict) else 1
+    return nodes if isinstance(nodes, int) and nodes >= 1 else 1
 
 
 def stopped_early(end_info: dict[str, Any] | None) -> StoppedEarlyPublic | None:

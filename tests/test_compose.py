@@ -218,3 +218,12 @@ def test_a_dead_worker_is_started_again_by_compose_and_by_the_systemd_unit(servi
     settings = dict(line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#"))
     assert settings["Restart"] == "always" and argv(settings["ExecStart"])[-1] == "worker"
     assert {name for name in SHARED_ENVIRONMENT if f"Environment={name}=" in unit} == set(SHARED_ENVIRONMENT)
+
+
+def test_two_worker_hosts_share_database_broker_and_runs_directory(services: dict[str, dict]) -> None:
+    """Issue 16: a multi-node job needs workers on several hosts with the same database, broker and runs."""
+    workers = {name: s for name, s in halfcast_services(services).items() if argv(s["command"])[-1] == "worker"}
+    assert len(workers) >= 2, f"one worker service only: {sorted(workers)}"
+    for key in SHARED_ENVIRONMENT:
+        assert len({s["environment"].get(key) for s in workers.values()}) == 1, key
+    assert len({tuple(s.get("volumes", [])) for s in workers.values()}) == 1

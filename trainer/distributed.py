@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -94,7 +95,7 @@ def init_distributed(spec: JobSpec) -> DistContext:
     """Read the ranks, pick the device and, for a world size above 1, join the process group.
 
     The process group uses ``env://`` rendezvous (set by torchrun), with the gloo
-    backend on CPU and NCCL on CUDA. Raises :class:`TrainerError`: ``launch_failed``
+    backend on CPU and NCCL on CUDA, and the spec's ``distributed.timeout_s`` as its timeout. Raises :class:`TrainerError`: ``launch_failed``
     when the launched world size differs from ``spec.world_size``; ``gpu_unavailable``
     (see :func:`select_device`).
     """
@@ -109,7 +110,8 @@ def init_distributed(spec: JobSpec) -> DistContext:
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         device_id = device if device.type == "cuda" else None
-        dist.init_process_group(backend=backend, init_method="env://", device_id=device_id)
+        timeout = timedelta(seconds=spec.effective_distributed.timeout_s)
+        dist.init_process_group(backend=backend, init_method="env://", device_id=device_id, timeout=timeout)
         log.info("joined process group: backend=%s rank=%d world_size=%d", backend, rank, world_size)
     return DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 

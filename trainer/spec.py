@@ -26,8 +26,12 @@ MAX_RUNTIME_S = 30 * 24 * 3600.0
 MAX_STEPS = 100_000_000
 #: Largest allowed ``max_grad_norm`` (clipping beyond it never triggers on finite gradients worth training).
 MAX_GRAD_NORM = 1e9
-#: Most ranks a job may have (``gpus`` <= 1024, ``processes`` <= 256); bounds rank numbers.
+#: Most ranks a job may have over all its nodes (``gpus`` <= 1024, ``processes`` <= 256 per node); bounds rank numbers.
 MAX_RANKS = 1024
+#: Most hosts (nodes) one job may span.
+MAX_NODES = 64
+#: Longest ``distributed.timeout_s`` and ``distributed.gang_timeout_s``: one day.
+MAX_DISTRIBUTED_TIMEOUT_S = 24 * 3600.0
 
 
 class _Strict(BaseModel):
@@ -141,6 +145,19 @@ class FaultsSpec(_Strict):
     nonfinite_grad_precisions: Annotated[list[Precision], Field(max_length=4)] | None = None
 
 
+class DistributedSpec(_Strict):
+    """How long distributed waits may last (docs/job-spec.md, "Multi-node jobs").
+
+    ``timeout_s``: the process group's timeout (a collective that waits longer for a peer fails
+    the rank); with the workers' lease it bounds how long any node's failure takes to end the
+    attempt on every node. ``gang_timeout_s`` (``nodes`` > 1 only): how long a partial gang may
+    wait for its other nodes before it releases every membership and the job goes back to ``queued``.
+    """
+
+    timeout_s: Annotated[float, Field(ge=1.0, le=MAX_DISTRIBUTED_TIMEOUT_S, allow_inf_nan=False)] = 300.0
+    gang_timeout_s: Annotated[float, Field(ge=1.0, le=MAX_DISTRIBUTED_TIMEOUT_S, allow_inf_nan=False)] = 600.0
+
+
 EvalMetric = Literal["loss", "perplexity", "accuracy"]
 #: Metrics that improve downwards; the others (``accuracy``) improve upwards.
 LOWER_IS_BETTER: frozenset[str] = frozenset({"loss", "perplexity"})
@@ -226,6 +243,9 @@ class JobSpec(_Strict):
     0) and continues in bf16 without loss scaling (:mod:`trainer.fallback`); a guard
     failure in bf16 then fails the job as usual.
 
+    ``nodes``: hosts the job spans (default 1), each running ``gpus`` (or ``processes``) ranks;
+    ``distributed``: the process group's and the gang's timeouts (:class:`DistributedSpec`).
+
     Job-server limits (read by the worker, not the trainer): ``max_attempts`` launches
     at most (a lost worker's job is retried from its last checkpoint until then), and
     ``max_runtime_s`` seconds of running time over all attempts (then ``deadline_exceeded``).
@@ -243,6 +263,8 @@ class JobSpec(_Strict):
     global_batch_size: Annotated[int, Field(ge=1, le=1 << 30)] | None = None
     gpus: Annotated[int, Field(ge=0, le=1024)] = 0
     processes: Annotated[int, Field(ge=1, le=256)] = 1
+    nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
+    distributed: DistributedSpec | None = None
     parallelism: Literal["ddp", "fsdp"] = "ddp"
     max_steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 100
     optimizer: OptimizerSpec = OptimizerSpec()
@@ -297,8 +319,18 @@ class JobSpec(_Strict):
         if self.gpus > 0 and self.processes not in (1, self.gpus):
             msg = "with GPUs there is one rank per GPU; leave processes at 1"
             raise field_error("JobSpec", "processes", msg, self.processes)
+        self._check_nodes()
         self._check_batch()
         return self
+
+    def _check_nodes(self) -> None:
+        """At most ``MAX_RANKS`` ranks over all nodes; a gang timeout only for a gang (``nodes`` > 1)."""
+        if self.world_size > MAX_RANKS:
+            msg = f"{self.nodes} nodes x {self.ranks_per_node} ranks per node = {self.world_size} ranks; at most {MAX_RANKS}"
+            raise field_error("JobSpec", "nodes", msg, self.nodes)
+        if self.nodes == 1 and self.distributed is not None and "gang_timeout_s" in self.distributed.model_fields_set:
+            msg = "gang_timeout_s is only meaningful with nodes > 1 (a one-node job forms no gang)"
+            raise field_error("JobSpec", ("distributed", "gang_timeout_s"), msg, self.distributed.gang_timeout_s)
 
     def _check_hf(self) -> None:
         """Adapters need an ``hf`` model; byte-level ``text`` is causal LM without a tokenizer."""
@@ -354,9 +386,19 @@ class JobSpec(_Strict):
         return self.early_stopping.metric if self.early_stopping is not None else "loss"
 
     @property
-    def world_size(self) -> int:
-        """Number of ranks: one per GPU, or ``processes`` on CPU."""
+    def ranks_per_node(self) -> int:
+        """Ranks on each node: one per GPU, or ``processes`` on CPU (torchrun's ``--nproc-per-node``)."""
         return self.gpus if self.gpus > 0 else self.processes
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks over all nodes: ``nodes`` x :attr:`ranks_per_node`."""
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def effective_distributed(self) -> DistributedSpec:
+        """The distributed timeouts: the given block, else the defaults."""
+        return self.distributed or DistributedSpec()
 
     @property
     def accumulation_steps(self) -> int:

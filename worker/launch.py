@@ -59,7 +59,9 @@ WAIT_STEP_S = 0.25
 
 
 def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "trainer") -> list[str]:
-    """The torchrun command line for one attempt (``world_size`` ranks on this host).
+    """The torchrun command line for one attempt (``ranks_per_node`` ranks on this host; a one-node job's world).
+
+    A node of a multi-node job launches :func:`worker.gang_launch.gang_command` instead.
 
     torchrun runs through :mod:`worker.torchrun` (torchrun's arguments, torchrun's
     ``main``). Each rank runs ``module`` through :mod:`worker.rank_output`, which keeps the
@@ -67,7 +69,7 @@ def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "
     """
     return [
         sys.executable, "-m", LAUNCHER,
-        "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
+        "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.ranks_per_node),
         "-m", RANK_WRAPPER, str(RunDir(run_dir).logs), module, "--spec", str(spec_path), "--run-dir", str(run_dir),
     ]  # fmt: skip
 
@@ -101,7 +103,7 @@ def build_environment(
     env = {name: base[name] for name in PASSTHROUGH_ENV if name in base}
     env["PYTHONPATH"] = os.pathsep.join(_python_path(base))
     env["PYTHONUNBUFFERED"] = "1"
-    env["OMP_NUM_THREADS"] = str(max(1, _cpu_count() // spec.world_size))
+    env["OMP_NUM_THREADS"] = str(max(1, _cpu_count() // spec.ranks_per_node))
     env["HALFCAST_DATA_ROOTS"] = _joined(settings.data_roots)
     env["HALFCAST_MODEL_ROOTS"] = _joined(settings.model_roots)
     env[SHUTDOWN_TIMEOUT_ENV] = str(math.ceil(settings.cancel_grace_s))

@@ -172,9 +172,11 @@ class Attempt:
             return Outcome(JobStatus.FAILED, FailureReason.CHECKPOINT_UNAVAILABLE, str(exc))
         if not self.lease.renew_if_due():
             return self._lost()
+        if (held := self._before_launch()) is not None:
+            return held
         self.oom_kills_at_launch = oom_kill_count()
         try:
-            environment = build_environment(spec, self.context.settings, gpus=self.context.gpus)
+            environment = self._environment(spec)
             launch = start_run if self.context.warm is None else self.context.warm.start_run
             self.process = launch(command, self.run_dir, environment, pass_fds=self.context.gpu_lock_fds)
         except OSError as exc:
@@ -239,6 +241,8 @@ class Attempt:
                 return exit_outcome(code, self.end, self.run_dir, self._oom_killed(), self.max_steps)
             if not self.lease.renew_if_due():
                 return self._stop_for(self._lost())
+            if (peer := self._peer_outcome()) is not None:
+                return self._stop_for(peer)
             if self._tolerant(lambda: self.store.cancel_requested(self.claim.job_id), False):
                 return self._stop_for(Outcome(JobStatus.CANCELLED, None, "cancelled by request"))
             if self.context.shutdown.is_set():
@@ -246,6 +250,20 @@ class Attempt:
             if self.deadline.passed():
                 return self._stop_for(Outcome(JobStatus.FAILED, FailureReason.DEADLINE_EXCEEDED, self.deadline.message()))
             self.context.shutdown.wait(poll_s)
+
+    # Hooks of a multi-node job's node 0 (worker.gang_attempt.Node0Attempt); a one-node attempt has no peers.
+
+    def _before_launch(self) -> Outcome | None:
+        """Called once the run is prepared, right before its launch: an outcome ends the attempt there."""
+        return None
+
+    def _environment(self, spec: JobSpec) -> dict[str, str]:
+        """The run's environment (:func:`worker.launch.build_environment`)."""
+        return build_environment(spec, self.context.settings, gpus=self.context.gpus)
+
+    def _peer_outcome(self) -> Outcome | None:
+        """Called on every poll of the run: an outcome stops the run for it (a peer node failed)."""
+        return None
 
     def _lost(self) -> Outcome:
         return Outcome(JobStatus.FAILED, FailureReason.WORKER_LOST, f"lease lost: {self.lease.lost_reason}")

@@ -110,7 +110,8 @@ class JobStore:
             yield conn
 
     def claim(
-        self, job_id: str, worker_id: str, runs_dir: Path, lease_ttl_s: float = 30.0, gpus: Sequence[int] = ()
+        self, job_id: str, worker_id: str, runs_dir: Path, lease_ttl_s: float = 30.0, gpus: Sequence[int] = (),
+        status: str = "starting",
     ) -> Claim | None:
         """Move a ``queued`` job to ``starting`` for ``worker_id`` with a lease; ``None`` if it is not queued.
 
@@ -122,7 +123,8 @@ class JobStore:
         is added in the same transaction, with ``gpus`` (the host indices the attempt
         was given; null when empty). ``runtime_used_s`` sums the running time of the
         job's earlier attempts (for ``max_runtime_s``). The job's ``startup`` is cleared: the
-        new attempt reports its own start-up phases.
+        new attempt reports its own start-up phases. ``status``: ``gathering`` for node 0 of a
+        multi-node job (:mod:`worker.gang`).
         """
         now = utcnow()
         with self.begin() as conn:
@@ -134,7 +136,7 @@ class JobStore:
             claimed = conn.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.status == "queued", Job.attempt == row.attempt)
-                .values(status="starting", worker_id=worker_id, attempt=attempt, started_at=now, run_dir=str(run_dir),
+                .values(status=str(status), worker_id=worker_id, attempt=attempt, started_at=now, run_dir=str(run_dir),
                         lease_expires_at=now + timedelta(seconds=lease_ttl_s), error_reason=None, error_message=None,
                         held_by=None, held_at=None, startup=None)
             ).rowcount  # fmt: skip

@@ -33,10 +33,12 @@ from sqlalchemy.exc import DBAPIError
 
 from broker.celery_app import RUN_JOB_TASK
 from server.db.engine import make_engine
+from server.db.members import GatheringJob, Members
 from server.settings import Settings
 from worker.acks import acknowledge
 from worker.broker_watch import BrokerWatch, queued_job_ids, redis_marker_store
 from worker.gpu_locks import GpuLocks
+from worker.gang_entry import HAND_BACK_PAUSE_S, GangEntry
 from worker.gpus import discover_gpus
 from worker.holds import MessageHolds
 from worker.placement import Placer, SlotUnavailable
@@ -68,6 +70,7 @@ class WorkerRuntime:
         self._slots: Slots | None = None
         self._heartbeat: Heartbeat | None = None
         self._warm: WarmPool | None = None
+        self._gangs: GangEntry | None = None
         self._lock = threading.Lock()
         self._slots_lock = threading.Lock()
 
@@ -141,6 +144,14 @@ class WorkerRuntime:
                 self._heartbeat = Heartbeat(registry, self.settings.worker_heartbeat_s, self.shutdown)
             return self._heartbeat
 
+    def gangs(self) -> GangEntry:
+        """The multi-node paths of this worker's tasks (:mod:`worker.gang_entry`), created once."""
+        slots, store = self.slots(), self.store
+        with self._lock:
+            if self._gangs is None:
+                self._gangs = GangEntry(self.settings, Members(store.engine), slots.can_ever_place)
+            return self._gangs
+
     def reaper(self) -> Reaper:
         """The reaper of this worker (created once)."""
         store = self.store
@@ -198,6 +209,8 @@ def register_tasks(app: Celery) -> Task:
         """
         job_id, worker_id = str(job_id), runtime.worker_id(self.request.hostname)
         try:
+            if (gang := runtime.gangs().gang_to_join(job_id, worker_id)) is not None:
+                return _join_gang(self, runtime, job_id, gang)
             if not runtime.holds.hold(job_id, worker_id):
                 log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
                 return None
@@ -207,7 +220,8 @@ def register_tasks(app: Celery) -> Task:
                 log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
                 return None
             with placement:
-                outcome = run_job(job_id, runtime.context(self.request.hostname, self.request.id, placement))
+                outcome = runtime.gangs().run_queued(job_id, runtime.context(self.request.hostname, self.request.id, placement),
+                                                     run_job)
         except SlotUnavailable as exc:
             log.info("%s: handing the message back to the queue", exc)
             raise _hand_back(self, runtime, job_id, worker_id, exc, countdown=0) from exc
@@ -218,6 +232,28 @@ def register_tasks(app: Celery) -> Task:
 
     run_job_task.halfcast_runtime = runtime  # type: ignore[attr-defined]
     return run_job_task
+
+
+def _join_gang(task: Task, runtime: WorkerRuntime, job_id: str, gang: GatheringJob) -> str | None:
+    """Join ``gang`` (its own message, or an older gang before the newer job ``job_id``: fair ordering).
+
+    The newer job's message goes back to the queue first. A gang's own message that cannot
+    join here now goes back after a pause, for another worker.
+    """
+    own = gang.job_id == job_id
+    if not own:
+        log.info("job %s: the older gathering job %s needs a node: joining it first", job_id, gang.job_id)
+        task.retry(countdown=0, throw=False)
+    placement = runtime.slots().try_place(gang.gpus)
+    try:
+        status = runtime.gangs().join(gang, runtime.context(task.request.hostname, task.request.id, placement), placement)
+    finally:
+        if placement is not None:
+            placement.release()
+    if status is None and own:
+        runtime.shutdown.wait(HAND_BACK_PAUSE_S)
+        raise task.retry(countdown=0, throw=False)
+    return status
 
 
 def _hand_back(task: Task, runtime: WorkerRuntime, job_id: str, worker_id: str, exc: Exception,

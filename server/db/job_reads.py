@@ -9,6 +9,7 @@ A poller asks for one job again and again, so this read is kept to one round tri
     WHERE api_tokens.token_hash = :token_hash ORDER BY attempts.attempt
 
 No row: the token is unknown. Without authentication the token part is left out.
+A multi-node job's gang memberships (``job_members``) take a second statement, only for such jobs.
 Only the columns the job resource is built from are read (not the lease, the run
 directory or ``updated_at``, which change without the resource changing). The
 token's ``last_used_at`` is refreshed as :func:`server.db.tokens.resolve` does.
@@ -17,7 +18,7 @@ token's ``last_used_at`` is refreshed as :func:`server.db.tokens.resolve` does.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from sqlalchemy import Engine, Row, Select, bindparam, select
 
 from server.db.engine import read_connection
-from server.db.models import ApiToken, Attempt, Job, utcnow
+from server.db.models import ApiToken, Attempt, Job, JobMember, utcnow
 from server.db.tokens import last_use_is_stale, touch_statement
 
 #: Columns of the token, the job and one attempt, in the order of the views' fields.
@@ -62,6 +63,25 @@ class AttemptView:
     resumed_from_step: int | None = None
 
 
+#: Columns of one gang membership, in the order of :class:`MemberView`'s fields.
+MEMBER_COLUMNS = (JobMember.attempt, JobMember.node_rank, JobMember.worker_id, JobMember.host_address,
+                  JobMember.status, JobMember.exit_code, JobMember.joined_at, JobMember.ended_at)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """One ``job_members`` row, as :class:`contracts.resources.MemberPublic` reads it."""
+
+    attempt: int
+    node_rank: int
+    worker_id: str
+    host_address: str | None
+    status: str
+    exit_code: int | None
+    joined_at: datetime
+    ended_at: datetime | None
+
+
 @dataclass(frozen=True)
 class JobView:
     """The columns of a ``jobs`` row the job resource is built from, and its attempts, oldest first.
@@ -90,6 +110,7 @@ class JobView:
     end_info: dict[str, Any] | None
     startup: dict[str, Any] | None
     attempts: tuple[AttemptView, ...] = ()
+    members: tuple[MemberView, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,9 +158,11 @@ def read_job(engine: Engine, job_id: str, token_hash: str | None) -> JobRead:
         params["token_hash"] = token_hash
     with read_connection(engine) as conn:
         rows = conn.execute(_statement(token_hash is not None), params).all()
+        start = 0 if token_hash is None else len(TOKEN_COLUMNS)
+        job = _with_members(conn, _job_view(rows, start))
         conn.commit()  # end the read (SQLite) before the write that may follow
         if token_hash is None:
-            return JobRead(None, _job_view(rows, 0))
+            return JobRead(None, job)
         if not rows:
             return JobRead(None, None)
         token = TokenView(*rows[0][: len(TOKEN_COLUMNS)])
@@ -147,4 +170,18 @@ def read_job(engine: Engine, job_id: str, token_hash: str | None) -> JobRead:
         if token.revoked_at is None and last_use_is_stale(token.last_used_at, now):
             conn.execute(touch_statement(token.id, now))
             conn.commit()
-        return JobRead(token, _job_view(rows, len(TOKEN_COLUMNS)))
+        return JobRead(token, job)
+
+
+def _with_members(conn: Any, job: JobView | None) -> JobView | None:
+    """``job`` with its current attempt's gang memberships: a second statement, for multi-node jobs only."""
+    if job is None or not _multi_node(job.spec):
+        return job
+    query = (select(*MEMBER_COLUMNS).where(JobMember.job_id == job.id, JobMember.attempt == job.attempt)
+             .order_by(JobMember.node_rank, JobMember.id))  # fmt: skip
+    return replace(job, members=tuple(MemberView(*row) for row in conn.execute(query)))
+
+
+def _multi_node(spec: Any) -> bool:
+    nodes = spec.get("nodes", 1) if isinstance(spec, dict) else 1
+    return isinstance(nodes, int) and nodes > 1

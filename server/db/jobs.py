@@ -30,8 +30,8 @@ from server.db.quotas import UNLIMITED, QuotaLimits
 from server.timeutil import as_utc
 from trainer.spec import JobSpec
 
-#: Statuses a cancel request moves to ``cancelling`` (the worker then stops the run).
-_CANCEL_RUNNING_FROM = frozenset({"starting", "running"})
+#: Statuses a cancel request moves to ``cancelling`` (the worker then stops the run, or node 0 its forming gang).
+_CANCEL_RUNNING_FROM = frozenset({"starting", "running", "gathering"})
 
 
 class JobNotFound(LookupError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from contracts import status
@@ -80,6 +80,10 @@ class Job(Base):
     attempts: Mapped[list[Attempt]] = relationship(
         order_by="Attempt.attempt", lazy="selectin", viewonly=True
     )
+    #: The gang memberships of a multi-node job, every attempt's (migration 0012).
+    members: Mapped[list[JobMember]] = relationship(
+        order_by="(JobMember.attempt, JobMember.node_rank, JobMember.id)", lazy="selectin", viewonly=True
+    )
 
     #: Owner of the token that created the job (``server/auth.py``); null for jobs from before
     #: authentication (migration 0004), which only admins see.
@@ -111,6 +115,46 @@ class Attempt(Base):
     #: The step of the checkpoint a retry resumed from (0: none, it started over); null for a
     #: first attempt (migration 0009).
     resumed_from_step: Mapped[int | None] = mapped_column(Integer)
+
+
+#: ``job_members.status`` values of an open membership (:data:`contracts.status.OPEN_MEMBER_STATUSES`), as SQL.
+OPEN_MEMBERSHIP = text("status IN ('joined', 'running')")
+#: Memberships that keep their node rank in their attempt: all but ``released`` ones.
+RANKED_MEMBERSHIP = text("status <> 'released'")
+
+
+class JobMember(Base):
+    """One node of a multi-node job's gang in one attempt (``worker/gang.py``, migration 0012).
+
+    ``status`` is a :class:`contracts.status.MemberStatus`. A worker holds at most one open
+    (``joined``/``running``) membership, and an attempt's node rank belongs to one membership that was
+    not ``released`` (partial unique indexes). Node 0's row carries the rendezvous port it bound on
+    ``host_address``; ``lease_expires_at`` is renewed by the member's worker while it is open.
+    """
+
+    __tablename__ = "job_members"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    node_rank: Mapped[int] = mapped_column(Integer)
+    worker_id: Mapped[str] = mapped_column(String(255))
+    host_address: Mapped[str | None] = mapped_column(String(255))
+    rendezvous_port: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    joined_at: Mapped[datetime] = mapped_column(default=utcnow)
+    launched_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    lease_expires_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        Index("ix_job_members_job_attempt", "job_id", "attempt"),
+        Index("ux_job_members_open_worker", "worker_id", unique=True,
+              sqlite_where=OPEN_MEMBERSHIP, postgresql_where=OPEN_MEMBERSHIP),
+        Index("ux_job_members_node_rank", "job_id", "attempt", "node_rank", unique=True,
+              sqlite_where=RANKED_MEMBERSHIP, postgresql_where=RANKED_MEMBERSHIP),
+    )  # fmt: skip
 
 
 class StepRecord(Base):

@@ -116,7 +116,7 @@ def test_alembic_command_line_from_the_repository(tmp_path: Path) -> None:
 
 
 def test_the_columns_statuses_are_the_contracts_enums() -> None:
-    assert STATUSES == ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled")
+    assert STATUSES == ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled", "gathering")
     assert STATUSES == tuple(JobStatus) and ATTEMPT_STATUSES == tuple(AttemptStatus)
     assert ATTEMPT_STATUSES == ("succeeded", "failed", "cancelled", "requeued")
 

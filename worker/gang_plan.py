@@ -1,0 +1,38 @@
+"""The launch file node 0 writes for the other nodes of its gang: ``<run_dir>/gang.json``.
+
+Every rank of a resumed attempt must load the same checkpoint, and node 0 alone decides
+which (the newest of the earlier attempts, :func:`worker.checkpoints.retry_checkpoint`, or the
+spec's ``resume_from``). It writes its choice here before the gang launches; the run
+directory is shared by the hosts, so each other node reads it before starting its torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+#: The launch file's name in the attempt's run directory.
+GANG_FILE = "gang.json"
+
+
+class GangPlanFile(BaseModel):
+    """What every node of the attempt launches with besides its own rank: the checkpoint to resume from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    resume_from: str | None = None
+
+
+def write_plan(run_dir: Path, resume_from: str | None) -> None:
+    """Write the launch file atomically (a reader never sees half of it)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    temporary = run_dir / f".{GANG_FILE}.tmp"
+    temporary.write_text(GangPlanFile(resume_from=resume_from).model_dump_json())
+    os.replace(temporary, run_dir / GANG_FILE)
+
+
+def read_plan(run_dir: Path) -> GangPlanFile:
+    """The launch file node 0 wrote (raises ``FileNotFoundError`` or ``pydantic.ValidationError``)."""
+    return GangPlanFile.model_validate_json((run_dir / GANG_FILE).read_text())
