@@ -23,7 +23,7 @@ from server.errors import install_error_handlers
 from server.openapi_errors import declare_error_responses
 from server.exporter import build_registry
 from server.queue import CeleryJobQueue, JobQueue
-from server.redact import install_log_redaction
+from common.redact import install_log_redaction
 from server.request_metrics import RequestMetricsMiddleware, request_histogram
 from server.events import StreamCollector
 from server.auth import check_exposure

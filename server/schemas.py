@@ -26,7 +26,7 @@ from contracts.resources import (
 from contracts.status import AttemptStatus, JobStatus
 from server.db.job_reads import AttemptView, JobView
 from server.db.models import Attempt, Job, StepRecord
-from server.timeutil import as_utc, as_utc_or_none
+from common.timeutil import as_utc, as_utc_or_none
 
 __all__ = ["MAX_STEP_NUMBER", "AttemptPublic", "AttemptStatus", "ErrorBody", "EvalList", "JobError", "JobList",
            "JobPublic", "JobStatus", "LossScaling", "MetricsPage", "QuotaErrorBody", "StartupPhase", "StartupPublic",

@@ -16,7 +16,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.data_dir import DEFAULT_DATA_DIR
-from server.redact import redact_urls
+from common.redact import redact_urls
 
 #: Settings that may hold a password (inside a URL): masked in ``repr`` and ``str``.
 SECRET_URL_FIELDS = frozenset({"database_url", "broker_url"})

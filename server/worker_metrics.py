@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db.workers import WorkerState, list_workers
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 
 
 def worker_families(workers: Iterable[WorkerState]) -> Iterator[Metric]:

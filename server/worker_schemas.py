@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from server.db.workers import WorkerState
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 
 
 class WorkerPublic(BaseModel):

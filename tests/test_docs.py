@@ -30,7 +30,7 @@ MARKDOWN = [README, *DOC_FILES]
 README_MAX_LINES = 200
 MAX_LINE = 120
 #: The folders of Python code whose docstrings and comments may cite documents.
-CODE_DIRS = ("server", "broker", "worker", "trainer", "migrations", "bench", "tests")
+CODE_DIRS = ("common", "server", "broker", "worker", "trainer", "migrations", "bench", "tests")
 #: A cited document: a path ending in ``.md``.
 CITED_DOCUMENT = re.compile(r"[\w./-]*\w\.md\b")
 

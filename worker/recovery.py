@@ -33,7 +33,7 @@ from sqlalchemy import Connection, func, or_, select, update
 
 from contracts.status import AttemptStatus
 from server.db.models import Attempt, Job, utcnow
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 from worker.reasons import UNCOUNTED_REASONS, should_retry
 from worker.store import LIVE_STATUSES, MAX_REASON_CHARS, Fence, JobStore, end_attempt
 

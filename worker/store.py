@@ -35,7 +35,7 @@ from contracts.rundir import JobRuns
 from server.db import models
 from server.db.engine import WRITE_TRANSACTION
 from server.db.models import TERMINAL_STATUSES, Attempt, Job, utcnow
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from server.db import audit, quota_check
 from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, EvalRecord, Job, StepRecord, utcnow
 from server.db.quota_check import begin_owner_transaction
 from server.db.quotas import UNLIMITED, QuotaLimits
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 from trainer.spec import JobSpec
 
 #: Statuses a cancel request moves to ``cancelling`` (the worker then stops the run).

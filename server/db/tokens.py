@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from server.db import audit
 from server.db.engine import begin_write
 from server.db.models import ApiToken, utcnow
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 
 #: Prefix of every token (recognisable in leaked-secret scanners and config files).
 TOKEN_PREFIX = "hc_"

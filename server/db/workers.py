@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from server.db.models import ACTIVE_STATUSES, Job, Worker
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 
 
 @dataclass(frozen=True)

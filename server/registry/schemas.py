@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from server.db.models import RegisteredDataset, RegisteredModel
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 
 
 class DatasetPublic(BaseModel):

@@ -13,7 +13,7 @@ from server.auth import require_admin
 from server.db import audit
 from server.db.models import AuditEvent
 from server.deps import SessionDep
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 
 router = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(require_admin)])
 

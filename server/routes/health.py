@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from server.probes import check_broker, check_database
-from server.redact import redact_urls
+from common.redact import redact_urls
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, select
 from contracts.records import EvalRecord as EvalLine
 from contracts.records import StepRecord as StepLine
 from server.db.models import Attempt, EvalRecord, Job, StepRecord, utcnow
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 from worker.store import Fence, JobStore, Progress
 
 

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine, select, update
 
 from server.db.models import Worker, utcnow
-from server.timeutil import as_utc
+from common.timeutil import as_utc
 from worker.registry import Heartbeat, WorkerInfo, WorkerRegistry
 
 
