@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from server.auth import Principal, can_see
 from server.db import jobs as repo
 from server.db.models import Job, RegisteredDataset, RegisteredModel
-from server.errors import ApiError
+from server.http.errors import ApiError
 
 
 def visible_job_or_404(session: Session, job_id: str, principal: Principal) -> Job:

@@ -27,7 +27,7 @@ from server.db import registry as repo
 from server.db.models import RegisteredDataset, utcnow
 from server.db.quota_check import QuotaExceeded
 from server.deps import SessionDep, SettingsDep
-from server.errors import ApiError
+from server.http.errors import ApiError
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.dataset_check import DatasetRejected, check_dataset_file
 from server.registry.layout import RegistryLayout, remove_path

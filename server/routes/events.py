@@ -1,6 +1,6 @@
 """``GET /jobs/{id}/events``: a job's step records and status changes as Server-Sent Events.
 
-The stream itself is built by :func:`server.events.job_events`; this module checks
+The stream itself is built by :func:`server.streams.events.job_events`; this module checks
 the job exists (404 before any byte is streamed), picks the resume point
 (``Last-Event-ID`` header, else ``after_step``), and counts the stream in
 ``app.state.event_streams``.
@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from server.access import visible_job_or_404
 from server.auth import PrincipalDep, authenticate
-from server.events import EventStreamSettings, StreamStats, database_poller, job_events
+from server.streams.events import EventStreamSettings, StreamStats, database_poller, job_events
 from server.schemas import MAX_STEP_NUMBER, ErrorBody
 
 router = APIRouter(prefix="/jobs", tags=["events"], dependencies=[Depends(authenticate)])
@@ -53,7 +53,7 @@ def job_event_stream(
         Header(alias="Last-Event-ID", pattern=r"^\d{1,18}$", description="Resume after this step (set by EventSource)"),
     ] = None,
 ) -> StreamingResponse:
-    """Stream the job's events until it is terminal (see :mod:`server.events` for the event types)."""
+    """Stream the job's events until it is terminal (see :mod:`server.streams.events` for the event types)."""
     with request.app.state.session_factory() as session:  # closed before streaming starts
         visible_job_or_404(session, job_id, principal)
     start = int(last_event_id) if last_event_id is not None else after_step

@@ -28,8 +28,8 @@ from server.db import registry as repo
 from server.db.models import RegisteredModel, utcnow
 from server.db.quota_check import QuotaExceeded
 from server.deps import SessionDep, SettingsDep
-from server.errors import ApiError
-from server.export_files import ExportKind, find_export
+from server.http.errors import ApiError
+from server.files.export_files import ExportKind, find_export
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.export_copy import copy_export
 from server.registry.layout import RegistryLayout, remove_path

@@ -29,9 +29,9 @@ from server.client import (
     ValidationFailed,
     parse_sse,
 )
-from server.events import EventStreamSettings, StreamStats
+from server.streams.events import EventStreamSettings, StreamStats
 from server.settings import Settings
-from server.strict_json import NONFINITE_MESSAGE
+from server.http.strict_json import NONFINITE_MESSAGE
 
 from api_support import VALID_SPEC, FakeQueue, insert_job, insert_steps
 from live_server import LiveServer, add_steps, free_port, set_status, sqlite_copy, step_record

@@ -14,7 +14,7 @@ from live_server import free_port
 
 from server.app import create_app
 from server.cli import main as cli_main
-from server.errors import ApiError
+from server.http.errors import ApiError
 from common.redact import RedactingFilter, install_log_redaction, redact_urls
 from server.settings import Settings
 

@@ -54,7 +54,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from server.db import jobs as repo
 from server.db.models import TERMINAL_STATUSES
 from server.schemas import current_phase, job_public, step_point
-from server.shared_reads import SharedReads, next_tick_delay
+from server.streams.shared_reads import SharedReads, next_tick_delay
 
 log = logging.getLogger(__name__)
 

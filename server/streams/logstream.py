@@ -1,6 +1,6 @@
 """Following one rank's log of a job as Server-Sent Events (``GET /jobs/{id}/logs?follow=true``).
 
-The stream is a loop of short polls, like the event stream (:mod:`server.events`):
+The stream is a loop of short polls, like the event stream (:mod:`server.streams.events`):
 each poll reads the job's status and attempt in a short database session, *then*
 reads the lines appended to the log file since the last poll (in a worker thread,
 never blocking the event loop); then it sleeps until the job's next tick. Streams
@@ -38,9 +38,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.rundir import JobRuns
 from server.db.models import TERMINAL_STATUSES, Job
-from server.events import StreamStats, Tick, frame, poll_stream
-from server.logtail import LineFollower, read_tail
-from server.shared_reads import SharedReads
+from server.streams.events import StreamStats, Tick, frame, poll_stream
+from server.streams.logtail import LineFollower, read_tail
+from server.streams.shared_reads import SharedReads
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def follow_log(
 ) -> AsyncIterator[str]:
     """The SSE text following ``target``'s log until the job (or the attempt asked for) ends.
 
-    A :func:`server.events.poll_stream` that ends after the ``end`` event, when the
+    A :func:`server.streams.events.poll_stream` that ends after the ``end`` event, when the
     job disappears, or when the client has gone.
     """
     frames = _LogFrames(target)
