@@ -25,7 +25,7 @@ from server.metrics.exporter import build_registry
 from server.queue import CeleryJobQueue, JobQueue
 from common.redact import install_log_redaction
 from server.http.request_metrics import RequestMetricsMiddleware, request_histogram
-from server.streams.events import StreamCollector
+from server.metrics.streams import StreamCollector
 from server.auth import check_exposure
 from server.routes import (
     audit, checkpoints, dashboard, datasets, events, exports, health, job_resource, jobs, logs, metrics, models, session,

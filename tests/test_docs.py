@@ -211,7 +211,7 @@ def test_the_prometheus_table_lists_every_series(tmp_path: Path) -> None:
 
 
 def test_the_configuration_doc_names_every_setting() -> None:
-    from server.streams.events import EventStreamSettings
+    from server.streams.stats import EventStreamSettings
     from server.settings import Settings
 
     text = (DOCS / "configuration.md").read_text(encoding="utf-8")

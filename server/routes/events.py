@@ -15,14 +15,12 @@ from fastapi.responses import StreamingResponse
 
 from server.access import visible_job_or_404
 from server.auth import PrincipalDep, authenticate
-from server.streams.events import EventStreamSettings, StreamStats, database_poller, job_events
+from server.streams.events import database_poller, job_events
+from server.streams.sse import sse_response
+from server.streams.stats import EventStreamSettings, StreamStats
 from server.schemas import MAX_STEP_NUMBER, ErrorBody
 
 router = APIRouter(prefix="/jobs", tags=["events"], dependencies=[Depends(authenticate)])
-
-#: Headers of every stream: never cached, never buffered by a reverse proxy (nginx honours ``X-Accel-Buffering``).
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
 
 def install(app: FastAPI, settings: EventStreamSettings | None = None) -> None:
     """Add the events route to ``app`` and its stream bookkeeping (``app.state.event_streams``)."""
@@ -60,4 +58,4 @@ def job_event_stream(
     stats = _stream_stats(request)
     poll = database_poller(request.app.state.session_factory, stats.settings.page_size, stats.shared)
     body = job_events(job_id, start, poll, request.is_disconnected, stats)
-    return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
+    return sse_response(body)

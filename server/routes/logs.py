@@ -20,10 +20,10 @@ from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
 from server.db.models import TERMINAL_STATUSES, Job
 from server.http.errors import ApiError
-from server.streams.events import EventStreamSettings, StreamStats
 from server.streams.logstream import LogTarget, database_state_poller, follow_log
 from server.streams.logtail import read_tail
-from server.routes.events import STREAM_HEADERS
+from server.streams.sse import sse_response
+from server.streams.stats import EventStreamSettings, StreamStats
 from server.schemas import ErrorBody
 
 router = APIRouter(prefix="/jobs", tags=["logs"], dependencies=[Depends(authenticate)])
@@ -84,7 +84,7 @@ def job_logs(
         stats: StreamStats = request.app.state.log_streams
         poll = database_state_poller(request.app.state.session_factory, stats.shared)
         body = follow_log(target, poll, request.is_disconnected, stats)
-        return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
+        return sse_response(body)
     number = attempt or job.attempt
     try:
         lines = read_tail(target.path(number), tail).lines

@@ -37,7 +37,7 @@ from server.cli.watch import (
     watch_output,
 )
 from server.client import Event
-from server.streams.events import EventStreamSettings, StreamStats
+from server.streams.stats import EventStreamSettings, StreamStats
 from server.settings import Settings
 from server.http.strict_json import NONFINITE_MESSAGE
 

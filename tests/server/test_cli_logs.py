@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from contracts.rundir import JobRuns
 from server.app import create_app
 from server.cli import main
-from server.streams.events import EventStreamSettings, StreamStats
+from server.streams.stats import EventStreamSettings, StreamStats
 from server.settings import Settings
 
 

@@ -29,7 +29,7 @@ from server.client import (
     ValidationFailed,
     parse_sse,
 )
-from server.streams.events import EventStreamSettings, StreamStats
+from server.streams.stats import EventStreamSettings, StreamStats
 from server.settings import Settings
 from server.http.strict_json import NONFINITE_MESSAGE
 

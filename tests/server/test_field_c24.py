@@ -21,7 +21,7 @@ from live_server import AsgiSpec24, LiveServer, add_steps, iter_events, step_rec
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
-from server.streams.events import EventStreamSettings, StreamStats
+from server.streams.stats import EventStreamSettings, StreamStats
 from server.settings import Settings
 
 STREAMS = 20

@@ -44,7 +44,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.rundir import JobRuns
 from server.app import create_app
-from server.streams.events import EventStreamSettings, StreamStats
+from server.streams.stats import EventStreamSettings, StreamStats
 from server.settings import Settings
 
 #: Seconds within which a server-side stream must end after its client disconnected (C24).
