@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from common.timeutil import as_utc, as_utc_or_none
 from contracts.resources import (
     AttemptPublic,
     EvalList,
@@ -26,7 +27,6 @@ from contracts.resources import (
 from contracts.status import AttemptStatus, JobStatus
 from server.db.job_reads import AttemptView, JobView
 from server.db.models import Attempt, Job, StepRecord
-from common.timeutil import as_utc, as_utc_or_none
 
 __all__ = ["MAX_STEP_NUMBER", "AttemptPublic", "AttemptStatus", "ErrorBody", "EvalList", "JobError", "JobList",
            "JobPublic", "JobStatus", "LossScaling", "MetricsPage", "QuotaErrorBody", "StartupPhase", "StartupPublic",

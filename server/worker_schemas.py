@@ -6,8 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from server.db.workers import WorkerState
 from common.timeutil import as_utc
+from server.db.workers import WorkerState
 
 
 class WorkerPublic(BaseModel):

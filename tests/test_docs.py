@@ -211,8 +211,8 @@ def test_the_prometheus_table_lists_every_series(tmp_path: Path) -> None:
 
 
 def test_the_configuration_doc_names_every_setting() -> None:
-    from server.streams.stats import EventStreamSettings
     from server.settings import Settings
+    from server.streams.stats import EventStreamSettings
 
     text = (DOCS / "configuration.md").read_text(encoding="utf-8")
     variables = {f"HALFCAST_{name.upper()}" for name in Settings.model_fields}

@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 
 from server.db.models import Worker
 from server.db.workers import WorkerState
-from server.metrics.exporter import job_families, status_families
 from server.http.request_metrics import request_histogram
+from server.metrics.exporter import job_families, status_families
 from server.metrics.worker_metrics import worker_families
 
 ROOT = Path(__file__).resolve().parents[1]

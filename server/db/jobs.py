@@ -22,13 +22,13 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from common.timeutil import as_utc
+from contracts.status import JobStatus
 from server.db import audit, quota_check
 from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, EvalRecord, Job, StepRecord, utcnow
 from server.db.quota_check import begin_owner_transaction
 from server.db.quotas import UNLIMITED, QuotaLimits
 from server.db.transitions import Expected, compare_and_set
-from common.timeutil import as_utc
-from contracts.status import JobStatus
 from trainer.spec import JobSpec
 
 #: Statuses a cancel request moves to ``cancelling`` (the worker then stops the run).

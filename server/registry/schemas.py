@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from server.db.models import RegisteredDataset, RegisteredModel
 from common.timeutil import as_utc
+from server.db.models import RegisteredDataset, RegisteredModel
 
 
 class DatasetPublic(BaseModel):

@@ -25,9 +25,9 @@ from pydantic import BaseModel, Field
 
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
+from server.db.models import Job
 from server.files.checkpoint_files import CHECKPOINT_NAME, CheckpointFile, final_step, find_checkpoint, list_checkpoints
 from server.http.conditional import etag_matches, not_modified
-from server.db.models import Job
 from server.http.errors import ApiError
 from server.schemas import ErrorBody
 

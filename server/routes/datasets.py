@@ -30,7 +30,6 @@ from server.deps import SessionDep, SettingsDep
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.dataset_check import DatasetRejected, check_dataset_file
 from server.registry.layout import RegistryLayout, remove_path
-from server.registry.rows import delete_visible, visible_page
 from server.registry.request_checks import (
     checked_name,
     invalid,
@@ -38,6 +37,7 @@ from server.registry.request_checks import (
     refuse_early,
     unsupported_media_type,
 )
+from server.registry.rows import delete_visible, visible_page
 from server.registry.schemas import DatasetList, DatasetPublic
 from server.registry.upload import receive_to_file
 from server.schemas import ErrorBody

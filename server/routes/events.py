@@ -15,10 +15,10 @@ from fastapi.responses import StreamingResponse
 
 from server.access import visible_job_or_404
 from server.auth import PrincipalDep, authenticate
+from server.schemas import MAX_STEP_NUMBER, ErrorBody
 from server.streams.events import database_poller, job_events
 from server.streams.sse import sse_response
 from server.streams.stats import EventStreamSettings, StreamStats
-from server.schemas import MAX_STEP_NUMBER, ErrorBody
 
 router = APIRouter(prefix="/jobs", tags=["events"], dependencies=[Depends(authenticate)])
 

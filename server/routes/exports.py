@@ -18,9 +18,9 @@ from pydantic import BaseModel, Field
 
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
-from server.http.errors import ApiError
 from server.files.export_files import Export, ExportKind, find_export, list_exports
 from server.files.export_tar import archive_size, stream_archive
+from server.http.errors import ApiError
 from server.schemas import ErrorBody
 
 router = APIRouter(prefix="/jobs", tags=["exports"], dependencies=[Depends(authenticate)])

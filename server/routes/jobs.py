@@ -26,12 +26,12 @@ from server.db.quota_check import QuotaExceeded
 from server.db.quotas import QuotaLimits
 from server.deps import QueueDep, SessionDep, SettingsDep
 from server.http.errors import ApiError
+from server.http.strict_body import StrictJSONRoute
 from server.queue import JobQueue
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.spec_check import registered_inputs_check
 from server.schemas import MAX_STEP_NUMBER, ErrorBody, EvalList, JobList, JobPublic, MetricsPage, job_public, step_point
 from server.settings import Settings
-from server.http.strict_body import StrictJSONRoute
 from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)

@@ -20,11 +20,11 @@ from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
 from server.db.models import TERMINAL_STATUSES, Job
 from server.http.errors import ApiError
+from server.schemas import ErrorBody
 from server.streams.logstream import LogTarget, database_state_poller, follow_log
 from server.streams.logtail import read_tail
 from server.streams.sse import sse_response
 from server.streams.stats import EventStreamSettings, StreamStats
-from server.schemas import ErrorBody
 
 router = APIRouter(prefix="/jobs", tags=["logs"], dependencies=[Depends(authenticate)])
 

@@ -28,20 +28,20 @@ from server.db import registry as repo
 from server.db.models import RegisteredModel, utcnow
 from server.db.quota_check import QuotaExceeded
 from server.deps import SessionDep, SettingsDep
-from server.http.errors import ApiError
 from server.files.export_files import ExportKind, find_export
+from server.http.errors import ApiError
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.export_copy import copy_export
 from server.registry.layout import RegistryLayout, remove_path
 from server.registry.model_archive import ArchiveRejected, extract_model_archive
 from server.registry.model_check import ModelSummary, summarise_model_dir
-from server.registry.rows import delete_visible, visible_page
 from server.registry.request_checks import (
     checked_name,
     invalid,
     media_type,
     unsupported_media_type,
 )
+from server.registry.rows import delete_visible, visible_page
 from server.registry.schemas import ModelList, ModelPublic
 from server.registry.upload import receive_to_file
 from server.schemas import ErrorBody

@@ -13,13 +13,13 @@ from typing import Any
 
 import anyio
 import pytest
+from api_support import FakeQueue, insert_job
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Message, Receive, Scope, Send
 
-from api_support import FakeQueue, insert_job
-from server.http.admission import AdmissionMiddleware, Limiter, Shed
 from server.app import create_app
+from server.http.admission import AdmissionMiddleware, Limiter, Shed
 from server.settings import Settings
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cli_live_support import database_url, url  # noqa: F401 (fixtures)
 from api_support import insert_job
+from cli_live_support import database_url, url  # noqa: F401 (fixtures)
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.cli import main

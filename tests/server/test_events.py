@@ -23,9 +23,9 @@ from live_server import (
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
+from server.settings import Settings
 from server.streams.events import Snapshot, job_events
 from server.streams.stats import EventStreamSettings, StreamStats
-from server.settings import Settings
 
 # ----------------------------------------------------------------------------- the generator, with a scripted poller
 

@@ -14,18 +14,16 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from api_support import insert_job, make_token
+from api_support import FakeQueue, insert_job, make_token
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.files import export_files
 from server.app import create_app
 from server.auth import SESSION_COOKIE
+from server.files import export_files
 from server.files.export_files import ExportKind, find_export, list_exports
 from server.files.export_tar import ExportChanged, archive_size, stream_archive
 from server.settings import Settings
-
-from api_support import FakeQueue
 
 ADAPTER = {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": bytes(range(256)) * 9}
 MODEL = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"\x01" * 512, "model-00002-of-00002.safetensors": b"\x02" * 513,
