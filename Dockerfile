@@ -11,6 +11,7 @@ RUN pip install ${TORCH_SPEC}
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY common ./common
 COPY contracts ./contracts
 COPY server ./server
 COPY broker ./broker

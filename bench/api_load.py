@@ -36,7 +36,7 @@ import httpx
 from bench.load_clients import PollPlan, Tally, poll_share, probe, summary
 from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
 from bench.load_writer import Writer, WriterConfig
-from server.quiet_logs import quiet_third_party_logs
+from common.quiet_logs import quiet_third_party_logs
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import httpx
 from bench.job_start import job_spec, wait_for_worker
 from bench.load_stack import ROOT, ApiProcess, admin_token, process_environment, scratch_database
 from server.client import parse_sse
-from server.quiet_logs import quiet_third_party_logs
+from common.quiet_logs import quiet_third_party_logs
 
 log = logging.getLogger("bench.event_latency")
 

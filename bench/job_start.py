@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from bench.load_stack import ROOT, ApiProcess, admin_token, process_environment
-from server.quiet_logs import quiet_third_party_logs
+from common.quiet_logs import quiet_third_party_logs
 
 log = logging.getLogger("bench.job_start")
 

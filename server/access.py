@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from fastapi import Request
 from sqlalchemy.orm import Session
 
 from server.auth import Principal, can_see
 from server.db import jobs as repo
 from server.db.models import Job, RegisteredDataset, RegisteredModel
-from server.errors import ApiError
+from server.http.errors import ApiError
 
 
 def visible_job_or_404(session: Session, job_id: str, principal: Principal) -> Job:
@@ -33,15 +35,21 @@ def owner_visible(principal: Principal, owner: str | None) -> bool:
     return principal.admin or (owner is not None and owner == principal.owner)
 
 
+Registered = TypeVar("Registered", RegisteredDataset, RegisteredModel)
+
+
+def visible_registered_or_404(row: Registered | None, kind: str, item_id: str, principal: Principal) -> Registered:
+    """``row`` (a ``kind``: dataset or model) if ``principal`` may see it; else ``ApiError`` 404, as for a missing one."""
+    if row is None or not owner_visible(principal, row.owner):
+        raise ApiError(404, f"{kind} {item_id} not found")
+    return row
+
+
 def visible_dataset_or_404(row: RegisteredDataset | None, dataset_id: str, principal: Principal) -> RegisteredDataset:
     """``row`` if ``principal`` may see it; else ``ApiError`` 404, as for a dataset that does not exist."""
-    if row is None or not owner_visible(principal, row.owner):
-        raise ApiError(404, f"dataset {dataset_id} not found")
-    return row
+    return visible_registered_or_404(row, "dataset", dataset_id, principal)
 
 
 def visible_model_or_404(row: RegisteredModel | None, model_id: str, principal: Principal) -> RegisteredModel:
     """``row`` if ``principal`` may see it; else ``ApiError`` 404, as for a model that does not exist."""
-    if row is None or not owner_visible(principal, row.owner):
-        raise ApiError(404, f"model {model_id} not found")
-    return row
+    return visible_registered_or_404(row, "model", model_id, principal)

@@ -15,24 +15,24 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from server.admission import AdmissionCollector, AdmissionMiddleware, Limiter
-from server.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
+from server.http.admission import AdmissionCollector, AdmissionMiddleware, Limiter
+from server.http.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
 from server.db.engine import PoolLimits, make_engine, make_session_factory
-from server.body_errors import install_body_error_handlers
-from server.errors import install_error_handlers
-from server.openapi_errors import declare_error_responses
-from server.exporter import build_registry
+from server.http.body_errors import install_body_error_handlers
+from server.http.errors import install_error_handlers
+from server.http.openapi_errors import declare_error_responses
+from server.metrics.exporter import build_registry
 from server.queue import CeleryJobQueue, JobQueue
-from server.redact import install_log_redaction
-from server.request_metrics import RequestMetricsMiddleware, request_histogram
-from server.events import StreamCollector
+from common.redact import install_log_redaction
+from server.http.request_metrics import RequestMetricsMiddleware, request_histogram
+from server.metrics.streams import StreamCollector
 from server.auth import check_exposure
 from server.routes import (
     audit, checkpoints, dashboard, datasets, events, exports, health, job_resource, jobs, logs, metrics, models, session,
     workers,
 )
 from server.settings import Settings
-from server.worker_metrics import WorkerMetricsCollector
+from server.metrics.worker_metrics import WorkerMetricsCollector
 
 log = logging.getLogger(__name__)
 

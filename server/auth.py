@@ -28,7 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from server.db import tokens
 from server.db.job_reads import JobView, TokenView
 from server.db.models import Job
-from server.errors import ApiError
+from server.http.errors import ApiError
 from server.settings import Settings
 
 log = logging.getLogger(__name__)

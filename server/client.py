@@ -47,16 +47,16 @@ from contracts.records import StepRecord
 from contracts.registry import DatasetList, DatasetPublic, ModelList, ModelPublic
 from contracts.resources import EvalList, JobList, JobPublic, LogLines, MetricsPage
 from contracts.stored import StoredEval
-from server.download import IncompleteDownload, save_response
-from server.export_extract import (
+from server.files.download import IncompleteDownload, save_response
+from server.files.export_extract import (
     UnsafeArchive,
     check_destination,
     extract_export,
     place_tree,
 )
-from server.export_files import ExportKind, read_export
-from server.export_tar import archive_size, stream_archive
-from server.strict_json import json_value_problems
+from server.files.export_files import ExportKind, read_export
+from server.files.export_tar import archive_size, stream_archive
+from server.http.strict_json import json_value_problems
 
 log = logging.getLogger(__name__)
 
@@ -439,7 +439,7 @@ class HalfcastClient:
         """Download the export ``kind`` (``adapter`` or ``model``) and unpack it as the directory ``dest_dir``; its path.
 
         The tar goes to a staging directory next to ``dest_dir``, its length is checked
-        against ``Content-Length``, it is unpacked there (:mod:`server.export_extract`
+        against ``Content-Length``, it is unpacked there (:mod:`server.files.export_extract`
         refuses links, devices, absolute names and ``..``), and the result is renamed to
         ``dest_dir``: never a half-unpacked directory. ``dest_dir`` must not exist or be
         an empty directory, unless ``overwrite``.
@@ -469,7 +469,7 @@ class HalfcastClient:
 
     def _save(self, url: str, path: Path, accept: str, params: dict[str, Any] | None = None, *,
               require_length: bool = False) -> None:  # fmt: skip
-        """Stream ``url`` into ``path`` (:func:`server.download.save_response`), with typed errors."""
+        """Stream ``url`` into ``path`` (:func:`server.files.download.save_response`), with typed errors."""
         try:
             with self._http.stream("GET", url, params=params, headers={"accept": accept}) as response:
                 if response.status_code >= 400:
@@ -521,7 +521,7 @@ class HalfcastClient:
         the registered model.
 
         The directory is sent as an uncompressed tar built on the fly (entries ``model/<file>``, the
-        format of ``GET /jobs/{id}/exports/model``: :mod:`server.export_tar`) with an exact
+        format of ``GET /jobs/{id}/exports/model``: :mod:`server.files.export_tar`) with an exact
         ``Content-Length``; ``progress(sent, total)`` is called as it goes.
 
         Raises:

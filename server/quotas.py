@@ -12,7 +12,7 @@ from typing import Any
 
 from server.db.quota_check import QuotaExceeded
 from server.db.quotas import QuotaLimits
-from server.errors import ApiError
+from server.http.errors import ApiError
 from server.schemas import QuotaErrorBody
 from server.settings import Settings
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from common.timeutil import as_utc, as_utc_or_none
 from contracts.records import StartupTimes
 from contracts.resources import (
     AttemptPublic,
@@ -28,7 +29,6 @@ from contracts.resources import (
 from contracts.status import AttemptStatus, JobStatus
 from server.db.job_reads import AttemptView, JobView, MemberView
 from server.db.models import Attempt, Job, JobMember, StepRecord
-from server.timeutil import as_utc, as_utc_or_none
 
 __all__ = ["MAX_STEP_NUMBER", "AttemptPublic", "AttemptStatus", "ErrorBody", "EvalList", "JobError", "JobList",
            "JobPublic", "JobStatus", "LossScaling", "MemberPublic", "MetricsPage", "QuotaErrorBody", "StartupPhase",

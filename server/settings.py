@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from common.redact import redact_urls
 from server.data_dir import DEFAULT_DATA_DIR
-from server.redact import redact_urls
 
 #: Settings that may hold a password (inside a URL): masked in ``repr`` and ``str``.
 SECRET_URL_FIELDS = frozenset({"database_url", "broker_url"})

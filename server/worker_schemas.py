@@ -6,8 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from common.timeutil import as_utc
 from server.db.workers import WorkerState
-from server.timeutil import as_utc
 
 
 class WorkerPublic(BaseModel):

@@ -30,7 +30,7 @@ MARKDOWN = [README, *DOC_FILES]
 README_MAX_LINES = 200
 MAX_LINE = 120
 #: The folders of Python code whose docstrings and comments may cite documents.
-CODE_DIRS = ("server", "broker", "worker", "trainer", "migrations", "bench", "tests")
+CODE_DIRS = ("common", "server", "broker", "worker", "trainer", "migrations", "bench", "tests")
 #: A cited document: a path ending in ``.md``.
 CITED_DOCUMENT = re.compile(r"[\w./-]*\w\.md\b")
 
@@ -211,8 +211,8 @@ def test_the_prometheus_table_lists_every_series(tmp_path: Path) -> None:
 
 
 def test_the_configuration_doc_names_every_setting() -> None:
-    from server.events import EventStreamSettings
     from server.settings import Settings
+    from server.streams.stats import EventStreamSettings
 
     text = (DOCS / "configuration.md").read_text(encoding="utf-8")
     variables = {f"HALFCAST_{name.upper()}" for name in Settings.model_fields}

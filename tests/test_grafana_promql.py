@@ -22,9 +22,9 @@ from prometheus_client import CollectorRegistry
 
 from server.db.models import Worker
 from server.db.workers import WorkerState
-from server.exporter import job_families, status_families
-from server.request_metrics import request_histogram
-from server.worker_metrics import worker_families
+from server.http.request_metrics import request_histogram
+from server.metrics.exporter import job_families, status_families
+from server.metrics.worker_metrics import worker_families
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))

@@ -16,30 +16,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-#: Halfcast's packages: the four that ship (pyproject.toml), the migrations, and the benchmarks.
-PACKAGES = ("contracts", "server", "broker", "worker", "trainer", "migrations", "bench")
+#: Halfcast's packages: those that ship (pyproject.toml), the migrations, and the benchmarks.
+PACKAGES = ("common", "contracts", "server", "broker", "worker", "trainer", "migrations", "bench")
 #: The modules of other packages each package may import (a module allows its submodules too).
 ALLOWED: dict[str, tuple[str, ...]] = {
+    # general helpers (redaction, log quieting, time): the standard library only
+    "common": (),
     # what flows between the others, defined once (pydantic only): imports none of them
     "contracts": (),
-    # pure PyTorch: nothing of the rest but the contracts
-    "trainer": ("contracts",),
+    # pure PyTorch: nothing of the rest but the contracts and the helpers
+    "trainer": ("contracts", "common"),
     # the Celery app both ends share reads the settings only
-    "broker": ("server.settings", "contracts"),
-    # the server's shared core (settings, database, run-directory names, ...), the broker,
-    # and the trainer's torch-free contract (the spec, the record file, the start-up phases)
-    "worker": ("server.settings", "server.db", "server.schemas", "server.timeutil",
-               "server.quiet_logs", "server.redact", "server.registry.refs", "broker", "trainer.spec",
-               "trainer.records", "trainer.startup", "trainer.registered", "contracts"),  # fmt: skip
+    "broker": ("server.settings", "contracts", "common"),
+    # the server's shared core (settings, database with its job transitions, run-directory names, ...),
+    # the broker, and the trainer's torch-free contract (the spec, the record file, the start-up phases)
+    "worker": ("server.settings", "server.db", "server.schemas", "server.registry.refs", "broker", "trainer.spec",
+               "trainer.records", "trainer.startup", "trainer.registered", "contracts", "common"),  # fmt: skip
     # the broker to publish a job; the spec to validate it, and the trainer's torch-free input rules
     # (row parser, model-directory safety, supported model types, registry layout), so an upload the API
     # accepts is one the trainer reads
     "server": ("broker", "trainer.spec", "trainer.catalog", "trainer.errors", "trainer.data.jsonl.formats",
                "trainer.data.jsonl.rows", "trainer.hf.safety", "trainer.hf.model_types", "trainer.registered",
-               "contracts"),
-    "migrations": ("server.db", "server.settings", "contracts"),
+               "contracts", "common"),
+    "migrations": ("server.db", "server.settings", "contracts", "common"),
     # measures the others (not shipped)
-    "bench": ("server", "worker", "trainer", "contracts"),
+    "bench": ("server", "worker", "trainer", "contracts", "common"),
 }
 #: The imports outside :data:`ALLOWED`: (importing module, imported module) -> why.
 EXCEPTIONS: dict[tuple[str, str], str] = {

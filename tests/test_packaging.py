@@ -20,7 +20,7 @@ from server.cli import COMMANDS
 from server.cli.extras import EXTRA_INCLUDES, EXTRA_MODULES, expand
 
 #: The packages the wheel ships (the benchmarks and the tests stay in the repository).
-SHIPPED = {"contracts", "server", "broker", "worker", "trainer", "migrations"}
+SHIPPED = {"common", "contracts", "server", "broker", "worker", "trainer", "migrations"}
 
 
 def test_the_client_brings_only_its_own_dependencies() -> None:

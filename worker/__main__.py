@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 
 from broker.celery_app import create_celery_app
-from server.quiet_logs import quiet_third_party_logs
-from server.redact import install_log_redaction
+from common.quiet_logs import quiet_third_party_logs
+from common.redact import install_log_redaction
 from server.settings import Settings
 from worker.tasks import register_tasks
 

@@ -23,10 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, Update, and_, or_, select, update
+from sqlalchemy import Connection, Engine, or_, select
 
+from contracts.status import JobStatus
 from server.db.engine import WRITE_TRANSACTION
 from server.db.models import Job, Worker, utcnow
+from server.db.transitions import Expected, compare_and_set
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +53,13 @@ class MessageHolds:
 
     def hold(self, job_id: str, worker_id: str) -> bool:
         """Record that ``worker_id`` holds the message of ``job_id``; ``False`` if the job is not queued."""
-        statement = (
-            update(Job)
-            .where(Job.id == job_id, Job.status == "queued")
-            .values(held_by=worker_id, held_at=utcnow())
-            .execution_options(synchronize_session=False)
-        )
         with self.engine.execution_options(**WRITE_TRANSACTION).begin() as conn:
-            return conn.execute(statement).rowcount == 1
+            return compare_and_set(conn, job_id, Expected.of(JobStatus.QUEUED), held_by=worker_id, held_at=utcnow())
 
     def release(self, job_id: str, worker_id: str) -> bool:
         """Clear the hold of ``worker_id`` (not another worker's) on ``job_id``; ``False`` if it held none."""
         with self.engine.execution_options(**WRITE_TRANSACTION).begin() as conn:
-            return conn.execute(_clear(job_id, worker_id)).rowcount == 1
+            return _clear(conn, job_id, worker_id)
 
     def stranded(self, live_s: float, now: datetime | None = None) -> list[StrandedHold]:
         """Queued jobs held for over ``live_s`` seconds by a worker with no heartbeat in the last ``live_s``."""
@@ -81,7 +77,7 @@ class MessageHolds:
     def resend(self, stranded: StrandedHold, enqueue: Enqueue) -> bool:
         """Take the stranded hold over (compare-and-set) and send the job a new message; ``False`` if lost."""
         with self.engine.execution_options(**WRITE_TRANSACTION).begin() as conn:
-            if conn.execute(_clear(stranded.job_id, stranded.held_by, queued=True)).rowcount != 1:
+            if not _clear(conn, stranded.job_id, stranded.held_by, queued=True):
                 return False
         try:
             enqueue(stranded.job_id)
@@ -94,23 +90,16 @@ class MessageHolds:
 
     def _restore(self, stranded: StrandedHold) -> None:
         """Put a stranded hold back after its new message could not be sent (unless the job moved on)."""
-        statement = (
-            update(Job)
-            .where(Job.id == stranded.job_id, Job.status == "queued", Job.held_by.is_(None))
-            .values(held_by=stranded.held_by, held_at=stranded.held_at)
-            .execution_options(synchronize_session=False)
-        )
+        unheld = Expected.of(JobStatus.QUEUED, where=(Job.held_by.is_(None),))
         with self.engine.execution_options(**WRITE_TRANSACTION).begin() as conn:
-            conn.execute(statement)
+            compare_and_set(conn, stranded.job_id, unheld, held_by=stranded.held_by, held_at=stranded.held_at)
 
     def recover(self, live_s: float, enqueue: Enqueue) -> list[str]:
         """Send a new message for every stranded hold this reaper wins; the job ids."""
         return [hold.job_id for hold in self.stranded(live_s) if self.resend(hold, enqueue)]
 
 
-def _clear(job_id: str, worker_id: str, queued: bool = False) -> Update:
-    """``UPDATE jobs SET held_by = NULL`` where ``worker_id`` holds ``job_id`` (and, with ``queued``, it is queued)."""
-    condition = and_(Job.id == job_id, Job.held_by == worker_id)
-    if queued:
-        condition = and_(condition, Job.status == "queued")
-    return update(Job).where(condition).values(held_by=None, held_at=None).execution_options(synchronize_session=False)
+def _clear(conn: Connection, job_id: str, worker_id: str, queued: bool = False) -> bool:
+    """Clear the hold if ``worker_id`` holds ``job_id`` (and, with ``queued``, it is queued); whether it did."""
+    held = Expected(frozenset({JobStatus.QUEUED}) if queued else None, where=(Job.held_by == worker_id,))
+    return compare_and_set(conn, job_id, held, held_by=None, held_at=None)

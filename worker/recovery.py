@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, func, or_, select, update
+from sqlalchemy import Connection, func, or_, select
 
-from contracts.status import AttemptStatus, FailureReason
+from common.timeutil import as_utc
+from contracts.status import AttemptStatus, FailureReason, JobStatus
 from server.db.models import Attempt, Job, utcnow
-from server.timeutil import as_utc
+from server.db.transitions import Expected, Owner, compare_and_set
 from worker.reasons import UNCOUNTED_REASONS, should_retry
 from worker.store import LIVE_STATUSES, MAX_REASON_CHARS, Fence, JobStore, end_attempt
 
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_ATTEMPTS = 3
 
 Resolution = Literal["requeued", "failed", "cancelled"]
+#: The status a job resolved so gets.
+RESOLVED_STATUS: dict[Resolution, JobStatus] = {
+    "requeued": JobStatus.QUEUED, "failed": JobStatus.FAILED, "cancelled": JobStatus.CANCELLED,
+}
 #: Sends a job id to the workers (``halfcast.run_job``); raises when the broker refuses it.
 Enqueue = Callable[[str], None]
 
@@ -110,9 +115,8 @@ class Recovery:
             if not retry and should_retry(reason, 0, max_attempts):
                 message = f"{message} (attempt {used} of max_attempts {max_attempts}: no retry left)"
             resolution, values = _decide(row.status, reason, message, retry, now)
-            guard = [Job.id == job_id, Job.attempt == attempt, Job.status == row.status]
-            guard.append(Job.worker_id.is_(None) if owner is None else Job.worker_id == owner)
-            if conn.execute(update(Job).where(*guard).values(**values)).rowcount != 1:
+            observed = Expected.of(row.status, attempt=attempt, owner=Owner.NONE if owner is None else owner)
+            if not compare_and_set(conn, job_id, observed, to=RESOLVED_STATUS[resolution], **values):
                 return None
             end_attempt(conn, Fence(job_id, attempt, owner or ""), attempt_status(resolution, reason), reason, now)
         log.warning("job %s: attempt %d of worker %s ended (%s): %s", job_id, attempt, owner, reason, resolution)
@@ -130,14 +134,10 @@ class Recovery:
         except Exception as exc:
             log.exception("job %s: could not send its retry to the broker", job_id)
             error = f"the job was requeued after attempt {attempt} but could not be sent to the broker: {exc}"
+        requeued = Expected.of(JobStatus.QUEUED, attempt=attempt, owner=Owner.NONE)
         with self.store.begin() as conn:
-            conn.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.status == "queued", Job.attempt == attempt, Job.worker_id.is_(None))
-                .values(
-                    status="failed", error_reason=FailureReason.ENQUEUE_FAILED, error_message=error, finished_at=utcnow()
-                )
-            )
+            compare_and_set(conn, job_id, requeued, to=JobStatus.FAILED, error_reason=FailureReason.ENQUEUE_FAILED,
+                            error_message=error, finished_at=utcnow())  # fmt: skip
 
 
 def attempt_status(resolution: Resolution, reason: str) -> AttemptStatus:
@@ -154,15 +154,14 @@ def attempt_status(resolution: Resolution, reason: str) -> AttemptStatus:
 
 
 def _decide(status: str, reason: str, message: str, retry: bool, now: datetime) -> tuple[Resolution, dict[str, Any]]:
-    """What becomes of a live job whose attempt ended with ``reason``, and the column values for it."""
+    """What becomes of a live job whose attempt ended with ``reason``, and the other column values for it."""
     released: dict[str, Any] = {"lease_expires_at": None}
     if status == "cancelling":
-        return "cancelled", {**released, "status": "cancelled", "finished_at": now}
+        return "cancelled", {**released, "finished_at": now}
     if retry:
-        return "requeued", {**released, "status": "queued", "worker_id": None, "error_reason": None, "error_message": None}
+        return "requeued", {**released, "worker_id": None, "error_reason": None, "error_message": None}
     return "failed", {
         **released,
-        "status": "failed",
         "error_reason": reason[:MAX_REASON_CHARS],
         "error_message": message,
         "finished_at": now,

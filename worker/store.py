@@ -29,13 +29,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Insert, delete, insert, select, update
 
+from common.timeutil import as_utc
 from contracts import records
-from contracts.status import LIVE_STATUSES as LIVE_JOB_STATUSES
 from contracts.rundir import JobRuns
+from contracts.status import LIVE_STATUSES as LIVE_JOB_STATUSES
+from contracts.status import JobStatus
 from server.db import models
 from server.db.engine import WRITE_TRANSACTION
 from server.db.models import TERMINAL_STATUSES, Attempt, Job, utcnow
-from server.timeutil import as_utc
+from server.db.transitions import Expected, Fence, compare_and_set, write_progress
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +47,6 @@ BATCH_SIZE = 500
 MAX_REASON_CHARS = 64
 #: Statuses in which the claimed attempt may still write progress (:data:`contracts.status.LIVE_STATUSES`).
 LIVE_STATUSES: tuple[str, ...] = tuple(member.value for member in LIVE_JOB_STATUSES)
-
-
-@dataclass(frozen=True)
-class Fence:
-    """Whose attempt a write belongs to: the job, its attempt number (fencing token) and owner."""
-
-    job_id: str
-    attempt: int
-    owner: str
 
 
 @dataclass(frozen=True)
@@ -133,14 +126,13 @@ class JobStore:
                 return None
             attempt = row.attempt + 1
             run_dir = JobRuns.of(runs_dir, job_id).attempt(attempt).path
-            claimed = conn.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.status == "queued", Job.attempt == row.attempt)
-                .values(status=str(status), worker_id=worker_id, attempt=attempt, started_at=now, run_dir=str(run_dir),
-                        lease_expires_at=now + timedelta(seconds=lease_ttl_s), error_reason=None, error_message=None,
-                        held_by=None, held_at=None, startup=None)
-            ).rowcount  # fmt: skip
-            if claimed != 1:
+            claimed = compare_and_set(
+                conn, job_id, Expected.of(JobStatus.QUEUED, attempt=row.attempt), to=JobStatus(status),
+                worker_id=worker_id, attempt=attempt, started_at=now, run_dir=str(run_dir),
+                lease_expires_at=now + timedelta(seconds=lease_ttl_s), error_reason=None, error_message=None,
+                held_by=None, held_at=None, startup=None,
+            )  # fmt: skip
+            if not claimed:
                 return None
             used = _runtime_used(conn, job_id)
             conn.execute(delete(Attempt).where(Attempt.job_id == job_id, Attempt.attempt >= attempt))
@@ -152,12 +144,12 @@ class JobStore:
         """Push the lease ``lease_ttl_s`` seconds ahead; ``False`` if the attempt no longer owns the job."""
         expires = utcnow() + timedelta(seconds=lease_ttl_s)
         with self.begin() as conn:
-            return conn.execute(self._fenced(fence, LIVE_STATUSES).values(lease_expires_at=expires)).rowcount == 1
+            return compare_and_set(conn, fence.job_id, Expected.fenced(fence), lease_expires_at=expires)
 
     def mark_running(self, fence: Fence) -> bool:
         """``starting`` → ``running`` for this attempt; ``False`` if the status moved on."""
         with self.begin() as conn:
-            return conn.execute(self._fenced(fence, ("starting",)).values(status="running")).rowcount == 1
+            return compare_and_set(conn, fence.job_id, Expected.fenced(fence, {JobStatus.STARTING}), to=JobStatus.RUNNING)
 
     def record_progress(self, fence: Fence, progress: Progress) -> bool:
         """Store new step and evaluation records (insert-or-ignore); update ``step``/``latest``/``eval``/``world_size``/``startup``.
@@ -171,18 +163,18 @@ class JobStore:
         """
         values = _progress_values(progress) or {"updated_at": utcnow()}
         with self.begin() as conn:
-            if conn.execute(self._fenced(fence, LIVE_STATUSES).values(**values)).rowcount != 1:
+            if not compare_and_set(conn, fence.job_id, Expected.fenced(fence), **values):
                 return False
             if progress.switches or progress.known_switches:
                 _record_switches(conn, fence.job_id, progress)
-                conn.execute(update(Job).where(Job.id == fence.job_id).values(**values))
+                write_progress(conn, fence.job_id, **values)
             for table, written in ((models.StepRecord, progress.steps), (models.EvalRecord, progress.evals)):
                 for start in range(0, len(written), BATCH_SIZE):
                     rows = [_record_row(fence.job_id, record) for record in written[start : start + BATCH_SIZE]]
                     if (statement := _insert_ignore(conn, table, rows)) is not None:
                         conn.execute(statement)
             if progress.evals:
-                conn.execute(update(Job).where(Job.id == fence.job_id).values(eval=_newest_eval(fence.job_id)))
+                write_progress(conn, fence.job_id, eval=_newest_eval(fence.job_id))
         return True
 
     def rewind(self, fence: Fence, step: int) -> bool:
@@ -193,7 +185,7 @@ class JobStore:
         longer owns the job.
         """
         with self.begin() as conn:
-            if conn.execute(self._fenced(fence, LIVE_STATUSES).values(updated_at=utcnow())).rowcount != 1:
+            if not compare_and_set(conn, fence.job_id, Expected.fenced(fence), updated_at=utcnow()):
                 return False
             _rewind_job(conn, fence.job_id, step)
             conn.execute(update(Attempt).where(Attempt.job_id == fence.job_id, Attempt.attempt == fence.attempt)
@@ -237,33 +229,27 @@ class JobStore:
         """
         if status not in TERMINAL_STATUSES:
             raise ValueError(f"{status!r} is not a terminal status")
-        status = str(status)  # a JobStatus member is stored as its plain value
+        status = JobStatus(status)
         reason = reason[:MAX_REASON_CHARS] if reason else None
         if status == "cancelled":
             message = None
         now = utcnow()
         with self.begin() as conn:
-            statement = self._fenced(fence, LIVE_STATUSES).values(
-                status=status,
+            finished = compare_and_set(
+                conn,
+                fence.job_id,
+                Expected.fenced(fence),
+                to=status,
                 error_reason=reason if status != "cancelled" else None,
                 error_message=message,
                 finished_at=now,
                 lease_expires_at=None,
                 **({"end_info": end_info} if end_info is not None else {}),
             )
-            if conn.execute(statement).rowcount != 1:
+            if not finished:
                 return False
             end_attempt(conn, fence, status, reason, now)
         return True
-
-    @staticmethod
-    def _fenced(fence: Fence, statuses: Sequence[str]) -> Any:
-        return update(Job).where(
-            Job.id == fence.job_id,
-            Job.attempt == fence.attempt,
-            Job.worker_id == fence.owner,
-            Job.status.in_(statuses),
-        )
 
 
 def end_attempt(conn: Connection, fence: Fence, status: str, reason: str | None, ended_at: datetime) -> None:
@@ -285,7 +271,7 @@ def _rewind_job(conn: Connection, job_id: str, step: int) -> None:
     latest = conn.execute(select(steps.data).where(steps.job_id == job_id, steps.step == step)).scalar_one_or_none()
     conn.execute(delete(steps).where(steps.job_id == job_id, steps.step > step))
     conn.execute(delete(evals).where(evals.job_id == job_id, evals.step > step))
-    conn.execute(update(Job).where(Job.id == job_id).values(step=step, latest=latest, eval=_newest_eval(job_id)))
+    write_progress(conn, job_id, step=step, latest=latest, eval=_newest_eval(job_id))
 
 
 def _newest_eval(job_id: str) -> Any:
@@ -311,7 +297,7 @@ def _record_switches(conn: Connection, job_id: str, progress: Progress) -> None:
         if identity not in known:
             known.add(identity)
             stored.append(body)
-    conn.execute(update(Job).where(Job.id == job_id).values(precision_switches=stored))
+    write_progress(conn, job_id, precision_switches=stored)
 
 
 def _runtime_used(conn: Connection, job_id: str) -> float:

@@ -23,9 +23,9 @@ from collections.abc import Collection, Sequence
 from types import ModuleType
 from typing import NamedTuple
 
+from common.quiet_logs import quiet_third_party_logs
+from common.redact import install_log_redaction
 from server.cli.extras import missing_extra_message, missing_extras
-from server.quiet_logs import quiet_third_party_logs
-from server.redact import install_log_redaction
 
 #: Exit status of a command whose reader closed the pipe (``halfcast list | head``): 128 + SIGPIPE, as a shell reports it.
 EXIT_BROKEN_PIPE = 141

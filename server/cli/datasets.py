@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 
 from contracts.registry import DatasetPublic
+from server.cli import registered
 from server.cli.checkpoints import format_size
-from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, format_time, write_json, write_listing
-from server.cli.progress import UploadProgress
+from server.cli.jobs import add_api_command, client_for, format_time, write_listing
 
 #: The formats a dataset's rows are checked against (the ``jsonl`` dataset's).
 FORMATS = ("text", "instruction", "chat", "classification")
+#: What ``halfcast datasets show`` prints.
+SHOWN = ("id", "name", "owner", "format", "file_format", "rows", "bytes", "sha256", "created_at")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,22 +51,12 @@ def describe(dataset: DatasetPublic) -> str:
 
 def run_upload(args: argparse.Namespace) -> int:
     """Upload the file; print the dataset's id (or the dataset as JSON)."""
-    progress = UploadProgress(f"uploading {args.file.name}")
-    try:
-        with client_for(args) as client:
-            dataset = client.upload_dataset(args.file, args.format, name=args.name, file_format=args.file_format,
-                                            progress=progress)  # fmt: skip
-    except (OSError, ValueError) as exc:
-        sys.stderr.write(f"error: cannot upload {args.file}: {getattr(exc, 'strerror', None) or exc}\n")
-        return EXIT_ERROR
-    finally:
-        progress.close()
-    if args.json:
-        write_json(dataset.model_dump(mode="json"))
-        return 0
-    sys.stderr.write(f"dataset {dataset.name}: {describe(dataset)}\n")
-    sys.stdout.write(f"{dataset.id}\n")
-    return 0
+    return registered.run_upload(
+        args, args.file,
+        lambda client, progress: client.upload_dataset(args.file, args.format, name=args.name,
+                                                       file_format=args.file_format, progress=progress),
+        lambda dataset: f"dataset {dataset.name}: {describe(dataset)}",
+    )  # fmt: skip
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -81,13 +73,7 @@ def run_show(args: argparse.Namespace) -> int:
     """Print one dataset."""
     with client_for(args) as client:
         dataset = client.dataset(args.dataset_id)
-    body = dataset.model_dump(mode="json")
-    if args.json:
-        write_json(body)
-    else:
-        fields = ("id", "name", "owner", "format", "file_format", "rows", "bytes", "sha256", "created_at")
-        sys.stdout.write("".join(f"{key + ':':<12} {body[key]}\n" for key in fields))
-    return 0
+    return registered.show_entry(dataset, args.json, SHOWN)
 
 
 def run_delete(args: argparse.Namespace) -> int:

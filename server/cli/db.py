@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from server.redact import redact_urls
+from common.redact import redact_urls
 from server.settings import Settings
 
 log = logging.getLogger(__name__)

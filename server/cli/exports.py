@@ -18,7 +18,7 @@ from pathlib import Path
 
 from server.cli.checkpoints import format_size
 from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, format_time, write_listing
-from server.export_files import ExportKind
+from server.files.export_files import ExportKind
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

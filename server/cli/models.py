@@ -14,9 +14,12 @@ import sys
 from pathlib import Path
 
 from contracts.registry import ModelPublic
+from server.cli import registered
 from server.cli.checkpoints import format_size
-from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, format_time, write_json, write_listing
-from server.cli.progress import UploadProgress
+from server.cli.jobs import add_api_command, client_for, format_time, write_listing
+
+#: What ``halfcast models show`` prints.
+SHOWN = ("id", "name", "owner", "model_type", "files", "bytes", "sha256", "source_job_id", "created_at")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -40,36 +43,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     delete.add_argument("model_id")
 
 
-def _print_model(model: ModelPublic, as_json: bool) -> int:
-    if as_json:
-        write_json(model.model_dump(mode="json"))
-        return 0
+def describe(model: ModelPublic) -> str:
+    """One line: name, type, files, size and the job it came from."""
     source = f" from job {model.source_job_id}" if model.source_job_id else ""
-    sys.stderr.write(f"model {model.name}: {model.model_type}, {model.files} files, "
-                     f"{format_size(model.bytes)}{source}\n")  # fmt: skip
-    sys.stdout.write(f"{model.id}\n")
-    return 0
+    return f"model {model.name}: {model.model_type}, {model.files} files, {format_size(model.bytes)}{source}"
 
 
 def run_upload(args: argparse.Namespace) -> int:
     """Upload the directory; print the model's id (or the model as JSON)."""
-    progress = UploadProgress(f"uploading {args.directory.name}")
-    try:
-        with client_for(args) as client:
-            model = client.upload_model(args.directory, name=args.name, progress=progress)
-    except (OSError, ValueError) as exc:
-        sys.stderr.write(f"error: cannot upload {args.directory}: {getattr(exc, 'strerror', None) or exc}\n")
-        return EXIT_ERROR
-    finally:
-        progress.close()
-    return _print_model(model, args.json)
+    return registered.run_upload(
+        args, args.directory,
+        lambda client, progress: client.upload_model(args.directory, name=args.name, progress=progress), describe,
+    )  # fmt: skip
 
 
 def run_register(args: argparse.Namespace) -> int:
     """Register the job's exported model; print its id."""
     with client_for(args) as client:
         model = client.register_export(args.job_id, name=args.name)
-    return _print_model(model, args.json)
+    return registered.print_entry(model, args.json, describe)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -86,13 +78,7 @@ def run_show(args: argparse.Namespace) -> int:
     """Print one model."""
     with client_for(args) as client:
         model = client.model(args.model_id)
-    body = model.model_dump(mode="json")
-    if args.json:
-        write_json(body)
-    else:
-        fields = ("id", "name", "owner", "model_type", "files", "bytes", "sha256", "source_job_id", "created_at")
-        sys.stdout.write("".join(f"{key + ':':<14} {body[key]}\n" for key in fields))
-    return 0
+    return registered.show_entry(model, args.json, SHOWN)
 
 
 def run_delete(args: argparse.Namespace) -> int:

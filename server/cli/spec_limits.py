@@ -1,6 +1,6 @@
 """Bounds on a spec file read by the CLI, so a hostile or broken file fails fast with a clear message.
 
-A spec the API would take fits in its request body limit (:data:`server.body_limit.MAX_BODY_BYTES`),
+A spec the API would take fits in its request body limit (:data:`server.http.body_limit.MAX_BODY_BYTES`),
 so a larger file is refused before parsing. YAML aliases make a small file stand for
 a huge document ("billion laughs": each alias is a shared reference when parsed, but
 sending the spec writes every copy out), so the parsed value is walked, aliases
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from server.body_limit import MAX_BODY_BYTES
+from server.http.body_limit import MAX_BODY_BYTES
 
 #: Largest spec file read, in bytes (the API's request body limit).
 MAX_SPEC_BYTES = MAX_BODY_BYTES

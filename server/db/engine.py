@@ -10,7 +10,7 @@ between (phoenix#3949); an immediate one waits its turn.
 
 The API passes :class:`PoolLimits` from its settings: how many connections it keeps
 and how long a request waits for one (SQLAlchemy then raises
-``sqlalchemy.exc.TimeoutError``, answered 503 by :mod:`server.errors`). Reads that are
+``sqlalchemy.exc.TimeoutError``, answered 503 by :mod:`server.http.errors`). Reads that are
 one statement can skip the transaction round trips: :func:`read_connection`.
 """
 

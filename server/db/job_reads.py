@@ -87,7 +87,7 @@ class JobView:
     """The columns of a ``jobs`` row the job resource is built from, and its attempts, oldest first.
 
     Everything the resource shows is in here, so its ``repr`` determines the resource
-    (:func:`server.etags.job_etag`).
+    (:func:`server.http.etags.job_etag`).
     """
 
     id: str

@@ -1,8 +1,8 @@
 """API-side job repository: create, read, list, page step records, request cancellation.
 
-Every function takes a ``Session`` and commits its own writes. Status changes use
-compare-and-set ``UPDATE ... WHERE status IN (...)`` statements, so they are safe
-against a worker changing the same row concurrently. The worker's side (claiming,
+Every function takes a ``Session`` and commits its own writes. Status changes are
+compare-and-sets (``UPDATE ... WHERE status IN (...)``) through :mod:`server.db.transitions`,
+so they are safe against a worker changing the same row concurrently. The worker's side (claiming,
 progress, outcome) lives in ``worker/store.py``.
 """
 
@@ -18,20 +18,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from contracts.status import FailureReason
+from common.timeutil import as_utc
+from contracts.status import FailureReason, JobStatus
 from server.db import audit, quota_check
 from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, EvalRecord, Job, StepRecord, utcnow
 from server.db.quota_check import begin_owner_transaction
 from server.db.quotas import UNLIMITED, QuotaLimits
-from server.timeutil import as_utc
+from server.db.transitions import Expected, compare_and_set
 from trainer.spec import JobSpec
 
 #: Statuses a cancel request moves to ``cancelling`` (the worker then stops the run, or node 0 its forming gang).
-_CANCEL_RUNNING_FROM = frozenset({"starting", "running", "gathering"})
+_CANCEL_RUNNING_FROM = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.GATHERING})
 
 
 class JobNotFound(LookupError):
@@ -172,16 +173,12 @@ def _new_job(spec: JobSpec, idempotency_key: str | None, digest: str | None, own
     )
 
 
-def _compare_and_set(session: Session, job_id: str, from_statuses: Collection[str], **values: object) -> bool:
-    """Set ``values`` on the job if its status is one of ``from_statuses``; commit; report success."""
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status.in_(list(from_statuses)))
-        .values(updated_at=utcnow(), **values)
-        .execution_options(synchronize_session=False)
-    )
+def _compare_and_set(session: Session, job_id: str, from_statuses: Collection[JobStatus], to: JobStatus,
+                     **values: object) -> bool:  # fmt: skip
+    """Move the job to ``to`` (with ``values``) if its status is one of ``from_statuses``; commit; report success."""
+    changed = compare_and_set(session, job_id, Expected(frozenset(from_statuses)), to, updated_at=utcnow(), **values)
     session.commit()
-    return bool(result.rowcount)
+    return changed
 
 
 def mark_enqueue_failed(session: Session, job_id: str, message: str) -> bool:
@@ -193,8 +190,8 @@ def mark_enqueue_failed(session: Session, job_id: str, message: str) -> bool:
     return _compare_and_set(
         session,
         job_id,
-        {"queued"},
-        status="failed",
+        {JobStatus.QUEUED},
+        JobStatus.FAILED,
         error_reason=FailureReason.ENQUEUE_FAILED,
         error_message=message,
         finished_at=now,
@@ -216,9 +213,10 @@ def request_cancel(session: Session, job_id: str) -> Job:
     """
     for _ in range(len(STATUSES)):  # each round loses only to a real status change
         now = utcnow()
-        if _compare_and_set(session, job_id, {"queued"}, status="cancelled", finished_at=now, cancel_requested_at=now):
+        if _compare_and_set(session, job_id, {JobStatus.QUEUED}, JobStatus.CANCELLED, finished_at=now,
+                            cancel_requested_at=now):  # fmt: skip
             break
-        if _compare_and_set(session, job_id, _CANCEL_RUNNING_FROM, status="cancelling", cancel_requested_at=now):
+        if _compare_and_set(session, job_id, _CANCEL_RUNNING_FROM, JobStatus.CANCELLING, cancel_requested_at=now):
             break
         job = get_job(session, job_id)
         session.commit()  # end the read before the next compare-and-set (SQLite: no read-then-write upgrade)

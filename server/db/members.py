@@ -22,7 +22,8 @@ from sqlalchemy.exc import IntegrityError
 from contracts.status import OPEN_MEMBER_STATUSES, JobStatus, MemberStatus
 from server.db.engine import WRITE_TRANSACTION
 from server.db.models import Attempt, Job, JobMember, utcnow
-from server.timeutil import as_utc
+from server.db.transitions import Expected, compare_and_set
+from common.timeutil import as_utc
 
 #: The open statuses as the column stores them.
 OPEN: tuple[str, ...] = tuple(sorted(status.value for status in OPEN_MEMBER_STATUSES))
@@ -207,8 +208,7 @@ class Members:
     def launch(self, job_id: str, attempt: int, owner: str) -> bool:
         """``gathering`` → ``starting`` for node 0's attempt once its gang is complete; ``False`` if it moved on."""
         with self._begin() as conn:
-            statement = update(Job).where(*_node0(job_id, attempt, owner), Job.status == JobStatus.GATHERING)
-            return conn.execute(statement.values(status=JobStatus.STARTING.value)).rowcount == 1
+            return compare_and_set(conn, job_id, _node0(attempt, owner), to=JobStatus.STARTING)
 
     def disband(self, job_id: str, attempt: int, owner: str) -> bool:
         """A gang that did not form: release every membership and put the job back in ``queued`` as it was.
@@ -218,10 +218,8 @@ class Members:
         longer this attempt's ``gathering``.
         """
         with self._begin() as conn:
-            statement = update(Job).where(*_node0(job_id, attempt, owner), Job.status == JobStatus.GATHERING)
-            values = dict(status=JobStatus.QUEUED.value, attempt=attempt - 1, worker_id=None, lease_expires_at=None,
-                          started_at=None, run_dir=None)  # fmt: skip
-            if conn.execute(statement.values(**values)).rowcount != 1:
+            if not compare_and_set(conn, job_id, _node0(attempt, owner), to=JobStatus.QUEUED, attempt=attempt - 1,
+                                   worker_id=None, lease_expires_at=None, started_at=None, run_dir=None):  # fmt: skip
                 return False
             conn.execute(delete(Attempt).where(Attempt.job_id == job_id, Attempt.attempt == attempt))
             _release_all(conn, job_id, attempt)
@@ -241,8 +239,9 @@ def _release_all(conn: Connection, job_id: str, attempt: int) -> int:
     return conn.execute(statement.values(**values)).rowcount
 
 
-def _node0(job_id: str, attempt: int, owner: str) -> tuple[object, ...]:
-    return Job.id == job_id, Job.attempt == attempt, Job.worker_id == owner
+def _node0(attempt: int, owner: str) -> Expected:
+    """Node 0's attempt of the job, still gathering its gang."""
+    return Expected.of(JobStatus.GATHERING, attempt=attempt, owner=owner)
 
 
 def _still_gathering(conn: Connection, job_id: str, attempt: int) -> bool:

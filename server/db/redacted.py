@@ -1,15 +1,15 @@
-"""A text column that never stores a URL password: job error messages (:mod:`server.redact`)."""
+"""A text column that never stores a URL password: job error messages (:mod:`common.redact`)."""
 
 from __future__ import annotations
 
 from sqlalchemy import Dialect, Text
 from sqlalchemy.types import TypeDecorator
 
-from server.redact import redact_urls
+from common.redact import redact_urls
 
 
 class RedactedText(TypeDecorator[str]):
-    """``Text`` whose written values pass through :func:`server.redact.redact_urls`.
+    """``Text`` whose written values pass through :func:`common.redact.redact_urls`.
 
     Every write goes through it, ORM or Core ``update().values(...)`` alike, so a
     failure message quoting a database or broker URL is stored with ``***`` for its

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -36,11 +37,19 @@ from server.registry.layout import RegistryLayout, remove_path
 
 Row = TypeVar("Row", RegisteredDataset, RegisteredModel)
 
+
+class RegisteredKind(StrEnum):
+    """What a registry row is: a dataset or a model (the word of its audit events and messages)."""
+
+    DATASET = "dataset"
+    MODEL = "model"
+
+
 #: Jobs named in a :class:`RegisteredInUse` at most.
 IN_USE_SHOWN = 5
 
-__all__ = ["InvalidCursor", "RegisteredInUse", "RegisteredPage", "create_dataset", "create_model", "delete_dataset",
-           "delete_model", "get_dataset", "get_model", "list_rows"]  # fmt: skip
+__all__ = ["InvalidCursor", "RegisteredInUse", "RegisteredKind", "RegisteredPage", "create_dataset", "create_model",
+           "delete_registered", "get_dataset", "get_model", "get_registered", "list_rows"]  # fmt: skip
 
 
 class RegisteredInUse(RuntimeError):
@@ -161,36 +170,13 @@ def _sharing(session: Session, row: RegisteredDataset) -> int:
     return int(session.scalar(query) or 0)
 
 
-def delete_dataset(session: Session, dataset_id: str, actor: str, layout: RegistryLayout) -> bool:
-    """Delete the dataset (and its file, when no other row shares it), audited as ``dataset.delete``.
+def _lock_dataset_file(session: Session, row: RegisteredDataset) -> None:
+    _lock_file(session, f"dataset:{row.sha256}")
 
-    Returns ``False`` when there is no such dataset. Raises :class:`RegisteredInUse` while a job
-    that is not terminal names it. End any transaction of ``session`` first.
-    """
-    owner = session.scalar(select(RegisteredDataset.owner).where(RegisteredDataset.id == dataset_id))
-    session.commit()
-    if owner is None:
-        return False
-    begin_owner_transaction(session, owner)
-    try:
-        row = get_dataset(session, dataset_id)
-        if row is None:
-            session.commit()
-            return False
-        using = _jobs_using(session, Job.spec["dataset"]["config"]["dataset_id"], dataset_id)
-        if using:
-            raise RegisteredInUse("dataset", dataset_id, using)
-        _lock_file(session, f"dataset:{row.sha256}")
-        session.delete(row)
-        audit.add_event(session, actor, "dataset.delete", dataset_id, _details(row))
-        moved = _trash_if(not _sharing(session, row), layout.dataset_file(row.sha256, row.file_format), layout)
-    except BaseException:
-        session.rollback()
-        raise
-    _commit_or_restore(session, moved)
-    for _, trash in moved:
-        remove_path(trash)
-    return True
+
+def _trash_dataset_file(session: Session, row: RegisteredDataset, layout: RegistryLayout) -> list[tuple[Path, Path]]:
+    """Trash the dataset's file unless another row shares it (under the file's lock)."""
+    return _trash_if(not _sharing(session, row), layout.dataset_file(row.sha256, row.file_format), layout)
 
 
 def _trash_if(condition: bool, path: Path, layout: RegistryLayout) -> list[tuple[Path, Path]]:
@@ -231,27 +217,67 @@ def create_model(session: Session, row: RegisteredModel, staged: Path, layout: R
     return row
 
 
-def delete_model(session: Session, model_id: str, actor: str, layout: RegistryLayout) -> bool:
-    """Delete the model and its directory, audited as ``model.delete``; ``False`` when there is no such model.
+def _trash_model_dir(session: Session, row: RegisteredModel, layout: RegistryLayout) -> list[tuple[Path, Path]]:
+    return _trash_if(True, layout.model_dir(row.id), layout)
 
-    Raises :class:`RegisteredInUse` while a job that is not terminal names it.
+
+def _no_file_lock(session: Session, row: RegisteredModel) -> None:
+    """A model's directory is its own (``models/<id>``): nobody else's row shares it."""
+
+
+# ----------------------------------------------------------------------------- deleting either
+
+
+@dataclass(frozen=True)
+class _Registered:
+    """What deleting one kind of registered row needs: its table, the spec field naming it, its files' lock and trash."""
+
+    kind: str
+    table: type[RegisteredDataset] | type[RegisteredModel]
+    spec_ref: Any
+    lock: Callable[[Session, Any], None]
+    trash: Callable[[Session, Any, RegistryLayout], list[tuple[Path, Path]]]
+
+
+_KINDS = {
+    RegisteredKind.DATASET: _Registered("dataset", RegisteredDataset, Job.spec["dataset"]["config"]["dataset_id"],
+                                        _lock_dataset_file, _trash_dataset_file),
+    RegisteredKind.MODEL: _Registered("model", RegisteredModel, Job.spec["model"]["config"]["model_id"], _no_file_lock,
+                                      _trash_model_dir),
+}  # fmt: skip
+
+
+def get_registered(session: Session, kind: RegisteredKind, item_id: str) -> RegisteredDataset | RegisteredModel | None:
+    """The dataset or model ``item_id``, freshly read; ``None`` if there is none."""
+    return session.get(_KINDS[kind].table, item_id, populate_existing=True)
+
+
+def delete_registered(session: Session, kind: RegisteredKind, item_id: str, actor: str, layout: RegistryLayout) -> bool:
+    """Delete dataset or model ``item_id`` and its files, audited as ``<kind>.delete`` by ``actor``.
+
+    A dataset's file goes only when no other row shares it (under the file's lock); a model's
+    directory always. Returns ``False`` when there is no such row. Raises :class:`RegisteredInUse`
+    while a job that is not terminal names it. End any transaction of ``session`` first.
     """
-    owner = session.scalar(select(RegisteredModel.owner).where(RegisteredModel.id == model_id))
+    return _delete(session, _KINDS[kind], item_id, actor, layout)
+
+
+def _delete(session: Session, kind: _Registered, item_id: str, actor: str, layout: RegistryLayout) -> bool:
+    """Delete row ``item_id`` of ``kind`` under its owner's lock, then its files (trashed, removed after the commit)."""
+    owner = session.scalar(select(kind.table.owner).where(kind.table.id == item_id))
     session.commit()
     if owner is None:
         return False
     begin_owner_transaction(session, owner)
     try:
-        row = get_model(session, model_id)
+        row = session.get(kind.table, item_id, populate_existing=True)
         if row is None:
             session.commit()
             return False
-        using = _jobs_using(session, Job.spec["model"]["config"]["model_id"], model_id)
+        using = _jobs_using(session, kind.spec_ref, item_id)
         if using:
-            raise RegisteredInUse("model", model_id, using)
-        session.delete(row)
-        audit.add_event(session, actor, "model.delete", model_id, _details(row))
-        moved = _trash_if(True, layout.model_dir(model_id), layout)
+            raise RegisteredInUse(kind.kind, item_id, using)
+        moved = _delete_row(session, kind, row, actor, layout)
     except BaseException:
         session.rollback()
         raise
@@ -259,3 +285,11 @@ def delete_model(session: Session, model_id: str, actor: str, layout: RegistryLa
     for _, trash in moved:
         remove_path(trash)
     return True
+
+
+def _delete_row(session: Session, kind: _Registered, row: Any, actor: str, layout: RegistryLayout) -> list[tuple[Path, Path]]:
+    """Delete ``row`` with its audit event in the open transaction and trash its files; the moves made."""
+    kind.lock(session, row)  # before the row goes: an upload of the same bytes waits
+    session.delete(row)
+    audit.add_event(session, actor, f"{kind.kind}.delete", row.id, _details(row))
+    return kind.trash(session, row, layout)

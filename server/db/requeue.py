@@ -9,13 +9,13 @@ of answering the failed job forever.
 
 from __future__ import annotations
 
-from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from contracts.status import FailureReason
+from contracts.status import FailureReason, JobStatus
 from server.db import audit, quota_check
 from server.db.models import Job, utcnow
 from server.db.quotas import QuotaLimits
+from server.db.transitions import Expected, compare_and_set
 
 #: The error reason of a job whose message the broker refused (``server.db.jobs.mark_enqueue_failed``).
 ENQUEUE_FAILED = FailureReason.ENQUEUE_FAILED.value
@@ -44,12 +44,9 @@ def requeue_never_sent(session: Session, job_id: str, *, owner: str, gpus: int, 
             session.rollback()
             return False
         quota_check.enforce(session, owner, gpus, quota_defaults)
-        changed = session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == "failed", Job.error_reason == ENQUEUE_FAILED, Job.attempt == 0)
-            .values(status="queued", error_reason=None, error_message=None, finished_at=None, updated_at=utcnow())
-            .execution_options(synchronize_session=False)
-        ).rowcount
+        never_claimed = Expected.of(JobStatus.FAILED, attempt=0, where=(Job.error_reason == ENQUEUE_FAILED,))
+        changed = compare_and_set(session, job_id, never_claimed, to=JobStatus.QUEUED, error_reason=None,
+                                  error_message=None, finished_at=None, updated_at=utcnow())  # fmt: skip
         if changed:
             audit.add_event(session, owner, "job.requeue", job_id, {"owner": owner, "reason": ENQUEUE_FAILED})
         session.commit()

@@ -20,10 +20,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import Update, func, select, update
 from sqlalchemy.orm import Session
 
+from common.timeutil import as_utc
 from server.db import audit
 from server.db.engine import begin_write
 from server.db.models import ApiToken, utcnow
-from server.timeutil import as_utc
 
 #: Prefix of every token (recognisable in leaked-secret scanners and config files).
 TOKEN_PREFIX = "hc_"

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from common.timeutil import as_utc
 from server.db.models import ACTIVE_STATUSES, Job, Worker
-from server.timeutil import as_utc
 
 
 @dataclass(frozen=True)

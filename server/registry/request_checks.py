@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from server.db.quota_check import QuotaExceeded, storage_in_use
 from server.db.quotas import QuotaLimits, effective_limits
-from server.errors import ApiError
+from server.http.errors import ApiError
 from server.quotas import QuotaApiError
 from server.registry.upload import declared_length
 

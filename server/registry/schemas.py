@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from common.timeutil import as_utc
 from contracts.registry import DatasetList, DatasetPublic, ModelList, ModelPublic
 from server.db.models import RegisteredDataset, RegisteredModel
-from server.timeutil import as_utc
 
 __all__ = ["DatasetList", "DatasetPublic", "ModelList", "ModelPublic", "dataset_public", "model_public"]
 

@@ -16,7 +16,7 @@ from typing import BinaryIO
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from server.errors import ApiError
+from server.http.errors import ApiError
 
 #: Bytes gathered before one write to the file.
 WRITE_BATCH = 1 << 20

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.exceptions import RequestValidationError
 
 from contracts.access import AuditAction, AuditEventPublic, AuditList
+from common.timeutil import as_utc
 from server.auth import require_admin
 from server.db import audit
 from server.db.models import AuditEvent
 from server.deps import SessionDep
-from server.timeutil import as_utc
 
 router = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(require_admin)])
 

@@ -3,13 +3,13 @@
 A checkpoint is a ``torch.save`` dict (``model``, ``optimizer``, ``lr_scheduler``,
 ``precision``, ``step``, ``rng``, ``spec``, …; :mod:`trainer.checkpoint`) that loads
 with ``torch.load(path, weights_only=True)``; its ``model`` entry is the plain model
-state dict. Files come from the API's runs directory (:mod:`server.checkpoint_files`);
+state dict. Files come from the API's runs directory (:mod:`server.files.checkpoint_files`);
 the same isolation as every job route applies (another owner's job is a 404).
 Downloads are plain files: ``Content-Length``, ``ETag``/``Last-Modified`` and byte
 ``Range`` requests (a broken download resumes) come from Starlette's ``FileResponse``.
 ``HEAD`` answers the same headers without the body (authenticated like ``GET``: the
 bearer token or the dashboard's session cookie), and ``If-None-Match`` naming the
-file's ``ETag`` is a ``304`` (:mod:`server.conditional`).
+file's ``ETag`` is a ``304`` (:mod:`server.http.conditional`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from fastapi.responses import FileResponse
 from contracts.artifacts import CheckpointList, CheckpointPublic
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
-from server.checkpoint_files import CHECKPOINT_NAME, CheckpointFile, final_step, find_checkpoint, list_checkpoints
-from server.conditional import etag_matches, not_modified
 from server.db.models import Job
-from server.errors import ApiError
+from server.files.checkpoint_files import CHECKPOINT_NAME, CheckpointFile, final_step, find_checkpoint, list_checkpoints
+from server.http.conditional import etag_matches, not_modified
+from server.http.errors import ApiError
 from server.schemas import ErrorBody
 
 router = APIRouter(prefix="/jobs", tags=["checkpoints"], dependencies=[Depends(authenticate)])

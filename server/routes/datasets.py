@@ -22,12 +22,11 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from server.access import visible_dataset_or_404
-from server.auth import Principal, PrincipalDep, authenticate
+from server.auth import PrincipalDep, authenticate
 from server.db import registry as repo
 from server.db.models import RegisteredDataset, utcnow
 from server.db.quota_check import QuotaExceeded
 from server.deps import SessionDep, SettingsDep
-from server.errors import ApiError
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.dataset_check import DatasetRejected, check_dataset_file
 from server.registry.layout import RegistryLayout, remove_path
@@ -38,6 +37,7 @@ from server.registry.request_checks import (
     refuse_early,
     unsupported_media_type,
 )
+from server.registry.rows import delete_visible, visible_page
 from server.registry.schemas import DatasetList, DatasetPublic, dataset_public
 from server.registry.upload import receive_to_file
 from server.schemas import ErrorBody
@@ -134,11 +134,7 @@ def list_datasets(
     cursor: Annotated[str | None, Query(max_length=512, description="next_cursor of the previous page")] = None,
 ) -> DatasetList:
     """The caller's datasets (an admin's: everyone's), newest first."""
-    owner = None if principal.admin else principal.owner
-    try:
-        page = repo.list_rows(session, RegisteredDataset, owner=owner, limit=limit, cursor=cursor)
-    except repo.InvalidCursor as exc:
-        raise invalid(("query", "cursor"), str(exc), cursor) from None
+    page = visible_page(session, RegisteredDataset, principal, limit, cursor)
     return DatasetList(datasets=[dataset_public(row) for row in page.rows], next_cursor=page.next_cursor)
 
 
@@ -156,16 +152,5 @@ def get_dataset(dataset_id: DatasetId, session: SessionDep, principal: Principal
 )
 def delete_dataset(dataset_id: DatasetId, session: SessionDep, settings: SettingsDep, principal: PrincipalDep) -> Response:
     """Delete the dataset (its file too, unless another registered dataset has the same bytes)."""
-    _delete(session, dataset_id, settings, principal)
+    delete_visible(session, repo.RegisteredKind.DATASET, dataset_id, settings, principal)
     return Response(status_code=204)
-
-
-def _delete(session: Any, dataset_id: str, settings: Settings, principal: Principal) -> None:
-    visible_dataset_or_404(repo.get_dataset(session, dataset_id), dataset_id, principal)
-    session.commit()
-    try:
-        deleted = repo.delete_dataset(session, dataset_id, principal.owner, RegistryLayout(settings.registry_dir))
-    except repo.RegisteredInUse as exc:
-        raise ApiError(409, str(exc)) from None
-    if not deleted:
-        raise ApiError(404, f"dataset {dataset_id} not found")

@@ -1,6 +1,6 @@
 """``GET /jobs/{id}/events``: a job's step records and status changes as Server-Sent Events.
 
-The stream itself is built by :func:`server.events.job_events`; this module checks
+The stream itself is built by :func:`server.streams.events.job_events`; this module checks
 the job exists (404 before any byte is streamed), picks the resume point
 (``Last-Event-ID`` header, else ``after_step``), and counts the stream in
 ``app.state.event_streams``.
@@ -15,14 +15,12 @@ from fastapi.responses import StreamingResponse
 
 from server.access import visible_job_or_404
 from server.auth import PrincipalDep, authenticate
-from server.events import EventStreamSettings, StreamStats, database_poller, job_events
 from server.schemas import MAX_STEP_NUMBER, ErrorBody
+from server.streams.events import database_poller, job_events
+from server.streams.sse import sse_response
+from server.streams.stats import EventStreamSettings, StreamStats
 
 router = APIRouter(prefix="/jobs", tags=["events"], dependencies=[Depends(authenticate)])
-
-#: Headers of every stream: never cached, never buffered by a reverse proxy (nginx honours ``X-Accel-Buffering``).
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
 
 def install(app: FastAPI, settings: EventStreamSettings | None = None) -> None:
     """Add the events route to ``app`` and its stream bookkeeping (``app.state.event_streams``)."""
@@ -53,11 +51,11 @@ def job_event_stream(
         Header(alias="Last-Event-ID", pattern=r"^\d{1,18}$", description="Resume after this step (set by EventSource)"),
     ] = None,
 ) -> StreamingResponse:
-    """Stream the job's events until it is terminal (see :mod:`server.events` for the event types)."""
+    """Stream the job's events until it is terminal (see :mod:`server.streams.events` for the event types)."""
     with request.app.state.session_factory() as session:  # closed before streaming starts
         visible_job_or_404(session, job_id, principal)
     start = int(last_event_id) if last_event_id is not None else after_step
     stats = _stream_stats(request)
     poll = database_poller(request.app.state.session_factory, stats.settings.page_size, stats.shared)
     body = job_events(job_id, start, poll, request.is_disconnected, stats)
-    return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
+    return sse_response(body)

@@ -1,8 +1,8 @@
 """``GET /jobs/{id}/exports`` (list) and ``GET /jobs/{id}/exports/{kind}`` (download): a job's exported model.
 
 An export is a directory the trainer writes for a successful job: ``adapter`` (a PEFT
-adapter) or ``model`` (a merged Hugging Face model directory) (:mod:`server.export_files`).
-A download is that directory as an uncompressed tar, streamed (:mod:`server.export_tar`)
+adapter) or ``model`` (a merged Hugging Face model directory) (:mod:`server.files.export_files`).
+A download is that directory as an uncompressed tar, streamed (:mod:`server.files.export_tar`)
 with an exact ``Content-Length``; ``HEAD`` answers the same headers without reading a file.
 The same isolation as every job route applies (another owner's job is a 404).
 """
@@ -17,9 +17,9 @@ from fastapi.responses import Response, StreamingResponse
 from contracts.artifacts import ExportFilePublic, ExportList, ExportPublic
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
-from server.errors import ApiError
-from server.export_files import Export, ExportKind, find_export, list_exports
-from server.export_tar import archive_size, stream_archive
+from server.files.export_files import Export, ExportKind, find_export, list_exports
+from server.files.export_tar import archive_size, stream_archive
+from server.http.errors import ApiError
 from server.schemas import ErrorBody
 
 router = APIRouter(prefix="/jobs", tags=["exports"], dependencies=[Depends(authenticate)])

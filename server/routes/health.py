@@ -8,8 +8,8 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from common.redact import redact_urls
 from server.probes import check_broker, check_database
-from server.redact import redact_urls
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ worker thread and one statement (:func:`server.db.job_reads.read_job`: the token
 job row and its attempts), instead of a token lookup, a job read and an attempts read
 in sessions of their own. It checks the token itself (the same answers as
 :func:`server.auth.authenticate`) and the visibility rule, then answers with a strong
-``ETag`` (:mod:`server.etags`): a request whose ``If-None-Match`` holds the current
+``ETag`` (:mod:`server.http.etags`): a request whose ``If-None-Match`` holds the current
 tag gets ``304 Not Modified`` with no body, and the resource is only built and
 serialised (by pydantic, straight to JSON bytes) when it changed.
 """
@@ -20,8 +20,8 @@ from starlette.concurrency import run_in_threadpool
 
 from server.auth import bearer, can_see, presented_token_hash, principal_of
 from server.db.job_reads import read_job
-from server.errors import ApiError
-from server.etags import job_etag, none_match
+from server.http.errors import ApiError
+from server.http.etags import job_etag, none_match
 from server.schemas import ErrorBody, JobPublic, job_public
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])

@@ -25,18 +25,18 @@ from server.db.models import Job
 from server.db.quota_check import QuotaExceeded
 from server.db.quotas import QuotaLimits
 from server.deps import QueueDep, SessionDep, SettingsDep
-from server.errors import ApiError
+from server.http.errors import ApiError
+from server.http.strict_body import StrictJSONRoute
 from server.queue import JobQueue
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.spec_check import registered_inputs_check
 from server.schemas import MAX_STEP_NUMBER, ErrorBody, EvalList, JobList, JobPublic, MetricsPage, job_public, step_point
 from server.settings import Settings
-from server.strict_body import StrictJSONRoute
 from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-#: Bodies are strict JSON: NaN, Infinity and 1e309 are a 422 at their field (:mod:`server.strict_body`).
+#: Bodies are strict JSON: NaN, Infinity and 1e309 are a 422 at their field (:mod:`server.http.strict_body`).
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(authenticate)], route_class=StrictJSONRoute)
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown job"}}

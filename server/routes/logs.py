@@ -4,7 +4,7 @@ The files are read from the API's own runs directory (:mod:`contracts.rundir`); 
 the API and the workers on different hosts that directory must be shared (the
 docker-compose file mounts one volume in both). Without ``follow`` the answer is
 JSON (:class:`LogLines`); with ``follow=true`` it is a Server-Sent Events stream
-(:mod:`server.logstream`), counted in ``app.state.log_streams``.
+(:mod:`server.streams.logstream`), counted in ``app.state.log_streams``.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from contracts.resources import LogLines
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
 from server.db.models import TERMINAL_STATUSES, Job
-from server.errors import ApiError
-from server.events import EventStreamSettings, StreamStats
-from server.logstream import LogTarget, database_state_poller, follow_log
-from server.logtail import read_tail
-from server.routes.events import STREAM_HEADERS
+from server.http.errors import ApiError
 from server.schemas import ErrorBody
+from server.streams.logstream import LogTarget, database_state_poller, follow_log
+from server.streams.logtail import read_tail
+from server.streams.sse import sse_response
+from server.streams.stats import EventStreamSettings, StreamStats
 
 router = APIRouter(prefix="/jobs", tags=["logs"], dependencies=[Depends(authenticate)])
 
@@ -84,7 +84,7 @@ def job_logs(
         stats: StreamStats = request.app.state.log_streams
         poll = database_state_poller(request.app.state.session_factory, stats.shared)
         body = follow_log(target, poll, request.is_disconnected, stats)
-        return StreamingResponse(body, media_type="text/event-stream", headers=STREAM_HEADERS)
+        return sse_response(body)
     number = attempt or job.attempt
     try:
         lines = read_tail(target.path(number), tail).lines

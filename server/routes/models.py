@@ -23,13 +23,13 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from server.access import visible_job_or_404, visible_model_or_404
-from server.auth import Principal, PrincipalDep, authenticate
+from server.auth import PrincipalDep, authenticate
 from server.db import registry as repo
 from server.db.models import RegisteredModel, utcnow
 from server.db.quota_check import QuotaExceeded
 from server.deps import SessionDep, SettingsDep
-from server.errors import ApiError
-from server.export_files import ExportKind, find_export
+from server.files.export_files import ExportKind, find_export
+from server.http.errors import ApiError
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.export_copy import copy_export
 from server.registry.layout import RegistryLayout, remove_path
@@ -41,6 +41,7 @@ from server.registry.request_checks import (
     media_type,
     unsupported_media_type,
 )
+from server.registry.rows import delete_visible, visible_page
 from server.registry.schemas import ModelList, ModelPublic, model_public
 from server.registry.upload import receive_to_file
 from server.schemas import ErrorBody
@@ -133,11 +134,7 @@ def list_models(
     cursor: Annotated[str | None, Query(max_length=512, description="next_cursor of the previous page")] = None,
 ) -> ModelList:
     """The caller's models (an admin's: everyone's), newest first."""
-    owner = None if principal.admin else principal.owner
-    try:
-        page = repo.list_rows(session, RegisteredModel, owner=owner, limit=limit, cursor=cursor)
-    except repo.InvalidCursor as exc:
-        raise invalid(("query", "cursor"), str(exc), cursor) from None
+    page = visible_page(session, RegisteredModel, principal, limit, cursor)
     return ModelList(models=[model_public(row) for row in page.rows], next_cursor=page.next_cursor)
 
 
@@ -155,19 +152,11 @@ def get_model(model_id: ModelId, session: SessionDep, principal: PrincipalDep) -
 )
 def delete_model(model_id: ModelId, session: SessionDep, settings: SettingsDep, principal: PrincipalDep) -> Response:
     """Delete the model and its files."""
-    _delete(session, model_id, settings, principal)
+    delete_visible(session, repo.RegisteredKind.MODEL, model_id, settings, principal)
     return Response(status_code=204)
 
 
-def _delete(session: Any, model_id: str, settings: Settings, principal: Principal) -> None:
-    visible_model_or_404(repo.get_model(session, model_id), model_id, principal)
-    session.commit()
-    try:
-        deleted = repo.delete_model(session, model_id, principal.owner, RegistryLayout(settings.registry_dir))
-    except repo.RegisteredInUse as exc:
-        raise ApiError(409, str(exc)) from None
-    if not deleted:
-        raise ApiError(404, f"model {model_id} not found")
+
 
 
 @router.post(

@@ -20,8 +20,9 @@ from contracts.rundir import JobRuns
 from contracts.stored import StoredEval, StoredStep, StoredSwitch
 from server.client import Event, _typed, parse_sse
 from server.db.models import Job
-from server.events import EventStreamSettings, Snapshot, StreamStats, job_events
-from server.logstream import JobState, LogTarget, _LogFrames
+from server.streams.events import Snapshot, job_events
+from server.streams.logstream import JobState, LogTarget, _LogFrames
+from server.streams.stats import EventStreamSettings, StreamStats
 from server.routes import audit, checkpoints, datasets, exports, job_resource, models, session
 from server.schemas import job_public
 

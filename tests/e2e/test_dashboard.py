@@ -36,7 +36,7 @@ from e2e_support import ROOT, Stack, load_example
 from fastapi.encoders import jsonable_encoder
 from pydantic import ValidationError
 
-from server.field_paths import with_field
+from server.http.field_paths import with_field
 from server.routes.dashboard import static_dir
 from server.schemas import JobPublic
 from trainer.spec import JobSpec
@@ -419,7 +419,7 @@ max_steps: 10
 
 
 def _rejection(spec: Any) -> list[dict[str, Any]]:
-    """The 422 ``detail`` ``POST /jobs`` answers for ``spec``: JobSpec's errors at ``body``, with ``field`` (server/body_errors.py)."""
+    """The 422 ``detail`` ``POST /jobs`` answers for ``spec``: JobSpec's errors at ``body``, with ``field`` (server/http/body_errors.py)."""
     try:
         JobSpec.model_validate(spec)
     except ValidationError as exc:

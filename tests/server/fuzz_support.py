@@ -34,7 +34,7 @@ from server.db.models import (
 )
 from server.registry.layout import RegistryLayout
 from server.schemas import job_public
-from server.strict_json import JsonPath
+from server.http.strict_json import JsonPath
 from trainer.spec import JobSpec
 
 #: Numbers Python's JSON parser reads but JSON does not have (the last two overflow a double).

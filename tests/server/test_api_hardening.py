@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job, insert_steps
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -20,13 +21,12 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job, insert_steps
 from server.app import create_app
-from server.body_errors import AsciiJSONResponse, install_body_error_handlers
 from server.db.models import AuditEvent
+from server.http.body_errors import AsciiJSONResponse, install_body_error_handlers
+from server.http.strict_body import StrictJSONRoute
+from server.http.strict_json import NONFINITE_MESSAGE, loads_strict
 from server.settings import Settings
-from server.strict_body import StrictJSONRoute
-from server.strict_json import NONFINITE_MESSAGE, loads_strict
 from trainer.spec import JobSpec
 
 JSON = {"content-type": "application/json"}

@@ -3,7 +3,7 @@
 The pool tests hold the app's only database connection (``HALFCAST_DB_POOL_SIZE=1``,
 no overflow) so every request's checkout times out; the admission tests take every
 place of the app's limiter, as requests in flight would. Probes and cancels are exempt
-from admission. :class:`server.admission.Limiter` itself is tested on its own at the end.
+from admission. :class:`server.http.admission.Limiter` itself is tested on its own at the end.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 
 import anyio
 import pytest
+from api_support import FakeQueue, insert_job
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Message, Receive, Scope, Send
 
-from api_support import FakeQueue, insert_job
-from server.admission import AdmissionMiddleware, Limiter, Shed
 from server.app import create_app
+from server.http.admission import AdmissionMiddleware, Limiter, Shed
 from server.settings import Settings
 
 

@@ -14,7 +14,8 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db.models import Job
-from server.events import EventStreamSettings, Snapshot, StreamStats, job_events
+from server.streams.events import Snapshot, job_events
+from server.streams.stats import EventStreamSettings, StreamStats
 
 SWITCH = {"step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed", "message": "collapsed",
           "rewound_to_step": 8, "time": 50.0}  # fmt: skip

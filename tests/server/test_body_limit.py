@@ -6,7 +6,7 @@ import asyncio
 
 from starlette.types import Message, Receive, Scope, Send
 
-from server.body_limit import BodySizeLimitMiddleware
+from server.http.body_limit import BodySizeLimitMiddleware
 
 
 async def never_called_app(scope: Scope, receive: Receive, send: Send) -> None:

@@ -15,8 +15,8 @@ from api_support import insert_job
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.checkpoint_files import find_checkpoint, list_checkpoints
-from server.conditional import etag_matches
+from server.files.checkpoint_files import find_checkpoint, list_checkpoints
+from server.http.conditional import etag_matches
 from server.settings import Settings
 
 

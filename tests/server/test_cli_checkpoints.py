@@ -7,14 +7,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cli_live_support import database_url, url  # noqa: F401 (fixtures)
 from api_support import insert_job
+from cli_live_support import database_url, url  # noqa: F401 (fixtures)
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.cli import main
 from server.cli.checkpoints import format_size
 from server.client import HalfcastClient, NotFound, ServerUnavailable
-from server.download import IncompleteDownload, save_response
+from server.files.download import IncompleteDownload, save_response
 from server.settings import Settings
 
 FINAL = bytes(range(256)) * 4096  # 1 MiB

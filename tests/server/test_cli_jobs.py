@@ -38,9 +38,9 @@ from server.cli.watch import (
     watch_output,
 )
 from server.client import Event, JobEvent
-from server.events import EventStreamSettings, StreamStats
+from server.http.strict_json import NONFINITE_MESSAGE
 from server.settings import Settings
-from server.strict_json import NONFINITE_MESSAGE
+from server.streams.stats import EventStreamSettings, StreamStats
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from contracts.rundir import JobRuns
 from server.app import create_app
 from server.cli import main
-from server.events import EventStreamSettings, StreamStats
 from server.settings import Settings
+from server.streams.stats import EventStreamSettings, StreamStats
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
+from api_support import VALID_SPEC, FakeQueue, insert_job, insert_steps
+from live_server import LiveServer, add_steps, free_port, set_status, sqlite_copy, step_record
 from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.records import EvalRecord as EvalLine
@@ -18,7 +20,6 @@ from contracts.records import StepRecord
 from contracts.resources import JobPublic
 from contracts.status import JobStatus
 from server.app import create_app
-from server.db.models import EvalRecord
 from server.client import (
     Conflict,
     FieldError,
@@ -29,13 +30,10 @@ from server.client import (
     ValidationFailed,
     parse_sse,
 )
-from server.events import EventStreamSettings, StreamStats
+from server.db.models import EvalRecord
+from server.http.strict_json import NONFINITE_MESSAGE
 from server.settings import Settings
-from server.strict_json import NONFINITE_MESSAGE
-
-from api_support import VALID_SPEC, FakeQueue, insert_job, insert_steps
-from live_server import LiveServer, add_steps, free_port, set_status, sqlite_copy, step_record
-
+from server.streams.stats import EventStreamSettings, StreamStats
 
 
 @pytest.fixture

@@ -23,8 +23,9 @@ from live_server import (
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
-from server.events import EventStreamSettings, Snapshot, StreamStats, job_events
 from server.settings import Settings
+from server.streams.events import Snapshot, job_events
+from server.streams.stats import EventStreamSettings, StreamStats
 
 # ----------------------------------------------------------------------------- the generator, with a scripted poller
 
@@ -202,7 +203,7 @@ def test_between_polls_a_stream_sleeps_until_its_jobs_next_tick(monkeypatch: pyt
         asked.append((key, interval_s))
         return 0.0
 
-    monkeypatch.setattr("server.events.next_tick_delay", next_tick)
+    monkeypatch.setattr("server.streams.sse.next_tick_delay", next_tick)
     settings = EventStreamSettings(poll_interval_s=7.0)  # a plain sleep of the interval would time the test out
     started = time.monotonic()
     _, polls, _ = _run([_snapshot("running", range(1, 3)), _snapshot("running", range(1, 3)), _snapshot("succeeded", range(1, 3))], settings=settings)

@@ -14,18 +14,16 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from api_support import insert_job, make_token
+from api_support import FakeQueue, insert_job, make_token
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from server import export_files
 from server.app import create_app
 from server.auth import SESSION_COOKIE
-from server.export_files import ExportKind, find_export, list_exports
-from server.export_tar import ExportChanged, archive_size, stream_archive
+from server.files import export_files
+from server.files.export_files import ExportKind, find_export, list_exports
+from server.files.export_tar import ExportChanged, archive_size, stream_archive
 from server.settings import Settings
-
-from api_support import FakeQueue
 
 ADAPTER = {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": bytes(range(256)) * 9}
 MODEL = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"\x01" * 512, "model-00002-of-00002.safetensors": b"\x02" * 513,
@@ -296,7 +294,7 @@ def test_a_file_that_changes_before_it_is_sent_aborts_the_archive(job_id: str, s
 def test_a_file_that_shrinks_while_it_is_read_aborts_the_archive(
     job_id: str, settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("server.export_tar.CHUNK_BYTES", 128)
+    monkeypatch.setattr("server.files.export_tar.CHUNK_BYTES", 128)
     export = find_export(settings.runs_dir, job_id, ExportKind.MODEL)
     assert export is not None
     chunks = stream_archive(export)

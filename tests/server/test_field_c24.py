@@ -21,8 +21,8 @@ from live_server import AsgiSpec24, LiveServer, add_steps, iter_events, step_rec
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.app import create_app
-from server.events import EventStreamSettings, StreamStats
 from server.settings import Settings
+from server.streams.stats import EventStreamSettings, StreamStats
 
 STREAMS = 20
 #: Seconds within which a server-side stream must end after its client disconnected.

@@ -1,4 +1,4 @@
-"""Every 422 item names its ``field``: the ``loc`` inside its source without pydantic's union tags (server/field_paths.py)."""
+"""Every 422 item names its ``field``: the ``loc`` inside its source without pydantic's union tags (server/http/field_paths.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from server.field_paths import field_path
+from server.http.field_paths import field_path
 from trainer.spec import JobSpec
 
 SPEC: dict[str, Any] = {

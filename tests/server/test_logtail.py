@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from server import logtail
-from server.logtail import LineFollower, read_tail
+from server.streams import logtail
+from server.streams.logtail import LineFollower, read_tail
 
 
 def _write(path: Path, text: bytes) -> Path:

@@ -12,10 +12,10 @@ from api_support import FakeQueue
 from fastapi.testclient import TestClient
 from live_server import free_port
 
+from common.redact import RedactingFilter, install_log_redaction, redact_urls
 from server.app import create_app
 from server.cli import main as cli_main
-from server.errors import ApiError
-from server.redact import RedactingFilter, install_log_redaction, redact_urls
+from server.http.errors import ApiError
 from server.settings import Settings
 
 CANARY = "CANARY-server-51c9"

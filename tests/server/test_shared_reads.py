@@ -1,4 +1,4 @@
-"""``server.shared_reads``: one read per key per tick, shared by every caller; cancellation and errors."""
+"""``server.streams.shared_reads``: one read per key per tick, shared by every caller; cancellation and errors."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 import anyio
 import pytest
 
-from server.events import database_poller
-from server.shared_reads import SharedReads, next_tick_delay
+from server.streams.events import database_poller
+from server.streams.shared_reads import SharedReads, next_tick_delay
 
 
 class Clock:
@@ -187,7 +187,7 @@ def test_a_streams_poller_never_goes_back_to_a_read_older_than_its_last(monkeypa
     clock = Clock()
     shared: SharedReads[object] = SharedReads(fresh_s=10, clock=clock)
     versions = iter(range(1, 10))
-    monkeypatch.setattr("server.events.read_snapshot", lambda *_: f"v{next(versions)}")
+    monkeypatch.setattr("server.streams.events.read_snapshot", lambda *_: f"v{next(versions)}")
     stream_a = database_poller(None, 500, shared)  # type: ignore[arg-type]  # read_snapshot is replaced
     stream_b = database_poller(None, 500, shared)  # type: ignore[arg-type]
 

@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.rundir import JobRuns
 from server.app import create_app
-from server.events import EventStreamSettings, StreamStats
 from server.settings import Settings
+from server.streams.stats import EventStreamSettings, StreamStats
 
 VIEWERS = 20
 POLL_S = 0.1

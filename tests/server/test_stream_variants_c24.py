@@ -44,8 +44,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.rundir import JobRuns
 from server.app import create_app
-from server.events import EventStreamSettings, StreamStats
 from server.settings import Settings
+from server.streams.stats import EventStreamSettings, StreamStats
 
 #: Seconds within which a server-side stream must end after its client disconnected (C24).
 END_WITHIN_S = 2.0

@@ -11,13 +11,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from worker_support import insert_job, small_spec
 from sqlalchemy import Engine, select
+from worker_support import insert_job, small_spec
 
+from common.timeutil import as_utc
 from contracts.records import EvalRecord as EvalLine
 from contracts.records import StepRecord as StepLine
 from server.db.models import Attempt, EvalRecord, Job, StepRecord, utcnow
-from server.timeutil import as_utc
 from worker.store import Fence, JobStore, Progress
 
 

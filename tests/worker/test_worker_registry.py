@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, select, update
 
+from common.timeutil import as_utc
 from server.db.models import Worker, utcnow
-from server.timeutil import as_utc
 from worker.registry import Heartbeat, WorkerInfo, WorkerRegistry
 
 

@@ -1,6 +1,6 @@
 """Following one rank's log of a job as Server-Sent Events (``GET /jobs/{id}/logs?follow=true``).
 
-The stream is a loop of short polls, like the event stream (:mod:`server.events`):
+The stream is a loop of short polls on the streams' one core (:mod:`server.streams.sse`), like the event stream:
 each poll reads the job's status and attempt in a short database session, *then*
 reads the lines appended to the log file since the last poll (in a worker thread,
 never blocking the event loop); then it sleeps until the job's next tick. Streams
@@ -25,12 +25,10 @@ Events (``data`` is one line of JSON):
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 from sqlalchemy import select
@@ -38,11 +36,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.rundir import JobRuns
 from server.db.models import TERMINAL_STATUSES, Job
-from server.events import StreamStats, Tick, frame, poll_stream
-from server.logtail import LineFollower, read_tail
-from server.shared_reads import SharedReads
-
-log = logging.getLogger(__name__)
+from server.streams.logtail import LineFollower, read_tail
+from server.streams.shared_reads import SharedReads, StreamReads
+from server.streams.sse import Tick, frame, poll_stream
+from server.streams.stats import StreamStats
 
 
 @dataclass(frozen=True)
@@ -68,18 +65,13 @@ def database_state_poller(sessions: sessionmaker[Session], shared: SharedReads[A
 
     One poller per stream: it never hands its stream a shared read older than the last one it used.
     """
-
-    async def read(job_id: str) -> JobState | None:
-        return await anyio.to_thread.run_sync(read_job_state, sessions, job_id)
-
-    last_started = -math.inf  # this stream's newest read: never take a shared one that started before it
+    reads = StreamReads(shared)
 
     async def poll(job_id: str) -> JobState | None:
-        nonlocal last_started
-        if shared is None:
-            return await read(job_id)
-        state, last_started = await shared.get_timed(("state", job_id), lambda: read(job_id), last_started)
-        return cast("JobState | None", state)
+        async def read() -> JobState | None:
+            return await anyio.to_thread.run_sync(read_job_state, sessions, job_id)
+
+        return await reads.get(("state", job_id), read)
 
     return poll
 
@@ -184,7 +176,7 @@ def follow_log(
 ) -> AsyncIterator[str]:
     """The SSE text following ``target``'s log until the job (or the attempt asked for) ends.
 
-    A :func:`server.events.poll_stream` that ends after the ``end`` event, when the
+    A :func:`server.streams.sse.poll_stream` that ends after the ``end`` event, when the
     job disappears, or when the client has gone.
     """
     frames = _LogFrames(target)

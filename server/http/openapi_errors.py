@@ -5,16 +5,16 @@ errors come from elsewhere and apply to every route that shares a dependency:
 
 - ``401`` from :func:`server.auth.authenticate` (no, a malformed, unknown or revoked token);
 - ``403`` from :func:`server.auth.require_admin` (a token that is not an admin's);
-- ``503`` ``database unavailable`` (:mod:`server.errors`) for every route that uses
+- ``503`` ``database unavailable`` (:mod:`server.http.errors`) for every route that uses
   the database: a session, or token resolution;
-- ``413`` from :class:`server.body_limit.BodySizeLimitMiddleware` for every route
+- ``413`` from :class:`server.http.body_limit.BodySizeLimitMiddleware` for every route
   with a request body.
 
 :func:`declare_error_responses` adds them to each route after all routers are
 included, so a new route is documented by what it depends on, and clients and
 schema-driven tests (``tests/server/test_fuzz_api.py``) see every status the API sends.
 It also adds ``field`` to FastAPI's ``ValidationError`` schema: every 422 item has one
-(:mod:`server.field_paths`).
+(:mod:`server.http.field_paths`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _UNAUTHORIZED = {"model": ErrorBody, "description": "No token, or a malformed, u
 _FORBIDDEN = {"model": ErrorBody, "description": "The token is not an admin's"}
 _TOO_LARGE = {"model": ErrorBody, "description": "The request body exceeds 1 MiB"}
 _UNAVAILABLE = {"model": ErrorBody, "description": "The database is unreachable (`database unavailable`)"}
-#: The ``field`` of a 422 item (:func:`server.field_paths.with_field`), as a property of ``ValidationError``.
+#: The ``field`` of a 422 item (:func:`server.http.field_paths.with_field`), as a property of ``ValidationError``.
 FIELD_PROPERTY: dict[str, Any] = {
     "type": "array",
     "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},

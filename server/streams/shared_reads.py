@@ -25,7 +25,7 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 
@@ -119,6 +119,26 @@ class SharedReads(Generic[T]):
         stale = [k for k, e in self._entries.items() if e.done.is_set() and now - e.started_at >= self.fresh_s]
         for key in stale:
             del self._entries[key]
+
+
+class StreamReads:
+    """One stream's reads through ``shared`` (``None``: every read its own), never older than the last it used.
+
+    Each stream makes its own (it keeps the start of the read it used last): a caught-up
+    stream shares the read of another stream of the job at the same tick, but is never
+    handed a view older than one it has already seen.
+    """
+
+    def __init__(self, shared: SharedReads[Any] | None) -> None:
+        self.shared = shared
+        self.last_started = -math.inf
+
+    async def get(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> T:
+        """``read()``'s result, or that of a shared read of ``key`` no older than this stream's last one."""
+        if self.shared is None:
+            return await read()
+        value, self.last_started = await self.shared.get_timed(key, read, self.last_started)
+        return cast("T", value)
 
 
 def next_tick_delay(key: str, interval_s: float, now: float | None = None) -> float:

@@ -30,158 +30,30 @@ Events (``data`` is one line of JSON):
   first ``status`` event.)
 - ``: keepalive`` comments after ``heartbeat_s`` without an event.
 
+The loop, its framing, keep-alive and disconnect checks are the streams' one core,
+:func:`server.streams.sse.poll_stream`; this module reads the job and turns what changed into events.
 The job is read before its step records, so a terminal status is only sent after
 every record committed before it (the worker stores records before the outcome).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import math
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import anyio
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db import jobs as repo
 from server.db.models import TERMINAL_STATUSES
 from server.schemas import current_phase, job_public, step_point
-from server.shared_reads import SharedReads, next_tick_delay
-
-log = logging.getLogger(__name__)
+from server.streams.shared_reads import SharedReads, StreamReads
+from server.streams.sse import Tick, frame, poll_stream
+from server.streams.stats import StreamStats
 
 #: Reconnection delay the stream asks clients for (SSE ``retry:``), milliseconds.
 RETRY_MS = 2000
-#: How many closed streams :class:`StreamStats` remembers (for tests and debugging).
-HISTORY = 256
-
-
-class EventStreamSettings(BaseSettings):
-    """Settings of the event stream, from ``HALFCAST_EVENTS_*`` environment variables."""
-
-    model_config = SettingsConfigDict(env_prefix="HALFCAST_EVENTS_", extra="ignore")
-
-    poll_interval_s: float = Field(default=0.1, gt=0.0, le=10.0, description="Seconds between two database polls of one stream")
-    heartbeat_s: float = Field(default=15.0, gt=0.0, le=300.0, description="Seconds without events before a keepalive comment")
-    page_size: int = Field(default=500, ge=1, le=10_000, description="Step records read per poll at most")
-
-
-# ----------------------------------------------------------------------------- bookkeeping
-
-
-@dataclass
-class StreamRecord:
-    """One stream's life: monotonic open/close times (``time.monotonic()``) and database polls made."""
-
-    job_id: str
-    opened_at: float
-    closed_at: float | None = None
-    polls: int = 0
-    events: int = 0
-
-
-@dataclass
-class StreamStats:
-    """Open event streams and their database polls, per app (``app.state.event_streams``).
-
-    ``active`` is exported as the ``halfcast_event_streams`` gauge; ``polls`` (all
-    streams, ever) as ``halfcast_event_stream_polls_total``. The last :data:`HISTORY`
-    closed streams are kept in ``closed``. ``shared`` coalesces the database reads of
-    streams asking the same question at the same tick (its ``reads`` are exported as
-    ``halfcast_<kind>_stream_reads_total``).
-    """
-
-    settings: EventStreamSettings = field(default_factory=EventStreamSettings)
-    open_streams: set[int] = field(default_factory=set)
-    closed: deque[StreamRecord] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    opened_total: int = 0
-    polls: int = 0
-    _records: dict[int, StreamRecord] = field(default_factory=dict)
-    shared: SharedReads[Any] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.shared = SharedReads(fresh_s=self.settings.poll_interval_s / 2)
-
-    @property
-    def active(self) -> int:
-        """Streams open right now."""
-        return len(self.open_streams)
-
-    def open(self, job_id: str) -> StreamRecord:
-        """Count a new stream of ``job_id``; the caller must :meth:`close` it."""
-        record = StreamRecord(job_id=job_id, opened_at=time.monotonic())
-        self.opened_total += 1
-        self.open_streams.add(id(record))
-        self._records[id(record)] = record
-        return record
-
-    def poll(self, record: StreamRecord) -> None:
-        """Count one database poll of ``record``'s stream."""
-        record.polls += 1
-        self.polls += 1
-
-    def close(self, record: StreamRecord) -> None:
-        """Mark ``record``'s stream closed (idempotent)."""
-        if self._records.pop(id(record), None) is None:
-            return
-        self.open_streams.discard(id(record))
-        record.closed_at = time.monotonic()
-        self.closed.append(record)
-
-
-class StreamCollector:
-    """Prometheus collector of :class:`StreamStats`: ``halfcast_<kind>_streams`` and its polls counter.
-
-    ``kind`` is ``event`` (``GET /jobs/{id}/events``) or ``log`` (``GET /jobs/{id}/logs?follow=true``).
-    """
-
-    def __init__(self, stats: StreamStats, kind: str = "event") -> None:
-        self.stats = stats
-        self.kind = kind
-
-    def collect(self) -> Iterator[Metric]:
-        """The gauge of open streams and the counter of their database polls."""
-        name = f"halfcast_{self.kind}_stream"
-        yield GaugeMetricFamily(f"{name}s", f"Open job {self.kind} streams (SSE)", value=self.stats.active)
-        yield CounterMetricFamily(f"{name}_polls", f"Polls made by job {self.kind} streams", value=self.stats.polls)
-        yield CounterMetricFamily(
-            f"{name}_reads", f"Database reads made for job {self.kind} streams (polls of one job at one tick share one)",
-            value=self.stats.shared.reads,
-        )
-
-
-# ----------------------------------------------------------------------------- frames
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with non-finite floats replaced by ``None`` (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite(item) for item in value]
-    return value
-
-
-def frame(event: str, data: Any, event_id: int | None = None) -> str:
-    """One SSE event: ``event``, optional ``id``, ``data`` as one line of JSON, blank line."""
-    head = f"event: {event}\n" + (f"id: {event_id}\n" if event_id is not None else "")
-    return f"{head}data: {json.dumps(_finite(data), separators=(',', ':'), allow_nan=False)}\n\n"
-
-
-def comment(text: str) -> str:
-    """An SSE comment line (ignored by clients; keeps proxies and idle connections alive)."""
-    return f": {text}\n\n"
-
 
 # ----------------------------------------------------------------------------- polling
 
@@ -296,83 +168,17 @@ def database_poller(sessions: sessionmaker[Session], page_size: int, shared: Sha
 
     With ``shared``, streams asking the same question (job, cursor, known status) at
     the same tick share one read; one made a poller is per stream, and never hands its
-    stream a read older than the last one it used.
+    stream a read older than the last one it used (:class:`StreamReads`).
     """
-
-    async def read(job_id: str, after_step: int, known_status: str | None) -> Snapshot | None:
-        return await anyio.to_thread.run_sync(read_snapshot, sessions, job_id, after_step, known_status, page_size)
-
-    last_started = -math.inf  # this stream's newest read: never take a shared one that started before it
+    reads = StreamReads(shared)
 
     async def poll(job_id: str, after_step: int, known_status: str | None) -> Snapshot | None:
-        nonlocal last_started
-        if shared is None:
-            return await read(job_id, after_step, known_status)
-        key = ("snapshot", job_id, after_step, known_status, page_size)
-        snapshot, last_started = await shared.get_timed(key, lambda: read(job_id, after_step, known_status), last_started)
-        return cast("Snapshot | None", snapshot)
+        async def read() -> Snapshot | None:
+            return await anyio.to_thread.run_sync(read_snapshot, sessions, job_id, after_step, known_status, page_size)
+
+        return await reads.get(("snapshot", job_id, after_step, known_status, page_size), read)
 
     return poll
-
-
-@dataclass(frozen=True)
-class Tick:
-    """What one poll of a stream produced: its frames, whether the stream is over, whether more is already waiting."""
-
-    frames: list[str]
-    done: bool = False
-    more: bool = False
-
-
-#: One poll of a stream (its own short database session inside): a :class:`Tick`, or ``None`` when the job is gone.
-Ticker = Callable[[], Awaitable[Tick | None]]
-
-
-async def poll_stream(
-    kind: str,
-    job_id: str,
-    tick: Ticker,
-    is_disconnected: Callable[[], Awaitable[bool]],
-    stats: StreamStats,
-    first: str = "",
-) -> AsyncIterator[str]:
-    """The SSE text of a stream of polls: ``first``, then each ``tick()``'s frames, until it is done.
-
-    Checks ``is_disconnected()`` before every poll; between polls sleeps until the
-    job's next tick (:func:`next_tick_delay`: every ``poll_interval_s``, at the same
-    instants for every stream of the job; not when the tick says more is waiting) and sends a keepalive comment after
-    ``heartbeat_s`` without an event. Stops when a tick is ``done`` (after sending its
-    frames), when the job is gone, or when the client has gone; cancellation
-    (Starlette's disconnect watcher) stops it at its current ``await``. ``stats``
-    counts it open until it ends, whichever way. ``kind`` names the stream in logs.
-    """
-    settings = stats.settings
-    record = stats.open(job_id)
-    try:
-        if first:
-            yield first
-        last_sent = time.monotonic()
-        while not await is_disconnected():
-            stats.poll(record)
-            result = await tick()
-            if result is None:
-                log.info("%s stream of job %s: the job is gone", kind, job_id)
-                return
-            if result.frames:
-                record.events += len(result.frames)
-                yield "".join(result.frames)
-                last_sent = time.monotonic()
-            if result.done:
-                return
-            if result.more:
-                continue  # read on without sleeping
-            if time.monotonic() - last_sent >= settings.heartbeat_s:
-                yield comment("keepalive")
-                last_sent = time.monotonic()
-            await anyio.sleep(next_tick_delay(job_id, settings.poll_interval_s))
-    finally:
-        stats.close(record)
-        log.debug("%s stream of job %s closed after %d polls", kind, job_id, record.polls)
 
 
 def job_events(
@@ -397,4 +203,4 @@ def job_events(
         frames = _frames(snapshot, cursor)
         return Tick(frames, done=snapshot.status in TERMINAL_STATUSES, more=len(snapshot.records) >= page_size)
 
-    return poll_stream("event", job_id, tick, is_disconnected, stats, first=f"retry: {RETRY_MS}\n\n")
+    return poll_stream("event", job_id, tick, is_disconnected, stats, retry_ms=RETRY_MS)

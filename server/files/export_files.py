@@ -12,7 +12,7 @@ without following links: a symlink, or anything that is neither a regular file n
 directory, anywhere in it refuses the whole export (logged; it is then neither listed nor
 served), as do more than :data:`MAX_FILES` files, a path deeper than :data:`MAX_DEPTH`
 directories, or a name that is not UTF-8. A served export is a tar of its files
-(:mod:`server.export_tar`).
+(:mod:`server.files.export_tar`).
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ these things would otherwise go wrong for a body it cannot take:
   (``"\ud800"``) that cannot be encoded as UTF-8: rendering that 422 failed with a 500.
   422s are rendered with ``ensure_ascii`` (:class:`AsciiJSONResponse`), which escapes them;
 - a body with ``NaN``, ``Infinity``, ``-Infinity`` or ``1e309`` is not JSON either: routes
-  of :class:`server.strict_body.StrictJSONRoute` refuse it while parsing, and the 422
+  of :class:`server.http.strict_body.StrictJSONRoute` refuse it while parsing, and the 422
   names each number's field (``["body", "max_grad_norm"]``). As a second line, a 422
   that still holds a non-finite float (an ``input`` echo, a ``ctx`` value) renders it as
   a string (``"NaN"``, ``"Infinity"``, ``"-Infinity"``) instead of failing;
 - a ``loc`` through a union holds pydantic's tag of the member (``["body", "model", "mlp",
   "config", ...]``), which is no key of the body: every 422 item also gets ``field``, the
-  path inside its source without those tags (:mod:`server.field_paths`).
+  path inside its source without those tags (:mod:`server.http.field_paths`).
 
 :func:`install_body_error_handlers` fixes them: on a route that depends on
 :func:`server.auth.authenticate`, the token is checked first; then the body error
@@ -42,10 +42,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.auth import authenticate
-from server.errors import ApiError, error_response
-from server.field_paths import body_schema, with_field
-from server.openapi_errors import dependency_calls
-from server.strict_json import NONFINITE_MESSAGE, NonFiniteNumbers
+from server.http.errors import ApiError, error_response
+from server.http.field_paths import body_schema, with_field
+from server.http.openapi_errors import dependency_calls
+from server.http.strict_json import NONFINITE_MESSAGE, NonFiniteNumbers
 
 #: FastAPI's ``detail`` when it cannot read a body for a reason other than JSON syntax.
 BODY_PARSE_DETAIL = "There was an error parsing the body"

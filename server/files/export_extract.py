@@ -17,7 +17,7 @@ import os
 import tarfile
 from pathlib import Path
 
-from server.export_files import MAX_FILES
+from server.files.export_files import MAX_FILES
 
 #: Most entries (files and directories) an archive may hold.
 MAX_MEMBERS = 2 * MAX_FILES

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from server.redact import redact_urls
+from common.redact import redact_urls
 from server.schemas import ErrorBody
 
 log = logging.getLogger(__name__)

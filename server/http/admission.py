@@ -28,7 +28,7 @@ import anyio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import BUSY_RETRY_AFTER_S
+from server.http.errors import BUSY_RETRY_AFTER_S
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""An export (:mod:`server.export_files`) as an uncompressed POSIX tar, streamed without holding it in memory.
+"""An export (:mod:`server.files.export_files`) as an uncompressed POSIX tar, streamed without holding it in memory.
 
 Entries are the export's regular files, named ``<kind>/<file>``, in name order: mode
 ``0644``, uid and gid 0, no owner names, the file's mtime (whole seconds); no directory
@@ -21,7 +21,7 @@ import stat
 import tarfile
 from collections.abc import Iterator
 
-from server.export_files import Export, ExportFile
+from server.files.export_files import Export, ExportFile
 
 log = logging.getLogger(__name__)
 
