@@ -18,7 +18,7 @@ from collections.abc import Iterable
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "server": ("fastapi", "fastapi_offline", "uvicorn", "sqlalchemy", "alembic", "psycopg", "pydantic",
                "pydantic_settings", "prometheus_client", "celery", "redis"),
-    "worker": ("celery", "redis", "sqlalchemy", "psycopg", "pydantic", "pydantic_settings"),
+    "worker": ("celery", "redis", "sqlalchemy", "psycopg", "pydantic", "pydantic_settings", "setproctitle"),
     "trainer": ("torch", "pydantic", "sklearn", "transformers", "peft", "safetensors", "tokenizers"),
 }  # fmt: skip
 #: How many missing modules the error names (then "and N more").

@@ -15,12 +15,14 @@ from server.db.models import Job
 from server.db.transitions import (TRANSITIONS, Expected, Fence, IllegalTransition, Owner, allowed, compare_and_set,
                                    write_progress)
 
-Q, ST, R, CG, OK, F, C = (JobStatus.QUEUED, JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING,
-                          JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)  # fmt: skip
+Q, G, ST, R, CG, OK, F, C = (JobStatus.QUEUED, JobStatus.GATHERING, JobStatus.STARTING, JobStatus.RUNNING,
+                             JobStatus.CANCELLING, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)  # fmt: skip
 #: Every status change a job may make, spelled out (docs/worker.md, "Job states"): claim, cancel, enqueue failure,
-#: start, stop request, requeue, finish; a never-sent job replayed; nothing out of succeeded or cancelled.
+#: start, stop request, requeue, finish; a never-sent job replayed; nothing out of succeeded or cancelled; a
+#: multi-node job's gang gathering, then starting, or back in the queue after its gang timeout.
 ALLOWED_PAIRS = {
-    (Q, ST), (Q, C), (Q, F),
+    (Q, ST), (Q, G), (Q, C), (Q, F),
+    (G, ST), (G, CG), (G, Q), (G, OK), (G, F), (G, C),
     (ST, R), (ST, CG), (ST, Q), (ST, OK), (ST, F), (ST, C),
     (R, CG), (R, Q), (R, OK), (R, F), (R, C),
     (CG, OK), (CG, F), (CG, C),
