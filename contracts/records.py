@@ -187,7 +187,10 @@ class EvalRecord(RecordBase):
 
 
 class PrecisionSwitchRecord(RecordBase):
-    """The fp16 job switched to bf16 at ``step`` and goes on from the checkpoint at ``rewound_to_step`` (see :class:`PrecisionSwitch`)."""
+    """The fp16 job switched to bf16 at ``step`` and goes on from the checkpoint at ``rewound_to_step``.
+
+    See :class:`PrecisionSwitch`.
+    """
 
     type: Literal["precision_switch"] = "precision_switch"
     step: Step | None = None

@@ -65,9 +65,15 @@ class StartupPublic(BaseModel):
     Null until the phase has ended (and ``launch_s``/``imports_s`` when the trainer could not time them).
     """
 
-    launch_s: float | None = Field(default=None, description="From the worker starting torchrun to the trainer's Python")
-    imports_s: float | None = Field(default=None, description="Then to the training loop (imports, spec, process group)")
-    data_s: float | None = Field(default=None, description="Then to the dataset built (a resumed run's checkpoint read)")
+    launch_s: float | None = Field(
+        default=None, description="From the worker starting torchrun to the trainer's Python"
+    )
+    imports_s: float | None = Field(
+        default=None, description="Then to the training loop (imports, spec, process group)"
+    )
+    data_s: float | None = Field(
+        default=None, description="Then to the dataset built (a resumed run's checkpoint read)"
+    )
     model_s: float | None = Field(default=None, description="Then to the model, optimizer and schedule built")
     first_step_s: float | None = Field(default=None, description="Then to the first step's record written")
 
@@ -108,7 +114,8 @@ class JobPublic(BaseModel):
         default=0, description="Attempted steps up to `step` that applied an update (`step` minus `skipped_steps`)"
     )
     skipped_steps: int = Field(
-        default=0, description="Attempted steps up to `step` skipped for non-finite gradients (the latest record's count)"
+        default=0,
+        description="Attempted steps up to `step` skipped for non-finite gradients (the latest record's count)",
     )
     stopped_early: StoppedEarlyPublic | None = Field(
         default=None, description="Set when early stopping ended the succeeded job before `max_steps`"
@@ -122,7 +129,8 @@ class JobPublic(BaseModel):
         "its first step, `loading data`, `building model`, `first step`; null otherwise",
     )
     startup: StartupPublic | None = Field(
-        default=None, description="The current attempt's start-up phase times so far; null before its trainer reported one"
+        default=None,
+        description="The current attempt's start-up phase times so far; null before its trainer reported one",
     )
 
 

@@ -28,15 +28,36 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "broker": ("server.settings", "contracts"),
     # the server's shared core (settings, database, run-directory names, ...), the broker,
     # and the trainer's torch-free contract (the spec, the record file, the start-up phases)
-    "worker": ("server.settings", "server.db", "server.schemas", "server.timeutil",
-               "server.quiet_logs", "server.redact", "server.registry.refs", "broker", "trainer.spec",
-               "trainer.records", "trainer.startup", "trainer.registered", "contracts"),  # fmt: skip
+    "worker": (
+        "server.settings",
+        "server.db",
+        "server.schemas",
+        "server.timeutil",
+        "server.quiet_logs",
+        "server.redact",
+        "server.registry.refs",
+        "broker",
+        "trainer.spec",
+        "trainer.records",
+        "trainer.startup",
+        "trainer.registered",
+        "contracts",
+    ),
     # the broker to publish a job; the spec to validate it, and the trainer's torch-free input rules
     # (row parser, model-directory safety, supported model types, registry layout), so an upload the API
     # accepts is one the trainer reads
-    "server": ("broker", "trainer.spec", "trainer.catalog", "trainer.errors", "trainer.data.jsonl.formats",
-               "trainer.data.jsonl.rows", "trainer.hf.safety", "trainer.hf.model_types", "trainer.registered",
-               "contracts"),
+    "server": (
+        "broker",
+        "trainer.spec",
+        "trainer.catalog",
+        "trainer.errors",
+        "trainer.data.jsonl.formats",
+        "trainer.data.jsonl.rows",
+        "trainer.hf.safety",
+        "trainer.hf.model_types",
+        "trainer.registered",
+        "contracts",
+    ),
     "migrations": ("server.db", "server.settings", "contracts"),
     # measures the others (not shipped)
     "bench": ("server", "worker", "trainer", "contracts"),
@@ -80,8 +101,11 @@ def allows(allowed: tuple[str, ...], name: str) -> bool:
 
 
 def test_each_package_imports_only_what_its_rules_allow() -> None:
-    breaking = [(importer, name) for importer, name in first_party_imports()
-                if not allows(ALLOWED[importer.split(".")[0]], name)]  # fmt: skip
+    breaking = [
+        (importer, name)
+        for importer, name in first_party_imports()
+        if not allows(ALLOWED[importer.split(".")[0]], name)
+    ]
     assert [pair for pair in breaking if pair not in EXCEPTIONS] == []
 
 

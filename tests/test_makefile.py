@@ -36,8 +36,13 @@ def dry_run(workdir: Path, target: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
     result = subprocess.run(
         ["make", "--no-print-directory", "-n", "-f", str(MAKEFILE), target, f"VENV={workdir / 'venv'}"],
-        cwd=workdir, capture_output=True, text=True, timeout=30, check=True, env=env,
-    )  # fmt: skip
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+        env=env,
+    )
     return [line.strip() for line in result.stdout.splitlines() if line.strip()]
 
 
@@ -48,8 +53,11 @@ def pip_installs(lines: list[str]) -> list[str]:
 
 def set_ages(workdir: Path, **ages: float) -> None:
     """Give ``pyproject.toml`` and the stamps (``runtime``, ``test``; missing ones are not created) mtimes of ``now - age``."""
-    paths = {"pyproject": workdir / "pyproject.toml", "runtime": workdir / "venv" / RUNTIME_STAMP,
-             "test": workdir / "venv" / TEST_STAMP}  # fmt: skip
+    paths = {
+        "pyproject": workdir / "pyproject.toml",
+        "runtime": workdir / "venv" / RUNTIME_STAMP,
+        "test": workdir / "venv" / TEST_STAMP,
+    }
     now = paths["pyproject"].stat().st_mtime
     for name, age in ages.items():
         paths[name].touch()

@@ -7,15 +7,17 @@ import json
 import sys
 
 # ``add_api_command`` gives the command the shared --url/--timeout/--token options and error reporting.
-from server.cli.jobs import add_api_command
-from server.cli.jobs import client_for
+from server.cli.jobs import add_api_command, client_for
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``audit``."""
     audit = add_api_command(subparsers, "audit", "show the audit log, newest first (admin token)", run_audit)
     audit.add_argument("--limit", type=int, default=50, help="at most this many events (default 50, at most 1000)")
-    audit.add_argument("--action", help="only this action: job.create, job.cancel, job.requeue, token.create, token.revoke, quota.set, quota.clear")
+    audit.add_argument(
+        "--action",
+        help="only this action: job.create, job.cancel, job.requeue, token.create, token.revoke, quota.set, quota.clear",
+    )
     audit.add_argument("--json", action="store_true", help="print the events as JSON")
 
 
@@ -28,5 +30,7 @@ def run_audit(args: argparse.Namespace) -> int:
         return 0
     for event in page["events"]:
         details = json.dumps(event["details"], sort_keys=True) if event["details"] else ""
-        sys.stdout.write(f"{event['at'][:19].replace('T', ' ')}  {event['actor']}  {event['action']}  {event['subject']}  {details}\n")
+        sys.stdout.write(
+            f"{event['at'][:19].replace('T', ' ')}  {event['actor']}  {event['action']}  {event['subject']}  {details}\n"
+        )
     return 0

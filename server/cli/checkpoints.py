@@ -27,12 +27,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     listing = add_api_command(subparsers, "checkpoints", "list a job's checkpoint files", run_checkpoints)
     listing.add_argument("job_id")
     listing.add_argument("--json", action="store_true", help="print the list as JSON")
-    download = add_api_command(subparsers, "download", "download a job's checkpoint (default: the newest)", run_download)
+    download = add_api_command(
+        subparsers, "download", "download a job's checkpoint (default: the newest)", run_download
+    )
     download.add_argument("job_id")
     download.add_argument("--name", default=None, help="final.pt or step-<N>.pt (default: the newest checkpoint)")
     download.add_argument("--attempt", type=int, default=None, help="the attempt that wrote it (default: the newest)")
-    download.add_argument("-o", "--output", default=None,
-                          help="file, or directory (existing, or ending in /) to save it in as <job id>-attempt-<n>-<name> (default: .)")  # fmt: skip
+    download.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="file, or directory (existing, or ending in /) to save it in as <job id>-attempt-<n>-<name> (default: .)",
+    )
 
 
 def run_checkpoints(args: argparse.Namespace) -> int:
@@ -40,9 +46,19 @@ def run_checkpoints(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         files = client.checkpoints(args.job_id)
     header = ("ATTEMPT", "NAME", "STEP", "SIZE", "MODIFIED")
-    return write_listing(files, args.json, f"job {args.job_id} has no checkpoint yet", header,
-                         lambda f: (str(f["attempt"]), f["name"], str(f["step"]), format_size(f["size_bytes"]),
-                                    f["modified_at"][:19].replace("T", " ")))  # fmt: skip
+    return write_listing(
+        files,
+        args.json,
+        f"job {args.job_id} has no checkpoint yet",
+        header,
+        lambda f: (
+            str(f["attempt"]),
+            f["name"],
+            str(f["step"]),
+            format_size(f["size_bytes"]),
+            f["modified_at"][:19].replace("T", " "),
+        ),
+    )
 
 
 def run_download(args: argparse.Namespace) -> int:
@@ -54,8 +70,10 @@ def run_download(args: argparse.Namespace) -> int:
         except OSError as exc:  # the target cannot be written (BrokenPipeError never comes from here)
             sys.stderr.write(f"error: cannot save to {target}: {exc.strerror or exc}\n")
             return EXIT_ERROR
-    sys.stderr.write(f"job {args.job_id}: {saved['name']} of attempt {saved['attempt']} (step {saved['step']}, "
-                     f"{format_size(saved['size_bytes'])})\n")  # fmt: skip
+    sys.stderr.write(
+        f"job {args.job_id}: {saved['name']} of attempt {saved['attempt']} (step {saved['step']}, "
+        f"{format_size(saved['size_bytes'])})\n"
+    )
     sys.stdout.write(f"{saved['path']}\n")
     return 0
 

@@ -44,8 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def describe(dataset: dict[str, Any]) -> str:
     """One line: rows, format, size and SHA-256."""
-    return (f"{dataset['rows']} rows of {dataset['format']} ({dataset['file_format']}), "
-            f"{format_size(dataset['bytes'])}, sha256 {dataset['sha256']}")  # fmt: skip
+    return (
+        f"{dataset['rows']} rows of {dataset['format']} ({dataset['file_format']}), "
+        f"{format_size(dataset['bytes'])}, sha256 {dataset['sha256']}"
+    )
 
 
 def run_upload(args: argparse.Namespace) -> int:
@@ -53,8 +55,9 @@ def run_upload(args: argparse.Namespace) -> int:
     progress = UploadProgress(f"uploading {args.file.name}")
     try:
         with client_for(args) as client:
-            dataset = client.upload_dataset(args.file, args.format, name=args.name, file_format=args.file_format,
-                                            progress=progress)  # fmt: skip
+            dataset = client.upload_dataset(
+                args.file, args.format, name=args.name, file_format=args.file_format, progress=progress
+            )
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"error: cannot upload {args.file}: {getattr(exc, 'strerror', None) or exc}\n")
         return EXIT_ERROR
@@ -73,9 +76,20 @@ def run_list(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         found = list(client.datasets())
     header = ("ID", "NAME", "FORMAT", "ROWS", "SIZE", "CREATED")
-    return write_listing(found, args.json, "no dataset registered", header,
-                         lambda d: (d["id"], d["name"], f"{d['format']}/{d['file_format']}", str(d["rows"]),
-                                    format_size(d["bytes"]), d["created_at"][:19].replace("T", " ")))  # fmt: skip
+    return write_listing(
+        found,
+        args.json,
+        "no dataset registered",
+        header,
+        lambda d: (
+            d["id"],
+            d["name"],
+            f"{d['format']}/{d['file_format']}",
+            str(d["rows"]),
+            format_size(d["bytes"]),
+            d["created_at"][:19].replace("T", " "),
+        ),
+    )
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     listing.add_argument("--json", action="store_true", help="print the list as JSON")
     export = add_api_command(subparsers, "export", "download a job's export and unpack it as a directory", run_export)
     export.add_argument("job_id")
-    export.add_argument("kind", choices=[k.value for k in ExportKind], help="adapter (PEFT) or model (merged Hugging Face)")
+    export.add_argument(
+        "kind", choices=[k.value for k in ExportKind], help="adapter (PEFT) or model (merged Hugging Face)"
+    )
     export.add_argument("--attempt", type=int, default=None, help="the attempt that wrote it (default: the newest)")
     export.add_argument("-o", "--output", default=None, help="directory to unpack it as (default: ./<job id>-<kind>)")
     export.add_argument("--overwrite", action="store_true", help="replace the directory if it exists and is not empty")
@@ -39,9 +41,19 @@ def run_exports(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         found = client.exports(args.job_id)
     header = ("KIND", "ATTEMPT", "FILES", "SIZE", "MODIFIED")
-    return write_listing(found, args.json, f"job {args.job_id} has no export", header,
-                         lambda e: (e["kind"], str(e["attempt"]), str(len(e["files"])), format_size(e["size_bytes"]),
-                                    e["modified_at"][:19].replace("T", " ")))  # fmt: skip
+    return write_listing(
+        found,
+        args.json,
+        f"job {args.job_id} has no export",
+        header,
+        lambda e: (
+            e["kind"],
+            str(e["attempt"]),
+            str(len(e["files"])),
+            format_size(e["size_bytes"]),
+            e["modified_at"][:19].replace("T", " "),
+        ),
+    )
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -43,8 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     submit.add_argument("spec", help="SPEC.yaml, SPEC.yml, SPEC.json, or - for stdin")
     submit.add_argument("--idempotency-key", help="makes a retried submit return the same job")
     submit.add_argument("-w", "--watch", action="store_true", help="watch the job after submitting it")
-    submit.add_argument("-q", "--quiet", action="store_true",
-                        help="print only the job id (for scripts: JOB=$(halfcast submit -q spec.yaml))")  # fmt: skip
+    submit.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print only the job id (for scripts: JOB=$(halfcast submit -q spec.yaml))",
+    )
     listing = add_api_command(subparsers, "list", "list jobs, newest first", run_list)
     listing.add_argument("--status", help="only jobs in this status")
     listing.add_argument("--limit", type=int, default=20, help="at most this many jobs (default 20)")
@@ -58,7 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     cancel.add_argument("job_id")
 
 
-def add_api_command(subparsers: argparse._SubParsersAction, name: str, help_text: str, handler: Handler) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_api_command(
+    subparsers: argparse._SubParsersAction, name: str, help_text: str, handler: Handler
+) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help_text)
     parser.add_argument("--url", default=None, help=f"the Halfcast API (HALFCAST_URL, default {DEFAULT_URL})")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
@@ -132,7 +138,9 @@ def load_spec(source: str) -> dict[str, Any]:
     except RecursionError as exc:
         raise SpecFileError(f"{source} is nested too deeply") from exc
     except (ValueError, yaml.YAMLError) as exc:
-        raise SpecFileError(f"{source} is not valid {'JSON' if source.endswith('.json') else 'YAML'}: {' '.join(str(exc).split())}") from exc
+        raise SpecFileError(
+            f"{source} is not valid {'JSON' if source.endswith('.json') else 'YAML'}: {' '.join(str(exc).split())}"
+        ) from exc
     if not isinstance(spec, dict):
         raise SpecFileError(f"{source} must hold a mapping of spec fields, not {type(spec).__name__}")
     return spec
@@ -161,9 +169,18 @@ def run_list(args: argparse.Namespace) -> int:
     rows = [("ID", "STATUS", "STEP", "LOSS", "SCALE", "SKIPPED", "CREATED", "NAME")]
     for job in jobs:
         latest = job.latest or {}
-        rows.append((job.id, job.status, f"{job.step}/{job.max_steps}", format_number(latest.get("loss")),
-                     _scale_cell(job, format_number), str(latest.get("skipped_steps", "-")),
-                     job.created_at.strftime("%Y-%m-%d %H:%M:%S"), job.name or ""))  # fmt: skip
+        rows.append(
+            (
+                job.id,
+                job.status,
+                f"{job.step}/{job.max_steps}",
+                format_number(latest.get("loss")),
+                _scale_cell(job, format_number),
+                str(latest.get("skipped_steps", "-")),
+                job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                job.name or "",
+            )
+        )
     write_table(rows)
     return 0
 
@@ -188,8 +205,13 @@ def write_table(rows: list[tuple[str, ...]]) -> None:
         sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
-def write_listing(items: list[dict[str, Any]], as_json: bool, empty_note: str, header: tuple[str, ...],
-                  row: Callable[[dict[str, Any]], tuple[str, ...]]) -> int:  # fmt: skip
+def write_listing(
+    items: list[dict[str, Any]],
+    as_json: bool,
+    empty_note: str,
+    header: tuple[str, ...],
+    row: Callable[[dict[str, Any]], tuple[str, ...]],
+) -> int:
     """Print ``items`` as JSON, or as a table of ``header`` and ``row(item)``; ``empty_note`` on stderr if none."""
     if as_json:
         sys.stdout.write(json.dumps(items, indent=2) + "\n")
@@ -214,19 +236,28 @@ def run_status(args: argparse.Namespace) -> int:
 def describe(job: JobPublic) -> list[tuple[str, str]]:
     """``(label, text)`` lines describing a job resource."""
     latest = job.latest or {}
-    lines = [("id", job.id), ("name", job.name or "-"), ("status", str(job.status)),
-             ("step", f"{job.step}/{job.max_steps} (world size {job.world_size})"),
-             ("precision", _precision_text(job))]  # fmt: skip
+    lines = [
+        ("id", job.id),
+        ("name", job.name or "-"),
+        ("status", str(job.status)),
+        ("step", f"{job.step}/{job.max_steps} (world size {job.world_size})"),
+        ("precision", _precision_text(job)),
+    ]
     if job.phase:
         lines.append(("phase", job.phase))
     if job.startup:
         lines.append(("start-up", _startup_text(job.startup.model_dump())))
     if latest:
-        lines += [("loss", format_number(latest.get("loss"))), ("scale", _scale_cell(job, format_scale)),
-                  ("updates", _updates_text(job, latest)),
-                  ("samples/s", format_number(latest.get("samples_per_second"), 5))]  # fmt: skip
+        lines += [
+            ("loss", format_number(latest.get("loss"))),
+            ("scale", _scale_cell(job, format_scale)),
+            ("updates", _updates_text(job, latest)),
+            ("samples/s", format_number(latest.get("samples_per_second"), 5)),
+        ]
     if job.eval:
-        lines.append(("eval", ", ".join(f"{k} {format_number(v)}" for k, v in job.eval.items() if k not in ("time", "type"))))
+        lines.append(
+            ("eval", ", ".join(f"{k} {format_number(v)}" for k, v in job.eval.items() if k not in ("time", "type")))
+        )
     if job.error:
         lines.append(("error", f"{job.error.reason}: {job.error.message}"))
     lines.append(("created", job.model_dump(mode="json", include={"created_at"})["created_at"]))
@@ -235,8 +266,11 @@ def describe(job: JobPublic) -> list[tuple[str, str]]:
 
 def _startup_text(startup: dict[str, Any]) -> str:
     """``launch 1.5 s, imports 6.2 s, data 0.3 s, model 0.2 s, first step 0.1 s``: the phases timed so far."""
-    timed = [(name.removesuffix("_s").replace("_", " "), value) for name, value in startup.items()
-             if name.endswith("_s") and isinstance(value, (int, float))]  # fmt: skip
+    timed = [
+        (name.removesuffix("_s").replace("_", " "), value)
+        for name, value in startup.items()
+        if name.endswith("_s") and isinstance(value, (int, float))
+    ]
     return ", ".join(f"{name} {value:.1f} s" for name, value in timed) or "-"
 
 
@@ -253,8 +287,10 @@ def _precision_text(job: JobPublic) -> str:
     if not switches:
         return str(job.spec["precision"])
     last = switches[-1]
-    return (f"{last['from']} -> {last['to']} at step {last['step']} "
-            f"({last['reason']}; rewound to step {last['rewound_to_step']})")
+    return (
+        f"{last['from']} -> {last['to']} at step {last['step']} "
+        f"({last['reason']}; rewound to step {last['rewound_to_step']})"
+    )
 
 
 def run_watch(args: argparse.Namespace) -> int:

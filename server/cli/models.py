@@ -46,8 +46,9 @@ def _print_model(model: dict[str, Any], as_json: bool) -> int:
         sys.stdout.write(json.dumps(model, indent=2) + "\n")
         return 0
     source = f" from job {model['source_job_id']}" if model["source_job_id"] else ""
-    sys.stderr.write(f"model {model['name']}: {model['model_type']}, {model['files']} files, "
-                     f"{format_size(model['bytes'])}{source}\n")  # fmt: skip
+    sys.stderr.write(
+        f"model {model['name']}: {model['model_type']}, {model['files']} files, {format_size(model['bytes'])}{source}\n"
+    )
     sys.stdout.write(f"{model['id']}\n")
     return 0
 
@@ -78,9 +79,21 @@ def run_list(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         found = list(client.models())
     header = ("ID", "NAME", "TYPE", "FILES", "SIZE", "FROM JOB", "CREATED")
-    return write_listing(found, args.json, "no model registered", header,
-                         lambda m: (m["id"], m["name"], m["model_type"], str(m["files"]), format_size(m["bytes"]),
-                                    m["source_job_id"] or "-", m["created_at"][:19].replace("T", " ")))  # fmt: skip
+    return write_listing(
+        found,
+        args.json,
+        "no model registered",
+        header,
+        lambda m: (
+            m["id"],
+            m["name"],
+            m["model_type"],
+            str(m["files"]),
+            format_size(m["bytes"]),
+            m["source_job_id"] or "-",
+            m["created_at"][:19].replace("T", " "),
+        ),
+    )
 
 
 def run_show(args: argparse.Namespace) -> int:

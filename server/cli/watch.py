@@ -4,7 +4,8 @@ On a terminal (TTY) one line is redrawn in place by rich's live display
 (:class:`LiveOutput`): a progress bar with ETA, the current loss, loss scale (not for a
 job whose precision scales nothing: fp32, bf16, fp8), skipped steps and throughput,
 fitted to the terminal's width (lower-priority fields are shortened, then dropped:
-:func:`fit`), so it never wraps and a redraw never leaves a line behind; status changes, the start-up phase (``job j: running (loading data)``) and the
+:func:`fit`), so it never wraps and a redraw never leaves a line behind; status changes, the start-up
+phase (``job j: running (loading data)``) and the
 evaluation get lines of their own above it. Elsewhere (a pipe, a log file) every step
 and every status change is printed as a plain, whole line (:class:`PlainOutput`), so
 the output is greppable.
@@ -149,7 +150,11 @@ class WatchView:
         step = int(record.get("step", 0))
         scale, skipped = record.get("loss_scale"), record.get("skipped_steps", 0)
         throughput = f"{format_number(record.get('samples_per_second'), 5)} samples/s"
-        tokens = f"{format_number(record['tokens_per_second'], 5)} tok/s" if record.get("tokens_per_second") is not None else None
+        tokens = (
+            f"{format_number(record['tokens_per_second'], 5)} tok/s"
+            if record.get("tokens_per_second") is not None
+            else None
+        )
         overflow = [Part(("OVERFLOW",), 1), Part((_overflow_where(record),), 9, "")] if record.get("overflow") else []
         return [
             Part((progress_bar(step, self.max_steps), progress_bar(step, self.max_steps, SHORT_BAR_WIDTH)), 4, ""),
@@ -160,7 +165,7 @@ class WatchView:
             Part((f"skipped {skipped}",), 7),
             Part((f"{throughput} {tokens}", tokens) if tokens else (throughput,), 8),
             *overflow,
-        ]  # fmt: skip
+        ]  # fmt: skip  # a table, laid out by hand
 
     def progress_line(self, width: int | None = None) -> str:
         """The one-line summary of the latest step, fitted to ``width`` characters (``None``: in full)."""
@@ -236,7 +241,9 @@ class LiveOutput:
             return
         text = Text(view.progress_line(self.console.width), no_wrap=True, overflow="ellipsis")
         if self.live is None:
-            self.live = Live(text, console=self.console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
+            self.live = Live(
+                text, console=self.console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False
+            )
             self.live.start()
         self.live.update(text, refresh=True)
 

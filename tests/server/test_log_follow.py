@@ -65,7 +65,10 @@ def _follow(url: str, events: list[Event], params: dict[str, object] | None = No
     """Read the whole stream in a thread, appending each event to ``events`` as it arrives."""
 
     def read() -> None:
-        with httpx.Client(timeout=30) as client, client.stream("GET", url, params={"follow": "true", **(params or {})}) as response:
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream("GET", url, params={"follow": "true", **(params or {})}) as response,
+        ):
             assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
             events.extend(iter_events(response.iter_lines()))
 
@@ -169,7 +172,10 @@ def test_a_closed_follow_stream_stops_within_two_seconds_and_stops_polling(
         try:
             for n in range(5):
                 params = {"follow": "true"}
-                with httpx.Client(timeout=10) as client, client.stream("GET", f"{server.url}/jobs/{job_id}/logs", params=params) as response:
+                with (
+                    httpx.Client(timeout=10) as client,
+                    client.stream("GET", f"{server.url}/jobs/{job_id}/logs", params=params) as response,
+                ):
                     events = iter_events(response.iter_lines())
                     assert next(events).event == "attempt" and next(events).event == "lines"
                     assert stats.active == 1

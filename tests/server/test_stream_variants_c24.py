@@ -123,8 +123,9 @@ def test_c24_variant_disconnect_before_the_first_event_ends_the_stream(
 # ----------------------------------------------------------------------------- the job ends while a client listens
 
 
-def _write_then_finish(kind: str, settings: Settings, sessions: sessionmaker[Session], job_id: str,
-                       finished: list[float]) -> None:  # fmt: skip
+def _write_then_finish(
+    kind: str, settings: Settings, sessions: sessionmaker[Session], job_id: str, finished: list[float]
+) -> None:
     """Write 10 steps (or log lines) as the worker would, then end the job ``succeeded``."""
     time.sleep(0.2)
     for step in range(1, 11):
@@ -162,7 +163,9 @@ def test_c24_variant_a_job_that_ends_while_streamed_ends_its_stream(
     if kind == "events":
         assert [int(e.id) for e in events if e.event == "step"] == list(range(1, 11))  # type: ignore[arg-type]
     else:
-        assert [line for e in events if e.event == "lines" for line in e.data["lines"]] == [f"line {n}" for n in range(1, 11)]
+        assert [line for e in events if e.event == "lines" for line in e.data["lines"]] == [
+            f"line {n}" for n in range(1, 11)
+        ]
     assert ended_at - finished[0] < END_WITHIN_S, ended_at - finished[0]
 
 
@@ -211,7 +214,10 @@ class _Reader:
 
     def run(self) -> None:
         try:
-            with httpx.Client(timeout=30, headers=self.headers) as client, client.stream("GET", self.url, params=self.params) as response:
+            with (
+                httpx.Client(timeout=30, headers=self.headers) as client,
+                client.stream("GET", self.url, params=self.params) as response,
+            ):
                 self.status = response.status_code
                 for _ in iter_events(response.iter_lines()):
                     self.events += 1
@@ -221,7 +227,9 @@ class _Reader:
             self.error = repr(exc)
 
 
-def _start_readers(url: str, params: dict[str, str], headers: dict[str, str], stop: threading.Event) -> Iterator[tuple[_Reader, threading.Thread]]:
+def _start_readers(
+    url: str, params: dict[str, str], headers: dict[str, str], stop: threading.Event
+) -> Iterator[tuple[_Reader, threading.Thread]]:
     for _ in range(MANY_STREAMS):
         reader = _Reader(url, params, headers, stop)
         thread = threading.Thread(target=reader.run, daemon=True)

@@ -24,10 +24,21 @@ def _events() -> Iterator[Event]:
     yield Event("status", None, {"status": "running", "max_steps": 1000, "phase": "loading data"})
     yield Event("status", None, {"status": "running", "max_steps": 1000, "phase": None})
     for step in range(1, 11):
-        overflow: dict[str, Any] = {"overflow": True, "overflow_ranks": [0, 1], "nonfinite_param_count": 12,
-                                    "nonfinite_params": [{"name": "transformer.h.11.mlp.c_proj.weight", "kind": "inf"}]}
-        record = step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=123456.7,
-                             samples_per_second=9876.5, skipped_steps=int(step >= 4), **(overflow if step == 4 else {}))
+        overflow: dict[str, Any] = {
+            "overflow": True,
+            "overflow_ranks": [0, 1],
+            "nonfinite_param_count": 12,
+            "nonfinite_params": [{"name": "transformer.h.11.mlp.c_proj.weight", "kind": "inf"}],
+        }
+        record = step_record(
+            step,
+            time=1000.0 + step,
+            loss_scale=65536.0,
+            tokens_per_second=123456.7,
+            samples_per_second=9876.5,
+            skipped_steps=int(step >= 4),
+            **(overflow if step == 4 else {}),
+        )
         yield Event("step", str(step), record)
     yield Event("eval", None, {"step": 10, "loss": 0.5})
     yield Event("status", None, {"status": "succeeded", "max_steps": 1000, "phase": None})
@@ -37,10 +48,24 @@ class FakeClient:
     """The two calls ``watch_job`` makes."""
 
     def get(self, job_id: str) -> JobPublic:
-        return JobPublic.model_validate({"id": job_id, "name": None, "status": "starting", "spec": {}, "step": 0,
-                                         "max_steps": 1000, "world_size": 1, "created_at": "2026-12-02T10:00:00Z",
-                                         "started_at": None, "finished_at": None, "error": None, "latest": None,
-                                         "eval": None, "attempt": 1})  # fmt: skip
+        return JobPublic.model_validate(
+            {
+                "id": job_id,
+                "name": None,
+                "status": "starting",
+                "spec": {},
+                "step": 0,
+                "max_steps": 1000,
+                "world_size": 1,
+                "created_at": "2026-12-02T10:00:00Z",
+                "started_at": None,
+                "finished_at": None,
+                "error": None,
+                "latest": None,
+                "eval": None,
+                "attempt": 1,
+            }
+        )
 
     def events(self, job_id: str, after_step: int = 0) -> Iterator[Event]:
         return _events()
@@ -61,8 +86,12 @@ def test_watch_on_a_narrow_terminal_fits_the_width_and_leaves_no_stale_line(
     screen.feed(terminal.getvalue())
     rows = screen.lines()
     assert screen.wraps == 0, rows
-    assert rows[:4] == ["job j: starting (launching)", "job j: running (loading data)", "job j: running",
-                        "eval at step 10: loss 0.5"], rows  # fmt: skip
+    assert rows[:4] == [
+        "job j: starting (launching)",
+        "job j: running (loading data)",
+        "job j: running",
+        "eval at step 10: loss 0.5",
+    ], rows
     assert rows[5:] == ["job j: succeeded"] and len(rows) == 6, rows  # one progress row: no redraw left one behind
     progress = rows[4]
     assert progress.startswith("[") and " 10/1000" in progress and "loss 0.1" in progress, progress
@@ -71,8 +100,15 @@ def test_watch_on_a_narrow_terminal_fits_the_width_and_leaves_no_stale_line(
 
 def test_the_redrawn_line_is_never_longer_than_the_width_at_any_width() -> None:
     view = WatchView("j", max_steps=100_000)
-    record = step_record(99_999, time=1.0, loss_scale=2.0**-14, tokens_per_second=1e9, overflow=True,
-                         nonfinite_params=[{"name": "a" * 200, "kind": "nan"}], nonfinite_param_count=9)
+    record = step_record(
+        99_999,
+        time=1.0,
+        loss_scale=2.0**-14,
+        tokens_per_second=1e9,
+        overflow=True,
+        nonfinite_params=[{"name": "a" * 200, "kind": "nan"}],
+        nonfinite_param_count=9,
+    )
     view.apply(Event("step", "99999", record))
     full = view.progress_line()
     assert "OVERFLOW in " + "a" * 200 in full and "tok/s" in full

@@ -46,7 +46,10 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _trajectory(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    return [(r["step"], r["loss"], r["loss_scale"], r["overflow"], r["skipped_steps"], r["grad_norm"], r["lr"]) for r in records]
+    return [
+        (r["step"], r["loss"], r["loss_scale"], r["overflow"], r["skipped_steps"], r["grad_norm"], r["lr"])
+        for r in records
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from worker_support import insert_job, small_spec
 from sqlalchemy import Engine, select
+from worker_support import insert_job, small_spec
 
 from contracts.records import EvalRecord as EvalLine
 from contracts.records import StepRecord as StepLine

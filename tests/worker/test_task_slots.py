@@ -21,8 +21,9 @@ from worker.tasks import register_tasks
 @pytest.fixture
 def gpu_settings(data_dir: Path) -> Settings:
     """A worker configured with HALFCAST_WORKER_GPUS="0" and a short wait for slots."""
-    return Settings(data_dir=data_dir, worker_gpus="0", worker_slot_wait_s=0.2, worker_poll_interval_s=0.05,
-                    worker_heartbeat_s=0.05)  # fmt: skip
+    return Settings(
+        data_dir=data_dir, worker_gpus="0", worker_slot_wait_s=0.2, worker_poll_interval_s=0.05, worker_heartbeat_s=0.05
+    )
 
 
 @pytest.fixture

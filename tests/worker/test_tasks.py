@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worker_support import insert_job, small_spec
 from sqlalchemy import select
+from worker_support import insert_job, small_spec
 
 from broker.celery_app import RUN_JOB_TASK, create_celery_app
 from server.db.engine import make_engine
@@ -83,9 +83,16 @@ def test_the_celery_process_never_imports_torch(data_dir: Path) -> None:
 def test_the_visibility_timeout_comes_from_the_settings() -> None:
     settings = Settings(broker_url="redis://127.0.0.1:6379/0", broker_visibility_timeout_s=5)
     app = create_celery_app(settings)
-    assert app.conf.broker_transport_options == {"visibility_timeout": 5, "unacked_restore_interval": 2.5,
-                                                 "unacked_restore_throttle": 1}  # fmt: skip
-    assert (app.conf.task_acks_late, app.conf.worker_prefetch_multiplier, app.conf.task_reject_on_worker_lost) == (True, 1, True)
+    assert app.conf.broker_transport_options == {
+        "visibility_timeout": 5,
+        "unacked_restore_interval": 2.5,
+        "unacked_restore_throttle": 1,
+    }
+    assert (app.conf.task_acks_late, app.conf.worker_prefetch_multiplier, app.conf.task_reject_on_worker_lost) == (
+        True,
+        1,
+        True,
+    )
 
 
 def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
