@@ -216,7 +216,7 @@ def run_scenario(
         _measure(pool, _plans(args, scenario, api.url, token, targets), args, api.url, token)
     )
     cpu = cpu_seconds(api.popen.pid) - cpu_before
-    result = {
+    result: dict[str, Any] = {
         "scenario": asdict(scenario),
         "polls": summary(tally, args.duration),
         "probe": {name: summary(t, args.duration) for name, t in probed.items()},

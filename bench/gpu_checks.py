@@ -211,7 +211,8 @@ def measurements(
     ok = math.isfinite(last_loss) and all(c == 0 for c in guard.counts)
     return {
         "status": "ok" if ok else "failed",
-        "optimizer": f"AdamW({resolve_implementation(spec.optimizer.implementation, parts.parameters)})",
+        # parts.parameters holds Parameters typed as Tensor (trainer.optim asks for Parameter)
+        "optimizer": f"AdamW({resolve_implementation(spec.optimizer.implementation, parts.parameters)})",  # type: ignore[arg-type]
         "fp8_layers": len(parts.precision.fp8_layers),
         "sync_check": guard.method,
         "syncs_per_step": guard.counts or None,
@@ -227,7 +228,7 @@ def measurements(
 
 def run_checks(args: argparse.Namespace) -> dict[str, Any]:
     """Every precision x implementation; a sync inside a steady step fails that row (the error is kept)."""
-    device = torch.device("cpu" if args.dry_run else "cuda", 0 if not args.dry_run else None)
+    device = torch.device("cpu") if args.dry_run else torch.device("cuda", 0)
     ctx = DistContext(rank=0, local_rank=0, world_size=1, device=device)
     results = []
     for precision in args.precisions.split(","):

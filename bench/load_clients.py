@@ -22,7 +22,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,10 @@ async def timed(
     return time.perf_counter() - started, outcome_of(response.status_code, expected), response
 
 
+#: One poll: ``(connection, path, headers, timeout_s) -> (seconds, outcome, response headers)``.
+Getter = Callable[[Any, str, "dict[str, str] | None", float], Awaitable[tuple[float, str, dict[str, str]]]]
+
+
 async def _raw_get(
     connection: RawHttpConnection, path: str, headers: dict[str, str] | None, timeout_s: float
 ) -> tuple[float, str, dict[str, str]]:
@@ -123,7 +127,7 @@ async def _poller(plan: PollPlan, job_id: str, measure_from: float, deadline: fl
     etag: str | None = None
     if plan.client == "raw":
         connection: Any = RawHttpConnection(plan.url, headers)
-        get = _raw_get
+        get: Getter = _raw_get
     else:
         connection = httpx.AsyncClient(base_url=plan.url, timeout=plan.timeout_s, limits=limits, headers=headers)
         get = _httpx_get

@@ -103,7 +103,7 @@ def measure_in_subprocess(name: str, work: LoraWorkload, steps: int, threads: in
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
+    return json.loads(lines[-1])
 
 
 def _workload_json(work: LoraWorkload) -> dict[str, Any]:

@@ -107,11 +107,17 @@ def make_model(work: Workload) -> nn.Sequential:
 class OptimizerSettings(Protocol):
     """What the peers' optimizer and LR schedule are built from (:class:`Workload`, ``LoraWorkload``)."""
 
-    lr: float
-    weight_decay: float
-    warmup_steps: int
-    min_lr_ratio: float
-    total_steps: int
+    # read-only (properties): the workloads are frozen
+    @property
+    def lr(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def min_lr_ratio(self) -> float: ...
+    @property
+    def total_steps(self) -> int: ...
 
 
 def lr_multiplier(work: OptimizerSettings) -> LRMultiplier:

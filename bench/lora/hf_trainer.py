@@ -38,7 +38,7 @@ from trainer.sync_counter import HostSyncCounter
 STEP_TIMEOUT_S = 300.0
 
 
-class BatchRows(IterableDataset):  # type: ignore[type-arg]
+class BatchRows(IterableDataset):
     """The rows of ``batches``, in order, endlessly: ``{"input_ids", "labels"}`` per sample."""
 
     def __init__(self, batches: Sequence[Batch]) -> None:
@@ -126,7 +126,7 @@ class TrainerRunner:
                 train_dataset=BatchRows(make_batches(work)),
                 optimizers=(optimizer, peer_scheduler(optimizer, work)),
                 compute_loss_func=shifted_loss,
-                callbacks=[self.gate],
+                callbacks=[self.gate],  # type: ignore[list-item]  # a TrainerCallback subclass (gate_callback)
             )
         self.info = PeerInfo(
             label="HF Trainer",

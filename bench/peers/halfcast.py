@@ -54,7 +54,8 @@ class HalfcastRunner:
         self.flusher = build_record_flusher(self.spec, self.parts, self._sink, CPU)  # as a real job's
         self._step = 0
         self._probe = ActivationProbe(self.parts.model)
-        used = resolve_implementation(implementation, self.parts.parameters)
+        # parts.parameters holds Parameters typed as Tensor (trainer.optim asks for Parameter)
+        used = resolve_implementation(implementation, self.parts.parameters)  # type: ignore[arg-type]
         scaler = self.parts.precision.scaler
         self.info = PeerInfo(
             label="Halfcast",

@@ -38,8 +38,10 @@ LossOf = Callable[[nn.Module, Batch], torch.Tensor]
 class HandSettings(OptimizerSettings, Protocol):
     """What the loop needs beyond the optimizer settings (:class:`Workload`, ``LoraWorkload``)."""
 
-    precision: str
-    max_grad_norm: float
+    @property
+    def precision(self) -> str: ...
+    @property
+    def max_grad_norm(self) -> float: ...
 
     @property
     def autocast_dtype(self) -> torch.dtype | None: ...

@@ -10,7 +10,7 @@ import sys
 from server.cli.jobs import add_api_command, client_for
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``audit``."""
     audit = add_api_command(subparsers, "audit", "show the audit log, newest first (admin token)", run_audit)
     audit.add_argument("--limit", type=int, default=50, help="at most this many events (default 50, at most 1000)")

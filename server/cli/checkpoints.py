@@ -22,7 +22,7 @@ from pathlib import Path
 from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_listing
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``checkpoints`` and ``download``."""
     listing = add_api_command(subparsers, "checkpoints", "list a job's checkpoint files", run_checkpoints)
     listing.add_argument("job_id")

@@ -21,7 +21,7 @@ from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_listi
 from server.export_files import ExportKind
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``exports`` and ``export``."""
     listing = add_api_command(subparsers, "exports", "list a job's exports (adapter, model)", run_exports)
     listing.add_argument("job_id")

@@ -37,7 +37,7 @@ EXIT_ERROR, EXIT_INVALID, EXIT_UNAVAILABLE = 1, 2, 3
 Handler = Callable[[argparse.Namespace], int]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``submit``, ``list``, ``status``, ``watch`` and ``cancel``."""
     submit = add_api_command(subparsers, "submit", "submit a job spec (YAML or JSON file; - reads stdin)", run_submit)
     submit.add_argument("spec", help="SPEC.yaml, SPEC.yml, SPEC.json, or - for stdin")
@@ -63,8 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def add_api_command(
-    subparsers: argparse._SubParsersAction, name: str, help_text: str, handler: Handler
-) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str, handler: Handler
+) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help_text)
     parser.add_argument("--url", default=None, help=f"the Halfcast API (HALFCAST_URL, default {DEFAULT_URL})")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
@@ -166,7 +166,7 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps([job.model_dump(mode="json") for job in jobs], indent=2) + "\n")
         return 0
-    rows = [("ID", "STATUS", "STEP", "LOSS", "SCALE", "SKIPPED", "CREATED", "NAME")]
+    rows: list[tuple[str, ...]] = [("ID", "STATUS", "STEP", "LOSS", "SCALE", "SKIPPED", "CREATED", "NAME")]
     for job in jobs:
         latest = job.latest or {}
         rows.append(

@@ -25,7 +25,7 @@ from server.client import FieldError, HalfcastClient, ValidationFailed
 JOB_PARTS = ("rank", "attempt")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``logs``."""
     logs = add_api_command(subparsers, "logs", "print a rank's log (stdout and stderr) of a job", run_logs)
     logs.add_argument("job_id")

@@ -20,7 +20,7 @@ from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, write_listi
 from server.cli.progress import UploadProgress
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``models`` command group."""
     parser = subparsers.add_parser("models", help="upload, register, list, show and delete registered models")
     commands = parser.add_subparsers(dest="models_command", metavar="MODELS_COMMAND", required=True)

@@ -38,7 +38,7 @@ def limit_value(text: str) -> int | None:
     return int(text)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``quotas`` command group."""
     parser = subparsers.add_parser("quotas", help="set, list and clear per-owner job quotas (database access)")
     commands = parser.add_subparsers(dest="quotas_command", metavar="QUOTAS_COMMAND", required=True)
@@ -96,7 +96,7 @@ def run_list(_args: argparse.Namespace) -> int:
     defaults = default_limits(Settings())
     with operator_session() as session:
         overrides = list_overrides(session)
-    rows = [("OWNER", "MAX ACTIVE JOBS", "MAX GPUS", "MAX QUEUED JOBS", "MAX STORAGE BYTES")]
+    rows: list[tuple[str, ...]] = [("OWNER", "MAX ACTIVE JOBS", "MAX GPUS", "MAX QUEUED JOBS", "MAX STORAGE BYTES")]
     rows.append(
         (
             "(server default)",

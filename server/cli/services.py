@@ -33,7 +33,7 @@ WORKER_EXTRA_GRACE_S = 30.0
 EXIT_REFUSED = 2
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``up``, ``api`` and ``worker``."""
     up = subparsers.add_parser("up", help="migrate, then run the API and a worker (embedded defaults)")
     _add_server_options(up)

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 EXIT_INVALID = 2
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``tokens`` command group."""
     parser = subparsers.add_parser("tokens", help="create, list and revoke API tokens (database access)")
     commands = parser.add_subparsers(dest="tokens_command", metavar="TOKENS_COMMAND", required=True)
@@ -85,15 +85,15 @@ def run_list(_args: argparse.Namespace) -> int:
 
     with operator_session() as session:
         rows = [("ID", "OWNER", "ADMIN", "CREATED", "LAST USED", "REVOKED")]
-        for row in list_tokens(session):
+        for token in list_tokens(session):
             rows.append(
                 (
-                    str(row.id),
-                    row.owner,
-                    "yes" if row.admin else "no",
-                    _when(row.created_at),
-                    _when(row.last_used_at),
-                    _when(row.revoked_at),
+                    str(token.id),
+                    token.owner,
+                    "yes" if token.admin else "no",
+                    _when(token.created_at),
+                    _when(token.last_used_at),
+                    _when(token.revoked_at),
                 )
             )
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
