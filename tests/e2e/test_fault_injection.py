@@ -93,7 +93,7 @@ def _claims(stack: Stack, job_id: str) -> int:
     return sum(stack.log_tail(name, 100_000).count(f"job {job_id}: attempt") for name in stack.worker_names)
 
 
-def test_c18_a_long_job_runs_exactly_once(stack: Stack) -> None:
+def test_a_long_job_runs_exactly_once(stack: Stack) -> None:
     """C18 (celery#5935): Redis with a 5 s visibility timeout, late acks, two workers, a job of ~15 s.
 
     One launch (one attempt, one run directory), ``succeeded``; a duplicate message

@@ -47,7 +47,7 @@ def _master_ports(job_id: str) -> set[str]:
     return ports
 
 
-def test_c25_two_multi_rank_jobs_started_together_both_succeed(stack: Stack) -> None:
+def test_two_multi_rank_jobs_started_together_both_succeed(stack: Stack) -> None:
     """C25 (pytorch#126510): two 2-rank CPU jobs submitted at the same moment on one worker host."""
     spec = _spec(processes=2, max_steps=40, faults={"sleep_per_step_s": 0.1})
     jobs: list[dict[str, Any]] = []

@@ -147,9 +147,10 @@ def _check_passes(passes: list[list[int]]) -> None:
         assert steps == list(range(1, len(steps) + 1)), steps[:50]
 
 
-def test_c23_variant_writers_of_several_jobs_cancels_and_paged_reads(
+def test_writers_of_several_jobs_cancels_and_paged_reads(
     settings: Settings, engine: Engine, sessions: sessionmaker[Session], auth_headers: dict[str, str]
 ) -> None:
+    """C23 variant."""
     fences = _claimed_fences(engine, sessions, settings.runs_dir)
     job_ids = [fence.job_id for fence in fences]
     outcome = Outcome()

@@ -30,10 +30,10 @@ END_WITHIN_S = 2.0
 
 
 @pytest.mark.parametrize("asgi_spec", ["2.3", "2.4"])
-def test_c24_closed_streams_stop_within_two_seconds_and_stop_reading(
+def test_closed_streams_stop_within_two_seconds_and_stop_reading(
     settings: Settings, sessions: sessionmaker[Session], asgi_spec: str
 ) -> None:
-    """With spec 2.3 (uvicorn) Starlette cancels the stream on disconnect; with 2.4 only the stream's own check can."""
+    """C24: With spec 2.3 (uvicorn) Starlette cancels the stream on disconnect; with 2.4 only the stream's own check can."""
     job_id = insert_job(sessions, status="running")
     stop = threading.Event()
 

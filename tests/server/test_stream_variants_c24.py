@@ -91,10 +91,10 @@ def _is_final(kind: str, event_: Event) -> bool:
 
 @pytest.mark.parametrize("asgi_spec", ["2.3", "2.4"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_c24_variant_disconnect_before_the_first_event_ends_the_stream(
+def test_disconnect_before_the_first_event_ends_the_stream(
     settings: Settings, sessions: sessionmaker[Session], kind: str, asgi_spec: str
 ) -> None:
-    """The client reads only the response head of a queued job's stream and goes; 3 times.
+    """C24 variant: The client reads only the response head of a queued job's stream and goes; 3 times.
 
     With ASGI 2.4 (no disconnect watcher in Starlette) only the stream's own checks can end it.
     """
@@ -139,10 +139,10 @@ def _write_then_finish(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_c24_variant_a_job_that_ends_while_streamed_ends_its_stream(
+def test_a_job_that_ends_while_streamed_ends_its_stream(
     settings: Settings, sessions: sessionmaker[Session], kind: str
 ) -> None:
-    """The server closes the stream right after the final event; nothing is left open or polling."""
+    """C24 variant: The server closes the stream right after the final event; nothing is left open or polling."""
     job_id = insert_job(sessions, status="running")
     app, stats = _app(settings, kind, poll_interval_s=0.05)
     finished: list[float] = []
@@ -238,10 +238,10 @@ def _start_readers(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_c24_variant_many_open_streams_do_not_exhaust_the_pool(
+def test_many_open_streams_do_not_exhaust_the_pool(
     settings: Settings, sessions: sessionmaker[Session], auth_headers: dict[str, str], kind: str
 ) -> None:
-    """40 authenticated streams of one running job at once; the job writes; GET /jobs keeps answering.
+    """C24 variant: 40 authenticated streams of one running job at once; the job writes; GET /jobs keeps answering.
 
     A stream that kept a connection between polls would pin it for its whole life:
     the pool (15 on SQLite, 30 on PostgreSQL) would run dry and later streams and

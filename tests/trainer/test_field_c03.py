@@ -20,7 +20,8 @@ def _fp32_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torc
     return [p.grad for p in reference.parameters()]
 
 
-def test_c03_tiny_loss_growth_interval_one_stays_bounded_and_matches_fp32() -> None:
+def test_tiny_loss_growth_interval_one_stays_bounded_and_matches_fp32() -> None:
+    """C03."""
     torch.manual_seed(0)
     model = nn.Linear(5, 1)
     with torch.no_grad():  # predictions and targets near 1e-4: a tiny loss (~1e-10)

@@ -223,7 +223,7 @@ def _check_skips_hold_everything(spec: JobSpec, run_dir: Path, ctx: DistContext,
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("name", "implementation"), PATHS)
-def test_C01_variant_skips_hold_every_schedule_and_optimizer_path(
+def test_skips_hold_every_schedule_and_optimizer_path(
     schedule: str, name: str, implementation: str, cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C01 variant: every LR schedule (with and without warm-up) x every optimizer path, K=2, fp16,
@@ -249,7 +249,7 @@ def test_C01_variant_skips_hold_every_schedule_and_optimizer_path(
 
 
 @pytest.mark.parametrize(("precision", "value"), [("bf16", "nan"), ("fp32", "inf"), ("fp16", "nan")])
-def test_C01_variant_skips_hold_the_schedule_in_every_precision(
+def test_skips_hold_the_schedule_in_every_precision(
     precision: str, value: str, cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C01 variant: a non-finite gradient in bf16 / fp32 (no loss scaler) or a NaN in fp16 is skipped the
@@ -270,7 +270,7 @@ def test_C01_variant_skips_hold_the_schedule_in_every_precision(
 # ----------------------------------------------------------------------------- C03
 
 
-def test_C03_variant_custom_max_scale_with_growth_interval_one(
+def test_custom_max_scale_with_growth_interval_one(
     cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C03 variant: ``max_scale`` 3000 (not a power of two), growth interval 1, a whole job: the scale
@@ -293,7 +293,7 @@ def _float32_at_most(value: float) -> float:
 
 
 @pytest.mark.parametrize("max_scale", [16777219.0, 3.0e9 + 1.0, 2.0**64, 1.0000001])
-def test_C03_variant_scale_never_exceeds_a_max_scale_float32_cannot_hold(max_scale: float) -> None:
+def test_scale_never_exceeds_a_max_scale_float32_cannot_hold(max_scale: float) -> None:
     """C03 variant: the scale lives in float32; a ``max_scale`` float32 cannot represent (2**24 + 3 rounds
     *up* to 2**24 + 4) must still bound it, also when ``init_scale`` equals ``max_scale``. 300 clean
     steps at growth interval 1: always finite, never above ``max_scale``, and at the largest float32 below it."""
@@ -308,7 +308,7 @@ def test_C03_variant_scale_never_exceeds_a_max_scale_float32_cannot_hold(max_sca
 
 
 @pytest.mark.parametrize("min_scale", [1.00000017, 3.0e-7, 1.0])
-def test_C03_variant_scale_never_falls_below_a_min_scale_float32_cannot_hold(min_scale: float) -> None:
+def test_scale_never_falls_below_a_min_scale_float32_cannot_hold(min_scale: float) -> None:
     """C03/C11 variant: a ``min_scale`` float32 cannot represent (1.00000017 rounds *down*) still bounds the
     scale from below after any number of backoffs, with growth factor 1024 and backoff factor 1e-3."""
     scaler = DynamicLossScaler(
@@ -327,7 +327,7 @@ def test_C03_variant_scale_never_falls_below_a_min_scale_float32_cannot_hold(min
     assert scaler.scale.item() == scaler.min_scale  # pinned at the (float32) bound after the last backoffs
 
 
-def test_C03_variant_odd_bounds_are_rejected_or_deliberate() -> None:
+def test_odd_bounds_are_rejected_or_deliberate() -> None:
     """C03 variant: contradictory bounds are rejected with an error naming the field; the rest is deliberate.
 
     Rejected: dynamic ``init_scale`` above ``max_scale`` or below ``min_scale``, ``min_scale`` above
@@ -402,7 +402,7 @@ def _record_optimizer_inputs(optimizer: torch.optim.Optimizer) -> list[list[Tens
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize(("name", "implementation"), PATHS)
-def test_C05_C06_variant_clip_once_on_the_unscaled_window_gradient(
+def test_clip_once_on_the_unscaled_window_gradient(
     precision: str, name: str, implementation: str, cpu_ctx: DistContext, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C05/C06 variant: K=3 accumulation, loss x100, max_grad_norm 1.0, fp16 (init scale 65536, so the
@@ -516,7 +516,7 @@ def _assert_resume_identical(whole: Path, resumed: Path, at: int) -> None:
         ("bf16", 5, None),
     ],
 )
-def test_C08_variant_resume_mid_interval_is_bit_identical(
+def test_resume_mid_interval_is_bit_identical(
     precision: str,
     at: int,
     trackers: tuple[int, int] | None,
@@ -561,7 +561,7 @@ def test_C08_variant_resume_mid_interval_is_bit_identical(
     ],
     ids=["inf", "inf-hysteresis3-K2", "nan-hysteresis2-min2e-24", "inf-static"],
 )
-def test_C11_variant_nonfinite_gradients_every_step_fail_long_before_the_end(
+def test_nonfinite_gradients_every_step_fail_long_before_the_end(
     value: str,
     loss_scale: dict[str, Any],
     accumulation: int,
@@ -603,7 +603,7 @@ def test_C11_variant_nonfinite_gradients_every_step_fail_long_before_the_end(
         assert_bit_identical(weights, initial, f"step {step}")
 
 
-def test_C11_variant_collapse_is_recognised_at_a_min_scale_float32_rounds_up(
+def test_collapse_is_recognised_at_a_min_scale_float32_rounds_up(
     cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C11 variant: ``min_scale`` 1.0000001 is held as float32 1.00000012; +inf on every step still ends
@@ -623,7 +623,7 @@ def test_C11_variant_collapse_is_recognised_at_a_min_scale_float32_rounds_up(
 
 
 @pytest.mark.parametrize(("precision", "value"), [("fp32", "inf"), ("bf16", "nan"), ("fp16", "inf"), ("fp16", "nan")])
-def test_C11_variant_nonfinite_loss_every_step_fails_with_nonfinite_loss(
+def test_nonfinite_loss_every_step_fails_with_nonfinite_loss(
     precision: str, value: str, cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C11 variant: the loss itself is +inf or NaN on every step (not only the gradients), in every
@@ -683,7 +683,7 @@ def _accumulate_scalar(precision: str, init_scale: float | None, micro_batches: 
 
 
 @pytest.mark.parametrize(("precision", "init_scale"), [("fp16", 1024.0), ("fp16", 1.0), ("bf16", None)])
-def test_C15_variant_fp16_and_bf16_accumulate_in_fp32(precision: str, init_scale: float | None) -> None:
+def test_fp16_and_bf16_accumulate_in_fp32(precision: str, init_scale: float | None) -> None:
     """C15 variant: fp16 (loss scale 1024 and 1) accumulates like bf16, in the fp32 master gradient:
     1.0 + 64 x 1e-3 = 1.064 +- 1e-4 after unscaling (an fp16 or bf16 buffer would stay near 1.0)."""
     grad = _accumulate_scalar(precision, init_scale)
@@ -691,7 +691,7 @@ def test_C15_variant_fp16_and_bf16_accumulate_in_fp32(precision: str, init_scale
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_C15_variant_k64_window_gradient_is_the_fp32_sum_of_micro_batch_gradients(
+def test_k64_window_gradient_is_the_fp32_sum_of_micro_batch_gradients(
     precision: str, cpu_ctx: DistContext, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C15 variant: a K=64 window of single-sample micro-batches on the tiny MLP. The accumulated
@@ -722,9 +722,7 @@ def test_C15_variant_k64_window_gradient_is_the_fp32_sum_of_micro_batch_gradient
         torch.testing.assert_close(got.float(), ref, rtol=0, atol=2e-2 * ref.abs().max().item() + 1e-6)
 
 
-def test_C15_variant_k64_bf16_job_step_matches_fp32(
-    cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
-) -> None:
+def test_k64_bf16_job_step_matches_fp32(cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory) -> None:
     """C15 variant: a whole bf16 job step with K=64 micro-batches of 2 gives the fp32 job's loss and
     gradient norm (within bf16 compute rounding, far below what a bf16 accumulator would lose)."""
     results = {}
@@ -746,7 +744,7 @@ def test_C15_variant_k64_bf16_job_step_matches_fp32(
 
 
 @pytest.mark.parametrize("valid", [(0, 7, 3), (5, 0), (0, 0, 9, 0)])
-def test_C17_variant_zero_token_micro_batches_in_a_window(valid: tuple[int, ...], cpu_ctx: DistContext) -> None:
+def test_zero_token_micro_batches_in_a_window(valid: tuple[int, ...], cpu_ctx: DistContext) -> None:
     """C17 variant: micro-batches with zero valid tokens inside a window contribute nothing; the window
     gradient equals the full-batch gradient over the valid tokens (1e-6) and the logged loss is their mean."""
     parts = _lm_parts("fp32", cpu_ctx)
@@ -762,7 +760,7 @@ def test_C17_variant_zero_token_micro_batches_in_a_window(valid: tuple[int, ...]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
-def test_C17_variant_window_without_valid_tokens_is_no_update(precision: str, cpu_ctx: DistContext) -> None:
+def test_window_without_valid_tokens_is_no_update(precision: str, cpu_ctx: DistContext) -> None:
     """C17 variant: a whole window (K=2) with zero valid tokens, after a real step (so AdamW's moments are
     non-zero): no NaN anywhere, and no update: weights, optimizer state (moments, step counters), LR
     schedule and loss-scaler state stay bit-identical; it is not an overflow and not a skipped step."""
@@ -974,7 +972,7 @@ def _scenario(runs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("run", [f"{p}-{n}-{i}-{v}" for p, n, i, v in C09_RUNS])
-def test_C09_variant_fault_on_rank_1_skips_on_both_ranks(run: str, two_rank_runs: list[dict[str, Any]]) -> None:
+def test_fault_on_rank_1_skips_on_both_ranks(run: str, two_rank_runs: list[dict[str, Any]]) -> None:
     """C09 variant: +inf or NaN on rank 1 only (after the gradient all-reduce / in rank 1's FSDP2 shard),
     at steps 1 and 3 of a K=2 fp16 job, for every optimizer path under DDP and FSDP2: both ranks skip
     both steps, both scales end at 256, the parameters stay bit-identical across ranks."""
@@ -992,7 +990,7 @@ def test_C09_variant_fault_on_rank_1_skips_on_both_ranks(run: str, two_rank_runs
 
 @pytest.mark.slow
 @pytest.mark.parametrize("at", [2, 4])
-def test_C08_variant_two_rank_resume_is_bit_identical(at: int, two_rank_runs: list[dict[str, Any]]) -> None:
+def test_two_rank_resume_is_bit_identical(at: int, two_rank_runs: list[dict[str, Any]]) -> None:
     """C08 variant: 2 gloo ranks (DDP), fp16 with hysteresis 2 and growth interval 3, dropout, AdamW with
     warm-up cosine, NaN on rank 1 at steps 2 and 6; resumed from step 2 (after the skip) and step 4
     (trackers mid-interval): every rank's parameters and scaler state, and the records, equal the
@@ -1009,7 +1007,7 @@ def test_C08_variant_two_rank_resume_is_bit_identical(at: int, two_rank_runs: li
 @pytest.mark.slow
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 @pytest.mark.parametrize("window", list(C17_WINDOWS))
-def test_C17_variant_two_ranks_with_uneven_and_empty_token_counts(
+def test_two_ranks_with_uneven_and_empty_token_counts(
     window: str, parallelism: str, two_rank_runs: list[dict[str, Any]]
 ) -> None:
     """C17 variant: 2 gloo ranks (DDP and FSDP2) with uneven valid-token counts, a zero-token micro-batch,
@@ -1030,7 +1028,7 @@ def test_C17_variant_two_ranks_with_uneven_and_empty_token_counts(
 
 
 @pytest.mark.slow
-def test_C17_variant_two_ranks_window_without_valid_tokens_is_no_update(two_rank_runs: list[dict[str, Any]]) -> None:
+def test_two_ranks_window_without_valid_tokens_is_no_update(two_rank_runs: list[dict[str, Any]]) -> None:
     """C17 variant: on 2 ranks (fp16) a window with zero valid tokens everywhere, after a real step: no NaN, no
     overflow, and on both ranks weights, AdamW state, schedule and scaler stay bit-identical."""
     ranks = _scenario(two_rank_runs, "c17")
@@ -1043,7 +1041,7 @@ def test_C17_variant_two_ranks_window_without_valid_tokens_is_no_update(two_rank
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_C15_variant_two_ranks_accumulate_in_fp32(parallelism: str, two_rank_runs: list[dict[str, Any]]) -> None:
+def test_two_ranks_accumulate_in_fp32(parallelism: str, two_rank_runs: list[dict[str, Any]]) -> None:
     """C15 variant: bf16 accumulation over 1 + 64 micro-batches on 2 gloo ranks, with DDP's ``no_sync`` and
     FSDP2's ``set_requires_gradient_sync(False)`` (which keeps the unsharded gradient itself): the
     accumulated gradient is float32 and 1.064 +- 1e-4 on both ranks (a bf16 buffer would stay at 1.0)."""

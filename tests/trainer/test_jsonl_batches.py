@@ -192,7 +192,7 @@ class _CausalIgnoringMask(torch.nn.Module):
         return self.gpt(inputs)
 
 
-def test_C17_masked_chat_micro_batches_accumulate_to_the_full_batch_gradient(
+def test_masked_chat_micro_batches_accumulate_to_the_full_batch_gradient(
     hf_tokenizer, root: DataRoot, cpu_ctx: DistContext, tiny_mlp_spec
 ) -> None:
     """C17 with the dataset's own masked, padded micro-batches (K=2, unequal trainable-token counts).

@@ -61,7 +61,7 @@ def test_window_gradient_equals_full_batch_for_unequal_micro_batches(cpu_ctx: Di
         assert (stats.num_elements, stats.num_samples, stats.num_tokens) == (full.num_samples, full.num_samples, None)
 
 
-def test_C17_token_losses_with_accumulation_equal_the_full_batch(cpu_ctx: DistContext, tiny_mlp_spec) -> None:
+def test_token_losses_with_accumulation_equal_the_full_batch(cpu_ctx: DistContext, tiny_mlp_spec) -> None:
     """C17: tiny causal LM (vocab 32, emb 16), K=2 micro-batches with 10 and 2 valid tokens.
 
     The accumulated gradient equals the full-batch gradient normalised by the 12 valid
@@ -92,7 +92,7 @@ def test_C17_token_losses_with_accumulation_equal_the_full_batch(cpu_ctx: DistCo
 # ----------------------------------------------------------------------------- field cases on the real loop
 
 
-def test_C01_skipped_step_does_not_advance_the_lr_schedule(cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec) -> None:
+def test_skipped_step_does_not_advance_the_lr_schedule(cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec) -> None:
     """C01: +inf injected on step 1 of 4 (fp16, init scale 65536, SGD lr 0.1, step schedule x0.5 per step).
 
     Step 1 leaves the weights bit-identical; the scale is 32768 afterwards; the schedule
@@ -133,7 +133,7 @@ def test_C01_skipped_step_does_not_advance_the_lr_schedule(cpu_ctx: DistContext,
     assert read_records(tmp_path)[-1] == {**read_records(tmp_path)[-1], "type": "end", "steps": 4, "skipped_steps": 1}
 
 
-def test_C05_accumulation_unscales_and_clips_once_per_step(
+def test_accumulation_unscales_and_clips_once_per_step(
     cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """C05: tiny MLP, fp16, init scale 1024, K=4, max_grad_norm 0.5, 8 micro-batches.
@@ -176,7 +176,7 @@ def test_C05_accumulation_unscales_and_clips_once_per_step(
         assert steps[index]["grad_norm"] == pytest.approx(reference, rel=1e-3)
 
 
-def test_C06_clips_the_unscaled_gradients(cpu_ctx: DistContext, tiny_mlp_spec) -> None:
+def test_clips_the_unscaled_gradients(cpu_ctx: DistContext, tiny_mlp_spec) -> None:
     """C06: Linear(8->1), SGD lr 0.1, fp16, init scale 65536, loss x100, max_grad_norm 1.0.
 
     The logged pre-clip norm is the fp32 norm (about 50, not 50 x scale); the applied

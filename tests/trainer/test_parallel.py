@@ -73,7 +73,7 @@ def _rank_worker(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_C17_two_ranks_normalise_by_the_global_token_count_and_sync_once(tmp_path: Path) -> None:
+def test_two_ranks_normalise_by_the_global_token_count_and_sync_once(tmp_path: Path) -> None:
     """C17 across ranks, and DDP gradient sync only on the last micro-batch of the window.
 
     Rank 0 holds micro-batches with 10 and 2 valid tokens, rank 1 with 3 and 7. After

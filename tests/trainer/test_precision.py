@@ -160,7 +160,7 @@ def _c09_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_c09_overflow_on_one_rank_is_an_overflow_on_all_ranks(tmp_path: Path) -> None:
+def test_overflow_on_one_rank_is_an_overflow_on_all_ranks(tmp_path: Path) -> None:
     """Field case C09 (pytorch/pytorch PR #115710): NaN on one rank (1) only, after the all-reduce."""
     mp.start_processes(_c09_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]

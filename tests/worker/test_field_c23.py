@@ -38,7 +38,8 @@ class NoQueue:
         raise AssertionError("nothing is submitted in this test")
 
 
-def test_c23_concurrent_sqlite_writers_lose_nothing(data_dir: Path, tmp_path: Path) -> None:
+def test_concurrent_sqlite_writers_lose_nothing(data_dir: Path, tmp_path: Path) -> None:
+    """C23."""
     settings = Settings(data_dir=data_dir, auth=False)  # the API only reads here; auth is tested in tests/server
     url = settings.effective_database_url
     upgrade_database(url)
