@@ -75,7 +75,7 @@ def _rows() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("path", MINILM_SPECS, ids=[p.name for p in MINILM_SPECS])
 def test_minilm_examples_fit_the_shipped_data(path: Path) -> None:
     spec = JobSpec.model_validate_json(path.read_text())
-    config, data, adapter = spec.model.config, spec.dataset.config, spec.adapter  # type: ignore[union-attr]
+    config, data, adapter = spec.model.config, spec.dataset.config, spec.adapter
     assert (config.path, config.task, data.path, data.format) == (
         "model",
         "sequence_classification",

@@ -107,7 +107,7 @@ def exported_names() -> set[str]:
     )
 
     class Fixed:
-        def collect(self):  # type: ignore[no-untyped-def]
+        def collect(self):
             yield from job_families([("job", latest)])
             yield from status_families({"queued": 1, "running": 1})
             yield from worker_families([WorkerState(worker, live=True, running_jobs=["job"])])

@@ -24,7 +24,7 @@ from server.settings import Settings
 @pytest.fixture
 def app_client(settings: Settings) -> TestClient:
     with TestClient(create_app(settings, FakeQueue())) as client:
-        yield client  # type: ignore[misc]
+        yield client
 
 
 def _bearer(token: str) -> dict[str, str]:

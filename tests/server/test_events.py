@@ -219,7 +219,7 @@ def test_live_job_events_arrive_as_written_and_a_reconnect_resumes_without_gaps(
         writer.join()
     statuses = [e.data["status"] for e in first if e.event == "status"]
     assert statuses[0] == "queued" and "running" in statuses
-    steps = [int(e.id) for e in first + rest if e.event == "step"]  # type: ignore[arg-type]
+    steps = [int(e.id) for e in first + rest if e.event == "step"]
     assert steps == list(range(1, 21))
     assert (
         rest[-1].event == "status"

@@ -50,7 +50,7 @@ def _app_and_stats(settings: Settings, spec_24: bool = False) -> tuple[object, S
 @pytest.fixture
 def live(settings: Settings) -> Iterator[tuple[LiveServer, StreamStats]]:
     app, stats = _app_and_stats(settings)
-    with LiveServer(app) as server:  # type: ignore[arg-type]
+    with LiveServer(app) as server:
         yield server, stats
 
 
@@ -167,7 +167,7 @@ def test_a_closed_follow_stream_stops_within_two_seconds_and_stops_polling(
     app, stats = _app_and_stats(settings, spec_24=asgi_spec == "2.4")
     writer = threading.Thread(target=write)
     delays: list[float] = []
-    with LiveServer(app) as server:  # type: ignore[arg-type]
+    with LiveServer(app) as server:
         writer.start()
         try:
             for n in range(5):

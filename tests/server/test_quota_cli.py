@@ -54,7 +54,7 @@ def test_set_changes_only_the_limits_given_and_is_audited(
     with sessions() as session:
         assert (
             session.scalars(select(AuditEvent.actor).where(AuditEvent.action == "quota.set")).first().startswith("cli:")
-        )  # type: ignore[union-attr]
+        )
 
 
 @pytest.mark.parametrize("argv", [["quotas", "set", "alice"], ["quotas", "set", " ", "--max-gpus", "1"]])

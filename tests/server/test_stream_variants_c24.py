@@ -161,7 +161,7 @@ def test_a_job_that_ends_while_streamed_ends_its_stream(
     assert events and _is_final(kind, events[-1]), events[-3:]
     assert sum(_is_final(kind, e) for e in events) == 1
     if kind == "events":
-        assert [int(e.id) for e in events if e.event == "step"] == list(range(1, 11))  # type: ignore[arg-type]
+        assert [int(e.id) for e in events if e.event == "step"] == list(range(1, 11))
     else:
         assert [line for e in events if e.event == "lines" for line in e.data["lines"]] == [
             f"line {n}" for n in range(1, 11)

@@ -109,7 +109,7 @@ def captured_components() -> Iterator[list[Components]]:
     try:
         yield built
     finally:
-        loop.build_components = original  # type: ignore[assignment]
+        loop.build_components = original
 
 
 def _full_params(model: nn.Module) -> list[Tensor]:
@@ -648,7 +648,7 @@ def test_nonfinite_loss_every_step_fails_with_nonfinite_loss(
             with pytest.raises(TrainerError) as info:
                 train(spec, tmp_path, cpu_ctx)
         finally:
-            loop.build_components = original  # type: ignore[assignment]
+            loop.build_components = original
     assert info.value.reason == "nonfinite_loss"
     steps = _steps(tmp_path)
     assert len(steps) == spec.max_consecutive_nonfinite_losses
@@ -914,7 +914,7 @@ def _c15_scenario(ctx: DistContext, out: Path) -> dict[str, Any]:
         layer = nn.Linear(1, 2, bias=False)  # two rows: one per rank under FSDP2
         with torch.no_grad():
             layer.weight.fill_(0.5)
-        model = wrap_model(layer, ctx, parallelism, "bf16")  # type: ignore[arg-type]
+        model = wrap_model(layer, ctx, parallelism, "bf16")
         inputs = [torch.ones(1, 1)] + [torch.full((1, 1), 1e-3)] * 64
         for index, x in enumerate(inputs):
             with grad_sync(model, sync=index == len(inputs) - 1):

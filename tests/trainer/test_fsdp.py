@@ -148,7 +148,7 @@ def _rank_worker(rank: int, port: int, out_dir: str) -> None:
                     with torch.no_grad():
                         for p in model.parameters():
                             p.add_(1.0)
-                wrapped = wrap_model(model, ctx, parallelism, precision)  # type: ignore[arg-type]
+                wrapped = wrap_model(model, ctx, parallelism, precision)
                 results[f"{parallelism}-{precision}"] = _train(wrapped, precision, [rank], ctx)
         gpt = wrap_model(GPT(vocab_size=32, context=8, n_layer=2, n_head=2, d_model=16), ctx, "fsdp", "bf16")
         tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(rank))

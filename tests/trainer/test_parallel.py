@@ -50,7 +50,7 @@ def _rank_worker(rank: int, init_file: str, out_dir: str) -> None:
         model = wrap_model(_tiny_lm(), ctx)
         synced: list[torch.Tensor] = []
 
-        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
+        def counting_hook(state, bucket):  # DDP rejects string annotations
             synced.append(bucket.buffer().clone())
             return default_hooks.allreduce_hook(None, bucket)
 

@@ -29,7 +29,7 @@ from trainer.spec import JobSpec
 def _same(a: Batch, b: Batch) -> bool:
     masks = (a.attention_mask is None) == (b.attention_mask is None) and (
         a.attention_mask is None or torch.equal(a.attention_mask, b.attention_mask)
-    )  # type: ignore[arg-type]
+    )
     return (
         torch.equal(a.inputs, b.inputs)
         and torch.equal(a.targets, b.targets)

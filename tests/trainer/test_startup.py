@@ -33,7 +33,7 @@ def test_the_clock_times_each_phase_from_the_launch_and_writes_a_record_as_it_be
     with RecordSink(tmp_path / RECORDS_FILE) as sink:
         clock = StartupClock.entered(sink, True, env, clock=ticks)
         for phase in ("model", "first_step", "training"):
-            clock.begin(phase)  # type: ignore[arg-type]
+            clock.begin(phase)
     records = read_records(tmp_path)
     assert [(r["type"], r["phase"]) for r in records] == [
         ("phase", p) for p in ("data", "model", "first_step", "training")

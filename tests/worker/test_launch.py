@@ -83,7 +83,7 @@ def test_gpu_jobs_see_exactly_their_allocated_devices(tmp_path: Path) -> None:
 STUBBORN_TREE = Path(__file__).with_name("stubborn_tree.py")
 
 
-def _wait_for(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
@@ -146,7 +146,7 @@ def test_the_run_is_told_when_it_was_launched(tmp_path: Path) -> None:
 FORWARDING_LAUNCHER = Path(__file__).with_name("forwarding_launcher.py")
 
 
-def _start_forwarding(tmp_path: Path, *extra: str):  # type: ignore[no-untyped-def]
+def _start_forwarding(tmp_path: Path, *extra: str):
     process = start_run(
         [sys.executable, str(FORWARDING_LAUNCHER), str(tmp_path), *extra], tmp_path, {"PATH": os.environ["PATH"]}
     )

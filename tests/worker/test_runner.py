@@ -21,7 +21,7 @@ from worker.runner import Outcome, RunnerContext, run_job
 from worker.store import JobStore
 
 
-def _context(settings: Settings, store: JobStore, command=fake_command, **extra) -> RunnerContext:  # type: ignore[no-untyped-def]
+def _context(settings: Settings, store: JobStore, command=fake_command, **extra) -> RunnerContext:
     return RunnerContext(settings=settings, store=store, worker_id="test-worker", build_command=command, **extra)
 
 
@@ -240,7 +240,7 @@ def test_an_unexpected_error_kills_the_run_and_fails_the_job(
     calls = {"n": 0}
     original = store.record_progress
 
-    def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def flaky(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
             raise ConnectionError("database went away")
@@ -260,7 +260,7 @@ def test_cancel_before_launch_starts_nothing(
     job_id = make_job()
     real_claim = store.claim
 
-    def claim_then_cancel(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def claim_then_cancel(*args, **kwargs):
         claim = real_claim(*args, **kwargs)
         _set_status(engine, job_id, "cancelling")
         return claim
@@ -295,7 +295,7 @@ def _resumed_from(engine: Engine, job_id: str) -> list[int | None]:
         return list(conn.execute(query).scalars())
 
 
-def _start_record(run_dir: Path) -> dict:  # type: ignore[type-arg]
+def _start_record(run_dir: Path) -> dict:
     import json
 
     records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]

@@ -50,7 +50,7 @@ def test_worker_shutdown_signal_reaches_the_runners(data_dir: Path) -> None:
     from celery.signals import worker_shutting_down
 
     task = register_tasks(create_celery_app(Settings(data_dir=data_dir)))
-    runtime = task.halfcast_runtime  # type: ignore[attr-defined]
+    runtime = task.halfcast_runtime
     assert not runtime.shutdown.is_set()
     worker_shutting_down.send(sender="halfcast@test", sig="TERM", how="Warm", exitcode=0)
     assert runtime.shutdown.is_set()
@@ -95,7 +95,7 @@ def test_the_visibility_timeout_comes_from_the_settings() -> None:
     )
 
 
-def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monkeypatch) -> None:
     """A claimed job's message must not wait for the end of the job (celery#5935): the lease protects the job."""
     from celery.worker import state
 
@@ -115,7 +115,7 @@ def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monke
     seen: list[bool] = []
     real_finish = JobStore.finish
 
-    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def finish(self, *args, **kwargs):
         seen.append(request.acknowledged)  # already acknowledged when the attempt ends
         return real_finish(self, *args, **kwargs)
 
@@ -125,17 +125,17 @@ def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monke
     assert acknowledge("no-such-task") is False and acknowledge(None) is False
 
 
-def test_a_database_error_before_the_claim_retries_the_task(data_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_database_error_before_the_claim_retries_the_task(data_dir: Path, monkeypatch) -> None:
     from celery.exceptions import Retry
     from sqlalchemy.exc import OperationalError
 
     task = register_tasks(create_celery_app(Settings(data_dir=data_dir)))
     retries: list[float] = []
 
-    def down(*_args, **_kwargs):  # type: ignore[no-untyped-def]
+    def down(*_args, **_kwargs):
         raise OperationalError("SELECT 1", {}, ConnectionError("database down"))
 
-    def retry(*, exc, countdown, throw=True):  # type: ignore[no-untyped-def]
+    def retry(*, exc, countdown, throw=True):
         retries.append(countdown)
         return Retry(exc=exc)
 
@@ -148,7 +148,7 @@ def test_a_database_error_before_the_claim_retries_the_task(data_dir: Path, monk
 def test_the_reaper_starts_when_the_worker_is_ready_and_stops_at_shutdown(data_dir: Path) -> None:
     settings, _ = _setup(data_dir)
     task = register_tasks(create_celery_app(settings.model_copy(update={"reaper_interval_s": 0.05})))
-    runtime = task.halfcast_runtime  # type: ignore[attr-defined]
+    runtime = task.halfcast_runtime
     runtime.on_ready()
     thread = runtime.reaper().thread
     assert thread is not None and thread.is_alive()

@@ -73,7 +73,7 @@ def test_the_heartbeat_thread_registers_beats_and_deregisters_on_stop(db: Engine
     assert _rows(db) == {}
 
 
-def test_a_database_error_never_kills_the_heartbeat(db: Engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_database_error_never_kills_the_heartbeat(db: Engine, monkeypatch) -> None:
     registry = _registry(db)
     calls: list[int] = []
 
