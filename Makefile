@@ -2,6 +2,7 @@
 #   make up       install the product (the client and the server, worker and trainer extras) into .venv if
 #                 needed, then start the API and a worker (embedded defaults)
 #   make test     also install the test extras (pytest, playwright, schemathesis) if needed, then run the whole suite
+#   make lint     after the same install as make test: ruff check, ruff format --check, mypy (pyproject.toml)
 #   make install  both installs, without running anything
 #
 # Overridable: PYTHON (>= 3.11), VENV, TORCH_SPEC (pip arguments for torch, e.g.
@@ -24,13 +25,19 @@ RUNTIME_STAMP := $(VENV)/.halfcast-installed
 # The test extras on top of them (what `make test` needs):
 TEST_STAMP := $(VENV)/.halfcast-test-installed
 
-.PHONY: up test install
+.PHONY: up test lint install
 
 up: $(RUNTIME_STAMP)
 	$(BIN)/halfcast up
 
 test: $(TEST_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS) $(ARGS)
+
+# ruff and mypy come with the test extra; what they check and how is in pyproject.toml.
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 install: $(RUNTIME_STAMP) $(TEST_STAMP)
 

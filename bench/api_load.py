@@ -44,8 +44,23 @@ DEFAULT_ADMIN_URL = os.environ.get("HALFCAST_TEST_POSTGRES_URL", "postgresql+psy
 MODES = ("plain", "conditional")
 #: Seconds to wait between two scenarios (the API drains what the last one left).
 PAUSE_S = 2.0
-COLUMNS = ("clients", "mode", "think s", "answers/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "304 share", "errors",
-           "cancel p50/max ms", "healthz max ms", "API CPU ms/req", "client CPU ms/req", "load 1m")  # fmt: skip
+COLUMNS = (
+    "clients",
+    "mode",
+    "think s",
+    "answers/s",
+    "p50 ms",
+    "p95 ms",
+    "p99 ms",
+    "max ms",
+    "304 share",
+    "errors",
+    "cancel p50/max ms",
+    "healthz max ms",
+    "API CPU ms/req",
+    "client CPU ms/req",
+    "load 1m",
+)
 
 
 @dataclass(frozen=True)
@@ -67,17 +82,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds at the start of each scenario")
     parser.add_argument("--jobs", type=int, default=8, help="jobs submitted")
     parser.add_argument("--running", type=int, default=4, help="of which this many get step records written (polled)")
-    parser.add_argument("--step-interval", default="0.05,0.1", help="seconds between two step records of a job: MIN,MAX")
+    parser.add_argument(
+        "--step-interval", default="0.05,0.1", help="seconds between two step records of a job: MIN,MAX"
+    )
     parser.add_argument("--procs", type=int, default=1, help="load-generator processes the pollers are spread over")
-    parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
-                        help="pollers' HTTP client: raw (bench.load_http, ~0.1 ms CPU/request) or httpx (~1.7 ms)")
+    parser.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="pollers' HTTP client: raw (bench.load_http, ~0.1 ms CPU/request) or httpx (~1.7 ms)",
+    )
     parser.add_argument("--api-workers", type=int, default=1, help="API processes (halfcast api --workers)")
     parser.add_argument("--api-env", action="append", default=[], metavar="NAME=VALUE", help="extra API setting")
-    parser.add_argument("--api-root", type=Path, default=ROOT,
-                        help="source tree the API runs from (e.g. `git archive` of an older commit, for a before/after)")
+    parser.add_argument(
+        "--api-root",
+        type=Path,
+        default=ROOT,
+        help="source tree the API runs from (e.g. `git archive` of an older commit, for a before/after)",
+    )
     parser.add_argument("--timeout", type=float, default=10.0, help="client timeout per request, seconds")
     parser.add_argument("--probe-interval", type=float, default=1.0, help="seconds between two probes")
-    parser.add_argument("--admin-url", default=DEFAULT_ADMIN_URL, help="PostgreSQL URL to create the scratch database from")
+    parser.add_argument(
+        "--admin-url", default=DEFAULT_ADMIN_URL, help="PostgreSQL URL to create the scratch database from"
+    )
     parser.add_argument("--json", type=Path, help="write the full result here")
     return parser.parse_args(argv)
 
@@ -137,18 +164,31 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def _plans(args: argparse.Namespace, scenario: Scenario, url: str, token: str, targets: Sequence[str]) -> list[PollPlan]:
+def _plans(
+    args: argparse.Namespace, scenario: Scenario, url: str, token: str, targets: Sequence[str]
+) -> list[PollPlan]:
     """The pollers of ``scenario`` split over ``--procs`` processes; poller ``i`` polls ``targets[i % len]``."""
     jobs = [targets[i % len(targets)] for i in range(scenario.clients)]
     procs = max(1, min(args.procs, scenario.clients))
-    return [PollPlan(url=url, token=token, job_ids=jobs[p::procs], duration_s=args.duration, warmup_s=args.warmup,
-                     think_s=scenario.think_s, conditional=scenario.mode == "conditional", timeout_s=args.timeout,
-                     client=args.client)
-            for p in range(procs)]  # fmt: skip
+    return [
+        PollPlan(
+            url=url,
+            token=token,
+            job_ids=jobs[p::procs],
+            duration_s=args.duration,
+            warmup_s=args.warmup,
+            think_s=scenario.think_s,
+            conditional=scenario.mode == "conditional",
+            timeout_s=args.timeout,
+            client=args.client,
+        )
+        for p in range(procs)
+    ]
 
 
-async def _measure(pool: ProcessPoolExecutor, plans: list[PollPlan], args: argparse.Namespace, url: str,
-                   token: str) -> tuple[Tally, dict[str, Tally], float]:  # fmt: skip
+async def _measure(
+    pool: ProcessPoolExecutor, plans: list[PollPlan], args: argparse.Namespace, url: str, token: str
+) -> tuple[Tally, dict[str, Tally], float]:
     loop = asyncio.get_running_loop()
     shares = [loop.run_in_executor(pool, poll_share, plan) for plan in plans]
     await asyncio.sleep(args.warmup)
@@ -160,16 +200,27 @@ async def _measure(pool: ProcessPoolExecutor, plans: list[PollPlan], args: argpa
     return tally, probed, sum(share["cpu_s"] for share in results)
 
 
-def run_scenario(pool: ProcessPoolExecutor, args: argparse.Namespace, scenario: Scenario, api: ApiProcess, token: str,
-                 targets: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+def run_scenario(
+    pool: ProcessPoolExecutor,
+    args: argparse.Namespace,
+    scenario: Scenario,
+    api: ApiProcess,
+    token: str,
+    targets: Sequence[str],
+) -> dict[str, Any]:
     """Measure one scenario; its summary, the probe's and the API's CPU time per request."""
     log.info("scenario: %d clients, %s, think %.2f s", scenario.clients, scenario.mode, scenario.think_s)
     assert api.popen is not None
     cpu_before, load_before = cpu_seconds(api.popen.pid), os.getloadavg()[0]
-    tally, probed, client_cpu = asyncio.run(_measure(pool, _plans(args, scenario, api.url, token, targets), args, api.url, token))
+    tally, probed, client_cpu = asyncio.run(
+        _measure(pool, _plans(args, scenario, api.url, token, targets), args, api.url, token)
+    )
     cpu = cpu_seconds(api.popen.pid) - cpu_before
-    result = {"scenario": asdict(scenario), "polls": summary(tally, args.duration),
-              "probe": {name: summary(t, args.duration) for name, t in probed.items()}}  # fmt: skip
+    result: dict[str, Any] = {
+        "scenario": asdict(scenario),
+        "polls": summary(tally, args.duration),
+        "probe": {name: summary(t, args.duration) for name, t in probed.items()},
+    }
     result["api_cpu_s"] = cpu
     result["load_avg_1m"] = [load_before, os.getloadavg()[0]]  # the machine's, before and after: others share it
     result["api_cpu_ms_per_request"] = cpu * 1e3 / max(1, result["polls"]["requests"])
@@ -188,7 +239,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             job_ids = submit_jobs(api.url, token, args.jobs)
             targets = job_ids[: args.running]
             writer_config = WriterConfig(db_url, targets, Path(tmp) / "runs", (low, high))
-            with Writer(writer_config) as writer, ProcessPoolExecutor(args.procs, mp_context=get_context("spawn")) as pool:
+            with (
+                Writer(writer_config) as writer,
+                ProcessPoolExecutor(args.procs, mp_context=get_context("spawn")) as pool,
+            ):
                 wait_running(api.url, token, targets)
                 started = time.monotonic()
                 for scenario in scenarios(args):
@@ -197,9 +251,13 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 elapsed = time.monotonic() - started
             api_log = api.log_tail(20)
     steps = sum(writer.steps.values())
-    return {"settings": {key: str(value) for key, value in vars(args).items()}, "results": results,
-            "writer": {"steps": writer.steps, "steps_per_s": steps / elapsed if elapsed else 0.0},
-            "api_log_tail": api_log, "machine": {"logical_cpus": os.cpu_count(), "load_avg": os.getloadavg()}}  # fmt: skip
+    return {
+        "settings": {key: str(value) for key, value in vars(args).items()},
+        "results": results,
+        "writer": {"steps": writer.steps, "steps_per_s": steps / elapsed if elapsed else 0.0},
+        "api_log_tail": api_log,
+        "machine": {"logical_cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+    }
 
 
 def _row(result: dict[str, Any]) -> list[str]:
@@ -208,11 +266,26 @@ def _row(result: dict[str, Any]) -> list[str]:
     errors = ", ".join(f"{name} {count}" for name, count in sorted(polls["errors"].items())) or "0"
     cancel = probed["cancel"]
     cancel_errors = sum(probed["cancel"]["errors"].values()) + sum(probed["submit"]["errors"].values())
-    cancel_text = f"{cancel['p50_ms']:.0f}/{cancel['max_ms']:.0f}" + (f" ({cancel_errors} err)" if cancel_errors else "")
-    return [str(scenario["clients"]), scenario["mode"], f"{scenario['think_s']:g}", f"{polls['answers_per_s']:.0f}",
-            f"{polls['p50_ms']:.1f}", f"{polls['p95_ms']:.1f}", f"{polls['p99_ms']:.1f}", f"{polls['max_ms']:.0f}",
-            f"{share:.0%}", errors, cancel_text, f"{probed['healthz']['max_ms']:.0f}",
-            f"{result['api_cpu_ms_per_request']:.2f}", f"{result['client_cpu_ms_per_request']:.2f}", "{:.1f}-{:.1f}".format(*result["load_avg_1m"])]  # fmt: skip
+    cancel_text = f"{cancel['p50_ms']:.0f}/{cancel['max_ms']:.0f}" + (
+        f" ({cancel_errors} err)" if cancel_errors else ""
+    )
+    return [
+        str(scenario["clients"]),
+        scenario["mode"],
+        f"{scenario['think_s']:g}",
+        f"{polls['answers_per_s']:.0f}",
+        f"{polls['p50_ms']:.1f}",
+        f"{polls['p95_ms']:.1f}",
+        f"{polls['p99_ms']:.1f}",
+        f"{polls['max_ms']:.0f}",
+        f"{share:.0%}",
+        errors,
+        cancel_text,
+        f"{probed['healthz']['max_ms']:.0f}",
+        f"{result['api_cpu_ms_per_request']:.2f}",
+        f"{result['client_cpu_ms_per_request']:.2f}",
+        "{:.1f}-{:.1f}".format(*result["load_avg_1m"]),
+    ]
 
 
 def markdown_table(results: Sequence[dict[str, Any]]) -> str:

@@ -219,8 +219,13 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         for n in range(args.repeats):
             rounds.append(time_cancel(client, args, data_dir))
             log.info("round %d: %.2f s, %s", n + 1, rounds[-1].seconds, rounds[-1].status)
-    settings = {"processes": args.processes, "grace_s": args.grace, "sleep_per_step_s": args.sleep_per_step,
-                "database": "scratch PostgreSQL" if args.admin_url else "embedded", "broker": args.broker_url or "embedded"}  # fmt: skip
+    settings = {
+        "processes": args.processes,
+        "grace_s": args.grace,
+        "sleep_per_step_s": args.sleep_per_step,
+        "database": "scratch PostgreSQL" if args.admin_url else "embedded",
+        "broker": args.broker_url or "embedded",
+    }
     return {
         "settings": settings,
         "rounds": [asdict(r) for r in rounds],

@@ -44,12 +44,12 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from trainer.distributed import DistContext
 from trainer.components import Components, build_components
-from trainer.step import record_step, train_step
+from trainer.distributed import DistContext
 from trainer.optim import resolve_implementation
 from trainer.precision import PrecisionUnsupportedError
 from trainer.spec import JobSpec
+from trainer.step import record_step, train_step
 from trainer.sync_counter import HostSyncCounter
 from trainer.telemetry import StepLog, StepRow
 
@@ -84,15 +84,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def job_spec(args: argparse.Namespace, precision: str, implementation: str) -> JobSpec:
     """A GPT-on-text job for one precision and AdamW implementation (one GPU, or CPU with ``--dry-run``)."""
-    return JobSpec.model_validate({
-        "model": {"name": "gpt", "config": {"n_layer": args.n_layer, "n_head": args.n_head, "d_model": args.d_model}},
-        "dataset": {"name": "text", "config": {"seq_len": args.seq_len, "max_bytes": args.max_bytes,
-                                               "test_fraction": 0.05}},
-        "precision": precision, "gpus": 0 if args.dry_run else 1, "micro_batch_size": args.batch,
-        "max_steps": args.warmup + args.steps, "log_interval": args.log_interval, "max_grad_norm": 1.0,
-        "optimizer": {"name": "adamw", "lr": 3e-4, "weight_decay": 0.1, "implementation": implementation},
-        "lr_scheduler": {"name": "cosine", "warmup_steps": 2},
-    })
+    return JobSpec.model_validate(
+        {
+            "model": {
+                "name": "gpt",
+                "config": {"n_layer": args.n_layer, "n_head": args.n_head, "d_model": args.d_model},
+            },
+            "dataset": {
+                "name": "text",
+                "config": {"seq_len": args.seq_len, "max_bytes": args.max_bytes, "test_fraction": 0.05},
+            },
+            "precision": precision,
+            "gpus": 0 if args.dry_run else 1,
+            "micro_batch_size": args.batch,
+            "max_steps": args.warmup + args.steps,
+            "log_interval": args.log_interval,
+            "max_grad_norm": 1.0,
+            "optimizer": {"name": "adamw", "lr": 3e-4, "weight_decay": 0.1, "implementation": implementation},
+            "lr_scheduler": {"name": "cosine", "warmup_steps": 2},
+        }
+    )
 
 
 def preload(parts: Components, spec: JobSpec, device: torch.device, count: int = 8) -> list[Any]:
@@ -134,8 +145,15 @@ class SyncGuard:
         return 'torch.cuda.set_sync_debug_mode("error")' if self.cuda else "HostSyncCounter (CPU dry run)"
 
 
-def run_steps(parts: Components, batches: list[Any], step_log: StepLog, ctx: DistContext, first: int, count: int,
-              guard: SyncGuard | None) -> list[StepRow]:
+def run_steps(
+    parts: Components,
+    batches: list[Any],
+    step_log: StepLog,
+    ctx: DistContext,
+    first: int,
+    count: int,
+    guard: SyncGuard | None,
+) -> list[StepRow]:
     """Steps ``first .. first + count - 1``, each inside ``guard`` when given; the rows drained when the log filled."""
     rows: list[StepRow] = []
     for step in range(first, first + count):
@@ -183,8 +201,9 @@ def check_one(args: argparse.Namespace, precision: str, implementation: str, ctx
     return row | measurements(args, parts, spec, seconds, guard, rows)
 
 
-def measurements(args: argparse.Namespace, parts: Components, spec: JobSpec, seconds: float, guard: SyncGuard,
-                 rows: list[StepRow]) -> dict[str, Any]:
+def measurements(
+    args: argparse.Namespace, parts: Components, spec: JobSpec, seconds: float, guard: SyncGuard, rows: list[StepRow]
+) -> dict[str, Any]:
     """Throughput, MFU, sync check and sanity of the last rows of one configuration."""
     params = sum(p.numel() for p in parts.parameters)
     tokens_per_s = args.steps * spec.micro_batch_size * args.seq_len / seconds
@@ -192,17 +211,24 @@ def measurements(args: argparse.Namespace, parts: Components, spec: JobSpec, sec
     ok = math.isfinite(last_loss) and all(c == 0 for c in guard.counts)
     return {
         "status": "ok" if ok else "failed",
-        "optimizer": f"AdamW({resolve_implementation(spec.optimizer.implementation, parts.parameters)})",
-        "fp8_layers": len(parts.precision.fp8_layers), "sync_check": guard.method,
-        "syncs_per_step": guard.counts or None, "steady_steps": args.steps, "step_ms": 1e3 * seconds / args.steps,
-        "tokens_per_s": tokens_per_s, "params": params, "mfu": 6 * params * tokens_per_s / args.peak_flops,
-        "last_loss": last_loss, "skipped_steps": int(parts.precision.skipped_steps.item()),
+        # parts.parameters holds Parameters typed as Tensor (trainer.optim asks for Parameter)
+        "optimizer": f"AdamW({resolve_implementation(spec.optimizer.implementation, parts.parameters)})",  # type: ignore[arg-type]
+        "fp8_layers": len(parts.precision.fp8_layers),
+        "sync_check": guard.method,
+        "syncs_per_step": guard.counts or None,
+        "steady_steps": args.steps,
+        "step_ms": 1e3 * seconds / args.steps,
+        "tokens_per_s": tokens_per_s,
+        "params": params,
+        "mfu": 6 * params * tokens_per_s / args.peak_flops,
+        "last_loss": last_loss,
+        "skipped_steps": int(parts.precision.skipped_steps.item()),
     }
 
 
 def run_checks(args: argparse.Namespace) -> dict[str, Any]:
     """Every precision x implementation; a sync inside a steady step fails that row (the error is kept)."""
-    device = torch.device("cpu" if args.dry_run else "cuda", 0 if not args.dry_run else None)
+    device = torch.device("cpu") if args.dry_run else torch.device("cuda", 0)
     ctx = DistContext(rank=0, local_rank=0, world_size=1, device=device)
     results = []
     for precision in args.precisions.split(","):
@@ -211,13 +237,29 @@ def run_checks(args: argparse.Namespace) -> dict[str, Any]:
                 results.append(check_one(args, precision, implementation, ctx))
             except RuntimeError as exc:  # the sync debug mode raises RuntimeError naming the call
                 log.exception("%s/%s failed", precision, implementation)
-                results.append({"precision": precision, "implementation": implementation, "status": "failed",
-                                "reason": f"{type(exc).__name__}: {exc}"})
-    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
-            "torch": torch.__version__, "dry_run": args.dry_run, "peak_flops": args.peak_flops,
-            "model": {"n_layer": args.n_layer, "n_head": args.n_head, "d_model": args.d_model, "seq_len": args.seq_len,
-                      "batch": args.batch}, "results": results,
-            "all_ok": all(r["status"] in ("ok", "skipped") for r in results)}
+                results.append(
+                    {
+                        "precision": precision,
+                        "implementation": implementation,
+                        "status": "failed",
+                        "reason": f"{type(exc).__name__}: {exc}",
+                    }
+                )
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)",
+        "torch": torch.__version__,
+        "dry_run": args.dry_run,
+        "peak_flops": args.peak_flops,
+        "model": {
+            "n_layer": args.n_layer,
+            "n_head": args.n_head,
+            "d_model": args.d_model,
+            "seq_len": args.seq_len,
+            "batch": args.batch,
+        },
+        "results": results,
+        "all_ok": all(r["status"] in ("ok", "skipped") for r in results),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

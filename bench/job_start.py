@@ -70,7 +70,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=3, help="jobs submitted one after another (default 3)")
     parser.add_argument("--steps", type=int, default=3, help="max_steps of each job (default 3)")
     parser.add_argument("--poll-s", type=float, default=0.05, help="seconds between two GETs of the job (default 0.05)")
-    parser.add_argument("--root", type=Path, default=ROOT, help="source tree the API and worker run from (default: this one)")
+    parser.add_argument(
+        "--root", type=Path, default=ROOT, help="source tree the API and worker run from (default: this one)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every number to this file")
     parser.add_argument("--modes", default="warm,cold,bare", help="comma-separated: warm, cold, bare (default all three)")
     args = parser.parse_args(argv)
@@ -90,7 +92,9 @@ def job_spec(steps: int, root: Path) -> dict[str, Any]:
 def migrate(database_url: str, root: Path) -> None:
     """``halfcast db upgrade`` of ``root`` on ``database_url`` (its own migrations: an older tree stops at its head)."""
     env = process_environment(database_url, {}, root)
-    subprocess.run([sys.executable, "-m", "server.cli", "db", "upgrade"], env=env, cwd=root, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "server.cli", "db", "upgrade"], env=env, cwd=root, check=True, capture_output=True
+    )
 
 
 @contextmanager
@@ -99,7 +103,9 @@ def worker_process(database_url: str, data_dir: Path, root: Path, warm: bool = T
     extra = {"HALFCAST_DATA_DIR": str(data_dir), "HALFCAST_WARM_START": "1" if warm else "0"}
     env = process_environment(database_url, extra, root)
     with (data_dir / "worker.log").open("ab") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "worker"], env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         yield popen
     finally:
@@ -211,15 +217,19 @@ def _is_step(line: bytes) -> bool:
 
 def report(results: list[JobStart]) -> str:
     """A markdown table of the jobs, then the medians of the start time and of each start-up phase."""
-    rows = ["| job | status | POST → first step record (s) | phases shown (s after POST) | " + " | ".join(PHASES) + " |",
-            "|---|---|---|---|" + "---|" * len(PHASES)]  # fmt: skip
+    rows = [
+        "| job | status | POST → first step record (s) | phases shown (s after POST) | " + " | ".join(PHASES) + " |",
+        "|---|---|---|---|" + "---|" * len(PHASES),
+    ]
     for index, result in enumerate(results, start=1):
         times = result.startup or {}
         seen = ", ".join(f"{phase} {when}" for phase, when in result.phases_seen) or "-"
         cells = " | ".join(_seconds(times.get(name)) for name in PHASES)
         rows.append(f"| {index} | {result.status} | {result.first_step_s:.2f} | {seen} | {cells} |")
     medians = {name: _median([(r.startup or {}).get(name) for r in results]) for name in PHASES}
-    rows.append(f"\nmedian POST → first step record: {statistics.median(r.first_step_s for r in results):.2f} s over {len(results)} jobs")
+    rows.append(
+        f"\nmedian POST → first step record: {statistics.median(r.first_step_s for r in results):.2f} s over {len(results)} jobs"
+    )
     rows.append("median phases: " + ", ".join(f"{name} {_seconds(value)}" for name, value in medians.items()))
     return "\n".join(rows)
 

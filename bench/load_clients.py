@@ -22,7 +22,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +74,9 @@ def outcome_of(status: int, expected: int = 200) -> str:
     return {304: "not_modified", 503: "503"}.get(status, "other")
 
 
-async def timed(client: httpx.AsyncClient, method: str, path: str, *, expected: int = 200,
-                **kwargs: Any) -> tuple[float, str, httpx.Response | None]:  # fmt: skip
+async def timed(
+    client: httpx.AsyncClient, method: str, path: str, *, expected: int = 200, **kwargs: Any
+) -> tuple[float, str, httpx.Response | None]:
     """``(seconds, outcome, response)`` of one request (``response`` is ``None`` when none came)."""
     started = time.perf_counter()
     try:
@@ -87,8 +88,13 @@ async def timed(client: httpx.AsyncClient, method: str, path: str, *, expected: 
     return time.perf_counter() - started, outcome_of(response.status_code, expected), response
 
 
-async def _raw_get(connection: RawHttpConnection, path: str, headers: dict[str, str] | None,
-                   timeout_s: float) -> tuple[float, str, dict[str, str]]:  # fmt: skip
+#: One poll: ``(connection, path, headers, timeout_s) -> (seconds, outcome, response headers)``.
+Getter = Callable[[Any, str, "dict[str, str] | None", float], Awaitable[tuple[float, str, dict[str, str]]]]
+
+
+async def _raw_get(
+    connection: RawHttpConnection, path: str, headers: dict[str, str] | None, timeout_s: float
+) -> tuple[float, str, dict[str, str]]:
     """``(seconds, outcome, response headers)`` of one ``GET`` on ``connection`` (no headers when no answer came)."""
     started = time.perf_counter()
     try:
@@ -100,8 +106,9 @@ async def _raw_get(connection: RawHttpConnection, path: str, headers: dict[str, 
     return time.perf_counter() - started, outcome_of(status), response_headers
 
 
-async def _httpx_get(client: httpx.AsyncClient, path: str, headers: dict[str, str] | None,
-                     _timeout_s: float) -> tuple[float, str, dict[str, str]]:  # fmt: skip
+async def _httpx_get(
+    client: httpx.AsyncClient, path: str, headers: dict[str, str] | None, _timeout_s: float
+) -> tuple[float, str, dict[str, str]]:
     seconds, outcome, response = await timed(client, "GET", path, headers=headers)
     return seconds, outcome, dict(response.headers) if response is not None else {}
 
@@ -120,7 +127,7 @@ async def _poller(plan: PollPlan, job_id: str, measure_from: float, deadline: fl
     etag: str | None = None
     if plan.client == "raw":
         connection: Any = RawHttpConnection(plan.url, headers)
-        get = _raw_get
+        get: Getter = _raw_get
     else:
         connection = httpx.AsyncClient(base_url=plan.url, timeout=plan.timeout_s, limits=limits, headers=headers)
         get = _httpx_get
@@ -158,7 +165,9 @@ def poll_share(plan: PollPlan) -> dict[str, Any]:
     return {"latencies": tally.latencies, "outcomes": dict(tally.outcomes), "cpu_s": time.process_time() - started}
 
 
-async def probe(url: str, token: str, spec: dict[str, Any], duration_s: float, interval_s: float, timeout_s: float) -> dict[str, Tally]:
+async def probe(
+    url: str, token: str, spec: dict[str, Any], duration_s: float, interval_s: float, timeout_s: float
+) -> dict[str, Tally]:
     """Every ``interval_s`` for ``duration_s``: submit a job, cancel it, ask ``/healthz``; each call's tally."""
     tallies = {"submit": Tally(), "cancel": Tally(), "healthz": Tally()}
     deadline = time.monotonic() + duration_s
@@ -191,8 +200,12 @@ def summary(tally: Tally, duration_s: float) -> dict[str, Any]:
     answered = sum(tally.outcomes.get(name, 0) for name in ANSWERS)
     errors = {name: count for name, count in tally.outcomes.items() if name not in ANSWERS}
     return {
-        "requests": len(values), "answers_per_s": answered / duration_s if duration_s else math.nan,
-        "p50_ms": percentile(values, 0.50) * 1e3, "p95_ms": percentile(values, 0.95) * 1e3,
-        "p99_ms": percentile(values, 0.99) * 1e3, "max_ms": (values[-1] * 1e3) if values else math.nan,
-        "outcomes": dict(tally.outcomes), "errors": errors,
-    }  # fmt: skip
+        "requests": len(values),
+        "answers_per_s": answered / duration_s if duration_s else math.nan,
+        "p50_ms": percentile(values, 0.50) * 1e3,
+        "p95_ms": percentile(values, 0.95) * 1e3,
+        "p99_ms": percentile(values, 0.99) * 1e3,
+        "max_ms": (values[-1] * 1e3) if values else math.nan,
+        "outcomes": dict(tally.outcomes),
+        "errors": errors,
+    }

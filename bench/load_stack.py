@@ -85,14 +85,31 @@ class ApiProcess:
     ``<data_dir>/api.log``.
     """
 
-    def __init__(self, database_url: str, data_dir: Path, *, workers: int = 1, env: Mapping[str, str] | None = None,
-                 root: Path = ROOT) -> None:  # fmt: skip
+    def __init__(
+        self,
+        database_url: str,
+        data_dir: Path,
+        *,
+        workers: int = 1,
+        env: Mapping[str, str] | None = None,
+        root: Path = ROOT,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
         self.log_path = data_dir / "api.log"
-        self.command = [sys.executable, "-m", "server.cli", "--log-level", "WARNING", "api", "--port", str(self.port),
-                        "--data-dir", str(data_dir)]  # fmt: skip
+        self.command = [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "--log-level",
+            "WARNING",
+            "api",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(data_dir),
+        ]
         if workers > 1:
             self.command += ["--workers", str(workers)]
         self.root = root
@@ -102,7 +119,9 @@ class ApiProcess:
     def __enter__(self) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as out:
-            self.popen = subprocess.Popen(self.command, env=self.env, cwd=self.root, stdout=out, stderr=subprocess.STDOUT)
+            self.popen = subprocess.Popen(
+                self.command, env=self.env, cwd=self.root, stdout=out, stderr=subprocess.STDOUT
+            )
         try:
             self._wait_healthy()
         except BaseException:
@@ -111,7 +130,9 @@ class ApiProcess:
         log.info("API up at %s (pid %d): %s", self.url, self.popen.pid, " ".join(self.command[1:]))
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def _wait_healthy(self) -> None:

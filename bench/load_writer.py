@@ -46,19 +46,35 @@ class WriterConfig:
 
 def step_record(step: int) -> StepRecord:
     """A plausible fp16 step record for ``step``."""
-    return StepRecord(step=step, time=time.time(), loss=2.3 / (1 + step / 50), loss_scale=65536.0, overflow=False,
-                      skipped_steps=0, grad_norm=0.7, lr=0.003, samples_per_second=5400.0, tokens_per_second=None,
-                      samples_total=64 * step, tokens_total=None)  # fmt: skip
+    return StepRecord(
+        step=step,
+        time=time.time(),
+        loss=2.3 / (1 + step / 50),
+        loss_scale=65536.0,
+        overflow=False,
+        skipped_steps=0,
+        grad_norm=0.7,
+        lr=0.003,
+        samples_per_second=5400.0,
+        tokens_per_second=None,
+        samples_total=64 * step,
+        tokens_total=None,
+    )
 
 
-def _write_job(store: JobStore, fence: Fence, config: WriterConfig, stop: multiprocessing.synchronize.Event,
-               counts: dict[str, int]) -> None:  # fmt: skip
+def _write_job(
+    store: JobStore, fence: Fence, config: WriterConfig, stop: multiprocessing.synchronize.Event, counts: dict[str, int]
+) -> None:
     """Append one record every step interval to the claimed job until ``stop`` is set."""
     step = 0
     low, high = config.step_interval_s
     while not stop.wait(random.uniform(low, high)):
         step += 1
-        evals = [EvalRecord(step=step, time=time.time(), loss=2.0 / (1 + step / 50), accuracy=0.5)] if step % EVAL_EVERY == 0 else []
+        evals = (
+            [EvalRecord(step=step, time=time.time(), loss=2.0 / (1 + step / 50), accuracy=0.5)]
+            if step % EVAL_EVERY == 0
+            else []
+        )
         if not store.record_progress(fence, Progress(steps=[step_record(step)], evals=evals)):
             log.warning("job %s is no longer ours; its writer stops", fence.job_id)
             return

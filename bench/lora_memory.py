@@ -90,13 +90,20 @@ def _import_libraries(name: str) -> None:
 
 def measure_in_subprocess(name: str, work: LoraWorkload, steps: int, threads: int) -> dict[str, Any]:
     """:func:`measure_here` in a fresh interpreter (``{"error": ...}`` if it failed)."""
-    command = [sys.executable, "-m", "bench.lora_memory", name, json.dumps(_workload_json(work)), str(steps),
-               str(threads)]
+    command = [
+        sys.executable,
+        "-m",
+        "bench.lora_memory",
+        name,
+        json.dumps(_workload_json(work)),
+        str(steps),
+        str(threads),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
+    return json.loads(lines[-1])
 
 
 def _workload_json(work: LoraWorkload) -> dict[str, Any]:

@@ -41,8 +41,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps per path first")
     parser.add_argument("--sync-steps", type=int, default=10, help="steady-state steps whose host syncs are counted")
-    parser.add_argument("--memory-steps", type=int, default=5, help="steps per path in its peak-memory process (0: skip)")
-    parser.add_argument("--peers", default=",".join(LORA_PEERS), help=f"comma-separated subset of {','.join(LORA_PEERS)}")
+    parser.add_argument(
+        "--memory-steps", type=int, default=5, help="steps per path in its peak-memory process (0: skip)"
+    )
+    parser.add_argument(
+        "--peers", default=",".join(LORA_PEERS), help=f"comma-separated subset of {','.join(LORA_PEERS)}"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--batch", type=int, default=8, help="micro-batch size (sequences)")
     parser.add_argument("--seq-len", type=int, default=64)
@@ -57,14 +61,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def workload_from(args: argparse.Namespace) -> LoraWorkload:
     """The :class:`LoraWorkload` of the parsed options; its LR schedule spans every step of the run."""
     total = args.warmup + args.steps * args.rounds + args.sync_steps + 10
-    return LoraWorkload(precision=args.precision, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                        num_layers=args.layers, vocab_size=args.vocab, seq_len=args.seq_len,
-                        micro_batch_size=args.batch, total_steps=total,
-                        log_interval=args.log_interval)
+    return LoraWorkload(
+        precision=args.precision,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_layers=args.layers,
+        vocab_size=args.vocab,
+        seq_len=args.seq_len,
+        micro_batch_size=args.batch,
+        total_steps=total,
+        log_interval=args.log_interval,
+    )
 
 
-def run_lora_benchmark(work: LoraWorkload, names: Sequence[str], *, steps: int, rounds: int, warmup: int,
-                       sync_steps: int, memory_steps: int = 0, threads: int = 1) -> dict[str, Any]:
+def run_lora_benchmark(
+    work: LoraWorkload,
+    names: Sequence[str],
+    *,
+    steps: int,
+    rounds: int,
+    warmup: int,
+    sync_steps: int,
+    memory_steps: int = 0,
+    threads: int = 1,
+) -> dict[str, Any]:
     """Time, count syncs of and (``memory_steps > 0``) measure the peak memory of the paths ``names``.
 
     Returns ``{"workload", "machine", "load_average", "reference", "peers"}``; each peer's result is
@@ -79,17 +99,30 @@ def run_lora_benchmark(work: LoraWorkload, names: Sequence[str], *, steps: int, 
         save_model(work, root)
         runners, results = set_up(names, work, partial(_build, work=work, root=root))
         try:
-            results.update(measure_runners(runners, make_batches(work), steps=steps, rounds=rounds, warmup=warmup,
-                                           sync_steps=sync_steps, flush_interval=work.log_interval))
+            results.update(
+                measure_runners(
+                    runners,
+                    make_batches(work),
+                    steps=steps,
+                    rounds=rounds,
+                    warmup=warmup,
+                    sync_steps=sync_steps,
+                    flush_interval=work.log_interval,
+                )
+            )
         finally:
             for runner in runners.values():
                 runner.close()
     if memory_steps > 0:
         for name in runners:
             results[name]["memory"] = measure_in_subprocess(name, work, memory_steps, threads)
-    return {"workload": asdict(work), "machine": machine_info(),
-            "load_average": {"before": load_before, "after": os.getloadavg()},
-            "reference": REFERENCE, "peers": {name: results[name] for name in names}}
+    return {
+        "workload": asdict(work),
+        "machine": machine_info(),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "reference": REFERENCE,
+        "peers": {name: results[name] for name in names},
+    }
 
 
 def _build(name: str, *, work: LoraWorkload, root: Path) -> Any:
@@ -113,13 +146,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
-    result = run_lora_benchmark(workload_from(args), names, steps=args.steps, rounds=args.rounds,
-                                warmup=args.warmup, sync_steps=args.sync_steps, memory_steps=args.memory_steps,
-                                threads=args.threads)
+    result = run_lora_benchmark(
+        workload_from(args),
+        names,
+        steps=args.steps,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        sync_steps=args.sync_steps,
+        memory_steps=args.memory_steps,
+        threads=args.threads,
+    )
     result["command"] = "python -m bench.lora_peers " + " ".join(sys.argv[1:] if argv is None else argv)
     load = result["load_average"]
-    sys.stdout.write(markdown_table(result["peers"], [PEAK_COLUMN]) + "\n" + notes(result["peers"])
-                     + f"load average (1, 5, 15 min): before {load['before']}, after {load['after']}\n")
+    sys.stdout.write(
+        markdown_table(result["peers"], [PEAK_COLUMN])
+        + "\n"
+        + notes(result["peers"])
+        + f"load average (1, 5, 15 min): before {load['before']}, after {load['after']}\n"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -74,9 +74,13 @@ class LoraWorkload:
 def hf_config_fields(work: LoraWorkload) -> dict[str, Any]:
     """The Llama config of ``work`` (``model_type`` included)."""
     return {
-        "model_type": "llama", "hidden_size": work.hidden_size, "intermediate_size": work.intermediate_size,
-        "num_hidden_layers": work.num_layers, "num_attention_heads": work.num_heads,
-        "num_key_value_heads": work.num_heads, "max_position_embeddings": max(128, work.seq_len),
+        "model_type": "llama",
+        "hidden_size": work.hidden_size,
+        "intermediate_size": work.intermediate_size,
+        "num_hidden_layers": work.num_layers,
+        "num_attention_heads": work.num_heads,
+        "num_key_value_heads": work.num_heads,
+        "max_position_embeddings": max(128, work.seq_len),
         "vocab_size": work.vocab_size,
     }
 
@@ -110,20 +114,27 @@ def model_roots(root: Path) -> Iterator[None]:
 
 def job_spec(work: LoraWorkload) -> JobSpec:
     """The Halfcast ``hf`` + LoRA job of ``work`` (default dynamic loss scale for fp16, fused AdamW)."""
-    return JobSpec.model_validate({
-        "model": {"name": "hf", "config": {"path": MODEL_NAME}},
-        "adapter": {"type": "lora", "r": work.lora_r, "alpha": work.lora_alpha,
-                    "target_modules": list(work.target_modules), "base_dtype": work.base_dtype},
-        "dataset": {"name": "text", "config": {"seq_len": work.seq_len, "max_bytes": _text_bytes(work)}},
-        "precision": work.precision,
-        "micro_batch_size": work.micro_batch_size,
-        "max_steps": work.total_steps,
-        "optimizer": {"name": "adamw", "lr": work.lr, "weight_decay": work.weight_decay, "implementation": "fused"},
-        "lr_scheduler": {"name": "cosine", "warmup_steps": work.warmup_steps, "min_lr_ratio": work.min_lr_ratio},
-        "max_grad_norm": work.max_grad_norm,
-        "log_interval": work.log_interval,
-        "seed": work.seed,
-    })
+    return JobSpec.model_validate(
+        {
+            "model": {"name": "hf", "config": {"path": MODEL_NAME}},
+            "adapter": {
+                "type": "lora",
+                "r": work.lora_r,
+                "alpha": work.lora_alpha,
+                "target_modules": list(work.target_modules),
+                "base_dtype": work.base_dtype,
+            },
+            "dataset": {"name": "text", "config": {"seq_len": work.seq_len, "max_bytes": _text_bytes(work)}},
+            "precision": work.precision,
+            "micro_batch_size": work.micro_batch_size,
+            "max_steps": work.total_steps,
+            "optimizer": {"name": "adamw", "lr": work.lr, "weight_decay": work.weight_decay, "implementation": "fused"},
+            "lr_scheduler": {"name": "cosine", "warmup_steps": work.warmup_steps, "min_lr_ratio": work.min_lr_ratio},
+            "max_grad_norm": work.max_grad_norm,
+            "log_interval": work.log_interval,
+            "seed": work.seed,
+        }
+    )
 
 
 def _text_bytes(work: LoraWorkload) -> int:
@@ -144,8 +155,13 @@ def lora_config(work: LoraWorkload) -> Any:
     """PEFT's ``LoraConfig`` of ``work`` (no dropout: Halfcast's default)."""
     from peft import LoraConfig, TaskType
 
-    return LoraConfig(r=work.lora_r, lora_alpha=work.lora_alpha, lora_dropout=0.0, task_type=TaskType.CAUSAL_LM,
-                      target_modules=list(work.target_modules))
+    return LoraConfig(
+        r=work.lora_r,
+        lora_alpha=work.lora_alpha,
+        lora_dropout=0.0,
+        task_type=TaskType.CAUSAL_LM,
+        target_modules=list(work.target_modules),
+    )
 
 
 def peer_model(work: LoraWorkload, directory: Path) -> nn.Module:
@@ -161,5 +177,4 @@ def peer_model(work: LoraWorkload, directory: Path) -> nn.Module:
 
 def mean_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Float32 mean next-token cross-entropy of logits ``[B, T, V]`` against already-shifted targets ``[B, T]``."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                           ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)

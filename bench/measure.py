@@ -67,8 +67,9 @@ def time_block(runner: Runner, cycle: BatchCycle, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def interleaved_times(runners: Mapping[str, Runner], cycles: Mapping[str, BatchCycle], steps: int,
-                      rounds: int) -> dict[str, list[float]]:
+def interleaved_times(
+    runners: Mapping[str, Runner], cycles: Mapping[str, BatchCycle], steps: int, rounds: int
+) -> dict[str, list[float]]:
     """Seconds per step of each runner in each round, the run order rotated by one every round."""
     names = list(runners)
     times: dict[str, list[float]] = {name: [] for name in names}

@@ -10,9 +10,19 @@ from typing import Any
 
 import torch
 
-COLUMNS = ("path", "asked", "ran in", "loss scaling", "optimizer", "ms/step (median)", "× hand loop (range)",
-           "best ms/step", "best ×",
-           "syncs/step", "syncs/flush")
+COLUMNS = (
+    "path",
+    "asked",
+    "ran in",
+    "loss scaling",
+    "optimizer",
+    "ms/step (median)",
+    "× hand loop (range)",
+    "best ms/step",
+    "best ×",
+    "syncs/step",
+    "syncs/flush",
+)
 
 
 def machine_info() -> dict[str, Any]:
@@ -58,9 +68,19 @@ def _row(result: Mapping[str, Any]) -> list[str]:
     ratio = f"{result['ratio']:.3f} ({result['ratio_min']:.3f}–{result['ratio_max']:.3f})"
     flush = result["syncs_per_flush"]
     flush_text = f"{max(flush)} per {result['flush_interval']} steps" if flush else "—"
-    return [info["label"], info["requested"], info["compute_dtype"], info["loss_scaling"], info["optimizer"],
-            f"{result['median_ms']:.2f}", ratio, f"{result['best_ms']:.2f}", f"{result['best_ratio']:.3f}",
-            str(result["steady_syncs"]), flush_text]
+    return [
+        info["label"],
+        info["requested"],
+        info["compute_dtype"],
+        info["loss_scaling"],
+        info["optimizer"],
+        f"{result['median_ms']:.2f}",
+        ratio,
+        f"{result['best_ms']:.2f}",
+        f"{result['best_ratio']:.3f}",
+        str(result["steady_syncs"]),
+        flush_text,
+    ]
 
 
 def notes(peers: Mapping[str, Mapping[str, Any]]) -> str:

@@ -60,21 +60,34 @@ class Workload:
 
 def job_spec(work: Workload, implementation: str = "fused") -> JobSpec:
     """The Halfcast :class:`JobSpec` for ``work`` (GradScaler's default dynamic loss scale for fp16)."""
-    return JobSpec.model_validate({
-        "model": {"name": "mlp", "config": {"hidden_sizes": list(work.hidden_sizes)}},
-        "dataset": {"name": "synthetic", "config": {
-            "task": "classification", "in_features": work.in_features, "num_classes": work.num_classes,
-            "num_samples": work.micro_batch_size * work.num_batches, "seed": work.seed}},
-        "precision": work.precision,
-        "micro_batch_size": work.micro_batch_size,
-        "max_steps": work.total_steps,
-        "optimizer": {"name": "adamw", "lr": work.lr, "weight_decay": work.weight_decay,
-                      "implementation": implementation},
-        "lr_scheduler": {"name": "cosine", "warmup_steps": work.warmup_steps, "min_lr_ratio": work.min_lr_ratio},
-        "max_grad_norm": work.max_grad_norm,
-        "log_interval": work.log_interval,
-        "seed": work.seed,
-    })
+    return JobSpec.model_validate(
+        {
+            "model": {"name": "mlp", "config": {"hidden_sizes": list(work.hidden_sizes)}},
+            "dataset": {
+                "name": "synthetic",
+                "config": {
+                    "task": "classification",
+                    "in_features": work.in_features,
+                    "num_classes": work.num_classes,
+                    "num_samples": work.micro_batch_size * work.num_batches,
+                    "seed": work.seed,
+                },
+            },
+            "precision": work.precision,
+            "micro_batch_size": work.micro_batch_size,
+            "max_steps": work.total_steps,
+            "optimizer": {
+                "name": "adamw",
+                "lr": work.lr,
+                "weight_decay": work.weight_decay,
+                "implementation": implementation,
+            },
+            "lr_scheduler": {"name": "cosine", "warmup_steps": work.warmup_steps, "min_lr_ratio": work.min_lr_ratio},
+            "max_grad_norm": work.max_grad_norm,
+            "log_interval": work.log_interval,
+            "seed": work.seed,
+        }
+    )
 
 
 def make_batches(work: Workload) -> list[Batch]:
@@ -94,17 +107,24 @@ def make_model(work: Workload) -> nn.Sequential:
 class OptimizerSettings(Protocol):
     """What the peers' optimizer and LR schedule are built from (:class:`Workload`, ``LoraWorkload``)."""
 
-    lr: float
-    weight_decay: float
-    warmup_steps: int
-    min_lr_ratio: float
-    total_steps: int
+    # read-only (properties): the workloads are frozen
+    @property
+    def lr(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def min_lr_ratio(self) -> float: ...
+    @property
+    def total_steps(self) -> int: ...
 
 
 def lr_multiplier(work: OptimizerSettings) -> LRMultiplier:
     """The LR factor after ``n`` applied steps: Halfcast's own closed form, for the peers' ``LambdaLR``."""
-    return LRMultiplier(name="cosine", total_steps=work.total_steps, warmup_steps=work.warmup_steps,
-                        min_lr_ratio=work.min_lr_ratio)
+    return LRMultiplier(
+        name="cosine", total_steps=work.total_steps, warmup_steps=work.warmup_steps, min_lr_ratio=work.min_lr_ratio
+    )
 
 
 def peer_optimizer(model: nn.Module, work: OptimizerSettings) -> torch.optim.AdamW:

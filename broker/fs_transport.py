@@ -30,8 +30,8 @@ TRANSPORT_PATH = "broker.fs_transport:Transport"
 class Channel(filesystem.Channel):
     """A filesystem channel whose ``_put`` is atomic (write a temporary file, then rename)."""
 
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
-        name = f"{int(round(time.monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]  # filesystem.Channel's own signature
+        name = f"{round(time.monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         temporary = os.path.join(self.data_folder_out, f".{name}.tmp")
         try:

@@ -47,6 +47,7 @@ class QoS(redis.QoS):
     def restore_unacked(self, client: Any = None) -> None:
         """Give the unacknowledged messages back to their queues, unless the broker connection was torn down."""
         if client is None and self._connection_gone():
+            assert self._delivered is not None  # set by QoS.__init__ (kombu declares it None on the class)
             log.warning(
                 "broker connection lost with %d unacknowledged message(s): their tasks still run and claim or hand "
                 "back their jobs; a redelivery after the visibility timeout is dropped",

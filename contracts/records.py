@@ -59,7 +59,8 @@ class RecordBase(BaseModel):
 
     def body(self) -> dict[str, Any]:
         """The fields the record was given, without ``type``, as JSON data (non-finite floats as ``None``)."""
-        return finite(self.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"type"}))
+        body: dict[str, Any] = finite(self.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"type"}))
+        return body
 
     def line(self) -> dict[str, Any]:
         """The JSON object of the record's line: ``type`` first, then :meth:`body`."""
@@ -113,7 +114,8 @@ class PrecisionSwitch(BaseModel):
 
     def body(self) -> dict[str, Any]:
         """The fields the switch was given, as JSON data (``from`` by its name)."""
-        return finite(self.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        body: dict[str, Any] = finite(self.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        return body
 
 
 class StartRecord(RecordBase):
@@ -195,7 +197,10 @@ class EvalRecord(RecordBase):
 
 
 class PrecisionSwitchRecord(RecordBase):
-    """The fp16 job switched to bf16 at ``step`` and goes on from the checkpoint at ``rewound_to_step`` (see :class:`PrecisionSwitch`)."""
+    """The fp16 job switched to bf16 at ``step`` and goes on from the checkpoint at ``rewound_to_step``.
+
+    See :class:`PrecisionSwitch`.
+    """
 
     type: Literal["precision_switch"] = "precision_switch"
     step: Step | None = None

@@ -113,7 +113,8 @@ class JobPublic(BaseModel):
         default=0, description="Attempted steps up to `step` that applied an update (`step` minus `skipped_steps`)"
     )
     skipped_steps: int = Field(
-        default=0, description="Attempted steps up to `step` skipped for non-finite gradients (the latest record's count)"
+        default=0,
+        description="Attempted steps up to `step` skipped for non-finite gradients (the latest record's count)",
     )
     stopped_early: StoppedEarlyPublic | None = Field(
         default=None, description="Set when early stopping ended the succeeded job before `max_steps`"

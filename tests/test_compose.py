@@ -83,7 +83,7 @@ def dependencies(service: dict) -> dict[str, str]:
 
 
 def test_services_exist(services: dict[str, dict]) -> None:
-    assert SERVICES <= services.keys(), f"missing services: {SERVICES - services.keys()}"
+    assert services.keys() >= SERVICES, f"missing services: {SERVICES - services.keys()}"
 
 
 def test_every_long_running_service_has_a_healthcheck(services: dict[str, dict]) -> None:
@@ -171,7 +171,9 @@ def test_prometheus_scrapes_the_api(services: dict[str, dict]) -> None:
     writer = argv(services["prometheus-token"]["command"])
     assert writer[writer.index("--file") + 1] == str(token_file) and "--admin" in writer
     for name in ("prometheus", "prometheus-token"):
-        targets = [PurePosixPath(v.split(":")[1]) for v in services[name]["volumes"] if v.startswith("halfcast-secrets:")]
+        targets = [
+            PurePosixPath(v.split(":")[1]) for v in services[name]["volumes"] if v.startswith("halfcast-secrets:")
+        ]
         assert targets and token_file.is_relative_to(targets[0]), f"{name} does not mount the token's volume"
 
 

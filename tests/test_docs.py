@@ -129,8 +129,11 @@ def test_every_doc_is_linked_from_the_readme() -> None:
 def test_the_readme_is_short() -> None:
     lines = README.read_text(encoding="utf-8").splitlines()
     assert len(lines) < README_MAX_LINES, f"README.md has {len(lines)} lines; move reference material to docs/"
-    long = [f"{number}: {len(line)} characters" for number, line in enumerate(lines, start=1)
-            if len(line) > MAX_LINE and not re.fullmatch(r"\s*<?https?://\S+>?\s*", line)]  # fmt: skip
+    long = [
+        f"{number}: {len(line)} characters"
+        for number, line in enumerate(lines, start=1)
+        if len(line) > MAX_LINE and not re.fullmatch(r"\s*<?https?://\S+>?\s*", line)
+    ]
     assert not long, f"README.md lines over {MAX_LINE} characters:\n" + "\n".join(long)
 
 
@@ -204,10 +207,16 @@ def exposed_metrics(tmp_path: Path) -> set[str]:
 
 
 def test_the_prometheus_table_lists_every_series(tmp_path: Path) -> None:
-    documented = {name for row in table_after(DOCS / "api.md", "## Prometheus series")
-                  for name in re.findall(r"`(halfcast_\w+)", row[0])}  # fmt: skip
+    documented = {
+        name
+        for row in table_after(DOCS / "api.md", "## Prometheus series")
+        for name in re.findall(r"`(halfcast_\w+)", row[0])
+    }
     exposed = exposed_metrics(tmp_path)
-    assert documented == exposed, {"undocumented": sorted(exposed - documented), "unknown": sorted(documented - exposed)}
+    assert documented == exposed, {
+        "undocumented": sorted(exposed - documented),
+        "unknown": sorted(documented - exposed),
+    }
 
 
 def test_the_configuration_doc_names_every_setting() -> None:
@@ -219,7 +228,10 @@ def test_the_configuration_doc_names_every_setting() -> None:
     variables |= {f"HALFCAST_EVENTS_{name.upper()}" for name in EventStreamSettings.model_fields}
     variables |= {"HALFCAST_URL", "HALFCAST_TOKEN"}  # read by the CLI (server/client.py, server/cli/credentials.py)
     documented = set(re.findall(r"`(HALFCAST_[A-Z_]+)`", text))
-    assert documented == variables, {"undocumented": sorted(variables - documented), "unknown": sorted(documented - variables)}
+    assert documented == variables, {
+        "undocumented": sorted(variables - documented),
+        "unknown": sorted(documented - variables),
+    }
 
 
 def cli_commands() -> set[str]:
@@ -268,7 +280,9 @@ def test_the_documented_compose_token_commands_work() -> None:
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     image = services["api"]["image"]
     commands = compose_commands(README) + compose_commands(DOCS / "deployment.md") + compose_commands(DOCS / "cli.md")
-    first_token = [argv for argv in compose_commands(README) if argv[argv.index("halfcast") + 1 :][:2] == ["tokens", "create"]]
+    first_token = [
+        argv for argv in compose_commands(README) if argv[argv.index("halfcast") + 1 :][:2] == ["tokens", "create"]
+    ]
     assert first_token, "README.md gives no `docker compose run ... halfcast tokens create` command"
     for argv in commands:
         at = argv.index("halfcast")

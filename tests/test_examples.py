@@ -16,7 +16,9 @@ from trainer.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 #: README.md and docs/*.md: where examples are named.
-DOCS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+DOCS = {
+    p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+}
 #: The job-spec reference: every field of the spec is named there.
 JOB_SPEC_DOC = (ROOT / "docs" / "job-spec.md").read_text()
 EXAMPLES = sorted((ROOT / "examples").iterdir())
@@ -43,7 +45,9 @@ def test_example_is_a_valid_job_spec(path: Path) -> None:
 
 
 def test_documented_examples_exist() -> None:
-    named = {(doc, name) for doc, text in DOCS.items() for name in re.findall(r"examples/[\w.-]+\.(?:json|ya?ml|py)", text)}
+    named = {
+        (doc, name) for doc, text in DOCS.items() for name in re.findall(r"examples/[\w.-]+\.(?:json|ya?ml|py)", text)
+    }
     assert any(doc == "README.md" for doc, _ in named), "README.md names no example"
     missing = sorted(f"{doc}: {name}" for doc, name in named if not (ROOT / name).is_file())
     assert not missing, f"the docs name missing examples: {missing}"
@@ -71,9 +75,13 @@ def _rows() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("path", MINILM_SPECS, ids=[p.name for p in MINILM_SPECS])
 def test_minilm_examples_fit_the_shipped_data(path: Path) -> None:
     spec = JobSpec.model_validate_json(path.read_text())
-    config, data, adapter = spec.model.config, spec.dataset.config, spec.adapter  # type: ignore[union-attr]
+    config, data, adapter = spec.model.config, spec.dataset.config, spec.adapter
     assert (config.path, config.task, data.path, data.format) == (
-        "model", "sequence_classification", DOCSTRING_TOPICS.name, "classification")
+        "model",
+        "sequence_classification",
+        DOCSTRING_TOPICS.name,
+        "classification",
+    )
     assert config.num_labels == len({row["label"] for row in _rows()})
     assert adapter is not None and adapter.r == 8 and adapter.target_modules == ["query", "value"]
     assert spec.eval_interval is not None and data.max_seq_len <= 64
@@ -91,7 +99,9 @@ def test_the_shipped_docstring_topics_are_small_balanced_and_clean() -> None:
 
 
 def _builder() -> Any:
-    spec = importlib.util.spec_from_file_location("build_docstring_topics", ROOT / "examples" / "build_docstring_topics.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_docstring_topics", ROOT / "examples" / "build_docstring_topics.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -102,7 +112,9 @@ def test_the_builder_is_deterministic_and_labels_by_package(tmp_path: Path) -> N
     builder = _builder()
     for package in ("asyncio", "email", "http", "urllib", "xml"):
         (tmp_path / package / "tests").mkdir(parents=True)
-        body = "".join(f'def f{i}():\n    """The {package} helper number {i} does things.\n\n    More."""\n' for i in range(6))
+        body = "".join(
+            f'def f{i}():\n    """The {package} helper number {i} does things.\n\n    More."""\n' for i in range(6)
+        )
         (tmp_path / package / "mod.py").write_text(f'"""Module {package} docs here.\n\nDetails."""\n{body}')
         (tmp_path / package / "tests" / "test_x.py").write_text('"""A test module docstring to skip."""\n')
     first, second = builder.build_rows(tmp_path, per_label=5), builder.build_rows(tmp_path, per_label=5)

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -68,23 +68,46 @@ def _substitute(query: str) -> str:
 
 
 def _check_rules(promtool: str, queries: list[str], folder: Path) -> subprocess.CompletedProcess[str]:
-    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:query_{n}", "expr": q} for n, q in enumerate(queries)]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [{"record": f"dashboard:query_{n}", "expr": q} for n, q in enumerate(queries)],
+            }
+        ]
+    }
     path = folder / "rules.yml"
     path.write_text(json.dumps(rules))  # JSON is YAML
-    return subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def exported_names() -> set[str]:
     """Sample names the exporter emits for a live job with every field (tokens included)."""
-    latest = {"step": 3, "loss": 0.5, "loss_scale": 1024.0, "skipped_steps": 1, "samples_per_second": 10.0, "tokens_per_second": 99.0}
+    latest = {
+        "step": 3,
+        "loss": 0.5,
+        "loss_scale": 1024.0,
+        "skipped_steps": 1,
+        "samples_per_second": 10.0,
+        "tokens_per_second": 99.0,
+    }
     registry = CollectorRegistry()
     latency = request_histogram()
     latency.labels("GET", "/jobs", "200").observe(0.01)
-    worker = Worker(id="host/1", hostname="host", pid=1, gpus=[0], concurrency=1,
-                    started_at=datetime.now(timezone.utc), heartbeat_at=datetime.now(timezone.utc))
+    worker = Worker(
+        id="host/1",
+        hostname="host",
+        pid=1,
+        gpus=[0],
+        concurrency=1,
+        started_at=datetime.now(UTC),
+        heartbeat_at=datetime.now(UTC),
+    )
 
     class Fixed:
-        def collect(self):  # type: ignore[no-untyped-def]
+        def collect(self):
             yield from job_families([("job", latest)])
             yield from status_families({"queued": 1, "running": 1})
             yield from worker_families([WorkerState(worker, live=True, running_jobs=["job"])])

@@ -83,8 +83,11 @@ def allows(allowed: tuple[str, ...], name: str) -> bool:
 
 
 def test_each_package_imports_only_what_its_rules_allow() -> None:
-    breaking = [(importer, name) for importer, name in first_party_imports()
-                if not allows(ALLOWED[importer.split(".")[0]], name)]  # fmt: skip
+    breaking = [
+        (importer, name)
+        for importer, name in first_party_imports()
+        if not allows(ALLOWED[importer.split(".")[0]], name)
+    ]
     assert [pair for pair in breaking if pair not in EXCEPTIONS] == []
 
 

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from packaging_support import resolved
+from packaging_support import own_requirements, resolved
 
 from server.cli import COMMANDS
 from server.cli.extras import expand
@@ -36,8 +36,13 @@ def dry_run(workdir: Path, target: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
     result = subprocess.run(
         ["make", "--no-print-directory", "-n", "-f", str(MAKEFILE), target, f"VENV={workdir / 'venv'}"],
-        cwd=workdir, capture_output=True, text=True, timeout=30, check=True, env=env,
-    )  # fmt: skip
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+        env=env,
+    )
     return [line.strip() for line in result.stdout.splitlines() if line.strip()]
 
 
@@ -48,8 +53,11 @@ def pip_installs(lines: list[str]) -> list[str]:
 
 def set_ages(workdir: Path, **ages: float) -> None:
     """Give ``pyproject.toml`` and the stamps (``runtime``, ``test``; missing ones are not created) mtimes of ``now - age``."""
-    paths = {"pyproject": workdir / "pyproject.toml", "runtime": workdir / "venv" / RUNTIME_STAMP,
-             "test": workdir / "venv" / TEST_STAMP}  # fmt: skip
+    paths = {
+        "pyproject": workdir / "pyproject.toml",
+        "runtime": workdir / "venv" / RUNTIME_STAMP,
+        "test": workdir / "venv" / TEST_STAMP,
+    }
     now = paths["pyproject"].stat().st_mtime
     for name, age in ages.items():
         paths[name].touch()
@@ -107,3 +115,19 @@ def test_a_newer_pyproject_redoes_both_installs(workdir: Path) -> None:
 def test_a_newer_pyproject_redoes_the_test_install_even_with_a_fresh_product_install(workdir: Path) -> None:
     set_ages(workdir, test=10, pyproject=5, runtime=1)
     assert pip_installs(dry_run(workdir, "test")) == ["-e '.[test]'"]
+
+
+def test_lint_on_a_fresh_clone_installs_the_test_extras_then_runs_ruff_and_mypy(workdir: Path) -> None:
+    lines = dry_run(workdir, "lint")
+    assert pip_installs(lines) == ["torch==2.13.0", PRODUCT, "-e '.[test]'"]
+    tools = [line.split("/bin/", 1)[1] for line in lines if "/bin/ruff " in line or line.endswith("/bin/mypy")]
+    assert tools == ["ruff check .", "ruff format --check .", "mypy"]
+
+
+def test_ci_lints_before_the_suite() -> None:
+    commands = [line.strip() for line in (MAKEFILE.parent / ".ci" / "run").read_text().splitlines()]
+    assert commands.index("make lint") < commands.index("make test")
+
+
+def test_the_linters_come_with_the_test_extra() -> None:
+    assert {"ruff", "mypy"} <= own_requirements("test")

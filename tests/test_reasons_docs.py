@@ -25,11 +25,16 @@ def reasons_table(path: Path, heading: str) -> set[str]:
     return {m.group(1) for row in rows if (m := re.match(r"\| `(\w+)` \|", row))}
 
 
-@pytest.mark.parametrize(("doc", "heading"), [("docs/results.md", "**Failure reasons**"), ("docs/architecture.md", "## Typed failure reasons")])
+@pytest.mark.parametrize(
+    ("doc", "heading"),
+    [("docs/results.md", "**Failure reasons**"), ("docs/architecture.md", "## Typed failure reasons")],
+)
 def test_the_reason_table_matches_the_worker(doc: str, heading: str) -> None:
     documented = reasons_table(ROOT / doc, heading)
     assert documented == set(FAILURE_REASONS), {
-        "undocumented": sorted(set(FAILURE_REASONS) - documented), "unknown": sorted(documented - set(FAILURE_REASONS))}
+        "undocumented": sorted(set(FAILURE_REASONS) - documented),
+        "unknown": sorted(documented - set(FAILURE_REASONS)),
+    }
 
 
 def test_every_trainer_reason_is_a_worker_reason() -> None:

@@ -24,4 +24,4 @@ def build_lora_runner(name: str, work: LoraWorkload, root: Path) -> Runner:
     """Import and set up path ``name`` on ``work``, its model read from the model root ``root``."""
     module_name, factory_name = LORA_PEERS[name]
     factory = getattr(importlib.import_module(module_name), factory_name)
-    return factory(work, root)  # type: ignore[no-any-return]
+    return factory(work, root)

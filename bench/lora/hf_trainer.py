@@ -38,7 +38,7 @@ from trainer.sync_counter import HostSyncCounter
 STEP_TIMEOUT_S = 300.0
 
 
-class BatchRows(IterableDataset):  # type: ignore[type-arg]
+class BatchRows(IterableDataset):
     """The rows of ``batches``, in order, endlessly: ``{"input_ids", "labels"}`` per sample."""
 
     def __init__(self, batches: Sequence[Batch]) -> None:
@@ -121,15 +121,21 @@ class TrainerRunner:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             self.trainer = transformers.Trainer(
-                model=model, args=self._arguments(), train_dataset=BatchRows(make_batches(work)),
-                optimizers=(optimizer, peer_scheduler(optimizer, work)), compute_loss_func=shifted_loss,
-                callbacks=[self.gate],
+                model=model,
+                args=self._arguments(),
+                train_dataset=BatchRows(make_batches(work)),
+                optimizers=(optimizer, peer_scheduler(optimizer, work)),
+                compute_loss_func=shifted_loss,
+                callbacks=[self.gate],  # type: ignore[list-item]  # a TrainerCallback subclass (gate_callback)
             )
         self.info = PeerInfo(
-            label="HF Trainer", requested=work.precision, loss_scaling=self._loss_scaling(),
-            optimizer="torch.optim.AdamW(fused=True)", lr_on_skip="n/a",
+            label="HF Trainer",
+            requested=work.precision,
+            loss_scaling=self._loss_scaling(),
+            optimizer="torch.optim.AdamW(fused=True)",
+            lr_on_skip="n/a",
             version=f"transformers {transformers.__version__}, peft {peft.__version__}, "
-                    f"accelerate mixed_precision={self.trainer.accelerator.mixed_precision!r}",
+            f"accelerate mixed_precision={self.trainer.accelerator.mixed_precision!r}",
             notes=[str(w.message).splitlines()[0] for w in caught],
         )
         self._error: BaseException | None = None
@@ -141,10 +147,20 @@ class TrainerRunner:
 
         work = self.work
         return TrainingArguments(
-            output_dir=str(self._dir), bf16=work.precision == "bf16", fp16=work.precision == "fp16", use_cpu=True,
-            max_steps=work.total_steps, per_device_train_batch_size=work.micro_batch_size,
-            gradient_accumulation_steps=1, max_grad_norm=work.max_grad_norm, logging_steps=10**9,
-            save_strategy="no", report_to=[], dataloader_num_workers=0, disable_tqdm=True, seed=work.seed,
+            output_dir=str(self._dir),
+            bf16=work.precision == "bf16",
+            fp16=work.precision == "fp16",
+            use_cpu=True,
+            max_steps=work.total_steps,
+            per_device_train_batch_size=work.micro_batch_size,
+            gradient_accumulation_steps=1,
+            max_grad_norm=work.max_grad_norm,
+            logging_steps=10**9,
+            save_strategy="no",
+            report_to=[],
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            seed=work.seed,
             remove_unused_columns=False,
         )
 
@@ -155,7 +171,7 @@ class TrainerRunner:
     def _train(self) -> None:
         try:
             self.trainer.train()
-        except BaseException as exc:  # reported by step()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by step(), in the caller's thread
             self._error = exc
             self.gate.done.release()
 

@@ -32,4 +32,4 @@ def build_runner(name: str, work: Workload) -> Runner:
     """
     module_name, class_name = PEERS[name]
     runner_class = getattr(importlib.import_module(module_name), class_name)
-    return runner_class(work)  # type: ignore[no-any-return]
+    return runner_class(work)

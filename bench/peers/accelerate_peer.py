@@ -51,7 +51,8 @@ class AccelerateRunner:
         self.model, self.optimizer, self.scheduler = prepared
         scaler = self.accelerator.scaler
         self.info = PeerInfo(
-            label="Accelerate", requested=work.precision,
+            label="Accelerate",
+            requested=work.precision,
             loss_scaling="dynamic (torch.amp.GradScaler)" if scaler is not None else "none (no GradScaler created)",
             optimizer="torch.optim.AdamW(fused=True) in AcceleratedOptimizer",
             lr_on_skip="not advanced (host reads the scale)" if scaler is not None else "n/a (no skips)",

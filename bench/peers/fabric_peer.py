@@ -55,12 +55,13 @@ class FabricRunner:
         plugin = self.fabric._precision
         scaler = getattr(plugin, "scaler", None)
         self.info = PeerInfo(
-            label="Lightning Fabric", requested=f"{work.precision} ({FABRIC_PRECISION[work.precision]})",
+            label="Lightning Fabric",
+            requested=f"{work.precision} ({FABRIC_PRECISION[work.precision]})",
             loss_scaling="dynamic (torch.amp.GradScaler)" if scaler is not None else "none",
             optimizer="torch.optim.AdamW(fused=True) in _FabricOptimizer",
             lr_on_skip="advanced (user's scheduler.step)" if scaler is not None else "n/a (no skips)",
             version=f"lightning {lightning.__version__}, plugin {type(plugin).__name__}"
-                    f"({getattr(plugin, 'precision', '?')})",
+            f"({getattr(plugin, 'precision', '?')})",
             notes=[str(w.message) for w in caught],
         )
 

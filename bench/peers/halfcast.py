@@ -19,14 +19,14 @@ import torch
 
 from bench.peers.base import PeerInfo
 from bench.workload import ActivationProbe, Workload, job_spec
-from trainer.spec import JobSpec
+from trainer.components import build_components, build_record_flusher, divergence_guard
 from trainer.data import Batch
 from trainer.distributed import DistContext
-from trainer.components import build_components, build_record_flusher, divergence_guard
-from trainer.step import record_step, train_step
 from trainer.loss_scale import DynamicLossScaler
 from trainer.optim import resolve_implementation
 from trainer.records import RECORDS_FILE, RecordSink
+from trainer.spec import JobSpec
+from trainer.step import record_step, train_step
 
 CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -54,10 +54,12 @@ class HalfcastRunner:
         self.flusher = build_record_flusher(self.spec, self.parts, self._sink, CPU)  # as a real job's
         self._step = 0
         self._probe = ActivationProbe(self.parts.model)
-        used = resolve_implementation(implementation, self.parts.parameters)
+        # parts.parameters holds Parameters typed as Tensor (trainer.optim asks for Parameter)
+        used = resolve_implementation(implementation, self.parts.parameters)  # type: ignore[arg-type]
         scaler = self.parts.precision.scaler
         self.info = PeerInfo(
-            label="Halfcast", requested=spec.precision,
+            label="Halfcast",
+            requested=spec.precision,
             loss_scaling="dynamic (on device)" if isinstance(scaler, DynamicLossScaler) else "none",
             optimizer=f"trainer.optimizers.AdamW({used})",
             lr_on_skip="not advanced (on device)",

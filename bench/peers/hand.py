@@ -38,8 +38,10 @@ LossOf = Callable[[nn.Module, Batch], torch.Tensor]
 class HandSettings(OptimizerSettings, Protocol):
     """What the loop needs beyond the optimizer settings (:class:`Workload`, ``LoraWorkload``)."""
 
-    precision: str
-    max_grad_norm: float
+    @property
+    def precision(self) -> str: ...
+    @property
+    def max_grad_norm(self) -> float: ...
 
     @property
     def autocast_dtype(self) -> torch.dtype | None: ...
@@ -73,7 +75,8 @@ class HandLoop:
         self._probe = ActivationProbe(self.model)
         self._parameters = [p for p in model.parameters() if p.requires_grad]
         self.info = PeerInfo(
-            label="hand-written loop", requested=work.precision,
+            label="hand-written loop",
+            requested=work.precision,
             loss_scaling="dynamic (torch.amp.GradScaler)" if self.scaling else "none",
             optimizer="torch.optim.AdamW(fused=True)",
             lr_on_skip="not advanced (host reads the scale)" if self.scaling else "n/a (no skips)",

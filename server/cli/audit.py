@@ -11,11 +11,14 @@ from server.cli.jobs import add_api_command
 from server.cli.jobs import client_for, format_time, write_json
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``audit``."""
     audit = add_api_command(subparsers, "audit", "show the audit log, newest first (admin token)", run_audit)
     audit.add_argument("--limit", type=int, default=50, help="at most this many events (default 50, at most 1000)")
-    audit.add_argument("--action", help="only this action: job.create, job.cancel, job.requeue, token.create, token.revoke, quota.set, quota.clear")
+    audit.add_argument(
+        "--action",
+        help="only this action: job.create, job.cancel, job.requeue, token.create, token.revoke, quota.set, quota.clear",
+    )
     audit.add_argument("--json", action="store_true", help="print the events as JSON")
 
 

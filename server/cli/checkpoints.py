@@ -22,17 +22,23 @@ from pathlib import Path
 from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, format_time, write_listing
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``checkpoints`` and ``download``."""
     listing = add_api_command(subparsers, "checkpoints", "list a job's checkpoint files", run_checkpoints)
     listing.add_argument("job_id")
     listing.add_argument("--json", action="store_true", help="print the list as JSON")
-    download = add_api_command(subparsers, "download", "download a job's checkpoint (default: the newest)", run_download)
+    download = add_api_command(
+        subparsers, "download", "download a job's checkpoint (default: the newest)", run_download
+    )
     download.add_argument("job_id")
     download.add_argument("--name", default=None, help="final.pt or step-<N>.pt (default: the newest checkpoint)")
     download.add_argument("--attempt", type=int, default=None, help="the attempt that wrote it (default: the newest)")
-    download.add_argument("-o", "--output", default=None,
-                          help="file, or directory (existing, or ending in /) to save it in as <job id>-attempt-<n>-<name> (default: .)")  # fmt: skip
+    download.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="file, or directory (existing, or ending in /) to save it in as <job id>-attempt-<n>-<name> (default: .)",
+    )
 
 
 def run_checkpoints(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ FORMATS = ("text", "instruction", "chat", "classification")
 SHOWN = ("id", "name", "owner", "format", "file_format", "rows", "bytes", "sha256", "created_at")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``datasets`` command group."""
     parser = subparsers.add_parser("datasets", help="upload, list, show and delete registered datasets")
     commands = parser.add_subparsers(dest="datasets_command", metavar="DATASETS_COMMAND", required=True)

@@ -17,7 +17,7 @@ from server.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``db`` command group."""
     parser = subparsers.add_parser("db", help="database schema commands")
     commands = parser.add_subparsers(dest="db_command", metavar="DB_COMMAND", required=True)

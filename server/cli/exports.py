@@ -21,14 +21,16 @@ from server.cli.jobs import EXIT_ERROR, add_api_command, client_for, format_time
 from server.files.export_files import ExportKind
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``exports`` and ``export``."""
     listing = add_api_command(subparsers, "exports", "list a job's exports (adapter, model)", run_exports)
     listing.add_argument("job_id")
     listing.add_argument("--json", action="store_true", help="print the list as JSON")
     export = add_api_command(subparsers, "export", "download a job's export and unpack it as a directory", run_export)
     export.add_argument("job_id")
-    export.add_argument("kind", choices=[k.value for k in ExportKind], help="adapter (PEFT) or model (merged Hugging Face)")
+    export.add_argument(
+        "kind", choices=[k.value for k in ExportKind], help="adapter (PEFT) or model (merged Hugging Face)"
+    )
     export.add_argument("--attempt", type=int, default=None, help="the attempt that wrote it (default: the newest)")
     export.add_argument("-o", "--output", default=None, help="directory to unpack it as (default: ./<job id>-<kind>)")
     export.add_argument("--overwrite", action="store_true", help="replace the directory if it exists and is not empty")

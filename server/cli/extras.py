@@ -20,7 +20,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
                "pydantic_settings", "prometheus_client", "celery", "redis"),
     "worker": ("celery", "redis", "sqlalchemy", "psycopg", "pydantic", "pydantic_settings", "setproctitle"),
     "trainer": ("torch", "pydantic", "sklearn", "transformers", "peft", "safetensors", "tokenizers"),
-}  # fmt: skip
+}  # fmt: skip  # a table, laid out by hand
 #: How many missing modules the error names (then "and N more").
 SHOWN_MODULES = 3
 #: Extras that bring others with them (pyproject.toml's ``halfcast[...]`` requirements).

@@ -41,14 +41,18 @@ EXIT_ERROR, EXIT_INVALID, EXIT_UNAVAILABLE = 1, 2, 3
 Handler = Callable[[argparse.Namespace], int]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``submit``, ``list``, ``status``, ``watch`` and ``cancel``."""
     submit = add_api_command(subparsers, "submit", "submit a job spec (YAML or JSON file; - reads stdin)", run_submit)
     submit.add_argument("spec", help="SPEC.yaml, SPEC.yml, SPEC.json, or - for stdin")
     submit.add_argument("--idempotency-key", help="makes a retried submit return the same job")
     submit.add_argument("-w", "--watch", action="store_true", help="watch the job after submitting it")
-    submit.add_argument("-q", "--quiet", action="store_true",
-                        help="print only the job id (for scripts: JOB=$(halfcast submit -q spec.yaml))")  # fmt: skip
+    submit.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print only the job id (for scripts: JOB=$(halfcast submit -q spec.yaml))",
+    )
     listing = add_api_command(subparsers, "list", "list jobs, newest first", run_list)
     listing.add_argument("--status", help="only jobs in this status")
     listing.add_argument("--limit", type=int, default=20, help="at most this many jobs (default 20)")
@@ -62,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     cancel.add_argument("job_id")
 
 
-def add_api_command(subparsers: argparse._SubParsersAction, name: str, help_text: str, handler: Handler) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_api_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_text: str, handler: Handler
+) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(name, help=help_text)
     parser.add_argument("--url", default=None, help=f"the Halfcast API (HALFCAST_URL, default {DEFAULT_URL})")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
@@ -136,7 +142,9 @@ def load_spec(source: str) -> dict[str, Any]:
     except RecursionError as exc:
         raise SpecFileError(f"{source} is nested too deeply") from exc
     except (ValueError, yaml.YAMLError) as exc:
-        raise SpecFileError(f"{source} is not valid {'JSON' if source.endswith('.json') else 'YAML'}: {' '.join(str(exc).split())}") from exc
+        raise SpecFileError(
+            f"{source} is not valid {'JSON' if source.endswith('.json') else 'YAML'}: {' '.join(str(exc).split())}"
+        ) from exc
     if not isinstance(spec, dict):
         raise SpecFileError(f"{source} must hold a mapping of spec fields, not {type(spec).__name__}")
     return spec
@@ -162,7 +170,7 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps([job.model_dump(mode="json") for job in jobs], indent=2) + "\n")
         return 0
-    rows = [("ID", "STATUS", "STEP", "LOSS", "SCALE", "SKIPPED", "CREATED", "NAME")]
+    rows: list[tuple[str, ...]] = [("ID", "STATUS", "STEP", "LOSS", "SCALE", "SKIPPED", "CREATED", "NAME")]
     for job in jobs:
         latest = job.latest
         skipped = latest.skipped_steps if latest is not None else None

@@ -21,21 +21,22 @@ from contracts.events import LogAttempt, LogChunk, LogEnd
 from contracts.status import JobStatus
 
 # ``add_api_command`` gives the command the shared --url/--timeout options and error reporting.
-from server.cli.jobs import EXIT_ERROR, client_for
-from server.cli.jobs import add_api_command
+from server.cli.jobs import EXIT_ERROR, add_api_command, client_for
 from server.client import FieldError, HalfcastClient, ValidationFailed
 
 #: Options naming a part of the job: the API's 422 on one of them means the job has no such part.
 JOB_PARTS = ("rank", "attempt")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``logs``."""
     logs = add_api_command(subparsers, "logs", "print a rank's log (stdout and stderr) of a job", run_logs)
     logs.add_argument("job_id")
     logs.add_argument("--rank", type=at_least(0), default=0, help="global rank (default 0)")
     logs.add_argument("--tail", type=int, default=200, help="last lines to print first (default 200, at most 10000)")
-    logs.add_argument("--attempt", type=at_least(1), default=None, help="attempt (default: the newest; -f follows retries)")
+    logs.add_argument(
+        "--attempt", type=at_least(1), default=None, help="attempt (default: the newest; -f follows retries)"
+    )
     logs.add_argument("-f", "--follow", action="store_true", help="print new lines until the job ends")
 
 

@@ -22,7 +22,7 @@ from server.cli.jobs import add_api_command, client_for, format_time, write_list
 SHOWN = ("id", "name", "owner", "model_type", "files", "bytes", "sha256", "source_job_id", "created_at")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``models`` command group."""
     parser = subparsers.add_parser("models", help="upload, register, list, show and delete registered models")
     commands = parser.add_subparsers(dest="models_command", metavar="MODELS_COMMAND", required=True)

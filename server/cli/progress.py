@@ -42,7 +42,8 @@ class UploadProgress:
         done = sent * WIDTH // total
         rate = sent / max(time.monotonic() - self.started, 1e-6)
         bar = "#" * done + "-" * (WIDTH - done)
-        return f"{self.what} [{bar}] {sent * 100 // total:3d}% {format_size(sent)} of {format_size(total)} ({format_size(int(rate))}/s)"
+        amount = f"{format_size(sent)} of {format_size(total)} ({format_size(int(rate))}/s)"
+        return f"{self.what} [{bar}] {sent * 100 // total:3d}% {amount}"
 
     def _redraw(self, sent: int, total: int) -> None:
         self.stream.write("\r" + self._line(sent, total))

@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-
-from server.cli.tokens import cli_actor
 from server.cli.db import operator_session
+from server.cli.tokens import cli_actor
 from server.settings import Settings
 
 #: Exit status of a bad argument (bad owner, no limit given).
@@ -22,8 +21,12 @@ EXIT_INVALID = 2
 #: The word that resets one limit to the server's default.
 DEFAULT_WORD = "default"
 #: CLI option of each limit.
-OPTIONS = {"max_active_jobs": "--max-active-jobs", "max_gpus": "--max-gpus", "max_queued_jobs": "--max-queued-jobs",
-           "max_storage_bytes": "--max-storage-bytes"}
+OPTIONS = {
+    "max_active_jobs": "--max-active-jobs",
+    "max_gpus": "--max-gpus",
+    "max_queued_jobs": "--max-queued-jobs",
+    "max_storage_bytes": "--max-storage-bytes",
+}
 
 
 def limit_value(text: str) -> int | None:
@@ -35,15 +38,21 @@ def limit_value(text: str) -> int | None:
     return int(text)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``quotas`` command group."""
     parser = subparsers.add_parser("quotas", help="set, list and clear per-owner job quotas (database access)")
     commands = parser.add_subparsers(dest="quotas_command", metavar="QUOTAS_COMMAND", required=True)
     setter = commands.add_parser("set", help="override limits of one owner (others are kept)")
     setter.add_argument("owner")
     for name, option in OPTIONS.items():
-        setter.add_argument(option, dest=name, type=limit_value, default=argparse.SUPPRESS, metavar="N|default",
-                            help=f"{name.replace('_', ' ')} ('default': the server's HALFCAST_QUOTA_{name.upper()})")  # fmt: skip
+        setter.add_argument(
+            option,
+            dest=name,
+            type=limit_value,
+            default=argparse.SUPPRESS,
+            metavar="N|default",
+            help=f"{name.replace('_', ' ')} ('default': the server's HALFCAST_QUOTA_{name.upper()})",
+        )
     setter.set_defaults(handler=run_set)
     listing = commands.add_parser("list", help="the server defaults and every owner's overrides")
     listing.set_defaults(handler=run_list)
@@ -72,7 +81,9 @@ def run_set(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return EXIT_INVALID
-    shown = ", ".join(f"{name}={'default' if getattr(override, name) is None else getattr(override, name)}" for name in OPTIONS)
+    shown = ", ".join(
+        f"{name}={'default' if getattr(override, name) is None else getattr(override, name)}" for name in OPTIONS
+    )
     sys.stdout.write(f"quota of {args.owner.strip()}: {shown}\n")
     return 0
 
@@ -85,8 +96,13 @@ def run_list(_args: argparse.Namespace) -> int:
     defaults = default_limits(Settings())
     with operator_session() as session:
         overrides = list_overrides(session)
-    rows = [("OWNER", "MAX ACTIVE JOBS", "MAX GPUS", "MAX QUEUED JOBS", "MAX STORAGE BYTES")]
-    rows.append(("(server default)", *("unlimited" if getattr(defaults, n) is None else str(getattr(defaults, n)) for n in OPTIONS)))
+    rows: list[tuple[str, ...]] = [("OWNER", "MAX ACTIVE JOBS", "MAX GPUS", "MAX QUEUED JOBS", "MAX STORAGE BYTES")]
+    rows.append(
+        (
+            "(server default)",
+            *("unlimited" if getattr(defaults, n) is None else str(getattr(defaults, n)) for n in OPTIONS),
+        )
+    )
     for owner, limits in overrides:
         rows.append((owner, *(_shown(getattr(limits, n), getattr(defaults, n)) for n in OPTIONS)))
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]

@@ -40,8 +40,10 @@ def client_url(host: str, port: int) -> str:
 
 def ready_message(url: str, data_dir: Path) -> str:
     """What ``up`` prints once the API at ``url`` is ready: the URL, and the ``export`` line for the CLI and curl."""
-    return (f"Halfcast API ready at {url} (data: {data_dir}); for the CLI and curl in another shell:\n"
-            f"  export HALFCAST_URL={url}\n")  # fmt: skip
+    return (
+        f"Halfcast API ready at {url} (data: {data_dir}); for the CLI and curl in another shell:\n"
+        f"  export HALFCAST_URL={url}\n"
+    )
 
 
 def wait_until_ready(url: str, stop: threading.Event, wait_s: float = READY_WAIT_S) -> bool:
@@ -58,7 +60,9 @@ def wait_until_ready(url: str, stop: threading.Event, wait_s: float = READY_WAIT
     return False
 
 
-def announce_when_ready(url: str, data_dir: Path, stop: threading.Event, wait_s: float = READY_WAIT_S) -> threading.Thread:
+def announce_when_ready(
+    url: str, data_dir: Path, stop: threading.Event, wait_s: float = READY_WAIT_S
+) -> threading.Thread:
     """Start a daemon thread that prints :func:`ready_message` once the API at ``url`` is ready."""
 
     def announce() -> None:

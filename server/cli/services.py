@@ -33,7 +33,7 @@ WORKER_EXTRA_GRACE_S = 30.0
 EXIT_REFUSED = 2
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``up``, ``api`` and ``worker``."""
     up = subparsers.add_parser("up", help="migrate, then run the API and a worker (embedded defaults)")
     _add_server_options(up)
@@ -116,8 +116,17 @@ def child_environment() -> dict[str, str]:
 
 def api_command(settings: Settings) -> list[str]:
     """The uvicorn command serving the API factory on the configured host and port, with ``api_workers`` processes."""
-    command = [sys.executable, "-m", "uvicorn", "--factory", "server.app:create_app",
-               "--host", settings.host, "--port", str(settings.port)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "server.app:create_app",
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+    ]
     if settings.api_workers > 1:
         command += ["--workers", str(settings.api_workers)]
     return command
@@ -135,8 +144,12 @@ def run_up(args: argparse.Namespace) -> int:
     _announce_token(settings)
     children = [
         Child("api", api_command(settings), grace_s=API_GRACE_S),
-        Child("worker", [sys.executable, "-m", "worker"], grace_s=settings.cancel_grace_s + WORKER_EXTRA_GRACE_S,
-              restart=RestartPolicy()),  # a dead worker is started again; its jobs are recovered by the reaper
+        Child(
+            "worker",
+            [sys.executable, "-m", "worker"],
+            grace_s=settings.cancel_grace_s + WORKER_EXTRA_GRACE_S,
+            restart=RestartPolicy(),
+        ),  # a dead worker is started again; its jobs are recovered by the reaper
     ]
     url = client_url(settings.host, settings.port)
     log.info("Halfcast is starting at %s (data in %s); Ctrl-C stops it", url, settings.resolved_data_dir)
@@ -155,7 +168,9 @@ def run_api(args: argparse.Namespace) -> int:
     settings = apply_overrides(args)
     if _refused(settings):
         return EXIT_REFUSED
-    uvicorn.run("server.app:create_app", factory=True, host=settings.host, port=settings.port, workers=settings.api_workers)
+    uvicorn.run(
+        "server.app:create_app", factory=True, host=settings.host, port=settings.port, workers=settings.api_workers
+    )
     return 0
 
 

@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -96,10 +96,8 @@ class Child:
 
 
 def _killpg(pgid: int) -> None:
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 class Supervisor:
@@ -137,8 +135,12 @@ class Supervisor:
         if (code := child.exited()) is None:
             return None
         if child.schedule_restart(now):
-            log.error("%s exited with status %d; starting it again in %.0f s", child.name, code,
-                      (child.restart_at or now) - now)  # fmt: skip
+            log.error(
+                "%s exited with status %d; starting it again in %.0f s",
+                child.name,
+                code,
+                (child.restart_at or now) - now,
+            )
             return None
         what = f"{len(child.exits)} times in {child.restart.window_s:.0f} s" if child.restart else f"with status {code}"
         log.error("%s exited %s; stopping the others", child.name, what)

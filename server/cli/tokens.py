@@ -15,7 +15,6 @@ import logging
 import sys
 from pathlib import Path
 
-
 from server.cli.db import operator_session
 
 log = logging.getLogger(__name__)
@@ -24,7 +23,7 @@ log = logging.getLogger(__name__)
 EXIT_INVALID = 2
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``tokens`` command group."""
     parser = subparsers.add_parser("tokens", help="create, list and revoke API tokens (database access)")
     commands = parser.add_subparsers(dest="tokens_command", metavar="TOKENS_COMMAND", required=True)
@@ -32,8 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     create.add_argument("--owner", required=True, help="who the token's jobs belong to")
     create.add_argument("--admin", action="store_true", help="an admin token: sees every job, /metrics and /audit")
     create.add_argument("--file", type=Path, help="write the token to this file instead of printing it")
-    create.add_argument("--file-mode", type=lambda text: int(text, 8), default=0o600,
-                        help="permissions of --file, octal (default 600)")  # fmt: skip
+    create.add_argument(
+        "--file-mode", type=lambda text: int(text, 8), default=0o600, help="permissions of --file, octal (default 600)"
+    )
     create.add_argument("--if-missing", action="store_true", help="with --file: do nothing if the file exists")
     create.set_defaults(handler=run_create)
     listing = commands.add_parser("list", help="list tokens (id, owner, admin, created, last used, revoked)")
@@ -85,9 +85,17 @@ def run_list(_args: argparse.Namespace) -> int:
 
     with operator_session() as session:
         rows = [("ID", "OWNER", "ADMIN", "CREATED", "LAST USED", "REVOKED")]
-        for row in list_tokens(session):
-            rows.append((str(row.id), row.owner, "yes" if row.admin else "no", _when(row.created_at),
-                         _when(row.last_used_at), _when(row.revoked_at)))  # fmt: skip
+        for token in list_tokens(session):
+            rows.append(
+                (
+                    str(token.id),
+                    token.owner,
+                    "yes" if token.admin else "no",
+                    _when(token.created_at),
+                    _when(token.last_used_at),
+                    _when(token.revoked_at),
+                )
+            )
     widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
     for row in rows:
         sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")

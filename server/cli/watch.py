@@ -4,7 +4,8 @@ On a terminal (TTY) one line is redrawn in place by rich's live display
 (:class:`LiveOutput`): a progress bar with ETA, the current loss, loss scale (not for a
 job whose precision scales nothing: fp32, bf16, fp8), skipped steps and throughput,
 fitted to the terminal's width (lower-priority fields are shortened, then dropped:
-:func:`fit`), so it never wraps and a redraw never leaves a line behind; status changes, the start-up phase (``job j: running (loading data)``) and the
+:func:`fit`), so it never wraps and a redraw never leaves a line behind; status changes, the start-up
+phase (``job j: running (loading data)``) and the
 evaluation get lines of their own above it. Elsewhere (a pipe, a log file) every step
 and every status change is printed as a plain, whole line (:class:`PlainOutput`), so
 the output is greppable.
@@ -162,7 +163,7 @@ class WatchView:
             Part((f"skipped {skipped}",), 7),
             Part((f"{throughput} {tokens}", tokens) if tokens else (throughput,), 8),
             *overflow,
-        ]  # fmt: skip
+        ]  # fmt: skip  # a table, laid out by hand
 
     def progress_line(self, width: int | None = None) -> str:
         """The one-line summary of the latest step, fitted to ``width`` characters (``None``: in full)."""
@@ -241,7 +242,9 @@ class LiveOutput:
             return
         text = Text(view.progress_line(self.console.width), no_wrap=True, overflow="ellipsis")
         if self.live is None:
-            self.live = Live(text, console=self.console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False)
+            self.live = Live(
+                text, console=self.console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False
+            )
             self.live.start()
         self.live.update(text, refresh=True)
 

@@ -22,10 +22,28 @@ from trainer.records import RecordSink
 from worker.ingest import end_info, ingest, parse_lines
 from worker.tail import RecordTail
 
-STEP = StepRecord(step=3, loss=0.5, loss_scale=65536.0, overflow=False, skipped_steps=1, grad_norm=0.25, lr=0.01,
-                  samples_per_second=100.0, tokens_per_second=None, samples_total=96, tokens_total=None)  # fmt: skip
-SWITCH = {"step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed", "message": "collapsed",
-          "rewound_to_step": 8, "time": 50.0}  # fmt: skip
+STEP = StepRecord(
+    step=3,
+    loss=0.5,
+    loss_scale=65536.0,
+    overflow=False,
+    skipped_steps=1,
+    grad_norm=0.25,
+    lr=0.01,
+    samples_per_second=100.0,
+    tokens_per_second=None,
+    samples_total=96,
+    tokens_total=None,
+)
+SWITCH = {
+    "step": 12,
+    "from": "fp16",
+    "to": "bf16",
+    "reason": "loss_scale_collapsed",
+    "message": "collapsed",
+    "rewound_to_step": 8,
+    "time": 50.0,
+}
 STOPPED = {"step": 3, "metric": "loss", "best_step": 2, "best_value": 0.25}
 
 
@@ -33,8 +51,16 @@ def _write_run(run: RunDir) -> None:
     """One of each record, as the trainer writes them (the loop's calls on its sink)."""
     with RecordSink(run.records) as sink:
         sink.phase("data", {"launch_s": 0.5, "imports_s": 1.5, "data_s": None, "model_s": None, "first_step_s": None})
-        sink.start(world_size=2, device="cpu", precision="fp16", accumulation_steps=1, startup={"launch_s": 0.5},
-                   resumed_from_step=0, precision_switch=SWITCH, data={"rows": 10})  # fmt: skip
+        sink.start(
+            world_size=2,
+            device="cpu",
+            precision="fp16",
+            accumulation_steps=1,
+            startup={"launch_s": 0.5},
+            resumed_from_step=0,
+            precision_switch=SWITCH,
+            data={"rows": 10},
+        )
         sink.step(STEP, when=10.0)
         sink.eval(3, {"loss": 0.4, "accuracy": 0.9})
         sink.precision_switch(SWITCH)
@@ -52,8 +78,15 @@ def test_every_record_the_trainer_writes_reads_back_as_the_same_model(tmp_path: 
     run = RunDir(tmp_path)
     _write_run(run)
     records = _read_back(run)
-    assert [type(record) for record in records] == [PhaseRecord, StartRecord, StepRecord, EvalRecord,
-                                                    PrecisionSwitchRecord, StepRecord, EndRecord]  # fmt: skip
+    assert [type(record) for record in records] == [
+        PhaseRecord,
+        StartRecord,
+        StepRecord,
+        EvalRecord,
+        PrecisionSwitchRecord,
+        StepRecord,
+        EndRecord,
+    ]
     phase, start, step, evaluation, switch, bf16_step, end = records
     assert step == STEP.model_copy(update={"time": 10.0})
     assert bf16_step == STEP.model_copy(update={"step": 9, "time": 11.0, "precision": "bf16"})
@@ -62,7 +95,9 @@ def test_every_record_the_trainer_writes_reads_back_as_the_same_model(tmp_path: 
     assert start.world_size == 2 and start.precision_switch is not None and start.precision_switch.body() == SWITCH
     assert start.model_extra == {"data": {"rows": 10}}
     assert phase.phase == "data" and phase.startup.imports_s == 1.5
-    assert end == EndRecord(time=end.time, steps=3, skipped_steps=1, applied_steps=2, stopped_early=STOPPED, exported_step=2)
+    assert end == EndRecord(
+        time=end.time, steps=3, skipped_steps=1, applied_steps=2, stopped_early=STOPPED, exported_step=2
+    )
     assert all(isinstance(record.time, float) for record in records)
 
 
@@ -88,11 +123,22 @@ def test_the_worker_ingests_what_the_trainer_wrote(tmp_path: Path) -> None:
     assert [switch.body() for switch in progress.switches] == [SWITCH]
     assert [switch.body() for switch in progress.known_switches] == [SWITCH]
     assert progress.world_size == 2
-    assert progress.startup == {"phase": "data", "launch_s": 0.5, "imports_s": 1.5, "data_s": None, "model_s": None,
-                                "first_step_s": None}  # fmt: skip
+    assert progress.startup == {
+        "phase": "data",
+        "launch_s": 0.5,
+        "imports_s": 1.5,
+        "data_s": None,
+        "model_s": None,
+        "first_step_s": None,
+    }
     assert ingested.end is not None
-    assert end_info(ingested.end) == {"steps": 3, "skipped_steps": 1, "applied_steps": 2, "stopped_early": STOPPED,
-                                      "exported_step": 2}  # fmt: skip
+    assert end_info(ingested.end) == {
+        "steps": 3,
+        "skipped_steps": 1,
+        "applied_steps": 2,
+        "stopped_early": STOPPED,
+        "exported_step": 2,
+    }
 
 
 def test_non_finite_numbers_are_written_and_read_as_null(tmp_path: Path) -> None:
@@ -122,6 +168,6 @@ def test_an_older_trainers_lines_still_read_and_keep_only_what_they_said() -> No
      {"type": "precision_switch", "step": 3}, {"type": "end", "steps": 3}, {"type": "end", "steps": 3, "skipped_steps": -1},
      {"type": "phase", "phase": "sleeping"}, {"type": "phase", "phase": "data", "startup": {"data_s": -1.0}},
      {"type": "start", "world_size": "2"}, {"type": "unknown"}, {"step": 3}],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_a_line_that_is_no_valid_record_is_skipped(line: dict[str, Any]) -> None:
     assert parse_record(line) is None

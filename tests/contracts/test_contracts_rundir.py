@@ -16,9 +16,15 @@ def test_every_path_of_an_attempt(tmp_path: Path) -> None:
     assert run.path == root
     assert (run.spec, run.records, run.error) == (root / "spec.json", root / "records.jsonl", root / "error.json")
     assert run.step_checkpoint(40) == root / "checkpoints" / "step-40.pt"
-    assert (run.final_checkpoint, run.best_checkpoint) == (root / "checkpoints" / "final.pt", root / "checkpoints" / "best.pt")
+    assert (run.final_checkpoint, run.best_checkpoint) == (
+        root / "checkpoints" / "final.pt",
+        root / "checkpoints" / "best.pt",
+    )
     assert (run.rank_log(3), run.launcher_log) == (root / "logs" / "rank-3.log", root / "logs" / "launcher.log")
-    assert (run.export_of("adapter"), run.export_of(ExportKind.MODEL)) == (root / "export" / "adapter", root / "export" / "model")
+    assert (run.export_of("adapter"), run.export_of(ExportKind.MODEL)) == (
+        root / "export" / "adapter",
+        root / "export" / "model",
+    )
     assert not root.exists()  # naming a path creates nothing
 
 

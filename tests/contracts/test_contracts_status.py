@@ -1,7 +1,8 @@
 """Statuses and failure reasons are the enums of ``contracts.status``: every reason the code reports is one of them.
 
 The reasons are found in the source (``ast``) of ``trainer/``, ``worker/`` and ``server/``: the first
-argument of ``TrainerError(...)`` (and ``DivergenceError(...)``), the reason of ``Outcome(status, reason, ...)``, every ``reason=``
+argument of ``TrainerError(...)`` (and ``DivergenceError(...)``), the reason of ``Outcome(status, reason, ...)``,
+every ``reason=``
 and ``error_reason=`` keyword, and what is assigned to a name ``reason`` or to a constant whose name
 holds ``REASON`` or ``CAUSES`` (strings, ``FailureReason.X``, either side of a conditional, the
 items of a tuple, set or dict). Every one must be a ``FailureReason`` member, never a string; and no
@@ -38,7 +39,9 @@ def _values(node: ast.expr) -> list[ast.expr]:
         return _values(node.value)
     if isinstance(node, ast.Call):  # frozenset({...}), MappingProxyType({...})
         return [value for arg in node.args for value in _values(arg)]
-    is_member = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "FailureReason"
+    is_member = (
+        isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "FailureReason"
+    )
     return [node] if is_member or (isinstance(node, ast.Constant) and isinstance(node.value, str)) else []
 
 
@@ -48,10 +51,12 @@ def _assigned(node: ast.Assign | ast.AnnAssign) -> list[ast.expr]:
     found: list[ast.expr] = []
     for target in targets:
         if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
-            pairs = zip(target.elts, node.value.elts, strict=False)
+            pairs = zip(target.elts, node.value.elts, strict=True)
             found += [value for name, item in pairs if _is_reason_name(name) for value in _values(item)]
         elif _is_causes(target) and isinstance(node.value, ast.Tuple):  # ((reason, pattern, explanation), ...)
-            found += [value for cause in node.value.elts if isinstance(cause, ast.Tuple) for value in _values(cause.elts[0])]
+            found += [
+                value for cause in node.value.elts if isinstance(cause, ast.Tuple) for value in _values(cause.elts[0])
+            ]
         elif _is_reason_name(target) and node.value is not None:
             found += _values(node.value)
     return found
@@ -75,10 +80,14 @@ def reported_reasons(source: str) -> list[tuple[int, str]]:
                 found += _values(node.args[0])
             if name == "Outcome" and len(node.args) > 1:
                 found += _values(node.args[1])
-            found += [value for keyword in node.keywords if keyword.arg in REASON_KEYWORDS for value in _values(keyword.value)]
+            found += [
+                value for keyword in node.keywords if keyword.arg in REASON_KEYWORDS for value in _values(keyword.value)
+            ]
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             found += _assigned(node)
-    return [(item.lineno, item.value if isinstance(item, ast.Constant) else f"FailureReason.{item.attr}") for item in found]
+    return [
+        (item.lineno, item.value if isinstance(item, ast.Constant) else f"FailureReason.{item.attr}") for item in found
+    ]
 
 
 def _is_known(reason: str) -> bool:
@@ -114,7 +123,7 @@ def _every_reported_reason() -> list[tuple[str, str]]:
      ('ENQUEUE_REASON = FailureReason.ENQUEUE_FAILED.value', ["FailureReason.ENQUEUE_FAILED"]),
      ('LOG_CAUSES = (("oom", re.compile("CUDA out of memory"), "ran out of memory"),)', ["oom"]),
      ('message = "data_unavailable"', [])],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_the_scan_finds_reported_reasons(source: str, reasons: list[str]) -> None:
     assert [reason for _, reason in reported_reasons(source)] == reasons
 
@@ -146,7 +155,7 @@ def test_no_module_spells_a_reason_as_a_string() -> None:
 
 
 def test_the_worker_and_the_trainer_use_the_one_list() -> None:
-    assert FAILURE_REASONS == set(FailureReason) and set(RETRY_POLICY) == set(FailureReason)
+    assert set(FailureReason) == FAILURE_REASONS and set(RETRY_POLICY) == set(FailureReason)
     assert {reason for reason, retried in RETRY_POLICY.items() if retried} == {"worker_lost", "worker_shutdown"}
     assert REASONS <= FAILURE_REASONS
 

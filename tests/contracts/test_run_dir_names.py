@@ -22,8 +22,16 @@ from contracts import rundir
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("trainer", "worker", "server")
-FILE_NAMES = frozenset({rundir.SPEC_FILE, rundir.RECORDS_FILE, rundir.ERROR_FILE, rundir.FINAL_CHECKPOINT,
-                        rundir.BEST_CHECKPOINT, rundir.LAUNCHER_LOG})  # fmt: skip
+FILE_NAMES = frozenset(
+    {
+        rundir.SPEC_FILE,
+        rundir.RECORDS_FILE,
+        rundir.ERROR_FILE,
+        rundir.FINAL_CHECKPOINT,
+        rundir.BEST_CHECKPOINT,
+        rundir.LAUNCHER_LOG,
+    }
+)
 DIR_NAMES = frozenset({rundir.CHECKPOINTS_DIR, rundir.LOGS_DIR, rundir.EXPORT_DIR})
 #: The start of a ``step-<N>.pt``, ``rank-<r>.log`` or ``attempt-<n>`` name, a glob or a regular expression of one.
 NAME_START = re.compile(r"(?:^|[\^(|])(?:step|rank|attempt)-(?:$|[*(\[\\{0-9])")
@@ -35,17 +43,30 @@ def _docstrings(tree: ast.Module) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 found.add(id(first.value))
     return found
 
 
 def _joined(tree: ast.Module) -> set[int]:
     """``id`` of every string constant that is an operand of ``/`` (a path join) or an upper-case constant's value."""
-    joined = {id(side) for node in ast.walk(tree) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
-              for side in (node.left, node.right) if isinstance(side, ast.Constant)}  # fmt: skip
-    named = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
-             and any(isinstance(target, ast.Name) and target.id.isupper() for target in node.targets)}  # fmt: skip
+    joined = {
+        id(side)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+        for side in (node.left, node.right)
+        if isinstance(side, ast.Constant)
+    }
+    named = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id.isupper() for target in node.targets)
+    }
     return joined | named
 
 
@@ -69,8 +90,16 @@ def _modules() -> list[Path]:
 
 @pytest.mark.parametrize(
     "source",
-    ['x = "error.json"', 'p = run_dir / "checkpoints"', 'name = f"step-{step}.pt"', 'files = d.glob("rank-*.log")',
-     'ATTEMPT = re.compile(r"attempt-(\\d+)$")', 'EXPORT_DIR = "export"', 'NAME = r"^(final|step-[0-9]{1,18})\\.pt$"', 'd = run / "logs" / name'],
+    [
+        'x = "error.json"',
+        'p = run_dir / "checkpoints"',
+        'name = f"step-{step}.pt"',
+        'files = d.glob("rank-*.log")',
+        'ATTEMPT = re.compile(r"attempt-(\\d+)$")',
+        'EXPORT_DIR = "export"',
+        'NAME = r"^(final|step-[0-9]{1,18})\\.pt$"',
+        'd = run / "logs" / name',
+    ],
 )
 def test_the_check_sees_a_spelled_name(source: str) -> None:
     assert spelled_names(source), source
@@ -78,15 +107,23 @@ def test_the_check_sees_a_spelled_name(source: str) -> None:
 
 @pytest.mark.parametrize(
     "source",
-    ['"""Writes ``checkpoints/step-<N>.pt`` and ``error.json``."""', 'tags = ["checkpoints"]',
-     'url = f"/jobs/{job_id}/checkpoints"', 'name = f"{job_id}-attempt-{n}-{name}"',
-     'help_text = "final.pt or step-<N>.pt"', 'command = "logs"'],
+    [
+        '"""Writes ``checkpoints/step-<N>.pt`` and ``error.json``."""',
+        'tags = ["checkpoints"]',
+        'url = f"/jobs/{job_id}/checkpoints"',
+        'name = f"{job_id}-attempt-{n}-{name}"',
+        'help_text = "final.pt or step-<N>.pt"',
+        'command = "logs"',
+    ],
 )
 def test_the_check_lets_other_strings_be(source: str) -> None:
     assert spelled_names(source) == [], source
 
 
 def test_no_module_outside_contracts_spells_a_run_directory_name() -> None:
-    offenders = [f"{path.relative_to(ROOT)}:{line}: {text!r}" for path in _modules()
-                 for line, text in spelled_names(path.read_text(encoding="utf-8"))]  # fmt: skip
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {text!r}"
+        for path in _modules()
+        for line, text in spelled_names(path.read_text(encoding="utf-8"))
+    ]
     assert offenders == [], "take these names from contracts.rundir:\n" + "\n".join(offenders)

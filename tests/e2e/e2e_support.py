@@ -86,21 +86,44 @@ class Stack:
 
     def start(self) -> Stack:
         """Migrate the database, start the worker and the API, wait until the API answers."""
-        subprocess.run([sys.executable, "-m", "server.cli", "db", "upgrade"], env=self.env, cwd=ROOT, check=True,
-                       capture_output=True, timeout=120)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "server.cli", "db", "upgrade"],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         if self.env.get("HALFCAST_AUTH", "on").lower() not in ("off", "0", "false", "no"):
             self._make_token()
         for name in self.worker_names:
             self._spawn_worker(name)
-        api = [sys.executable, "-m", "uvicorn", "--factory", "server.app:create_app", "--host", "127.0.0.1", "--port", str(self.port)]
+        api = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "server.app:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         self._spawn("api", api)
         self._wait_ready()
         return self
 
     def _make_token(self) -> None:
         """Create an admin token; the client sends it and CLI subprocesses get it as ``HALFCAST_TOKEN``."""
-        made = subprocess.run([sys.executable, "-m", "server.cli", "tokens", "create", "--owner", "e2e", "--admin"],
-                              env=self.env, cwd=ROOT, check=True, capture_output=True, text=True, timeout=120)  # fmt: skip
+        made = subprocess.run(
+            [sys.executable, "-m", "server.cli", "tokens", "create", "--owner", "e2e", "--admin"],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         self.token = made.stdout.strip()
         self.env["HALFCAST_TOKEN"] = self.token
         self.client.headers["Authorization"] = f"Bearer {self.token}"
@@ -112,7 +135,9 @@ class Stack:
 
     def _spawn(self, name: str, command: list[str]) -> None:
         log_file = (self.data_dir / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen(command, env=self.env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+        self.processes[name] = subprocess.Popen(
+            command, env=self.env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT
+        )
 
     def _spawn_worker(self, name: str) -> None:
         self._ready_marks[name] = self._log_text(name).count(" ready.")
@@ -195,7 +220,9 @@ class Stack:
         assert response.status_code == 200, response.text
         return response.json()
 
-    def wait(self, job_id: str, until: Callable[[dict[str, Any]], bool], timeout_s: float = 300, poll_s: float = 0.1) -> dict[str, Any]:
+    def wait(
+        self, job_id: str, until: Callable[[dict[str, Any]], bool], timeout_s: float = 300, poll_s: float = 0.1
+    ) -> dict[str, Any]:
         """Poll ``GET /jobs/{id}`` until ``until(job)``; fail with the logs after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while not until(job := self.job(job_id)):

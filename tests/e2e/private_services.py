@@ -72,8 +72,19 @@ class PrivateRedis:
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
         assert self.process is None or self.process.poll() is not None, "redis is already running"
-        command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                   "--dir", str(self.directory)]  # fmt: skip
+        command = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.directory),
+        ]
         log_file = (self.directory / "redis.log").open("ab")
         self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_port(self.port)
@@ -122,8 +133,12 @@ class PrivatePostgres:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{self.database}"
 
     def _run(self, *command: str, timeout_s: float = 120) -> None:
-        subprocess.run(_as_postgres([str(self.bin_dir / command[0]), *command[1:]]), check=True,
-                       capture_output=True, timeout=timeout_s)  # fmt: skip
+        subprocess.run(
+            _as_postgres([str(self.bin_dir / command[0]), *command[1:]]),
+            check=True,
+            capture_output=True,
+            timeout=timeout_s,
+        )
 
     def init(self) -> None:
         """``initdb`` the cluster, start it and create the database."""
@@ -134,8 +149,9 @@ class PrivatePostgres:
     def start(self) -> None:
         """``pg_ctl start -w`` on this module's port and socket directory."""
         options = f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run("pg_ctl", "-D", str(self.data_dir), "-o", options, "-l", str(self.directory / "postgres.log"),
-                  "-w", "start")  # fmt: skip
+        self._run(
+            "pg_ctl", "-D", str(self.data_dir), "-o", options, "-l", str(self.directory / "postgres.log"), "-w", "start"
+        )
         wait_for_port(self.port)
         log.info("private postgres up on port %d", self.port)
 
@@ -188,8 +204,8 @@ def _skip_unless_postgres_can_run() -> Path:
     return bin_dir
 
 
-@pytest.fixture(scope="module")
-def private_redis() -> Iterator[PrivateRedis]:
+@pytest.fixture(scope="module", name="private_redis")
+def private_redis_fixture() -> Iterator[PrivateRedis]:
     """A private Redis server for one test module; stopped on teardown."""
     binary = shutil.which("redis-server")
     if binary is None:
@@ -203,8 +219,8 @@ def private_redis() -> Iterator[PrivateRedis]:
         shutil.rmtree(server.directory, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def private_postgres() -> Iterator[PrivatePostgres]:
+@pytest.fixture(scope="module", name="private_postgres")
+def private_postgres_fixture() -> Iterator[PrivatePostgres]:
     """A private PostgreSQL cluster with one empty database for one test module; stopped on teardown."""
     bin_dir = _skip_unless_postgres_can_run()
     server = PrivatePostgres(_private_dir("halfcast-pg-"), bin_dir)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from e2e_support import TERMINAL, Stack, load_example, run_processes
-from private_services import PrivateRedis, private_redis  # noqa: F401 (fixture)
+from private_services import PrivateRedis, private_redis_fixture  # noqa: F401 (the private_redis fixture)
 
 from conftest import make_stack
 
@@ -87,11 +87,18 @@ def _claimed_by(stack: Stack, job_id: str) -> str:
 
 
 @pytest.fixture()
-def two_workers(tmp_path: Path, postgres_url: str, private_redis: PrivateRedis) -> Iterator[Stack]:  # noqa: F811
+def two_workers(tmp_path: Path, postgres_url: str, private_redis: PrivateRedis) -> Iterator[Stack]:
     """Two workers of one CPU slot each on PostgreSQL and the private Redis; a short reaper interval."""
-    yield from make_stack(tmp_path, workers=2, database_url=postgres_url, broker_url=private_redis.url,
-                          worker_concurrency="1", reaper_interval_s="1", worker_heartbeat_s="1",
-                          worker_live_s="3")  # fmt: skip
+    yield from make_stack(
+        tmp_path,
+        workers=2,
+        database_url=postgres_url,
+        broker_url=private_redis.url,
+        worker_concurrency="1",
+        reaper_interval_s="1",
+        worker_heartbeat_s="1",
+        worker_live_s="3",
+    )
 
 
 def test_a_busy_worker_reserves_no_queued_job(two_workers: Stack) -> None:
@@ -112,8 +119,14 @@ def test_a_busy_worker_reserves_no_queued_job(two_workers: Stack) -> None:
     on_busy = sum(bool(job["attempts"]) and _claimed_by(stack, job["id"]) == busy for job in jobs)
     stack.client.post(f"/jobs/{long_id}/cancel")
     assert stack.wait_terminal(long_id)["status"] == "cancelled"
-    row = _matrix(stack, "3 short jobs while the other worker is busy", jobs, seconds_for_all=round(waited, 1),
-                  messages_reserved_by_busy_worker=_received(stack, busy) - 1, ran_on_busy_worker=on_busy)  # fmt: skip
+    row = _matrix(
+        stack,
+        "3 short jobs while the other worker is busy",
+        jobs,
+        seconds_for_all=round(waited, 1),
+        messages_reserved_by_busy_worker=_received(stack, busy) - 1,
+        ran_on_busy_worker=on_busy,
+    )
     assert [job["status"] for job in jobs] == ["succeeded"] * 3
     assert row["terminal_once"] == 3 and row["processes_left"] == 0
     assert row["messages_reserved_by_busy_worker"] == 0 and on_busy == 0
@@ -122,8 +135,12 @@ def test_a_busy_worker_reserves_no_queued_job(two_workers: Stack) -> None:
 def _hold_gpu(stack: Stack) -> subprocess.Popen[str]:
     """A process that holds GPU 0's lock file, so a GPU job waits for its slot (holding its message)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    holder = subprocess.Popen([sys.executable, str(HOLDER), str(stack.data_dir / "gpu-locks"), "0", "1"], env=env,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, str(HOLDER), str(stack.data_dir / "gpu-locks"), "0", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "0"
     return holder
 
@@ -134,11 +151,20 @@ def _release(holder: subprocess.Popen[str]) -> None:
 
 
 @pytest.fixture()
-def gpu_workers(tmp_path: Path, postgres_url: str, private_redis: PrivateRedis) -> Iterator[Stack]:  # noqa: F811
+def gpu_workers(tmp_path: Path, postgres_url: str, private_redis: PrivateRedis) -> Iterator[Stack]:
     """Two workers each handing out (pretend) GPU 0 and waiting a minute for a slot, on the private Redis."""
-    yield from make_stack(tmp_path, workers=2, database_url=postgres_url, broker_url=private_redis.url,
-                          worker_gpus="0", worker_concurrency="1", worker_slot_wait_s="60",
-                          reaper_interval_s="1", worker_heartbeat_s="1", worker_live_s="3")  # fmt: skip
+    yield from make_stack(
+        tmp_path,
+        workers=2,
+        database_url=postgres_url,
+        broker_url=private_redis.url,
+        worker_gpus="0",
+        worker_concurrency="1",
+        worker_slot_wait_s="60",
+        reaper_interval_s="1",
+        worker_heartbeat_s="1",
+        worker_live_s="3",
+    )
 
 
 def test_a_worker_killed_while_holding_a_message_does_not_strand_its_job(gpu_workers: Stack) -> None:
@@ -164,8 +190,9 @@ def test_a_worker_killed_while_holding_a_message_does_not_strand_its_job(gpu_wor
     assert stack.worker_of(job["attempts"][0]["worker_id"]) != holders[0]
 
 
-def test_workers_ride_out_a_redis_restart_while_holding_messages(gpu_workers: Stack,
-                                                                  private_redis: PrivateRedis) -> None:  # noqa: F811
+def test_workers_ride_out_a_redis_restart_while_holding_messages(
+    gpu_workers: Stack, private_redis: PrivateRedis
+) -> None:
     """Redis restarts (losing everything) while both workers hold unacknowledged messages; both live on.
 
     Each worker holds one GPU job's message, waiting for the GPU another process holds.
@@ -189,9 +216,13 @@ def test_workers_ride_out_a_redis_restart_while_holding_messages(gpu_workers: St
     jobs = _settle(stack, ids, timeout_s=90)
     alive = [name for name in stack.worker_names if stack.processes[name].poll() is None]
     after = _settle(stack, [stack.submit(_spec(3))["id"]], timeout_s=90) if alive else []  # still consuming?
-    row = _matrix(stack, "Redis restart (no persistence) while 2 workers hold messages", jobs + after,
-                  workers_alive=f"{len(alive)} of {len(stack.worker_names)}",
-                  seconds_to_terminal=round(time.monotonic() - restarted_at, 1))  # fmt: skip
+    row = _matrix(
+        stack,
+        "Redis restart (no persistence) while 2 workers hold messages",
+        jobs + after,
+        workers_alive=f"{len(alive)} of {len(stack.worker_names)}",
+        seconds_to_terminal=round(time.monotonic() - restarted_at, 1),
+    )
     assert alive == stack.worker_names, [stack.log_tail(n) for n in stack.worker_names]
     for name in stack.worker_names:
         assert "Unrecoverable error" not in stack.log_tail(name, 1_000_000)

@@ -53,7 +53,7 @@ def _status(data_dir: Path, job_id: str) -> tuple[str, str | None]:
         return conn.execute("SELECT status, error_reason FROM jobs WHERE id = ?", (job_id,)).fetchone()
 
 
-def _wait_job(client: httpx.Client, job_id: str, until, timeout_s: float = 180) -> dict:  # type: ignore[no-untyped-def]
+def _wait_job(client: httpx.Client, job_id: str, until, timeout_s: float = 180) -> dict:
     deadline = time.monotonic() + timeout_s
     while not until(job := client.get(f"/jobs/{job_id}").json()):
         assert time.monotonic() < deadline, job

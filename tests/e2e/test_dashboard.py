@@ -44,8 +44,15 @@ from trainer.spec import JobSpec
 pytestmark = pytest.mark.e2e
 
 CHROMIUM = Path(os.environ.get("HALFCAST_TEST_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ARTIFACTS = ROOT / "test-artifacts"
 #: Milliseconds to wait for a job to finish in the browser.
 JOB_TIMEOUT_MS = 180_000
@@ -72,7 +79,9 @@ faults:
   nonfinite_grad_steps: [30, 31, 55]
   sleep_per_step_s: 0.03
 """
-BAD_SPEC = GOOD_SPEC.replace("micro_batch_size: 32", "micro_batch_size: 0").replace("max_steps: 80", "max_steps: 80\nbogus_field: 1")
+BAD_SPEC = GOOD_SPEC.replace("micro_batch_size: 32", "micro_batch_size: 0").replace(
+    "max_steps: 80", "max_steps: 80\nbogus_field: 1"
+)
 
 #: Counts canvas pixels: all drawn ones, and those close to an RGB colour (a series' stroke).
 COUNT_PIXELS = """([canvas, rgb]) => {
@@ -106,7 +115,9 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, embedded_stack: Stack) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 1100}, base_url=str(embedded_stack.client.base_url))
+    context = browser.new_context(
+        viewport={"width": 1280, "height": 1100}, base_url=str(embedded_stack.client.base_url)
+    )
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -166,7 +177,9 @@ EXPECTED_STATUSES = (401, 409, 413, 415, 422, 429)
 
 def _unexpected(message: Any) -> bool:
     """A console error other than Chromium's note on an answer the page expects (:data:`EXPECTED_STATUSES`)."""
-    return bool(message.type == "error" and not any(f"status of {status}" in message.text for status in EXPECTED_STATUSES))
+    return bool(
+        message.type == "error" and not any(f"status of {status}" in message.text for status in EXPECTED_STATUSES)
+    )
 
 
 def _shot(page: Any, name: str) -> None:
@@ -192,7 +205,9 @@ def test_submit_through_the_form_and_watch_the_job_succeed_with_charts(page: Any
     lines = BAD_SPEC.split("\n")
     expected = {str(lines.index("micro_batch_size: 0") + 1), str(lines.index("bogus_field: 1") + 1)}
     assert {marks.nth(i).get_attribute("data-line") for i in range(marks.count())} == expected
-    expect(page.locator(f".gutter [data-line='{lines.index('micro_batch_size: 0') + 1}']")).to_contain_text("greater than or equal to 1")
+    expect(page.locator(f".gutter [data-line='{lines.index('micro_batch_size: 0') + 1}']")).to_contain_text(
+        "greater than or equal to 1"
+    )
     expect(page.get_by_test_id("errors")).to_contain_text("bogus_field")
     _shot(page, "submit-422")
 
@@ -232,7 +247,9 @@ def test_submit_through_the_form_and_watch_the_job_succeed_with_charts(page: Any
 def test_cancel_a_running_job_from_its_page(page: Any, embedded_stack: Stack) -> None:
     from playwright.sync_api import expect
 
-    spec = _spec("to-cancel", max_steps=100_000, log_interval=1, checkpoint_interval=20, faults={"sleep_per_step_s": 0.1})
+    spec = _spec(
+        "to-cancel", max_steps=100_000, log_interval=1, checkpoint_interval=20, faults={"sleep_per_step_s": 0.1}
+    )
     job = embedded_stack.submit(spec)
     page.goto(f"/#/jobs/{job['id']}")
     status = page.locator(".job-header [data-testid=status]")
@@ -301,7 +318,9 @@ def test_upload_a_dataset_from_its_page_see_a_bad_files_line_offer_it_in_the_for
     form.get_by_test_id("dataset-file").set_input_files(str(bad))
     form.get_by_test_id("upload").click()
     expect(outcome).to_contain_text("The server refused it (HTTP 422); nothing was stored")
-    expect(outcome.get_by_test_id("upload-error")).to_have_text("line 3: field text: missing")  # the API's message, whole
+    expect(outcome.get_by_test_id("upload-error")).to_have_text(
+        "line 3: field text: missing"
+    )  # the API's message, whole
     _shot(page, "dataset-422")
 
     form.get_by_test_id("dataset-file").set_input_files(str(good))
@@ -371,7 +390,10 @@ def test_upload_a_model_as_a_tar_and_as_a_directory_offer_it_in_the_form_and_del
     models = {m["name"]: m for m in embedded_stack.client.get("/models").json()["models"]}
     assert models["tiny-llama"]["sha256"] == models["tiny-llama-dir"]["sha256"]  # the same files, byte for byte
     assert models["tiny-llama"]["bytes"] == sum(file.stat().st_size for file in files)
-    rows = [page.locator(f"[data-testid=model-row][data-id='{models[name]['id']}']") for name in ("tiny-llama", "tiny-llama-dir")]
+    rows = [
+        page.locator(f"[data-testid=model-row][data-id='{models[name]['id']}']")
+        for name in ("tiny-llama", "tiny-llama-dir")
+    ]
     for row in rows:
         expect(row.locator("[data-column=model_type]")).to_have_text("llama")
         expect(row.locator("[data-column=files]")).to_have_text(str(len(files)))
@@ -390,7 +412,10 @@ def test_upload_a_model_as_a_tar_and_as_a_directory_offer_it_in_the_form_and_del
     for row in rows:
         _delete_row(page, row)
         expect(row).to_have_count(0)
-    assert all(embedded_stack.client.get(f"/models/{models[n]['id']}").status_code == 404 for n in ("tiny-llama", "tiny-llama-dir"))
+    assert all(
+        embedded_stack.client.get(f"/models/{models[n]['id']}").status_code == 404
+        for n in ("tiny-llama", "tiny-llama-dir")
+    )
 
 
 # ----------------------------------------------------------------------------- the submit form's marks, no stack
@@ -435,8 +460,12 @@ class StaticSite:
     page: Any
     #: GET path -> the JSON it answers (the job resource, its metrics...), or the text of an event stream;
     #: any other API path is a 404. The registry's lists start empty.
-    answers: dict[str, Any] = field(default_factory=lambda: {"/datasets": {"datasets": [], "next_cursor": None},
-                                                             "/models": {"models": [], "next_cursor": None}})  # fmt: skip
+    answers: dict[str, Any] = field(
+        default_factory=lambda: {
+            "/datasets": {"datasets": [], "next_cursor": None},
+            "/models": {"models": [], "next_cursor": None},
+        }
+    )
     #: (method, path) -> (status, JSON body) for requests other than a GET (an upload, a deletion).
     replies: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
     #: Every API request but a GET: method, path, query, headers and body.
@@ -448,14 +477,25 @@ class StaticSite:
         url = urlsplit(route.request.url)
         method = route.request.method
         if method != "GET":
-            self.requests.append({"method": method, "path": url.path, "query": parse_qs(url.query),
-                                  "headers": route.request.headers, "body": route.request.post_data_buffer})  # fmt: skip
+            self.requests.append(
+                {
+                    "method": method,
+                    "path": url.path,
+                    "query": parse_qs(url.query),
+                    "headers": route.request.headers,
+                    "body": route.request.post_data_buffer,
+                }
+            )
         if (reply := self.replies.get((method, url.path))) is not None:
             status, body = reply
-            route.fulfill(status=status, body=b"" if body is None else json.dumps(body), content_type="application/json")
+            route.fulfill(
+                status=status, body=b"" if body is None else json.dumps(body), content_type="application/json"
+            )
         elif url.path.startswith("/static/"):
             file = static_dir() / url.path.removeprefix("/static/")
-            content_type = "text/javascript" if file.suffix == ".js" else mimetypes.guess_type(file.name)[0] or "text/plain"
+            content_type = (
+                "text/javascript" if file.suffix == ".js" else mimetypes.guess_type(file.name)[0] or "text/plain"
+            )
             route.fulfill(status=200, body=file.read_bytes(), content_type=content_type)
         elif url.path == "/jobs" and route.request.method == "POST":
             body = {"detail": _rejection(json.loads(route.request.post_data))}
@@ -505,21 +545,35 @@ def _line(text: str, start: str) -> int:
 def test_marks_land_on_the_deepest_written_key_of_the_field_without_union_tags(site: StaticSite) -> None:
     detail = _rejection(yaml.safe_load(NESTED_SPEC))
     marks = {mark["path"]: mark["line"] for mark in _marks(site.page, NESTED_SPEC, detail)}
-    assert marks == {"model.config.hiden_sizes": _line(NESTED_SPEC, "    hiden_sizes"),
-                     "optimizer.betas[1]": _line(NESTED_SPEC, "  betas"),
-                     "faults.nonfinite_grad_steps[1]": _line(NESTED_SPEC, "    - 0")}  # fmt: skip
+    assert marks == {
+        "model.config.hiden_sizes": _line(NESTED_SPEC, "    hiden_sizes"),
+        "optimizer.betas[1]": _line(NESTED_SPEC, "  betas"),
+        "faults.nonfinite_grad_steps[1]": _line(NESTED_SPEC, "    - 0"),
+    }
 
 
 def test_marks_follow_nested_mappings_lists_and_json_text(site: StaticSite) -> None:
     def item(*field: str | int) -> dict[str, Any]:
         return {"loc": ["body", *field], "field": list(field), "msg": "m"}
 
-    detail = [item("model", "config", "lr"), item("dataset", "config", "num_samples"), item("faults", "nonfinite_grad_steps", 0),
-              item("bogus"), item(), {"loc": ["body", "max_steps"], "msg": "no field: an older server"}]  # fmt: skip
+    detail = [
+        item("model", "config", "lr"),
+        item("dataset", "config", "num_samples"),
+        item("faults", "nonfinite_grad_steps", 0),
+        item("bogus"),
+        item(),
+        {"loc": ["body", "max_steps"], "msg": "no field: an older server"},
+    ]
     lines = [mark["line"] for mark in _marks(site.page, NESTED_SPEC, detail)]
     # model.config has no lr: its config line, not the optimizer's (a later section) nor the model's
-    assert lines == [_line(NESTED_SPEC, "  config:"), _line(NESTED_SPEC, "  config: {"), _line(NESTED_SPEC, "    - 3"), -1, -1,
-                     _line(NESTED_SPEC, "max_steps")]  # fmt: skip
+    assert lines == [
+        _line(NESTED_SPEC, "  config:"),
+        _line(NESTED_SPEC, "  config: {"),
+        _line(NESTED_SPEC, "    - 3"),
+        -1,
+        -1,
+        _line(NESTED_SPEC, "max_steps"),
+    ]
     as_json = json.dumps(yaml.safe_load(NESTED_SPEC), indent=2)
     [mark] = _marks(site.page, as_json, [item("model", "config", "hiden_sizes")])
     assert as_json.split("\n")[mark["line"]].strip().startswith('"hiden_sizes"')
@@ -539,7 +593,9 @@ def test_the_form_marks_a_nested_field_on_its_line_with_its_whole_message(site: 
     note = mark.locator(".note")
     width, full, height = note.evaluate("n => [n.clientWidth, n.scrollWidth, n.getBoundingClientRect().height]")
     assert full <= width and height > 20, "the note is cut off instead of wrapped"
-    expect(site.page.get_by_test_id("errors")).to_contain_text(f"model.config.hiden_sizes (line {line}): Extra inputs are not permitted")
+    expect(site.page.get_by_test_id("errors")).to_contain_text(
+        f"model.config.hiden_sizes (line {line}): Extra inputs are not permitted"
+    )
     _shot(site.page, "submit-nested-422")
 
 
@@ -551,24 +607,57 @@ AT = "2026-12-02T10:00:00Z"
 
 def _records(steps: int, scale: float) -> list[dict[str, Any]]:
     """Step records 1..``steps`` with loss scale ``scale``."""
-    return [{"step": step, "time": 1000.0 + step, "loss": 1.0 / step, "loss_scale": scale, "skipped_steps": 0,
-             "samples_per_second": 100.0} for step in range(1, steps + 1)]  # fmt: skip
+    return [
+        {
+            "step": step,
+            "time": 1000.0 + step,
+            "loss": 1.0 / step,
+            "loss_scale": scale,
+            "skipped_steps": 0,
+            "samples_per_second": 100.0,
+        }
+        for step in range(1, steps + 1)
+    ]
 
 
 def _resource(job_id: str, **fields: Any) -> dict[str, Any]:
-    """A succeeded fp16 job of 6 steps as ``GET /jobs/{id}`` answers it (checked by :class:`server.schemas.JobPublic`), with ``fields``."""
-    resource = {"id": job_id, "name": job_id, "status": "succeeded", "spec": {"precision": "fp16"}, "created_at": AT,
-                "started_at": AT, "finished_at": AT, "error": None, "step": 6, "max_steps": 6, "world_size": 1,
-                "latest": None, "eval": None, "attempt": 1, "loss_scaling": "dynamic"} | fields  # fmt: skip
+    """A succeeded fp16 job of 6 steps as ``GET /jobs/{id}`` answers it, with ``fields``.
+
+    Checked by :class:`server.schemas.JobPublic`.
+    """
+    resource = {
+        "id": job_id,
+        "name": job_id,
+        "status": "succeeded",
+        "spec": {"precision": "fp16"},
+        "created_at": AT,
+        "started_at": AT,
+        "finished_at": AT,
+        "error": None,
+        "step": 6,
+        "max_steps": 6,
+        "world_size": 1,
+        "latest": None,
+        "eval": None,
+        "attempt": 1,
+        "loss_scaling": "dynamic",
+    } | fields
     return JobPublic.model_validate(resource).model_dump(mode="json")
 
 
 def _serve_job(site: StaticSite, job: dict[str, Any], scale: float) -> None:
     """Answer ``job``'s resource, metrics (records at ``scale``), evaluations, checkpoints, exports and a one-event stream."""
     base = f"/jobs/{job['id']}"
-    site.answers.update({base: job, f"{base}/metrics": {"job_id": job["id"], "points": _records(job["step"], scale)},
-                         f"{base}/evals": {"job_id": job["id"], "evals": []}, f"{base}/checkpoints": {"checkpoints": []},
-                         f"{base}/exports": {"exports": []}, f"{base}/events": f"event: status\ndata: {json.dumps(job)}\n\n"})  # fmt: skip
+    site.answers.update(
+        {
+            base: job,
+            f"{base}/metrics": {"job_id": job["id"], "points": _records(job["step"], scale)},
+            f"{base}/evals": {"job_id": job["id"], "evals": []},
+            f"{base}/checkpoints": {"checkpoints": []},
+            f"{base}/exports": {"exports": []},
+            f"{base}/events": f"event: status\ndata: {json.dumps(job)}\n\n",
+        }
+    )
 
 
 def _stat(page: Any, name: str) -> Any:
@@ -601,18 +690,36 @@ def test_a_resumed_jobs_page_lists_every_attempt_with_its_requeue(site: StaticSi
     from playwright.sync_api import expect
 
     def attempt(number: int, status: str | None, reason: str | None, resumed: int | None) -> dict[str, Any]:
-        return {"attempt": number, "worker_id": f"host/{number}", "started_at": AT, "ended_at": AT if status else None,
-                "status": status, "reason": reason, "resumed_from_step": resumed}  # fmt: skip
+        return {
+            "attempt": number,
+            "worker_id": f"host/{number}",
+            "started_at": AT,
+            "ended_at": AT if status else None,
+            "status": status,
+            "reason": reason,
+            "resumed_from_step": resumed,
+        }
 
-    attempts = [attempt(1, "requeued", "worker_shutdown", None), attempt(2, "failed", "worker_lost", 4), attempt(3, None, None, 0)]
+    attempts = [
+        attempt(1, "requeued", "worker_shutdown", None),
+        attempt(2, "failed", "worker_lost", 4),
+        attempt(3, None, None, 0),
+    ]
     job = _resource("resumed", status="running", step=2, max_steps=20, attempt=3, attempts=attempts)
     _serve_job(site, job, 65536.0)
-    site.page.evaluate("async () => (await import('/static/jobs.js')).jobPage(document.getElementById('view'), 'resumed')")
+    site.page.evaluate(
+        "async () => (await import('/static/jobs.js')).jobPage(document.getElementById('view'), 'resumed')"
+    )
     rows = site.page.get_by_test_id("attempt")
     expect(rows).to_have_count(3)
-    shown = [[cells[i] for i in (0, 1, 2, 3, 6)] for cells in (rows.nth(i).locator("td").all_inner_texts() for i in range(3))]
-    assert shown == [["1", "requeued", "worker_shutdown", "host/1", "-"], ["2", "failed", "worker_lost", "host/2", "step 4"],
-                     ["3", "in progress", "-", "host/3", "the start"]]  # fmt: skip
+    shown = [
+        [cells[i] for i in (0, 1, 2, 3, 6)] for cells in (rows.nth(i).locator("td").all_inner_texts() for i in range(3))
+    ]
+    assert shown == [
+        ["1", "requeued", "worker_shutdown", "host/1", "-"],
+        ["2", "failed", "worker_lost", "host/2", "step 4"],
+        ["3", "in progress", "-", "host/3", "the start"],
+    ]
     _shot(site.page, "job-attempts")
 
 
@@ -624,12 +731,24 @@ def test_a_fine_tuned_jobs_page_links_its_exports_as_tar_downloads(site: StaticS
     from server.routes.exports import ExportList
 
     def export(kind: str, files: dict[str, int]) -> dict[str, Any]:
-        return {"kind": kind, "attempt": 2, "files": [{"name": n, "size_bytes": b} for n, b in files.items()],
-                "size_bytes": sum(files.values()), "modified_at": AT, "url": f"/jobs/lora/exports/{kind}?attempt=2"}
+        return {
+            "kind": kind,
+            "attempt": 2,
+            "files": [{"name": n, "size_bytes": b} for n, b in files.items()],
+            "size_bytes": sum(files.values()),
+            "modified_at": AT,
+            "url": f"/jobs/lora/exports/{kind}?attempt=2",
+        }
 
-    exports = ExportList.model_validate({"job_id": "lora", "exports": [
-        export("adapter", {"adapter_config.json": 800, "adapter_model.safetensors": 40_000}),
-        export("model", {"config.json": 700, "model.safetensors": 3_000_000, "tokenizer.json": 5_000})]})
+    exports = ExportList.model_validate(
+        {
+            "job_id": "lora",
+            "exports": [
+                export("adapter", {"adapter_config.json": 800, "adapter_model.safetensors": 40_000}),
+                export("model", {"config.json": 700, "model.safetensors": 3_000_000, "tokenizer.json": 5_000}),
+            ],
+        }
+    )
     job = _resource("lora", spec={"precision": "bf16"}, loss_scaling="none")
     _serve_job(site, job, 1.0)
     site.answers["/jobs/lora/exports"] = exports.model_dump(mode="json")
@@ -641,7 +760,9 @@ def test_a_fine_tuned_jobs_page_links_its_exports_as_tar_downloads(site: StaticS
     expect(links.nth(1).locator("a")).to_have_attribute("download", "lora-model.tar")
     _shot(site.page, "job-exports")
     _serve_job(site, _resource("plain"), 65536.0)
-    site.page.evaluate("async () => (await import('/static/jobs.js')).jobPage(document.getElementById('view'), 'plain')")
+    site.page.evaluate(
+        "async () => (await import('/static/jobs.js')).jobPage(document.getElementById('view'), 'plain')"
+    )
     expect(site.page.get_by_test_id("chart-loss")).to_have_attribute("data-points", "6")
     expect(site.page.get_by_test_id("exports")).to_be_hidden()
 
@@ -653,7 +774,7 @@ DIRECTORY = [
     ("model/config.json", '{"model_type": "llama"}'), ("model/empty.txt", ""), ("model/one-block.bin.txt", "x" * 512),
     ("model/over-a-block", "y" * 513), ("model/" + "d" * 120 + "/" + "f" * 90 + ".json", "split between prefix and name"),
     ("model/" + "/".join(["n" * 60] * 5) + "/deep.txt", "a pax path"), ("model/токенизатор.json", "not ASCII"),
-]  # fmt: skip
+]  # fmt: skip  # a table, laid out by hand
 #: Builds the ``DIRECTORY`` files (each with its ``webkitRelativePath``) and packs them with tar.js; the tar's bytes.
 PACK_DIRECTORY = """async (directory) => {
   const { directoryEntries, tarBlob } = await import('/static/tar.js');
@@ -666,7 +787,9 @@ PACK_DIRECTORY = """async (directory) => {
 }"""
 
 
-def test_a_chosen_directory_is_packed_into_a_tar_that_tarfile_and_the_registry_read(site: StaticSite, tmp_path: Path) -> None:
+def test_a_chosen_directory_is_packed_into_a_tar_that_tarfile_and_the_registry_read(
+    site: StaticSite, tmp_path: Path
+) -> None:
     """tar.js's ustar: names split between prefix and name, pax paths for long or non-ASCII ones, sizes at and over
     a block; Python's tarfile reads it (checksums included) and the registry's archive check extracts it."""
     from server.registry.model_archive import extract_model_archive
@@ -685,11 +808,18 @@ def test_a_chosen_directory_is_packed_into_a_tar_that_tarfile_and_the_registry_r
     assert (tmp_path / "extracted" / "токенизатор.json").read_text() == "not ASCII"
 
     # a file of 8 GiB or more: its size in a pax record (11 octal digits stop at 8 GiB - 1)
-    script = "async (size) => (await import('/static/tar.js')).entryHeaders('model/huge.safetensors', size, 1700000000).flatMap((b) => Array.from(b))"
+    script = (
+        "async (size) => (await import('/static/tar.js'))"
+        ".entryHeaders('model/huge.safetensors', size, 1700000000).flatMap((b) => Array.from(b))"
+    )
     headers = bytes(site.page.evaluate(script, 2**33 + 5))
     with tarfile.open(fileobj=io.BytesIO(headers), mode="r:") as tar:
         huge = tar.firstmember
-        assert huge is not None and (huge.name, huge.size, huge.mtime) == ("model/huge.safetensors", 2**33 + 5, 1_700_000_000)
+        assert huge is not None and (huge.name, huge.size, huge.mtime) == (
+            "model/huge.safetensors",
+            2**33 + 5,
+            1_700_000_000,
+        )
 
 
 #: A spec written by hand: comments, a jsonl dataset under a data root, an hf model under a model root.
@@ -730,20 +860,33 @@ def test_using_a_registered_input_replaces_only_that_field_of_the_spec(site: Sta
     assert with_dataset == HAND_WRITTEN.replace(
         "  name: jsonl  # from the data root\n  config:\n    path: chats/train.jsonl\n    format: chat\n"
         "    column_map: {prompt: instruction}\n    max_seq_len: 128\n",
-        "  name: jsonl\n  config:\n    dataset_id: d-1\n    max_seq_len: 128\n")  # fmt: skip
+        "  name: jsonl\n  config:\n    dataset_id: d-1\n    max_seq_len: 128\n",
+    )
     with_both = yaml.safe_load(_set_field(site.page, with_dataset, "model", "m-1"))
-    assert with_both["model"] == {"name": "hf", "config": {"model_id": "m-1", "task": "sequence_classification", "num_labels": 3}}
+    assert with_both["model"] == {
+        "name": "hf",
+        "config": {"model_id": "m-1", "task": "sequence_classification", "num_labels": 3},
+    }
     assert with_both["optimizer"] == {"name": "adamw", "lr": 0.001}
     # another kind of dataset or model is replaced whole; a spec without one gets it appended
-    assert yaml.safe_load(_set_field(site.page, "model: {name: mlp, config: {hidden_sizes: [8]}}\n", "model", "m-2")) == {
-        "model": {"name": "hf", "config": {"model_id": "m-2"}}}  # fmt: skip
-    assert _set_field(site.page, "name: x\n\n\n", "dataset", "d-2") == "name: x\ndataset:\n  name: jsonl\n  config:\n    dataset_id: d-2\n"
+    assert yaml.safe_load(
+        _set_field(site.page, "model: {name: mlp, config: {hidden_sizes: [8]}}\n", "model", "m-2")
+    ) == {"model": {"name": "hf", "config": {"model_id": "m-2"}}}
+    assert (
+        _set_field(site.page, "name: x\n\n\n", "dataset", "d-2")
+        == "name: x\ndataset:\n  name: jsonl\n  config:\n    dataset_id: d-2\n"
+    )
     # JSON is written out again; so is YAML whose top-level keys are not plain block keys
     spec = {"name": "j", "dataset": {"name": "synthetic", "config": {}}, "max_steps": 3}
     assert json.loads(_set_field(site.page, json.dumps(spec), "dataset", "d-3", json_text=True)) == {
-        **spec, "dataset": {"name": "jsonl", "config": {"dataset_id": "d-3"}}}  # fmt: skip
+        **spec,
+        "dataset": {"name": "jsonl", "config": {"dataset_id": "d-3"}},
+    }
     assert yaml.safe_load(_set_field(site.page, '"name": q\nmax_steps: 3\n', "dataset", "d-4")) == {
-        "name": "q", "max_steps": 3, "dataset": {"name": "jsonl", "config": {"dataset_id": "d-4"}}}  # fmt: skip
+        "name": "q",
+        "max_steps": 3,
+        "dataset": {"name": "jsonl", "config": {"dataset_id": "d-4"}},
+    }
 
 
 def _registered(kind: str, item_id: str, **fields: Any) -> dict[str, Any]:
@@ -756,7 +899,14 @@ def _registered(kind: str, item_id: str, **fields: Any) -> dict[str, Any]:
     else:
         base = {"model_type": "bert", "files": 6, "bytes": 9_000_000, "source_job_id": None}
         schema = ModelPublic
-    item = {"id": item_id, "name": f"my-{kind}", "owner": "alice", "sha256": "abcdef0123456789" * 4, "created_at": AT, **base} | fields
+    item = {
+        "id": item_id,
+        "name": f"my-{kind}",
+        "owner": "alice",
+        "sha256": "abcdef0123456789" * 4,
+        "created_at": AT,
+        **base,
+    } | fields
     return schema.model_validate(item).model_dump(mode="json")
 
 
@@ -781,12 +931,19 @@ def test_the_datasets_page_sends_the_type_its_extension_names_and_shows_each_ref
     page.evaluate("async () => (await import('/static/registry.js')).datasetsPage(document.getElementById('view'))")
     row = page.locator("[data-testid=dataset-row][data-id='ds-1']")
     assert [row.locator(f"[data-column={c}]").inner_text() for c in ("format", "rows", "bytes", "sha256", "owner")] == [
-        "classification (csv)", "1234", "1.5 MiB", "abcdef012345", "alice"]  # fmt: skip
+        "classification (csv)",
+        "1234",
+        "1.5 MiB",
+        "abcdef012345",
+        "alice",
+    ]
 
     form = page.get_by_test_id("dataset-upload")
     progress, outcome = _upload_outcome(page)
     csv = b"text,label\nhello,0\nbye,1\n"
-    form.get_by_test_id("dataset-file").set_input_files(files=[{"name": "rows.csv", "mimeType": "text/plain", "buffer": csv}])
+    form.get_by_test_id("dataset-file").set_input_files(
+        files=[{"name": "rows.csv", "mimeType": "text/plain", "buffer": csv}]
+    )
     form.get_by_test_id("upload").click()  # no format chosen: the browser asks for one, nothing is sent
     page.wait_for_timeout(200)
     assert not _upload_requests(site, "/datasets")
@@ -796,23 +953,36 @@ def test_the_datasets_page_sends_the_type_its_extension_names_and_shows_each_ref
     expect(outcome.get_by_test_id("upload-error")).to_have_text(quota)
     [sent] = _upload_requests(site, "/datasets")
     assert (sent["headers"]["content-type"], sent["query"], sent["body"]) == (
-        "text/csv", {"format": ["classification"], "name": ["rows.csv"]}, csv)  # fmt: skip
+        "text/csv",
+        {"format": ["classification"], "name": ["rows.csv"]},
+        csv,
+    )
     assert sent["headers"]["authorization"] == "Bearer hc_static"  # api.js's token, on the XMLHttpRequest too
     expect(progress).to_contain_text(f"of {len(csv)} B")  # (Playwright's routing sends no upload progress events)
     _shot(page, "dataset-429")
 
     # the type comes from the extension (.json is JSON lines), or from the choice; an unknown one is not sent
-    site.replies[("POST", "/datasets")] = (415, {"detail": unsupported_media_type("", ["application/jsonl", "text/csv"]).body.detail})
-    form.get_by_test_id("dataset-file").set_input_files(files=[{"name": "rows.json", "mimeType": "", "buffer": b'{"text": 1}\n'}])
+    site.replies[("POST", "/datasets")] = (
+        415,
+        {"detail": unsupported_media_type("", ["application/jsonl", "text/csv"]).body.detail},
+    )
+    form.get_by_test_id("dataset-file").set_input_files(
+        files=[{"name": "rows.json", "mimeType": "", "buffer": b'{"text": 1}\n'}]
+    )
     form.get_by_test_id("upload-name").fill("named here")
     form.get_by_test_id("upload").click()
-    expect(outcome.get_by_test_id("upload-error")).to_have_text("Content-Type must be one of application/jsonl, text/csv (got none)")
+    expect(outcome.get_by_test_id("upload-error")).to_have_text(
+        "Content-Type must be one of application/jsonl, text/csv (got none)"
+    )
     assert _upload_requests(site, "/datasets")[-1]["headers"]["content-type"] == "application/jsonl"
     assert _upload_requests(site, "/datasets")[-1]["query"]["name"] == ["named here"]
-    form.get_by_test_id("dataset-file").set_input_files(files=[{"name": "rows.txt", "mimeType": "text/plain", "buffer": csv}])
+    form.get_by_test_id("dataset-file").set_input_files(
+        files=[{"name": "rows.txt", "mimeType": "text/plain", "buffer": csv}]
+    )
     form.get_by_test_id("upload").click()
     expect(outcome.get_by_test_id("upload-error")).to_have_text(
-        "cannot tell the file format of rows.txt: name it .jsonl, .json or .csv, or choose its file type")
+        "cannot tell the file format of rows.txt: name it .jsonl, .json or .csv, or choose its file type"
+    )
     assert len(_upload_requests(site, "/datasets")) == 2
     form.get_by_test_id("dataset-file-type").select_option("csv")
     form.get_by_test_id("upload").click()
@@ -827,7 +997,10 @@ def test_the_datasets_page_sends_the_type_its_extension_names_and_shows_each_ref
     _delete_row(page, row)
     problem = page.get_by_test_id("registry-error")
     expect(problem).to_contain_text(f"Not deleted (HTTP 409): {in_use}")
-    assert [a.get_attribute("href") for a in problem.get_by_test_id("using-job").all()] == ["#/jobs/job-a", "#/jobs/job-b"]
+    assert [a.get_attribute("href") for a in problem.get_by_test_id("using-job").all()] == [
+        "#/jobs/job-a",
+        "#/jobs/job-b",
+    ]
     expect(row).to_be_visible()
     _shot(page, "dataset-409")
 
@@ -839,8 +1012,10 @@ def test_the_models_page_sends_a_chosen_tar_as_it_is_and_shows_a_refusal_whole(s
 
     site.answers["/models"] = {"models": [_registered("model", "m-1", source_job_id="job-9")], "next_cursor": None}
     refused = "entry 'pytorch_model.bin': pickle files are refused (use *.safetensors weights)"
-    site.replies[("POST", "/models")] = (422, {"detail": [{"type": "value_error", "loc": ["body", "pytorch_model.bin"],
-                                                           "msg": refused, "input": None}]})  # fmt: skip
+    site.replies[("POST", "/models")] = (
+        422,
+        {"detail": [{"type": "value_error", "loc": ["body", "pytorch_model.bin"], "msg": refused, "input": None}]},
+    )
     page = site.page
     page.evaluate("async () => (await import('/static/registry.js')).modelsPage(document.getElementById('view'))")
     row = page.locator("[data-testid=model-row][data-id='m-1']")
@@ -856,13 +1031,18 @@ def test_the_models_page_sends_a_chosen_tar_as_it_is_and_shows_a_refusal_whole(s
         info = tarfile.TarInfo("pytorch_model.bin")
         info.size = 4
         tar.addfile(info, io.BytesIO(b"evil"))
-    form.get_by_test_id("model-file").set_input_files(files=[{"name": "weights.tar", "mimeType": "", "buffer": archive.getvalue()}])
+    form.get_by_test_id("model-file").set_input_files(
+        files=[{"name": "weights.tar", "mimeType": "", "buffer": archive.getvalue()}]
+    )
     form.get_by_test_id("upload").click()
     expect(outcome).to_contain_text("The server refused it (HTTP 422); nothing was stored")
     expect(outcome.get_by_test_id("upload-error")).to_have_text(refused)
     [sent] = _upload_requests(site, "/models")
     assert (sent["headers"]["content-type"], sent["query"], sent["body"]) == (
-        "application/x-tar", {"name": ["weights"]}, archive.getvalue())  # fmt: skip
+        "application/x-tar",
+        {"name": ["weights"]},
+        archive.getvalue(),
+    )
     too_big = too_large(16).body.detail
     site.replies[("POST", "/models")] = (413, {"detail": too_big})
     form.get_by_test_id("upload").click()

@@ -89,9 +89,17 @@ def check_digits_fp16(stack: Stack, layout: str) -> None:
         "digits-fp16 [%s]: POST→first step record %.2f s (start-up %s), POST→succeeded %.2f s; %.0f steps/s in the trainer "
         "(step record times), %.0f steps/s as seen by the client (first step → succeeded); "
         "%d steps, %d skipped, final loss scale %g, eval accuracy %.3f",
-        layout, seen.first_step_s, startup, seen.succeeded_s, trainer_rate, observed_rate, max_steps,
-        latest["skipped_steps"], latest["loss_scale"], job["eval"]["accuracy"],
-    )  # fmt: skip
+        layout,
+        seen.first_step_s,
+        startup,
+        seen.succeeded_s,
+        trainer_rate,
+        observed_rate,
+        max_steps,
+        latest["skipped_steps"],
+        latest["loss_scale"],
+        job["eval"]["accuracy"],
+    )
 
 
 @pytest.mark.e2e

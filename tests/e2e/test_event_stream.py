@@ -39,8 +39,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _stream(url: str, headers: dict[str, str], received: list[tuple[float, str, str | None, Any]],
-            opened: threading.Event) -> None:
+def _stream(
+    url: str, headers: dict[str, str], received: list[tuple[float, str, str | None, Any]], opened: threading.Event
+) -> None:
     """Read the stream until the server closes it, stamping each event with its arrival time."""
     fields: dict[str, str] = {}
     with httpx.Client(timeout=120, headers=headers) as client, client.stream("GET", url) as response:
@@ -48,15 +49,21 @@ def _stream(url: str, headers: dict[str, str], received: list[tuple[float, str, 
         opened.set()
         for line in response.iter_lines():
             if line == "" and "data" in fields:
-                received.append((time.time(), fields.get("event", "message"), fields.get("id"), json.loads(fields["data"])))
+                received.append(
+                    (time.time(), fields.get("event", "message"), fields.get("id"), json.loads(fields["data"]))
+                )
                 fields = {}
             elif line and not line.startswith(":"):
                 name, _, value = line.partition(":")
                 fields[name] = value.lstrip(" ")
 
 
-@pytest.mark.parametrize("layout", ["embedded", pytest.param("services", marks=[pytest.mark.postgres, pytest.mark.redis])])
-def test_a_real_jobs_steps_stream_once_in_order_within_half_a_second(layout: str, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize(
+    "layout", ["embedded", pytest.param("services", marks=[pytest.mark.postgres, pytest.mark.redis])]
+)
+def test_a_real_jobs_steps_stream_once_in_order_within_half_a_second(
+    layout: str, request: pytest.FixtureRequest
+) -> None:
     """On SQLite + filesystem broker, and on PostgreSQL + Redis."""
     stack: Stack = request.getfixturevalue(f"{layout}_stack")
     spec = load_example("synthetic-fp16.json", max_steps=120, faults={"sleep_per_step_s": 0.05})
@@ -75,9 +82,18 @@ def test_a_real_jobs_steps_stream_once_in_order_within_half_a_second(layout: str
     states = [(data["status"], data.get("phase")) for _, kind, _, data in received if kind == "status"]
     assert states == sorted(set(states), key=states.index), states  # each status (and start-up phase) once
     statuses = [status for status, _ in states]
-    assert [s for i, s in enumerate(statuses) if s not in statuses[:i]] == ["queued", "starting", "running", "succeeded"][
-        -len(set(statuses)):], statuses  # in order, never back
-    assert {phase for status, phase in states if status == "running"} <= {None, "loading data", "building model", "first step"}
+    assert [s for i, s in enumerate(statuses) if s not in statuses[:i]] == [
+        "queued",
+        "starting",
+        "running",
+        "succeeded",
+    ][-len(set(statuses)) :], statuses  # in order, never back
+    assert {phase for status, phase in states if status == "running"} <= {
+        None,
+        "loading data",
+        "building model",
+        "first step",
+    }
     steps = [(arrival, int(event_id), data) for arrival, kind, event_id, data in received if kind == "step"]  # type: ignore[arg-type]
     assert [step for _, step, _ in steps] == list(range(1, 121))
     assert all(data["step"] == step for _, step, data in steps)
@@ -106,8 +122,15 @@ def test_the_cli_submits_a_yaml_spec_and_watches_it_to_the_end(embedded_stack: S
     spec = load_example("synthetic-fp16.json", max_steps=15, log_interval=5)
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     env = {**embedded_stack.env, "HALFCAST_URL": str(embedded_stack.client.base_url)}
-    result = subprocess.run([sys.executable, "-m", "server.cli", "submit", str(tmp_path / "spec.yaml"), "--watch"],
-                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "server.cli", "submit", str(tmp_path / "spec.yaml"), "--watch"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("submitted job ") and lines[-1].endswith(": succeeded"), result.stdout

@@ -23,10 +23,9 @@ from e2e_support import Stack, load_example, run_processes
 from sqlalchemy import text
 
 from broker.celery_app import RUN_JOB_TASK, create_celery_app
+from conftest import make_stack
 from server.db.engine import make_engine
 from server.settings import Settings
-
-from conftest import make_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 
@@ -69,9 +68,15 @@ def _spec(**overrides: Any) -> dict[str, Any]:
 
 
 def _matrix(fault: str, job: dict[str, Any], seconds: float, left: int, **extra: float) -> None:
-    row = {"fault": fault, "status": job["status"], "reason": (job["error"] or {}).get("reason"),
-           "attempts": len(job["attempts"]), "seconds_to_terminal": round(seconds, 1), "processes_left": left,
-           **{key: round(value, 1) for key, value in extra.items()}}  # fmt: skip
+    row = {
+        "fault": fault,
+        "status": job["status"],
+        "reason": (job["error"] or {}).get("reason"),
+        "attempts": len(job["attempts"]),
+        "seconds_to_terminal": round(seconds, 1),
+        "processes_left": left,
+        **{key: round(value, 1) for key, value in extra.items()},
+    }
     log.warning("fault matrix: %s", json.dumps(row))
 
 
@@ -88,7 +93,7 @@ def _claims(stack: Stack, job_id: str) -> int:
     return sum(stack.log_tail(name, 100_000).count(f"job {job_id}: attempt") for name in stack.worker_names)
 
 
-def test_c18_a_long_job_runs_exactly_once(stack: Stack) -> None:
+def test_a_long_job_runs_exactly_once(stack: Stack) -> None:
     """C18 (celery#5935): Redis with a 5 s visibility timeout, late acks, two workers, a job of ~15 s.
 
     One launch (one attempt, one run directory), ``succeeded``; a duplicate message
@@ -97,7 +102,9 @@ def test_c18_a_long_job_runs_exactly_once(stack: Stack) -> None:
     job = stack.submit(_spec(max_steps=30, faults={"sleep_per_step_s": 0.5}))
     job_id = job["id"]
     stack.wait(job_id, lambda j: j["status"] == "running", timeout_s=120)
-    app = create_celery_app(Settings(broker_url=stack.env["HALFCAST_BROKER_URL"], queue_name=stack.env["HALFCAST_QUEUE_NAME"]))
+    app = create_celery_app(
+        Settings(broker_url=stack.env["HALFCAST_BROKER_URL"], queue_name=stack.env["HALFCAST_QUEUE_NAME"])
+    )
     try:
         app.send_task(RUN_JOB_TASK, args=[job_id], queue=stack.env["HALFCAST_QUEUE_NAME"])  # a duplicate delivery
     finally:
@@ -134,7 +141,11 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_job_resumes(stack: Stack) -
     _matrix("kill -9 worker (max_attempts 3)", job, seconds, left, seconds_to_requeue=requeue_s)
     assert job["status"] == "succeeded", job["error"]
     first, second = job["attempts"]
-    assert (first["status"], first["reason"], stack.worker_of(second["worker_id"]) != owner) == ("failed", "worker_lost", True)
+    assert (first["status"], first["reason"], stack.worker_of(second["worker_id"]) != owner) == (
+        "failed",
+        "worker_lost",
+        True,
+    )
     assert (second["status"], second["reason"]) == ("succeeded", None)
     assert requeue_s < LEASE_TTL_S + 2 * REAPER_INTERVAL_S + 10, requeued
     lines = (stack.data_dir / "runs" / job_id / "attempt-2" / "records.jsonl").read_text().splitlines()
@@ -190,7 +201,9 @@ def test_cancel_during_start_up_launches_nothing_that_survives(stack: Stack) -> 
 
 
 def test_past_max_runtime_the_job_fails_deadline_exceeded(stack: Stack) -> None:
-    job_id = stack.submit(_spec(processes=2, max_steps=100_000, max_runtime_s=12, faults={"sleep_per_step_s": 0.1}))["id"]
+    job_id = stack.submit(_spec(processes=2, max_steps=100_000, max_runtime_s=12, faults={"sleep_per_step_s": 0.1}))[
+        "id"
+    ]
     claimed = stack.wait(job_id, lambda j: j["status"] != "queued", timeout_s=60, poll_s=0.05)
     started = time.monotonic()
     job = stack.wait_terminal(job_id, timeout_s=120)

@@ -45,8 +45,9 @@ def roots(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, roots: tuple[Path, Path]) -> Iterator[Stack]:
     models, data = roots
-    yield from make_stack(tmp_path_factory.mktemp("fine-tune"), model_roots=json.dumps([str(models)]),
-                          data_roots=json.dumps([str(data)]))  # fmt: skip
+    yield from make_stack(
+        tmp_path_factory.mktemp("fine-tune"), model_roots=json.dumps([str(models)]), data_roots=json.dumps([str(data)])
+    )
 
 
 def _spec() -> dict[str, Any]:

@@ -32,8 +32,9 @@ def test_a_gpu_job_stays_queued_while_its_gpu_is_held_then_gets_it(one_gpu_stack
     assert [w["gpus"] for w in workers] == [[0]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     lock_dir = one_gpu_stack.data_dir / "gpu-locks"
-    holder = subprocess.Popen([sys.executable, str(HOLDER), str(lock_dir), "0", "1"], env=env, stdout=subprocess.PIPE,
-                              text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, str(HOLDER), str(lock_dir), "0", "1"], env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "0"  # another job holds GPU 0
         spec = load_example("synthetic-fp16.json", gpus=1, max_steps=2)

@@ -36,7 +36,9 @@ def test_cancel_leaves_no_process_and_the_next_job_runs(embedded_stack: Stack) -
     embedded_stack.wait(job["id"], lambda j: j["status"] == "running" and j["step"] >= 2, timeout_s=180)
     processes = run_processes(job["id"])
     sessions = {sid for _, sid in processes}
-    assert len(processes) >= 3 and len(sessions) == 3, processes  # torchrun and its 2 ranks, each in a session of its own
+    assert len(processes) >= 3 and len(sessions) == 3, (
+        processes
+    )  # torchrun and its 2 ranks, each in a session of its own
     started = time.monotonic()
     response = embedded_stack.client.post(f"/jobs/{job['id']}/cancel")
     assert response.status_code in (200, 202), response.text

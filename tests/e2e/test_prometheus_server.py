@@ -45,16 +45,29 @@ def prometheus(embedded_stack: Stack, tmp_path_factory: pytest.TempPathFactory) 
     folder = tmp_path_factory.mktemp("prometheus")
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "halfcast-api", "static_configs": [{"targets": [f"127.0.0.1:{embedded_stack.port}"]}],
-                            "authorization": {"credentials_file": str(folder / "token")}}],  # /metrics needs an admin token
+        "scrape_configs": [
+            {
+                "job_name": "halfcast-api",
+                "static_configs": [{"targets": [f"127.0.0.1:{embedded_stack.port}"]}],
+                "authorization": {"credentials_file": str(folder / "token")},
+            }
+        ],  # /metrics needs an admin token
     }
     assert embedded_stack.token is not None
     (folder / "token").write_text(embedded_stack.token)
     (folder / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
     port = free_port()
     log = (folder / "prometheus.log").open("wb")
-    process = subprocess.Popen([binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
-                                f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={folder / 'prometheus.yml'}",
+            f"--storage.tsdb.path={folder / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
     try:
         deadline = time.monotonic() + 60
@@ -97,8 +110,12 @@ def _dashboard_queries() -> list[str]:
 
 
 def test_prometheus_sees_the_loss_scale_of_the_step_records(embedded_stack: Stack, prometheus: httpx.Client) -> None:
-    spec = load_example("synthetic-fp16.json", max_steps=40, log_interval=1,
-                        faults={"sleep_per_step_s": 0.25, "nonfinite_grad_steps": [10, 20, 30]})  # fmt: skip
+    spec = load_example(
+        "synthetic-fp16.json",
+        max_steps=40,
+        log_interval=1,
+        faults={"sleep_per_step_s": 0.25, "nonfinite_grad_steps": [10, 20, 30]},
+    )
     spec["loss_scale"] = {"mode": "dynamic", "init_scale": 65536, "growth_interval": 1000}
     job = embedded_stack.submit(spec)
     embedded_stack.wait(job["id"], lambda j: j["step"] >= 5, timeout_s=180)
@@ -122,4 +139,6 @@ def test_prometheus_sees_the_loss_scale_of_the_step_records(embedded_stack: Stac
         assert scale == records[int(steps[at])]["loss_scale"], (at, scale, steps[at])
     assert set(scales.values()) >= {65536.0, 32768.0}, scales  # the scale changed while Prometheus watched
     assert sorted(steps.values()) == list(steps.values()), "steps went backwards"
-    assert _query(prometheus, f'halfcast_loss_scale{{job_id="{job["id"]}"}}') == [], "a finished job's series is still live"
+    assert _query(prometheus, f'halfcast_loss_scale{{job_id="{job["id"]}"}}') == [], (
+        "a finished job's series is still live"
+    )

@@ -24,8 +24,9 @@ log = logging.getLogger("e2e.recovery")
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    yield from make_stack(tmp_path_factory.mktemp("embedded-recovery"), worker_concurrency="2",
-                          lease_ttl_s="3", reaper_interval_s="1")  # fmt: skip
+    yield from make_stack(
+        tmp_path_factory.mktemp("embedded-recovery"), worker_concurrency="2", lease_ttl_s="3", reaper_interval_s="1"
+    )
 
 
 def _spec(**overrides: Any) -> dict[str, Any]:
@@ -50,7 +51,7 @@ def _master_ports(job_id: str) -> set[str]:
     return ports
 
 
-def test_c25_two_multi_rank_jobs_started_together_both_succeed(stack: Stack) -> None:
+def test_two_multi_rank_jobs_started_together_both_succeed(stack: Stack) -> None:
     """C25 (pytorch#126510): two 2-rank CPU jobs submitted at the same moment on one worker host."""
     spec = _spec(processes=2, max_steps=40, faults={"sleep_per_step_s": 0.1})
     jobs: list[dict[str, Any]] = []
@@ -99,10 +100,21 @@ def test_a_killed_and_restarted_worker_recovers_its_job(stack: Stack) -> None:
     stack.restart_worker("worker")
     job = stack.wait_terminal(job_id, timeout_s=240)
     seconds = time.monotonic() - killed_at
-    log.warning("fault matrix: %s", json.dumps({"fault": "kill -9 + restart, embedded", "status": job["status"],
-                                                 "attempts": len(job["attempts"]), "seconds_to_terminal": round(seconds, 1),
-                                                 "processes_left": len(run_processes(job_id))}))  # fmt: skip
+    log.warning(
+        "fault matrix: %s",
+        json.dumps(
+            {
+                "fault": "kill -9 + restart, embedded",
+                "status": job["status"],
+                "attempts": len(job["attempts"]),
+                "seconds_to_terminal": round(seconds, 1),
+                "processes_left": len(run_processes(job_id)),
+            }
+        ),
+    )
     assert job["status"] == "succeeded", job["error"]
     assert [(a["attempt"], a["status"], a["reason"]) for a in job["attempts"]] == [
-        (1, "failed", "worker_lost"), (2, "succeeded", None)]  # fmt: skip
+        (1, "failed", "worker_lost"),
+        (2, "succeeded", None),
+    ]
     assert [p["step"] for p in stack.metric_points(job_id)] == list(range(1, 101))

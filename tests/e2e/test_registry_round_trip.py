@@ -20,7 +20,9 @@ from tests.trainer.hf_tokenizer_support import save_chat_llama
 
 pytestmark = pytest.mark.e2e
 
-CHATS = [[("user", f"What is {a} plus {b}?"), ("assistant", f"{a} plus {b} is {a + b}.")] for a in range(5) for b in range(4)]
+CHATS = [
+    [("user", f"What is {a} plus {b}?"), ("assistant", f"{a} plus {b} is {a + b}.")] for a in range(5) for b in range(4)
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,21 +36,32 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return model, data
 
 
-@pytest.fixture(scope="module", params=["embedded", pytest.param("services", marks=[pytest.mark.postgres, pytest.mark.redis])])
+@pytest.fixture(
+    scope="module", params=["embedded", pytest.param("services", marks=[pytest.mark.postgres, pytest.mark.redis])]
+)
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     services: dict[str, str] = {}
     if request.param == "services":
-        services = {"database_url": request.getfixturevalue("postgres_url"), "broker_url": request.getfixturevalue("redis_url")}
+        services = {
+            "database_url": request.getfixturevalue("postgres_url"),
+            "broker_url": request.getfixturevalue("redis_url"),
+        }
     yield from make_stack(tmp_path_factory.mktemp(f"registry-{request.param}"), **services)
 
 
 def _spec(name: str, model_id: str, dataset_id: str, **fields: Any) -> dict[str, Any]:
     return {
-        "name": name, "model": {"name": "hf", "config": {"model_id": model_id}},
+        "name": name,
+        "model": {"name": "hf", "config": {"model_id": model_id}},
         "dataset": {"name": "jsonl", "config": {"dataset_id": dataset_id, "max_seq_len": 64}},
         "adapter": {"type": "lora", "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-        "precision": "fp32", "micro_batch_size": 4, "max_steps": 4, "optimizer": {"lr": 0.02}, "seed": 0, **fields,
-    }  # fmt: skip
+        "precision": "fp32",
+        "micro_batch_size": 4,
+        "max_steps": 4,
+        "optimizer": {"lr": 0.02},
+        "seed": 0,
+        **fields,
+    }
 
 
 def _succeeded(stack: Stack, job_id: str) -> dict[str, Any]:
@@ -61,7 +74,9 @@ def _run_spec(stack: Stack, job_id: str) -> dict[str, Any]:
     return json.loads((stack.data_dir / "runs" / job_id / "attempt-1" / "spec.json").read_text())
 
 
-def test_upload_train_register_and_fine_tune_the_registered_model_again(stack: Stack, inputs: tuple[Path, Path]) -> None:
+def test_upload_train_register_and_fine_tune_the_registered_model_again(
+    stack: Stack, inputs: tuple[Path, Path]
+) -> None:
     model_dir, data = inputs
     with HalfcastClient(str(stack.client.base_url), timeout=60, token=stack.token) as client:
         dataset = client.upload_dataset(data, "chat")
@@ -89,7 +104,9 @@ def test_upload_train_register_and_fine_tune_the_registered_model_again(stack: S
         assert [m.id for m in client.models()] == [tuned.id]
 
 
-def test_a_dataset_whose_bytes_changed_fails_the_next_job(stack: Stack, inputs: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_dataset_whose_bytes_changed_fails_the_next_job(
+    stack: Stack, inputs: tuple[Path, Path], tmp_path: Path
+) -> None:
     model_dir, data = inputs
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(data.read_bytes().replace(b"What is 1", b"What is 9"))

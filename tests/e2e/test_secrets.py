@@ -27,8 +27,12 @@ BROKER_CANARY = f"CANARY-broker-{uuid.uuid4().hex[:12]}"
 ENV_CANARY = f"CANARY-env-{uuid.uuid4().hex[:12]}"
 CANARIES = (DB_CANARY, BROKER_CANARY, ENV_CANARY)
 #: Variables of the worker's environment that must not reach a run (with the service URLs).
-SECRET_ENV = {"PGPASSWORD": ENV_CANARY, "HALFCAST_EXTRA_TOKEN": ENV_CANARY, "AWS_SECRET_ACCESS_KEY": ENV_CANARY,
-              "REDIS_URL": f"redis://:{ENV_CANARY}@127.0.0.1:6379/0"}  # fmt: skip
+SECRET_ENV = {
+    "PGPASSWORD": ENV_CANARY,
+    "HALFCAST_EXTRA_TOKEN": ENV_CANARY,
+    "AWS_SECRET_ACCESS_KEY": ENV_CANARY,
+    "REDIS_URL": f"redis://:{ENV_CANARY}@127.0.0.1:6379/0",
+}
 SECRET_NAME = re.compile(r"_URL$|PASSWORD|TOKEN|SECRET", re.IGNORECASE)
 
 
@@ -42,8 +46,11 @@ def _with_password(url: str, password: str) -> str:
 @pytest.fixture(scope="module")
 def canary_stack(tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url: str) -> Iterator[Stack]:
     data_dir = tmp_path_factory.mktemp("secrets")
-    env = stack_environment(data_dir, database_url=_with_password(postgres_url, DB_CANARY),
-                            broker_url=_with_password(redis_url, BROKER_CANARY))  # fmt: skip
+    env = stack_environment(
+        data_dir,
+        database_url=_with_password(postgres_url, DB_CANARY),
+        broker_url=_with_password(redis_url, BROKER_CANARY),
+    )
     env.update(SECRET_ENV)
     stack = Stack(data_dir, env).start()
     try:
@@ -80,8 +87,12 @@ def _run_environments(job_id: str) -> dict[int, dict[str, str]]:
 def _api_answers(stack: Stack, job_ids: list[str]) -> Iterator[tuple[str, str]]:
     paths = ["/jobs", "/workers", "/readyz", "/healthz", "/metrics", "/audit", "/session", "/openapi.json"]
     for job_id in job_ids:
-        paths += [f"/jobs/{job_id}", f"/jobs/{job_id}/metrics", f"/jobs/{job_id}/logs?tail=1000",
-                  f"/jobs/{job_id}/events"]  # fmt: skip
+        paths += [
+            f"/jobs/{job_id}",
+            f"/jobs/{job_id}/metrics",
+            f"/jobs/{job_id}/logs?tail=1000",
+            f"/jobs/{job_id}/events",
+        ]
     for path in paths:
         response = stack.client.get(path)
         assert response.status_code < 500 or path == "/readyz", (path, response.text)
@@ -121,5 +132,7 @@ def test_no_canary_leaks_anywhere(canary_stack: Stack) -> None:
     assert {"worker.log", "api.log", "spec.json", "launcher.log", "rank-0.log"} <= names, names
     banner = (stack.data_dir / "worker.log").read_text(errors="replace")
     # the transport is named by its class path (broker.redis_transport:Transport://...), the password masked
-    assert re.search(r"transport:\s+\S*[Tt]ransport://:\*+@127\.0\.0\.1", banner), "Celery's banner shows the masked broker URL"
+    assert re.search(r"transport:\s+\S*[Tt]ransport://:\*+@127\.0\.0\.1", banner), (
+        "Celery's banner shows the masked broker URL"
+    )
     assert scanned > 10

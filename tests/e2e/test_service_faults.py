@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 from e2e_support import TERMINAL, Stack, load_example, run_processes
-from private_services import (  # noqa: F401 (fixtures)
+from private_services import (  # noqa: F401 (the private_postgres and private_redis fixtures)
     PrivatePostgres,
     PrivateRedis,
-    private_postgres,
-    private_redis,
+    private_postgres_fixture,
+    private_redis_fixture,
 )
 
 from conftest import make_stack
@@ -44,8 +44,11 @@ EMBEDDED_BURST = 20
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, private_postgres: PrivatePostgres,  # noqa: F811
-          private_redis: PrivateRedis) -> Iterator[Stack]:  # noqa: F811  # fmt: skip
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    private_postgres: PrivatePostgres,
+    private_redis: PrivateRedis,
+) -> Iterator[Stack]:
     """API + one worker on the private PostgreSQL (migrated by the stack) and the private Redis."""
     yield from make_stack(
         tmp_path_factory.mktemp("service-faults"),
@@ -69,7 +72,13 @@ def _spec(**overrides: Any) -> dict[str, Any]:
 
 def _matrix(fault: str, outcome: str, seconds: float, left: int, **extra: Any) -> None:
     """Log one row of the fault-injection matrix."""
-    row = {"fault": fault, "outcome": outcome, "seconds_to_terminal": round(seconds, 1), "processes_left": left, **extra}
+    row = {
+        "fault": fault,
+        "outcome": outcome,
+        "seconds_to_terminal": round(seconds, 1),
+        "processes_left": left,
+        **extra,
+    }
     log.warning("fault matrix: %s", json.dumps(row))
 
 
@@ -100,7 +109,7 @@ def _wait_database(stack: Stack, timeout_s: float = 60) -> None:
         time.sleep(0.2)
 
 
-def test_redis_restarted_during_a_job(stack: Stack, private_redis: PrivateRedis) -> None:  # noqa: F811
+def test_redis_restarted_during_a_job(stack: Stack, private_redis: PrivateRedis) -> None:
     """Redis stops (losing everything: no persistence) while a job runs, and comes back 4 s later.
 
     The running job's message was acknowledged at its claim, so the job runs on and
@@ -137,7 +146,7 @@ def test_redis_restarted_during_a_job(stack: Stack, private_redis: PrivateRedis)
     _assert_ran_once(stack, after, 5)
 
 
-def test_queued_jobs_survive_a_redis_restart_while_no_worker_runs(stack: Stack, private_redis: PrivateRedis) -> None:  # noqa: F811
+def test_queued_jobs_survive_a_redis_restart_while_no_worker_runs(stack: Stack, private_redis: PrivateRedis) -> None:
     """Jobs wait ``queued`` (their messages only in Redis) when Redis restarts empty and a worker comes back.
 
     The messages are gone with Redis's data; the rows are not. The worker's broker
@@ -151,12 +160,16 @@ def test_queued_jobs_survive_a_redis_restart_while_no_worker_runs(stack: Stack, 
     stack.restart_worker("worker")
     for job_id in job_ids:
         job = stack.wait_terminal(job_id, timeout_s=120)
-        _matrix("Redis restarted empty while jobs were queued", _outcome(job), time.monotonic() - fault_at,
-                len(run_processes(job_id)))  # fmt: skip
+        _matrix(
+            "Redis restarted empty while jobs were queued",
+            _outcome(job),
+            time.monotonic() - fault_at,
+            len(run_processes(job_id)),
+        )
         _assert_ran_once(stack, job, 5)
 
 
-def test_postgres_stopped_during_a_job(stack: Stack, private_postgres: PrivatePostgres) -> None:  # noqa: F811
+def test_postgres_stopped_during_a_job(stack: Stack, private_postgres: PrivatePostgres) -> None:
     """PostgreSQL stops for 8 s (under the 15 s lease) while a job runs, then starts again.
 
     The worker keeps the run (its lease still holds by its own clock), retries the
@@ -178,8 +191,13 @@ def test_postgres_stopped_during_a_job(stack: Stack, private_postgres: PrivatePo
     job = stack.wait_terminal(job_id, timeout_s=120)
     seconds = time.monotonic() - fault_at
     left = len(run_processes(job_id))
-    _matrix(f"PostgreSQL stopped {POSTGRES_DOWN_S:.0f} s mid-job", _outcome(job), seconds, left,
-            attempts=len(job["attempts"]))  # fmt: skip
+    _matrix(
+        f"PostgreSQL stopped {POSTGRES_DOWN_S:.0f} s mid-job",
+        _outcome(job),
+        seconds,
+        left,
+        attempts=len(job["attempts"]),
+    )
     assert api.status_code == 503 and api.json()["detail"] == "database unavailable", api.text
     assert left == 0
     _assert_ran_once(stack, job, steps)

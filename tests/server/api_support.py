@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -61,7 +61,7 @@ def count_rows(sessions: sessionmaker[Session], model: type[Job] | type[StepReco
         return session.scalar(select(func.count()).select_from(model)) or 0
 
 
-BASE_TIME = datetime(2030, 1, 1, tzinfo=timezone.utc)
+BASE_TIME = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def insert_job(
@@ -103,8 +103,17 @@ def insert_steps(sessions: sessionmaker[Session], job_id: str, steps: range) -> 
     """Insert one step record per step in ``steps`` (loss = 1/step, step 3 overflows)."""
     with sessions() as session:
         for step in steps:
-            data = {"step": step, "time": 1000.0 + step, "loss": 1.0 / step, "loss_scale": 1024.0,
-                    "overflow": step == 3, "skipped_steps": int(step >= 3), "grad_norm": None if step == 3 else 0.5,
-                    "lr": 0.001, "samples_per_second": 500.0, "tokens_per_second": None}
+            data = {
+                "step": step,
+                "time": 1000.0 + step,
+                "loss": 1.0 / step,
+                "loss_scale": 1024.0,
+                "overflow": step == 3,
+                "skipped_steps": int(step >= 3),
+                "grad_norm": None if step == 3 else 0.5,
+                "lr": 0.001,
+                "samples_per_second": 500.0,
+                "tokens_per_second": None,
+            }
             session.add(StepRecord(job_id=job_id, step=step, time=1000.0 + step, data=data))
         session.commit()

@@ -1,6 +1,7 @@
 """Fixtures for CLI tests against a live API on SQLite: import them into a test module.
 
-``from cli_live_support import database_url, url  # noqa: F401``: ``database_url``
+``from cli_live_support import database_url_fixture, url_fixture  # noqa: F401``
+(registered under their names, ``database_url`` and ``url``, so a test's parameter does not shadow the import): ``database_url``
 overrides the backend parametrisation (the CLI's behaviour does not depend on the
 database) and ``url`` serves the app on a free port, with ``HALFCAST_URL`` and an admin
 ``HALFCAST_TOKEN`` set for the CLI.
@@ -19,14 +20,14 @@ from server.app import create_app
 from server.settings import Settings
 
 
-@pytest.fixture
-def database_url(data_dir: Path, sqlite_template: Path) -> str:
+@pytest.fixture(name="database_url")
+def database_url_fixture(data_dir: Path, sqlite_template: Path) -> str:
     """SQLite only: the CLI's behaviour does not depend on the database."""
     return sqlite_copy(data_dir, sqlite_template)
 
 
-@pytest.fixture
-def url(settings: Settings, monkeypatch: pytest.MonkeyPatch, admin_token: str) -> Iterator[str]:
+@pytest.fixture(name="url")
+def url_fixture(settings: Settings, monkeypatch: pytest.MonkeyPatch, admin_token: str) -> Iterator[str]:
     """A live API; ``HALFCAST_URL`` points at it and ``HALFCAST_TOKEN`` holds an admin token."""
     with LiveServer(create_app(settings, FakeQueue())) as live:
         monkeypatch.setenv("HALFCAST_URL", live.url)

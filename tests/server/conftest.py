@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from api_support import FakeQueue, make_token
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,8 +26,6 @@ from server.db.engine import make_engine, make_session_factory
 from server.db.migrate import upgrade_database
 from server.db.models import Base
 from server.settings import Settings
-
-from api_support import FakeQueue, make_token
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +47,9 @@ def _empty_postgres(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            conn.execute(text(f"TRUNCATE {', '.join(Base.metadata.tables)} RESTART IDENTITY"))  # every table of the models
+            conn.execute(
+                text(f"TRUNCATE {', '.join(Base.metadata.tables)} RESTART IDENTITY")
+            )  # every table of the models
     finally:
         engine.dispose()
 

@@ -2,7 +2,8 @@
 
 - :func:`make_tokens` makes an admin token and a plain one (owner :data:`SEED_OWNER`).
 - :func:`seed_jobs` stores one job in every status (owned by :data:`SEED_OWNER`) (with attempts, step records and a
-  rank log where the status implies them, and adapter and model exports for the succeeded one) and a worker with one GPU, so the fuzzer's
+  rank log where the status implies them, and adapter and model exports for the succeeded one) and a worker
+  with one GPU, so the fuzzer's
   requests reach past the 404s into the real code paths.
 - :func:`check_error_body` is the contract of every 4xx body (docs/api.md, "Errors").
 - :func:`fingerprint` and :func:`database_problems` say whether the database changed
@@ -18,7 +19,7 @@ import copy
 import json
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,14 @@ from contracts.rundir import JobRuns
 from server.db import tokens
 from server.db.jobs import spec_hash
 from server.db.models import (
-    STATUSES, TERMINAL_STATUSES, Attempt, Job, RegisteredDataset, RegisteredModel, StepRecord, Worker,
+    STATUSES,
+    TERMINAL_STATUSES,
+    Attempt,
+    Job,
+    RegisteredDataset,
+    RegisteredModel,
+    StepRecord,
+    Worker,
 )
 from server.registry.layout import RegistryLayout
 from server.schemas import job_public
@@ -42,14 +50,20 @@ NONFINITE_LITERALS = ("NaN", "Infinity", "-Infinity", "1e309", "-1e309")
 
 #: The spec of every seeded job (valid, CPU, two ranks so that rank 1 exists).
 SEED_SPEC: dict[str, Any] = JobSpec.model_validate(
-    {"name": "fuzz-seed", "model": {"name": "mlp"}, "dataset": {"name": "digits"}, "precision": "fp16",
-     "processes": 2, "max_steps": 20}  # fmt: skip
+    {
+        "name": "fuzz-seed",
+        "model": {"name": "mlp"},
+        "dataset": {"name": "digits"},
+        "precision": "fp16",
+        "processes": 2,
+        "max_steps": 20,
+    }
 ).model_dump(mode="json")
 
 #: Owner of the seeded jobs and of the ``user`` token.
 SEED_OWNER = "fuzz-user"
 
-_BASE = datetime(2030, 1, 1, tzinfo=timezone.utc)
+_BASE = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 @dataclass
@@ -68,19 +82,37 @@ def _job_row(status: str, index: int) -> Job:
     created = _BASE + timedelta(seconds=index)
     terminal = status in TERMINAL_STATUSES
     return Job(
-        id=str(uuid.uuid4()), name=SEED_SPEC["name"], status=status, spec=dict(SEED_SPEC),
-        created_at=created, updated_at=created, step=0, max_steps=SEED_SPEC["max_steps"], world_size=2,
-        attempt=_attempts_for(status), started_at=None if status == "queued" else created,
+        id=str(uuid.uuid4()),
+        name=SEED_SPEC["name"],
+        status=status,
+        spec=dict(SEED_SPEC),
+        created_at=created,
+        updated_at=created,
+        step=0,
+        max_steps=SEED_SPEC["max_steps"],
+        world_size=2,
+        attempt=_attempts_for(status),
+        started_at=None if status == "queued" else created,
         finished_at=created + timedelta(seconds=30) if terminal else None,
         error_reason="training_error" if status == "failed" else None,
-        error_message="seeded failure" if status == "failed" else None, owner=SEED_OWNER,
-    )  # fmt: skip
+        error_message="seeded failure" if status == "failed" else None,
+        owner=SEED_OWNER,
+    )
 
 
 def _step_data(step: int) -> dict[str, Any]:
-    return {"step": step, "time": 1000.0 + step, "loss": 1.0 / step, "loss_scale": 1024.0, "overflow": False,
-            "skipped_steps": 0, "grad_norm": 0.5, "lr": 0.001, "samples_per_second": 500.0,
-            "tokens_per_second": None}  # fmt: skip
+    return {
+        "step": step,
+        "time": 1000.0 + step,
+        "loss": 1.0 / step,
+        "loss_scale": 1024.0,
+        "overflow": False,
+        "skipped_steps": 0,
+        "grad_norm": 0.5,
+        "lr": 0.001,
+        "samples_per_second": 500.0,
+        "tokens_per_second": None,
+    }
 
 
 def _add_history(session: Session, job: Job, runs_dir: Path) -> None:
@@ -88,9 +120,17 @@ def _add_history(session: Session, job: Job, runs_dir: Path) -> None:
     if job.attempt == 0:
         return
     ended = job.status in TERMINAL_STATUSES
-    session.add(Attempt(job_id=job.id, attempt=1, worker_id="fuzz-host/1", started_at=job.created_at,
-                        ended_at=job.finished_at if ended else None, status=job.status if ended else None,
-                        reason=job.error_reason))  # fmt: skip
+    session.add(
+        Attempt(
+            job_id=job.id,
+            attempt=1,
+            worker_id="fuzz-host/1",
+            started_at=job.created_at,
+            ended_at=job.finished_at if ended else None,
+            status=job.status if ended else None,
+            reason=job.error_reason,
+        )
+    )
     for step in (1, 2, 3):
         session.add(StepRecord(job_id=job.id, step=step, time=1000.0 + step, data=_step_data(step)))
     job.step, job.latest = 3, _step_data(3)
@@ -110,7 +150,7 @@ def _add_history(session: Session, job: Job, runs_dir: Path) -> None:
 def seed_jobs(sessions: sessionmaker[Session], runs_dir: Path) -> Seeded:
     """Store one job per status and one registered worker (1 GPU); return the job ids."""
     seeded = Seeded()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with sessions() as session:
         for index, status in enumerate(STATUSES):
             job = _job_row(status, index)
@@ -120,8 +160,11 @@ def seed_jobs(sessions: sessionmaker[Session], runs_dir: Path) -> Seeded:
             seeded.all_ids.append(job.id)
             if status in TERMINAL_STATUSES:
                 seeded.terminal_ids.append(job.id)
-        session.add(Worker(id="fuzz-host/1", hostname="fuzz-host", pid=1, gpus=[0], concurrency=1,
-                           started_at=now, heartbeat_at=now))  # fmt: skip
+        session.add(
+            Worker(
+                id="fuzz-host/1", hostname="fuzz-host", pid=1, gpus=[0], concurrency=1, started_at=now, heartbeat_at=now
+            )
+        )
         session.commit()
     return seeded
 
@@ -229,7 +272,9 @@ def _registry_problems(session: Session, registry: Path) -> list[str]:
     for leftover in ("staging", "trash"):
         folder = registry / f".{leftover}"
         if folder.is_dir() and any(folder.iterdir()):
-            problems.append(f"the registry's .{leftover} folder is not empty: {sorted(p.name for p in folder.iterdir())}")
+            problems.append(
+                f"the registry's .{leftover} folder is not empty: {sorted(p.name for p in folder.iterdir())}"
+            )
     return problems
 
 

@@ -126,9 +126,18 @@ def read_events(url: str, headers: dict[str, str] | None = None, timeout_s: floa
 
 def step_record(step: int, **fields: Any) -> dict[str, Any]:
     """A step record for ``step`` (loss 1/step, scale 1024, no overflow) with ``fields`` replaced."""
-    record = {"step": step, "time": time.time(), "loss": 1.0 / step, "loss_scale": 1024.0, "overflow": False,
-              "skipped_steps": 0, "grad_norm": 0.5, "lr": 0.001, "samples_per_second": 500.0,
-              "tokens_per_second": None}  # fmt: skip
+    record = {
+        "step": step,
+        "time": time.time(),
+        "loss": 1.0 / step,
+        "loss_scale": 1024.0,
+        "overflow": False,
+        "skipped_steps": 0,
+        "grad_norm": 0.5,
+        "lr": 0.001,
+        "samples_per_second": 500.0,
+        "tokens_per_second": None,
+    }
     record.update(fields)
     return record
 
@@ -138,7 +147,11 @@ def add_steps(sessions: sessionmaker[Session], job_id: str, records: list[dict[s
     with sessions() as session:
         for record in records:
             session.add(StepRecord(job_id=job_id, step=record["step"], time=record["time"], data=record))
-        session.execute(update(Job).where(Job.id == job_id).values(step=records[-1]["step"], latest=records[-1], updated_at=utcnow()))
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(step=records[-1]["step"], latest=records[-1], updated_at=utcnow())
+        )
         session.commit()
 
 

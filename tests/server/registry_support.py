@@ -21,8 +21,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from server.db.models import AuditEvent, RegisteredDataset, RegisteredModel
 
-CHAT_ROWS = [{"messages": [{"role": "user", "content": f"What is {n} plus 1?"},
-                           {"role": "assistant", "content": f"{n + 1}."}]} for n in range(6)]  # fmt: skip
+CHAT_ROWS = [
+    {"messages": [{"role": "user", "content": f"What is {n} plus 1?"}, {"role": "assistant", "content": f"{n + 1}."}]}
+    for n in range(6)
+]
 LLAMA_CONFIG: dict[str, Any] = {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1, "vocab_size": 16}
 
 
@@ -90,14 +92,19 @@ def write_model_dir(directory: Path, files: dict[str, bytes] | None = None) -> P
 def registry_counts(sessions: sessionmaker[Session]) -> tuple[int, int]:
     """Rows of ``datasets`` and ``models``."""
     with sessions() as session:
-        return (int(session.scalar(select(func.count()).select_from(RegisteredDataset)) or 0),
-                int(session.scalar(select(func.count()).select_from(RegisteredModel)) or 0))  # fmt: skip
+        return (
+            int(session.scalar(select(func.count()).select_from(RegisteredDataset)) or 0),
+            int(session.scalar(select(func.count()).select_from(RegisteredModel)) or 0),
+        )
 
 
 def stored_files(registry: Path) -> list[str]:
     """Every file and directory under the registry directory but the empty staging and trash folders, sorted."""
-    return sorted(p.relative_to(registry).as_posix() for p in registry.rglob("*")
-                  if p.name not in (".staging", ".trash", "datasets", "models"))  # fmt: skip
+    return sorted(
+        p.relative_to(registry).as_posix()
+        for p in registry.rglob("*")
+        if p.name not in (".staging", ".trash", "datasets", "models")
+    )
 
 
 def audit_actions(sessions: sessionmaker[Session], prefix: str) -> list[tuple[str, str, str]]:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import redis
+from api_support import VALID_SPEC
 from fastapi.testclient import TestClient
 
-from api_support import VALID_SPEC
 from broker.celery_app import RUN_JOB_TASK
 from server.app import create_app
 from server.settings import Settings
@@ -36,7 +36,9 @@ def redis_queue(redis_url: str) -> Iterator[str]:
 
 
 @pytest.mark.redis
-def test_job_id_reaches_redis(settings: Settings, redis_url: str, redis_queue: str, auth_headers: dict[str, str]) -> None:
+def test_job_id_reaches_redis(
+    settings: Settings, redis_url: str, redis_queue: str, auth_headers: dict[str, str]
+) -> None:
     settings.broker_url = redis_url
     settings.queue_name = redis_queue
 

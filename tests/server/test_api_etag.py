@@ -13,11 +13,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from api_support import BASE_TIME, insert_job, make_token
 from fastapi.testclient import TestClient
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_support import BASE_TIME, insert_job, make_token
 from server.db.models import Attempt, Job
 
 Mutation = Callable[[sessionmaker[Session], str], None]
@@ -41,7 +41,14 @@ def _add_attempt(sessions: sessionmaker[Session], job_id: str) -> None:
         session.commit()
 
 
-SWITCH = {"step": 7, "from": "fp16", "to": "bf16", "reason": "nonfinite_gradients", "message": "m", "rewound_to_step": 5}
+SWITCH = {
+    "step": 7,
+    "from": "fp16",
+    "to": "bf16",
+    "reason": "nonfinite_gradients",
+    "message": "m",
+    "rewound_to_step": 5,
+}
 
 #: One change to each part of the resource (the job row's fields, an attempt's, the attempts list).
 MUTATIONS: dict[str, Mutation] = {
@@ -59,7 +66,9 @@ MUTATIONS: dict[str, Mutation] = {
     "name": lambda s, j: _job(s, j, name="renamed"),
     "spec": lambda s, j: _job(s, j, spec={"name": "x", "precision": "bf16"}),
     "new attempt row": _add_attempt,
-    "attempt ended": lambda s, j: _attempt(s, j, ended_at=BASE_TIME + timedelta(minutes=1), status="failed", reason="worker_lost"),
+    "attempt ended": lambda s, j: _attempt(
+        s, j, ended_at=BASE_TIME + timedelta(minutes=1), status="failed", reason="worker_lost"
+    ),
     "attempt reason only": lambda s, j: _attempt(s, j, reason="worker_shutdown"),
     "attempt gpus": lambda s, j: _attempt(s, j, gpus=[0, 1]),
 }
@@ -107,7 +116,9 @@ def test_bookkeeping_that_the_resource_does_not_show_keeps_the_etag(
     client: TestClient, sessions: sessionmaker[Session], running_job: str
 ) -> None:
     etag = client.get(f"/jobs/{running_job}").headers["etag"]
-    _job(sessions, running_job, lease_expires_at=BASE_TIME + timedelta(days=1), updated_at=BASE_TIME + timedelta(days=1))
+    _job(
+        sessions, running_job, lease_expires_at=BASE_TIME + timedelta(days=1), updated_at=BASE_TIME + timedelta(days=1)
+    )
     assert client.get(f"/jobs/{running_job}", headers={"If-None-Match": etag}).status_code == 304
 
 
@@ -118,6 +129,8 @@ def test_no_304_for_a_job_the_caller_cannot_see_or_without_a_valid_token(
     stranger = {"Authorization": f"Bearer {make_token(database_url, 'stranger')}"}
     for header in (etag, "*"):
         assert client.get(f"/jobs/{running_job}", headers={**stranger, "If-None-Match": header}).status_code == 404
-        denied = client.get(f"/jobs/{running_job}", headers={"Authorization": "Bearer hc_unknown", "If-None-Match": header})
+        denied = client.get(
+            f"/jobs/{running_job}", headers={"Authorization": "Bearer hc_unknown", "If-None-Match": header}
+        )
         assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer"
     assert client.get("/jobs/nope", headers={"If-None-Match": "*"}).status_code == 404

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from api_support import VALID_SPEC, FakeQueue
 from fastapi.testclient import TestClient
 
-from api_support import VALID_SPEC, FakeQueue
 from server.app import create_app
 from server.db.migrate import head_revision
 from server.settings import Settings

@@ -8,17 +8,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job
 from fastapi.testclient import TestClient
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job
 from server.db import jobs as repo
 from server.db.models import Attempt, Job, utcnow
 from trainer.spec import JobSpec
 
 
-def test_the_same_key_returns_the_same_job(client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]) -> None:
+def test_the_same_key_returns_the_same_job(
+    client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]
+) -> None:
     first = client.post("/jobs", json=VALID_SPEC, headers={"Idempotency-Key": "order-17"})
     assert first.status_code == 201, first.text
     again = client.post("/jobs", json=VALID_SPEC, headers={"Idempotency-Key": "order-17"})
@@ -46,7 +48,9 @@ def test_an_equivalent_body_is_the_same_request(client: TestClient) -> None:
     assert client.post("/jobs", json=reordered, headers={"Idempotency-Key": "k"}).json()["id"] == first["id"]
 
 
-def test_the_same_key_with_another_spec_is_422(client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]) -> None:
+def test_the_same_key_with_another_spec_is_422(
+    client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]
+) -> None:
     first = client.post("/jobs", json=VALID_SPEC, headers={"Idempotency-Key": "k"}).json()
     changed = copy.deepcopy(VALID_SPEC) | {"max_steps": 51}
     response = client.post("/jobs", json=changed, headers={"Idempotency-Key": "k"})
@@ -91,7 +95,9 @@ def test_racing_requests_with_one_key_create_one_job(sessions: sessionmaker[Sess
     assert count_rows(sessions) == 1
 
 
-def test_racing_http_requests_with_one_key_create_one_job(client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]) -> None:
+def test_racing_http_requests_with_one_key_create_one_job(
+    client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]
+) -> None:
     answers: list[Any] = []
     barrier = threading.Barrier(6)
 
@@ -114,17 +120,22 @@ def test_the_resource_lists_every_attempt(client: TestClient, sessions: sessionm
     start = utcnow() - timedelta(minutes=5)
     with sessions() as session:
         session.execute(insert(Attempt), [
-            {"job_id": job_id, "attempt": 3, "worker_id": "c/3", "started_at": start + timedelta(minutes=3), "resumed_from_step": 40},
+            {"job_id": job_id, "attempt": 3, "worker_id": "c/3", "started_at": start + timedelta(minutes=3),
+             "resumed_from_step": 40},
             {"job_id": job_id, "attempt": 2, "worker_id": "b/2", "started_at": start + timedelta(minutes=2),
              "ended_at": start + timedelta(minutes=3), "status": "requeued", "reason": "worker_shutdown", "resumed_from_step": 0},
             {"job_id": job_id, "attempt": 1, "worker_id": "a/1", "started_at": start, "ended_at": start + timedelta(minutes=1),
              "status": "failed", "reason": "worker_lost"},
-        ])  # fmt: skip
+        ])  # fmt: skip  # a table, laid out by hand
         session.commit()
     job = client.get(f"/jobs/{job_id}").json()
-    assert [(a["attempt"], a["worker_id"], a["status"], a["reason"], a["resumed_from_step"]) for a in job["attempts"]] == [
-        (1, "a/1", "failed", "worker_lost", None), (2, "b/2", "requeued", "worker_shutdown", 0),
-        (3, "c/3", None, None, 40)]  # fmt: skip
+    assert [
+        (a["attempt"], a["worker_id"], a["status"], a["reason"], a["resumed_from_step"]) for a in job["attempts"]
+    ] == [
+        (1, "a/1", "failed", "worker_lost", None),
+        (2, "b/2", "requeued", "worker_shutdown", 0),
+        (3, "c/3", None, None, 40),
+    ]
     assert job["attempts"][2]["ended_at"] is None
     assert datetime.fromisoformat(job["attempts"][0]["ended_at"]).utcoffset() == timedelta(0)
     assert client.get("/jobs").json()["jobs"][0]["attempts"] == job["attempts"]

@@ -7,11 +7,11 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job
 from server.db.models import Job
 
 
@@ -35,14 +35,29 @@ def set_status(sessions: sessionmaker[Session], job_id: str, status: str) -> Non
 # ----------------------------------------------------------------------------- create
 
 
-def test_create_returns_201_location_and_resource(client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]) -> None:
+def test_create_returns_201_location_and_resource(
+    client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]
+) -> None:
     response = client.post("/jobs", json=VALID_SPEC)
 
     assert response.status_code == 201, response.text
     job = response.json()
     assert response.headers["location"] == f"/jobs/{job['id']}"
-    assert set(job) >= {"id", "name", "status", "spec", "created_at", "started_at", "finished_at", "error",
-                        "step", "max_steps", "world_size", "latest", "eval"}
+    assert set(job) >= {
+        "id",
+        "name",
+        "status",
+        "spec",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "error",
+        "step",
+        "max_steps",
+        "world_size",
+        "latest",
+        "eval",
+    }
     assert job["status"] == "queued"
     assert job["name"] == "digits-fp16"
     assert job["spec"]["loss_scale"]["init_scale"] == 16777216
@@ -83,8 +98,16 @@ INVALID_SPECS: list[tuple[str, dict[str, Any], list[str | int]]] = [
     ("unknown top-level field", spec_with(colour="red"), ["body", "colour"]),
     ("unknown model name", spec_with(model={"name": "resnet9000"}), ["body", "model"]),
     ("unknown dataset name", spec_with(dataset={"name": "imagenet"}), ["body", "dataset"]),
-    ("unknown model config field", spec_with(model={"name": "mlp", "config": {"layers": 3}}), ["body", "model", "mlp", "config", "layers"]),
-    ("bad model config value", spec_with(model={"name": "mlp", "config": {"hidden_sizes": [0]}}), ["body", "model", "mlp", "config", "hidden_sizes", 0]),
+    (
+        "unknown model config field",
+        spec_with(model={"name": "mlp", "config": {"layers": 3}}),
+        ["body", "model", "mlp", "config", "layers"],
+    ),
+    (
+        "bad model config value",
+        spec_with(model={"name": "mlp", "config": {"hidden_sizes": [0]}}),
+        ["body", "model", "mlp", "config", "hidden_sizes", 0],
+    ),
     ("model cannot take dataset", spec_with(model={"name": "gpt"}), ["body", "dataset"]),
     ("global batch not divisible", spec_with(global_batch_size=100, processes=2), ["body", "global_batch_size"]),
     ("negative max_steps", spec_with(max_steps=-5), ["body", "max_steps"]),
@@ -100,7 +123,11 @@ INVALID_SPECS: list[tuple[str, dict[str, Any], list[str | int]]] = [
 
 @pytest.mark.parametrize(("spec", "loc"), [case[1:] for case in INVALID_SPECS], ids=[case[0] for case in INVALID_SPECS])
 def test_invalid_spec_is_422_naming_the_field_and_stores_nothing(
-    client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session], spec: dict[str, Any], loc: list[str | int]
+    client: TestClient,
+    fake_queue: FakeQueue,
+    sessions: sessionmaker[Session],
+    spec: dict[str, Any],
+    loc: list[str | int],
 ) -> None:
     response = client.post("/jobs", json=spec)
 
@@ -120,7 +147,9 @@ def test_non_object_body_is_422(client: TestClient, sessions: sessionmaker[Sessi
     assert count_rows(sessions) == 0
 
 
-def test_faults_are_accepted_when_the_server_allows_them(settings: Any, fake_queue: FakeQueue, auth_headers: dict[str, str]) -> None:
+def test_faults_are_accepted_when_the_server_allows_them(
+    settings: Any, fake_queue: FakeQueue, auth_headers: dict[str, str]
+) -> None:
     from server.app import create_app
 
     settings.allow_faults = True
@@ -204,7 +233,9 @@ def test_resource_reports_error_and_timestamps(client: TestClient, sessions: ses
     job_id = insert_job(sessions, status="running", latest={"step": 7, "loss": 0.25, "loss_scale": 512.0})
     with sessions() as session:
         session.execute(
-            update(Job).where(Job.id == job_id).values(status="failed", error_reason="rank_failed", error_message="boom")
+            update(Job)
+            .where(Job.id == job_id)
+            .values(status="failed", error_reason="rank_failed", error_message="boom")
         )
         session.commit()
 
@@ -361,7 +392,9 @@ def test_cancel_terminal_job_is_409(client: TestClient, sessions: sessionmaker[S
     assert client.get(f"/jobs/{job_id}").json()["status"] == status
 
 
-def test_worker_claim_fails_after_a_queued_job_is_cancelled(client: TestClient, sessions: sessionmaker[Session]) -> None:
+def test_worker_claim_fails_after_a_queued_job_is_cancelled(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
     """The worker claims with ``UPDATE ... WHERE status = 'queued'``: nothing to claim after a cancel."""
     job_id = client.post("/jobs", json=VALID_SPEC).json()["id"]
     client.post(f"/jobs/{job_id}/cancel")

@@ -15,11 +15,30 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 def test_a_tiny_load_run_answers_every_poll_and_cleans_up(postgres_url: str, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
-    argv = ["--clients", "3", "--duration", "1.5", "--warmup", "0.5", "--jobs", "2", "--running", "1",
-            "--probe-interval", "0.5", "--admin-url", postgres_url, "--json", str(out)]  # fmt: skip
+    argv = [
+        "--clients",
+        "3",
+        "--duration",
+        "1.5",
+        "--warmup",
+        "0.5",
+        "--jobs",
+        "2",
+        "--running",
+        "1",
+        "--probe-interval",
+        "0.5",
+        "--admin-url",
+        postgres_url,
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     result = json.loads(out.read_text())
-    assert [(r["scenario"]["clients"], r["scenario"]["mode"]) for r in result["results"]] == [(3, "plain"), (3, "conditional")]
+    assert [(r["scenario"]["clients"], r["scenario"]["mode"]) for r in result["results"]] == [
+        (3, "plain"),
+        (3, "conditional"),
+    ]
     for run in result["results"]:
         assert run["polls"]["requests"] > 0 and run["polls"]["errors"] == {}
         assert run["probe"]["cancel"]["outcomes"].get("ok", 0) >= 1 and run["probe"]["healthz"]["errors"] == {}

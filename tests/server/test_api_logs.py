@@ -32,7 +32,9 @@ def _two_rank_job(sessions: sessionmaker[Session], settings: Settings, status: s
     return job_id
 
 
-def test_default_is_the_newest_attempt_rank_0_last_200_lines(client: TestClient, sessions: sessionmaker[Session], settings: Settings) -> None:
+def test_default_is_the_newest_attempt_rank_0_last_200_lines(
+    client: TestClient, sessions: sessionmaker[Session], settings: Settings
+) -> None:
     job_id = _two_rank_job(sessions, settings)
     response = client.get(f"/jobs/{job_id}/logs")
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
@@ -41,15 +43,23 @@ def test_default_is_the_newest_attempt_rank_0_last_200_lines(client: TestClient,
     assert body["lines"] == [f"a2 r0 line {i}" for i in range(100, 300)]
 
 
-def test_rank_attempt_and_tail_select_the_lines(client: TestClient, sessions: sessionmaker[Session], settings: Settings) -> None:
+def test_rank_attempt_and_tail_select_the_lines(
+    client: TestClient, sessions: sessionmaker[Session], settings: Settings
+) -> None:
     job_id = _two_rank_job(sessions, settings)
     body = client.get(f"/jobs/{job_id}/logs", params={"rank": 1, "tail": 3, "attempt": 1}).json()
-    assert (body["attempt"], body["rank"], body["lines"]) == (1, 1, ["a1 r1 line 297", "a1 r1 line 298", "a1 r1 line 299"])
+    assert (body["attempt"], body["rank"], body["lines"]) == (
+        1,
+        1,
+        ["a1 r1 line 297", "a1 r1 line 298", "a1 r1 line 299"],
+    )
     assert client.get(f"/jobs/{job_id}/logs", params={"tail": 0}).json()["lines"] == []
     assert len(client.get(f"/jobs/{job_id}/logs", params={"tail": 10000}).json()["lines"]) == 300
 
 
-def test_a_partial_last_line_is_included(client: TestClient, sessions: sessionmaker[Session], settings: Settings) -> None:
+def test_a_partial_last_line_is_included(
+    client: TestClient, sessions: sessionmaker[Session], settings: Settings
+) -> None:
     job_id = insert_job(sessions, status="running")
     write_log(settings, job_id, 1, 0, "done\nhalf a li")
     assert client.get(f"/jobs/{job_id}/logs").json()["lines"] == ["done", "half a li"]
@@ -65,7 +75,9 @@ def _error_loc(response: object) -> list[object]:
     return [error["loc"] for error in response.json()["detail"]]  # type: ignore[attr-defined]
 
 
-def test_bad_parameters_are_422_naming_them(client: TestClient, sessions: sessionmaker[Session], settings: Settings) -> None:
+def test_bad_parameters_are_422_naming_them(
+    client: TestClient, sessions: sessionmaker[Session], settings: Settings
+) -> None:
     job_id = _two_rank_job(sessions, settings)
     url = f"/jobs/{job_id}/logs"
     assert _error_loc(client.get(url, params={"rank": -1})) == [["query", "rank"]]
@@ -77,7 +89,9 @@ def test_bad_parameters_are_422_naming_them(client: TestClient, sessions: sessio
     assert "world size 2" in client.get(url, params={"rank": 2}).json()["detail"][0]["msg"]
 
 
-def test_unknown_job_404_queued_job_409_never_started_job_404(client: TestClient, sessions: sessionmaker[Session]) -> None:
+def test_unknown_job_404_queued_job_409_never_started_job_404(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
     response = client.get("/jobs/nope/logs")
     assert response.status_code == 404 and response.json() == {"detail": "job nope not found", "job_id": "nope"}
     queued = insert_job(sessions, status="queued")

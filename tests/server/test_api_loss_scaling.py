@@ -34,7 +34,9 @@ def test_the_resource_says_how_the_job_scales_its_loss(client: TestClient, label
     assert client.get(f"/jobs/{job['id']}").json()["loss_scaling"] == job["loss_scaling"]
 
 
-@pytest.mark.parametrize("spec", [*SPECS.values(), _spec(precision="fp8", loss_scale=None, gpus=1)], ids=[*SPECS, "fp8"])
+@pytest.mark.parametrize(
+    "spec", [*SPECS.values(), _spec(precision="fp8", loss_scale=None, gpus=1)], ids=[*SPECS, "fp8"]
+)
 def test_loss_scaling_agrees_with_the_trainers_effective_loss_scale(spec: dict[str, Any]) -> None:
     """The resource reads the stored dict; the trainer builds its scaler from ``effective_loss_scale`` (no-op when None)."""
     effective = JobSpec.model_validate(spec).effective_loss_scale

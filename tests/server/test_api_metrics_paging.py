@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from api_support import insert_job, insert_steps
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
-
-from api_support import insert_job, insert_steps
 
 
 def test_records_come_in_step_order_with_every_field(client: TestClient, sessions: sessionmaker[Session]) -> None:
@@ -21,8 +20,18 @@ def test_records_come_in_step_order_with_every_field(client: TestClient, session
     assert [point["step"] for point in body["points"]] == [1, 2, 3, 4, 5]
     third = body["points"][2]
     assert third["overflow"] is True and third["grad_norm"] is None and third["skipped_steps"] == 1
-    assert set(third) >= {"step", "time", "loss", "loss_scale", "overflow", "skipped_steps", "grad_norm", "lr",
-                          "samples_per_second", "tokens_per_second"}
+    assert set(third) >= {
+        "step",
+        "time",
+        "loss",
+        "loss_scale",
+        "overflow",
+        "skipped_steps",
+        "grad_norm",
+        "lr",
+        "samples_per_second",
+        "tokens_per_second",
+    }
 
 
 def test_after_step_and_limit_page_through_every_record(client: TestClient, sessions: sessionmaker[Session]) -> None:
@@ -72,7 +81,11 @@ def test_job_without_records_has_no_points(client: TestClient, sessions: session
 
 @pytest.mark.parametrize(
     ("params", "loc"),
-    [({"after_step": -1}, ["query", "after_step"]), ({"limit": 0}, ["query", "limit"]), ({"limit": 10_001}, ["query", "limit"])],
+    [
+        ({"after_step": -1}, ["query", "after_step"]),
+        ({"limit": 0}, ["query", "limit"]),
+        ({"limit": 10_001}, ["query", "limit"]),
+    ],
 )
 def test_bad_paging_parameters_are_422(
     client: TestClient, sessions: sessionmaker[Session], params: dict[str, Any], loc: list[str]

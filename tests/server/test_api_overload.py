@@ -30,7 +30,9 @@ def _client(settings: Settings, queue: FakeQueue, headers: dict[str, str], **cha
 @pytest.fixture
 def one_connection(settings: Settings, fake_queue: FakeQueue, auth_headers: dict[str, str]) -> Iterator[TestClient]:
     """An app whose pool has one connection and waits 0.2 s for it."""
-    with _client(settings, fake_queue, auth_headers, db_pool_size=1, db_max_overflow=0, db_pool_timeout_s=0.2) as client:
+    with _client(
+        settings, fake_queue, auth_headers, db_pool_size=1, db_max_overflow=0, db_pool_timeout_s=0.2
+    ) as client:
         yield client
 
 
@@ -40,7 +42,9 @@ def _assert_busy(response: Any, words: str) -> None:
     assert words in response.json()["detail"]
 
 
-def test_no_free_database_connection_is_503_not_a_hang(one_connection: TestClient, sessions: sessionmaker[Session]) -> None:
+def test_no_free_database_connection_is_503_not_a_hang(
+    one_connection: TestClient, sessions: sessionmaker[Session]
+) -> None:
     job_id = insert_job(sessions)
     held = one_connection.app.state.engine.connect()  # type: ignore[attr-defined]  # the pool's only connection
     try:
@@ -58,7 +62,9 @@ def no_line(settings: Settings, fake_queue: FakeQueue, auth_headers: dict[str, s
         yield client
 
 
-def test_a_full_admission_line_is_503_but_probes_and_cancels_get_through(no_line: TestClient, sessions: sessionmaker[Session]) -> None:
+def test_a_full_admission_line_is_503_but_probes_and_cancels_get_through(
+    no_line: TestClient, sessions: sessionmaker[Session]
+) -> None:
     job_id = insert_job(sessions)
     limiter: Limiter = no_line.app.state.limiter  # type: ignore[attr-defined]
     limiter.active = limiter.max_active  # every place taken, as by requests in flight

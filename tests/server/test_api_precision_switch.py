@@ -17,8 +17,15 @@ from server.db.models import Job
 from server.streams.events import Snapshot, job_events
 from server.streams.stats import EventStreamSettings, StreamStats
 
-SWITCH = {"step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed", "message": "collapsed",
-          "rewound_to_step": 8, "time": 50.0}  # fmt: skip
+SWITCH = {
+    "step": 12,
+    "from": "fp16",
+    "to": "bf16",
+    "reason": "loss_scale_collapsed",
+    "message": "collapsed",
+    "rewound_to_step": 8,
+    "time": 50.0,
+}
 
 
 def _spec(**changes: Any) -> dict[str, Any]:
@@ -86,8 +93,15 @@ def _points(steps: range, precision: str = "fp16") -> list[dict[str, Any]]:
 def test_the_event_stream_announces_a_switch_and_resends_the_rewound_steps() -> None:
     """The switch and the bf16 re-run of steps 9-11 land in one write: job.step 11 < 12, yet the rewind is to 8."""
     before = Snapshot("running", 12, None, {"status": "running"}, _points(range(1, 13)))
-    after = Snapshot("running", 11, None, None, _points(range(1, 9)) + _points(range(9, 12), "bf16"),
-                     has_cursor_record=False, switches=[SWITCH])  # fmt: skip
+    after = Snapshot(
+        "running",
+        11,
+        None,
+        None,
+        _points(range(1, 9)) + _points(range(9, 12), "bf16"),
+        has_cursor_record=False,
+        switches=[SWITCH],
+    )
     done = Snapshot("succeeded", 11, None, {"status": "succeeded"}, after.records, switches=[SWITCH])
     events, polls = _stream([before, after, done])
     steps = [event_id for kind, event_id in events if kind == "step"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import prometheus_client
+from api_support import insert_job
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_support import insert_job
 from server.db.models import STATUSES, Job
 
 PER_JOB = {
@@ -24,8 +24,18 @@ PER_JOB = {
 
 
 def record(step: int, **fields: Any) -> dict[str, Any]:
-    base = {"step": step, "time": 1.0, "loss": 2.0 / step, "loss_scale": 2.0**14, "overflow": False,
-            "skipped_steps": 4, "grad_norm": 0.7, "lr": 1e-3, "samples_per_second": 900.0, "tokens_per_second": None}
+    base = {
+        "step": step,
+        "time": 1.0,
+        "loss": 2.0 / step,
+        "loss_scale": 2.0**14,
+        "overflow": False,
+        "skipped_steps": 4,
+        "grad_norm": 0.7,
+        "lr": 1e-3,
+        "samples_per_second": 900.0,
+        "tokens_per_second": None,
+    }
     return base | fields
 
 
@@ -55,7 +65,9 @@ def test_series_only_for_live_jobs_with_values_of_the_latest_record(
     latest = {running: record(120, skipped_steps=7), cancelling: record(30, tokens_per_second=51200.0)}
     for name, field in PER_JOB.items():
         expected = {
-            (("job_id", job_id),): float(values[field]) for job_id, values in latest.items() if values[field] is not None
+            (("job_id", job_id),): float(values[field])
+            for job_id, values in latest.items()
+            if values[field] is not None
         }
         assert samples.get(name, {}) == expected, name
     assert samples["halfcast_skipped_steps_total"][(("job_id", running),)] == 7.0

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job, make_token
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,8 +24,6 @@ from server.db.models import AuditEvent
 from server.db.quotas import set_quota
 from server.quotas import QUOTA_RETRY_AFTER_S
 from server.settings import Settings
-
-from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job, make_token
 
 Post = Callable[..., Any]
 
@@ -74,7 +73,9 @@ def assert_refused(response: Any, limit: str, value: int) -> None:
     assert limit in body["detail"] and response.headers["retry-after"] == str(QUOTA_RETRY_AFTER_S)
 
 
-def test_max_queued_jobs(app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session], fake_queue: FakeQueue) -> None:
+def test_max_queued_jobs(
+    app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session], fake_queue: FakeQueue
+) -> None:
     post = poster(app_client(max_queued_jobs=2), database_url, "alice")
     insert_job(sessions, status="running", owner="alice")  # active but not queued
     insert_job(sessions, status="queued", owner="bob")  # another owner's
@@ -85,7 +86,9 @@ def test_max_queued_jobs(app_client: Callable[..., TestClient], database_url: st
     assert count_rows(sessions) == 4 and len(fake_queue.sent) == 2 and audited(sessions, "job.create") == 2
 
 
-def test_max_active_jobs_counts_every_status_not_yet_terminal(app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session]) -> None:
+def test_max_active_jobs_counts_every_status_not_yet_terminal(
+    app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session]
+) -> None:
     post = poster(app_client(max_active_jobs=4), database_url, "alice")
     for status in ("starting", "running", "cancelling", "succeeded", "failed", "cancelled"):
         insert_job(sessions, status=status, owner="alice")
@@ -95,7 +98,9 @@ def test_max_active_jobs_counts_every_status_not_yet_terminal(app_client: Callab
     assert count_rows(sessions) == 7
 
 
-def test_max_gpus_sums_the_gpus_of_jobs_not_yet_terminal(app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session]) -> None:
+def test_max_gpus_sums_the_gpus_of_jobs_not_yet_terminal(
+    app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session]
+) -> None:
     post = poster(app_client(max_gpus=3), database_url, "alice")
     assert post(gpus=2).status_code == 201
 
@@ -108,7 +113,9 @@ def test_max_gpus_sums_the_gpus_of_jobs_not_yet_terminal(app_client: Callable[..
     assert count_rows(sessions) == 4
 
 
-def test_an_owner_override_beats_the_default_limit_by_limit(app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session]) -> None:
+def test_an_owner_override_beats_the_default_limit_by_limit(
+    app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session]
+) -> None:
     client = app_client(max_queued_jobs=1, max_gpus=1)
     alice, bob = poster(client, database_url, "alice"), poster(client, database_url, "bob")
     override(sessions, "alice", max_queued_jobs=3)  # max_gpus stays the default
@@ -123,7 +130,9 @@ def test_an_owner_override_beats_the_default_limit_by_limit(app_client: Callable
     assert_refused(poster(client, database_url, "carol")(), "max_queued_jobs", 0)
 
 
-def test_an_idempotent_replay_is_not_counted(app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session]) -> None:
+def test_an_idempotent_replay_is_not_counted(
+    app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session]
+) -> None:
     post = poster(app_client(max_queued_jobs=1), database_url, "alice")
     first = post(key="k1")
     assert first.status_code == 201
@@ -142,7 +151,9 @@ def test_quotas_apply_to_admin_tokens_too(app_client: Callable[..., TestClient],
     assert_refused(client.post("/jobs", json=VALID_SPEC, headers=headers), "max_active_jobs", 1)
 
 
-def test_racing_submissions_accept_exactly_the_limit(app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session], fake_queue: FakeQueue) -> None:
+def test_racing_submissions_accept_exactly_the_limit(
+    app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session], fake_queue: FakeQueue
+) -> None:
     """12 requests of one owner at once with ``max_queued_jobs`` 5: exactly 5 stored, 7 refused."""
     post = poster(app_client(max_queued_jobs=5), database_url, "alice")
     barrier = threading.Barrier(12)
@@ -171,7 +182,9 @@ def test_the_429_is_declared_in_the_openapi_schema() -> None:
     assert {"detail", "limit", "value"} <= set(properties)
 
 
-def test_the_client_raises_quota_exceeded_with_the_limit(app_client: Callable[..., TestClient], database_url: str) -> None:
+def test_the_client_raises_quota_exceeded_with_the_limit(
+    app_client: Callable[..., TestClient], database_url: str
+) -> None:
     answer = poster(app_client(max_queued_jobs=0), database_url, "alice")()
     response = httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
 

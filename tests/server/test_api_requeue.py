@@ -9,13 +9,12 @@ import threading
 from typing import Any
 
 import pytest
+from api_support import VALID_SPEC, FakeQueue, count_rows
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db.models import AuditEvent, Job
-
-from api_support import VALID_SPEC, FakeQueue, count_rows
 
 KEY = {"Idempotency-Key": "order-1"}
 
@@ -35,7 +34,9 @@ def refused(client: TestClient, fake_queue: FakeQueue) -> dict[str, Any]:
     return job
 
 
-def test_a_replay_after_the_broker_came_back_sends_the_job(client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]) -> None:
+def test_a_replay_after_the_broker_came_back_sends_the_job(
+    client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]
+) -> None:
     job = refused(client, fake_queue)
     still_down = client.post("/jobs", json=VALID_SPEC, headers=KEY)
     assert still_down.status_code == 503 and still_down.json()["job_id"] == job["id"]
@@ -51,13 +52,16 @@ def test_a_replay_after_the_broker_came_back_sends_the_job(client: TestClient, f
     assert fake_queue.sent == [job["id"]] and count_rows(sessions) == 1
     requeues = events(sessions, "job.requeue")
     assert [(e.subject, e.actor, e.details) for e in requeues] == [
-        (job["id"], "tester", {"owner": "tester", "reason": "enqueue_failed"})] * 2  # fmt: skip
+        (job["id"], "tester", {"owner": "tester", "reason": "enqueue_failed"})
+    ] * 2
     again = client.post("/jobs", json=VALID_SPEC, headers=KEY)  # a plain replay now: nothing sent
     assert again.status_code == 200 and again.json()["status"] == "queued" and fake_queue.sent == [job["id"]]
 
 
 @pytest.mark.parametrize("change", [{"attempt": 1}, {"error_reason": "worker_lost"}])
-def test_other_failed_jobs_are_only_shown(client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session], change: dict[str, Any]) -> None:
+def test_other_failed_jobs_are_only_shown(
+    client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session], change: dict[str, Any]
+) -> None:
     job = refused(client, fake_queue)
     with sessions() as session:
         session.execute(update(Job).where(Job.id == job["id"]).values(**change))
@@ -70,7 +74,9 @@ def test_other_failed_jobs_are_only_shown(client: TestClient, fake_queue: FakeQu
     assert fake_queue.sent == [] and events(sessions, "job.requeue") == []
 
 
-def test_the_requeue_counts_against_the_quota(client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]) -> None:
+def test_the_requeue_counts_against_the_quota(
+    client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]
+) -> None:
     client.app.state.settings.quota_max_queued_jobs = 1  # type: ignore[attr-defined]
     job = refused(client, fake_queue)
     fake_queue.error = None
@@ -83,7 +89,9 @@ def test_the_requeue_counts_against_the_quota(client: TestClient, fake_queue: Fa
     assert job["id"] not in fake_queue.sent and events(sessions, "job.requeue") == []
 
 
-def test_racing_replays_send_the_job_once(client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]) -> None:
+def test_racing_replays_send_the_job_once(
+    client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]
+) -> None:
     """Even at a quota of one queued job, the replays that lose the race see the requeued job (200), not a 429."""
     client.app.state.settings.quota_max_queued_jobs = 1  # type: ignore[attr-defined]
     job = refused(client, fake_queue)

@@ -34,7 +34,7 @@ def _set(sessions: sessionmaker[Session], job_id: str, status: str, phase: str |
     ("running", None, None),  # a trainer older than the phase records
     ("cancelling", "model", None),
     ("failed", "model", None),
-])  # fmt: skip
+])  # fmt: skip  # a case table, laid out by hand
 def test_the_phase_is_what_a_starting_job_is_doing(
     status: str, reported: str | None, phase: str | None, client: TestClient, sessions: sessionmaker[Session]
 ) -> None:

@@ -29,8 +29,9 @@ def _counts(client: TestClient, job_id: str) -> tuple[int, int, int]:
 
 
 def _step(step: int, skipped: int, **extra: Any) -> StepRecord:
-    return StepRecord.model_validate({"step": step, "time": float(step), "loss": 1.0, "overflow": False,
-                                      "skipped_steps": skipped, **extra})
+    return StepRecord.model_validate(
+        {"step": step, "time": float(step), "loss": 1.0, "overflow": False, "skipped_steps": skipped, **extra}
+    )
 
 
 def test_the_resource_counts_applied_and_skipped_steps(client: TestClient, sessions: sessionmaker[Session]) -> None:
@@ -54,8 +55,17 @@ def test_the_counts_follow_a_precision_switch_and_a_retry_rewind(
     fp16 = [_step(s, max(0, s - 8), overflow=s > 8) for s in range(1, 13)]
     assert store.record_progress(claim.fence, Progress(steps=fp16))
     assert _counts(client, claim.job_id) == (12, 8, 4)
-    switch = PrecisionSwitchRecord.model_validate({"step": 12, "from": "fp16", "to": "bf16", "message": "m",
-                                                   "reason": "loss_scale_collapsed", "rewound_to_step": 8, "time": 1.0})
+    switch = PrecisionSwitchRecord.model_validate(
+        {
+            "step": 12,
+            "from": "fp16",
+            "to": "bf16",
+            "message": "m",
+            "reason": "loss_scale_collapsed",
+            "rewound_to_step": 8,
+            "time": 1.0,
+        }
+    )
     bf16 = [_step(s, 0, precision="bf16") for s in (9, 10, 11)]
     assert store.record_progress(claim.fence, Progress(steps=bf16, switches=[switch]))
     assert _counts(client, claim.job_id) == (11, 11, 0)
@@ -71,8 +81,15 @@ def test_an_early_stop_shows_on_the_resource_and_final_pt_holds_its_step(
     store = JobStore(engine)
     claim = store.claim(insert_job(sessions), "w", tmp_path)
     assert claim is not None
-    end = EndRecord.model_validate({"steps": 30, "skipped_steps": 2, "applied_steps": 28, "exported_step": 20,
-                                    "stopped_early": {"step": 30, "metric": "loss", "best_step": 20, "best_value": 0.5}})
+    end = EndRecord.model_validate(
+        {
+            "steps": 30,
+            "skipped_steps": 2,
+            "applied_steps": 28,
+            "exported_step": 20,
+            "stopped_early": {"step": 30, "metric": "loss", "best_step": 20, "best_value": 0.5},
+        }
+    )
     assert store.finish(claim.fence, "succeeded", end_info=end_info(end))
     job = client.get(f"/jobs/{claim.job_id}").json()
     assert job["stopped_early"] == {"step": 30, "metric": "loss", "best_step": 20, "best_value": 0.5}

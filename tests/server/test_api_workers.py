@@ -16,8 +16,17 @@ from server.db.models import Job, Worker, utcnow
 def _worker(sessions: sessionmaker[Session], worker_id: str, gpus: list[int], age_s: float = 0.0) -> None:
     now = utcnow()
     with sessions() as session:
-        session.add(Worker(id=worker_id, hostname=worker_id.split("/")[0], pid=7, gpus=gpus, concurrency=2,
-                           started_at=now - timedelta(hours=1), heartbeat_at=now - timedelta(seconds=age_s)))  # fmt: skip
+        session.add(
+            Worker(
+                id=worker_id,
+                hostname=worker_id.split("/")[0],
+                pid=7,
+                gpus=gpus,
+                concurrency=2,
+                started_at=now - timedelta(hours=1),
+                heartbeat_at=now - timedelta(seconds=age_s),
+            )
+        )
         session.commit()
 
 
@@ -27,7 +36,9 @@ def _owned_by(sessions: sessionmaker[Session], job_id: str, worker_id: str) -> N
         session.commit()
 
 
-def test_workers_are_listed_with_gpus_liveness_and_running_jobs(client: TestClient, sessions: sessionmaker[Session]) -> None:
+def test_workers_are_listed_with_gpus_liveness_and_running_jobs(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
     _worker(sessions, "gpu-host/1", [0, 1, 2, 3])
     _worker(sessions, "cpu-host/2", [], age_s=120)  # silent for 2 min: listed, not live
     _worker(sessions, "gone-host/3", [0], age_s=3600)  # past HALFCAST_WORKER_FORGET_S: not listed
@@ -41,7 +52,13 @@ def test_workers_are_listed_with_gpus_liveness_and_running_jobs(client: TestClie
     workers = {worker["id"]: worker for worker in response.json()["workers"]}
     assert list(workers) == ["cpu-host/2", "gpu-host/1"]
     gpu = workers["gpu-host/1"]
-    assert (gpu["hostname"], gpu["pid"], gpu["gpus"], gpu["concurrency"], gpu["live"]) == ("gpu-host", 7, [0, 1, 2, 3], 2, True)
+    assert (gpu["hostname"], gpu["pid"], gpu["gpus"], gpu["concurrency"], gpu["live"]) == (
+        "gpu-host",
+        7,
+        [0, 1, 2, 3],
+        2,
+        True,
+    )
     assert gpu["running_jobs"] == [running, cancelling]
     assert gpu["heartbeat_at"].endswith(("Z", "+00:00")) and gpu["started_at"] < gpu["heartbeat_at"]
     assert (workers["cpu-host/2"]["live"], workers["cpu-host/2"]["running_jobs"]) == (False, [])
@@ -113,9 +130,12 @@ def test_worker_heartbeats_are_prometheus_series(client: TestClient, sessions: s
     _worker(sessions, "cpu-host/2", [], age_s=120)
     _worker(sessions, "gone-host/3", [0], age_s=3600)
     _owned_by(sessions, insert_job(sessions, status="running", seconds=1), "gpu-host/1")
-    samples = {(s.name, s.labels["worker_id"]): s.value
-               for family in text_string_to_metric_families(client.get("/metrics").text)
-               for s in family.samples if s.name.startswith("halfcast_worker_")}
+    samples = {
+        (s.name, s.labels["worker_id"]): s.value
+        for family in text_string_to_metric_families(client.get("/metrics").text)
+        for s in family.samples
+        if s.name.startswith("halfcast_worker_")
+    }
     assert samples[("halfcast_worker_up", "gpu-host/1")] == 1.0 and samples[("halfcast_worker_up", "cpu-host/2")] == 0.0
     assert samples[("halfcast_worker_gpus", "gpu-host/1")] == 2.0
     assert samples[("halfcast_worker_running_jobs", "gpu-host/1")] == 1.0

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from api_support import VALID_SPEC, FakeQueue, insert_job, make_token
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,13 +33,19 @@ from server.db.models import Job, RegisteredDataset, RegisteredModel, utcnow
 from server.db.tokens import revoke_token
 from server.settings import Settings
 
-from api_support import VALID_SPEC, FakeQueue, insert_job, make_token
-
 #: Methods the session cookie authenticates (docs/api.md, "Authentication"): reads only, never a change.
 COOKIE_READS = frozenset({"GET", "HEAD"})
 #: Routes answered without a token: probes, the dashboard page, the OpenAPI description (Starlette adds its HEAD).
-PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/"), ("GET", "/openapi.json"), ("HEAD", "/openapi.json"),
-          ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc")}  # fmt: skip
+PUBLIC = {
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/"),
+    ("GET", "/openapi.json"),
+    ("HEAD", "/openapi.json"),
+    ("GET", "/docs"),
+    ("GET", "/docs/oauth2-redirect"),
+    ("GET", "/redoc"),
+}
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("GET", "/session"): Case("any"),
     ("POST", "/session"): Case("any"),
     ("DELETE", "/session"): Case("any"),
-    ("POST", "/datasets"): Case("any", params={"format": "text"}, content=DATASET_ROWS, content_type="application/jsonl"),
+    ("POST", "/datasets"): Case(
+        "any", params={"format": "text"}, content=DATASET_ROWS, content_type="application/jsonl"
+    ),
     ("GET", "/datasets"): Case("any"),
     ("GET", "/datasets/{dataset_id}"): Case("registered"),
     ("DELETE", "/datasets/{dataset_id}"): Case("registered"),
@@ -149,16 +158,39 @@ def _register_for_alice(sessions: sessionmaker[Session]) -> dict[str, str]:
     """A dataset and a model row of ``alice`` (their files are not needed to read or delete them)."""
     ids = {"dataset_id": str(uuid.uuid4()), "model_id": str(uuid.uuid4())}
     with sessions() as session:
-        session.add(RegisteredDataset(id=ids["dataset_id"], owner="alice", name="d", format="text", file_format="jsonl",
-                                      rows=2, bytes=10, sha256="0" * 64, created_at=utcnow()))  # fmt: skip
-        session.add(RegisteredModel(id=ids["model_id"], owner="alice", name="m", model_type="llama", files=2, bytes=10,
-                                    sha256="0" * 64, created_at=utcnow()))  # fmt: skip
+        session.add(
+            RegisteredDataset(
+                id=ids["dataset_id"],
+                owner="alice",
+                name="d",
+                format="text",
+                file_format="jsonl",
+                rows=2,
+                bytes=10,
+                sha256="0" * 64,
+                created_at=utcnow(),
+            )
+        )
+        session.add(
+            RegisteredModel(
+                id=ids["model_id"],
+                owner="alice",
+                name="m",
+                model_type="llama",
+                files=2,
+                bytes=10,
+                sha256="0" * 64,
+                created_at=utcnow(),
+            )
+        )
         session.commit()
     return ids
 
 
 @pytest.fixture
-def world(settings: Settings, database_url: str, sessions: sessionmaker[Session], request: pytest.FixtureRequest) -> Iterator[World]:
+def world(
+    settings: Settings, database_url: str, sessions: sessionmaker[Session], request: pytest.FixtureRequest
+) -> Iterator[World]:
     method, path = request.node.callspec.params["route"]
     case = CASES.get((method, path))
     job_id = insert_job(sessions, status=case.job_status if case else "succeeded", owner="alice")
@@ -196,7 +228,9 @@ def _credentials(world: World, caller: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _call(world: World, method: str, path: str, caller: str, job_id: str | None = None, item_id: str | None = None) -> Any:
+def _call(
+    world: World, method: str, path: str, caller: str, job_id: str | None = None, item_id: str | None = None
+) -> Any:
     case = CASES[(method, path)]
     headers = _credentials(world, caller)
     url = path.replace("{job_id}", job_id or world.job_id)
@@ -240,7 +274,11 @@ def test_route_access(world: World, route: tuple[str, str], caller: str) -> None
         missing = _call(world, method, path, caller, job_id=(missing_id := str(uuid.uuid4())))
         assert response.status_code == missing.status_code == 404, response.text
         if has_body:
-            assert response.json() == {**missing.json(), "job_id": world.job_id, "detail": missing.json()["detail"].replace(missing_id, world.job_id)}
+            assert response.json() == {
+                **missing.json(),
+                "job_id": world.job_id,
+                "detail": missing.json()["detail"].replace(missing_id, world.job_id),
+            }
         assert _status_of(world) == case.job_status  # nothing changed
     elif case.access == "registered" and caller == "other":
         missing = _call(world, method, path, caller, item_id=(missing_id := str(uuid.uuid4())))
@@ -255,8 +293,9 @@ def test_route_access(world: World, route: tuple[str, str], caller: str) -> None
         assert listed == ([world.job_id] if caller in ("owner", "admin", "cookie") else [])
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/", "/static/app.js", "/openapi.json", "/docs", "/redoc",
-                                  "/docs/assets/swagger-ui-bundle.js"])  # fmt: skip
+@pytest.mark.parametrize(
+    "path", ["/healthz", "/", "/static/app.js", "/openapi.json", "/docs", "/redoc", "/docs/assets/swagger-ui-bundle.js"]
+)
 def test_public_paths_need_no_token(client: TestClient, path: str) -> None:
     response = client.get(path, headers={"Authorization": ""})
     assert response.status_code == 200, response.text

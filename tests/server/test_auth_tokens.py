@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from api_support import VALID_SPEC, FakeQueue, insert_job, make_token
 from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -19,20 +20,20 @@ from server.cli.credentials import resolve_token
 from server.db.models import ApiToken, Worker, utcnow
 from server.settings import Settings
 
-from api_support import VALID_SPEC, FakeQueue, insert_job, make_token
-
 
 @pytest.fixture
 def app_client(settings: Settings) -> TestClient:
     with TestClient(create_app(settings, FakeQueue())) as client:
-        yield client  # type: ignore[misc]
+        yield client
 
 
 def _bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_the_session_cookie_authenticates_reads_but_never_writes(app_client: TestClient, database_url: str, sessions: sessionmaker[Session]) -> None:
+def test_the_session_cookie_authenticates_reads_but_never_writes(
+    app_client: TestClient, database_url: str, sessions: sessionmaker[Session]
+) -> None:
     token = make_token(database_url, "alice")
     job_id = insert_job(sessions, status="running", owner="alice")
 
@@ -70,7 +71,9 @@ def test_the_session_cookie_authenticates_a_checkpoint_head_as_it_does_its_get(
     assert [by_cookie(method, None) for method in ("GET", "HEAD")] == [401, 401]
 
 
-@pytest.mark.parametrize("header", ["Basic YWxpY2U6cHc=", "Bearer", "Bearer hc_not-a-token", "Bearer not-even-prefixed"])
+@pytest.mark.parametrize(
+    "header", ["Basic YWxpY2U6cHc=", "Bearer", "Bearer hc_not-a-token", "Bearer not-even-prefixed"]
+)
 def test_malformed_or_unknown_credentials_are_401(app_client: TestClient, header: str) -> None:
     response = app_client.get("/jobs", headers={"Authorization": header})
     assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
@@ -88,7 +91,9 @@ def test_idempotency_keys_are_per_owner(app_client: TestClient, database_url: st
     assert other.json()["id"] != first.json()["id"] == again.json()["id"]
 
 
-def test_jobs_from_before_authentication_are_seen_by_admins_only(app_client: TestClient, database_url: str, sessions: sessionmaker[Session]) -> None:
+def test_jobs_from_before_authentication_are_seen_by_admins_only(
+    app_client: TestClient, database_url: str, sessions: sessionmaker[Session]
+) -> None:
     legacy = insert_job(sessions, owner=None)
     user, admin = make_token(database_url, "alice"), make_token(database_url, "root", admin=True)
 
@@ -97,8 +102,13 @@ def test_jobs_from_before_authentication_are_seen_by_admins_only(app_client: Tes
     assert app_client.get(f"/jobs/{legacy}", headers=_bearer(admin)).status_code == 200
 
 
-def test_workers_show_a_user_only_their_own_running_jobs(app_client: TestClient, database_url: str, sessions: sessionmaker[Session]) -> None:
-    mine, theirs = insert_job(sessions, status="running", owner="alice"), insert_job(sessions, status="running", owner="bob")
+def test_workers_show_a_user_only_their_own_running_jobs(
+    app_client: TestClient, database_url: str, sessions: sessionmaker[Session]
+) -> None:
+    mine, theirs = (
+        insert_job(sessions, status="running", owner="alice"),
+        insert_job(sessions, status="running", owner="bob"),
+    )
     with sessions() as session:
         now = utcnow()
         session.add(Worker(id="w/1", hostname="w", pid=1, gpus=[], concurrency=2, started_at=now, heartbeat_at=now))
@@ -113,7 +123,11 @@ def test_workers_show_a_user_only_their_own_running_jobs(app_client: TestClient,
 
 
 def test_creation_cancellation_and_token_changes_are_audited(
-    app_client: TestClient, database_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, settings: Settings
+    app_client: TestClient,
+    database_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
 ) -> None:
     monkeypatch.setenv("HALFCAST_DATABASE_URL", database_url)
     assert main(["tokens", "create", "--owner", "alice"]) == 0
@@ -134,16 +148,27 @@ def test_creation_cancellation_and_token_changes_are_audited(
         ("token.create", events[3]["actor"], "2"),
         ("token.create", events[4]["actor"], "1"),
     ]
-    assert events[0]["actor"].startswith("cli:") and events[4]["details"] == {"owner": "alice", "admin": False, "via": "cli"}
+    assert events[0]["actor"].startswith("cli:") and events[4]["details"] == {
+        "owner": "alice",
+        "admin": False,
+        "via": "cli",
+    }
     assert events[1]["details"] == {"owner": "alice", "status": "cancelled"}
     assert all(e["at"].endswith(("Z", "+00:00")) for e in events) and rest["next_cursor"] is None
-    assert app_client.get("/audit", headers=_bearer(admin), params={"action": "job.create"}).json()["events"][0]["subject"] == job["id"]
+    assert (
+        app_client.get("/audit", headers=_bearer(admin), params={"action": "job.create"}).json()["events"][0]["subject"]
+        == job["id"]
+    )
     assert app_client.get("/audit", headers=_bearer(admin), params={"cursor": "x"}).status_code == 422
     assert app_client.get("/jobs", headers=_bearer(alice)).status_code == 401  # revoked
 
 
 def test_tokens_cli_prints_once_stores_only_the_hash_and_lists_no_secrets(
-    database_url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    database_url: str,
+    sessions: sessionmaker[Session],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     monkeypatch.setenv("HALFCAST_DATABASE_URL", database_url)
     assert main(["tokens", "create", "--owner", "ops", "--admin"]) == 0
@@ -168,7 +193,9 @@ def test_tokens_cli_prints_once_stores_only_the_hash_and_lists_no_secrets(
     assert main(["tokens", "create", "--owner", "  "]) == 2
 
 
-def test_first_start_creates_one_admin_token_in_a_private_file(settings: Settings, sessions: sessionmaker[Session]) -> None:
+def test_first_start_creates_one_admin_token_in_a_private_file(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
     secret = ensure_first_token(settings)
 
     path = settings.resolved_data_dir / "token"
@@ -179,7 +206,9 @@ def test_first_start_creates_one_admin_token_in_a_private_file(settings: Setting
     assert ensure_first_token(settings) is None  # later starts create nothing
 
 
-def test_the_cli_takes_the_flag_then_the_environment_then_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_takes_the_flag_then_the_environment_then_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HALFCAST_DATA_DIR", str(tmp_path))
     monkeypatch.delenv("HALFCAST_TOKEN", raising=False)
     assert resolve_token(None) is None
@@ -190,7 +219,9 @@ def test_the_cli_takes_the_flag_then_the_environment_then_the_file(tmp_path: Pat
     assert resolve_token("hc_flag") == "hc_flag"
 
 
-def test_auth_off_is_refused_on_an_open_address(data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auth_off_is_refused_on_an_open_address(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and not is_loopback("0.0.0.0")
     with pytest.raises(ExposureError, match="HALFCAST_AUTH=off"):
         create_app(Settings(data_dir=data_dir, auth=False, host="0.0.0.0"))

@@ -46,8 +46,12 @@ def test_the_list_holds_every_complete_checkpoint_by_attempt_then_step(client: T
     body = response.json()
     assert body["job_id"] == job_id
     listed = [(c["attempt"], c["name"], c["step"], c["final"], c["size_bytes"]) for c in body["checkpoints"]]
-    assert listed == [(1, "step-20.pt", 20, False, 5), (1, "step-40.pt", 40, False, 5),
-                      (2, "step-45.pt", 45, False, 5000), (2, "final.pt", 50, True, 8000)]  # fmt: skip
+    assert listed == [
+        (1, "step-20.pt", 20, False, 5),
+        (1, "step-40.pt", 40, False, 5),
+        (2, "step-45.pt", 45, False, 5000),
+        (2, "final.pt", 50, True, 8000),
+    ]
     assert body["checkpoints"][-1]["url"] == f"/jobs/{job_id}/checkpoints/final.pt?attempt=2"
     assert all(c["modified_at"].endswith(("Z", "+00:00")) for c in body["checkpoints"])
 
@@ -69,12 +73,22 @@ def test_a_download_is_the_file_with_its_attempt_and_step(client: TestClient, jo
 
 
 #: Headers a HEAD must answer exactly as the GET of the same file does.
-DOWNLOAD_HEADERS = ("content-type", "content-length", "content-disposition", "etag", "last-modified", "accept-ranges",
-                    "x-halfcast-attempt", "x-halfcast-step")  # fmt: skip
+DOWNLOAD_HEADERS = (
+    "content-type",
+    "content-length",
+    "content-disposition",
+    "etag",
+    "last-modified",
+    "accept-ranges",
+    "x-halfcast-attempt",
+    "x-halfcast-step",
+)
 
 
 @pytest.mark.parametrize("params", [{}, {"attempt": 1}], ids=["newest", "attempt-1"])
-def test_head_answers_the_headers_of_the_download_without_its_body(client: TestClient, job_id: str, params: dict[str, int]) -> None:
+def test_head_answers_the_headers_of_the_download_without_its_body(
+    client: TestClient, job_id: str, params: dict[str, int]
+) -> None:
     """HEAD was a 405 for everyone, though the docs said the session cookie is accepted on it."""
     url = f"/jobs/{job_id}/checkpoints/step-20.pt" if params else f"/jobs/{job_id}/checkpoints/final.pt"
     full, head = client.get(url, params=params), client.head(url, params=params)
@@ -153,7 +167,7 @@ def test_a_missing_checkpoint_is_a_404(client: TestClient, job_id: str, name: st
     "name",
     [".step-48.pt.x1y2.tmp", "spec.json", "final.pth", "step-.pt", "step-1e3.pt", "..%2Fspec.json", "%2E%2E",
      "step-1.pt%00", "final.pt%0A", "FINAL.PT"],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_a_name_that_is_not_a_checkpoint_is_a_422_naming_it(client: TestClient, job_id: str, name: str) -> None:
     response = client.get(f"/jobs/{job_id}/checkpoints/{name}")
     assert response.status_code in (404, 422), response.text
@@ -174,7 +188,9 @@ def test_an_unknown_job_is_a_404(client: TestClient) -> None:
         assert response.status_code == 404 and response.json()["job_id"] == "nope"
 
 
-def test_listing_skips_a_file_removed_while_listing(settings: Settings, job_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_listing_skips_a_file_removed_while_listing(
+    settings: Settings, job_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A bf16 fallback prunes checkpoints after its rewind point: one may vanish between the listing and its stat."""
     doomed = settings.runs_dir / job_id / "attempt-1" / "checkpoints" / "step-40.pt"
     real_stat = Path.stat

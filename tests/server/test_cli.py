@@ -44,7 +44,9 @@ def test_overrides_become_the_environment_every_process_reads(monkeypatch: pytes
     assert command[-2:] == ["--port", "9123"]
 
 
-def test_db_upgrade_migrates_the_embedded_database(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_db_upgrade_migrates_the_embedded_database(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("HALFCAST_DATABASE_URL", raising=False)
     monkeypatch.setenv("HALFCAST_DATA_DIR", str(tmp_path / "data"))
     assert main(["db", "upgrade"]) == 0
@@ -102,7 +104,11 @@ def test_supervisor_stops_every_child_on_sigterm_and_exits_0() -> None:
 
 
 def test_supervisor_kills_a_child_that_ignores_sigterm() -> None:
-    stubborn = Child("stubborn", [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"], grace_s=0.5)
+    stubborn = Child(
+        "stubborn",
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"],
+        grace_s=0.5,
+    )
     quitter = Child("quitter", [sys.executable, "-c", "import time; time.sleep(3)"], grace_s=5)
     assert Supervisor([stubborn, quitter]).run(os.environ) == 1
     assert stubborn.popen is not None and stubborn.popen.returncode == -signal.SIGKILL

@@ -20,8 +20,6 @@ from server.settings import Settings
 FINAL = bytes(range(256)) * 4096  # 1 MiB
 
 
-
-
 @pytest.fixture
 def job_id(settings: Settings, sessions: sessionmaker[Session]) -> str:
     job = insert_job(sessions, status="succeeded")
@@ -36,8 +34,11 @@ def test_checkpoints_prints_a_table_and_json(url: str, job_id: str, capsys: pyte
     assert main(["checkpoints", job_id]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["ATTEMPT", "NAME", "STEP", "SIZE", "MODIFIED"]
-    assert [line.split()[:4] for line in lines[1:]] == [["1", "step-10.pt", "10", "3"], ["2", "step-20.pt", "20", "6"],
-                                                        ["2", "final.pt", "50", "1"]]  # fmt: skip
+    assert [line.split()[:4] for line in lines[1:]] == [
+        ["1", "step-10.pt", "10", "3"],
+        ["2", "step-20.pt", "20", "6"],
+        ["2", "final.pt", "50", "1"],
+    ]
     assert lines[3].split()[4] == "MiB"
     assert main(["checkpoints", job_id, "--json"]) == 0
     assert [c["name"] for c in json.loads(capsys.readouterr().out)] == ["step-10.pt", "step-20.pt", "final.pt"]
@@ -55,14 +56,17 @@ def test_download_saves_the_newest_checkpoint_and_prints_its_path(
     assert not list(tmp_path.glob("*.part"))
 
 
-def test_download_by_name_and_attempt_to_a_file(url: str, job_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_download_by_name_and_attempt_to_a_file(
+    url: str, job_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = tmp_path / "ten.pt"
     assert main(["download", job_id, "--name", "step-10.pt", "--attempt", "1", "-o", str(target)]) == 0
     assert target.read_bytes() == b"ten" and capsys.readouterr().out == f"{target}\n"
 
 
-def test_download_of_a_missing_checkpoint_is_a_one_line_error(url: str, job_id: str, tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_download_of_a_missing_checkpoint_is_a_one_line_error(
+    url: str, job_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     assert main(["download", job_id, "--name", "step-10.pt", "--attempt", "2", "-o", str(out)]) == 1
@@ -72,10 +76,14 @@ def test_download_of_a_missing_checkpoint_is_a_one_line_error(url: str, job_id: 
     assert list(out.iterdir()) == []
 
 
-def test_the_client_raises_not_found_for_a_job_without_checkpoints(url: str, sessions: sessionmaker[Session],
-                                                                   admin_token: str, tmp_path: Path) -> None:  # fmt: skip
+def test_the_client_raises_not_found_for_a_job_without_checkpoints(
+    url: str, sessions: sessionmaker[Session], admin_token: str, tmp_path: Path
+) -> None:
     job = insert_job(sessions, status="running")
-    with HalfcastClient(url, token=admin_token) as client, pytest.raises(NotFound, match=f"job {job} has no checkpoint$"):
+    with (
+        HalfcastClient(url, token=admin_token) as client,
+        pytest.raises(NotFound, match=f"job {job} has no checkpoint$"),
+    ):
         client.download_checkpoint(job, tmp_path)
 
 
@@ -84,14 +92,18 @@ def test_a_download_cut_short_leaves_no_file(tmp_path: Path) -> None:
         return httpx.Response(200, headers={"content-length": "10"}, content=b"12345")
 
     target = tmp_path / "final.pt"
-    with httpx.Client(transport=httpx.MockTransport(handler)) as http, http.stream("GET", "http://x/f") as response:
-        with pytest.raises(IncompleteDownload, match="got 5 of 10 bytes"):
-            save_response(response, target)
+    with (
+        httpx.Client(transport=httpx.MockTransport(handler)) as http,
+        http.stream("GET", "http://x/f") as response,
+        pytest.raises(IncompleteDownload, match="got 5 of 10 bytes"),
+    ):
+        save_response(response, target)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_client_reports_a_short_download_as_server_unavailable(url: str, job_id: str, admin_token: str,
-                                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_client_reports_a_short_download_as_server_unavailable(
+    url: str, job_id: str, admin_token: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def short(response: httpx.Response, destination: Path) -> int:
         raise IncompleteDownload("got 1 of 2 bytes")
 
@@ -100,36 +112,49 @@ def test_the_client_reports_a_short_download_as_server_unavailable(url: str, job
         client.download_checkpoint(job_id, tmp_path)
 
 
-@pytest.mark.parametrize(("size", "text"), [(0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"),
-                                             (5 * 2**30, "5 GiB"), (3 * 2**40, "3.07e+03 GiB")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1 KiB"),
+        (1536, "1.5 KiB"),
+        (5 * 2**30, "5 GiB"),
+        (3 * 2**40, "3.07e+03 GiB"),
+    ],
+)
 def test_format_size(size: int, text: str) -> None:
     assert format_size(size) == text
 
 
-def test_a_target_that_cannot_be_written_is_a_one_line_error(url: str, job_id: str, tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_target_that_cannot_be_written_is_a_one_line_error(
+    url: str, job_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = tmp_path / "missing" / "dir" / "w.pt"
     assert main(["download", job_id, "-o", str(target)]) == 1
     assert capsys.readouterr().err == f"error: cannot save to {target}: No such file or directory\n"
     assert not (tmp_path / "missing").exists()
 
 
-def test_an_output_ending_in_a_slash_is_a_directory_made_for_it(url: str, job_id: str, tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_an_output_ending_in_a_slash_is_a_directory_made_for_it(
+    url: str, job_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["download", job_id, "-o", f"{tmp_path}/new/weights/"]) == 0
     saved = tmp_path / "new" / "weights" / f"{job_id}-attempt-2-final.pt"
     assert capsys.readouterr().out == f"{saved}\n" and saved.read_bytes() == FINAL
 
 
-def test_checkpoints_of_a_job_without_any_says_so(url: str, sessions: sessionmaker[Session],
-                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_checkpoints_of_a_job_without_any_says_so(
+    url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
     job = insert_job(sessions, status="running")
     assert main(["checkpoints", job]) == 0
     assert capsys.readouterr() == ("", f"job {job} has no checkpoint yet\n")
 
 
-def test_without_a_token_the_error_says_where_one_was_looked_for(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_without_a_token_the_error_says_where_one_was_looked_for(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("HALFCAST_TOKEN")
     monkeypatch.setenv("HALFCAST_DATA_DIR", str(tmp_path / "elsewhere"))
     assert main(["list"]) == 1

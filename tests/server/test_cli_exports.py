@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cli_live_support import database_url, url  # noqa: F401 (fixtures)
 from api_support import insert_job
+from cli_live_support import database_url_fixture, url_fixture  # noqa: F401 (the database_url and url fixtures)
 from live_server import free_port
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,8 +23,6 @@ from server.settings import Settings
 
 ADAPTER = {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": bytes(range(256)) * 4096}  # 1 MiB
 MODEL = {"config.json": b"{}", "model.safetensors": b"\x07" * 3000, "tokenizer/vocab.json": b'{"a": 1}'}
-
-
 
 
 def _write(settings: Settings, job: str, attempt: int, kind: str, files: dict[str, bytes]) -> None:
@@ -64,14 +62,21 @@ def test_exports_prints_a_table_and_json(url: str, job_id: str, capsys: pytest.C
     assert main(["exports", job_id]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["KIND", "ATTEMPT", "FILES", "SIZE", "MODIFIED"]
-    assert [line.split()[:5] for line in lines[1:]] == [["adapter", "2", "2", "1", "MiB"], ["model", "2", "3", "2.94", "KiB"]]
+    assert [line.split()[:5] for line in lines[1:]] == [
+        ["adapter", "2", "2", "1", "MiB"],
+        ["model", "2", "3", "2.94", "KiB"],
+    ]
     assert main(["exports", job_id, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [(e["kind"], e["attempt"], [f["name"] for f in e["files"]]) for e in listed] == [
-        ("adapter", 2, sorted(ADAPTER)), ("model", 2, sorted(MODEL))]  # fmt: skip
+        ("adapter", 2, sorted(ADAPTER)),
+        ("model", 2, sorted(MODEL)),
+    ]
 
 
-def test_exports_of_a_job_without_any_says_so(url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+def test_exports_of_a_job_without_any_says_so(
+    url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
     job = insert_job(sessions, status="running")
     assert main(["exports", job]) == 0
     assert capsys.readouterr() == ("", f"job {job} has no export\n")
@@ -102,8 +107,9 @@ def test_export_into_an_empty_directory_fills_it(url: str, job_id: str, out: Pat
     assert _tree(target) == ADAPTER
 
 
-def test_export_refuses_a_directory_that_is_not_empty_unless_overwrite(url: str, job_id: str, out: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_export_refuses_a_directory_that_is_not_empty_unless_overwrite(
+    url: str, job_id: str, out: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = out / "mine"
     target.mkdir()
     (target / "keep.txt").write_bytes(b"mine")
@@ -114,8 +120,9 @@ def test_export_refuses_a_directory_that_is_not_empty_unless_overwrite(url: str,
     assert _tree(target) == ADAPTER and _everything(out) == ["mine", *(f"mine/{n}" for n in sorted(ADAPTER))]
 
 
-def test_export_of_a_missing_export_or_job_is_a_one_line_error(url: str, job_id: str, out: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_export_of_a_missing_export_or_job_is_a_one_line_error(
+    url: str, job_id: str, out: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["export", job_id, "adapter", "--attempt", "1", "-o", str(out / "a")]) == 1
     assert capsys.readouterr().err == f"error: job {job_id} has no adapter export in attempt 1\n"
     assert main(["export", "no-such-job", "model", "-o", str(out / "b")]) == 1
@@ -154,10 +161,13 @@ def test_a_file_shrinking_mid_stream_drops_the_connection_and_leaves_nothing(
         yield from chunks
 
     monkeypatch.setattr(route, "stream_archive", shrinking)
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}) as http:
-        with pytest.raises(httpx.RemoteProtocolError), http.stream("GET", f"/jobs/{job_id}/exports/adapter") as response:
-            assert response.status_code == 200 and int(response.headers["content-length"]) > 2**20
-            response.read()
+    with (
+        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}) as http,
+        pytest.raises(httpx.RemoteProtocolError),
+        http.stream("GET", f"/jobs/{job_id}/exports/adapter") as response,
+    ):
+        assert response.status_code == 200 and int(response.headers["content-length"]) > 2**20
+        response.read()
     os.truncate(weights, 0)
     weights.write_bytes(ADAPTER["adapter_model.safetensors"])
     with HalfcastClient(url, token=admin_token) as client, pytest.raises(ServerUnavailable, match="lost the download"):
@@ -171,8 +181,11 @@ def test_the_client_downloads_to_the_path_it_returns(url: str, job_id: str, admi
         saved = client.download_export(job_id, "adapter", out / "a")
         with pytest.raises(NotFound, match="no model export in attempt 3"):
             client.download_export(job_id, "model", out / "b", attempt=3)
-    assert saved == out / "a" and _tree(saved) == ADAPTER and _everything(out) == ["a", "a/adapter_config.json",
-                                                                                            "a/adapter_model.safetensors"]  # fmt: skip
+    assert (
+        saved == out / "a"
+        and _tree(saved) == ADAPTER
+        and _everything(out) == ["a", "a/adapter_config.json", "a/adapter_model.safetensors"]
+    )
 
 
 # ----------------------------------------------------------------------------- a fake server and malicious archives
@@ -187,7 +200,9 @@ def _archive(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def _member(name: str, data: bytes = b"x", kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tuple[tarfile.TarInfo, bytes]:
+def _member(
+    name: str, data: bytes = b"x", kind: bytes = tarfile.REGTYPE, linkname: str = ""
+) -> tuple[tarfile.TarInfo, bytes]:
     info = tarfile.TarInfo(name)
     info.type, info.linkname, info.mode = kind, linkname, 0o644
     return info, data
@@ -200,7 +215,9 @@ def _fake_client(body: bytes, headers: dict[str, str] | None = None) -> Halfcast
     """A client whose server answers every request with ``body`` as a tar."""
 
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=iter([body]), headers={"content-type": "application/x-tar", **(headers or {})})
+        return httpx.Response(
+            200, content=iter([body]), headers={"content-type": "application/x-tar", **(headers or {})}
+        )
 
     client = HalfcastClient("http://fake")
     client.close()
@@ -229,9 +246,11 @@ def test_a_malicious_archive_is_refused_and_nothing_is_written(make: Callable[[]
     body = make()
     work = tmp_path / "work"
     work.mkdir()
-    with _fake_client(body, {"content-length": str(len(body))}) as client:
-        with pytest.raises(HalfcastError, match="refused the adapter export of job j"):
-            client.download_export("j", "adapter", work / "adapter")
+    with (
+        _fake_client(body, {"content-length": str(len(body))}) as client,
+        pytest.raises(HalfcastError, match="refused the adapter export of job j"),
+    ):
+        client.download_export("j", "adapter", work / "adapter")
     assert _everything(tmp_path) == ["work"]
     assert not Path("/tmp/halfcast-escaped").exists()
 
@@ -241,13 +260,20 @@ def test_a_good_archive_from_the_fake_server_is_unpacked(tmp_path: Path) -> None
     body = _archive(_member("adapter", b"", tarfile.DIRTYPE), GOOD, _member("adapter/sub/w.bin", b"\0" * 700))
     with _fake_client(body, {"content-length": str(len(body))}) as client:
         saved = client.download_export("j", "adapter", tmp_path / "out")
-    assert _tree(saved) == {"adapter_config.json": b"{}", "sub/w.bin": b"\0" * 700} and _everything(tmp_path)[0] == "out"
+    assert (
+        _tree(saved) == {"adapter_config.json": b"{}", "sub/w.bin": b"\0" * 700} and _everything(tmp_path)[0] == "out"
+    )
     assert len(_everything(tmp_path)) == 4  # out, its two files and sub: no staging left
 
 
-@pytest.mark.parametrize(("headers", "error"), [({}, HalfcastError), ({"content-length": "99999"}, ServerUnavailable)],
-                         ids=["no-content-length", "cut-short"])  # fmt: skip
-def test_an_archive_whose_length_cannot_be_checked_leaves_nothing(tmp_path: Path, headers: dict[str, str], error: type) -> None:
+@pytest.mark.parametrize(
+    ("headers", "error"),
+    [({}, HalfcastError), ({"content-length": "99999"}, ServerUnavailable)],
+    ids=["no-content-length", "cut-short"],
+)
+def test_an_archive_whose_length_cannot_be_checked_leaves_nothing(
+    tmp_path: Path, headers: dict[str, str], error: type
+) -> None:
     with _fake_client(_archive(GOOD), headers) as client, pytest.raises(error):
         client.download_export("j", "adapter", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []

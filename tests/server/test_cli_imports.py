@@ -27,17 +27,55 @@ ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "digits-fp16.json"
 #: Packages of the server, the worker and the trainer that no job command may import (none in a client-only install;
 #: pydantic is the client's own, for its typed answers).
-SERVER_SIDE = ("torch", "sqlalchemy", "fastapi", "fastapi_offline", "starlette", "celery", "kombu", "redis", "uvicorn",
-               "alembic", "psycopg", "pydantic_settings", "prometheus_client",
-               "transformers", "peft", "sklearn", "safetensors", "tokenizers", "broker", "worker", "trainer",
-               "server.app", "server.db")  # fmt: skip
+SERVER_SIDE = (
+    "torch",
+    "sqlalchemy",
+    "fastapi",
+    "fastapi_offline",
+    "starlette",
+    "celery",
+    "kombu",
+    "redis",
+    "uvicorn",
+    "alembic",
+    "psycopg",
+    "pydantic_settings",
+    "prometheus_client",
+    "transformers",
+    "peft",
+    "sklearn",
+    "safetensors",
+    "tokenizers",
+    "broker",
+    "worker",
+    "trainer",
+    "server.app",
+    "server.db",
+)
 #: Every command that talks to the API, with arguments that get it to its first request.
-JOB_COMMANDS = (["list"], ["status", "j"], ["watch", "j"], ["cancel", "j"], ["submit", str(SPEC)], ["logs", "j"],
-                ["logs", "j", "-f"], ["checkpoints", "j"], ["download", "j"], ["exports", "j"],
-                ["export", "j", "model"], ["audit"], ["datasets", "upload", str(SPEC), "--format", "text"],
-                ["datasets", "list"], ["datasets", "show", "d"], ["datasets", "delete", "d"],
-                ["models", "upload", str(SPEC.parent)], ["models", "list"], ["models", "show", "m"],
-                ["models", "delete", "m"], ["models", "register", "j"])  # fmt: skip
+JOB_COMMANDS = (
+    ["list"],
+    ["status", "j"],
+    ["watch", "j"],
+    ["cancel", "j"],
+    ["submit", str(SPEC)],
+    ["logs", "j"],
+    ["logs", "j", "-f"],
+    ["checkpoints", "j"],
+    ["download", "j"],
+    ["exports", "j"],
+    ["export", "j", "model"],
+    ["audit"],
+    ["datasets", "upload", str(SPEC), "--format", "text"],
+    ["datasets", "list"],
+    ["datasets", "show", "d"],
+    ["datasets", "delete", "d"],
+    ["models", "upload", str(SPEC.parent)],
+    ["models", "list"],
+    ["models", "show", "m"],
+    ["models", "delete", "m"],
+    ["models", "register", "j"],
+)
 
 #: Runs each command of argv (a JSON list of argument lists) with main(); prints the exit statuses and the modules loaded.
 PROBE = """
@@ -48,8 +86,14 @@ print(json.dumps({"statuses": statuses, "modules": sorted(sys.modules)}))
 """
 
 #: The commands of the extras, each with the extras it needs.
-EXTRA_COMMANDS = ((["api"], "server"), (["db", "upgrade"], "server"), (["tokens", "list"], "server"),
-                  (["quotas", "list"], "server"), (["worker"], "worker"), (["up"], "server,worker"))  # fmt: skip
+EXTRA_COMMANDS = (
+    (["api"], "server"),
+    (["db", "upgrade"], "server"),
+    (["tokens", "list"], "server"),
+    (["quotas", "list"], "server"),
+    (["worker"], "worker"),
+    (["up"], "server,worker"),
+)
 
 #: PROBE where the packages of argv[2] (JSON) are missing; it builds a client first, and counts --help's exit.
 CLIENT_ONLY_PROBE = """
@@ -82,17 +126,32 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def probe(commands: list[list[str]], tmp_path: Path, missing: tuple[str, ...] | None = None,
-          ) -> tuple[list[int], set[str], str]:  # fmt: skip
+def probe(
+    commands: list[list[str]],
+    tmp_path: Path,
+    missing: tuple[str, ...] | None = None,
+) -> tuple[list[int], set[str], str]:
     """Exit statuses of ``commands`` run one after the other in a fresh interpreter, the modules it loaded, its stderr.
 
     With ``missing``, those packages cannot be imported there (:data:`CLIENT_ONLY_PROBE`).
     """
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HALFCAST_URL": f"http://127.0.0.1:{closed_port()}",
-           "HALFCAST_DATA_DIR": str(tmp_path), "HALFCAST_TOKEN": "hc_test"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HALFCAST_URL": f"http://127.0.0.1:{closed_port()}",
+        "HALFCAST_DATA_DIR": str(tmp_path),
+        "HALFCAST_TOKEN": "hc_test",
+    }
     script, extra = (PROBE, []) if missing is None else (CLIENT_ONLY_PROBE, [json.dumps(missing)])
-    result = subprocess.run([sys.executable, "-c", script, json.dumps(commands), *extra], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(commands), *extra],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     report = json.loads(result.stdout.splitlines()[-1])
     return report["statuses"], set(report["modules"]), result.stderr
 
@@ -146,7 +205,7 @@ def test_top_level_help_lists_every_command_as_its_module_registers_it() -> None
     ("argv", "name"),
     [(["list"], "list"), (["--log-level", "DEBUG", "logs", "j"], "logs"), (["--log-level=ERROR", "up"], "up"),
      (["--log", "WARNING", "db", "upgrade"], "db"), (["-h"], None), ([], None), (["--", "status", "j"], "status")],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_command_name_is_the_first_word_after_the_global_options(argv: list[str], name: str | None) -> None:
     assert command_name(argv) == name
 
@@ -155,7 +214,7 @@ def test_command_name_is_the_first_word_after_the_global_options(argv: list[str]
     "environ",
     [{}, {"HALFCAST_DATA_DIR": "/srv/halfcast"}, {"HALFCAST_DATA_DIR": "rel/data"}, {"HALFCAST_DATA_DIR": "~/hc"},
      {"halfcast_data_dir": "/lower/case"}],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_the_cli_finds_the_data_dir_settings_would(environ: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in os.environ if n.lower() == "halfcast_data_dir"]:
         monkeypatch.delenv(name)

@@ -68,7 +68,9 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out, err
 
 
-def test_submit_yaml_and_json_then_list_status_cancel(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_submit_yaml_and_json_then_list_status_cancel(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({**VALID_SPEC, "name": "from-yaml"}))
     (tmp_path / "job.json").write_text(json.dumps({**VALID_SPEC, "name": "from-json"}))
     code, out, _ = _run(capsys, "submit", str(tmp_path / "job.yaml"))
@@ -98,8 +100,9 @@ def test_submit_quiet_prints_only_the_id(url: str, tmp_path: Path, capsys: pytes
 
 def test_a_closed_pipe_ends_the_command_quietly(url: str) -> None:
     """``halfcast list | head -1``: the reader leaves early; no traceback, exit 141 (128 + SIGPIPE)."""
-    process = subprocess.Popen([sys.executable, "-m", "server.cli", "list"], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "list"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert process.stdout is not None
     process.stdout.close()  # the reader is gone before the command writes its first line
     _, err = process.communicate(timeout=60)
@@ -107,7 +110,9 @@ def test_a_closed_pipe_ends_the_command_quietly(url: str) -> None:
     assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
 
 
-def test_an_invalid_spec_prints_each_field_and_its_message(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_invalid_spec_prints_each_field_and_its_message(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**VALID_SPEC, "micro_batch_size": 0, "bogus": True}))
     code, out, err = _run(capsys, "submit", str(tmp_path / "bad.yaml"))
     assert code == 2 and out == ""
@@ -127,7 +132,9 @@ def test_a_yaml_nan_or_inf_is_one_error_line_per_field_and_nothing_is_sent(
     )
     code, out, err = _run(capsys, "submit", str(tmp_path / "nan.yaml"))
     assert (code, out) == (2, "")
-    assert err.splitlines() == [f"error: {field}: {NONFINITE_MESSAGE}" for field in ("max_grad_norm", "loss_scale.init_scale", "seed")]
+    assert err.splitlines() == [
+        f"error: {field}: {NONFINITE_MESSAGE}" for field in ("max_grad_norm", "loss_scale.init_scale", "seed")
+    ]
     assert count_rows(sessions) == 0
 
 
@@ -141,8 +148,12 @@ def test_a_json_spec_with_a_nonfinite_number_is_refused_like_yaml(
     assert (code, err) == (2, f"error: seed: {NONFINITE_MESSAGE}\n")
 
 
-def test_a_yaml_date_is_one_error_line_not_a_traceback(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "date.yaml").write_text(yaml.safe_dump({**VALID_SPEC, "name": "x"}).replace("name: x", "name: 2024-01-31"))
+def test_a_yaml_date_is_one_error_line_not_a_traceback(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "date.yaml").write_text(
+        yaml.safe_dump({**VALID_SPEC, "name": "x"}).replace("name: x", "name: 2024-01-31")
+    )
     code, _, err = _run(capsys, "submit", str(tmp_path / "date.yaml"))
     assert code == 2 and err.startswith("error: name: a date is not a JSON value") and err.count("\n") == 1
 
@@ -158,7 +169,9 @@ def test_spec_file_errors_are_one_line(url: str, tmp_path: Path, capsys: pytest.
     assert code == 1 and "is not valid JSON" in err and err.count("\n") == 1
 
 
-def test_a_server_that_is_down_is_one_clear_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_server_that_is_down_is_one_clear_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HALFCAST_URL", f"http://127.0.0.1:{free_port()}")
     for argv in (["list"], ["status", "x"], ["watch", "x"], ["cancel", "x"]):
         code, out, err = _run(capsys, *argv)
@@ -171,16 +184,36 @@ def test_an_unknown_job_is_one_line(url: str, capsys: pytest.CaptureFixture[str]
     assert (code, err) == (1, "error: job nope not found\n")
 
 
-def test_watch_prints_plain_lines_when_not_a_tty(url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+def test_watch_prints_plain_lines_when_not_a_tty(
+    url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
     job_id = insert_job(sessions, status="running")
 
     def work() -> None:
         time.sleep(0.2)
         for step in range(1, 6):
-            forensics = {"overflow_ranks": [1], "nonfinite_params": [{"name": "net.0.weight", "kind": "nan"}],
-                         "nonfinite_param_count": 3} if step == 2 else {}
-            add_steps(sessions, job_id, [step_record(step, overflow=step == 2, skipped_steps=int(step >= 2),
-                                                     loss_scale=2.0**(12 - int(step >= 2)), **forensics)])
+            forensics = (
+                {
+                    "overflow_ranks": [1],
+                    "nonfinite_params": [{"name": "net.0.weight", "kind": "nan"}],
+                    "nonfinite_param_count": 3,
+                }
+                if step == 2
+                else {}
+            )
+            add_steps(
+                sessions,
+                job_id,
+                [
+                    step_record(
+                        step,
+                        overflow=step == 2,
+                        skipped_steps=int(step >= 2),
+                        loss_scale=2.0 ** (12 - int(step >= 2)),
+                        **forensics,
+                    )
+                ],
+            )
             time.sleep(0.05)
         set_status(sessions, job_id, "succeeded", eval={"step": 5, "loss": 0.25, "accuracy": 0.875})
 
@@ -193,13 +226,25 @@ def test_watch_prints_plain_lines_when_not_a_tty(url: str, sessions: sessionmake
     assert lines[0] == f"job {job_id}: running" and lines[-1] == f"job {job_id}: succeeded"
     steps = [line for line in lines if line.startswith("[")]
     assert len(steps) == 5 and "\r" not in out and "\x1b" not in out
-    assert "5/50" in steps[-1] and "scale 2048 (2^11)" in steps[-1] and "skipped 1" in steps[-1] and "500 samples/s" in steps[-1]
-    assert "OVERFLOW in net.0.weight (nan) +2 more on rank 1" in steps[1] and "eval at step 5: loss 0.25, accuracy 0.875" in out
+    assert (
+        "5/50" in steps[-1]
+        and "scale 2048 (2^11)" in steps[-1]
+        and "skipped 1" in steps[-1]
+        and "500 samples/s" in steps[-1]
+    )
+    assert (
+        "OVERFLOW in net.0.weight (nan) +2 more on rank 1" in steps[1]
+        and "eval at step 5: loss 0.25, accuracy 0.875" in out
+    )
 
 
-def test_watch_exits_1_with_the_error_of_a_failed_job(url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+def test_watch_exits_1_with_the_error_of_a_failed_job(
+    url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
     job_id = insert_job(sessions, status="failed")
-    set_status(sessions, job_id, "failed", error_reason="nonfinite_loss", error_message="the loss was NaN for 10 steps\ntrace")
+    set_status(
+        sessions, job_id, "failed", error_reason="nonfinite_loss", error_message="the loss was NaN for 10 steps\ntrace"
+    )
     code, out, _ = _run(capsys, "watch", job_id)
     assert code == 1 and out == f"job {job_id}: failed (nonfinite_loss: the loss was NaN for 10 steps)\n"
 
@@ -244,9 +289,22 @@ def test_formatting() -> None:
 
 def _job(**fields: Any) -> JobPublic:
     """The resource of a running fp16 job, with ``fields``, as the client reads it."""
-    base = {"id": "j", "name": None, "status": "running", "spec": {"precision": "fp16"}, "created_at": "2026-12-02T10:00:00Z",
-            "started_at": None, "finished_at": None, "error": None, "step": 0, "max_steps": 20, "world_size": 1,
-            "latest": None, "eval": None, "attempt": 1}  # fmt: skip
+    base = {
+        "id": "j",
+        "name": None,
+        "status": "running",
+        "spec": {"precision": "fp16"},
+        "created_at": "2026-12-02T10:00:00Z",
+        "started_at": None,
+        "finished_at": None,
+        "error": None,
+        "step": 0,
+        "max_steps": 20,
+        "world_size": 1,
+        "latest": None,
+        "eval": None,
+        "attempt": 1,
+    }
     return JobPublic.model_validate(base | fields)
 
 
@@ -261,8 +319,19 @@ def test_status_names_a_precision_switch() -> None:
     job = _job(step=12, precision_switches=[])
     assert ("precision", "fp16") in describe(job)
     assert ("created", "2026-12-02T10:00:00Z") in describe(job)
-    job = _job(step=12, precision_switches=[{"step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed",
-                                             "message": "...", "rewound_to_step": 8}])  # fmt: skip
+    job = _job(
+        step=12,
+        precision_switches=[
+            {
+                "step": 12,
+                "from": "fp16",
+                "to": "bf16",
+                "reason": "loss_scale_collapsed",
+                "message": "...",
+                "rewound_to_step": 8,
+            }
+        ],
+    )
     assert ("precision", "fp16 -> bf16 at step 12 (loss_scale_collapsed; rewound to step 8)") in describe(job)
 
 
@@ -286,8 +355,9 @@ def test_status_shows_the_start_up_phase_and_its_times() -> None:
     assert not {"phase", "start-up"} & {label for label, _ in describe(job)}
 
 
-def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(monkeypatch: pytest.MonkeyPatch,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A bf16 job's scale is always 1: ``status`` and ``list`` say ``none`` (the resource's ``loss_scaling``)."""
     from server.cli import jobs as cli_jobs
     from server.cli.jobs import describe

@@ -49,7 +49,9 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out, err
 
 
-def test_logs_prints_the_last_lines_of_a_rank(url: str, settings: Settings, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+def test_logs_prints_the_last_lines_of_a_rank(
+    url: str, settings: Settings, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
     job_id = insert_job(sessions, status="running")
     set_status(sessions, job_id, "running", world_size=2, attempt=2)
     _append(settings, job_id, "".join(f"r1 {i}\n" for i in range(10)), attempt=2, rank=1)
@@ -58,12 +60,18 @@ def test_logs_prints_the_last_lines_of_a_rank(url: str, settings: Settings, sess
     assert _run(capsys, "logs", job_id, "--rank", "1", "--attempt", "1") == (0, "attempt one\n", "")
 
 
-def test_logs_errors_are_one_line_with_the_usual_exit_codes(url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_logs_errors_are_one_line_with_the_usual_exit_codes(
+    url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert _run(capsys, "logs", "nope") == (1, "", "error: job nope not found\n")
     queued = insert_job(sessions, status="queued")
     assert _run(capsys, "logs", queued) == (1, "", f"error: job {queued} has no logs yet: it is queued\n")
     running = insert_job(sessions, status="running")
-    assert _run(capsys, "logs", running, "--rank", "1") == (1, "", f"error: job {running} has no rank 1: the job has ranks 0..0 (world size 1)\n")
+    assert _run(capsys, "logs", running, "--rank", "1") == (
+        1,
+        "",
+        f"error: job {running} has no rank 1: the job has ranks 0..0 (world size 1)\n",
+    )
     monkeypatch.setenv("HALFCAST_URL", f"http://127.0.0.1:{free_port()}")
     code, _, err = _run(capsys, "logs", running)
     assert code == 3 and err.startswith("error: cannot reach the Halfcast API")
@@ -78,7 +86,11 @@ def test_a_rank_or_attempt_the_job_lacks_is_not_found_and_a_bad_argument_is_a_us
     no_rank = f"error: job {job_id} has no rank 3: the job has ranks 0..1 (world size 2)\n"
     assert _run(capsys, "logs", job_id, "--rank", "3") == (1, "", no_rank)
     assert _run(capsys, "logs", job_id, "--rank", "3", "-f") == (1, "", no_rank)
-    assert _run(capsys, "logs", job_id, "--attempt", "4") == (1, "", f"error: job {job_id} has no attempt 4: the job has 1 attempt(s) so far\n")
+    assert _run(capsys, "logs", job_id, "--attempt", "4") == (
+        1,
+        "",
+        f"error: job {job_id} has no attempt 4: the job has 1 attempt(s) so far\n",
+    )
     code, _, err = _run(capsys, "logs", job_id, "--tail", "20000")  # over the API's limit: a rejected argument
     assert (code, err.startswith("error: tail: ")) == (2, True), err
     for option, value in (("--rank", "-1"), ("--attempt", "0")):
@@ -87,7 +99,9 @@ def test_a_rank_or_attempt_the_job_lacks_is_not_found_and_a_bad_argument_is_a_us
         assert exited.value.code == 2 and "must be at least" in capsys.readouterr().err
 
 
-def test_logs_follow_prints_new_lines_until_the_job_ends(url: str, settings: Settings, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+def test_logs_follow_prints_new_lines_until_the_job_ends(
+    url: str, settings: Settings, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
     job_id = insert_job(sessions, status="running")
     _append(settings, job_id, "before\n")
 
@@ -109,7 +123,9 @@ def test_logs_follow_prints_new_lines_until_the_job_ends(url: str, settings: Set
     assert _run(capsys, "logs", job_id, "--follow", "--tail", "1")[:2] == (0, "Traceback: boom\n")
 
 
-def test_ctrl_c_while_following_exits_130_without_a_traceback(url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_while_following_exits_130_without_a_traceback(
+    url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     job_id = insert_job(sessions, status="running")
 
     def interrupted(*_args: object, **_kwargs: object) -> Iterator[object]:

@@ -18,7 +18,7 @@ from server.cli.ready import announce_when_ready, client_url, ready_message, wai
     [("127.0.0.1", 8123, "http://127.0.0.1:8123"), ("0.0.0.0", 8000, "http://127.0.0.1:8000"),
      ("::", 9000, "http://[::1]:9000"), ("::1", 9001, "http://[::1]:9001"), ("localhost", 8124, "http://localhost:8124"),
      ("10.1.2.3", 8125, "http://10.1.2.3:8125")],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_client_url_is_where_a_local_client_reaches_the_api(host: str, port: int, url: str) -> None:
     assert client_url(host, port) == url
 
@@ -83,7 +83,9 @@ def test_announces_once_ready(api: ThreadingHTTPServer, capsys: pytest.CaptureFi
     assert capsys.readouterr().out == ready_message(url_of(api), Path("/srv/hc"))
 
 
-def test_says_nothing_on_stdout_when_never_ready(caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+def test_says_nothing_on_stdout_when_never_ready(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
     announce_when_ready("http://127.0.0.1:9", Path("/srv/hc"), threading.Event(), wait_s=0.3).join(timeout=10)
     assert capsys.readouterr().out == ""
     assert "was not ready within" in caplog.text

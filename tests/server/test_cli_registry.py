@@ -9,15 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_live_support import database_url, url  # noqa: F401 (fixtures)
 from api_support import insert_job
+from cli_live_support import database_url_fixture, url_fixture  # noqa: F401 (the database_url and url fixtures)
 from registry_support import CHAT_ROWS, jsonl, model_files, write_model_dir
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.rundir import JobRuns
 from server.cli import main
 from server.cli.progress import MIN_BYTES, UploadProgress
 from server.client import HalfcastClient, ValidationFailed
-from contracts.rundir import JobRuns
 from server.settings import Settings
 
 
@@ -55,7 +55,9 @@ def test_a_bad_row_exits_2_naming_its_line(url: str, tmp_path: Path, capsys: pyt
     assert "name it .jsonl, .json or .csv" in _out(capsys)[1]
 
 
-def test_models_upload_list_show_delete_and_a_link_refused(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_models_upload_list_show_delete_and_a_link_refused(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     directory = write_model_dir(tmp_path / "tiny-llama")
     assert main(["models", "upload", str(directory)]) == 0
     out, err = _out(capsys)
@@ -73,8 +75,9 @@ def test_models_upload_list_show_delete_and_a_link_refused(url: str, tmp_path: P
     assert "no model registered" in _out(capsys)[1]
 
 
-def test_models_register_a_jobs_export(url: str, settings: Settings, sessions: sessionmaker[Session],
-                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_models_register_a_jobs_export(
+    url: str, settings: Settings, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
     job_id = insert_job(sessions, status="succeeded", owner="tester")
     write_model_dir(JobRuns.of(settings.runs_dir, job_id).attempt(1).export_of("model")).mkdir(exist_ok=True)
     assert main(["models", "register", job_id, "--name", "again", "--json"]) == 0

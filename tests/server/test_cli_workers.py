@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-
 from live_server import free_port, wait_until
+
 from server.cli import build_parser, main
 from server.cli.services import api_command, apply_overrides
 from server.db.migrate import upgrade_database
@@ -23,7 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No ``HALFCAST_*`` from outside; whatever the commands write is undone after the test."""
-    for name in ("HALFCAST_API_WORKERS", "HALFCAST_HOST", "HALFCAST_PORT", "HALFCAST_DATA_DIR", "HALFCAST_DATABASE_URL"):
+    for name in (
+        "HALFCAST_API_WORKERS",
+        "HALFCAST_HOST",
+        "HALFCAST_PORT",
+        "HALFCAST_DATA_DIR",
+        "HALFCAST_DATABASE_URL",
+    ):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     monkeypatch.setenv("HALFCAST_DATA_DIR", str(tmp_path / "data"))
@@ -43,8 +49,10 @@ def test_workers_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     assert "must be at least 1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("argv", "env", "expected"), [(["api"], None, 1), (["api", "--workers", "2"], None, 2),
-                                                       (["api"], "4", 4), (["api", "--workers", "2"], "4", 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [(["api"], None, 1), (["api", "--workers", "2"], None, 2), (["api"], "4", 4), (["api", "--workers", "2"], "4", 2)],
+)
 def test_halfcast_api_hands_the_worker_count_to_uvicorn(
     monkeypatch: pytest.MonkeyPatch, argv: list[str], env: str | None, expected: int
 ) -> None:
@@ -53,7 +61,9 @@ def test_halfcast_api_hands_the_worker_count_to_uvicorn(
     if env is not None:
         monkeypatch.setenv("HALFCAST_API_WORKERS", env)
     assert main(argv) == 0
-    assert calls[0]["workers"] == expected and calls[0]["factory"] is True and calls[0]["app"] == "server.app:create_app"
+    assert (
+        calls[0]["workers"] == expected and calls[0]["factory"] is True and calls[0]["app"] == "server.app:create_app"
+    )
 
 
 def _worker_processes(pid: int) -> list[int]:
@@ -78,11 +88,26 @@ def test_two_workers_serve_the_api_and_stop_together(tmp_path: Path) -> None:
     data.mkdir()
     upgrade_database(f"sqlite:///{data / 'halfcast.db'}")
     port = free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("HALFCAST_")}, "HALFCAST_AUTH": "off",
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
-    command = [sys.executable, "-m", "server.cli", "api", "--workers", "2", "--port", str(port), "--data-dir", str(data)]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("HALFCAST_")},
+        "HALFCAST_AUTH": "off",
+        "PYTHONPATH": str(ROOT),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "server.cli",
+        "api",
+        "--workers",
+        "2",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data),
+    ]
     api = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+
         def answers() -> bool:
             try:
                 return httpx.get(f"http://127.0.0.1:{port}/jobs", timeout=2).status_code == 200

@@ -91,13 +91,20 @@ def test_get_asks_again_with_the_etag_and_reuses_its_copy_on_304(
 def test_an_answer_that_is_not_the_model_is_a_halfcast_error() -> None:
     """A job resource without its fields (a proxy's page, a broken server) is a typed error, not a KeyError later."""
     client = HalfcastClient("http://halfcast.test")
-    client._http = httpx.Client(base_url=client.url, transport=httpx.MockTransport(lambda _: httpx.Response(200, json={"id": "j"})))
+    client._http = httpx.Client(
+        base_url=client.url, transport=httpx.MockTransport(lambda _: httpx.Response(200, json={"id": "j"}))
+    )
     with client, pytest.raises(HalfcastError, match="JobPublic that does not validate"):
         client.get("j")
 
 
 def test_a_bad_spec_raises_validation_failed_with_every_field(halfcast: HalfcastClient, queue: FakeQueue) -> None:
-    spec = {**VALID_SPEC, "micro_batch_size": 0, "bogus": 1, "model": {"name": "mlp", "config": {"hidden_sizes": ["x"]}}}
+    spec = {
+        **VALID_SPEC,
+        "micro_batch_size": 0,
+        "bogus": 1,
+        "model": {"name": "mlp", "config": {"hidden_sizes": ["x"]}},
+    }
     with pytest.raises(ValidationFailed) as caught:
         halfcast.submit(spec)
     paths = {error.path for error in caught.value.errors}
@@ -110,9 +117,11 @@ def test_a_bad_spec_raises_validation_failed_with_every_field(halfcast: Halfcast
 def test_a_nonfinite_float_is_validation_failed_and_never_sent(value: float) -> None:
     """json= in httpx raised ValueError (a traceback in the CLI); the server is not even asked (none listens here)."""
     spec = {**VALID_SPEC, "model": {"name": "mlp", "config": {"hidden_sizes": [64, value]}}}
-    with HalfcastClient(f"http://127.0.0.1:{free_port()}", timeout=2) as client:
-        with pytest.raises(ValidationFailed) as caught:
-            client.submit(spec)
+    with (
+        HalfcastClient(f"http://127.0.0.1:{free_port()}", timeout=2) as client,
+        pytest.raises(ValidationFailed) as caught,
+    ):
+        client.submit(spec)
     assert [(e.path, e.type) for e in caught.value.errors] == [("model.config.hidden_sizes[1]", "json_invalid")]
     assert caught.value.errors[0].msg == NONFINITE_MESSAGE
 
@@ -120,8 +129,12 @@ def test_a_nonfinite_float_is_validation_failed_and_never_sent(value: float) -> 
 def test_a_raw_nan_body_gets_its_422_from_a_real_server(server: LiveServer, admin_token: str, queue: FakeQueue) -> None:
     """Over uvicorn the NaN body answered 500 (the 422 could not be rendered); a client sending raw text gets the 422."""
     body = json.dumps(VALID_SPEC).replace('"max_steps": 50', '"max_steps": NaN')
-    response = httpx.post(f"{server.url}/jobs", content=body, timeout=10,
-                          headers={"Authorization": f"Bearer {admin_token}", "content-type": "application/json"})  # fmt: skip
+    response = httpx.post(
+        f"{server.url}/jobs",
+        content=body,
+        timeout=10,
+        headers={"Authorization": f"Bearer {admin_token}", "content-type": "application/json"},
+    )
     assert response.status_code == 422, response.text
     assert response.json()["detail"][0]["loc"] == ["body", "max_steps"] and queue.sent == []
 
@@ -154,7 +167,9 @@ def test_list_pages_and_metrics_pages(halfcast: HalfcastClient, sessions: sessio
     assert isinstance(point, StepRecord) and (point.overflow, point.grad_norm, point.skipped_steps) == (True, None, 1)
 
 
-def test_evals_are_the_jobs_validation_curve_in_step_order(halfcast: HalfcastClient, sessions: sessionmaker[Session]) -> None:
+def test_evals_are_the_jobs_validation_curve_in_step_order(
+    halfcast: HalfcastClient, sessions: sessionmaker[Session]
+) -> None:
     job_id = insert_job(sessions, status="running")
     assert halfcast.evals(job_id) == []
     evaluations = [{"step": step, "time": float(step), "loss": 1.0 / step, "accuracy": step / 10} for step in (6, 3, 9)]

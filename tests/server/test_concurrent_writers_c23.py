@@ -64,8 +64,10 @@ def _write(store: JobStore, fence: Fence, outcome: Outcome) -> None:
     try:
         step = 0
         while step < STEPS:
-            batch = [StepLine(step=n, time=time.time(), loss=1.0 / n, loss_scale=1024.0, overflow=False, skipped_steps=0)
-                     for n in range(step + 1, min(step + 1 + step % 3 + 1, STEPS + 1))]  # fmt: skip
+            batch = [
+                StepLine(step=n, time=time.time(), loss=1.0 / n, loss_scale=1024.0, overflow=False, skipped_steps=0)
+                for n in range(step + 1, min(step + 1 + step % 3 + 1, STEPS + 1))
+            ]
             if not store.record_progress(fence, Progress(steps=batch)):
                 outcome.error(f"{fence.job_id}: steps {batch[0].step}.. were fenced out")
                 return
@@ -145,9 +147,10 @@ def _check_passes(passes: list[list[int]]) -> None:
         assert steps == list(range(1, len(steps) + 1)), steps[:50]
 
 
-def test_c23_variant_writers_of_several_jobs_cancels_and_paged_reads(
+def test_writers_of_several_jobs_cancels_and_paged_reads(
     settings: Settings, engine: Engine, sessions: sessionmaker[Session], auth_headers: dict[str, str]
 ) -> None:
+    """C23 variant."""
     fences = _claimed_fences(engine, sessions, settings.runs_dir)
     job_ids = [fence.job_id for fence in fences]
     outcome = Outcome()

@@ -24,7 +24,9 @@ def test_the_page_and_every_asset_it_names_are_served(client: TestClient) -> Non
         response = client.get(asset)
         assert response.status_code == 200, asset
         assert response.content, asset
-    assert client.get("/static/app.js").headers["content-type"].startswith(("text/javascript", "application/javascript"))
+    assert (
+        client.get("/static/app.js").headers["content-type"].startswith(("text/javascript", "application/javascript"))
+    )
 
 
 def test_nothing_is_loaded_from_another_host() -> None:

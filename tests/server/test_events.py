@@ -32,13 +32,26 @@ from server.streams.stats import EventStreamSettings, StreamStats
 
 def _snapshot(status: str, records: range = range(0), step: int | None = None, **extra: Any) -> Snapshot:
     points = [step_record(n) for n in records]
-    return Snapshot(status, step if step is not None else (records[-1] if records else 0), extra.get("eval"),
-                    {"status": status}, points, extra.get("has_cursor_record", True))  # fmt: skip
+    return Snapshot(
+        status,
+        step if step is not None else (records[-1] if records else 0),
+        extra.get("eval"),
+        {"status": status},
+        points,
+        extra.get("has_cursor_record", True),
+    )
 
 
-def _run(snapshots: list[Snapshot | None], after_step: int = 0, settings: EventStreamSettings | None = None,
-         disconnect_after: int | None = None) -> tuple[str, list[tuple[int, str | None]], StreamStats]:  # fmt: skip
-    """Drive :func:`job_events` over ``snapshots``; return the text, the (after_step, known_status) of each poll, and the stats."""
+def _run(
+    snapshots: list[Snapshot | None],
+    after_step: int = 0,
+    settings: EventStreamSettings | None = None,
+    disconnect_after: int | None = None,
+) -> tuple[str, list[tuple[int, str | None]], StreamStats]:
+    """Drive :func:`job_events` over ``snapshots``.
+
+    Returns the text, the (after_step, known_status) of each poll, and the stats.
+    """
     stats = StreamStats(settings or EventStreamSettings(poll_interval_s=0.001))
     polls: list[tuple[int, str | None]] = []
 
@@ -46,8 +59,14 @@ def _run(snapshots: list[Snapshot | None], after_step: int = 0, settings: EventS
         polls.append((after, known))
         snapshot = snapshots[min(len(polls), len(snapshots)) - 1]
         if snapshot is not None and snapshot.status == known:
-            snapshot = Snapshot(snapshot.status, snapshot.step, snapshot.eval, None,
-                                [r for r in snapshot.records if r["step"] > after], snapshot.has_cursor_record)  # fmt: skip
+            snapshot = Snapshot(
+                snapshot.status,
+                snapshot.step,
+                snapshot.eval,
+                None,
+                [r for r in snapshot.records if r["step"] > after],
+                snapshot.has_cursor_record,
+            )
         return snapshot
 
     async def disconnected() -> bool:
@@ -70,13 +89,13 @@ def test_status_first_then_steps_in_order_and_the_terminal_status_last() -> None
         _snapshot("running", range(1, 3)),
         _snapshot("running", range(1, 5), eval={"step": 4, "loss": 0.5}),
         _snapshot("succeeded", range(1, 7), eval={"step": 6, "loss": 0.25}),
-    ])  # fmt: skip
+    ])  # fmt: skip  # a table, laid out by hand
     assert text.startswith("retry: ")
     events = _parse(text)
     assert [(kind, event_id) for kind, event_id, _ in events] == [
         ("status", None), ("status", None), ("step", "1"), ("step", "2"), ("step", "3"), ("step", "4"),
         ("eval", None), ("step", "5"), ("step", "6"), ("eval", None), ("status", None),
-    ]  # fmt: skip
+    ]  # fmt: skip  # a table, laid out by hand
     assert [data["status"] for kind, _, data in events if kind == "status"] == ["queued", "running", "succeeded"]
     assert [after for after, _ in polls] == [0, 0, 2, 4]
     assert stats.active == 0 and stats.closed[-1].polls == 4 and stats.polls == 4
@@ -109,12 +128,18 @@ def test_a_vanished_job_ends_the_stream() -> None:
 
 
 def test_a_resume_point_ahead_of_the_job_is_waited_for_not_rewound() -> None:
-    text, _, _ = _run([
-        _snapshot("running", range(1, 3), has_cursor_record=False),
-        _snapshot("running", range(1, 5), has_cursor_record=False),
-        _snapshot("succeeded", range(1, 7)),
-    ], after_step=4)  # fmt: skip
-    assert [(kind, event_id) for kind, event_id, _ in _parse(text) if kind != "status"] == [("step", "5"), ("step", "6")]
+    text, _, _ = _run(
+        [
+            _snapshot("running", range(1, 3), has_cursor_record=False),
+            _snapshot("running", range(1, 5), has_cursor_record=False),
+            _snapshot("succeeded", range(1, 7)),
+        ],
+        after_step=4,
+    )
+    assert [(kind, event_id) for kind, event_id, _ in _parse(text) if kind != "status"] == [
+        ("step", "5"),
+        ("step", "6"),
+    ]
 
 
 def test_a_rewind_is_announced_and_the_redone_steps_follow() -> None:
@@ -122,10 +147,10 @@ def test_a_rewind_is_announced_and_the_redone_steps_follow() -> None:
         _snapshot("running", range(1, 6)),
         _snapshot("running", range(1, 3), step=2, has_cursor_record=False),
         _snapshot("succeeded", range(1, 5)),
-    ])  # fmt: skip
+    ])  # fmt: skip  # a table, laid out by hand
     assert [(kind, event_id) for kind, event_id, _ in _parse(text) if kind != "status"] == [
         ("step", "1"), ("step", "2"), ("step", "3"), ("step", "4"), ("step", "5"), ("rewind", "2"), ("step", "3"), ("step", "4"),
-    ]  # fmt: skip
+    ]  # fmt: skip  # a table, laid out by hand
 
 
 # ----------------------------------------------------------------------------- the route (SQLite and PostgreSQL)
@@ -139,7 +164,9 @@ def test_unknown_job_is_404_and_a_bad_last_event_id_422(client: TestClient) -> N
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["header", "Last-Event-ID"]
 
 
-def test_a_finished_job_streams_its_records_then_its_status_and_closes(client: TestClient, sessions: sessionmaker[Session]) -> None:
+def test_a_finished_job_streams_its_records_then_its_status_and_closes(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
     job_id = insert_job(sessions, status="succeeded", latest={"step": 5})
     insert_steps(sessions, job_id, range(1, 6))
     response = client.get(f"/jobs/{job_id}/events")
@@ -147,7 +174,11 @@ def test_a_finished_job_streams_its_records_then_its_status_and_closes(client: T
     assert response.headers["cache-control"] == "no-cache"
     events = list(iter_events(iter(response.text.split("\n"))))
     assert [(e.event, e.id) for e in events] == [*[("step", str(n)) for n in range(1, 6)], ("status", None)]
-    assert events[2].data["overflow"] is True and events[-1].data["id"] == job_id and events[-1].data["status"] == "succeeded"
+    assert (
+        events[2].data["overflow"] is True
+        and events[-1].data["id"] == job_id
+        and events[-1].data["status"] == "succeeded"
+    )
     resumed = client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": "3"})
     assert [e.id for e in iter_events(iter(resumed.text.split("\n")))] == ["4", "5", None]
     by_query = client.get(f"/jobs/{job_id}/events", params={"after_step": 4})
@@ -189,14 +220,21 @@ def test_live_job_events_arrive_as_written_and_a_reconnect_resumes_without_gaps(
         writer.join()
     statuses = [e.data["status"] for e in first if e.event == "status"]
     assert statuses[0] == "queued" and "running" in statuses
-    steps = [int(e.id) for e in first + rest if e.event == "step"]  # type: ignore[arg-type]
+    steps = [int(e.id) for e in first + rest if e.event == "step"]
     assert steps == list(range(1, 21))
-    assert rest[-1].event == "status" and rest[-1].data["status"] == "succeeded" and rest[-1].data["eval"]["accuracy"] == 0.9
+    assert (
+        rest[-1].event == "status"
+        and rest[-1].data["status"] == "succeeded"
+        and rest[-1].data["eval"]["accuracy"] == 0.9
+    )
     assert [e.event for e in rest].count("eval") == 1 and rest[-2].event == "eval"
 
 
 def test_between_polls_a_stream_sleeps_until_its_jobs_next_tick(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every stream of a job wakes at the job's ticks (so their reads can be shared), not ``poll_interval_s`` after its own poll."""
+    """Every stream of a job wakes at the job's ticks, not ``poll_interval_s`` after its own poll.
+
+    So their reads can be shared.
+    """
     asked: list[tuple[str, float]] = []
 
     def next_tick(key: str, interval_s: float) -> float:
@@ -206,6 +244,9 @@ def test_between_polls_a_stream_sleeps_until_its_jobs_next_tick(monkeypatch: pyt
     monkeypatch.setattr("server.streams.sse.next_tick_delay", next_tick)
     settings = EventStreamSettings(poll_interval_s=7.0)  # a plain sleep of the interval would time the test out
     started = time.monotonic()
-    _, polls, _ = _run([_snapshot("running", range(1, 3)), _snapshot("running", range(1, 3)), _snapshot("succeeded", range(1, 3))], settings=settings)
+    _, polls, _ = _run(
+        [_snapshot("running", range(1, 3)), _snapshot("running", range(1, 3)), _snapshot("succeeded", range(1, 3))],
+        settings=settings,
+    )
     assert time.monotonic() - started < 5
     assert len(polls) == 3 and asked == [("job", 7.0), ("job", 7.0)]

@@ -26,8 +26,14 @@ from server.files.export_tar import ExportChanged, archive_size, stream_archive
 from server.settings import Settings
 
 ADAPTER = {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": bytes(range(256)) * 9}
-MODEL = {"config.json": b"{}", "model-00001-of-00002.safetensors": b"\x01" * 512, "model-00002-of-00002.safetensors": b"\x02" * 513,
-         "model.safetensors.index.json": b'{"weight_map": {}}', "tokenizer.json": b"", "generation_config.json": b"{ }"}  # fmt: skip
+MODEL = {
+    "config.json": b"{}",
+    "model-00001-of-00002.safetensors": b"\x01" * 512,
+    "model-00002-of-00002.safetensors": b"\x02" * 513,
+    "model.safetensors.index.json": b'{"weight_map": {}}',
+    "tokenizer.json": b"",
+    "generation_config.json": b"{ }",
+}
 
 
 def write_export(settings: Settings, job_id: str, attempt: int, name: str, files: dict[str, bytes]) -> Path:
@@ -66,8 +72,10 @@ def test_the_list_holds_each_kind_from_the_newest_attempt_that_has_it(client: Te
     body = response.json()
     assert body["job_id"] == job_id
     listed = [(e["kind"], e["attempt"], e["size_bytes"], e["url"]) for e in body["exports"]]
-    assert listed == [("adapter", 2, sum(map(len, ADAPTER.values())), f"/jobs/{job_id}/exports/adapter?attempt=2"),
-                      ("model", 2, sum(map(len, MODEL.values())), f"/jobs/{job_id}/exports/model?attempt=2")]  # fmt: skip
+    assert listed == [
+        ("adapter", 2, sum(map(len, ADAPTER.values())), f"/jobs/{job_id}/exports/adapter?attempt=2"),
+        ("model", 2, sum(map(len, MODEL.values())), f"/jobs/{job_id}/exports/model?attempt=2"),
+    ]
     assert body["exports"][1]["files"] == [{"name": n, "size_bytes": len(MODEL[n])} for n in sorted(MODEL)]
     assert all(e["modified_at"].endswith(("Z", "+00:00")) for e in body["exports"])
 
@@ -101,7 +109,14 @@ def test_a_download_is_a_tar_of_the_files_byte_for_byte(client: TestClient, job_
     for member, data in members:
         name = member.name.removeprefix("model/")
         assert data == MODEL[name]
-        assert (member.type, member.mode, member.uid, member.gid, member.uname, member.gname) == (tarfile.REGTYPE, 0o644, 0, 0, "", "")
+        assert (member.type, member.mode, member.uid, member.gid, member.uname, member.gname) == (
+            tarfile.REGTYPE,
+            0o644,
+            0,
+            0,
+            "",
+            "",
+        )
         assert member.mtime == int((folder / name).stat().st_mtime)
     assert response.content.endswith(bytes(1024))
 
@@ -116,8 +131,10 @@ def test_the_archive_is_the_same_every_time(client: TestClient, job_id: str) -> 
     [{}, {"a": b""}, {"block": b"x" * 512}, {"over": b"x" * 513}, {"n" * 99: b"1", "sub/" + "d" * 150 + "/f": b"22"},
      {"dépôt/modèle.json": b"{}", "日本.bin": b"\0" * 1000}],
     ids=["empty", "empty-file", "one-block", "block-and-a-byte", "long-names", "unicode-names"],
-)  # fmt: skip
-def test_content_length_is_exact(client: TestClient, settings: Settings, sessions: sessionmaker[Session], files: dict[str, bytes]) -> None:
+)  # fmt: skip  # a case table, laid out by hand
+def test_content_length_is_exact(
+    client: TestClient, settings: Settings, sessions: sessionmaker[Session], files: dict[str, bytes]
+) -> None:
     job = insert_job(sessions, status="succeeded")
     write_export(settings, job, 1, "adapter", files)
     response = client.get(f"/jobs/{job}/exports/adapter")
@@ -145,8 +162,10 @@ def test_attempt_picks_an_earlier_attempts_export(client: TestClient, job_id: st
     ("kind", "params", "where"),
     [("adapter", {"attempt": 1}, "attempt 1"), ("model", {"attempt": 3}, "attempt 3"), ("model", {"attempt": 9}, "attempt 9")],
     ids=["not-in-that-attempt", "only-a-temporary-one", "no-such-attempt"],
-)  # fmt: skip
-def test_a_missing_export_is_a_404(client: TestClient, job_id: str, kind: str, params: dict[str, int], where: str) -> None:
+)  # fmt: skip  # a case table, laid out by hand
+def test_a_missing_export_is_a_404(
+    client: TestClient, job_id: str, kind: str, params: dict[str, int], where: str
+) -> None:
     response = client.get(f"/jobs/{job_id}/exports/{kind}", params=params)
     assert response.status_code == 404, response.text
     assert response.json() == {"detail": f"job {job_id} has no {kind} export in {where}", "job_id": job_id}
@@ -158,7 +177,9 @@ def test_a_job_without_exports_has_no_download(client: TestClient, sessions: ses
     assert response.status_code == 404 and response.json()["detail"] == f"job {job} has no model export in any attempt"
 
 
-@pytest.mark.parametrize("kind", ["weights", "ADAPTER", ".adapter.tmp-123", "adapter.tar", "model%00", "%2E%2E", "export"])
+@pytest.mark.parametrize(
+    "kind", ["weights", "ADAPTER", ".adapter.tmp-123", "adapter.tar", "model%00", "%2E%2E", "export"]
+)
 def test_a_kind_that_is_not_adapter_or_model_is_a_422_naming_it(client: TestClient, job_id: str, kind: str) -> None:
     response = client.get(f"/jobs/{job_id}/exports/{kind}")
     assert response.status_code in (404, 422), response.text
@@ -247,10 +268,18 @@ def test_an_export_holding_a_link_or_special_file_is_refused_and_never_followed(
         assert "refusing export" in caplog.text
 
 
-@pytest.mark.parametrize(("limit", "value", "files"), [("MAX_FILES", 3, {"a": b"", "b": b"", "c": b"", "d": b""}),
-                                                       ("MAX_DEPTH", 2, {"a/b/c/f": b"deep"})])  # fmt: skip
-def test_an_export_past_the_limits_is_refused(settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch,
-                                              limit: str, value: int, files: dict[str, bytes]) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("limit", "value", "files"),
+    [("MAX_FILES", 3, {"a": b"", "b": b"", "c": b"", "d": b""}), ("MAX_DEPTH", 2, {"a/b/c/f": b"deep"})],
+)
+def test_an_export_past_the_limits_is_refused(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+    limit: str,
+    value: int,
+    files: dict[str, bytes],
+) -> None:
     job = insert_job(sessions, status="succeeded")
     write_export(settings, job, 1, "adapter", files)
     assert [e.kind for e in list_exports(settings.runs_dir, job)] == [ExportKind.ADAPTER]
@@ -258,7 +287,9 @@ def test_an_export_past_the_limits_is_refused(settings: Settings, sessions: sess
     assert list_exports(settings.runs_dir, job) == []
 
 
-def test_an_export_at_the_limits_is_served(settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_export_at_the_limits_is_served(
+    settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
     job = insert_job(sessions, status="succeeded")
     write_export(settings, job, 1, "adapter", {"a/b/f": b"", "c": b"", "d": b""})
     monkeypatch.setattr(export_files, "MAX_FILES", 3)
@@ -273,12 +304,14 @@ def _replace_by_link(path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [(lambda p: os.truncate(p, 100), "no longer a regular file of 513"), (lambda p: p.write_bytes(b"\x02" * 600), "no longer a regular file of 513"),
+    [(lambda p: os.truncate(p, 100), "no longer a regular file of 513"),
+     (lambda p: p.write_bytes(b"\x02" * 600), "no longer a regular file of 513"),
      (lambda p: p.unlink(), "cannot be opened"), (_replace_by_link, "cannot be opened")],
     ids=["shrinks", "grows", "vanishes", "becomes-a-link"],
-)  # fmt: skip
-def test_a_file_that_changes_before_it_is_sent_aborts_the_archive(job_id: str, settings: Settings, caplog: pytest.LogCaptureFixture,
-                                                           change: object, message: str) -> None:  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
+def test_a_file_that_changes_before_it_is_sent_aborts_the_archive(
+    job_id: str, settings: Settings, caplog: pytest.LogCaptureFixture, change: object, message: str
+) -> None:
     export = find_export(settings.runs_dir, job_id, ExportKind.MODEL)
     assert export is not None
     chunks = stream_archive(export)

@@ -30,10 +30,10 @@ END_WITHIN_S = 2.0
 
 
 @pytest.mark.parametrize("asgi_spec", ["2.3", "2.4"])
-def test_c24_closed_streams_stop_within_two_seconds_and_stop_reading(
+def test_closed_streams_stop_within_two_seconds_and_stop_reading(
     settings: Settings, sessions: sessionmaker[Session], asgi_spec: str
 ) -> None:
-    """With spec 2.3 (uvicorn) Starlette cancels the stream on disconnect; with 2.4 only the stream's own check can."""
+    """C24: With spec 2.3 (uvicorn) Starlette cancels the stream on disconnect; with 2.4 only the stream's own check can."""
     job_id = insert_job(sessions, status="running")
     stop = threading.Event()
 
@@ -53,7 +53,10 @@ def test_c24_closed_streams_stop_within_two_seconds_and_stop_reading(
         writer.start()
         try:
             for n in range(STREAMS):
-                with httpx.Client(timeout=10) as client, client.stream("GET", f"{server.url}/jobs/{job_id}/events") as response:
+                with (
+                    httpx.Client(timeout=10) as client,
+                    client.stream("GET", f"{server.url}/jobs/{job_id}/events") as response,
+                ):
                     assert response.status_code == 200
                     events = iter_events(response.iter_lines())
                     received = [next(events), next(events)]
@@ -73,4 +76,6 @@ def test_c24_closed_streams_stop_within_two_seconds_and_stop_reading(
     assert stats.active == 0 and stats.opened_total == STREAMS
     assert re.search(r"^halfcast_event_streams 0\.0$", gauge, re.MULTILINE), gauge
     assert max(end_delays) < END_WITHIN_S, end_delays
-    print(f"C24 (ASGI {asgi_spec}) stream end after disconnect: max {max(end_delays) * 1000:.1f} ms over {STREAMS} streams")
+    print(
+        f"C24 (ASGI {asgi_spec}) stream end after disconnect: max {max(end_delays) * 1000:.1f} ms over {STREAMS} streams"
+    )

@@ -65,5 +65,7 @@ def test_the_openapi_description_names_the_field_of_a_422_item(client: TestClien
         ((), ()),
     ],
 )
-def test_field_path_drops_tagged_and_plain_union_labels_only(loc: tuple[str | int, ...], field: tuple[str | int, ...]) -> None:
+def test_field_path_drops_tagged_and_plain_union_labels_only(
+    loc: tuple[str | int, ...], field: tuple[str | int, ...]
+) -> None:
     assert field_path(JobSpec.__pydantic_core_schema__, loc) == field

@@ -57,20 +57,8 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 import schemathesis
-from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import Unsatisfiable
-from schemathesis import GenerationMode
-from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
-from sqlalchemy import text
-from sqlalchemy.orm import Session, sessionmaker
-
-from server.app import create_app
-from server.db.engine import make_engine, make_session_factory
-from server.db.models import Base
-from server.settings import Settings
-
 from api_support import FakeQueue
+from fastapi.testclient import TestClient
 from fuzz_support import (
     NONFINITE_LITERALS,
     Seeded,
@@ -83,6 +71,17 @@ from fuzz_support import (
     seed_jobs,
     with_literal,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from server.app import create_app
+from server.db.engine import make_engine, make_session_factory
+from server.db.models import Base
+from server.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +151,9 @@ def _database_url(request: pytest.FixtureRequest, data_dir: Path) -> str:
 def fuzz_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget]:
     """The app on a seeded database of ``request.param``, lifespan started, shared by the module's tests."""
     data_dir = tmp_path_factory.mktemp(f"fuzz-{request.param}")
-    settings_ = Settings(data_dir=data_dir, database_url=_database_url(request, data_dir), broker_url=None,
-                         allow_faults=False)  # fmt: skip
+    settings_ = Settings(
+        data_dir=data_dir, database_url=_database_url(request, data_dir), broker_url=None, allow_faults=False
+    )
     engine = make_engine(settings_.effective_database_url)
     sessions = make_session_factory(engine)
     seeded = seed_jobs(sessions, settings_.runs_dir)
@@ -261,8 +261,13 @@ def test_fuzz_operation(
     operation = fuzz_schema[path][method]
     headers = caller_headers(fuzz_target, caller)
 
-    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=FUZZ_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=_strategy(operation, mode, fuzz_target.seeded, headers))
     def run(case: schemathesis.Case) -> None:
         before = fingerprint(fuzz_target.sessions)
@@ -280,16 +285,21 @@ def test_fuzz_operation(
 def _json_body_operations() -> list[str]:
     """``METHOD path`` of every operation whose request body is JSON (read without starting the app)."""
     paths = create_app(Settings(data_dir=Path("/nonexistent"), broker_url=None)).openapi()["paths"]
-    return [f"{method.upper()} {path}" for path, methods in paths.items() for method, spec in methods.items()
-            if "application/json" in spec.get("requestBody", {}).get("content", {})]  # fmt: skip
+    return [
+        f"{method.upper()} {path}"
+        for path, methods in paths.items()
+        for method, spec in methods.items()
+        if "application/json" in spec.get("requestBody", {}).get("content", {})
+    ]
 
 
 def _send_raw(target: FuzzTarget, case: schemathesis.Case, text: str) -> Any:
     """Send ``case`` with ``text`` as its body, verbatim, as ``application/json``."""
     kwargs = case.as_transport_kwargs(base_url="http://testserver")
     headers = {**(kwargs.get("headers") or {}), "content-type": "application/json"}
-    return target.client.request(kwargs["method"], kwargs["url"], headers=headers, params=kwargs.get("params"),
-                                 content=text.encode())  # fmt: skip
+    return target.client.request(
+        kwargs["method"], kwargs["url"], headers=headers, params=kwargs.get("params"), content=text.encode()
+    )
 
 
 def _check_nonfinite_answer(response: Any, caller: str, path: tuple[Any, ...]) -> None:
@@ -316,8 +326,13 @@ def test_nonfinite_numbers_in_generated_bodies_are_4xx(
     headers = caller_headers(fuzz_target, caller)
     before = fingerprint(fuzz_target.sessions)
 
-    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=FUZZ_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(GenerationMode.POSITIVE, headers=headers or None), data=st.data())
     def run(case: schemathesis.Case, data: st.DataObject) -> None:
         where = data.draw(st.sampled_from(numeric_paths(case.body) or node_paths(case.body)), label="position")

@@ -50,7 +50,7 @@ def _app_and_stats(settings: Settings, spec_24: bool = False) -> tuple[object, S
 @pytest.fixture
 def live(settings: Settings) -> Iterator[tuple[LiveServer, StreamStats]]:
     app, stats = _app_and_stats(settings)
-    with LiveServer(app) as server:  # type: ignore[arg-type]
+    with LiveServer(app) as server:
         yield server, stats
 
 
@@ -65,7 +65,10 @@ def _follow(url: str, events: list[Event], params: dict[str, object] | None = No
     """Read the whole stream in a thread, appending each event to ``events`` as it arrives."""
 
     def read() -> None:
-        with httpx.Client(timeout=30) as client, client.stream("GET", url, params={"follow": "true", **(params or {})}) as response:
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream("GET", url, params={"follow": "true", **(params or {})}) as response,
+        ):
             assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
             events.extend(iter_events(response.iter_lines()))
 
@@ -164,12 +167,15 @@ def test_a_closed_follow_stream_stops_within_two_seconds_and_stops_polling(
     app, stats = _app_and_stats(settings, spec_24=asgi_spec == "2.4")
     writer = threading.Thread(target=write)
     delays: list[float] = []
-    with LiveServer(app) as server:  # type: ignore[arg-type]
+    with LiveServer(app) as server:
         writer.start()
         try:
             for n in range(5):
                 params = {"follow": "true"}
-                with httpx.Client(timeout=10) as client, client.stream("GET", f"{server.url}/jobs/{job_id}/logs", params=params) as response:
+                with (
+                    httpx.Client(timeout=10) as client,
+                    client.stream("GET", f"{server.url}/jobs/{job_id}/logs", params=params) as response,
+                ):
                     events = iter_events(response.iter_lines())
                     assert next(events).event == "attempt" and next(events).event == "lines"
                     assert stats.active == 1

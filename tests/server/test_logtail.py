@@ -47,8 +47,8 @@ def test_tail_reads_at_most_max_bytes(tmp_path: Path, monkeypatch: pytest.Monkey
     reads: list[int] = []
     real_open = Path.open
 
-    def counting_open(self: Path, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        handle = real_open(self, *args, **kwargs)  # type: ignore[arg-type]
+    def counting_open(self: Path, *args: object, **kwargs: object):
+        handle = real_open(self, *args, **kwargs)
         real_read = handle.read
 
         def read(size: int = -1) -> bytes:

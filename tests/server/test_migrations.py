@@ -108,7 +108,12 @@ def test_alembic_command_line_from_the_repository(tmp_path: Path) -> None:
     env.pop("HALFCAST_DATABASE_URL", None)
 
     result = subprocess.run(
-        [sys.executable, "-m", "alembic", "upgrade", "head"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
     assert result.returncode == 0, result.stderr
@@ -134,7 +139,7 @@ def test_0002_keeps_rows_and_backfills_the_attempts(empty_database_url: str) -> 
                 "('live', 'running', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, NULL, 0, 5, 1, 2, "
                 "'w/2', NULL), "
                 "('new', 'queued', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, NULL, NULL, 0, 5, 1, 0, NULL, NULL)"
-            ))  # fmt: skip
+            ))  # fmt: skip  # a table, laid out by hand
             conn.execute(text("INSERT INTO step_records (job_id, step, time, data) VALUES ('done', 1, 1.0, '{}')"))
         upgrade_database(empty_database_url)
         with engine.connect() as conn:
@@ -142,7 +147,9 @@ def test_0002_keeps_rows_and_backfills_the_attempts(empty_database_url: str) -> 
                 text("SELECT job_id, attempt, worker_id, status, reason FROM attempts ORDER BY job_id")
             ).all()
             assert [tuple(row) for row in attempts] == [
-                ("done", 1, "w/1", "failed", "rank_failed"), ("live", 2, "w/2", None, None)]  # fmt: skip
+                ("done", 1, "w/1", "failed", "rank_failed"),
+                ("live", 2, "w/2", None, None),
+            ]
             assert conn.execute(text("SELECT count(*) FROM step_records")).scalar_one() == 1
             assert conn.execute(text("SELECT count(*) FROM jobs WHERE lease_expires_at IS NULL")).scalar_one() == 3
     finally:
@@ -160,7 +167,7 @@ def test_0006_copies_each_jobs_newest_evaluation_into_eval_records(empty_databas
                 "VALUES ('evaluated', 'succeeded', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 5, 5, 1, 1, "
                 "'{\"step\": 5, \"time\": 12.5, \"loss\": 0.25, \"accuracy\": 0.9}'), "
                 "('never', 'queued', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 0, 5, 1, 0, NULL)"
-            ))  # fmt: skip
+            ))  # fmt: skip  # a table, laid out by hand
         upgrade_database(empty_database_url)
         with engine.connect() as conn:
             rows = conn.execute(text("SELECT job_id, step, time FROM eval_records")).all()

@@ -12,8 +12,10 @@ from common.quiet_logs import DROPPED_MESSAGES, QUIET_LOGGERS, quiet_third_party
 
 @pytest.fixture(autouse=True)
 def _restore() -> Iterator[None]:
-    saved = {name: (logging.getLogger(name).level, list(logging.getLogger(name).filters))
-             for name in (*QUIET_LOGGERS, *(name for name, _ in DROPPED_MESSAGES))}
+    saved = {
+        name: (logging.getLogger(name).level, list(logging.getLogger(name).filters))
+        for name in (*QUIET_LOGGERS, *(name for name, _ in DROPPED_MESSAGES))
+    }
     yield
     for name, (level, filters) in saved.items():
         logging.getLogger(name).setLevel(level)

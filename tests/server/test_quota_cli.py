@@ -32,23 +32,35 @@ def override(sessions: sessionmaker[Session], owner: str) -> QuotaLimits:
         return get_override(session, owner)
 
 
-def test_set_changes_only_the_limits_given_and_is_audited(cli_database: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+def test_set_changes_only_the_limits_given_and_is_audited(
+    cli_database: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["quotas", "set", "alice", "--max-gpus", "4", "--max-queued-jobs", "10"]) == 0
     assert main(["quotas", "set", "alice", "--max-queued-jobs", "default", "--max-active-jobs", "3"]) == 0
 
     assert override(sessions, "alice") == QuotaLimits(max_active_jobs=3, max_gpus=4, max_queued_jobs=None)
     assert "max_active_jobs=3, max_gpus=4, max_queued_jobs=default" in capsys.readouterr().out
     [first, second] = quota_events(sessions)
-    assert first == ("quota.set", "alice", {"set": {"max_gpus": 4, "max_queued_jobs": 10}, "via": "cli",
-                                             "override": {"max_active_jobs": None, "max_gpus": 4, "max_queued_jobs": 10,
-                                                          "max_storage_bytes": None}})  # fmt: skip
+    assert first == (
+        "quota.set",
+        "alice",
+        {
+            "set": {"max_gpus": 4, "max_queued_jobs": 10},
+            "via": "cli",
+            "override": {"max_active_jobs": None, "max_gpus": 4, "max_queued_jobs": 10, "max_storage_bytes": None},
+        },
+    )
     assert second[2] is not None and second[2]["set"] == {"max_queued_jobs": None, "max_active_jobs": 3}
     with sessions() as session:
-        assert session.scalars(select(AuditEvent.actor).where(AuditEvent.action == "quota.set")).first().startswith("cli:")  # type: ignore[union-attr]
+        assert (
+            session.scalars(select(AuditEvent.actor).where(AuditEvent.action == "quota.set")).first().startswith("cli:")
+        )
 
 
 @pytest.mark.parametrize("argv", [["quotas", "set", "alice"], ["quotas", "set", " ", "--max-gpus", "1"]])
-def test_set_without_a_limit_or_owner_is_exit_2(cli_database: str, sessions: sessionmaker[Session], argv: list[str]) -> None:
+def test_set_without_a_limit_or_owner_is_exit_2(
+    cli_database: str, sessions: sessionmaker[Session], argv: list[str]
+) -> None:
     assert main(argv) == 2
     assert quota_events(sessions) == []
 
@@ -60,7 +72,12 @@ def test_a_bad_limit_value_is_a_usage_error(cli_database: str, value: str) -> No
     assert exited.value.code == 2
 
 
-def test_list_shows_the_defaults_and_every_override(cli_database: str, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_shows_the_defaults_and_every_override(
+    cli_database: str,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.setenv("HALFCAST_QUOTA_MAX_QUEUED_JOBS", "7")
     with sessions() as session:
         set_quota(session, "bob", {"max_gpus": 8}, actor="cli:test")
@@ -69,14 +86,28 @@ def test_list_shows_the_defaults_and_every_override(cli_database: str, sessions:
     assert main(["quotas", "list"]) == 0
 
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["OWNER", "MAX", "ACTIVE", "JOBS", "MAX", "GPUS", "MAX", "QUEUED", "JOBS",
-                                "MAX", "STORAGE", "BYTES"]  # fmt: skip
+    assert lines[0].split() == [
+        "OWNER",
+        "MAX",
+        "ACTIVE",
+        "JOBS",
+        "MAX",
+        "GPUS",
+        "MAX",
+        "QUEUED",
+        "JOBS",
+        "MAX",
+        "STORAGE",
+        "BYTES",
+    ]
     assert lines[1].split() == ["(server", "default)", "unlimited", "unlimited", "7", "unlimited"]
     assert lines[2].split() == ["alice", "2", "default", "(unlimited)", "default", "(7)", "default", "(unlimited)"]
     assert lines[3].split() == ["bob", "default", "(unlimited)", "8", "default", "(7)", "default", "(unlimited)"]
 
 
-def test_clear_drops_the_override_and_is_audited_once(cli_database: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]) -> None:
+def test_clear_drops_the_override_and_is_audited_once(
+    cli_database: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
     with sessions() as session:
         set_quota(session, "alice", {"max_gpus": 2}, actor="cli:test")
 
@@ -86,8 +117,20 @@ def test_clear_drops_the_override_and_is_audited_once(cli_database: str, session
     with sessions() as session:
         assert session.get(OwnerQuota, "alice") is None
     assert quota_events(sessions)[1:] == [
-        ("quota.clear", "alice", {"previous": {"max_active_jobs": None, "max_gpus": 2, "max_queued_jobs": None,
-                                                 "max_storage_bytes": None}, "via": "cli"})]  # fmt: skip
+        (
+            "quota.clear",
+            "alice",
+            {
+                "previous": {
+                    "max_active_jobs": None,
+                    "max_gpus": 2,
+                    "max_queued_jobs": None,
+                    "max_storage_bytes": None,
+                },
+                "via": "cli",
+            },
+        )
+    ]
     assert "had no override" in capsys.readouterr().out
 
 

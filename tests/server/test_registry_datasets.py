@@ -33,7 +33,7 @@ from server.settings import Settings
 
 JSONL = {"content-type": "application/jsonl"}
 CSV = {"content-type": "text/csv"}
-CLASSES_CSV = b"text,label\nthe cat sat,animal\n\"a long, quoted\nline\",plant\nthe dog ran,animal\n"
+CLASSES_CSV = b'text,label\nthe cat sat,animal\n"a long, quoted\nline",plant\nthe dog ran,animal\n'
 
 
 def upload(client: TestClient, body: bytes, fmt: str = "chat", headers: dict[str, str] = JSONL, **params: Any) -> Any:
@@ -41,8 +41,12 @@ def upload(client: TestClient, body: bytes, fmt: str = "chat", headers: dict[str
 
 
 def hf_spec(config: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    return {"model": {"name": "hf", "config": {"path": "tiny"}}, "dataset": {"name": "jsonl", "config": config},
-            "max_steps": 2, **fields}  # fmt: skip
+    return {
+        "model": {"name": "hf", "config": {"path": "tiny"}},
+        "dataset": {"name": "jsonl", "config": config},
+        "max_steps": 2,
+        **fields,
+    }
 
 
 @pytest.fixture
@@ -58,16 +62,23 @@ def alice(database_url: str, settings: Settings, fake_queue: FakeQueue) -> Itera
         yield test_client
 
 
-def test_an_upload_is_checked_stored_under_its_sha256_and_listed(client: TestClient, registry: Path,
-                                                                  sessions: sessionmaker[Session]) -> None:  # fmt: skip
+def test_an_upload_is_checked_stored_under_its_sha256_and_listed(
+    client: TestClient, registry: Path, sessions: sessionmaker[Session]
+) -> None:
     body = jsonl(CHAT_ROWS)
     answer = upload(client, body, name="sums")
     assert answer.status_code == 201, answer.text
     dataset = answer.json()
     digest = hashlib.sha256(body).hexdigest()
     assert {k: dataset[k] for k in ("name", "format", "file_format", "rows", "bytes", "sha256", "owner")} == {
-        "name": "sums", "format": "chat", "file_format": "jsonl", "rows": 6, "bytes": len(body), "sha256": digest,
-        "owner": "tester"}  # fmt: skip
+        "name": "sums",
+        "format": "chat",
+        "file_format": "jsonl",
+        "rows": 6,
+        "bytes": len(body),
+        "sha256": digest,
+        "owner": "tester",
+    }
     assert answer.headers["location"] == f"/datasets/{dataset['id']}"
     assert (registry / "datasets" / f"{digest}.jsonl").read_bytes() == body
     assert client.get(f"/datasets/{dataset['id']}").json() == dataset
@@ -98,9 +109,14 @@ def test_a_csv_upload_counts_records_not_lines(client: TestClient) -> None:
     ],
     ids=["empty-chat", "missing-content", "bad-json", "missing-text", "number-output", "no-rows", "mixed-labels",
          "one-class"],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_a_bad_row_is_a_422_naming_its_line_and_field_and_nothing_is_stored(
-    client: TestClient, registry: Path, sessions: sessionmaker[Session], body: bytes, fmt: str, loc: list[Any],
+    client: TestClient,
+    registry: Path,
+    sessions: sessionmaker[Session],
+    body: bytes,
+    fmt: str,
+    loc: list[Any],
     fragment: str,
 ) -> None:
     answer = upload(client, body, fmt)
@@ -112,7 +128,7 @@ def test_a_bad_row_is_a_422_naming_its_line_and_field_and_nothing_is_stored(
 
 
 def test_a_bad_csv_row_is_named_by_the_line_it_starts_on(client: TestClient) -> None:
-    answer = upload(client, b"text,label\n\"two\nlines\",a\n,b\n", "classification", CSV)
+    answer = upload(client, b'text,label\n"two\nlines",a\n,b\n', "classification", CSV)
     assert answer.status_code == 422
     assert answer.json()["detail"][0]["loc"] == ["body", "line", 4, "text"]
 
@@ -127,10 +143,15 @@ def test_a_bad_csv_row_is_named_by_the_line_it_starts_on(client: TestClient) -> 
         ({}, JSONL, 422, ["query", "format"]),
         ({"format": "text", "name": "\x07bell"}, JSONL, 422, ["query", "name"]),
     ],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_bad_requests_are_refused_before_reading_the_body(
-    client: TestClient, registry: Path, sessions: sessionmaker[Session], params: dict[str, str],
-    headers: dict[str, str], status: int, where: list[str] | None,
+    client: TestClient,
+    registry: Path,
+    sessions: sessionmaker[Session],
+    params: dict[str, str],
+    headers: dict[str, str],
+    status: int,
+    where: list[str] | None,
 ) -> None:
     answer = client.post("/datasets", params=params, content=jsonl(CHAT_ROWS), headers=headers)
     assert answer.status_code == status, answer.text
@@ -149,8 +170,12 @@ def test_an_upload_over_the_size_limit_is_a_413_declared_or_streamed(
     body = jsonl(CHAT_ROWS)
     with _small_app(settings, fake_queue, auth_headers, max_upload_bytes=len(body) - 1) as small:
         declared = upload(small, body)
-        streamed = small.post("/datasets", params={"format": "chat"}, headers=JSONL,
-                              content=(body[i : i + 100] for i in range(0, len(body), 100)))  # fmt: skip
+        streamed = small.post(
+            "/datasets",
+            params={"format": "chat"},
+            headers=JSONL,
+            content=(body[i : i + 100] for i in range(0, len(body), 100)),
+        )
         assert upload(small, body[: len(body) // 2].rsplit(b"\n", 2)[0] + b"\n").status_code == 201
     assert (declared.status_code, streamed.status_code) == (413, 413), (declared.text, streamed.text)
     assert "HALFCAST_MAX_UPLOAD_BYTES" in streamed.json()["detail"]
@@ -171,8 +196,11 @@ def test_the_storage_quota_is_a_429_naming_it(
             set_quota(session, "tester", {"max_storage_bytes": len(body) * 3}, actor="cli:test")
         assert upload(limited, body).status_code == 201  # the owner's override wins
     assert (refused.status_code, streamed.status_code) == (429, 429)
-    assert refused.json() == {"detail": f"quota exceeded: max_storage_bytes is {len(body) * 2} for owner tester "
-                              f"({len(body) * 2} in use)", "limit": "max_storage_bytes", "value": len(body) * 2}  # fmt: skip
+    assert refused.json() == {
+        "detail": f"quota exceeded: max_storage_bytes is {len(body) * 2} for owner tester ({len(body) * 2} in use)",
+        "limit": "max_storage_bytes",
+        "value": len(body) * 2,
+    }
     assert refused.headers["retry-after"] == "30"
     assert registry_counts(sessions) == (3, 0)
 
@@ -230,7 +258,12 @@ def test_a_job_spec_names_a_registered_dataset_and_is_stored_as_sent(
     with sessions() as session:
         stored = session.scalars(select(Job.spec)).one()
     config = stored["dataset"]["config"]
-    assert (config["dataset_id"], config["format"], config["sha256"], config["path"]) == (dataset["id"], None, None, None)
+    assert (config["dataset_id"], config["format"], config["sha256"], config["path"]) == (
+        dataset["id"],
+        None,
+        None,
+        None,
+    )
 
 
 @pytest.mark.parametrize(
@@ -243,7 +276,7 @@ def test_a_job_spec_names_a_registered_dataset_and_is_stored_as_sent(
         ({"column_map": {"m": "messages"}}, "column_map", "registered dataset"),
         ({"path": "d.jsonl", "format": "chat"}, "path", "exactly one of path"),
     ],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_a_spec_that_disagrees_with_its_registered_dataset_is_a_422_at_the_field(
     client: TestClient, sessions: sessionmaker[Session], config: dict[str, Any], field: str, fragment: str
 ) -> None:
@@ -285,8 +318,14 @@ def test_the_spec_keeps_its_json_shape(client: TestClient) -> None:
 def _cut_off(url: str, path: str, headers: dict[str, str], body: bytes) -> None:
     """Send a request declaring all of ``body`` but only half of it, then close the connection."""
     host, port = url.removeprefix("http://").split(":")
-    lines = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}",
-             *(f"{name}: {value}" for name, value in headers.items()), "", ""]  # fmt: skip
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}",
+        f"Content-Length: {len(body)}",
+        *(f"{name}: {value}" for name, value in headers.items()),
+        "",
+        "",
+    ]
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall("\r\n".join(lines).encode() + body[: len(body) // 2])
         time.sleep(0.3)  # the route is streaming the body to its staging file
@@ -307,7 +346,9 @@ def test_an_upload_cut_off_mid_way_leaves_nothing_behind(
     staging = settings.registry_dir / ".staging"
     with LiveServer(create_app(settings, fake_queue)) as server:
         _cut_off(server.url, path, {**auth_headers, "Content-Type": content_type}, body)
-        assert wait_until(lambda: staging.is_dir() and not any(staging.iterdir()), timeout_s=10), list(staging.iterdir())
+        assert wait_until(lambda: staging.is_dir() and not any(staging.iterdir()), timeout_s=10), list(
+            staging.iterdir()
+        )
         assert httpx.get(f"{server.url}/datasets", headers=auth_headers).status_code == 200  # still serving
     assert registry_counts(sessions) == (0, 0) and stored_files(settings.registry_dir) == []
 

@@ -28,9 +28,9 @@ from registry_support import (
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.rundir import JobRuns
 from server.app import create_app
 from server.db.models import Job
-from contracts.rundir import JobRuns
 from server.settings import Settings
 
 TAR = {"content-type": "application/x-tar"}
@@ -41,8 +41,11 @@ def upload(client: TestClient, body: bytes, headers: dict[str, str] = TAR, **par
 
 
 def job_spec(model_id: str) -> dict[str, Any]:
-    return {"model": {"name": "hf", "config": {"model_id": model_id}},
-            "dataset": {"name": "jsonl", "config": {"path": "chat.jsonl", "format": "chat"}}, "max_steps": 2}  # fmt: skip
+    return {
+        "model": {"name": "hf", "config": {"model_id": model_id}},
+        "dataset": {"name": "jsonl", "config": {"path": "chat.jsonl", "format": "chat"}},
+        "max_steps": 2,
+    }
 
 
 @pytest.fixture
@@ -61,8 +64,13 @@ def test_a_model_tar_is_checked_extracted_and_registered(
     assert answer.status_code == 201, answer.text
     model = answer.json()
     assert {k: model[k] for k in ("name", "model_type", "files", "bytes", "source_job_id", "owner")} == {
-        "name": "tiny", "model_type": "llama", "files": 4, "bytes": sum(map(len, files.values())),
-        "source_job_id": None, "owner": "tester"}  # fmt: skip
+        "name": "tiny",
+        "model_type": "llama",
+        "files": 4,
+        "bytes": sum(map(len, files.values())),
+        "source_job_id": None,
+        "owner": "tester",
+    }
     directory = settings.registry_dir / "models" / model["id"]
     assert {p.relative_to(directory).as_posix(): p.read_bytes() for p in directory.rglob("*") if p.is_file()} == files
     assert answer.headers["location"] == f"/models/{model['id']}"
@@ -71,7 +79,9 @@ def test_a_model_tar_is_checked_extracted_and_registered(
     assert audit_actions(sessions, "model.") == [("model.create", "tester", model["id"])]
 
 
-def _refused(entries: list[Entry] | None = None, files: dict[str, bytes] | None = None, raw: bytes | None = None) -> bytes:
+def _refused(
+    entries: list[Entry] | None = None, files: dict[str, bytes] | None = None, raw: bytes | None = None
+) -> bytes:
     if raw is not None:
         return raw
     return model_tar(files, extra=entries or [])
@@ -93,7 +103,10 @@ REFUSED = {
     "no-weights": (_refused(files={"config.json": json.dumps(LLAMA_CONFIG).encode()}), "safetensors"),
     "no-config": (_refused(files={"model.safetensors": b"x"}), "config.json"),
     "auto-map": (_refused(files=model_files({**LLAMA_CONFIG, "auto_map": {"AutoModel": "evil.Model"}})), "remote code"),
-    "tokenizer-auto-map": (_refused(files={**model_files(), "tokenizer_config.json": b'{"auto_map": {}}'}), "remote code"),
+    "tokenizer-auto-map": (
+        _refused(files={**model_files(), "tokenizer_config.json": b'{"auto_map": {}}'}),
+        "remote code",
+    ),
     "unsupported-type": (_refused(files=model_files({"model_type": "evil_arch"})), "not supported"),
     "no-type": (_refused(files=model_files({"hidden_size": 8})), "not supported"),
     "bad-json": (_refused(files={**model_files(), "config.json": b"{nope"}), "not valid JSON"),
@@ -136,8 +149,12 @@ def test_the_storage_quota_counts_models_and_datasets(
     limited = settings.model_copy(update={"quota_max_storage_bytes": size + 10})
     with TestClient(create_app(limited, fake_queue), headers=auth_headers) as client:
         assert upload(client, model_tar()).status_code == 201
-        data = client.post("/datasets", params={"format": "text"}, content=b'{"text": "0123456789ab"}\n',
-                           headers={"content-type": "application/jsonl"})  # fmt: skip
+        data = client.post(
+            "/datasets",
+            params={"format": "text"},
+            content=b'{"text": "0123456789ab"}\n',
+            headers={"content-type": "application/jsonl"},
+        )
         refused = client.post("/models", content=iter([model_tar()]), headers=TAR)
     assert (data.status_code, refused.status_code) == (429, 429)
     assert refused.json()["limit"] == "max_storage_bytes"
@@ -167,7 +184,11 @@ def test_isolation_delete_and_jobs_naming_a_model(
     assert client.delete(f"/models/{theirs['id']}").status_code == 204  # the admin
     assert registry_counts(sessions) == (0, 0) and stored_files(settings.registry_dir) == []
     assert [(a, actor) for a, actor, _ in audit_actions(sessions, "model.")] == [
-        ("model.create", "alice"), ("model.create", "tester"), ("model.delete", "alice"), ("model.delete", "tester")]
+        ("model.create", "alice"),
+        ("model.create", "tester"),
+        ("model.delete", "alice"),
+        ("model.delete", "tester"),
+    ]
 
 
 def test_a_spec_with_model_id_and_path_is_a_422(client: TestClient) -> None:
@@ -178,8 +199,9 @@ def test_a_spec_with_model_id_and_path_is_a_422(client: TestClient) -> None:
     assert answer.status_code == 422 and "exactly one of path" in answer.text
 
 
-def _succeeded_job_with_export(sessions: sessionmaker[Session], settings: Settings, owner: str,
-                               files: dict[str, bytes] | None = None) -> str:  # fmt: skip
+def _succeeded_job_with_export(
+    sessions: sessionmaker[Session], settings: Settings, owner: str, files: dict[str, bytes] | None = None
+) -> str:
     job_id = insert_job(sessions, status="succeeded", owner=owner)
     export = JobRuns.of(settings.runs_dir, job_id).attempt(1).export_of("model")
     export.mkdir(parents=True)
@@ -207,11 +229,14 @@ def test_registering_an_export_needs_a_visible_job_with_a_model_export(
 ) -> None:
     theirs = _succeeded_job_with_export(sessions, settings, "tester")
     bare = insert_job(sessions, status="succeeded", owner="alice")
-    pickled = _succeeded_job_with_export(sessions, settings, "alice", {**model_files(), "model.safetensors": b"x",
-                                                                       "training_args.bin": b"x"})  # fmt: skip
+    pickled = _succeeded_job_with_export(
+        sessions, settings, "alice", {**model_files(), "model.safetensors": b"x", "training_args.bin": b"x"}
+    )
     assert alice.post(f"/jobs/{theirs}/exports/model/register").status_code == 404
     assert alice.post(f"/jobs/{bare}/exports/model/register").json() == {
-        "detail": f"job {bare} has no model export", "job_id": bare}
+        "detail": f"job {bare} has no model export",
+        "job_id": bare,
+    }
     refused = alice.post(f"/jobs/{pickled}/exports/model/register")
     assert refused.status_code == 409 and "pickle" in refused.json()["detail"]
     assert registry_counts(sessions) == (0, 0) and stored_files(settings.registry_dir) == []

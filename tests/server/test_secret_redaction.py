@@ -24,7 +24,10 @@ CANARY = "CANARY-server-51c9"
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (f"postgresql+psycopg://postgres:{CANARY}@127.0.0.1:5432/test", "postgresql+psycopg://postgres:***@127.0.0.1:5432/test"),
+        (
+            f"postgresql+psycopg://postgres:{CANARY}@127.0.0.1:5432/test",
+            "postgresql+psycopg://postgres:***@127.0.0.1:5432/test",
+        ),
         (f"redis://:{CANARY}@h:6379/0", "redis://:***@h:6379/0"),
         (f"amqp://guest:{CANARY}@rabbit//", "amqp://guest:***@rabbit//"),
         (f"rediss://default:{CANARY}:x/y@h/1", "rediss://default:***@h/1"),  # ':' and '/' inside a raw password
@@ -107,12 +110,15 @@ def test_readyz_with_services_down_names_them_without_passwords(
     assert "readiness: database is down" in caplog.text and CANARY not in caplog.text
 
 
-def test_db_upgrade_errors_mask_the_password(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                                             tmp_path: Path) -> None:  # fmt: skip
+def test_db_upgrade_errors_mask_the_password(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """A malformed URL (its parser error would echo parts of it) and an unreachable server: one masked line, exit 1."""
     monkeypatch.setenv("HALFCAST_DATA_DIR", str(tmp_path))
-    for url in (f"postgresql+psycopg://postgres:{CANARY}@127.0.0.1:5432:x/db",
-                f"postgresql+psycopg://postgres:{CANARY}@127.0.0.1:{free_port()}/db"):  # fmt: skip
+    for url in (
+        f"postgresql+psycopg://postgres:{CANARY}@127.0.0.1:5432:x/db",
+        f"postgresql+psycopg://postgres:{CANARY}@127.0.0.1:{free_port()}/db",
+    ):
         monkeypatch.setenv("HALFCAST_DATABASE_URL", url)
         assert cli_main(["db", "upgrade"]) == 1
         out, err = capsys.readouterr()
@@ -132,7 +138,9 @@ def test_db_upgrade_of_a_missing_postgres_database_masks_the_password(
     assert CANARY not in out + err and "does not exist" in err and "postgres:***@" in err
 
 
-def test_readyz_masks_a_probe_error_that_quotes_a_url(down_services: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readyz_masks_a_probe_error_that_quotes_a_url(
+    down_services: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Some drivers put the URL in their errors: the answer and the log still show no password."""
 
     def failing_probe(*_: object) -> None:

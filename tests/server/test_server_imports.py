@@ -31,8 +31,9 @@ print(json.dumps({"transport": transport.__module__, "modules": sorted(sys.modul
 
 
 def test_the_api_and_its_broker_setup_import_no_worker_and_no_torch(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120, check=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
     report = json.loads(result.stdout.splitlines()[-1])
     modules = set(report["modules"])
     assert report["transport"] == "broker.redis_transport"

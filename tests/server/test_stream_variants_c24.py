@@ -91,10 +91,10 @@ def _is_final(kind: str, event_: Event) -> bool:
 
 @pytest.mark.parametrize("asgi_spec", ["2.3", "2.4"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_c24_variant_disconnect_before_the_first_event_ends_the_stream(
+def test_disconnect_before_the_first_event_ends_the_stream(
     settings: Settings, sessions: sessionmaker[Session], kind: str, asgi_spec: str
 ) -> None:
-    """The client reads only the response head of a queued job's stream and goes; 3 times.
+    """C24 variant: The client reads only the response head of a queued job's stream and goes; 3 times.
 
     With ASGI 2.4 (no disconnect watcher in Starlette) only the stream's own checks can end it.
     """
@@ -123,8 +123,9 @@ def test_c24_variant_disconnect_before_the_first_event_ends_the_stream(
 # ----------------------------------------------------------------------------- the job ends while a client listens
 
 
-def _write_then_finish(kind: str, settings: Settings, sessions: sessionmaker[Session], job_id: str,
-                       finished: list[float]) -> None:  # fmt: skip
+def _write_then_finish(
+    kind: str, settings: Settings, sessions: sessionmaker[Session], job_id: str, finished: list[float]
+) -> None:
     """Write 10 steps (or log lines) as the worker would, then end the job ``succeeded``."""
     time.sleep(0.2)
     for step in range(1, 11):
@@ -138,10 +139,10 @@ def _write_then_finish(kind: str, settings: Settings, sessions: sessionmaker[Ses
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_c24_variant_a_job_that_ends_while_streamed_ends_its_stream(
+def test_a_job_that_ends_while_streamed_ends_its_stream(
     settings: Settings, sessions: sessionmaker[Session], kind: str
 ) -> None:
-    """The server closes the stream right after the final event; nothing is left open or polling."""
+    """C24 variant: The server closes the stream right after the final event; nothing is left open or polling."""
     job_id = insert_job(sessions, status="running")
     app, stats = _app(settings, kind, poll_interval_s=0.05)
     finished: list[float] = []
@@ -160,9 +161,11 @@ def test_c24_variant_a_job_that_ends_while_streamed_ends_its_stream(
     assert events and _is_final(kind, events[-1]), events[-3:]
     assert sum(_is_final(kind, e) for e in events) == 1
     if kind == "events":
-        assert [int(e.id) for e in events if e.event == "step"] == list(range(1, 11))  # type: ignore[arg-type]
+        assert [int(e.id) for e in events if e.event == "step"] == list(range(1, 11))
     else:
-        assert [line for e in events if e.event == "lines" for line in e.data["lines"]] == [f"line {n}" for n in range(1, 11)]
+        assert [line for e in events if e.event == "lines" for line in e.data["lines"]] == [
+            f"line {n}" for n in range(1, 11)
+        ]
     assert ended_at - finished[0] < END_WITHIN_S, ended_at - finished[0]
 
 
@@ -211,7 +214,10 @@ class _Reader:
 
     def run(self) -> None:
         try:
-            with httpx.Client(timeout=30, headers=self.headers) as client, client.stream("GET", self.url, params=self.params) as response:
+            with (
+                httpx.Client(timeout=30, headers=self.headers) as client,
+                client.stream("GET", self.url, params=self.params) as response,
+            ):
                 self.status = response.status_code
                 for _ in iter_events(response.iter_lines()):
                     self.events += 1
@@ -221,7 +227,9 @@ class _Reader:
             self.error = repr(exc)
 
 
-def _start_readers(url: str, params: dict[str, str], headers: dict[str, str], stop: threading.Event) -> Iterator[tuple[_Reader, threading.Thread]]:
+def _start_readers(
+    url: str, params: dict[str, str], headers: dict[str, str], stop: threading.Event
+) -> Iterator[tuple[_Reader, threading.Thread]]:
     for _ in range(MANY_STREAMS):
         reader = _Reader(url, params, headers, stop)
         thread = threading.Thread(target=reader.run, daemon=True)
@@ -230,10 +238,10 @@ def _start_readers(url: str, params: dict[str, str], headers: dict[str, str], st
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_c24_variant_many_open_streams_do_not_exhaust_the_pool(
+def test_many_open_streams_do_not_exhaust_the_pool(
     settings: Settings, sessions: sessionmaker[Session], auth_headers: dict[str, str], kind: str
 ) -> None:
-    """40 authenticated streams of one running job at once; the job writes; GET /jobs keeps answering.
+    """C24 variant: 40 authenticated streams of one running job at once; the job writes; GET /jobs keeps answering.
 
     A stream that kept a connection between polls would pin it for its whole life:
     the pool (15 on SQLite, 30 on PostgreSQL) would run dry and later streams and

@@ -67,8 +67,12 @@ def test_watch_on_a_narrow_terminal_fits_the_width_and_leaves_no_stale_line(
     screen.feed(terminal.getvalue())
     rows = screen.lines()
     assert screen.wraps == 0, rows
-    assert rows[:4] == ["job j: starting (launching)", "job j: running (loading data)", "job j: running",
-                        "eval at step 10: loss 0.5"], rows  # fmt: skip
+    assert rows[:4] == [
+        "job j: starting (launching)",
+        "job j: running (loading data)",
+        "job j: running",
+        "eval at step 10: loss 0.5",
+    ], rows
     assert rows[5:] == ["job j: succeeded"] and len(rows) == 6, rows  # one progress row: no redraw left one behind
     progress = rows[4]
     assert progress.startswith("[") and " 10/1000" in progress and "loss 0.1" in progress, progress

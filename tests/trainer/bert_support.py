@@ -17,12 +17,19 @@ import torch
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 CORPUS = [
-    "the event loop runs coroutines and tasks", "an email message has headers and a payload",
-    "the http client sends a request and reads the response", "parse the xml document into elements",
+    "the event loop runs coroutines and tasks",
+    "an email message has headers and a payload",
+    "the http client sends a request and reads the response",
+    "parse the xml document into elements",
 ]
 TINY_BERT: dict[str, Any] = {
-    "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32,
-    "max_position_embeddings": 64, "initializer_range": 0.5, "pad_token_id": 0,
+    "hidden_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 32,
+    "max_position_embeddings": 64,
+    "initializer_range": 0.5,
+    "pad_token_id": 0,
 }
 
 
@@ -39,9 +46,16 @@ def tiny_wordpiece() -> Any:
     backend.train_from_iterator(CORPUS * 10, trainer=trainer)
     cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
     backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
-                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
 
 
 def save_tiny_bert(directory: Path, seed: int = 0) -> Path:

@@ -17,8 +17,14 @@ import torch
 
 #: The tiny Llama's config (also usable as an ``hf_config`` with ``model_type``).
 TINY_LLAMA: dict[str, Any] = {
-    "model_type": "llama", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-    "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64, "vocab_size": 300,
+    "model_type": "llama",
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "vocab_size": 300,
 }
 CORPUS = ["hello world, this is a tiny corpus", "the quick brown fox jumps over the lazy dog", "fine-tune me"]
 
@@ -31,11 +37,15 @@ def tiny_tokenizer() -> Any:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(CORPUS * 20, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>",
-                                   bos_token="<s>", eos_token="</s>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
 
 
 def save_tiny_llama(directory: Path, seed: int = 0) -> None:
@@ -71,7 +81,11 @@ def lora_spec(**overrides: Any) -> dict[str, Any]:
         "model": {"name": "hf", "config": {"path": "llama"}},
         "dataset": {"name": "text", "config": {"seq_len": 16, "max_bytes": 20000}},
         "adapter": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-        "micro_batch_size": 4, "max_steps": 4, "log_interval": 2, "optimizer": {"lr": 0.01}, "seed": 0,
+        "micro_batch_size": 4,
+        "max_steps": 4,
+        "log_interval": 2,
+        "optimizer": {"lr": 0.01},
+        "seed": 0,
     }
     fields.update(overrides)
     return fields

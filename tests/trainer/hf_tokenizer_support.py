@@ -9,7 +9,8 @@ special tokens would double the BOS. Saved with ``save_pretrained`` and loaded b
 ``AutoTokenizer.from_pretrained(dir, local_files_only=True)``, as a model directory's
 tokenizer is.
 
-Use it from a test module with ``from hf_tokenizer_support import hf_tokenizer  # noqa: F401``.
+Use it from a test module with ``from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401``
+(registered under its name, ``hf_tokenizer``, so a test's parameter does not shadow the import).
 """
 
 from __future__ import annotations
@@ -47,14 +48,25 @@ def build_tokenizer_dir(directory: Path, chat_template: str | None = CHAT_TEMPLA
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     backend.train_from_iterator(TRAINING_TEXT, trainer=trainer)
     bos_id = backend.token_to_id(BOS)
-    backend.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A $B",
-                                                           special_tokens=[(BOS, bos_id)])
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, bos_token=BOS, eos_token=EOS,
-                                      additional_special_tokens=[IM_START, IM_END], chat_template=chat_template)
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)]
+    )
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        additional_special_tokens=[IM_START, IM_END],
+        chat_template=chat_template,
+    )
     wrapped.save_pretrained(directory)
     return directory
 
@@ -65,9 +77,15 @@ def save_chat_llama(directory: Path, seed: int = 0) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     build_tokenizer_dir(directory)
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=128,
-                         vocab_size=len(load_tokenizer(directory)))  # fmt: skip
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        vocab_size=len(load_tokenizer(directory)),
+    )
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(str(directory), safe_serialization=True)
     return directory
@@ -80,7 +98,7 @@ def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
-@pytest.fixture(scope="session")
-def hf_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBase:
+@pytest.fixture(scope="session", name="hf_tokenizer")
+def hf_tokenizer_fixture(tmp_path_factory: pytest.TempPathFactory) -> PreTrainedTokenizerBase:
     """The tiny tokenizer, built and loaded once per test session."""
     return load_tokenizer(build_tokenizer_dir(tmp_path_factory.mktemp("hf-tokenizer")))

@@ -15,8 +15,15 @@ from bench.compare_peers import run_benchmark
 from bench.report import markdown_table
 from bench.workload import Workload
 
-TINY = Workload(precision="fp16", in_features=16, hidden_sizes=(32,), micro_batch_size=8, num_batches=4,
-                log_interval=3, total_steps=50)
+TINY = Workload(
+    precision="fp16",
+    in_features=16,
+    hidden_sizes=(32,),
+    micro_batch_size=8,
+    num_batches=4,
+    log_interval=3,
+    total_steps=50,
+)
 
 
 def test_hand_loop_and_halfcast_smoke() -> None:
@@ -41,8 +48,19 @@ def test_lora_peers_smoke() -> None:
     from bench.lora_peers import run_lora_benchmark
     from bench.lora_workload import LoraWorkload
 
-    work = LoraWorkload(precision="bf16", hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
-                        vocab_size=300, seq_len=16, micro_batch_size=2, num_batches=2, total_steps=40, log_interval=2)
+    work = LoraWorkload(
+        precision="bf16",
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=1,
+        num_heads=2,
+        vocab_size=300,
+        seq_len=16,
+        micro_batch_size=2,
+        num_batches=2,
+        total_steps=40,
+        log_interval=2,
+    )
     names = ["hand", "halfcast", "trainer", "halfcast-compute"]
     result = run_lora_benchmark(work, names, steps=2, rounds=1, warmup=1, sync_steps=2)
     peers = result["peers"]
@@ -63,7 +81,17 @@ def test_lora_memory_in_subprocess() -> None:
     from bench.lora_memory import measure_in_subprocess
     from bench.lora_workload import LoraWorkload
 
-    work = LoraWorkload(precision="fp32", hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
-                        vocab_size=300, seq_len=16, micro_batch_size=2, num_batches=2, total_steps=40)
+    work = LoraWorkload(
+        precision="fp32",
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=1,
+        num_heads=2,
+        vocab_size=300,
+        seq_len=16,
+        micro_batch_size=2,
+        num_batches=2,
+        total_steps=40,
+    )
     memory = measure_in_subprocess("hand", work, steps=2, threads=1)
     assert memory.get("peak_mib", 0) > 0 and memory["method"], memory

@@ -9,8 +9,8 @@ import torch
 
 from trainer import checkpoint
 from trainer.checkpoint import final_path, load_checkpoint, save_checkpoint, step_path
-from trainer.distributed import DistContext
 from trainer.components import build_components
+from trainer.distributed import DistContext
 from trainer.loop import train
 from trainer.spec import JobSpec
 
@@ -27,15 +27,31 @@ def test_final_checkpoint_holds_everything_to_resume(cpu_ctx: DistContext, tmp_p
     result = train(spec, tmp_path, cpu_ctx)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["final.pt", "step-2.pt"]
     saved = load_checkpoint(final_path(tmp_path))
-    assert set(saved) == {"model", "optimizer", "lr_scheduler", "precision", "step", "counters", "spec", "rng", "data_info",
-                          "best_evaluation", "inputs"}
+    assert set(saved) == {
+        "model",
+        "optimizer",
+        "lr_scheduler",
+        "precision",
+        "step",
+        "counters",
+        "spec",
+        "rng",
+        "data_info",
+        "best_evaluation",
+        "inputs",
+    }
     assert saved["inputs"] == {}  # a built-in dataset and model read no input files
     assert saved["data_info"] == {"task": "regression", "num_outputs": 1, "in_features": 16, "seq_len": None}
     assert len(saved["rng"]) == 1 and set(saved["rng"][0]) >= {"python", "torch"}
     assert saved["step"] == 3 and load_checkpoint(step_path(tmp_path, 2))["step"] == 2
     assert JobSpec.model_validate(saved["spec"]) == spec
-    assert saved["counters"] == {"consecutive_skips": 0, "consecutive_nonfinite_losses": 0, "nan_skips_in_run": 0,
-                                 "samples_total": 3 * 16, "tokens_total": 0}
+    assert saved["counters"] == {
+        "consecutive_skips": 0,
+        "consecutive_nonfinite_losses": 0,
+        "nan_skips_in_run": 0,
+        "samples_total": 3 * 16,
+        "tokens_total": 0,
+    }
     assert saved["precision"]["precision"] == "fp16"
     assert saved["precision"]["scaler"]["scale"] == 2048.0  # grew once after 2 clean steps
     assert saved["lr_scheduler"]["last_epoch"] == 3

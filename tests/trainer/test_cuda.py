@@ -56,8 +56,8 @@ def test_fp16_overflow_skip_with_fused_optimizer_on_cuda(tmp_path: Path) -> None
 
 def test_fp8_on_capable_gpu_or_rejected(tmp_path: Path) -> None:
     spec = JobSpec.model_validate(
-        DIGITS | {"precision": "fp8", "max_steps": 20,
-                  "model": {"name": "mlp", "config": {"hidden_sizes": [256, 256, 256]}}}
+        DIGITS
+        | {"precision": "fp8", "max_steps": 20, "model": {"name": "mlp", "config": {"hidden_sizes": [256, 256, 256]}}}
     )
     capable = torch.cuda.get_device_capability(0) >= (8, 9)
     try:
@@ -76,9 +76,25 @@ def test_fp8_on_capable_gpu_or_rejected(tmp_path: Path) -> None:
 def test_nccl_ddp_two_gpus(tmp_path: Path) -> None:
     spec = DIGITS | {"precision": "bf16", "gpus": 2, "max_steps": 30, "gradient_accumulation_steps": 2}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
-           "-m", "trainer", "--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path)]
-    subprocess.run(cmd, check=True, timeout=300, env={**os.environ, "HALFCAST_DUMP_PARAMS": "1", "HALFCAST_ALLOW_FAULTS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "trainer",
+        "--spec",
+        str(tmp_path / "spec.json"),
+        "--run-dir",
+        str(tmp_path),
+    ]
+    subprocess.run(
+        cmd, check=True, timeout=300, env={**os.environ, "HALFCAST_DUMP_PARAMS": "1", "HALFCAST_ALLOW_FAULTS": "1"}
+    )
     ranks = [torch.load(tmp_path / f"params-rank{r}.pt") for r in range(2)]
     for name, value in ranks[0].items():
         assert torch.equal(value, ranks[1][name]), name
@@ -86,12 +102,27 @@ def test_nccl_ddp_two_gpus(tmp_path: Path) -> None:
 
 #: A random-init Llama large enough for fp8 GEMMs (dims multiples of 16), over byte-level text.
 HF_LORA: dict[str, Any] = {
-    "model": {"name": "hf", "config": {"hf_config": {
-        "model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 128, "vocab_size": 256}}},
+    "model": {
+        "name": "hf",
+        "config": {
+            "hf_config": {
+                "model_type": "llama",
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "max_position_embeddings": 128,
+                "vocab_size": 256,
+            }
+        },
+    },
     "dataset": {"name": "text", "config": {"seq_len": 64, "max_bytes": 200000}},
     "adapter": {"r": 16, "alpha": 32, "target_modules": "all-linear"},
-    "micro_batch_size": 8, "max_steps": 10, "gpus": 1, "log_interval": 5,
+    "micro_batch_size": 8,
+    "max_steps": 10,
+    "gpus": 1,
+    "log_interval": 5,
     "optimizer": {"name": "adamw", "lr": 1e-3, "implementation": "fused"},
 }
 

@@ -27,7 +27,7 @@ def test_digits_shapes_dtypes_and_stratified_split() -> None:
     assert (data.info.in_features, data.info.num_outputs) == (64, 10)
     assert data.train_x.shape == (1437, 64) and data.eval_x.shape == (360, 64)
     assert data.train_x.dtype == torch.float32 and data.train_y.dtype == torch.int64
-    assert 0.0 <= float(data.train_x.min()) and float(data.train_x.max()) <= 1.0
+    assert float(data.train_x.min()) >= 0.0 and float(data.train_x.max()) <= 1.0
     train_share = torch.bincount(data.train_y, minlength=10) / 1437
     eval_share = torch.bincount(data.eval_y, minlength=10) / 360
     assert torch.allclose(train_share, eval_share, atol=0.01)
@@ -115,8 +115,14 @@ def test_text_windows_shift_targets_and_shard_by_rank() -> None:
     assert batch.inputs.shape == (6, 4) and batch.inputs.dtype == torch.int64
     assert torch.equal(batch.targets[:, :-1], batch.inputs[:, 1:])
     assert batch.num_elements == 24 and batch.num_tokens == 24
-    starts = [{int(row[0]) for b in itertools.islice(data.train_batches(4, rank=r, world_size=2, seed=0), 5)
-               for row in b.inputs} for r in range(2)]
+    starts = [
+        {
+            int(row[0])
+            for b in itertools.islice(data.train_batches(4, rank=r, world_size=2, seed=0), 5)
+            for row in b.inputs
+        }
+        for r in range(2)
+    ]
     assert not starts[0] & starts[1]
 
 

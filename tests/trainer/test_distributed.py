@@ -88,8 +88,20 @@ def test_two_rank_torchrun_job_keeps_ranks_identical(tmp_path: Path) -> None:
     for name in TORCHRUN_ENV:
         env.pop(name, None)
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
-        "-m", "trainer", "--spec", str(spec_path), "--run-dir", str(run_dir),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "trainer",
+        "--spec",
+        str(spec_path),
+        "--run-dir",
+        str(run_dir),
     ]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from pydantic import ValidationError
-
 from hf_support import lora_spec
+from pydantic import ValidationError
+from trainer_support import free_port, init_gloo
+
 from trainer.best import best_path
 from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.distributed import DistContext
@@ -19,47 +20,64 @@ from trainer.early_stopping import BestTracker
 from trainer.loop import train
 from trainer.records import read_records
 from trainer.spec import JobSpec
-from trainer_support import free_port, init_gloo
 
-MLP = {"model": {"name": "mlp", "config": {"hidden_sizes": [8]}},
-       "dataset": {"name": "synthetic", "config": {"in_features": 4, "num_samples": 64, "seed": 1}},
-       "micro_batch_size": 8, "seed": 0}
+MLP = {
+    "model": {"name": "mlp", "config": {"hidden_sizes": [8]}},
+    "dataset": {"name": "synthetic", "config": {"in_features": 4, "num_samples": 64, "seed": 1}},
+    "micro_batch_size": 8,
+    "seed": 0,
+}
 DIGITS = {"model": {"name": "mlp", "config": {"hidden_sizes": [8]}}, "dataset": {"name": "digits"}}
 #: A flat loss (a learning rate of 1e-12): only the first evaluation improves by more than min_delta.
-FLAT = {**MLP, "max_steps": 10, "eval_interval": 1, "optimizer": {"lr": 1e-12},
-        "early_stopping": {"metric": "loss", "patience": 2, "min_delta": 0.01}}
+FLAT = {
+    **MLP,
+    "max_steps": 10,
+    "eval_interval": 1,
+    "optimizer": {"lr": 1e-12},
+    "early_stopping": {"metric": "loss", "patience": 2, "min_delta": 0.01},
+}
 
 
-@pytest.mark.parametrize(("fields", "loc"), [
-    ({**MLP, "early_stopping": {"metric": "loss"}}, ("early_stopping",)),
-    ({**MLP, "keep_best": True}, ("keep_best",)),
-    ({**MLP, "eval_interval": 1, "early_stopping": {"metric": "accuracy"}}, ("early_stopping", "metric")),
-    ({**MLP, "eval_interval": 1, "early_stopping": {"metric": "perplexity"}}, ("early_stopping", "metric")),
-    ({**DIGITS, "eval_interval": 1, "early_stopping": {"metric": "perplexity"}}, ("early_stopping", "metric")),
-    ({**lora_spec(), "eval_interval": 1, "early_stopping": {"metric": "accuracy"}}, ("early_stopping", "metric")),
-    ({**MLP, "eval_interval": 1, "early_stopping": {"metric": "bleu"}}, ("early_stopping", "metric")),
-    ({**MLP, "eval_interval": 1, "early_stopping": {"patience": 0}}, ("early_stopping", "patience")),
-    ({**MLP, "eval_interval": 1, "early_stopping": {"min_delta": -0.1}}, ("early_stopping", "min_delta")),
-    ({**MLP, "eval_interval": 1, "early_stopping": {"min_delta": float("inf")}}, ("early_stopping", "min_delta")),
-    ({**MLP, "eval_interval": 1, "early_stopping": {"mode": "max"}}, ("early_stopping", "mode")),
-])
+@pytest.mark.parametrize(
+    ("fields", "loc"),
+    [
+        ({**MLP, "early_stopping": {"metric": "loss"}}, ("early_stopping",)),
+        ({**MLP, "keep_best": True}, ("keep_best",)),
+        ({**MLP, "eval_interval": 1, "early_stopping": {"metric": "accuracy"}}, ("early_stopping", "metric")),
+        ({**MLP, "eval_interval": 1, "early_stopping": {"metric": "perplexity"}}, ("early_stopping", "metric")),
+        ({**DIGITS, "eval_interval": 1, "early_stopping": {"metric": "perplexity"}}, ("early_stopping", "metric")),
+        ({**lora_spec(), "eval_interval": 1, "early_stopping": {"metric": "accuracy"}}, ("early_stopping", "metric")),
+        ({**MLP, "eval_interval": 1, "early_stopping": {"metric": "bleu"}}, ("early_stopping", "metric")),
+        ({**MLP, "eval_interval": 1, "early_stopping": {"patience": 0}}, ("early_stopping", "patience")),
+        ({**MLP, "eval_interval": 1, "early_stopping": {"min_delta": -0.1}}, ("early_stopping", "min_delta")),
+        ({**MLP, "eval_interval": 1, "early_stopping": {"min_delta": float("inf")}}, ("early_stopping", "min_delta")),
+        ({**MLP, "eval_interval": 1, "early_stopping": {"mode": "max"}}, ("early_stopping", "mode")),
+    ],
+)
 def test_bad_evaluation_fields_are_422_at_the_field(fields: dict[str, Any], loc: tuple[str, ...]) -> None:
     with pytest.raises(ValidationError) as caught:
         JobSpec.model_validate(fields)
-    assert caught.value.errors()[0]["loc"][:len(loc)] == loc
+    assert caught.value.errors()[0]["loc"][: len(loc)] == loc
 
 
 def test_each_task_accepts_its_own_metrics() -> None:
     for fields, metric, mode in [(DIGITS, "accuracy", "max"), (lora_spec(), "perplexity", "min"), (MLP, "loss", "min")]:
-        spec = JobSpec.model_validate({**fields, "eval_interval": 1, "keep_best": True, "early_stopping": {"metric": metric}})
+        spec = JobSpec.model_validate(
+            {**fields, "eval_interval": 1, "keep_best": True, "early_stopping": {"metric": metric}}
+        )
         assert spec.early_stopping is not None and spec.early_stopping.mode == mode and spec.best_metric == metric
 
 
 def test_the_tracker_counts_evaluations_without_an_improvement_above_min_delta() -> None:
     tracker = BestTracker("accuracy", "max", patience=2, min_delta=0.05)
     decisions = [tracker.update(step, value) for step, value in [(1, 0.5), (2, 0.6), (3, 0.64), (4, None), (5, 0.9)]]
-    assert [(d.improved, d.stop) for d in decisions] == [(True, False), (True, False), (False, False), (False, True),
-                                                         (True, False)]
+    assert [(d.improved, d.stop) for d in decisions] == [
+        (True, False),
+        (True, False),
+        (False, False),
+        (False, True),
+        (True, False),
+    ]
     assert (tracker.best_step, tracker.best_value) == (5, 0.9)
 
 
@@ -76,7 +94,9 @@ def test_early_stopping_ends_the_job_at_the_expected_evaluation(cpu_ctx: DistCon
 
 
 def test_a_job_that_keeps_improving_runs_to_max_steps(cpu_ctx: DistContext, tmp_path: Path) -> None:
-    spec = JobSpec.model_validate({**FLAT, "max_steps": 4, "optimizer": {"lr": 0.05}, "early_stopping": {"patience": 3}})
+    spec = JobSpec.model_validate(
+        {**FLAT, "max_steps": 4, "optimizer": {"lr": 0.05}, "early_stopping": {"patience": 3}}
+    )
     train(spec, tmp_path, cpu_ctx)
     end = read_records(tmp_path)[-1]
     assert end["steps"] == 4 and "stopped_early" not in end
@@ -101,8 +121,13 @@ def test_two_ranks_stop_early_at_the_same_step(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- keep_best
 
 #: An LoRA job whose learning rate warms up towards 100: the evaluation at step 6 is worse than step 5's.
-WORSENING = {"max_steps": 6, "eval_interval": 1, "keep_best": True, "optimizer": {"lr": 100.0},
-             "lr_scheduler": {"warmup_steps": 400}}
+WORSENING = {
+    "max_steps": 6,
+    "eval_interval": 1,
+    "keep_best": True,
+    "optimizer": {"lr": 100.0},
+    "lr_scheduler": {"warmup_steps": 400},
+}
 
 
 def _exported_adapter(run_dir: Path) -> dict[str, torch.Tensor]:

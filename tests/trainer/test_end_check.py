@@ -42,8 +42,18 @@ def _end(run_dir: Path) -> dict[str, Any]:
 
 
 def _row(step: int, kind: float = 0.0, loss: float = 1.0, scale: float = 4.0) -> StepRow:
-    return StepRow(step=step, time=0.0, loss=loss, loss_scale=scale, overflow_kind=kind, skipped_steps=0,
-                   grad_norm=1.0, lr=0.1, samples=8, tokens=None)  # fmt: skip
+    return StepRow(
+        step=step,
+        time=0.0,
+        loss=loss,
+        loss_scale=scale,
+        overflow_kind=kind,
+        skipped_steps=0,
+        grad_norm=1.0,
+        lr=0.1,
+        samples=8,
+        tokens=None,
+    )
 
 
 def _guard(kinds: list[float], losses: list[float] | None = None) -> DivergenceGuard:
@@ -53,10 +63,13 @@ def _guard(kinds: list[float], losses: list[float] | None = None) -> DivergenceG
     return guard
 
 
-@pytest.mark.parametrize(("limit", "max_steps", "expected"),
-                         [(50, 1, 3), (50, 10, 3), (50, 30, 3), (50, 31, 4), (50, 100, 10), (50, 10_000, 50), (2, 10, 2)])
-def test_the_final_stretch_limit_is_a_tenth_of_the_run_between_3_and_the_guards(limit: int, max_steps: int,
-                                                                              expected: int) -> None:
+@pytest.mark.parametrize(
+    ("limit", "max_steps", "expected"),
+    [(50, 1, 3), (50, 10, 3), (50, 30, 3), (50, 31, 4), (50, 100, 10), (50, 10_000, 50), (2, 10, 2)],
+)
+def test_the_final_stretch_limit_is_a_tenth_of_the_run_between_3_and_the_guards(
+    limit: int, max_steps: int, expected: int
+) -> None:
     assert final_stretch_limit(limit, max_steps) == expected
 
 
@@ -64,7 +77,9 @@ def test_an_fp16_job_whose_every_step_overflowed_fails_no_update_applied(
     tiny_mlp_spec: SpecFactory, cpu_ctx: DistContext, tmp_path: Path
 ) -> None:
     """The issue's case: 10 fp16 steps, every one skipped, far below max_consecutive_skips (50)."""
-    spec = tiny_mlp_spec(precision="fp16", max_steps=10, faults={"nonfinite_grad_from_step": 1, "nonfinite_value": "inf"})
+    spec = tiny_mlp_spec(
+        precision="fp16", max_steps=10, faults={"nonfinite_grad_from_step": 1, "nonfinite_value": "inf"}
+    )
     with pytest.raises(TrainerError) as info:
         train(spec, tmp_path, cpu_ctx)
     assert info.value.reason == "no_update_applied" and "all 10 attempted steps were skipped" in info.value.message
@@ -78,8 +93,12 @@ def test_a_run_that_ended_in_a_long_stretch_of_skipped_steps_fails_with_the_guar
 ) -> None:
     """Steps 1-5 learn, 6-10 overflow: the last 5 of 10 (>= 3) learned nothing. With +inf the scale
     backs off 4 -> 2 -> 1 (min_scale) and sits there: collapsed, as the guard would have said."""
-    spec = tiny_mlp_spec(precision="fp16", max_steps=10, loss_scale={"init_scale": 4.0},
-                         faults={"nonfinite_grad_from_step": 6, "nonfinite_value": value})  # fmt: skip
+    spec = tiny_mlp_spec(
+        precision="fp16",
+        max_steps=10,
+        loss_scale={"init_scale": 4.0},
+        faults={"nonfinite_grad_from_step": 6, "nonfinite_value": value},
+    )
     with pytest.raises(TrainerError) as info:
         train(spec, tmp_path, cpu_ctx)
     assert info.value.reason == reason
@@ -94,8 +113,12 @@ def test_a_healthy_run_whose_last_steps_overflowed_still_succeeds(
     spec = tiny_mlp_spec(precision="fp16", max_steps=10, faults={"nonfinite_grad_steps": overflows})
     result = train(spec, tmp_path, cpu_ctx)
     assert (result.applied_steps, result.skipped_steps) == (10 - len(overflows), len(overflows))
-    assert _end(tmp_path) == {**_end(tmp_path), "steps": 10, "skipped_steps": len(overflows),
-                              "applied_steps": 10 - len(overflows)}  # fmt: skip
+    assert _end(tmp_path) == {
+        **_end(tmp_path),
+        "steps": 10,
+        "skipped_steps": len(overflows),
+        "applied_steps": 10 - len(overflows),
+    }
     assert final_path(tmp_path).exists()
 
 
@@ -105,7 +128,9 @@ def test_applied_steps_count_the_history_before_a_resume(
     """Resumed at step 18 of 20, both of its own steps skipped: 18 updates of the job were applied, so it succeeds."""
     first = tiny_mlp_spec(precision="fp16", max_steps=20, checkpoint_interval=18)
     train(first, tmp_path / "first", cpu_ctx)
-    spec = tiny_mlp_spec(precision="fp16", max_steps=20, checkpoint_interval=18, faults={"nonfinite_grad_steps": [19, 20]})
+    spec = tiny_mlp_spec(
+        precision="fp16", max_steps=20, checkpoint_interval=18, faults={"nonfinite_grad_steps": [19, 20]}
+    )
     result = train(spec, tmp_path / "resumed", cpu_ctx, resume_from=step_path(tmp_path / "first", 18))
     assert (result.applied_steps, result.skipped_steps) == (18, 2)
     assert _end(tmp_path / "resumed")["applied_steps"] == 18
@@ -131,13 +156,17 @@ def test_fallback_bf16_answers_no_update_applied_from_step_0(
 ) -> None:
     """Every fp16 step overflows (faults in fp16 only): the end check fails it, the job rewinds to step 0
     and trains all 6 steps again in bf16, applying every update."""
-    spec = tiny_mlp_spec(precision="fp16", max_steps=6, on_divergence="fallback_bf16",
-                         faults={"nonfinite_grad_from_step": 1, "nonfinite_grad_precisions": ["fp16"]})  # fmt: skip
+    spec = tiny_mlp_spec(
+        precision="fp16",
+        max_steps=6,
+        on_divergence="fallback_bf16",
+        faults={"nonfinite_grad_from_step": 1, "nonfinite_grad_precisions": ["fp16"]},
+    )
     result = train(spec, tmp_path, cpu_ctx)
     records = read_records(tmp_path)
     [switch] = [r for r in records if r["type"] == "precision_switch"]
     assert (switch["step"], switch["reason"], switch["rewound_to_step"]) == (6, "no_update_applied", 0)
-    after = [r for r in records[records.index(switch):] if r["type"] == "step"]
+    after = [r for r in records[records.index(switch) :] if r["type"] == "step"]
     assert [s["step"] for s in after] == list(range(1, 7)) and all(s["precision"] == "bf16" for s in after)
     assert (result.applied_steps, _end(tmp_path)["applied_steps"]) == (6, 6)
 
@@ -147,8 +176,13 @@ def test_fallback_bf16_answers_a_final_stretch_from_the_checkpoint_before_it(
 ) -> None:
     """Steps 8-10 overflow in fp16: the stretch began at step 8, so the job rewinds to step-5.pt (not
     step 0, nor past the stretch's start) and re-runs 6-10 in bf16."""
-    spec = tiny_mlp_spec(precision="fp16", max_steps=10, checkpoint_interval=5, on_divergence="fallback_bf16",
-                         faults={"nonfinite_grad_from_step": 8, "nonfinite_grad_precisions": ["fp16"]})  # fmt: skip
+    spec = tiny_mlp_spec(
+        precision="fp16",
+        max_steps=10,
+        checkpoint_interval=5,
+        on_divergence="fallback_bf16",
+        faults={"nonfinite_grad_from_step": 8, "nonfinite_grad_precisions": ["fp16"]},
+    )
     result = train(spec, tmp_path, cpu_ctx)
     [switch] = [r for r in read_records(tmp_path) if r["type"] == "precision_switch"]
     assert (switch["step"], switch["reason"], switch["rewound_to_step"]) == (10, "nonfinite_gradients", 5)

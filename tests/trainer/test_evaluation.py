@@ -12,13 +12,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
+from trainer_support import free_port, init_gloo, lm_micro_batch, tiny_lm
 
 from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Task, feature_batch, token_batch
 from trainer.evaluate import MAX_EXP_LOSS, evaluate, perplexity
 from trainer.precision import PrecisionPolicy, build_precision
 from trainer.spec import JobSpec
-from trainer_support import free_port, init_gloo, lm_micro_batch, tiny_lm
-
 
 MLP_SPEC = {"model": {"name": "mlp", "config": {"hidden_sizes": [4]}}, "dataset": {"name": "synthetic"}}
 
@@ -29,8 +28,9 @@ class HeldOut:
     def __init__(self, info: DataInfo, batches: list[Batch]) -> None:
         self.info, self.batches = info, batches
 
-    def train_batches(self, micro_batch_size: int, *, rank: int, world_size: int, seed: int,
-                      start: int = 0) -> Iterator[Batch]:
+    def train_batches(
+        self, micro_batch_size: int, *, rank: int, world_size: int, seed: int, start: int = 0
+    ) -> Iterator[Batch]:
         raise NotImplementedError
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:
@@ -97,7 +97,7 @@ def _classification() -> tuple[Fixed, HeldOut]:
     logits = torch.randn(10, 3, generator=generator)
     targets = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
     ids = torch.arange(10, dtype=torch.float32).unsqueeze(1)
-    batches = [feature_batch(ids[i:i + 4], targets[i:i + 4]) for i in range(0, 10, 4)]  # 4 + 4 + 2
+    batches = [feature_batch(ids[i : i + 4], targets[i : i + 4]) for i in range(0, 10, 4)]  # 4 + 4 + 2
     return Fixed(logits), HeldOut(DataInfo(Task.CLASSIFICATION, 3, in_features=1), batches)
 
 
@@ -115,8 +115,14 @@ def test_classification_accuracy_is_exact_on_a_seeded_case() -> None:
 def _rank(rank: int, port: int, out: str) -> None:
     ctx = init_gloo(rank, port)
     try:
-        lm = evaluate(tiny_lm(), HeldOut(DataInfo(Task.LM, 32, seq_len=8), _lm_batches()), _fp32(), 2,
-                      rank=ctx.rank, world_size=ctx.world_size)
+        lm = evaluate(
+            tiny_lm(),
+            HeldOut(DataInfo(Task.LM, 32, seq_len=8), _lm_batches()),
+            _fp32(),
+            2,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+        )
         model, data = _classification()
         cls = evaluate(model, data, _fp32(), 4, rank=ctx.rank, world_size=ctx.world_size)
         torch.save({"lm": lm, "cls": cls}, Path(out) / f"rank{rank}.pt")

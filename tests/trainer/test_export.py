@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from trainer.checkpoint import final_path
+from trainer.data.base import DataInfo, Task
 from trainer.distributed import DistContext
 from trainer.export import data_info_entry, load_trained_model
-from trainer.data.base import DataInfo, Task
 from trainer.loop import train
 from trainer.spec import JobSpec
 
@@ -21,7 +21,9 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def test_the_final_checkpoint_rebuilds_the_trained_mlp(cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: Any) -> None:
+def test_the_final_checkpoint_rebuilds_the_trained_mlp(
+    cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: Any
+) -> None:
     result = train(tiny_mlp_spec(precision="bf16", max_steps=3), tmp_path, cpu_ctx)
     model = load_trained_model(final_path(tmp_path))
     assert _same_weights(model, result.model) and not model.training
@@ -32,11 +34,15 @@ def test_the_final_checkpoint_rebuilds_the_trained_mlp(cpu_ctx: DistContext, tmp
 
 
 def test_a_gpt_trained_on_text_comes_back_with_its_context_length(cpu_ctx: DistContext, tmp_path: Path) -> None:
-    spec = JobSpec.model_validate({
-        "model": {"name": "gpt", "config": {"n_layer": 1, "n_head": 2, "d_model": 16}},
-        "dataset": {"name": "text", "config": {"seq_len": 8, "max_bytes": 4096}},
-        "micro_batch_size": 2, "max_steps": 2, "seed": 0,
-    })  # fmt: skip
+    spec = JobSpec.model_validate(
+        {
+            "model": {"name": "gpt", "config": {"n_layer": 1, "n_head": 2, "d_model": 16}},
+            "dataset": {"name": "text", "config": {"seq_len": 8, "max_bytes": 4096}},
+            "micro_batch_size": 2,
+            "max_steps": 2,
+            "seed": 0,
+        }
+    )
     result = train(spec, tmp_path, cpu_ctx)
     payload = torch.load(final_path(tmp_path), weights_only=True)
     assert payload["data_info"]["task"] == "lm" and payload["data_info"]["seq_len"] == 8

@@ -20,15 +20,20 @@ def _fp32_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torc
     return [p.grad for p in reference.parameters()]
 
 
-def test_c03_tiny_loss_growth_interval_one_stays_bounded_and_matches_fp32() -> None:
+def test_tiny_loss_growth_interval_one_stays_bounded_and_matches_fp32() -> None:
+    """C03."""
     torch.manual_seed(0)
     model = nn.Linear(5, 1)
     with torch.no_grad():  # predictions and targets near 1e-4: a tiny loss (~1e-10)
         for param in model.parameters():
             param.mul_(1e-4)
     spec = JobSpec.model_validate(
-        {"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "precision": "fp16",
-         "loss_scale": {"init_scale": 65536.0, "growth_interval": 1}}
+        {
+            "model": {"name": "mlp"},
+            "dataset": {"name": "synthetic"},
+            "precision": "fp16",
+            "loss_scale": {"init_scale": 65536.0, "growth_interval": 1},
+        }
     )
     policy = build_precision(spec, CPU)
     max_scale = spec.effective_loss_scale.max_scale
@@ -43,7 +48,7 @@ def test_c03_tiny_loss_growth_interval_one_stays_bounded_and_matches_fp32() -> N
         policy.backward(loss)
         outcome = policy.step(optimizer, list(model.parameters()), None)
         assert not outcome.overflow
-        for param, ref in zip(model.parameters(), expected):
+        for param, ref in zip(model.parameters(), expected, strict=True):
             torch.testing.assert_close(param.grad, ref, rtol=2e-2, atol=1e-9)
         optimizer.zero_grad(set_to_none=True)
         scales.append(policy.loss_scale)

@@ -46,7 +46,10 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _trajectory(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    return [(r["step"], r["loss"], r["loss_scale"], r["overflow"], r["skipped_steps"], r["grad_norm"], r["lr"]) for r in records]
+    return [
+        (r["step"], r["loss"], r["loss_scale"], r["overflow"], r["skipped_steps"], r["grad_norm"], r["lr"])
+        for r in records
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,8 @@ def whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def test_c08_resume_in_a_new_process_is_bit_identical(whole: Path, tmp_path: Path) -> None:
+def test_resume_in_a_new_process_is_bit_identical(whole: Path, tmp_path: Path) -> None:
+    """C08."""
     resumed = tmp_path / "resumed"
     checkpoint = step_path(whole, 5)
     _run(resumed, SPEC, "--resume-from", str(checkpoint))
@@ -72,7 +76,8 @@ def test_c08_resume_in_a_new_process_is_bit_identical(whole: Path, tmp_path: Pat
     assert final_whole["lr_scheduler"] == final_resumed["lr_scheduler"]
 
 
-def test_c08_restored_scaler_state_equals_the_saved_one(whole: Path, tmp_path: Path) -> None:
+def test_restored_scaler_state_equals_the_saved_one(whole: Path, tmp_path: Path) -> None:
+    """C08."""
     resumed = tmp_path / "resumed"
     saved = load_checkpoint(step_path(whole, 5))["precision"]
     short = SPEC | {"max_steps": 6, "checkpoint_interval": None}

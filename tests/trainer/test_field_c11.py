@@ -17,11 +17,10 @@ from trainer.records import RECORDS_FILE
 from trainer.spec import JobSpec
 
 
-
-
-def test_c11_nan_gradients_every_step_fail_the_job_long_before_the_end(
+def test_nan_gradients_every_step_fail_the_job_long_before_the_end(
     tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path
 ) -> None:
+    """C11."""
     spec = tiny_mlp_spec(
         precision="fp16",
         loss_scale={"init_scale": 65536.0},
@@ -41,11 +40,14 @@ def test_c11_nan_gradients_every_step_fail_the_job_long_before_the_end(
     assert scales[:3] == [65536.0, 32768.0, 16384.0]
 
 
-def test_c11_weights_never_receive_nan(tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path) -> None:
-    """12 NaN steps under a guard limit of 1000: the weights of step 12's checkpoint are finite; the job,
+def test_weights_never_receive_nan(tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path) -> None:
+    """C11: 12 NaN steps under a guard limit of 1000: the weights of step 12's checkpoint are finite; the job,
     having applied no update, fails ``no_update_applied`` (trainer/end_check.py) instead of succeeding."""
     spec = tiny_mlp_spec(
-        precision="fp16", max_steps=12, max_consecutive_skips=1000, checkpoint_interval=12,
+        precision="fp16",
+        max_steps=12,
+        max_consecutive_skips=1000,
+        checkpoint_interval=12,
         faults={"nonfinite_grad_steps": list(range(1, 13)), "nonfinite_value": "nan"},
     )
     torch.manual_seed(spec.seed)

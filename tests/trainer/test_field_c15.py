@@ -30,7 +30,8 @@ def _accumulate(precision: str) -> nn.Linear:
     return layer
 
 
-def test_c15_bf16_accumulated_gradient_keeps_small_contributions() -> None:
+def test_bf16_accumulated_gradient_keeps_small_contributions() -> None:
+    """C15."""
     layer = _accumulate("bf16")
     grad = layer.weight.grad
     assert grad.dtype == torch.float32

@@ -23,8 +23,8 @@ import torch.multiprocessing as mp
 from pydantic import ValidationError
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
-
 from trainer_support import free_port, init_gloo, lm_micro_batch, tiny_lm
+
 from trainer import loop
 from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.components import Components, build_components
@@ -109,7 +109,7 @@ def captured_components() -> Iterator[list[Components]]:
     try:
         yield built
     finally:
-        loop.build_components = original  # type: ignore[assignment]
+        loop.build_components = original
 
 
 def _full_params(model: nn.Module) -> list[Tensor]:
@@ -139,11 +139,17 @@ def _clone_nested(value: Any) -> Any:
 
 def _lm_parts(precision: str, ctx: DistContext, **spec_fields: Any) -> Components:
     """Components around the C17 tiny causal LM (vocab 32, embedding 16), wrapped for ``ctx``."""
-    spec = JobSpec.model_validate({
-        "model": {"name": "gpt"}, "dataset": {"name": "text"}, "precision": precision, "max_steps": 10,
-        "optimizer": {"name": "adamw", "lr": 0.01, "weight_decay": 0.1},
-        "lr_scheduler": {"name": "cosine", "warmup_steps": 2}, **spec_fields,
-    })
+    spec = JobSpec.model_validate(
+        {
+            "model": {"name": "gpt"},
+            "dataset": {"name": "text"},
+            "precision": precision,
+            "max_steps": 10,
+            "optimizer": {"name": "adamw", "lr": 0.01, "weight_decay": 0.1},
+            "lr_scheduler": {"name": "cosine", "warmup_steps": 2},
+            **spec_fields,
+        }
+    )
     model = tiny_lm()
     optimizer = build_optimizer(spec.optimizer, model.parameters())
     return Components(
@@ -179,8 +185,13 @@ def _check_skips_hold_everything(spec: JobSpec, run_dir: Path, ctx: DistContext,
     """Run ``spec``; every overflow step leaves model, optimizer state (moments, step counters, momentum)
     and the LR schedule bit-identical; the schedule advances exactly once per applied step."""
     fresh = build_components(spec, ctx)
-    states = {0: {"model": fresh.model.state_dict(), "optimizer": fresh.optimizer.state_dict(),
-                  "lr_scheduler": fresh.lr_scheduler.state_dict()}}
+    states = {
+        0: {
+            "model": fresh.model.state_dict(),
+            "optimizer": fresh.optimizer.state_dict(),
+            "lr_scheduler": fresh.lr_scheduler.state_dict(),
+        }
+    }
     multiplier, base_lr = fresh.lr_scheduler.multiplier, spec.optimizer.lr
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -212,7 +223,7 @@ def _check_skips_hold_everything(spec: JobSpec, run_dir: Path, ctx: DistContext,
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("name", "implementation"), PATHS)
-def test_C01_variant_skips_hold_every_schedule_and_optimizer_path(
+def test_skips_hold_every_schedule_and_optimizer_path(
     schedule: str, name: str, implementation: str, cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C01 variant: every LR schedule (with and without warm-up) x every optimizer path, K=2, fp16,
@@ -223,23 +234,34 @@ def test_C01_variant_skips_hold_every_schedule_and_optimizer_path(
     schedule bit-identical; the scale halves on each overflow.
     """
     spec = tiny_mlp_spec(
-        precision="fp16", loss_scale={"init_scale": 1024.0}, gradient_accumulation_steps=2, micro_batch_size=8,
-        max_steps=C01_STEPS, optimizer=_optimizer(name, implementation), lr_scheduler=SCHEDULES[schedule],
-        checkpoint_interval=1, faults={"nonfinite_grad_steps": C01_OVERFLOWS, "nonfinite_value": "inf"},
+        precision="fp16",
+        loss_scale={"init_scale": 1024.0},
+        gradient_accumulation_steps=2,
+        micro_batch_size=8,
+        max_steps=C01_STEPS,
+        optimizer=_optimizer(name, implementation),
+        lr_scheduler=SCHEDULES[schedule],
+        checkpoint_interval=1,
+        faults={"nonfinite_grad_steps": C01_OVERFLOWS, "nonfinite_value": "inf"},
     )
     _check_skips_hold_everything(spec, tmp_path, cpu_ctx, C01_OVERFLOWS)
     assert [s["loss_scale"] for s in _steps(tmp_path)] == [1024.0, 512.0, 256.0, 256.0, 128.0, 128.0]
 
 
 @pytest.mark.parametrize(("precision", "value"), [("bf16", "nan"), ("fp32", "inf"), ("fp16", "nan")])
-def test_C01_variant_skips_hold_the_schedule_in_every_precision(
+def test_skips_hold_the_schedule_in_every_precision(
     precision: str, value: str, cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C01 variant: a non-finite gradient in bf16 / fp32 (no loss scaler) or a NaN in fp16 is skipped the
     same way: warm-up cosine schedule held, AdamW (fused) state bit-identical, K=3."""
     spec = tiny_mlp_spec(
-        precision=precision, gradient_accumulation_steps=3, micro_batch_size=4, max_steps=C01_STEPS,
-        optimizer=_optimizer("adamw", "fused"), lr_scheduler=SCHEDULES["cosine-warmup"], checkpoint_interval=1,
+        precision=precision,
+        gradient_accumulation_steps=3,
+        micro_batch_size=4,
+        max_steps=C01_STEPS,
+        optimizer=_optimizer("adamw", "fused"),
+        lr_scheduler=SCHEDULES["cosine-warmup"],
+        checkpoint_interval=1,
         faults={"nonfinite_grad_steps": C01_OVERFLOWS, "nonfinite_value": value},
     )
     _check_skips_hold_everything(spec, tmp_path, cpu_ctx, C01_OVERFLOWS)
@@ -248,13 +270,14 @@ def test_C01_variant_skips_hold_the_schedule_in_every_precision(
 # ----------------------------------------------------------------------------- C03
 
 
-def test_C03_variant_custom_max_scale_with_growth_interval_one(
+def test_custom_max_scale_with_growth_interval_one(
     cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C03 variant: ``max_scale`` 3000 (not a power of two), growth interval 1, a whole job: the scale
     grows every clean step, is clamped at exactly 3000 and never exceeds it; no step is skipped."""
-    spec = tiny_mlp_spec(precision="fp16", loss_scale={"init_scale": 256.0, "growth_interval": 1, "max_scale": 3000.0},
-                         max_steps=8)
+    spec = tiny_mlp_spec(
+        precision="fp16", loss_scale={"init_scale": 256.0, "growth_interval": 1, "max_scale": 3000.0}, max_steps=8
+    )
     train(spec, tmp_path, cpu_ctx)
     steps = _steps(tmp_path)
     assert [s["loss_scale"] for s in steps] == [256.0, 512.0, 1024.0, 2048.0, 3000.0, 3000.0, 3000.0, 3000.0]
@@ -270,7 +293,7 @@ def _float32_at_most(value: float) -> float:
 
 
 @pytest.mark.parametrize("max_scale", [16777219.0, 3.0e9 + 1.0, 2.0**64, 1.0000001])
-def test_C03_variant_scale_never_exceeds_a_max_scale_float32_cannot_hold(max_scale: float) -> None:
+def test_scale_never_exceeds_a_max_scale_float32_cannot_hold(max_scale: float) -> None:
     """C03 variant: the scale lives in float32; a ``max_scale`` float32 cannot represent (2**24 + 3 rounds
     *up* to 2**24 + 4) must still bound it, also when ``init_scale`` equals ``max_scale``. 300 clean
     steps at growth interval 1: always finite, never above ``max_scale``, and at the largest float32 below it."""
@@ -285,11 +308,17 @@ def test_C03_variant_scale_never_exceeds_a_max_scale_float32_cannot_hold(max_sca
 
 
 @pytest.mark.parametrize("min_scale", [1.00000017, 3.0e-7, 1.0])
-def test_C03_variant_scale_never_falls_below_a_min_scale_float32_cannot_hold(min_scale: float) -> None:
+def test_scale_never_falls_below_a_min_scale_float32_cannot_hold(min_scale: float) -> None:
     """C03/C11 variant: a ``min_scale`` float32 cannot represent (1.00000017 rounds *down*) still bounds the
     scale from below after any number of backoffs, with growth factor 1024 and backoff factor 1e-3."""
-    scaler = DynamicLossScaler(init_scale=2.0**20, growth_factor=1024.0, backoff_factor=1e-3, growth_interval=1,
-                               min_scale=min_scale, max_scale=2.0**64)
+    scaler = DynamicLossScaler(
+        init_scale=2.0**20,
+        growth_factor=1024.0,
+        backoff_factor=1e-3,
+        growth_interval=1,
+        min_scale=min_scale,
+        max_scale=2.0**64,
+    )
     pattern = [True] * 40 + [False] * 30 + [True] * 40
     for overflow in pattern:
         scaler.update(torch.tensor(float(overflow)))
@@ -298,7 +327,7 @@ def test_C03_variant_scale_never_falls_below_a_min_scale_float32_cannot_hold(min
     assert scaler.scale.item() == scaler.min_scale  # pinned at the (float32) bound after the last backoffs
 
 
-def test_C03_variant_odd_bounds_are_rejected_or_deliberate() -> None:
+def test_odd_bounds_are_rejected_or_deliberate() -> None:
     """C03 variant: contradictory bounds are rejected with an error naming the field; the rest is deliberate.
 
     Rejected: dynamic ``init_scale`` above ``max_scale`` or below ``min_scale``, ``min_scale`` above
@@ -307,11 +336,15 @@ def test_C03_variant_odd_bounds_are_rejected_or_deliberate() -> None:
     moves); a static scaler uses its scale as given (the bounds belong to the dynamic rule), even above
     ``max_scale``.
     """
-    cases = [({"init_scale": 2.0**25}, "init_scale"), ({"init_scale": 0.5}, "init_scale"),
-             ({"min_scale": 4.0, "max_scale": 2.0, "init_scale": 3.0}, "min_scale"),
-             ({"max_scale": math.inf}, "max_scale"), ({"min_scale": 0.0}, "min_scale"),
-             # bounds that bracket no float32 (the scale's dtype): 2**24 + 3 lies between 2**24 + 2 and 2**24 + 4
-             ({"min_scale": 16777219.0, "max_scale": 16777219.0, "init_scale": 16777219.0}, "max_scale")]
+    cases = [
+        ({"init_scale": 2.0**25}, "init_scale"),
+        ({"init_scale": 0.5}, "init_scale"),
+        ({"min_scale": 4.0, "max_scale": 2.0, "init_scale": 3.0}, "min_scale"),
+        ({"max_scale": math.inf}, "max_scale"),
+        ({"min_scale": 0.0}, "min_scale"),
+        # bounds that bracket no float32 (the scale's dtype): 2**24 + 3 lies between 2**24 + 2 and 2**24 + 4
+        ({"min_scale": 16777219.0, "max_scale": 16777219.0, "init_scale": 16777219.0}, "max_scale"),
+    ]
     for fields, field in cases:
         with pytest.raises(ValidationError) as info:
             LossScaleSpec.model_validate(fields)
@@ -342,8 +375,9 @@ def _scaled_loss(parts: Components) -> Components:
     return dataclasses.replace(parts, loss_fn=lambda model, batch: LOSS_FACTOR * base(model, batch))
 
 
-def _reference_clipped(reference: Components, weights: Mapping[str, Tensor], window: list[Batch],
-                       ctx: DistContext) -> tuple[float, list[Tensor]]:
+def _reference_clipped(
+    reference: Components, weights: Mapping[str, Tensor], window: list[Batch], ctx: DistContext
+) -> tuple[float, list[Tensor]]:
     """fp32 pre-clip norm of the window's gradient at ``weights``, and the clipped fp32 gradients."""
     reference.model.load_state_dict(weights)
     accumulate_window(reference.model, window, reference.precision, reference.loss_fn, ctx)
@@ -368,7 +402,7 @@ def _record_optimizer_inputs(optimizer: torch.optim.Optimizer) -> list[list[Tens
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize(("name", "implementation"), PATHS)
-def test_C05_C06_variant_clip_once_on_the_unscaled_window_gradient(
+def test_clip_once_on_the_unscaled_window_gradient(
     precision: str, name: str, implementation: str, cpu_ctx: DistContext, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C05/C06 variant: K=3 accumulation, loss x100, max_grad_norm 1.0, fp16 (init scale 65536, so the
@@ -379,8 +413,11 @@ def test_C05_C06_variant_clip_once_on_the_unscaled_window_gradient(
     gradients (norm 1.0, not scaled); SGD's update is the fp32 clipped update.
     """
     spec = tiny_mlp_spec(
-        precision=precision, loss_scale={"init_scale": 65536.0} if precision == "fp16" else None,
-        gradient_accumulation_steps=3, micro_batch_size=8, max_grad_norm=MAX_GRAD_NORM,
+        precision=precision,
+        loss_scale={"init_scale": 65536.0} if precision == "fp16" else None,
+        gradient_accumulation_steps=3,
+        micro_batch_size=8,
+        max_grad_norm=MAX_GRAD_NORM,
         optimizer=_optimizer(name, implementation, lr=0.01),
     )
     parts = _scaled_loss(build_components(spec, cpu_ctx))
@@ -436,8 +473,10 @@ def _c08_spec(precision: str, **overrides: Any) -> JobSpec:
     if precision == "fp16":
         # growth interval 3, hysteresis 2: step 2 overflows without backoff (hysteresis 2 -> 1), steps 3-5
         # grow at 5, steps 6-7 overflow twice (backoff at 7): checkpoints 2, 4, 6 are all mid-interval.
-        fields |= {"loss_scale": {"init_scale": 1024.0, "growth_interval": 3, "hysteresis": 2},
-                   "faults": {"nonfinite_grad_steps": [2, 6, 7], "nonfinite_value": "inf"}}
+        fields |= {
+            "loss_scale": {"init_scale": 1024.0, "growth_interval": 3, "hysteresis": 2},
+            "faults": {"nonfinite_grad_steps": [2, 6, 7], "nonfinite_value": "inf"},
+        }
     else:
         fields |= {"faults": {"nonfinite_grad_steps": [3], "nonfinite_value": "nan"}}
     return JobSpec.model_validate(fields | overrides)
@@ -467,15 +506,22 @@ def _assert_resume_identical(whole: Path, resumed: Path, at: int) -> None:
         assert_bit_identical(final_whole[part], final_resumed[part], part)
 
 
-@pytest.mark.parametrize(("precision", "at", "trackers"), [
-    ("fp16", 2, (0, 1)),  # right after a skipped step that used up one unit of hysteresis
-    ("fp16", 4, (2, 1)),  # growth tracker mid-interval (2 of 3), hysteresis tracker mid (1 of 2)
-    ("fp16", 6, (0, 1)),  # after a skipped step, one overflow away from a backoff
-    ("bf16", 3, None),  # bf16: right after a skipped (NaN) step
-    ("bf16", 5, None),
-])
-def test_C08_variant_resume_mid_interval_is_bit_identical(
-    precision: str, at: int, trackers: tuple[int, int] | None, c08_whole: dict[str, Path], cpu_ctx: DistContext,
+@pytest.mark.parametrize(
+    ("precision", "at", "trackers"),
+    [
+        ("fp16", 2, (0, 1)),  # right after a skipped step that used up one unit of hysteresis
+        ("fp16", 4, (2, 1)),  # growth tracker mid-interval (2 of 3), hysteresis tracker mid (1 of 2)
+        ("fp16", 6, (0, 1)),  # after a skipped step, one overflow away from a backoff
+        ("bf16", 3, None),  # bf16: right after a skipped (NaN) step
+        ("bf16", 5, None),
+    ],
+)
+def test_resume_mid_interval_is_bit_identical(
+    precision: str,
+    at: int,
+    trackers: tuple[int, int] | None,
+    c08_whole: dict[str, Path],
+    cpu_ctx: DistContext,
     tmp_path: Path,
 ) -> None:
     """C08 variant: resume from checkpoints taken while the growth and hysteresis trackers are
@@ -498,16 +544,32 @@ def test_C08_variant_resume_mid_interval_is_bit_identical(
 # ----------------------------------------------------------------------------- C11
 
 
-@pytest.mark.parametrize(("value", "loss_scale", "accumulation", "reason", "floor"), [
-    # only infinities, scale at min_scale: the guard's dedicated reason
-    ("inf", {"init_scale": 65536.0}, 1, "loss_scale_collapsed", 1.0),
-    ("inf", {"init_scale": 65536.0, "hysteresis": 3}, 2, "loss_scale_collapsed", 1.0),
-    ("nan", {"init_scale": 65536.0, "hysteresis": 2, "min_scale": 2.0**-24}, 2, "nonfinite_gradients", 2.0**-24),
-    ("inf", {"mode": "static", "init_scale": 1024.0}, 2, "nonfinite_gradients", 1024.0),  # a static scale never moves
-], ids=["inf", "inf-hysteresis3-K2", "nan-hysteresis2-min2e-24", "inf-static"])
-def test_C11_variant_nonfinite_gradients_every_step_fail_long_before_the_end(
-    value: str, loss_scale: dict[str, Any], accumulation: int, reason: str, floor: float, cpu_ctx: DistContext,
-    tmp_path: Path, tiny_mlp_spec: SpecFactory,
+@pytest.mark.parametrize(
+    ("value", "loss_scale", "accumulation", "reason", "floor"),
+    [
+        # only infinities, scale at min_scale: the guard's dedicated reason
+        ("inf", {"init_scale": 65536.0}, 1, "loss_scale_collapsed", 1.0),
+        ("inf", {"init_scale": 65536.0, "hysteresis": 3}, 2, "loss_scale_collapsed", 1.0),
+        ("nan", {"init_scale": 65536.0, "hysteresis": 2, "min_scale": 2.0**-24}, 2, "nonfinite_gradients", 2.0**-24),
+        (
+            "inf",
+            {"mode": "static", "init_scale": 1024.0},
+            2,
+            "nonfinite_gradients",
+            1024.0,
+        ),  # a static scale never moves
+    ],
+    ids=["inf", "inf-hysteresis3-K2", "nan-hysteresis2-min2e-24", "inf-static"],
+)
+def test_nonfinite_gradients_every_step_fail_long_before_the_end(
+    value: str,
+    loss_scale: dict[str, Any],
+    accumulation: int,
+    reason: str,
+    floor: float,
+    cpu_ctx: DistContext,
+    tmp_path: Path,
+    tiny_mlp_spec: SpecFactory,
 ) -> None:
     """C11 variant: +inf (or NaN) on every step, with hysteresis, accumulation, the smallest allowed
     ``min_scale`` or a static scale, 250 steps requested, default limits. The scale falls to its floor
@@ -518,8 +580,12 @@ def test_C11_variant_nonfinite_gradients_every_step_fail_long_before_the_end(
     ``loss_scale_collapsed`` (no smaller scale can help), otherwise ``nonfinite_gradients``.
     """
     spec = tiny_mlp_spec(
-        precision="fp16", loss_scale=loss_scale, max_steps=250,
-        gradient_accumulation_steps=accumulation, micro_batch_size=8, checkpoint_interval=10,
+        precision="fp16",
+        loss_scale=loss_scale,
+        max_steps=250,
+        gradient_accumulation_steps=accumulation,
+        micro_batch_size=8,
+        checkpoint_interval=10,
         faults={"nonfinite_grad_steps": list(range(1, 251)), "nonfinite_value": value},
     )
     initial = build_components(spec, cpu_ctx).model.state_dict()
@@ -537,14 +603,17 @@ def test_C11_variant_nonfinite_gradients_every_step_fail_long_before_the_end(
         assert_bit_identical(weights, initial, f"step {step}")
 
 
-def test_C11_variant_collapse_is_recognised_at_a_min_scale_float32_rounds_up(
+def test_collapse_is_recognised_at_a_min_scale_float32_rounds_up(
     cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C11 variant: ``min_scale`` 1.0000001 is held as float32 1.00000012; +inf on every step still ends
     with ``loss_scale_collapsed`` (the scale did reach its floor), never below ``min_scale``."""
     spec = tiny_mlp_spec(
-        precision="fp16", loss_scale={"init_scale": 4.0, "min_scale": 1.0000001}, max_steps=100,
-        max_consecutive_skips=6, faults={"nonfinite_grad_steps": list(range(1, 101)), "nonfinite_value": "inf"},
+        precision="fp16",
+        loss_scale={"init_scale": 4.0, "min_scale": 1.0000001},
+        max_steps=100,
+        max_consecutive_skips=6,
+        faults={"nonfinite_grad_steps": list(range(1, 101)), "nonfinite_value": "inf"},
     )
     with pytest.raises(TrainerError) as info:
         train(spec, tmp_path, cpu_ctx)
@@ -554,7 +623,7 @@ def test_C11_variant_collapse_is_recognised_at_a_min_scale_float32_rounds_up(
 
 
 @pytest.mark.parametrize(("precision", "value"), [("fp32", "inf"), ("bf16", "nan"), ("fp16", "inf"), ("fp16", "nan")])
-def test_C11_variant_nonfinite_loss_every_step_fails_with_nonfinite_loss(
+def test_nonfinite_loss_every_step_fails_with_nonfinite_loss(
     precision: str, value: str, cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C11 variant: the loss itself is +inf or NaN on every step (not only the gradients), in every
@@ -579,7 +648,7 @@ def test_C11_variant_nonfinite_loss_every_step_fails_with_nonfinite_loss(
             with pytest.raises(TrainerError) as info:
                 train(spec, tmp_path, cpu_ctx)
         finally:
-            loop.build_components = original  # type: ignore[assignment]
+            loop.build_components = original
     assert info.value.reason == "nonfinite_loss"
     steps = _steps(tmp_path)
     assert len(steps) == spec.max_consecutive_nonfinite_losses
@@ -614,7 +683,7 @@ def _accumulate_scalar(precision: str, init_scale: float | None, micro_batches: 
 
 
 @pytest.mark.parametrize(("precision", "init_scale"), [("fp16", 1024.0), ("fp16", 1.0), ("bf16", None)])
-def test_C15_variant_fp16_and_bf16_accumulate_in_fp32(precision: str, init_scale: float | None) -> None:
+def test_fp16_and_bf16_accumulate_in_fp32(precision: str, init_scale: float | None) -> None:
     """C15 variant: fp16 (loss scale 1024 and 1) accumulates like bf16, in the fp32 master gradient:
     1.0 + 64 x 1e-3 = 1.064 +- 1e-4 after unscaling (an fp16 or bf16 buffer would stay near 1.0)."""
     grad = _accumulate_scalar(precision, init_scale)
@@ -622,7 +691,7 @@ def test_C15_variant_fp16_and_bf16_accumulate_in_fp32(precision: str, init_scale
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_C15_variant_k64_window_gradient_is_the_fp32_sum_of_micro_batch_gradients(
+def test_k64_window_gradient_is_the_fp32_sum_of_micro_batch_gradients(
     precision: str, cpu_ctx: DistContext, tiny_mlp_spec: SpecFactory
 ) -> None:
     """C15 variant: a K=64 window of single-sample micro-batches on the tiny MLP. The accumulated
@@ -653,15 +722,18 @@ def test_C15_variant_k64_window_gradient_is_the_fp32_sum_of_micro_batch_gradient
         torch.testing.assert_close(got.float(), ref, rtol=0, atol=2e-2 * ref.abs().max().item() + 1e-6)
 
 
-def test_C15_variant_k64_bf16_job_step_matches_fp32(
-    cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory
-) -> None:
+def test_k64_bf16_job_step_matches_fp32(cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec: SpecFactory) -> None:
     """C15 variant: a whole bf16 job step with K=64 micro-batches of 2 gives the fp32 job's loss and
     gradient norm (within bf16 compute rounding, far below what a bf16 accumulator would lose)."""
     results = {}
     for precision in ("fp32", "bf16"):
-        spec = tiny_mlp_spec(precision=precision, gradient_accumulation_steps=64, micro_batch_size=2, max_steps=1,
-                             optimizer={"name": "sgd", "lr": 0.1})
+        spec = tiny_mlp_spec(
+            precision=precision,
+            gradient_accumulation_steps=64,
+            micro_batch_size=2,
+            max_steps=1,
+            optimizer={"name": "sgd", "lr": 0.1},
+        )
         train(spec, tmp_path / precision, cpu_ctx)
         results[precision] = _steps(tmp_path / precision)[0]
     assert results["bf16"]["grad_norm"] == pytest.approx(results["fp32"]["grad_norm"], rel=5e-3)
@@ -672,7 +744,7 @@ def test_C15_variant_k64_bf16_job_step_matches_fp32(
 
 
 @pytest.mark.parametrize("valid", [(0, 7, 3), (5, 0), (0, 0, 9, 0)])
-def test_C17_variant_zero_token_micro_batches_in_a_window(valid: tuple[int, ...], cpu_ctx: DistContext) -> None:
+def test_zero_token_micro_batches_in_a_window(valid: tuple[int, ...], cpu_ctx: DistContext) -> None:
     """C17 variant: micro-batches with zero valid tokens inside a window contribute nothing; the window
     gradient equals the full-batch gradient over the valid tokens (1e-6) and the logged loss is their mean."""
     parts = _lm_parts("fp32", cpu_ctx)
@@ -688,7 +760,7 @@ def test_C17_variant_zero_token_micro_batches_in_a_window(valid: tuple[int, ...]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
-def test_C17_variant_window_without_valid_tokens_is_no_update(precision: str, cpu_ctx: DistContext) -> None:
+def test_window_without_valid_tokens_is_no_update(precision: str, cpu_ctx: DistContext) -> None:
     """C17 variant: a whole window (K=2) with zero valid tokens, after a real step (so AdamW's moments are
     non-zero): no NaN anywhere, and no update: weights, optimizer state (moments, step counters), LR
     schedule and loss-scaler state stay bit-identical; it is not an overflow and not a skipped step."""
@@ -715,8 +787,9 @@ def test_C17_variant_window_without_valid_tokens_is_no_update(precision: str, cp
 TWO_RANKS = 2
 #: C09 runs: (parallelism, optimizer, implementation, injected value); fused SGD cannot step FSDP2 shards
 #: (the spec rejects it), every other path runs under both.
-C09_RUNS = [("ddp", n, i, "inf" if k % 2 else "nan") for k, (n, i) in enumerate(PATHS)] + \
-    [("fsdp", n, i, "nan" if k % 2 else "inf") for k, (n, i) in enumerate(PATHS) if (n, i) != ("sgd", "fused")]
+C09_RUNS = [("ddp", n, i, "inf" if k % 2 else "nan") for k, (n, i) in enumerate(PATHS)] + [
+    ("fsdp", n, i, "nan" if k % 2 else "inf") for k, (n, i) in enumerate(PATHS) if (n, i) != ("sgd", "fused")
+]
 C09_OVERFLOWS = [1, 3]
 #: C17 windows per rank: (valid tokens, seed) per micro-batch.
 C17_WINDOWS: dict[str, dict[int, list[tuple[int, int]]]] = {
@@ -726,20 +799,33 @@ C17_WINDOWS: dict[str, dict[int, list[tuple[int, int]]]] = {
 
 
 def _c09_spec(parallelism: str, name: str, implementation: str, value: str) -> JobSpec:
-    return JobSpec.model_validate({
-        "model": {"name": "mlp", "config": {"hidden_sizes": [16]}},
-        "dataset": {"name": "synthetic", "config": {"in_features": 8, "num_samples": 128, "seed": 5}},
-        "precision": "fp16", "loss_scale": {"init_scale": 1024.0}, "processes": TWO_RANKS,
-        "parallelism": parallelism, "micro_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 4,
-        "max_grad_norm": 1.0, "optimizer": _optimizer(name, implementation, lr=0.01),
-        "lr_scheduler": {"name": "linear", "warmup_steps": 1},
-        "faults": {"nonfinite_grad_steps": C09_OVERFLOWS, "nonfinite_value": value, "ranks": [1]},
-    })
+    return JobSpec.model_validate(
+        {
+            "model": {"name": "mlp", "config": {"hidden_sizes": [16]}},
+            "dataset": {"name": "synthetic", "config": {"in_features": 8, "num_samples": 128, "seed": 5}},
+            "precision": "fp16",
+            "loss_scale": {"init_scale": 1024.0},
+            "processes": TWO_RANKS,
+            "parallelism": parallelism,
+            "micro_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 4,
+            "max_grad_norm": 1.0,
+            "optimizer": _optimizer(name, implementation, lr=0.01),
+            "lr_scheduler": {"name": "linear", "warmup_steps": 1},
+            "faults": {"nonfinite_grad_steps": C09_OVERFLOWS, "nonfinite_value": value, "ranks": [1]},
+        }
+    )
 
 
 def _c08_two_rank_spec() -> JobSpec:
-    return _c08_spec("fp16", processes=TWO_RANKS, micro_batch_size=4, max_steps=7,
-                     faults={"nonfinite_grad_steps": [2, 6], "nonfinite_value": "nan", "ranks": [1]})
+    return _c08_spec(
+        "fp16",
+        processes=TWO_RANKS,
+        micro_batch_size=4,
+        max_steps=7,
+        faults={"nonfinite_grad_steps": [2, 6], "nonfinite_value": "nan", "ranks": [1]},
+    )
 
 
 def _run_job(spec: JobSpec, run_dir: Path, ctx: DistContext, resume_from: Path | None = None) -> dict[str, Any]:
@@ -747,9 +833,12 @@ def _run_job(spec: JobSpec, run_dir: Path, ctx: DistContext, resume_from: Path |
     with captured_components() as built:
         train(spec, run_dir, ctx, resume_from=resume_from)
     parts = built[-1]
-    return {"params": _full_params(parts.model), "precision": parts.precision.state_dict(),
-            "lr": float(parts.optimizer.param_groups[0]["lr"]),
-            "steps": _numerics(_steps(run_dir)) if ctx.is_main else None}
+    return {
+        "params": _full_params(parts.model),
+        "precision": parts.precision.state_dict(),
+        "lr": float(parts.optimizer.param_groups[0]["lr"]),
+        "steps": _numerics(_steps(run_dir)) if ctx.is_main else None,
+    }
 
 
 def _c09_scenario(ctx: DistContext, out: Path) -> dict[str, Any]:
@@ -770,20 +859,33 @@ def _c17_scenario(ctx: DistContext, out: Path) -> dict[str, Any]:
     for name, per_rank in C17_WINDOWS.items():
         micro = [lm_micro_batch(valid, seed=seed) for valid, seed in per_rank[ctx.rank]]
         stats = accumulate_window(parts.train_model, micro, parts.precision, parts.loss_fn, ctx)
-        results[name] = {"loss": float(stats.loss), "elements": int(stats.num_elements),
-                         "grads": [p.grad.detach().clone() for p in parts.model.parameters()]}
+        results[name] = {
+            "loss": float(stats.loss),
+            "elements": int(stats.num_elements),
+            "grads": [p.grad.detach().clone() for p in parts.model.parameters()],
+        }
         parts.optimizer.zero_grad(set_to_none=True)
     dist.barrier()
     del parts  # drop DDP's reducer while the process group is alive
     parts = _lm_parts("fp16", ctx, loss_scale={"init_scale": 1024.0})
-    train_step(parts, [lm_micro_batch(9, seed=31 + ctx.rank), lm_micro_batch(3, seed=33 + ctx.rank)], step=1,
-               max_grad_norm=1.0, dist_ctx=ctx)
+    train_step(
+        parts,
+        [lm_micro_batch(9, seed=31 + ctx.rank), lm_micro_batch(3, seed=33 + ctx.rank)],
+        step=1,
+        max_grad_norm=1.0,
+        dist_ctx=ctx,
+    )
     before = _snapshot(parts)
-    empty = train_step(parts, [lm_micro_batch(0, seed=35), lm_micro_batch(0, seed=36)], step=2, max_grad_norm=1.0,
-                       dist_ctx=ctx)
+    empty = train_step(
+        parts, [lm_micro_batch(0, seed=35), lm_micro_batch(0, seed=36)], step=2, max_grad_norm=1.0, dist_ctx=ctx
+    )
     outcome = empty.outcome.to_host()
-    results["empty"] = {"loss": float(empty.window.loss), "overflow": outcome.overflow, "before": before,
-                        "after": _snapshot(parts)}
+    results["empty"] = {
+        "loss": float(empty.window.loss),
+        "overflow": outcome.overflow,
+        "before": before,
+        "after": _snapshot(parts),
+    }
     dist.barrier()
     del parts  # drop DDP's reducer while the process group is alive
     return results
@@ -804,14 +906,15 @@ def _c17_fsdp_scenario(ctx: DistContext, out: Path) -> dict[str, Any]:
 
 def _c15_scenario(ctx: DistContext, out: Path) -> dict[str, Any]:
     """C15's scalar under DDP and FSDP2 (bf16): gradient 1.0, then 64 micro-batches adding 1e-3 each."""
-    policy = build_precision(JobSpec.model_validate({"model": {"name": "mlp"}, "dataset": {"name": "synthetic"},
-                                                     "precision": "bf16"}), CPU)
+    policy = build_precision(
+        JobSpec.model_validate({"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "precision": "bf16"}), CPU
+    )
     results: dict[str, Any] = {}
     for parallelism in ("ddp", "fsdp"):
         layer = nn.Linear(1, 2, bias=False)  # two rows: one per rank under FSDP2
         with torch.no_grad():
             layer.weight.fill_(0.5)
-        model = wrap_model(layer, ctx, parallelism, "bf16")  # type: ignore[arg-type]
+        model = wrap_model(layer, ctx, parallelism, "bf16")
         inputs = [torch.ones(1, 1)] + [torch.full((1, 1), 1e-3)] * 64
         for index, x in enumerate(inputs):
             with grad_sync(model, sync=index == len(inputs) - 1):
@@ -819,15 +922,20 @@ def _c15_scenario(ctx: DistContext, out: Path) -> dict[str, Any]:
                     out_ = model(x)
                 policy.backward(out_.float().sum())
         grad = unwrap_model(model).weight.grad
-        results[parallelism] = {"grad": grad.full_tensor() if isinstance(grad, DTensor) else grad.detach().clone(),
-                                "dtype": str((grad.to_local() if isinstance(grad, DTensor) else grad).dtype)}
+        results[parallelism] = {
+            "grad": grad.full_tensor() if isinstance(grad, DTensor) else grad.detach().clone(),
+            "dtype": str((grad.to_local() if isinstance(grad, DTensor) else grad).dtype),
+        }
         dist.barrier()
         del model, layer
     return results
 
 
 TWO_RANK_SCENARIOS: dict[str, Callable[[DistContext, Path], dict[str, Any]]] = {
-    "c09": _c09_scenario, "c08": _c08_scenario, "c17": _c17_scenario, "c17_fsdp": _c17_fsdp_scenario,
+    "c09": _c09_scenario,
+    "c08": _c08_scenario,
+    "c17": _c17_scenario,
+    "c17_fsdp": _c17_fsdp_scenario,
     "c15": _c15_scenario,
 }
 
@@ -839,7 +947,7 @@ def _two_rank_worker(rank: int, port: int, out_dir: str) -> None:
         for name, scenario in TWO_RANK_SCENARIOS.items():
             try:
                 results[name] = scenario(ctx, Path(out_dir) / name)
-            except Exception as exc:  # noqa: BLE001 - recorded per scenario; its test reports it
+            except Exception as exc:
                 log.exception("scenario %s failed on rank %d", name, rank)
                 results[name] = f"{type(exc).__name__}: {exc}"
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
@@ -864,7 +972,7 @@ def _scenario(runs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("run", [f"{p}-{n}-{i}-{v}" for p, n, i, v in C09_RUNS])
-def test_C09_variant_fault_on_rank_1_skips_on_both_ranks(run: str, two_rank_runs: list[dict[str, Any]]) -> None:
+def test_fault_on_rank_1_skips_on_both_ranks(run: str, two_rank_runs: list[dict[str, Any]]) -> None:
     """C09 variant: +inf or NaN on rank 1 only (after the gradient all-reduce / in rank 1's FSDP2 shard),
     at steps 1 and 3 of a K=2 fp16 job, for every optimizer path under DDP and FSDP2: both ranks skip
     both steps, both scales end at 256, the parameters stay bit-identical across ranks."""
@@ -882,7 +990,7 @@ def test_C09_variant_fault_on_rank_1_skips_on_both_ranks(run: str, two_rank_runs
 
 @pytest.mark.slow
 @pytest.mark.parametrize("at", [2, 4])
-def test_C08_variant_two_rank_resume_is_bit_identical(at: int, two_rank_runs: list[dict[str, Any]]) -> None:
+def test_two_rank_resume_is_bit_identical(at: int, two_rank_runs: list[dict[str, Any]]) -> None:
     """C08 variant: 2 gloo ranks (DDP), fp16 with hysteresis 2 and growth interval 3, dropout, AdamW with
     warm-up cosine, NaN on rank 1 at steps 2 and 6; resumed from step 2 (after the skip) and step 4
     (trackers mid-interval): every rank's parameters and scaler state, and the records, equal the
@@ -899,7 +1007,7 @@ def test_C08_variant_two_rank_resume_is_bit_identical(at: int, two_rank_runs: li
 @pytest.mark.slow
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 @pytest.mark.parametrize("window", list(C17_WINDOWS))
-def test_C17_variant_two_ranks_with_uneven_and_empty_token_counts(
+def test_two_ranks_with_uneven_and_empty_token_counts(
     window: str, parallelism: str, two_rank_runs: list[dict[str, Any]]
 ) -> None:
     """C17 variant: 2 gloo ranks (DDP and FSDP2) with uneven valid-token counts, a zero-token micro-batch,
@@ -920,7 +1028,7 @@ def test_C17_variant_two_ranks_with_uneven_and_empty_token_counts(
 
 
 @pytest.mark.slow
-def test_C17_variant_two_ranks_window_without_valid_tokens_is_no_update(two_rank_runs: list[dict[str, Any]]) -> None:
+def test_two_ranks_window_without_valid_tokens_is_no_update(two_rank_runs: list[dict[str, Any]]) -> None:
     """C17 variant: on 2 ranks (fp16) a window with zero valid tokens everywhere, after a real step: no NaN, no
     overflow, and on both ranks weights, AdamW state, schedule and scaler stay bit-identical."""
     ranks = _scenario(two_rank_runs, "c17")
@@ -933,7 +1041,7 @@ def test_C17_variant_two_ranks_window_without_valid_tokens_is_no_update(two_rank
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_C15_variant_two_ranks_accumulate_in_fp32(parallelism: str, two_rank_runs: list[dict[str, Any]]) -> None:
+def test_two_ranks_accumulate_in_fp32(parallelism: str, two_rank_runs: list[dict[str, Any]]) -> None:
     """C15 variant: bf16 accumulation over 1 + 64 micro-batches on 2 gloo ranks, with DDP's ``no_sync`` and
     FSDP2's ``set_requires_gradient_sync(False)`` (which keeps the unsharded gradient itself): the
     accumulated gradient is float32 and 1.064 +- 1e-4 on both ranks (a bf16 buffer would stay at 1.0)."""

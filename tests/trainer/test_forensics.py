@@ -57,8 +57,9 @@ def test_underflow_fraction_counts_zero_and_subnormal_fp16_values() -> None:
 def test_overflow_records_name_parameter_kind_and_rank(
     tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path
 ) -> None:
-    spec = tiny_mlp_spec(precision="fp16", max_steps=6, log_interval=4,
-                         faults={"nonfinite_grad_steps": [2, 5], "nonfinite_value": "nan"})
+    spec = tiny_mlp_spec(
+        precision="fp16", max_steps=6, log_interval=4, faults={"nonfinite_grad_steps": [2, 5], "nonfinite_value": "nan"}
+    )
     train(spec, tmp_path, cpu_ctx)
     steps = {r["step"]: r for r in read_records(tmp_path) if r["type"] == "step"}
     for step in (2, 5):
@@ -86,10 +87,13 @@ def test_a_higher_scale_lowers_the_underflow_fraction(
 ) -> None:
     fractions = []
     for scale in (1.0, 2.0**16):
-        spec = tiny_mlp_spec(precision="fp16", max_steps=1,
-                             loss_scale={"init_scale": scale, "underflow_sample_interval": 1})
+        spec = tiny_mlp_spec(
+            precision="fp16", max_steps=1, loss_scale={"init_scale": scale, "underflow_sample_interval": 1}
+        )
         train(spec, tmp_path / str(scale), cpu_ctx)
-        fractions.append(next(r for r in read_records(tmp_path / str(scale)) if r["type"] == "step")["underflow_fraction"])
+        fractions.append(
+            next(r for r in read_records(tmp_path / str(scale)) if r["type"] == "step")["underflow_fraction"]
+        )
     assert fractions[1] < fractions[0]
 
 

@@ -139,7 +139,7 @@ def test_fp8_linear_forward_and_backward_are_close_to_the_exact_linear() -> None
         assert ((out - ref).norm() / ref.norm()).item() < 0.06
         grads = torch.autograd.grad(out.square().sum(), (x, w, b))
         refs = torch.autograd.grad(ref.square().sum(), (x, w, b))
-        for got, exact in zip(grads, refs):
+        for got, exact in zip(grads, refs, strict=True):
             assert got.dtype == torch.float32
             assert ((got - exact).norm() / exact.norm()).item() < 0.15
         assert ((grads[2] - refs[2]).norm() / refs[2].norm()).item() < 0.1  # bias grad: no fp8 GEMM
@@ -153,8 +153,10 @@ def test_fp8_linear_backward_quantises_grad_output_in_e5m2_and_operands_in_e4m3(
     w = torch.randn(16, 32, generator=g, requires_grad=True)
     grad_out = torch.randn(8, 16, generator=g)
     out = fp8_linear(x, w, None, "tensorwise", Fp8OverflowFlag())
-    dq = {name: quantize(t.detach(), dtype).dequantize()
-          for name, t, dtype in (("x", x, E4M3), ("w", w, E4M3), ("g", grad_out, E5M2))}
+    dq = {
+        name: quantize(t.detach(), dtype).dequantize()
+        for name, t, dtype in (("x", x, E4M3), ("w", w, E4M3), ("g", grad_out, E5M2))
+    }
     torch.testing.assert_close(out, dq["x"] @ dq["w"].t(), rtol=0, atol=0)
     grad_x, grad_w = torch.autograd.grad(out, (x, w), grad_out)
     torch.testing.assert_close(grad_x, dq["g"] @ dq["w"], rtol=1e-6, atol=1e-6)
@@ -206,8 +208,10 @@ def test_tiny_mlp_learns_with_emulated_fp8_linears() -> None:
         y = teacher(x)
     flag = Fp8OverflowFlag()
     student = nn.Sequential(
-        Float8EmulatedLinear(32, 64, recipe="rowwise", overflow=flag), nn.ReLU(),
-        Float8EmulatedLinear(64, 64, recipe="tensorwise", overflow=flag), nn.ReLU(),
+        Float8EmulatedLinear(32, 64, recipe="rowwise", overflow=flag),
+        nn.ReLU(),
+        Float8EmulatedLinear(64, 64, recipe="tensorwise", overflow=flag),
+        nn.ReLU(),
         Float8EmulatedLinear(64, 16, recipe="rowwise", overflow=flag),
     )
     optimizer = torch.optim.AdamW(student.parameters(), lr=3e-3)
@@ -243,7 +247,11 @@ def _selection_model() -> nn.Sequential:
 def test_plan_keeps_first_last_and_odd_sizes_in_bf16() -> None:
     report = plan_fp8_layers(_selection_model())
     assert [(r["module"], r["fp8"]) for r in report] == [
-        ("0", False), ("2.0", True), ("2.2", True), ("3", False), ("4", False)
+        ("0", False),
+        ("2.0", True),
+        ("2.2", True),
+        ("3", False),
+        ("4", False),
     ]
     whys = {r["module"]: r["why"] for r in report}
     assert "first" in whys["0"] and "last" in whys["4"] and "16" in whys["3"] and whys["2.0"] == "eligible"
@@ -303,7 +311,7 @@ def test_fp8_policy_converts_reports_and_skips_on_an_fp8_overflow() -> None:
             fp8_layer.overflow.record(torch.tensor(1.0))
         outcome = policy.step(optimizer, params, None)
         optimizer.zero_grad(set_to_none=True)
-        unchanged = all(torch.equal(a, b) for a, b in zip(before, params))
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, params, strict=True))
         assert bool(outcome.overflow) == fp8_overflow and unchanged == fp8_overflow
 
 
@@ -323,9 +331,14 @@ def test_fp8_recipe_defaults_to_tensorwise_for_fp8_and_round_trips() -> None:
     assert _spec(precision="bf16").effective_fp8_recipe is None
 
 
-@pytest.mark.parametrize("fields", [{"precision": "fp16", "fp8_recipe": "tensorwise"},
-                                    {"fp8_recipe": "rowwise"},
-                                    {"precision": "fp8", "gpus": 1, "fp8_recipe": "blockwise"}])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"precision": "fp16", "fp8_recipe": "tensorwise"},
+        {"fp8_recipe": "rowwise"},
+        {"precision": "fp8", "gpus": 1, "fp8_recipe": "blockwise"},
+    ],
+)
 def test_fp8_recipe_is_rejected_at_its_field(fields: dict[str, object]) -> None:
     with pytest.raises(ValidationError) as info:
         _spec(**fields)

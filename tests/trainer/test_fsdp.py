@@ -19,7 +19,6 @@ from pydantic import ValidationError
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-
 from trainer_support import free_port, init_gloo
 
 from trainer.distributed import DistContext
@@ -55,7 +54,9 @@ CPU = torch.device("cpu")
 
 
 def _spec(precision: str, **extra: object) -> JobSpec:
-    return JobSpec.model_validate({"model": {"name": "mlp"}, "dataset": {"name": "digits"}, "precision": precision, **extra})
+    return JobSpec.model_validate(
+        {"model": {"name": "mlp"}, "dataset": {"name": "digits"}, "precision": precision, **extra}
+    )
 
 
 def _mlp() -> nn.Sequential:
@@ -100,8 +101,10 @@ def _train(model: nn.Module, precision: str, rank_batches: list[int], ctx: DistC
     for step in range(STEPS):
         micro = [(xs[step, r, m], ys[step, r, m]) for m in range(MICRO_BATCHES) for r in rank_batches]
         if ctx is None:  # single process: one micro-batch holding what every rank's m-th micro-batch held
-            micro = [(torch.cat([xs[step, r, m] for r in rank_batches]), torch.cat([ys[step, r, m] for r in rank_batches]))
-                     for m in range(MICRO_BATCHES)]
+            micro = [
+                (torch.cat([xs[step, r, m] for r in rank_batches]), torch.cat([ys[step, r, m] for r in rank_batches]))
+                for m in range(MICRO_BATCHES)
+            ]
         loss_sum = torch.zeros(())
         for index, (x, y) in enumerate(micro):
             with grad_sync(model, sync=index == len(micro) - 1):
@@ -120,10 +123,18 @@ def _train(model: nn.Module, precision: str, rank_batches: list[int], ctx: DistC
         overflows.append(overflow)
     full = [p.full_tensor() if isinstance(p, DTensor) else p.detach().clone() for p in params]
     local = [local_tensor(p).detach().clone() for p in params]
-    return {"losses": losses, "norms": norms, "overflows": overflows, "params": full, "local": local,
-            "param_dtypes": [str(local_tensor(p).dtype) for p in params],
-            "sharded": [is_sharded(p) for p in params], "grad_none_after_first": grad_none_after_first,
-            "fsdp_module": isinstance(model, FSDPModule), "compute_weight_dtype": seen[0]}
+    return {
+        "losses": losses,
+        "norms": norms,
+        "overflows": overflows,
+        "params": full,
+        "local": local,
+        "param_dtypes": [str(local_tensor(p).dtype) for p in params],
+        "sharded": [is_sharded(p) for p in params],
+        "grad_none_after_first": grad_none_after_first,
+        "fsdp_module": isinstance(model, FSDPModule),
+        "compute_weight_dtype": seen[0],
+    }
 
 
 def _rank_worker(rank: int, port: int, out_dir: str) -> None:
@@ -137,15 +148,18 @@ def _rank_worker(rank: int, port: int, out_dir: str) -> None:
                     with torch.no_grad():
                         for p in model.parameters():
                             p.add_(1.0)
-                wrapped = wrap_model(model, ctx, parallelism, precision)  # type: ignore[arg-type]
+                wrapped = wrap_model(model, ctx, parallelism, precision)
                 results[f"{parallelism}-{precision}"] = _train(wrapped, precision, [rank], ctx)
         gpt = wrap_model(GPT(vocab_size=32, context=8, n_layer=2, n_head=2, d_model=16), ctx, "fsdp", "bf16")
         tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(rank))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = gpt(tokens)
         logits.float().sum().backward()
-        results["gpt"] = {"logits_dtype": str(logits.dtype), "tied": gpt.head.weight is gpt.token_embedding.weight,
-                          "grads_finite": all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in gpt.parameters())}
+        results["gpt"] = {
+            "logits_dtype": str(logits.dtype),
+            "tied": gpt.head.weight is gpt.token_embedding.weight,
+            "grads_finite": all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in gpt.parameters()),
+        }
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -255,8 +269,14 @@ def _overflow_run(rank: int, ctx: DistContext, name: str, implementation: str) -
         outcome = policy.step(optimizer, params, MAX_GRAD_NORM)
         optimizer.zero_grad(set_to_none=True)
         after = [p.full_tensor() for p in params]
-        record.append({"overflow": bool(outcome.overflow), "scale": policy.loss_scale,
-                       "unchanged": all(torch.equal(a, b) for a, b in zip(before, after)), "params": after})
+        record.append(
+            {
+                "overflow": bool(outcome.overflow),
+                "scale": policy.loss_scale,
+                "unchanged": all(torch.equal(a, b) for a, b in zip(before, after, strict=True)),
+                "params": after,
+            }
+        )
     return record
 
 
@@ -282,8 +302,11 @@ def overflow_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, An
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
 
 
-_FUSED_SGD = pytest.mark.xfail(strict=False, reason="torch 2.13 has no DTensor sharding strategy for "
-                               "aten._fused_sgd_: under fsdp, SGD must not resolve to 'fused'")
+_FUSED_SGD = pytest.mark.xfail(
+    strict=False,
+    reason="torch 2.13 has no DTensor sharding strategy for "
+    "aten._fused_sgd_: under fsdp, SGD must not resolve to 'fused'",
+)
 
 
 _MARKS = {("sgd", "fused"): _FUSED_SGD}
@@ -333,15 +356,21 @@ def _resume_worker(rank: int, port: int, out_dir: str) -> None:
         uninterrupted = [p.full_tensor() for p in model.parameters()]
 
         torch.manual_seed(123)  # a fresh model that starts elsewhere
-        fresh = wrap_model(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 3)),
-                           ctx, "fsdp", "bf16")
+        fresh = wrap_model(
+            nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 3)),
+            ctx,
+            "fsdp",
+            "bf16",
+        )
         fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
         payload = torch.load(path, weights_only=True)
         load_state_dicts(fresh, fresh_optimizer, payload["model"], payload["optimizer"])
         _adamw_steps(fresh, fresh_optimizer, rank, range(2, 4))
         resumed = [p.full_tensor() for p in fresh.parameters()]
-        torch.save({"uninterrupted": uninterrupted, "resumed": resumed, "saved": payload if rank == 0 else None},
-                   Path(out_dir) / f"rank{rank}.pt")
+        torch.save(
+            {"uninterrupted": uninterrupted, "resumed": resumed, "saved": payload if rank == 0 else None},
+            Path(out_dir) / f"rank{rank}.pt",
+        )
     finally:
         dist.destroy_process_group()
 
@@ -363,14 +392,22 @@ def test_fsdp_full_state_dicts_resume_exactly(tmp_path: Path) -> None:
 
 
 def _job_spec(parallelism: str) -> JobSpec:
-    return JobSpec.model_validate({
-        "model": {"name": "mlp", "config": {"hidden_sizes": [32, 32]}},
-        "dataset": {"name": "synthetic", "config": {"in_features": 16, "num_samples": 256, "seed": 3}},
-        "precision": "fp16", "parallelism": parallelism, "processes": WORLD_SIZE,
-        "micro_batch_size": 8, "gradient_accumulation_steps": 2, "max_steps": 4, "max_grad_norm": 1.0,
-        "checkpoint_interval": 2, "optimizer": {"name": "adamw", "lr": 1e-2},
-        "faults": {"nonfinite_grad_steps": [2], "ranks": [1]},
-    })
+    return JobSpec.model_validate(
+        {
+            "model": {"name": "mlp", "config": {"hidden_sizes": [32, 32]}},
+            "dataset": {"name": "synthetic", "config": {"in_features": 16, "num_samples": 256, "seed": 3}},
+            "precision": "fp16",
+            "parallelism": parallelism,
+            "processes": WORLD_SIZE,
+            "micro_batch_size": 8,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 4,
+            "max_grad_norm": 1.0,
+            "checkpoint_interval": 2,
+            "optimizer": {"name": "adamw", "lr": 1e-2},
+            "faults": {"nonfinite_grad_steps": [2], "ranks": [1]},
+        }
+    )
 
 
 def _job_worker(rank: int, port: int, out_dir: str) -> None:
@@ -379,12 +416,16 @@ def _job_worker(rank: int, port: int, out_dir: str) -> None:
     ctx = init_gloo(rank, port, WORLD_SIZE)
     try:
         out: dict[str, Any] = {}
-        runs = [("ddp", "ddp", None), ("fsdp", "fsdp", None),
-                ("fsdp", "fsdp-resumed", Path(out_dir) / "fsdp" / "checkpoints" / "step-2.pt")]
+        runs = [
+            ("ddp", "ddp", None),
+            ("fsdp", "fsdp", None),
+            ("fsdp", "fsdp-resumed", Path(out_dir) / "fsdp" / "checkpoints" / "step-2.pt"),
+        ]
         for parallelism, name, resume_from in runs:
             result = train(_job_spec(parallelism), Path(out_dir) / name, ctx, resume_from=resume_from)
-            out[name] = [p.full_tensor() if isinstance(p, DTensor) else p.detach().clone()
-                         for p in result.model.parameters()]
+            out[name] = [
+                p.full_tensor() if isinstance(p, DTensor) else p.detach().clone() for p in result.model.parameters()
+            ]
         torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -405,8 +446,9 @@ def test_fsdp_fp16_job_with_a_fault_on_one_rank_matches_ddp_and_resumes_exactly(
     _assert_params_close(results[0]["fsdp"], results[0]["ddp"], atol=1e-5)
     # Resumed from the step-2 checkpoint (full state dicts): steps 3-4 and the parameters are bit-identical.
     drop = ("time", "samples_per_second", "tokens_per_second")
-    assert [{k: v for k, v in r.items() if k not in drop} for r in steps["fsdp-resumed"]] == \
-        [{k: v for k, v in r.items() if k not in drop} for r in steps["fsdp"][2:]]
+    assert [{k: v for k, v in r.items() if k not in drop} for r in steps["fsdp-resumed"]] == [
+        {k: v for k, v in r.items() if k not in drop} for r in steps["fsdp"][2:]
+    ]
     for result in results:
         for a, b in zip(result["fsdp"], result["fsdp-resumed"], strict=True):
             assert torch.equal(a, b)
@@ -447,12 +489,12 @@ def test_plain_gradients_norm_and_clip_match_torch() -> None:
     assert torch.equal(global_grad_norm(grads, CPU), expected)
     clip_grads_(grads, 0.1, expected)
     torch.nn.utils.clip_grads_with_norm_(model.parameters(), 0.1, expected)
-    for got, param in zip(grads, model.parameters()):
+    for got, param in zip(grads, model.parameters(), strict=True):
         torch.testing.assert_close(got, param.grad)
     assert global_grad_norm([], CPU).item() == 0.0
     unclipped = [g.clone() for g in grads]
     clip_grads_(grads, 1e9, global_grad_norm(grads, CPU))  # below max_norm: untouched
-    for got, before in zip(grads, unclipped):
+    for got, before in zip(grads, unclipped, strict=True):
         torch.testing.assert_close(got, before, rtol=1e-6, atol=0)
 
 

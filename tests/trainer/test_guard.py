@@ -27,8 +27,18 @@ INF, NAN = 1.0, 2.0
 
 
 def _row(step: int, kind: float = 0.0, loss: float = 1.0, scale: float = 1.0) -> StepRow:
-    return StepRow(step=step, time=0.0, loss=loss, loss_scale=scale, overflow_kind=kind, skipped_steps=0,
-                   grad_norm=1.0, lr=0.1, samples=8, tokens=None)
+    return StepRow(
+        step=step,
+        time=0.0,
+        loss=loss,
+        loss_scale=scale,
+        overflow_kind=kind,
+        skipped_steps=0,
+        grad_norm=1.0,
+        lr=0.1,
+        samples=8,
+        tokens=None,
+    )
 
 
 def test_consecutive_skips_fail_and_a_clean_step_resets() -> None:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from hf_support import TINY_LLAMA, lora_spec
+
 from trainer.checkpoint import final_path, step_path
 from trainer.components import build_components
 from trainer.distributed import DistContext
@@ -51,9 +51,14 @@ def lora_run(hf_model_root: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 # ----------------------------------------------------------------------------- loading
 
 
-@pytest.mark.parametrize(("path", "message"), [
-    ("remote-code", "remote code"), ("pickle-only", "only pickle weights"), ("missing", "not a directory under any"),
-])
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("remote-code", "remote code"),
+        ("pickle-only", "only pickle weights"),
+        ("missing", "not a directory under any"),
+    ],
+)
 def test_unsafe_or_missing_model_directories_are_model_unavailable(
     path: str, message: str, model_roots: Path, cpu_ctx: DistContext
 ) -> None:
@@ -63,8 +68,9 @@ def test_unsafe_or_missing_model_directories_are_model_unavailable(
     assert info.value.reason == "model_unavailable"
 
 
-def test_a_symlink_out_of_the_model_root_is_refused(model_roots: Path, tmp_path: Path, cpu_ctx: DistContext,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_symlink_out_of_the_model_root_is_refused(
+    model_roots: Path, tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = tmp_path / "root"
     root.mkdir()
     (root / "escape").symlink_to(model_roots / "llama")
@@ -87,7 +93,9 @@ def test_hf_config_without_a_tokenizer_is_byte_level(cpu_ctx: DistContext) -> No
     spec = JobSpec.model_validate(lora_spec(model={"name": "hf", "config": {"hf_config": config}}, adapter=None))
     parts = build_components(spec, cpu_ctx)
     assert parts.tokenizer is None and parts.model.base_model().config.vocab_size == 256
-    small = JobSpec.model_validate(lora_spec(model={"name": "hf", "config": {"hf_config": {**config, "vocab_size": 100}}}))
+    small = JobSpec.model_validate(
+        lora_spec(model={"name": "hf", "config": {"hf_config": {**config, "vocab_size": 100}}})
+    )
     with pytest.raises(TrainerError, match="vocab_size"):
         build_components(small, cpu_ctx)
 
@@ -122,8 +130,9 @@ def test_adapter_checkpoints_hold_only_the_trainable_state(lora_run: dict[str, A
     assert all(torch.equal(payload["model"][n], p) for n, p in model.named_parameters() if p.requires_grad)
 
 
-def test_the_adapter_export_reloads_on_the_base_with_identical_logits(lora_run: dict[str, Any],
-                                                                       hf_model_root: Path) -> None:
+def test_the_adapter_export_reloads_on_the_base_with_identical_logits(
+    lora_run: dict[str, Any], hf_model_root: Path
+) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -155,8 +164,9 @@ def test_load_trained_model_rebuilds_an_adapter_checkpoint(lora_run: dict[str, A
     assert torch.equal(rebuilt(TOKENS), trained(TOKENS))
 
 
-def test_resume_of_an_adapter_job_is_bit_identical(lora_run: dict[str, Any], model_roots: Path, tmp_path: Path,
-                                                    cpu_ctx: DistContext) -> None:
+def test_resume_of_an_adapter_job_is_bit_identical(
+    lora_run: dict[str, Any], model_roots: Path, tmp_path: Path, cpu_ctx: DistContext
+) -> None:
     spec = lora_run["spec"].model_copy(update={"checkpoint_interval": None})
     resumed = train(spec, tmp_path, cpu_ctx, resume_from=step_path(lora_run["run_dir"], 2))
     straight = lora_run["result"].model
@@ -166,8 +176,9 @@ def test_resume_of_an_adapter_job_is_bit_identical(lora_run: dict[str, Any], mod
     assert [r["loss"] for r in read_records(tmp_path) if r["type"] == "step"] == losses[2:]
 
 
-def test_a_resume_onto_a_replaced_base_model_is_refused(lora_run: dict[str, Any], hf_model_root: Path, tmp_path: Path,
-                                                         cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resume_onto_a_replaced_base_model_is_refused(
+    lora_run: dict[str, Any], hf_model_root: Path, tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An adapter checkpoint loads onto any base of the same shapes without an error: a base replaced in
     place (another checkpoint of the architecture) must refuse the resume, naming the model; the same
     files copied under another root (another host's copy) resume."""
@@ -200,7 +211,9 @@ def test_a_full_fine_tune_exports_the_model_only(model_roots: Path, tmp_path: Pa
     assert set(torch.load(final_path(tmp_path), weights_only=True)["model"]) == set(result.model.state_dict())
 
 
-def test_exports_carry_the_tokenizer_of_a_tokenized_job(model_roots: Path, tmp_path: Path, cpu_ctx: DistContext) -> None:
+def test_exports_carry_the_tokenizer_of_a_tokenized_job(
+    model_roots: Path, tmp_path: Path, cpu_ctx: DistContext
+) -> None:
     from transformers import AutoTokenizer
 
     from trainer.hf.loading import load_tokenizer

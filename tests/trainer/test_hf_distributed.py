@@ -11,18 +11,23 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from hf_support import lora_spec
+from trainer_support import free_port, init_gloo
+
 from trainer.checkpoint import step_path
 from trainer.loop import train
 from trainer.records import read_records
 from trainer.spec import JobSpec
-from trainer_support import free_port, init_gloo
 
 #: fp16 with an injected overflow on rank 1 at step 2, two micro-batches per step, a checkpoint every 2 steps.
 _FIELDS: dict[str, Any] = {
-    "precision": "fp16", "loss_scale": {"init_scale": 1024}, "processes": 2, "gradient_accumulation_steps": 2,
-    "max_steps": 4, "micro_batch_size": 2, "checkpoint_interval": 2,
+    "precision": "fp16",
+    "loss_scale": {"init_scale": 1024},
+    "processes": 2,
+    "gradient_accumulation_steps": 2,
+    "max_steps": 4,
+    "micro_batch_size": 2,
+    "checkpoint_interval": 2,
     "faults": {"nonfinite_grad_steps": [2], "ranks": [1]},
 }
 
@@ -67,8 +72,9 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_two_rank_lora_job_agrees_on_the_overflow_and_keeps_ranks_identical(two_rank_runs: Path,
-                                                                           parallelism: str) -> None:
+def test_two_rank_lora_job_agrees_on_the_overflow_and_keeps_ranks_identical(
+    two_rank_runs: Path, parallelism: str
+) -> None:
     steps = _steps(two_rank_runs / parallelism)
     assert [s["overflow"] for s in steps] == [False, True, False, False]
     assert [s["loss_scale"] for s in steps] == [1024.0, 1024.0, 512.0, 512.0] and steps[1]["overflow_ranks"] == [1]
@@ -84,7 +90,8 @@ def test_fsdp2_lora_job_trains_like_ddp(two_rank_runs: Path) -> None:
     (FSDP2 reduce-scatters in float32 where DDP all-reduces: the sums may round differently)."""
     ddp, fsdp = _steps(two_rank_runs / "ddp"), _steps(two_rank_runs / "fsdp")
     assert [(s["loss"], s["loss_scale"], s["overflow"]) for s in ddp] == [
-        (s["loss"], s["loss_scale"], s["overflow"]) for s in fsdp]
+        (s["loss"], s["loss_scale"], s["overflow"]) for s in fsdp
+    ]
     by_ddp, by_fsdp = (torch.load(two_rank_runs / "rank0.pt")[p] for p in ("ddp", "fsdp"))
     for name, value in by_ddp.items():
         torch.testing.assert_close(by_fsdp[name], value, rtol=1e-5, atol=1e-6)
@@ -97,9 +104,13 @@ def test_fsdp2_lora_resume_is_bit_identical_and_exports_the_ddp_jobs_merged_mode
     straight, resumed = (torch.load(two_rank_runs / "rank1.pt")[p] for p in ("fsdp", "resumed"))
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(straight[n], resumed[n]) for n in straight)
-    assert [s["loss"] for s in _steps(two_rank_runs / "resumed")] == [s["loss"] for s in _steps(two_rank_runs / "fsdp")][2:]
-    by_ddp, by_fsdp = (AutoModelForCausalLM.from_pretrained(str(two_rank_runs / p / "export" / "model"),
-                                                           local_files_only=True) for p in ("ddp", "fsdp"))
+    assert [s["loss"] for s in _steps(two_rank_runs / "resumed")] == [
+        s["loss"] for s in _steps(two_rank_runs / "fsdp")
+    ][2:]
+    by_ddp, by_fsdp = (
+        AutoModelForCausalLM.from_pretrained(str(two_rank_runs / p / "export" / "model"), local_files_only=True)
+        for p in ("ddp", "fsdp")
+    )
     fsdp_weights = dict(by_fsdp.named_parameters())
     for name, value in by_ddp.named_parameters():
         torch.testing.assert_close(fsdp_weights[name], value, rtol=1e-5, atol=1e-6)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from bert_support import CORPUS, save_tiny_bert
+
 from trainer.components import build_components
 from trainer.distributed import DistContext
 from trainer.hf.wrapper import HFModule
@@ -46,9 +46,15 @@ def _spec(**overrides: Any) -> JobSpec:
     fields: dict[str, Any] = {
         "model": {"name": "hf", "config": {"path": "bert", "task": "sequence_classification", "num_labels": 4}},
         "adapter": {"r": 4, "alpha": 8, "target_modules": ["query", "value"]},
-        "dataset": {"name": "jsonl", "config": {"path": "topics.jsonl", "format": "classification",
-                                                "max_seq_len": 32, "test_fraction": 0.2}},
-        "micro_batch_size": 8, "max_steps": 3, "log_interval": 1, "optimizer": {"lr": 0.01}, "seed": 0,
+        "dataset": {
+            "name": "jsonl",
+            "config": {"path": "topics.jsonl", "format": "classification", "max_seq_len": 32, "test_fraction": 0.2},
+        },
+        "micro_batch_size": 8,
+        "max_steps": 3,
+        "log_interval": 1,
+        "optimizer": {"lr": 0.01},
+        "seed": 0,
     }
     fields.update(overrides)
     return JobSpec.model_validate(fields)
@@ -120,8 +126,12 @@ def test_a_bf16_lora_classification_job_on_an_encoder_reports_accuracy(roots: Pa
 def test_truncation_keeps_the_encoders_closing_sep(roots: Path) -> None:
     """A text cut to ``max_seq_len`` still ends with ``[SEP]`` (and starts with ``[CLS]``), as BERT saw
     every sequence in pre-training; the cut is counted."""
-    spec = _spec(dataset={"name": "jsonl", "config": {"path": "topics.jsonl", "format": "classification",
-                                                       "max_seq_len": 4, "test_fraction": 0.2}})
+    spec = _spec(
+        dataset={
+            "name": "jsonl",
+            "config": {"path": "topics.jsonl", "format": "classification", "max_seq_len": 4, "test_fraction": 0.2},
+        }
+    )
     parts = build_components(spec, DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")))
     tokenizer, samples = parts.tokenizer, [*parts.dataset.train, *parts.dataset.held_out]
     assert parts.dataset.report["truncated"] == len(samples) == 40

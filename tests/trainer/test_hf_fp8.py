@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from hf_support import lora_spec
+
 from trainer import loop, precision
 from trainer.distributed import DistContext
 from trainer.fp8 import Float8EmulatedLinear
@@ -21,8 +21,14 @@ from trainer.spec import JobSpec
 def _fp8_job(tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> Any:
     """Train an fp8 LoRA job on the CPU: the CUDA check is lifted, so the policy emulates fp8 layers."""
     monkeypatch.setattr(precision, "check_supported", lambda name, device: None)
-    fields = {"precision": "fp8", "gpus": 1, "adapter": {"r": 16, "alpha": 16, "target_modules": "all-linear"},
-              "max_steps": 3, "log_interval": 1, **overrides}
+    fields = {
+        "precision": "fp8",
+        "gpus": 1,
+        "adapter": {"r": 16, "alpha": 16, "target_modules": "all-linear"},
+        "max_steps": 3,
+        "log_interval": 1,
+        **overrides,
+    }
     built: list[Any] = []
     build = loop.build_components
 
@@ -35,9 +41,9 @@ def _fp8_job(tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPat
     return result, built[-1], read_records(tmp_path)
 
 
-def test_fp8_converts_the_frozen_base_linears_and_keeps_adapters_in_bf16(model_roots: Path, tmp_path: Path,
-                                                                         cpu_ctx: DistContext,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fp8_converts_the_frozen_base_linears_and_keeps_adapters_in_bf16(
+    model_roots: Path, tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
     result, parts, records = _fp8_job(tmp_path, cpu_ctx, monkeypatch)
     layers = parts.precision.fp8_layers
     assert layers and all(name.endswith(".base_layer") for name in layers)  # r=16 factors would be eligible
@@ -56,9 +62,9 @@ def test_fp8_converts_the_frozen_base_linears_and_keeps_adapters_in_bf16(model_r
     assert all(type(m) is not Float8EmulatedLinear for m in merged.modules())  # a plain model, no Halfcast code
 
 
-def test_an_fp8_overflow_in_a_base_layer_skips_the_adapter_step(model_roots: Path, tmp_path: Path,
-                                                                cpu_ctx: DistContext,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_fp8_overflow_in_a_base_layer_skips_the_adapter_step(
+    model_roots: Path, tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fired: list[int] = []
     forward = Float8EmulatedLinear.forward
 
@@ -67,7 +73,7 @@ def test_an_fp8_overflow_in_a_base_layer_skips_the_adapter_step(model_roots: Pat
         if self.training and len(fired) < 1 and getattr(self, "_calls", 0) == 1:
             self.overflow.record(torch.tensor(1.0))
             fired.append(1)
-        self._calls = getattr(self, "_calls", 0) + 1  # type: ignore[attr-defined]
+        self._calls = getattr(self, "_calls", 0) + 1
         return out
 
     monkeypatch.setattr(Float8EmulatedLinear, "forward", overflow_on_second_step)

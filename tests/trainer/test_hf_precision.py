@@ -8,35 +8,40 @@ from typing import Any
 
 import pytest
 import torch
-
 from hf_support import lora_spec
 from test_syncs import _count_loop
+from trainer_support import lm_micro_batch
+
 from trainer import loop
 from trainer.catalog import HFConfig
 from trainer.components import build_components
-from trainer.data.base import Batch
+from trainer.data.base import Batch, DataInfo, Task
 from trainer.distributed import DistContext
 from trainer.hf.adapters import apply_lora
 from trainer.hf.export import merged_copy
 from trainer.hf.loading import load_base_model, load_tokenizer
 from trainer.hf.wrapper import HFModule
 from trainer.losses import task_loss
-from trainer.data.base import DataInfo, Task
 from trainer.records import read_records
 from trainer.spec import AdapterSpec, JobSpec
 from trainer.step import accumulate_window
 from trainer.sync_counter import HostSyncCounter
-from trainer_support import lm_micro_batch
 
 
 def _spec(**overrides: Any) -> JobSpec:
     return JobSpec.model_validate(lora_spec(**overrides))
 
 
-def test_fp16_overflow_skips_keeps_adapter_weights_and_names_them(model_roots: Path, tmp_path: Path,
-                                                                   cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = _spec(precision="fp16", loss_scale={"init_scale": 1024}, max_steps=3, log_interval=1,
-                 faults={"nonfinite_grad_steps": [2]})
+def test_fp16_overflow_skips_keeps_adapter_weights_and_names_them(
+    model_roots: Path, tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = _spec(
+        precision="fp16",
+        loss_scale={"init_scale": 1024},
+        max_steps=3,
+        log_interval=1,
+        faults={"nonfinite_grad_steps": [2]},
+    )
     snapshots: list[dict[str, torch.Tensor]] = []
     built: list[Any] = []
     build, record = loop.build_components, loop.record_step
@@ -74,10 +79,17 @@ def test_bf16_trains_with_bf16_base_and_fp32_adapters(model_roots: Path, tmp_pat
     assert all(r["loss"] == r["loss"] for r in records if r["type"] == "step")
 
 
-def test_no_host_sync_in_any_step_of_an_hf_lora_job(model_roots: Path, tmp_path: Path, cpu_ctx: DistContext,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = _spec(precision="fp16", loss_scale={"init_scale": 1024}, max_steps=4, gradient_accumulation_steps=2,
-                 max_grad_norm=1.0, optimizer={"lr": 0.01, "implementation": "foreach"})
+def test_no_host_sync_in_any_step_of_an_hf_lora_job(
+    model_roots: Path, tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = _spec(
+        precision="fp16",
+        loss_scale={"init_scale": 1024},
+        max_steps=4,
+        gradient_accumulation_steps=2,
+        max_grad_norm=1.0,
+        optimizer={"lr": 0.01, "implementation": "foreach"},
+    )
     with _count_loop(monkeypatch) as counts:
         loop.train(spec, tmp_path, cpu_ctx)
     assert counts["steps"] == [0] * 4
@@ -105,8 +117,9 @@ def test_padding_is_masked_out_of_attention(model_roots: Path, cpu_ctx: DistCont
     mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0]])
     with torch.no_grad():
         torch.testing.assert_close(model(padded, mask)[:, :5], model(row), rtol=0, atol=1e-6)
-        assert not torch.allclose(model(torch.cat([row, torch.full((1, 3), 7)], 1), None)[:, 5:],
-                                  model(padded, mask)[:, 5:])
+        assert not torch.allclose(
+            model(torch.cat([row, torch.full((1, 3), 7)], 1), None)[:, 5:], model(padded, mask)[:, 5:]
+        )
 
 
 def test_accumulation_normalises_by_the_window_token_count(model_roots: Path, cpu_ctx: DistContext) -> None:
@@ -159,15 +172,21 @@ def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
 
 
-def test_an_hf_lora_job_falls_back_to_bf16_like_a_bf16_job(model_roots: Path, tmp_path: Path,
-                                                           cpu_ctx: DistContext) -> None:  # fmt: skip
+def test_an_hf_lora_job_falls_back_to_bf16_like_a_bf16_job(
+    model_roots: Path, tmp_path: Path, cpu_ctx: DistContext
+) -> None:
     """``fallback_bf16`` on an hf LoRA job: fp16 overflows on steps 2-4 trip the guard (no healthy
     checkpoint: rewind to step 0); the job goes on in bf16 with its frozen base rebuilt in bf16, and
     ends with the adapter weights of a plain bf16 job, bit for bit."""
     common = {"max_steps": 5, "log_interval": 1, "optimizer": {"lr": 0.01}}
-    spec = _spec(precision="fp16", loss_scale={"init_scale": 2.0}, on_divergence="fallback_bf16",
-                 max_consecutive_skips=3, faults={"nonfinite_grad_steps": [2, 3, 4],
-                                                  "nonfinite_grad_precisions": ["fp16"]}, **common)  # fmt: skip
+    spec = _spec(
+        precision="fp16",
+        loss_scale={"init_scale": 2.0},
+        on_divergence="fallback_bf16",
+        max_consecutive_skips=3,
+        faults={"nonfinite_grad_steps": [2, 3, 4], "nonfinite_grad_precisions": ["fp16"]},
+        **common,
+    )
     result = loop.train(spec, tmp_path / "fallback", cpu_ctx)
     reference = loop.train(_spec(precision="bf16", **common), tmp_path / "bf16", cpu_ctx)
 
@@ -179,14 +198,19 @@ def test_an_hf_lora_job_falls_back_to_bf16_like_a_bf16_job(model_roots: Path, tm
     assert got.keys() == want.keys() and all(torch.equal(got[name], want[name]) for name in got)
 
 
-def test_an_hf_lora_job_reports_the_underflow_fraction_of_its_adapter_gradients(model_roots: Path, tmp_path: Path,
-                                                                                 cpu_ctx: DistContext) -> None:  # fmt: skip
+def test_an_hf_lora_job_reports_the_underflow_fraction_of_its_adapter_gradients(
+    model_roots: Path, tmp_path: Path, cpu_ctx: DistContext
+) -> None:
     """Underflow telemetry samples the scaled gradients of the trainable (adapter) parameters; a higher
     loss scale leaves fewer of them below fp16's smallest normal."""
     fractions = []
     for scale in (1.0, 65536.0):
-        spec = _spec(precision="fp16", loss_scale={"init_scale": scale, "underflow_sample_interval": 1}, max_steps=2,
-                     log_interval=1)  # fmt: skip
+        spec = _spec(
+            precision="fp16",
+            loss_scale={"init_scale": scale, "underflow_sample_interval": 1},
+            max_steps=2,
+            log_interval=1,
+        )
         loop.train(spec, tmp_path / str(scale), cpu_ctx)
         steps = [r for r in read_records(tmp_path / str(scale)) if r["type"] == "step"]
         assert all(0.0 <= s["underflow_fraction"] <= 1.0 for s in steps)

@@ -7,9 +7,9 @@ import sys
 from typing import Any
 
 import pytest
+from hf_support import TINY_LLAMA, lora_spec
 from pydantic import ValidationError
 
-from hf_support import TINY_LLAMA, lora_spec
 from trainer.spec import JobSpec
 
 
@@ -30,35 +30,56 @@ def test_a_lora_job_validates_with_defaults() -> None:
     assert JobSpec.model_validate(scratch).model.config.byte_level
 
 
-@pytest.mark.parametrize(("change", "loc"), [
-    ({"model": {"name": "mlp"}, "dataset": {"name": "digits"}}, ("adapter",)),
-    ({"model": {"name": "hf", "config": {}}}, ("model", "hf", "config", "path")),
-    ({"model": {"name": "hf", "config": {"path": "x", "hf_config": TINY_LLAMA}}}, ("model", "hf", "config", "path")),
-    ({"model": {"name": "hf", "config": {"path": "/abs/llama"}}}, ("model", "hf", "config", "path")),
-    ({"model": {"name": "hf", "config": {"path": "a/../../etc"}}}, ("model", "hf", "config", "path")),
-    ({"model": {"name": "hf", "config": {"path": "llama", "tokenizer_path": "../t"}}},
-     ("model", "hf", "config", "tokenizer_path")),
-    ({"model": {"name": "hf", "config": {"path": "llama", "task": "sequence_classification"}}},
-     ("model", "hf", "config", "num_labels")),
-    ({"model": {"name": "hf", "config": {"path": "llama", "task": "sequence_classification", "num_labels": 3}}},
-     ("dataset",)),
-    ({"model": {"name": "hf", "config": {"path": "llama", "tokenizer_path": "tok"}}}, ("dataset",)),
-    ({"model": {"name": "hf", "config": {"hf_config": {"hidden_size": 16}}}}, ("model", "hf", "config", "hf_config")),
-    ({"model": {"name": "hf", "config": {"hf_config": {**TINY_LLAMA, "auto_map": {}}}}},
-     ("model", "hf", "config", "hf_config")),
-    ({"model": {"name": "hf", "config": {"hf_config": {**TINY_LLAMA, "hidden_size": 1 << 20}}}},
-     ("model", "hf", "config", "hf_config")),
-    ({"adapter": {"target_modules": []}}, ("adapter", "target_modules")),
-    ({"adapter": {"target_modules": "everything"}}, ("adapter", "target_modules")),
-    ({"adapter": {"r": 0}}, ("adapter", "r")),
-    ({"adapter": {"type": "ia3"}}, ("adapter", "type")),
-])
+@pytest.mark.parametrize(
+    ("change", "loc"),
+    [
+        ({"model": {"name": "mlp"}, "dataset": {"name": "digits"}}, ("adapter",)),
+        ({"model": {"name": "hf", "config": {}}}, ("model", "hf", "config", "path")),
+        (
+            {"model": {"name": "hf", "config": {"path": "x", "hf_config": TINY_LLAMA}}},
+            ("model", "hf", "config", "path"),
+        ),
+        ({"model": {"name": "hf", "config": {"path": "/abs/llama"}}}, ("model", "hf", "config", "path")),
+        ({"model": {"name": "hf", "config": {"path": "a/../../etc"}}}, ("model", "hf", "config", "path")),
+        (
+            {"model": {"name": "hf", "config": {"path": "llama", "tokenizer_path": "../t"}}},
+            ("model", "hf", "config", "tokenizer_path"),
+        ),
+        (
+            {"model": {"name": "hf", "config": {"path": "llama", "task": "sequence_classification"}}},
+            ("model", "hf", "config", "num_labels"),
+        ),
+        (
+            {"model": {"name": "hf", "config": {"path": "llama", "task": "sequence_classification", "num_labels": 3}}},
+            ("dataset",),
+        ),
+        ({"model": {"name": "hf", "config": {"path": "llama", "tokenizer_path": "tok"}}}, ("dataset",)),
+        (
+            {"model": {"name": "hf", "config": {"hf_config": {"hidden_size": 16}}}},
+            ("model", "hf", "config", "hf_config"),
+        ),
+        (
+            {"model": {"name": "hf", "config": {"hf_config": {**TINY_LLAMA, "auto_map": {}}}}},
+            ("model", "hf", "config", "hf_config"),
+        ),
+        (
+            {"model": {"name": "hf", "config": {"hf_config": {**TINY_LLAMA, "hidden_size": 1 << 20}}}},
+            ("model", "hf", "config", "hf_config"),
+        ),
+        ({"adapter": {"target_modules": []}}, ("adapter", "target_modules")),
+        ({"adapter": {"target_modules": "everything"}}, ("adapter", "target_modules")),
+        ({"adapter": {"r": 0}}, ("adapter", "r")),
+        ({"adapter": {"type": "ia3"}}, ("adapter", "type")),
+    ],
+)
 def test_impossible_combinations_are_422_at_the_field(change: dict[str, Any], loc: tuple[Any, ...]) -> None:
-    assert loc in [l[: len(loc)] for l in _locs(lora_spec(**change))]
+    assert loc in [found[: len(loc)] for found in _locs(lora_spec(**change))]
 
 
 def test_validating_a_spec_imports_neither_torch_nor_transformers() -> None:
-    code = (f"import sys, trainer.spec as s; s.JobSpec.model_validate({lora_spec()!r}); "
-            "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
+    code = (
+        f"import sys, trainer.spec as s; s.JobSpec.model_validate({lora_spec()!r}); "
+        "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

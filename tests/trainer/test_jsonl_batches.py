@@ -8,18 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hf_tokenizer_support import hf_tokenizer  # noqa: F401  (session fixture)
+from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401 (the hf_tokenizer fixture)
 from jsonl_support import DataRoot, trained_spans
 
+from trainer.catalog import TextConfig
 from trainer.data import IGNORE_INDEX, Batch, Task
 from trainer.data.jsonl.batches import collate
 from trainer.data.text import build_text
-from trainer.catalog import TextConfig
 from trainer.distributed import DistContext
 from trainer.errors import TrainerError
-from trainer.losses import task_loss
 from trainer.loop import _data_report
+from trainer.losses import task_loss
 from trainer.models.gpt import GPT
 from trainer.precision import build_precision
 from trainer.step import accumulate_window
@@ -40,8 +39,9 @@ def _words(count: int) -> str:
 
 def test_truncation_is_counted_and_cuts_to_max_seq_len(hf_tokenizer, root: DataRoot) -> None:
     rows = [{"text": _words(20)}, {"text": "Hello"}, {"text": _words(30)}, {"text": "Hi"}]
-    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _lines(rows)), format="text", max_seq_len=16,
-                         test_fraction=0.25)
+    dataset = root.build(
+        hf_tokenizer, root.write("d.jsonl", _lines(rows)), format="text", max_seq_len=16, test_fraction=0.25
+    )
     samples = [*dataset.train, *dataset.held_out]
     assert max(s.inputs.numel() for s in samples) == 16 and max(s.targets.numel() for s in samples) == 16
     assert dataset.report["truncated"] == 2 and dataset.report["dropped_no_trainable_tokens"] == 0
@@ -52,8 +52,13 @@ def test_truncation_is_counted_and_cuts_to_max_seq_len(hf_tokenizer, root: DataR
 def test_an_answer_cut_away_by_truncation_is_dropped_and_counted(hf_tokenizer, root: DataRoot) -> None:
     long_prompt = {"instruction": _words(20), "output": "yes"}
     short = {"instruction": "Say hi.", "output": "hi"}
-    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _lines([long_prompt, short, long_prompt, short, short])),
-                         format="instruction", max_seq_len=32, test_fraction=0.2)
+    dataset = root.build(
+        hf_tokenizer,
+        root.write("d.jsonl", _lines([long_prompt, short, long_prompt, short, short])),
+        format="instruction",
+        max_seq_len=32,
+        test_fraction=0.2,
+    )
     assert dataset.report["dropped_no_trainable_tokens"] == 2 and dataset.report["truncated"] == 2
     assert dataset.report["train_examples"] + dataset.report["held_out_examples"] == 3
     assert all(trained_spans(hf_tokenizer, s.targets) == ["hi</s>"] for s in [*dataset.train, *dataset.held_out])
@@ -68,8 +73,9 @@ def test_when_truncation_leaves_nothing_to_train_the_job_fails(hf_tokenizer, roo
 
 def test_micro_batches_pad_to_their_longest_example(hf_tokenizer, root: DataRoot) -> None:
     rows = [{"text": "Hi"}, {"text": _words(2)}, {"text": "Hello there"}, {"text": "fox"}]
-    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _lines(rows)), format="text", max_seq_len=64,
-                         test_fraction=0.25)
+    dataset = root.build(
+        hf_tokenizer, root.write("d.jsonl", _lines(rows)), format="text", max_seq_len=64, test_fraction=0.25
+    )
     batch = collate(dataset.train, dataset.pad_id, Task.LM)
     lengths = [s.inputs.numel() for s in dataset.train]
     assert batch.inputs.shape == (3, max(lengths)) and max(lengths) < 64
@@ -96,8 +102,9 @@ def test_two_ranks_get_disjoint_shards_that_cover_the_epoch(hf_tokenizer, root: 
     dataset = root.build(hf_tokenizer, root.write("d.jsonl", _lines(rows)), format="text", test_fraction=0.05)
     assert len(dataset.train) == 20
     per_epoch = 10 // 4 + 1  # 10 samples per rank in micro-batches of 4: 4, 4, 2
-    shards = [list(itertools.islice(dataset.train_batches(4, rank=r, world_size=2, seed=3), 2 * per_epoch))
-              for r in range(2)]
+    shards = [
+        list(itertools.islice(dataset.train_batches(4, rank=r, world_size=2, seed=3), 2 * per_epoch)) for r in range(2)
+    ]
     for rank_batches in shards:
         assert [b.num_samples for b in rank_batches[:per_epoch]] == [4, 4, 2]
     first = [set(_row_ids(s[:per_epoch])) for s in shards]
@@ -124,8 +131,8 @@ def test_eval_batches_cover_the_held_out_set_once(hf_tokenizer, root: DataRoot) 
     dataset = root.build(hf_tokenizer, path, format="text", test_fraction=0.25)
     batches = list(dataset.eval_batches(2))
     assert [b.num_samples for b in batches] == [2, 2, 1]
-    assert [row.tolist() for b in batches for row, m in zip(b.inputs, b.attention_mask) for row in [row[m == 1]]] == [
-        s.inputs.tolist() for s in dataset.held_out]
+    pairs = [(row, m) for b in batches for row, m in zip(b.inputs, b.attention_mask, strict=True)]
+    assert [row[m == 1].tolist() for row, m in pairs] == [s.inputs.tolist() for s in dataset.held_out]
 
 
 def test_without_a_tokenizer_the_jsonl_dataset_is_spec_invalid(root: DataRoot) -> None:
@@ -137,18 +144,37 @@ def test_without_a_tokenizer_the_jsonl_dataset_is_spec_invalid(root: DataRoot) -
 def test_the_start_record_carries_the_data_report(hf_tokenizer, root: DataRoot) -> None:
     dataset = root.build(hf_tokenizer, root.write("d.jsonl", '{"text": "a"}\n{"text": "b"}\n'), format="text")
     assert _data_report(dataset) == {"data": dataset.report}
-    assert dataset.report == {"format": "text", "masking": "none", "rows": 2, "train_examples": 1,
-                              "held_out_examples": 1, "truncated": 0, "dropped_no_trainable_tokens": 0,
-                              "trainable_tokens": 2, "label_names": None}
+    assert dataset.report == {
+        "format": "text",
+        "masking": "none",
+        "rows": 2,
+        "train_examples": 1,
+        "held_out_examples": 1,
+        "truncated": 0,
+        "dropped_no_trainable_tokens": 0,
+        "trainable_tokens": 2,
+        "label_names": None,
+    }
     assert _data_report(build_text(TextConfig(max_bytes=2048))) == {}
 
 
 CHATS = [
-    {"messages": [{"role": "system", "content": "Be brief and kind to everyone."},
-                  {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there, how are you?"}]},
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief and kind to everyone."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello there, how are you?"},
+        ]
+    },
     {"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
-    {"messages": [{"role": "user", "content": "The quick brown fox"}, {"role": "assistant", "content": "jumps"},
-                  {"role": "user", "content": "over?"}, {"role": "assistant", "content": "the lazy dog."}]},
+    {
+        "messages": [
+            {"role": "user", "content": "The quick brown fox"},
+            {"role": "assistant", "content": "jumps"},
+            {"role": "user", "content": "over?"},
+            {"role": "assistant", "content": "the lazy dog."},
+        ]
+    },
     {"messages": [{"role": "user", "content": "Write a poem about the sea."}, {"role": "assistant", "content": "sky"}]},
     {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
 ]
@@ -166,7 +192,7 @@ class _CausalIgnoringMask(torch.nn.Module):
         return self.gpt(inputs)
 
 
-def test_C17_masked_chat_micro_batches_accumulate_to_the_full_batch_gradient(
+def test_masked_chat_micro_batches_accumulate_to_the_full_batch_gradient(
     hf_tokenizer, root: DataRoot, cpu_ctx: DistContext, tiny_mlp_spec
 ) -> None:
     """C17 with the dataset's own masked, padded micro-batches (K=2, unequal trainable-token counts).
@@ -185,8 +211,9 @@ def test_C17_masked_chat_micro_batches_accumulate_to_the_full_batch_gradient(
     assert full.num_elements < real_targets
 
     torch.manual_seed(0)
-    model = _CausalIgnoringMask(GPT(vocab_size=len(hf_tokenizer), context=full.inputs.shape[1], n_layer=1, n_head=2,
-                                    d_model=16))  # fmt: skip
+    model = _CausalIgnoringMask(
+        GPT(vocab_size=len(hf_tokenizer), context=full.inputs.shape[1], n_layer=1, n_head=2, d_model=16)
+    )
     loss_fn = task_loss(Task.LM)
     stats = accumulate_window(model, micro, build_precision(tiny_mlp_spec(), cpu_ctx.device), loss_fn, cpu_ctx)
     got = [p.grad.detach().clone() for p in model.parameters()]
@@ -219,8 +246,11 @@ def test_with_the_eos_as_pad_token_the_eos_is_still_trained(hf_tokenizer, root: 
     tokenizer = copy.deepcopy(hf_tokenizer)
     tokenizer.pad_token = None
     assert tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None
-    rows = [{"instruction": "Say hi", "output": "Hi"}, {"instruction": "Say more", "output": _words(3)},
-            {"instruction": "x", "output": "fox"}]
+    rows = [
+        {"instruction": "Say hi", "output": "Hi"},
+        {"instruction": "Say more", "output": _words(3)},
+        {"instruction": "x", "output": "fox"},
+    ]
     dataset = root.build(tokenizer, root.write("d.jsonl", _lines(rows)), format="instruction", test_fraction=0.34)
     assert dataset.pad_id == tokenizer.eos_token_id
     batch = collate(dataset.train, dataset.pad_id, Task.LM)
@@ -228,4 +258,4 @@ def test_with_the_eos_as_pad_token_the_eos_is_still_trained(hf_tokenizer, root: 
     for row, sample in enumerate(dataset.train):
         last = int(sample.inputs.numel()) - 1
         assert batch.targets[row, last] == tokenizer.eos_token_id  # the example's own EOS: trained
-        assert (batch.targets[row, last + 1:] == IGNORE_INDEX).all()  # the EOS padding after it: not
+        assert (batch.targets[row, last + 1 :] == IGNORE_INDEX).all()  # the EOS padding after it: not

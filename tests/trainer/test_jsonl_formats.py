@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hf_tokenizer_support import hf_tokenizer  # noqa: F401  (session fixture)
+from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401 (the hf_tokenizer fixture)
 from jsonl_support import DataRoot, every_sample, trained_spans
 
 from trainer.data import Task
@@ -25,13 +24,15 @@ def _jsonl(rows: list[dict], copies: int = 1) -> str:
     return "".join(json.dumps(row) + "\n" for row in rows for _ in range(copies))
 
 
-CHAT = {"messages": [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Hi"},
-    {"role": "assistant", "content": "Hello there"},
-    {"role": "tool", "content": "42"},
-    {"role": "assistant", "content": "The answer"},
-]}
+CHAT = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello there"},
+        {"role": "tool", "content": "42"},
+        {"role": "assistant", "content": "The answer"},
+    ]
+}
 
 
 def _only_row_spans(hf_tokenizer, root: DataRoot, row: dict, **config) -> list[str]:
@@ -42,8 +43,9 @@ def _only_row_spans(hf_tokenizer, root: DataRoot, row: dict, **config) -> list[s
 
 
 def test_text_format_trains_every_token_after_the_bos_and_the_eos(hf_tokenizer, root: DataRoot) -> None:
-    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl([{"text": "Hello there"}], 3)),
-                         format="text", test_fraction=0.3)
+    dataset = root.build(
+        hf_tokenizer, root.write("d.jsonl", _jsonl([{"text": "Hello there"}], 3)), format="text", test_fraction=0.3
+    )
     sample = dataset.train[0]
     assert sample.inputs[0] == hf_tokenizer.bos_token_id and (sample.inputs == hf_tokenizer.bos_token_id).sum() == 1
     assert trained_spans(hf_tokenizer, sample.targets) == ["Hello there</s>"]
@@ -53,8 +55,7 @@ def test_text_format_trains_every_token_after_the_bos_and_the_eos(hf_tokenizer, 
 
 def test_instruction_output_masking_trains_the_response_and_eos_only(hf_tokenizer, root: DataRoot) -> None:
     row = {"instruction": "Translate to French.", "input": "good morning", "output": "bonjour"}
-    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl([row], 3)), format="instruction",
-                         test_fraction=0.3)
+    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl([row], 3)), format="instruction", test_fraction=0.3)
     sample = dataset.train[0]
     assert trained_spans(hf_tokenizer, sample.targets) == ["bonjour</s>"]
     prompt = "### Instruction:\nTranslate to French.\n\n### Input:\ngood morning\n\n### Response:\n"
@@ -63,8 +64,12 @@ def test_instruction_output_masking_trains_the_response_and_eos_only(hf_tokenize
 
 
 def test_instruction_without_input_uses_the_short_prompt(hf_tokenizer, root: DataRoot) -> None:
-    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl([{"instruction": "Say hi.", "output": "hi"}], 3)),
-                         format="instruction", test_fraction=0.3)
+    dataset = root.build(
+        hf_tokenizer,
+        root.write("d.jsonl", _jsonl([{"instruction": "Say hi.", "output": "hi"}], 3)),
+        format="instruction",
+        test_fraction=0.3,
+    )
     assert hf_tokenizer.decode(dataset.train[0].inputs) == "<s>### Instruction:\nSay hi.\n\n### Response:\nhi"
 
 
@@ -124,8 +129,7 @@ def test_a_template_that_renders_prefixes_inconsistently_fails_instead_of_maskin
 
 def test_classification_string_labels_map_to_sorted_names(hf_tokenizer, root: DataRoot) -> None:
     rows = [{"text": f"text {i}", "label": label} for i, label in enumerate(["pos", "neg", "neu", "pos", "neg"])]
-    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl(rows)), format="classification",
-                         test_fraction=0.2)
+    dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl(rows)), format="classification", test_fraction=0.2)
     assert dataset.info.task is Task.CLASSIFICATION and dataset.info.num_outputs == 3
     assert dataset.report["label_names"] == ["neg", "neu", "pos"]
     by_text = {hf_tokenizer.decode(s.inputs, skip_special_tokens=True): int(s.targets) for s in every_sample(dataset)}
@@ -149,23 +153,32 @@ def test_classification_csv_digit_labels_are_class_ids(hf_tokenizer, root: DataR
 
 
 def test_classification_mixing_ids_and_names_fails_at_the_row(hf_tokenizer, root: DataRoot) -> None:
-    path = root.write("d.jsonl", _jsonl([{"text": "a", "label": 0}, {"text": "b", "label": 1}, {"text": "c", "label": "x"}]))
-    with pytest.raises(TrainerError, match=r"file d\.jsonl, line 3: field label: a class name in a file whose "
-                                           r"first row has integer class ids"):
+    path = root.write(
+        "d.jsonl", _jsonl([{"text": "a", "label": 0}, {"text": "b", "label": 1}, {"text": "c", "label": "x"}])
+    )
+    with pytest.raises(
+        TrainerError,
+        match=r"file d\.jsonl, line 3: field label: a class name in a file whose "
+        r"first row has integer class ids",
+    ):
         root.build(hf_tokenizer, path, format="classification")
 
 
 def test_column_map_renames_file_fields(hf_tokenizer, root: DataRoot) -> None:
     row = {"prompt": "Say hi.", "completion": "hi", "id": 7}  # fields no format reads are ignored
-    spans = _only_row_spans(hf_tokenizer, root, row, format="instruction",
-                            column_map={"prompt": "instruction", "completion": "output"})
+    spans = _only_row_spans(
+        hf_tokenizer, root, row, format="instruction", column_map={"prompt": "instruction", "completion": "output"}
+    )
     assert spans == ["hi</s>"]
 
 
 def test_column_map_onto_a_field_the_row_also_has_is_an_error(hf_tokenizer, root: DataRoot) -> None:
     path = root.write("d.jsonl", _jsonl([{"body": "a", "text": "b"}], 3))
-    with pytest.raises(TrainerError, match=r"^data_unavailable: file d\.jsonl, line 1: field text: given both as "
-                                           r"'body' \(column_map\) and as 'text'$"):
+    with pytest.raises(
+        TrainerError,
+        match=r"^data_unavailable: file d\.jsonl, line 1: field text: given both as "
+        r"'body' \(column_map\) and as 'text'$",
+    ):
         root.build(hf_tokenizer, path, format="text", column_map={"body": "text"})
 
 

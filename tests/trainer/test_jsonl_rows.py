@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from hf_tokenizer_support import hf_tokenizer  # noqa: F401  (session fixture)
+from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401 (the hf_tokenizer fixture)
 from jsonl_support import DataRoot, every_sample, trained_spans
 
 from trainer.data.jsonl.rows import read_rows
@@ -43,7 +42,7 @@ def test_jsonl_bom_crlf_and_blank_lines(hf_tokenizer, root: DataRoot) -> None:
 
 
 def test_csv_bom_and_crlf(hf_tokenizer, root: DataRoot) -> None:
-    content = b"\xef\xbb\xbftext\r\n\"x\r\ny\"\r\nbeta\r\ngamma\r\n"
+    content = b'\xef\xbb\xbftext\r\n"x\r\ny"\r\nbeta\r\ngamma\r\n'
     dataset = root.build(hf_tokenizer, root.write("d.csv", content), format="text", test_fraction=0.3)
     assert _texts(hf_tokenizer, dataset) == {"x\r\ny", "beta", "gamma"}  # a quoted line break is the data's own
 
@@ -55,52 +54,136 @@ def _chat(*roles: str) -> dict:
 GOOD_CHAT = json.dumps(_chat("user", "assistant"))
 BAD_ROWS: dict[str, tuple[str, str, dict, str]] = {
     # case: (file name, line 3 onwards of the file, config, message after "data_unavailable: ")
-    "invalid_json": ("d.jsonl", '{"text": "a",}', {"format": "text"},
-                     "file d.jsonl, line 3: invalid JSON: Expecting property name enclosed in double quotes at column 14"),
-    "json_array_file": ("d.jsonl", '[{"text": "a"}]', {"format": "text"},
-                        "file d.jsonl, line 3: expected a JSON object, got array"),
-    "not_an_object": ("d.jsonl", '"just text"', {"format": "text"},
-                      "file d.jsonl, line 3: expected a JSON object, got string"),
+    "invalid_json": (
+        "d.jsonl",
+        '{"text": "a",}',
+        {"format": "text"},
+        "file d.jsonl, line 3: invalid JSON: Expecting property name enclosed in double quotes at column 14",
+    ),
+    "json_array_file": (
+        "d.jsonl",
+        '[{"text": "a"}]',
+        {"format": "text"},
+        "file d.jsonl, line 3: expected a JSON object, got array",
+    ),
+    "not_an_object": (
+        "d.jsonl",
+        '"just text"',
+        {"format": "text"},
+        "file d.jsonl, line 3: expected a JSON object, got string",
+    ),
     "missing_field": ("d.jsonl", '{"txt": "a"}', {"format": "text"}, "file d.jsonl, line 3: field text: missing"),
-    "wrong_type": ("d.jsonl", '{"text": 5}', {"format": "text"},
-                   "file d.jsonl, line 3: field text: expected a string, got number"),
+    "wrong_type": (
+        "d.jsonl",
+        '{"text": 5}',
+        {"format": "text"},
+        "file d.jsonl, line 3: field text: expected a string, got number",
+    ),
     "empty_text": ("d.jsonl", '{"text": "  "}', {"format": "text"}, "file d.jsonl, line 3: field text: empty"),
-    "missing_output": ("d.jsonl", '{"instruction": "a"}', {"format": "instruction"},
-                       "file d.jsonl, line 3: field output: missing"),
-    "input_not_text": ("d.jsonl", '{"instruction": "a", "input": [], "output": "b"}', {"format": "instruction"},
-                       "file d.jsonl, line 3: field input: expected a string, got array"),
-    "empty_messages": ("d.jsonl", '{"messages": []}', {"format": "chat"},
-                       "file d.jsonl, line 3: field messages: empty: a chat needs at least one message"),
-    "messages_not_an_array": ("d.jsonl", '{"messages": {"role": "user"}}', {"format": "chat"},
-                              "file d.jsonl, line 3: field messages: expected an array of messages, got object"),
-    "unknown_role": ("d.jsonl", json.dumps(_chat("user", "bot")), {"format": "chat"},
-                     "file d.jsonl, line 3: field messages[1].role: unknown role 'bot' "
-                     "(expected one of system, user, assistant, tool)"),
-    "missing_role": ("d.jsonl", '{"messages": [{"content": "a"}]}', {"format": "chat"},
-                     "file d.jsonl, line 3: field messages[0].role: missing"),
-    "content_not_text": ("d.jsonl", '{"messages": [{"role": "user", "content": null}]}', {"format": "chat"},
-                         "file d.jsonl, line 3: field messages[0].content: expected a string, got null"),
-    "message_not_an_object": ("d.jsonl", '{"messages": ["hi"]}', {"format": "chat"},
-                              "file d.jsonl, line 3: field messages[0]: expected a message object, got string"),
-    "no_assistant_turn": ("d.jsonl", json.dumps(_chat("system", "user")), {"format": "chat"},
-                          "file d.jsonl, line 3: field messages: no assistant turn to train (masking 'assistant')"),
-    "no_assistant_turn_last": ("d.jsonl", json.dumps(_chat("user", "tool")), {"format": "chat", "masking": "last"},
-                                "file d.jsonl, line 3: field messages: no assistant turn to train (masking 'last')"),
-    "negative_label": ("d.jsonl", '{"text": "a", "label": -1}', {"format": "classification"},
-                       "file d.jsonl, line 3: field label: class id -1 is negative"),
-    "label_not_id_or_name": ("d.jsonl", '{"text": "a", "label": 1.5}', {"format": "classification"},
-                             "file d.jsonl, line 3: field label: expected an integer class id or a class name, got number"),
-    "csv_field_count": ("d.csv", "c,d,e", {"format": "classification"},
-                        "file d.csv, line 3: 3 fields, the header has 2"),
-    "csv_bad_quote": ("d.csv", 'x,"y"z', {"format": "classification"},
-                      "file d.csv, line 3: malformed CSV: ',' expected after '\"'"),
-    "csv_unclosed_quote": ("d.csv", 'x,"y\nz', {"format": "classification"},
-                           "file d.csv, line 3: malformed CSV: unexpected end of data"),
-    "not_utf_8": ("d.jsonl", '{"text": "caf\xe9"}', {"format": "text"},
-                  "file d.jsonl, line 3: not UTF-8 text (invalid continuation byte at byte 13)"),
+    "missing_output": (
+        "d.jsonl",
+        '{"instruction": "a"}',
+        {"format": "instruction"},
+        "file d.jsonl, line 3: field output: missing",
+    ),
+    "input_not_text": (
+        "d.jsonl",
+        '{"instruction": "a", "input": [], "output": "b"}',
+        {"format": "instruction"},
+        "file d.jsonl, line 3: field input: expected a string, got array",
+    ),
+    "empty_messages": (
+        "d.jsonl",
+        '{"messages": []}',
+        {"format": "chat"},
+        "file d.jsonl, line 3: field messages: empty: a chat needs at least one message",
+    ),
+    "messages_not_an_array": (
+        "d.jsonl",
+        '{"messages": {"role": "user"}}',
+        {"format": "chat"},
+        "file d.jsonl, line 3: field messages: expected an array of messages, got object",
+    ),
+    "unknown_role": (
+        "d.jsonl",
+        json.dumps(_chat("user", "bot")),
+        {"format": "chat"},
+        "file d.jsonl, line 3: field messages[1].role: unknown role 'bot' "
+        "(expected one of system, user, assistant, tool)",
+    ),
+    "missing_role": (
+        "d.jsonl",
+        '{"messages": [{"content": "a"}]}',
+        {"format": "chat"},
+        "file d.jsonl, line 3: field messages[0].role: missing",
+    ),
+    "content_not_text": (
+        "d.jsonl",
+        '{"messages": [{"role": "user", "content": null}]}',
+        {"format": "chat"},
+        "file d.jsonl, line 3: field messages[0].content: expected a string, got null",
+    ),
+    "message_not_an_object": (
+        "d.jsonl",
+        '{"messages": ["hi"]}',
+        {"format": "chat"},
+        "file d.jsonl, line 3: field messages[0]: expected a message object, got string",
+    ),
+    "no_assistant_turn": (
+        "d.jsonl",
+        json.dumps(_chat("system", "user")),
+        {"format": "chat"},
+        "file d.jsonl, line 3: field messages: no assistant turn to train (masking 'assistant')",
+    ),
+    "no_assistant_turn_last": (
+        "d.jsonl",
+        json.dumps(_chat("user", "tool")),
+        {"format": "chat", "masking": "last"},
+        "file d.jsonl, line 3: field messages: no assistant turn to train (masking 'last')",
+    ),
+    "negative_label": (
+        "d.jsonl",
+        '{"text": "a", "label": -1}',
+        {"format": "classification"},
+        "file d.jsonl, line 3: field label: class id -1 is negative",
+    ),
+    "label_not_id_or_name": (
+        "d.jsonl",
+        '{"text": "a", "label": 1.5}',
+        {"format": "classification"},
+        "file d.jsonl, line 3: field label: expected an integer class id or a class name, got number",
+    ),
+    "csv_field_count": (
+        "d.csv",
+        "c,d,e",
+        {"format": "classification"},
+        "file d.csv, line 3: 3 fields, the header has 2",
+    ),
+    "csv_bad_quote": (
+        "d.csv",
+        'x,"y"z',
+        {"format": "classification"},
+        "file d.csv, line 3: malformed CSV: ',' expected after '\"'",
+    ),
+    "csv_unclosed_quote": (
+        "d.csv",
+        'x,"y\nz',
+        {"format": "classification"},
+        "file d.csv, line 3: malformed CSV: unexpected end of data",
+    ),
+    "not_utf_8": (
+        "d.jsonl",
+        '{"text": "caf\xe9"}',
+        {"format": "text"},
+        "file d.jsonl, line 3: not UTF-8 text (invalid continuation byte at byte 13)",
+    ),
 }
-GOOD_LINES = {"text": '{"text": "a"}\n{"text": "b"}\n', "instruction": '{"instruction": "a", "output": "b"}\n' * 2,
-              "chat": f"{GOOD_CHAT}\n{GOOD_CHAT}\n", "classification": '{"text": "a", "label": 0}\n' * 2}
+GOOD_LINES = {
+    "text": '{"text": "a"}\n{"text": "b"}\n',
+    "instruction": '{"instruction": "a", "output": "b"}\n' * 2,
+    "chat": f"{GOOD_CHAT}\n{GOOD_CHAT}\n",
+    "classification": '{"text": "a", "label": 0}\n' * 2,
+}
 
 
 @pytest.mark.parametrize("case", list(BAD_ROWS))
@@ -130,7 +213,9 @@ def test_a_file_of_blank_lines_holds_no_rows(hf_tokenizer, root: DataRoot) -> No
 
 def test_a_file_over_max_bytes_is_refused_not_cut(hf_tokenizer, root: DataRoot) -> None:
     path = root.write("d.jsonl", '{"text": "abc"}\n' * 10)
-    with pytest.raises(TrainerError, match=r"^data_unavailable: dataset file 'd\.jsonl' is 160 bytes, over max_bytes \(159\)$"):
+    with pytest.raises(
+        TrainerError, match=r"^data_unavailable: dataset file 'd\.jsonl' is 160 bytes, over max_bytes \(159\)$"
+    ):
         root.build(hf_tokenizer, path, format="text", max_bytes=159)
     assert root.build(hf_tokenizer, path, format="text", max_bytes=160).report["rows"] == 10
 

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
-
-from hf_tokenizer_support import hf_tokenizer  # noqa: F401  (session fixture)
+from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401 (the hf_tokenizer fixture)
 from jsonl_support import DataRoot
+from pydantic import ValidationError
 
 from trainer.catalog import MODEL_DATASETS, JsonlDataset
 from trainer.errors import TrainerError
@@ -45,10 +44,14 @@ def _error_locs(config: dict[str, Any]) -> list[tuple[Any, ...]]:
         ({"path": "d.jsonl", "format": "instruction", "masking": "assistant"}, ("config", "masking")),
         ({"path": "d.jsonl", "format": "classification", "masking": "none"}, ("config", "masking")),
         ({"path": "d.jsonl", "format": "chat", "column_map": {"conversation": "text"}}, ("config", "column_map")),
-        ({"path": "d.jsonl", "format": "instruction", "column_map": {"a": "output", "b": "output"}},
-         ("config", "column_map")),
-        ({"path": "d.jsonl", "format": "text", "column_map": {f"c{i}": "text" for i in range(17)}},
-         ("config", "column_map")),
+        (
+            {"path": "d.jsonl", "format": "instruction", "column_map": {"a": "output", "b": "output"}},
+            ("config", "column_map"),
+        ),
+        (
+            {"path": "d.jsonl", "format": "text", "column_map": {f"c{i}": "text" for i in range(17)}},
+            ("config", "column_map"),
+        ),
         ({"path": "d.jsonl", "format": "text", "max_seq_len": 1}, ("config", "max_seq_len")),
         ({"path": "d.jsonl", "format": "text", "max_seq_len": 10**6}, ("config", "max_seq_len")),
         ({"path": "d.jsonl", "format": "text", "test_fraction": 0.0}, ("config", "test_fraction")),
@@ -72,8 +75,9 @@ def test_defaults_follow_the_format_and_the_extension() -> None:
 def test_existing_models_cannot_train_on_jsonl() -> None:
     assert "jsonl" not in MODEL_DATASETS["mlp"] | MODEL_DATASETS["gpt"] and "jsonl" in MODEL_DATASETS["hf"]
     with pytest.raises(ValidationError) as caught:
-        JobSpec.model_validate({"model": {"name": "gpt"},
-                                "dataset": {"name": "jsonl", "config": {"path": "d.jsonl", "format": "text"}}})
+        JobSpec.model_validate(
+            {"model": {"name": "gpt"}, "dataset": {"name": "jsonl", "config": {"path": "d.jsonl", "format": "text"}}}
+        )
     assert ("dataset",) in [tuple(error["loc"]) for error in caught.value.errors()]
 
 

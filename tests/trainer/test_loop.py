@@ -13,22 +13,21 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from trainer_support import lm_micro_batch, tiny_lm
 
 from trainer.batching import windows
 from trainer.checkpoint import final_path, load_checkpoint, step_path
+from trainer.components import build_components
 from trainer.data import Task
 from trainer.data.base import feature_batch, token_batch
 from trainer.distributed import DistContext
 from trainer.errors import TrainerError
-from trainer.losses import task_loss
-from trainer.components import build_components
 from trainer.loop import train
-from trainer.step import accumulate_window, train_step
+from trainer.losses import task_loss
 from trainer.precision import build_precision
 from trainer.records import read_records
 from trainer.spec import JobSpec
+from trainer.step import accumulate_window, train_step
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -48,7 +47,7 @@ def test_window_gradient_equals_full_batch_for_unequal_micro_batches(cpu_ctx: Di
     """K=3 over micro-batches of 5, 3, 7 | 1, 4 samples (a short last window): fp32 gradient equals the full batch."""
     parts = build_components(tiny_mlp_spec(), cpu_ctx)
     x, y = parts.dataset.train_x[:20], parts.dataset.train_y[:20]
-    micro = [feature_batch(xs, ys) for xs, ys in zip(x.split([5, 3, 7, 1, 4]), y.split([5, 3, 7, 1, 4]))]
+    micro = [feature_batch(xs, ys) for xs, ys in zip(x.split([5, 3, 7, 1, 4]), y.split([5, 3, 7, 1, 4]), strict=True)]
     params = list(parts.model.parameters())
     for window in windows(micro, 3):
         stats = accumulate_window(parts.model, window, parts.precision, parts.loss_fn, cpu_ctx)
@@ -56,13 +55,13 @@ def test_window_gradient_equals_full_batch_for_unequal_micro_batches(cpu_ctx: Di
         parts.optimizer.zero_grad(set_to_none=True)
         full = feature_batch(torch.cat([b.inputs for b in window]), torch.cat([b.targets for b in window]))
         ref_loss = parts.loss_fn(parts.model, full) / full.num_samples
-        for g, r in zip(got, torch.autograd.grad(ref_loss, params)):
+        for g, r in zip(got, torch.autograd.grad(ref_loss, params), strict=True):
             torch.testing.assert_close(g, r, atol=1e-6, rtol=0)
         assert stats.loss == pytest.approx(ref_loss.item(), abs=1e-6)
         assert (stats.num_elements, stats.num_samples, stats.num_tokens) == (full.num_samples, full.num_samples, None)
 
 
-def test_C17_token_losses_with_accumulation_equal_the_full_batch(cpu_ctx: DistContext, tiny_mlp_spec) -> None:
+def test_token_losses_with_accumulation_equal_the_full_batch(cpu_ctx: DistContext, tiny_mlp_spec) -> None:
     """C17: tiny causal LM (vocab 32, emb 16), K=2 micro-batches with 10 and 2 valid tokens.
 
     The accumulated gradient equals the full-batch gradient normalised by the 12 valid
@@ -80,20 +79,20 @@ def test_C17_token_losses_with_accumulation_equal_the_full_batch(cpu_ctx: DistCo
     assert stats.num_elements == full.num_elements == 12
     ref_loss = loss_fn(model, full) / 12
     reference = torch.autograd.grad(ref_loss, list(model.parameters()))
-    for g, r in zip(got, reference):
+    for g, r in zip(got, reference, strict=True):
         torch.testing.assert_close(g, r, atol=1e-6, rtol=0)
     assert stats.loss == pytest.approx(ref_loss.item(), abs=1e-6)
 
     # The per-micro-batch mean divided by K (the bug of transformers#34263) is far off:
     naive = sum(loss_fn(model, b) / b.num_elements for b in micro) / len(micro)
     naive_grads = torch.autograd.grad(naive, list(model.parameters()))
-    assert max((n - r).abs().max().item() for n, r in zip(naive_grads, reference)) > 1e-3
+    assert max((n - r).abs().max().item() for n, r in zip(naive_grads, reference, strict=True)) > 1e-3
 
 
 # ----------------------------------------------------------------------------- field cases on the real loop
 
 
-def test_C01_skipped_step_does_not_advance_the_lr_schedule(cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec) -> None:
+def test_skipped_step_does_not_advance_the_lr_schedule(cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec) -> None:
     """C01: +inf injected on step 1 of 4 (fp16, init scale 65536, SGD lr 0.1, step schedule x0.5 per step).
 
     Step 1 leaves the weights bit-identical; the scale is 32768 afterwards; the schedule
@@ -134,7 +133,7 @@ def test_C01_skipped_step_does_not_advance_the_lr_schedule(cpu_ctx: DistContext,
     assert read_records(tmp_path)[-1] == {**read_records(tmp_path)[-1], "type": "end", "steps": 4, "skipped_steps": 1}
 
 
-def test_C05_accumulation_unscales_and_clips_once_per_step(
+def test_accumulation_unscales_and_clips_once_per_step(
     cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """C05: tiny MLP, fp16, init scale 1024, K=4, max_grad_norm 0.5, 8 micro-batches.
@@ -177,7 +176,7 @@ def test_C05_accumulation_unscales_and_clips_once_per_step(
         assert steps[index]["grad_norm"] == pytest.approx(reference, rel=1e-3)
 
 
-def test_C06_clips_the_unscaled_gradients(cpu_ctx: DistContext, tiny_mlp_spec) -> None:
+def test_clips_the_unscaled_gradients(cpu_ctx: DistContext, tiny_mlp_spec) -> None:
     """C06: Linear(8->1), SGD lr 0.1, fp16, init scale 65536, loss x100, max_grad_norm 1.0.
 
     The logged pre-clip norm is the fp32 norm (about 50, not 50 x scale); the applied
@@ -211,13 +210,13 @@ def test_C06_clips_the_unscaled_gradients(cpu_ctx: DistContext, tiny_mlp_spec) -
         result = train_step(parts, window, step=attempt, max_grad_norm=1.0, dist_ctx=cpu_ctx)
         if result.outcome.applied:
             break
-        assert all(torch.equal(b, p) for b, p in zip(before, parts.model.parameters()))
+        assert all(torch.equal(b, p) for b, p in zip(before, parts.model.parameters(), strict=True))
     assert result.outcome.applied
     assert result.outcome.grad_norm == pytest.approx(norm32, rel=1e-3)
-    updates = [p.detach() - b for p, b in zip(parts.model.parameters(), before)]
+    updates = [p.detach() - b for p, b in zip(parts.model.parameters(), before, strict=True)]
     update_norm = torch.linalg.vector_norm(torch.stack([u.norm() for u in updates])).item()
     assert update_norm / 0.1 == pytest.approx(1.0, abs=1e-3)
-    for update, reference in zip(updates, clipped32):
+    for update, reference in zip(updates, clipped32, strict=True):
         torch.testing.assert_close(update, reference, rtol=2e-3, atol=1e-4)
 
 

@@ -108,8 +108,9 @@ def _grad_scaler_scales(pattern: list[bool], **kwargs: float) -> list[float]:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(("growth_factor", "backoff_factor"), [(2.0, 0.5), (1.1, 0.9), (1.5, 0.3), (4.0, 0.7)])
-def test_trajectory_equals_torch_grad_scaler_with_hysteresis_one(seed: int, growth_factor: float,
-                                                                 backoff_factor: float) -> None:
+def test_trajectory_equals_torch_grad_scaler_with_hysteresis_one(
+    seed: int, growth_factor: float, backoff_factor: float
+) -> None:
     """Same overflow pattern, same growth/backoff: the same float32 scales as torch.amp.GradScaler, bit
     for bit, also with factors float32 cannot hold (GradScaler rounds ``scale * factor`` once)."""
     rng = random.Random(seed)
@@ -170,7 +171,7 @@ class _ScalarReads(TorchDispatchMode):
         super().__init__()
         self.count = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
             self.count += 1
         return func(*args, **(kwargs or {}))

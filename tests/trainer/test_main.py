@@ -53,7 +53,11 @@ def test_a_crash_exits_non_zero_without_error_json(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-m", "trainer", "--spec", str(spec), "--run-dir", str(run_dir)],
-        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode not in (0, 3)
     assert "raise_at_step 2" in done.stderr
@@ -80,7 +84,9 @@ def test_a_trainer_error_writes_error_json(tmp_path: Path) -> None:
 
 def test_unavailable_data_is_typed(tmp_path: Path) -> None:
     spec = _write_spec(
-        tmp_path, model={"name": "gpt"}, dataset={"name": "text", "config": {"source": "file", "path": "missing/file.txt"}}
+        tmp_path,
+        model={"name": "gpt"},
+        dataset={"name": "text", "config": {"source": "file", "path": "missing/file.txt"}},
     )
     assert main(["--spec", str(spec), "--run-dir", str(tmp_path / "run")]) == 3
     assert _error(tmp_path / "run")["reason"] == "data_unavailable"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
 import torch
+from pydantic import ValidationError
 from torch import nn
 
 from trainer.catalog import GPTModel, MLPModel

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from trainer.optimizers import SGD, AdamW, fused_supported
 from trainer.optim import build_lr_scheduler
+from trainer.optimizers import SGD, AdamW, fused_supported
 from trainer.precision import build_precision
 from trainer.spec import JobSpec, LRSchedulerSpec
 
@@ -70,7 +70,7 @@ def _assert_same(before: dict[str, Tensor], after: dict[str, Tensor]) -> None:
 
 
 def _set_grads(params: list[nn.Parameter], grads: list[Tensor]) -> None:
-    for param, grad in zip(params, grads):
+    for param, grad in zip(params, grads, strict=True):
         param.grad = grad.clone()
 
 
@@ -100,9 +100,9 @@ def test_applied_steps_are_bit_identical_to_pytorch(name: str, implementation: s
         _set_grads(theirs, grads)
         _step(optimizer, 0.0)
         reference.step()
-        for a, b in zip(ours, theirs):
+        for a, b in zip(ours, theirs, strict=True):
             assert torch.equal(_bits(a), _bits(b)), f"parameters differ at step {step}"
-        for a, b in zip(ours, theirs):
+        for a, b in zip(ours, theirs, strict=True):
             for key, value in reference.state[b].items():
                 assert torch.equal(_bits(optimizer.state[a][key]), _bits(value)), f"state {key} differs at step {step}"
 
@@ -179,7 +179,9 @@ def test_state_dict_round_trip_keeps_device_state(name: str, implementation: str
 
 
 @pytest.mark.parametrize("factory", [lambda p: AdamW(p, lr=1e-3), lambda p: SGD(p, lr=0.1, momentum=0.9)])
-def test_a_parameter_without_gradient_is_refused(factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer]) -> None:
+def test_a_parameter_without_gradient_is_refused(
+    factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+) -> None:
     params = _params()
     optimizer = factory(params)
     _set_grads(params[:-1], _grads(1)[:-1])

@@ -14,11 +14,11 @@ from trainer.data import IGNORE_INDEX, Batch, Task
 from trainer.data.base import token_batch
 from trainer.distributed import DistContext
 from trainer.losses import task_loss
-from trainer.step import accumulate_window
 from trainer.models.gpt import GPT
 from trainer.parallel import unwrap_model, wrap_model
 from trainer.precision import build_precision
 from trainer.spec import JobSpec
+from trainer.step import accumulate_window
 
 WORLD_SIZE = 2
 #: (valid tokens, seed) of each micro-batch, per rank: K=2 windows of unequal token counts.
@@ -42,14 +42,15 @@ def _micro_batch(valid: int, seed: int) -> Batch:
 def _rank_worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     # a bounded collective timeout: a rank that dies turns into a failure here, never a hang
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=120)
+    )
     try:
         ctx = DistContext(rank=rank, local_rank=rank, world_size=WORLD_SIZE, device=torch.device("cpu"))
         model = wrap_model(_tiny_lm(), ctx)
         synced: list[torch.Tensor] = []
 
-        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
+        def counting_hook(state, bucket):  # DDP rejects string annotations
             synced.append(bucket.buffer().clone())
             return default_hooks.allreduce_hook(None, bucket)
 
@@ -58,8 +59,10 @@ def _rank_worker(rank: int, init_file: str, out_dir: str) -> None:
         batches = [_micro_batch(valid, seed) for valid, seed in RANK_MICRO_BATCHES[rank]]
         stats = accumulate_window(model, batches, precision, task_loss(Task.LM), ctx)
         grads = [p.grad.clone() for p in unwrap_model(model).parameters()]
-        torch.save({"grads": grads, "synced": synced, "loss": stats.loss, "elements": stats.num_elements},
-                   Path(out_dir) / f"rank{rank}.pt")
+        torch.save(
+            {"grads": grads, "synced": synced, "loss": stats.loss, "elements": stats.num_elements},
+            Path(out_dir) / f"rank{rank}.pt",
+        )
         # The Python comm hook's all-reduce work holds Python tensors; gloo destroys each work on its
         # own thread, which needs the GIL. Wait until that is done (a barrier runs after it), and drop
         # DDP's reducer while the process group is alive: freeing it later, with the GIL held, while
@@ -70,7 +73,7 @@ def _rank_worker(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_C17_two_ranks_normalise_by_the_global_token_count_and_sync_once(tmp_path: Path) -> None:
+def test_two_ranks_normalise_by_the_global_token_count_and_sync_once(tmp_path: Path) -> None:
     """C17 across ranks, and DDP gradient sync only on the last micro-batch of the window.
 
     Rank 0 holds micro-batches with 10 and 2 valid tokens, rank 1 with 3 and 7. After
@@ -93,7 +96,7 @@ def test_C17_two_ranks_normalise_by_the_global_token_count_and_sync_once(tmp_pat
     for result in results:
         assert result["elements"] == 22
         assert abs(result["loss"] - ref_loss.item()) < 1e-6
-        for got, ref in zip(result["grads"], reference):
+        for got, ref in zip(result["grads"], reference, strict=True):
             torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
         assert len(result["synced"]) == 1  # one bucket, synced once per window
     # The synced buckets held each rank's whole window (both micro-batches): their mean is the full gradient.

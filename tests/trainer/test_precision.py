@@ -144,18 +144,23 @@ def _c09_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
         if rank == 1:
             model.module.weight.grad[0, 0] = float("nan")
         outcome = policy.step(optimizer, list(model.parameters()), None)
-        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
         torch.save(
-            {"skipped": outcome.overflow, "scale": policy.loss_scale, "unchanged": unchanged,
-             "rank_kinds": outcome.rank_kinds.tolist(), "param_kinds": outcome.param_kinds.tolist(),
-             "params": [p.detach() for p in model.parameters()]},
+            {
+                "skipped": outcome.overflow,
+                "scale": policy.loss_scale,
+                "unchanged": unchanged,
+                "rank_kinds": outcome.rank_kinds.tolist(),
+                "param_kinds": outcome.param_kinds.tolist(),
+                "params": [p.detach() for p in model.parameters()],
+            },
             Path(out_dir) / f"rank{rank}.pt",
         )
     finally:
         dist.destroy_process_group()
 
 
-def test_c09_overflow_on_one_rank_is_an_overflow_on_all_ranks(tmp_path: Path) -> None:
+def test_overflow_on_one_rank_is_an_overflow_on_all_ranks(tmp_path: Path) -> None:
     """Field case C09 (pytorch/pytorch PR #115710): NaN on one rank (1) only, after the all-reduce."""
     mp.start_processes(_c09_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
@@ -163,5 +168,5 @@ def test_c09_overflow_on_one_rank_is_an_overflow_on_all_ranks(tmp_path: Path) ->
         assert result["skipped"] and result["unchanged"] and result["scale"] == 512.0
         # forensics: both ranks agree that rank 1 held a NaN, in the weight only
         assert result["rank_kinds"] == [0.0, 2.0] and result["param_kinds"] == [2.0, 0.0]
-    for a, b in zip(results[0]["params"], results[1]["params"]):
+    for a, b in zip(results[0]["params"], results[1]["params"], strict=True):
         assert torch.equal(a, b)

@@ -53,11 +53,15 @@ FALLBACK: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def fell_back(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, TrainResult]]:
     """The FALLBACK job (the tiny MLP of the trainer fixtures), run once for the module."""
-    spec = JobSpec.model_validate({
-        "model": {"name": "mlp", "config": {"hidden_sizes": [32]}},
-        "dataset": {"name": "synthetic", "config": {"in_features": 16, "num_samples": 256, "seed": 3}},
-        "micro_batch_size": 16, "seed": 0, **FALLBACK,
-    })  # fmt: skip
+    spec = JobSpec.model_validate(
+        {
+            "model": {"name": "mlp", "config": {"hidden_sizes": [32]}},
+            "dataset": {"name": "synthetic", "config": {"in_features": 16, "num_samples": 256, "seed": 3}},
+            "micro_batch_size": 16,
+            "seed": 0,
+            **FALLBACK,
+        }
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     run_dir = tmp_path_factory.mktemp("fallback")
@@ -91,7 +95,11 @@ def test_the_guard_trips_in_fp16_and_the_job_finishes_in_bf16(fell_back: tuple[P
     assert result.steps == 16 and records[-1]["type"] == "end"
     [switch] = _switches(records)
     assert {k: switch[k] for k in ("step", "from", "to", "reason", "rewound_to_step")} == {
-        "step": 12, "from": "fp16", "to": "bf16", "reason": "loss_scale_collapsed", "rewound_to_step": 8,
+        "step": 12,
+        "from": "fp16",
+        "to": "bf16",
+        "reason": "loss_scale_collapsed",
+        "rewound_to_step": 8,
     }
     assert "at step 12" in switch["message"]
     at = records.index(switch)
@@ -121,8 +129,11 @@ def test_the_continuation_equals_a_bf16_job_resumed_from_the_healthy_checkpoint(
     run_dir, result = fell_back
     bf16 = tiny_mlp_spec(**(FALLBACK | {"precision": "bf16", "loss_scale": None, "on_divergence": "fail"}))
     payload = load_checkpoint(step_path(run_dir, 8))
-    payload["precision"] = {"precision": "bf16", "scaler": {"kind": "NoOpLossScaler", "scale": 1.0},
-                            "skipped_steps": payload["precision"]["skipped_steps"]}  # fmt: skip
+    payload["precision"] = {
+        "precision": "bf16",
+        "scaler": {"kind": "NoOpLossScaler", "scale": 1.0},
+        "skipped_steps": payload["precision"]["skipped_steps"],
+    }
     payload["spec"] = bf16.model_dump(mode="json")
     converted = tmp_path / "converted.pt"
     torch.save(payload, converted)
@@ -163,19 +174,33 @@ def test_without_a_healthy_checkpoint_the_job_restarts_in_bf16_like_a_bf16_job(
     tiny_mlp_spec: SpecFactory, cpu_ctx: DistContext, tmp_path: Path
 ) -> None:
     """Overflows from step 3 trip the guard at step 5; the only checkpoint (step 4) is inside the run."""
-    spec = tiny_mlp_spec(**(FALLBACK | {"max_steps": 8, "loss_scale": None, "max_consecutive_skips": 3,
-                                        "log_interval": 4, "faults": {"nonfinite_grad_steps": [3, 4, 5, 6],
-                                                                      "nonfinite_grad_precisions": ["fp16"]}}))  # fmt: skip
+    spec = tiny_mlp_spec(
+        **(
+            FALLBACK
+            | {
+                "max_steps": 8,
+                "loss_scale": None,
+                "max_consecutive_skips": 3,
+                "log_interval": 4,
+                "faults": {"nonfinite_grad_steps": [3, 4, 5, 6], "nonfinite_grad_precisions": ["fp16"]},
+            }
+        )
+    )
     result = train(spec, tmp_path / "fallback", cpu_ctx)
-    reference = train(tiny_mlp_spec(precision="bf16", max_steps=8, optimizer={"lr": 0.01},
-                                    lr_scheduler={"name": "cosine", "warmup_steps": 2}), tmp_path / "bf16", cpu_ctx)  # fmt: skip
+    reference = train(
+        tiny_mlp_spec(
+            precision="bf16", max_steps=8, optimizer={"lr": 0.01}, lr_scheduler={"name": "cosine", "warmup_steps": 2}
+        ),
+        tmp_path / "bf16",
+        cpu_ctx,
+    )
 
     records = read_records(tmp_path / "fallback")
     [switch] = _switches(records)
     assert (switch["step"], switch["rewound_to_step"], switch["reason"]) == (5, 0, "nonfinite_gradients")
     # step 4's fp16 checkpoint was deleted at the switch; the bf16 run wrote its own
     assert load_checkpoint(step_path(tmp_path / "fallback", 4))["precision"]["precision"] == "bf16"
-    assert [s["step"] for s in _steps(records[records.index(switch):])] == list(range(1, 9))
+    assert [s["step"] for s in _steps(records[records.index(switch) :])] == list(range(1, 9))
     assert _params_equal(result.model, reference.model)
 
 
@@ -221,18 +246,37 @@ def test_two_ranks_fall_back_in_lockstep(tmp_path: Path) -> None:
     spec = {
         "model": {"name": "mlp", "config": {"hidden_sizes": [16]}},
         "dataset": {"name": "synthetic", "config": {"task": "classification", "num_samples": 256, "num_classes": 4}},
-        "processes": 2, "micro_batch_size": 8, "gradient_accumulation_steps": 2, "eval_interval": 6,
+        "processes": 2,
+        "micro_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+        "eval_interval": 6,
         **FALLBACK,
         "faults": {**FALLBACK["faults"], "ranks": [1]},
-    }  # fmt: skip
+    }
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV} | {"HALFCAST_DUMP_PARAMS": "1", "OMP_NUM_THREADS": "1", "HALFCAST_ALLOW_FAULTS": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV} | {
+        "HALFCAST_DUMP_PARAMS": "1",
+        "OMP_NUM_THREADS": "1",
+        "HALFCAST_ALLOW_FAULTS": "1",
+    }
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
-        "-m", "trainer", "--spec", str(spec_path), "--run-dir", str(run_dir),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "trainer",
+        "--spec",
+        str(spec_path),
+        "--run-dir",
+        str(run_dir),
+    ]
     done = subprocess.run(command, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
 
@@ -240,7 +284,7 @@ def test_two_ranks_fall_back_in_lockstep(tmp_path: Path) -> None:
     [switch] = _switches(records)
     assert (switch["step"], switch["rewound_to_step"]) == (12, 8)
     assert list(_deduplicated(records)) == list(range(1, 17)) and records[-1]["type"] == "end"
-    assert all(s.get("precision") == "bf16" for s in _steps(records[records.index(switch):]))
+    assert all(s.get("precision") == "bf16" for s in _steps(records[records.index(switch) :]))
     params = [torch.load(run_dir / f"params-rank{r}.pt") for r in range(2)]
     assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
     assert not (run_dir / "error.json").exists()
@@ -251,8 +295,18 @@ def test_the_guard_knows_where_the_failing_run_began() -> None:
     from trainer.telemetry import StepRow
 
     def row(step: int, overflow: bool, loss: float = 1.0) -> StepRow:
-        return StepRow(step=step, time=0.0, loss=loss, loss_scale=1.0, overflow_kind=float(overflow), skipped_steps=0,
-                       grad_norm=1.0, lr=0.1, samples=1, tokens=None)  # fmt: skip
+        return StepRow(
+            step=step,
+            time=0.0,
+            loss=loss,
+            loss_scale=1.0,
+            overflow_kind=float(overflow),
+            skipped_steps=0,
+            grad_norm=1.0,
+            lr=0.1,
+            samples=1,
+            tokens=None,
+        )
 
     guard = DivergenceGuard(max_skips=3, max_nonfinite_losses=2)
     guard.observe([row(1, False), row(2, True), row(3, False), row(4, True), row(5, True)])

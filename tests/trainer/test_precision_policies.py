@@ -26,20 +26,27 @@ CPU = torch.device("cpu")
 
 
 def _spec(name: str, **extra: object) -> JobSpec:
-    return JobSpec.model_validate({"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "precision": name, **extra})
+    return JobSpec.model_validate(
+        {"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "precision": name, **extra}
+    )
 
 
 def test_the_factory_builds_one_policy_class_per_precision(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(precision, "check_supported", lambda name, device: None)
     fp32, bf16 = build_precision(_spec("fp32"), CPU), build_precision(_spec("bf16"), CPU)
     fp16 = build_precision(_spec("fp16"), CPU)
-    static = build_precision(_spec("fp16", loss_scale={"mode": "static", "init_scale": 8.0,
-                                                       "underflow_sample_interval": None}), CPU)
+    static = build_precision(
+        _spec("fp16", loss_scale={"mode": "static", "init_scale": 8.0, "underflow_sample_interval": None}), CPU
+    )
     fp8 = build_precision(_spec("fp8", gpus=1, fp8_recipe="rowwise"), CPU)
     assert type(fp32) is PlainPrecision and type(bf16) is PlainPrecision
     assert type(fp16) is Fp16Precision and type(static) is Fp16Precision and type(fp8) is Fp8Precision
-    assert [p.compute_dtype for p in (fp32, bf16, fp16, fp8)] == [torch.float32, torch.bfloat16, torch.float16,
-                                                                  torch.bfloat16]
+    assert [p.compute_dtype for p in (fp32, bf16, fp16, fp8)] == [
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.bfloat16,
+    ]
     assert isinstance(fp16.scaler, DynamicLossScaler) and isinstance(static.scaler, StaticLossScaler)
     assert all(isinstance(p.scaler, NoOpLossScaler) for p in (fp32, bf16, fp8))
     assert isinstance(fp8, Fp8Precision) and fp8.recipe == "rowwise"
@@ -83,14 +90,16 @@ def test_observers_watch_and_never_decide(name: str) -> None:
     scaling = {"loss_scale": {"init_scale": 256.0, "underflow_sample_interval": 1}} if name == "fp16" else {}
     watched = build_precision(_spec(name, **scaling), CPU)
     if name == "fp16":
-        bare: precision.PrecisionPolicy = Fp16Precision(CPU, build_scaler(_spec(name, **scaling).effective_loss_scale, CPU))
+        bare: precision.PrecisionPolicy = Fp16Precision(
+            CPU, build_scaler(_spec(name, **scaling).effective_loss_scale, CPU)
+        )
     else:
         bare = PlainPrecision(name, CPU)  # type: ignore[arg-type]
     assert bare.observers == StepObservers()
     params, outcomes = _run(watched)
     bare_params, bare_outcomes = _run(bare)
-    assert all(torch.equal(a, b) for a, b in zip(params, bare_params))
-    for seen, unseen in zip(outcomes, bare_outcomes):
+    assert all(torch.equal(a, b) for a, b in zip(params, bare_params, strict=True))
+    for seen, unseen in zip(outcomes, bare_outcomes, strict=True):
         for field in ("overflow", "applied", "overflow_kind", "loss_scale", "grad_norm", "skipped_steps", "rank_kinds"):
             a, b = getattr(seen, field), getattr(unseen, field)
             assert torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True), field  # bit for bit, NaN norms alike
@@ -130,10 +139,10 @@ def test_observers_are_called_at_their_points_with_the_scaled_gradients() -> Non
         scaled = [p.grad.clone() for p in params[:3]]
         outcome = policy.step(optimizer, params, None, step=step)
         unscaled = [p.grad for p in params[:3]]
-        assert all(torch.equal(s / 64.0, u) for s, u in zip(scaled, unscaled))
+        assert all(torch.equal(s / 64.0, u) for s, u in zip(scaled, unscaled, strict=True))
         (point, (seen_step, seen)), (second, (kinds, present, count)) = recorder.calls[-2:]
         assert (point, second, seen_step) == ("before_unscale", "evidence", step)
-        assert all(torch.equal(s, g) for s, g in zip(scaled, seen))  # before unscaling
+        assert all(torch.equal(s, g) for s, g in zip(scaled, seen, strict=True))  # before unscaling
         assert kinds.tolist() == [0.0, 0.0, 0.0] and present == [0, 1, 2] and count == 4
         assert outcome.param_kinds.tolist() == [7.0]  # the evidence came back through the agreement
         assert outcome.underflow_fraction.item() == 0.25 if step == 2 else torch.isnan(outcome.underflow_fraction)
@@ -145,7 +154,13 @@ def test_the_underflow_sampler_samples_multiples_of_its_interval_only() -> None:
     sampler = UnderflowSampler(3, CPU)
     grads = [torch.tensor([0.0, 1.0])]
     assert [sampler.before_unscale(step, grads) is not None for step in (None, 1, 2, 3, 6, 7)] == [
-        False, False, False, True, True, False]
+        False,
+        False,
+        False,
+        True,
+        True,
+        False,
+    ]
     assert sampler.before_unscale(3, grads).item() == 0.5
     with pytest.raises(ValueError):
         UnderflowSampler(0, CPU)

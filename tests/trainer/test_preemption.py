@@ -33,8 +33,13 @@ def stop() -> Iterator[StopSignal]:
 
 
 def _spec(tiny_mlp_spec: Callable[..., JobSpec], **faults: object) -> JobSpec:
-    return tiny_mlp_spec(precision="fp16", max_steps=8, log_interval=10, loss_scale={"init_scale": 1024.0},
-                         faults={"nonfinite_grad_steps": [2], **faults})
+    return tiny_mlp_spec(
+        precision="fp16",
+        max_steps=8,
+        log_interval=10,
+        loss_scale={"init_scale": 1024.0},
+        faults={"nonfinite_grad_steps": [2], **faults},
+    )
 
 
 def test_sigterm_checkpoints_the_last_step_and_the_resume_is_exact(
@@ -56,12 +61,14 @@ def test_sigterm_checkpoints_the_last_step_and_the_resume_is_exact(
     steps = {r["step"]: r for r in read_records(tmp_path / "a") if r["type"] == "step"}
     reference = {r["step"]: r for r in read_records(tmp_path / "b") if r["type"] == "step"}
     for step in range(1, 9):
-        assert {k: steps[step][k] for k in ("loss", "loss_scale", "samples_total")} == \
-            {k: reference[step][k] for k in ("loss", "loss_scale", "samples_total")}
+        assert {k: steps[step][k] for k in ("loss", "loss_scale", "samples_total")} == {
+            k: reference[step][k] for k in ("loss", "loss_scale", "samples_total")
+        }
 
 
-def test_without_a_signal_the_run_finishes(tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext,
-                                           tmp_path: Path, stop: StopSignal) -> None:
+def test_without_a_signal_the_run_finishes(
+    tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path, stop: StopSignal
+) -> None:
     assert train(_spec(tiny_mlp_spec), tmp_path, cpu_ctx, stop=stop).steps == 8 and not stop.received
 
 
@@ -71,13 +78,33 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path: Path) -> None
     spec = {
         "model": {"name": "mlp", "config": {"hidden_sizes": [16]}},
         "dataset": {"name": "synthetic", "config": {"num_samples": 256}},
-        "processes": 2, "micro_batch_size": 8, "max_steps": 50, "log_interval": 10,
+        "processes": 2,
+        "micro_batch_size": 8,
+        "max_steps": 50,
+        "log_interval": 10,
         "faults": {"kill_at_step": {"step": 3, "rank": 1, "signal": "SIGTERM"}},
-    }  # fmt: skip
+    }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_ENV} | {"OMP_NUM_THREADS": "1", "HALFCAST_ALLOW_FAULTS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
-               "-m", "trainer", "--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_ENV} | {
+        "OMP_NUM_THREADS": "1",
+        "HALFCAST_ALLOW_FAULTS": "1",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "trainer",
+        "--spec",
+        str(tmp_path / "spec.json"),
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode != 0, done.stderr[-3000:]
     assert done.stderr.count("stopped by SIGTERM after step 3") == 2, done.stderr[-3000:]

@@ -8,8 +8,15 @@ from pathlib import Path
 from trainer.records import RecordSink, StepRecord, read_records
 
 STEP = StepRecord(
-    step=1, loss=float("nan"), loss_scale=65536.0, overflow=True, skipped_steps=1, grad_norm=None,
-    lr=0.1, samples_per_second=100.0, tokens_per_second=None,
+    step=1,
+    loss=float("nan"),
+    loss_scale=65536.0,
+    overflow=True,
+    skipped_steps=1,
+    grad_norm=None,
+    lr=0.1,
+    samples_per_second=100.0,
+    tokens_per_second=None,
 )
 
 
@@ -26,9 +33,25 @@ def test_lines_are_flushed_as_written(tmp_path: Path) -> None:
     assert [r["type"] for r in records] == ["start", "step", "eval", "end"]
     assert all(isinstance(r["time"], float) for r in records)
     step = records[1]
-    assert set(step) == {"type", "time", "step", "loss", "loss_scale", "overflow", "skipped_steps", "grad_norm",
-                         "lr", "samples_per_second", "tokens_per_second", "underflow_fraction", "overflow_ranks",
-                         "nonfinite_params", "nonfinite_param_count", "samples_total", "tokens_total"}
+    assert set(step) == {
+        "type",
+        "time",
+        "step",
+        "loss",
+        "loss_scale",
+        "overflow",
+        "skipped_steps",
+        "grad_norm",
+        "lr",
+        "samples_per_second",
+        "tokens_per_second",
+        "underflow_fraction",
+        "overflow_ranks",
+        "nonfinite_params",
+        "nonfinite_param_count",
+        "samples_total",
+        "tokens_total",
+    }
     assert records[2] == {**records[2], "step": 1, "loss": 0.5, "accuracy": 0.9}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hf_tokenizer_support import hf_tokenizer  # noqa: F401  (session fixture)
+from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401 (the hf_tokenizer fixture)
 from pydantic import ValidationError
 
 from trainer.catalog import HFConfig, JsonlConfig, JsonlDataset
@@ -58,7 +58,9 @@ def test_a_resolved_registered_dataset_builds_like_a_file_under_a_data_root(hf_t
     assert dataset.report["rows"] == 12 and dataset.report["format"] == "text"
 
 
-def test_a_dataset_whose_bytes_changed_fails_data_unavailable_before_a_row_is_read(hf_tokenizer, registry: Path) -> None:
+def test_a_dataset_whose_bytes_changed_fails_data_unavailable_before_a_row_is_read(
+    hf_tokenizer, registry: Path
+) -> None:
     digest = _register(registry)
     path = registry / "datasets" / f"{digest}.jsonl"
     path.write_bytes(ROWS.replace(b"row number 3", b"row NUMBER 3"))
@@ -67,10 +69,14 @@ def test_a_dataset_whose_bytes_changed_fails_data_unavailable_before_a_row_is_re
     assert caught.value.reason == "data_unavailable" and f"dataset {DATASET_ID}" in caught.value.message
 
 
-def test_a_path_dataset_with_a_sha256_is_checked_too(hf_tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_path_dataset_with_a_sha256_is_checked_too(
+    hf_tokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "d.jsonl").write_bytes(ROWS)
     monkeypatch.setenv("HALFCAST_DATA_ROOTS", str(tmp_path))
-    good = JsonlDataset(name="jsonl", config={"path": "d.jsonl", "format": "text", "sha256": hashlib.sha256(ROWS).hexdigest()})
+    good = JsonlDataset(
+        name="jsonl", config={"path": "d.jsonl", "format": "text", "sha256": hashlib.sha256(ROWS).hexdigest()}
+    )
     assert build_dataset(good, hf_tokenizer).report["rows"] == 12
     bad = JsonlDataset(name="jsonl", config={"path": "d.jsonl", "format": "text", "sha256": "0" * 64})
     with pytest.raises(TrainerError, match="SHA-256"):
@@ -99,8 +105,9 @@ def test_a_registered_dataset_that_cannot_be_read_is_refused(
 
 def test_input_fingerprints_read_the_registered_file(registry: Path, model_roots: Path) -> None:
     digest = _register(registry)
-    spec = JobSpec.model_validate({"model": {"name": "hf", "config": {"path": "llama"}},
-                                   "dataset": {"name": "jsonl", "config": _config(digest)}})  # fmt: skip
+    spec = JobSpec.model_validate(
+        {"model": {"name": "hf", "config": {"path": "llama"}}, "dataset": {"name": "jsonl", "config": _config(digest)}}
+    )
     assert dataset_path(spec.dataset.config) == registry / "datasets" / f"{digest}.jsonl"  # type: ignore[arg-type]
     assert set(input_fingerprints(spec)) == {"model", "data"}
 
@@ -130,7 +137,7 @@ def test_a_registered_model_is_found_by_its_id_and_checked(registry: Path, hf_mo
         ({"dataset_id": DATASET_ID, "column_map": {"a": "text"}}, "column_map"),
         ({"dataset_id": DATASET_ID, "format": "chat", "file_format": "csv"}, "file_format"),
     ],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_jsonl_config_rules_for_registered_datasets(config: dict[str, Any], field: str) -> None:
     with pytest.raises(ValidationError) as caught:
         JsonlConfig.model_validate(config)
@@ -140,8 +147,12 @@ def test_jsonl_config_rules_for_registered_datasets(config: dict[str, Any], fiel
 def test_an_unresolved_dataset_id_defers_the_format_rules() -> None:
     config = JsonlConfig(dataset_id=DATASET_ID, masking="last")
     assert (config.resolved, config.effective_masking, config.source) == (False, "last", f"dataset {DATASET_ID}")
-    spec = {"model": {"name": "hf", "config": {"path": "m"}}, "eval_interval": 1, "early_stopping": {"metric": "accuracy"},
-            "dataset": {"name": "jsonl", "config": {"dataset_id": DATASET_ID}}}  # fmt: skip
+    spec = {
+        "model": {"name": "hf", "config": {"path": "m"}},
+        "eval_interval": 1,
+        "early_stopping": {"metric": "accuracy"},
+        "dataset": {"name": "jsonl", "config": {"dataset_id": DATASET_ID}},
+    }
     JobSpec.model_validate(spec)  # the API and the worker check again once the format is filled in
     with pytest.raises(ValidationError):
         JobSpec.model_validate({**spec, "dataset": {"name": "jsonl", "config": _config("0" * 64)}})
@@ -149,7 +160,11 @@ def test_an_unresolved_dataset_id_defers_the_format_rules() -> None:
 
 def test_hf_config_takes_exactly_one_of_path_model_id_and_hf_config() -> None:
     model_id = str(uuid.uuid4())
-    for fields in ({"path": "m", "model_id": model_id}, {"model_id": model_id, "hf_config": {"model_type": "llama"}}, {}):
+    for fields in (
+        {"path": "m", "model_id": model_id},
+        {"model_id": model_id, "hf_config": {"model_type": "llama"}},
+        {},
+    ):
         with pytest.raises(ValidationError, match="exactly one of path"):
             HFConfig.model_validate(fields)
     with pytest.raises(ValidationError):
@@ -157,9 +172,17 @@ def test_hf_config_takes_exactly_one_of_path_model_id_and_hf_config() -> None:
 
 
 def test_the_row_checks_the_api_uses_import_no_torch() -> None:
-    code = ("import sys\nimport trainer.data.jsonl.formats, trainer.data.jsonl.rows, trainer.data.jsonl.source\n"
-            "import trainer.registered, trainer.hf.safety, trainer.hf.model_types\n"
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported'\n")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], check=False, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    code = (
+        "import sys\nimport trainer.data.jsonl.formats, trainer.data.jsonl.rows, trainer.data.jsonl.source\n"
+        "import trainer.registered, trainer.hf.safety, trainer.hf.model_types\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr

@@ -28,9 +28,14 @@ from trainer.spec import JobSpec
 
 def _same(a: Batch, b: Batch) -> bool:
     masks = (a.attention_mask is None) == (b.attention_mask is None) and (
-        a.attention_mask is None or torch.equal(a.attention_mask, b.attention_mask))  # type: ignore[arg-type]
-    return (torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets) and masks
-            and (a.num_samples, a.num_elements, a.num_tokens) == (b.num_samples, b.num_elements, b.num_tokens))
+        a.attention_mask is None or torch.equal(a.attention_mask, b.attention_mask)
+    )
+    return (
+        torch.equal(a.inputs, b.inputs)
+        and torch.equal(a.targets, b.targets)
+        and masks
+        and (a.num_samples, a.num_elements, a.num_tokens) == (b.num_samples, b.num_elements, b.num_tokens)
+    )
 
 
 def _synthetic() -> Dataset:
@@ -44,10 +49,13 @@ def _text() -> Dataset:
 
 def _tokens() -> Dataset:
     generator = torch.Generator().manual_seed(0)
-    samples = [Sample(torch.randint(0, 50, (n,), generator=generator), torch.randint(0, 50, (n,), generator=generator))
-               for n in [3, 5, 2, 7, 4, 6, 1, 8, 5, 3, 2, 4, 6]]
-    return TokenFileDataset(DataInfo(task=Task.LM, num_outputs=50, seq_len=8), train=samples, held_out=samples[:2],
-                            pad_id=0)
+    samples = [
+        Sample(torch.randint(0, 50, (n,), generator=generator), torch.randint(0, 50, (n,), generator=generator))
+        for n in [3, 5, 2, 7, 4, 6, 1, 8, 5, 3, 2, 4, 6]
+    ]
+    return TokenFileDataset(
+        DataInfo(task=Task.LM, num_outputs=50, seq_len=8), train=samples, held_out=samples[:2], pad_id=0
+    )
 
 
 @pytest.mark.parametrize("dataset", [_synthetic, _text, _tokens], ids=["arrays", "text", "tokens"])
@@ -57,20 +65,31 @@ def test_the_stream_from_an_offset_is_the_stream_without_its_head(
 ) -> None:
     data = dataset()
     for rank in range(world_size):
+
         def stream(start: int = 0, rank: int = rank) -> Iterator[Batch]:
             return data.train_batches(micro_batch_size, rank=rank, world_size=world_size, seed=5, start=start)
 
         whole = list(itertools.islice(stream(), 40))  # several epochs
         for start in (1, 3, 7, 12, 25):
             tail = list(itertools.islice(stream(start), 40 - start))
-            assert len(tail) == 40 - start and all(_same(a, b) for a, b in zip(whole[start:], tail)), (rank, start)
+            assert len(tail) == 40 - start and all(_same(a, b) for a, b in zip(whole[start:], tail, strict=True)), (
+                rank,
+                start,
+            )
 
 
 def test_epoch_positions() -> None:
     assert epoch_position(0, 3) == EpochPosition(0, 0) and epoch_position(7, 3) == EpochPosition(2, 1)
     sizes = [2, 3, 1, 4]
     assert [epoch_position(n, lambda e: sizes[e % 4]) for n in (0, 1, 2, 5, 6, 9, 10)] == [
-        (0, 0), (0, 1), (1, 0), (2, 0), (3, 0), (3, 3), (4, 0)]
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (2, 0),
+        (3, 0),
+        (3, 3),
+        (4, 0),
+    ]
     with pytest.raises(ValueError):
         epoch_position(-1, 3)
     with pytest.raises(ValueError):
@@ -85,8 +104,11 @@ def _count_builds(monkeypatch: pytest.MonkeyPatch, dataset: str) -> list[int]:
     from trainer.data import arrays
     from trainer.data.jsonl import batches
 
-    target, name = {"synthetic": (arrays, "feature_batch"), "text": (ByteTextDataset, "_windows"),
-                    "jsonl": (batches, "collate")}[dataset]
+    target, name = {
+        "synthetic": (arrays, "feature_batch"),
+        "text": (ByteTextDataset, "_windows"),
+        "jsonl": (batches, "collate"),
+    }[dataset]
     original, counts = getattr(target, name), [0]
 
     def counted(*args: Any, **kwargs: Any) -> Batch:
@@ -107,18 +129,27 @@ def _count_builds(monkeypatch: pytest.MonkeyPatch, dataset: str) -> list[int]:
 
 
 def _spec(dataset: str) -> JobSpec:
-    steps = {"micro_batch_size": 8, "gradient_accumulation_steps": 2, "max_steps": 9, "checkpoint_interval": 7,
-             "log_interval": 3, "seed": 4, "optimizer": {"name": "adamw", "lr": 0.01}}
+    steps = {
+        "micro_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+        "max_steps": 9,
+        "checkpoint_interval": 7,
+        "log_interval": 3,
+        "seed": 4,
+        "optimizer": {"name": "adamw", "lr": 0.01},
+    }
     if dataset == "jsonl":
         data = {"name": "jsonl", "config": {"path": "d.jsonl", "format": "text", "max_seq_len": 16}}
         return JobSpec.model_validate(lora_spec(dataset=data, **steps | {"micro_batch_size": 2}))
     if dataset == "synthetic":
         data = {"name": "synthetic", "config": {"in_features": 8, "num_samples": 48, "seed": 2}}
-        return JobSpec.model_validate({"model": {"name": "mlp", "config": {"hidden_sizes": [16]}}, "dataset": data,
-                                       **steps})
+        return JobSpec.model_validate(
+            {"model": {"name": "mlp", "config": {"hidden_sizes": [16]}}, "dataset": data, **steps}
+        )
     data = {"name": "text", "config": {"seq_len": 8, "max_bytes": 3000, "test_fraction": 0.1}}
-    return JobSpec.model_validate({"model": {"name": "gpt", "config": {"n_layer": 1, "n_head": 2, "d_model": 16}},
-                                   "dataset": data, **steps})
+    return JobSpec.model_validate(
+        {"model": {"name": "gpt", "config": {"n_layer": 1, "n_head": 2, "d_model": 16}}, "dataset": data, **steps}
+    )
 
 
 @pytest.fixture

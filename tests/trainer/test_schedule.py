@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -68,4 +69,4 @@ def test_cosine_decays_to_min_lr_ratio_and_stays() -> None:
         schedule.step(torch.tensor(1.0))
     assert rates[:3] == pytest.approx([0.5e-3, 1e-3, 1e-3])
     assert rates[10:] == pytest.approx([1e-4] * 4)
-    assert all(a >= b for a, b in zip(rates[2:], rates[3:]))
+    assert all(a >= b for a, b in itertools.pairwise(rates[2:]))

@@ -47,7 +47,10 @@ def test_accumulation_is_derived_from_global_batch() -> None:
         ({"dataset": {"name": "imagenet"}}, ("dataset",)),
         ({"model": {"name": "mlp", "config": {"hidden": [3]}}}, ("model", "mlp", "config", "hidden")),
         ({"global_batch_size": 100, "micro_batch_size": 32}, ("global_batch_size",)),
-        ({"global_batch_size": 64, "micro_batch_size": 32, "gradient_accumulation_steps": 3}, ("gradient_accumulation_steps",)),
+        (
+            {"global_batch_size": 64, "micro_batch_size": 32, "gradient_accumulation_steps": 3},
+            ("gradient_accumulation_steps",),
+        ),
         ({"max_steps": -1}, ("max_steps",)),
         ({"max_steps": 10**12}, ("max_steps",)),
         ({"micro_batch_size": 0}, ("micro_batch_size",)),
@@ -55,7 +58,10 @@ def test_accumulation_is_derived_from_global_batch() -> None:
         ({"precision": "bf16", "loss_scale": {}}, ("loss_scale",)),
         ({"precision": "fp8"}, ("precision",)),
         ({"precision": "fp16", "loss_scale": {"init_scale": 1e9}}, ("loss_scale", "init_scale")),
-        ({"precision": "fp16", "loss_scale": {"min_scale": 8, "max_scale": 4, "init_scale": 4}}, ("loss_scale", "min_scale")),
+        (
+            {"precision": "fp16", "loss_scale": {"min_scale": 8, "max_scale": 4, "init_scale": 4}},
+            ("loss_scale", "min_scale"),
+        ),
         ({"precision": "fp16", "loss_scale": {"growth_factor": 1.0}}, ("loss_scale", "growth_factor")),
         ({"precision": "fp16", "loss_scale": {"backoff_factor": 1.5}}, ("loss_scale", "backoff_factor")),
         ({"precision": "fp16", "loss_scale": {"static_scale": 8.0}}, ("loss_scale", "static_scale")),
@@ -64,14 +70,25 @@ def test_accumulation_is_derived_from_global_batch() -> None:
         ({"gpus": 2, "processes": 3}, ("processes",)),
         ({"optimizer": {"name": "adamw", "lr": -1}}, ("optimizer", "lr")),
         ({"name": "bad\x00name"}, ("name",)),
-        ({"model": {"name": "gpt", "config": {"d_model": 100, "n_head": 3}}, "dataset": {"name": "text"}},
-         ("model", "gpt", "config", "d_model")),
-        ({"model": {"name": "gpt"}, "dataset": {"name": "text", "config": {"source": "file"}}},
-         ("dataset", "text", "config", "path")),
-        ({"model": {"name": "gpt"}, "dataset": {"name": "text", "config": {"source": "file", "path": "/etc/passwd"}}},
-         ("dataset", "text", "config", "path")),
-        ({"model": {"name": "gpt"}, "dataset": {"name": "text", "config": {"source": "file", "path": "a/../../x"}}},
-         ("dataset", "text", "config", "path")),
+        (
+            {"model": {"name": "gpt", "config": {"d_model": 100, "n_head": 3}}, "dataset": {"name": "text"}},
+            ("model", "gpt", "config", "d_model"),
+        ),
+        (
+            {"model": {"name": "gpt"}, "dataset": {"name": "text", "config": {"source": "file"}}},
+            ("dataset", "text", "config", "path"),
+        ),
+        (
+            {
+                "model": {"name": "gpt"},
+                "dataset": {"name": "text", "config": {"source": "file", "path": "/etc/passwd"}},
+            },
+            ("dataset", "text", "config", "path"),
+        ),
+        (
+            {"model": {"name": "gpt"}, "dataset": {"name": "text", "config": {"source": "file", "path": "a/../../x"}}},
+            ("dataset", "text", "config", "path"),
+        ),
     ],
 )
 def test_bad_input_names_the_field(change: dict[str, Any], loc: tuple[Any, ...]) -> None:
@@ -80,4 +97,9 @@ def test_bad_input_names_the_field(change: dict[str, Any], loc: tuple[Any, ...])
 
 def test_static_mode_uses_static_scale_or_init_scale() -> None:
     ls = {"mode": "static", "init_scale": 512.0}
-    assert JobSpec.model_validate(BASE | {"precision": "fp16", "loss_scale": ls}).effective_loss_scale.effective_static_scale == 512.0
+    assert (
+        JobSpec.model_validate(
+            BASE | {"precision": "fp16", "loss_scale": ls}
+        ).effective_loss_scale.effective_static_scale
+        == 512.0
+    )

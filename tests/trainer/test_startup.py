@@ -33,11 +33,25 @@ def test_the_clock_times_each_phase_from_the_launch_and_writes_a_record_as_it_be
     with RecordSink(tmp_path / RECORDS_FILE) as sink:
         clock = StartupClock.entered(sink, True, env, clock=ticks)
         for phase in ("model", "first_step", "training"):
-            clock.begin(phase)  # type: ignore[arg-type]
+            clock.begin(phase)
     records = read_records(tmp_path)
-    assert [(r["type"], r["phase"]) for r in records] == [("phase", p) for p in ("data", "model", "first_step", "training")]
-    assert records[-1]["startup"] == {"launch_s": 2.5, "imports_s": 7.5, "data_s": 0.5, "model_s": 0.5, "first_step_s": 0.5}
-    assert records[0]["startup"] == {"launch_s": 2.5, "imports_s": 7.5, "data_s": None, "model_s": None, "first_step_s": None}
+    assert [(r["type"], r["phase"]) for r in records] == [
+        ("phase", p) for p in ("data", "model", "first_step", "training")
+    ]
+    assert records[-1]["startup"] == {
+        "launch_s": 2.5,
+        "imports_s": 7.5,
+        "data_s": 0.5,
+        "model_s": 0.5,
+        "first_step_s": 0.5,
+    }
+    assert records[0]["startup"] == {
+        "launch_s": 2.5,
+        "imports_s": 7.5,
+        "data_s": None,
+        "model_s": None,
+        "first_step_s": None,
+    }
     assert records[1]["startup"]["data_s"] == 0.5 and records[1]["startup"]["model_s"] is None
     assert [m for m in caplog.messages if m.startswith("start-up: ")] == [
         "start-up: loading data (launch 2.50 s, imports 7.50 s)",
@@ -60,8 +74,10 @@ def test_other_ranks_time_but_neither_log_nor_write(tmp_path: Path, caplog: pyte
     ({LAUNCHED_AT_ENV: "x", RANK_STARTED_AT_ENV: "nan"}, StartupTimes()),
     ({RANK_STARTED_AT_ENV: "9.0"}, StartupTimes(imports_s=1.0)),
     ({LAUNCHED_AT_ENV: "5", RANK_STARTED_AT_ENV: "4"}, StartupTimes(launch_s=0.0, imports_s=6.0)),  # clocks apart: never < 0
-])  # fmt: skip
-def test_without_the_launchers_stamps_launch_and_imports_are_unknown(env: dict[str, str], expected: StartupTimes) -> None:
+])  # fmt: skip  # a case table, laid out by hand
+def test_without_the_launchers_stamps_launch_and_imports_are_unknown(
+    env: dict[str, str], expected: StartupTimes
+) -> None:
     assert entry_times(env, entered_at=10.0) == expected
 
 
@@ -74,8 +90,14 @@ def test_a_run_reports_its_phases_before_the_start_record_and_its_first_step_at_
     train(tiny_mlp_spec(max_steps=4, log_interval=10, log_interval_s=None), tmp_path, cpu_ctx)
     records = read_records(tmp_path)
     kinds = [(r["type"], r.get("phase") or r.get("step")) for r in records]
-    assert kinds[:6] == [("phase", "data"), ("phase", "model"), ("phase", "first_step"), ("start", None),
-                         ("step", 1), ("phase", "training")]  # fmt: skip
+    assert kinds[:6] == [
+        ("phase", "data"),
+        ("phase", "model"),
+        ("phase", "first_step"),
+        ("start", None),
+        ("step", 1),
+        ("phase", "training"),
+    ]
     start, done = records[3], records[5]
     assert start["startup"] == records[2]["startup"] and set(start["startup"]) == set(TIMES)
     assert start["startup"]["launch_s"] == 1.0 and start["startup"]["first_step_s"] is None

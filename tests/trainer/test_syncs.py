@@ -18,23 +18,30 @@ import pytest
 import torch
 
 from trainer import loop
-from trainer.distributed import DistContext
 from trainer.components import build_components
-from trainer.step import record_step, train_step
+from trainer.distributed import DistContext
 from trainer.precision import build_precision
 from trainer.spec import JobSpec
+from trainer.step import record_step, train_step
 from trainer.sync_counter import HostSyncCounter as HostReads
 from trainer.telemetry import StepLog
 
 PATHS = [(name, impl) for name in ("adamw", "sgd") for impl in ("plain", "foreach", "fused")]
 
 
-def _spec(tiny_mlp_spec: Callable[..., JobSpec], precision: str, name: str, implementation: str, **extra: Any) -> JobSpec:
+def _spec(
+    tiny_mlp_spec: Callable[..., JobSpec], precision: str, name: str, implementation: str, **extra: Any
+) -> JobSpec:
     scaling = {"loss_scale": {"init_scale": 1024.0, "growth_interval": 3}} if precision == "fp16" else {}
     return tiny_mlp_spec(
         precision=precision,
-        optimizer={"name": name, "lr": 0.01, "momentum": 0.9 if name == "sgd" else 0.0, "weight_decay": 0.01,
-                   "implementation": implementation},
+        optimizer={
+            "name": name,
+            "lr": 0.01,
+            "momentum": 0.9 if name == "sgd" else 0.0,
+            "weight_decay": 0.01,
+            "implementation": implementation,
+        },
         lr_scheduler={"name": "cosine", "warmup_steps": 2},
         max_grad_norm=1.0,
         **scaling,
@@ -79,13 +86,25 @@ def _count_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[int]
 @pytest.mark.parametrize(("name", "implementation"), PATHS)
 @pytest.mark.parametrize("precision", ["fp16", "fp32", "bf16"])
 def test_no_host_read_in_any_step_and_one_copy_per_flush(
-    precision: str, name: str, implementation: str, tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext,
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    precision: str,
+    name: str,
+    implementation: str,
+    tiny_mlp_spec: Callable[..., JobSpec],
+    cpu_ctx: DistContext,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """7 steps (an injected overflow at step 3), log_interval 3: flushes after steps 1 (the first step ends
     the start-up), 3, 6 and 7."""
-    spec = _spec(tiny_mlp_spec, precision, name, implementation, max_steps=7, log_interval=3,
-                 faults={"nonfinite_grad_steps": [3]})
+    spec = _spec(
+        tiny_mlp_spec,
+        precision,
+        name,
+        implementation,
+        max_steps=7,
+        log_interval=3,
+        faults={"nonfinite_grad_steps": [3]},
+    )
     with _count_loop(monkeypatch) as counts:
         result = loop.train(spec, tmp_path, cpu_ctx)
     assert result.skipped_steps == 1
@@ -99,21 +118,28 @@ def test_token_data_with_accumulation_makes_no_host_read(
     implementation: str, cpu_ctx: DistContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A small GPT on text (bf16, 2 micro-batches per step): token counts and losses stay on the device too."""
-    spec = JobSpec.model_validate({
-        "model": {"name": "gpt", "config": {"n_layer": 1, "n_head": 2, "d_model": 32}},
-        "dataset": {"name": "text", "config": {"seq_len": 16, "max_bytes": 20000, "test_fraction": 0.05}},
-        "precision": "bf16", "micro_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 4,
-        "log_interval": 2, "optimizer": {"name": "adamw", "implementation": implementation},
-        "lr_scheduler": {"name": "linear", "warmup_steps": 1},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "model": {"name": "gpt", "config": {"n_layer": 1, "n_head": 2, "d_model": 32}},
+            "dataset": {"name": "text", "config": {"seq_len": 16, "max_bytes": 20000, "test_fraction": 0.05}},
+            "precision": "bf16",
+            "micro_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 4,
+            "log_interval": 2,
+            "optimizer": {"name": "adamw", "implementation": implementation},
+            "lr_scheduler": {"name": "linear", "warmup_steps": 1},
+        }
+    )
     with _count_loop(monkeypatch) as counts:
         loop.train(spec, tmp_path, cpu_ctx)
     assert counts["steps"] == [0] * 4
     assert counts["scalar_reads_per_flush"] == [0, 0, 0] and counts["copies_per_flush"] == [1, 1, 1]  # after 1, 2, 4
 
 
-def test_an_optimizer_without_device_skip_costs_one_read_per_step(tiny_mlp_spec: Callable[..., JobSpec],
-                                                                   cpu_ctx: DistContext) -> None:
+def test_an_optimizer_without_device_skip_costs_one_read_per_step(
+    tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext
+) -> None:
     """PyTorch's non-fused AdamW cannot take ``found_inf``: the policy falls back to one host read (and
     PyTorch's own bias correction reads every step counter), the cost Halfcast's optimizers remove."""
     parts = build_components(_spec(tiny_mlp_spec, "fp16", "adamw", "foreach"), cpu_ctx)

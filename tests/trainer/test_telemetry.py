@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import math
-
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,14 @@ CPU = torch.device("cpu")
 
 def _values(loss: float, kind: float, skipped: int, samples: int, tokens: int) -> StepMetrics:
     return StepMetrics(
-        loss=torch.tensor(loss), loss_scale=torch.tensor(1024.0), overflow_kind=torch.tensor(kind),
-        skipped_steps=torch.tensor(skipped), grad_norm=torch.tensor(float("nan") if kind else 0.5),
-        lr=torch.tensor(0.1, dtype=torch.float64), samples=torch.tensor(samples), tokens=torch.tensor(tokens),
+        loss=torch.tensor(loss),
+        loss_scale=torch.tensor(1024.0),
+        overflow_kind=torch.tensor(kind),
+        skipped_steps=torch.tensor(skipped),
+        grad_norm=torch.tensor(float("nan") if kind else 0.5),
+        lr=torch.tensor(0.1, dtype=torch.float64),
+        samples=torch.tensor(samples),
+        tokens=torch.tensor(tokens),
         underflow_fraction=torch.tensor(float("nan") if kind else 0.125),
     )
 
@@ -49,10 +54,13 @@ def test_rows_round_trip_exactly_and_the_log_is_bounded() -> None:
 
 def test_rows_carry_the_overflow_evidence_of_every_rank_and_parameter() -> None:
     log = StepLog(2, CPU, num_ranks=2, num_params=3)
-    log.record(1, _values(0.5, 0.0, 0, 8, 8), has_tokens=False,
-               evidence=(torch.zeros(2), torch.zeros(3)))
-    log.record(2, _values(0.5, 2.0, 1, 8, 8), has_tokens=False,
-               evidence=(torch.tensor([0.0, 2.0]), torch.tensor([1.0, 0.0, 2.0])))
+    log.record(1, _values(0.5, 0.0, 0, 8, 8), has_tokens=False, evidence=(torch.zeros(2), torch.zeros(3)))
+    log.record(
+        2,
+        _values(0.5, 2.0, 1, 8, 8),
+        has_tokens=False,
+        evidence=(torch.tensor([0.0, 2.0]), torch.tensor([1.0, 0.0, 2.0])),
+    )
     clean, overflow = log.drain()
     assert clean.rank_kinds == (0.0, 0.0) and clean.param_kinds == (0.0, 0.0, 0.0)
     assert overflow.rank_kinds == (0.0, 2.0) and overflow.param_kinds == (1.0, 0.0, 2.0)
@@ -80,15 +88,22 @@ def test_records_are_batched_at_log_interval_one_per_step(
 ) -> None:
     """log_interval 3, eval at 5, 8 steps: batches after steps 1 (the first step ends the start-up), 3, 5
     (before the eval record), 6 (a multiple of 3), 8 (the end); the step records are exactly steps 1..8 in order."""
-    spec = tiny_mlp_spec(precision="fp16", max_steps=8, log_interval=3, eval_interval=5, log_interval_s=None,
-                         faults={"nonfinite_grad_steps": [2]})
+    spec = tiny_mlp_spec(
+        precision="fp16",
+        max_steps=8,
+        log_interval=3,
+        eval_interval=5,
+        log_interval_s=None,
+        faults={"nonfinite_grad_steps": [2]},
+    )
     train(spec, tmp_path, cpu_ctx)
     assert batches == [[1], [2, 3], [4, 5], [6], [7, 8]]
 
     records = [r for r in read_records(tmp_path) if r["type"] != "phase"]  # start-up phases: test_startup.py
     kinds = [(r["type"], r.get("step")) for r in records]
-    assert kinds == [("start", None)] + [("step", s) for s in range(1, 6)] + [("eval", 5)] + \
-        [("step", s) for s in range(6, 9)] + [("eval", 8), ("end", None)]
+    assert kinds == [("start", None)] + [("step", s) for s in range(1, 6)] + [("eval", 5)] + [
+        ("step", s) for s in range(6, 9)
+    ] + [("eval", 8), ("end", None)]
     steps = [r for r in records if r["type"] == "step"]
     assert [s["overflow"] for s in steps] == [False, True] + [False] * 6
     assert [s["skipped_steps"] for s in steps] == [0] + [1] * 7
@@ -96,7 +111,7 @@ def test_records_are_batched_at_log_interval_one_per_step(
     for batch in batches:
         rates = {s["samples_per_second"] for s in steps if s["step"] in batch}
         assert len(rates) == 1 and next(iter(rates)) > 0
-    assert all(a["time"] <= b["time"] for a, b in zip(steps, steps[1:]))
+    assert all(a["time"] <= b["time"] for a, b in itertools.pairwise(steps))
     assert records[0]["log_interval"] == 3
 
 

@@ -90,7 +90,7 @@ def _postgres_schema(url: str) -> Iterator[Engine]:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
 
     @event.listens_for(engine, "connect")
-    def _search_path(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+    def _search_path(dbapi_connection, _record):
         with dbapi_connection.cursor() as cursor:
             cursor.execute(f'SET search_path TO "{schema}"')
         dbapi_connection.commit()

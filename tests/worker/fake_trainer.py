@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-
 #: What a rank prints when it dies of these causes (PyTorch's own messages).
 DEATHS = {
     "oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.10 GiB total capacity)",
@@ -58,8 +57,15 @@ def main() -> int:
     for phase, ended in (("data", "imports_s"), ("model", "data_s"), ("first_step", "model_s")):
         times[ended] = 0.01
         write({"type": "phase", "time": time.time(), "phase": phase, "startup": times})
-    write({"type": "start", "time": time.time(), "world_size": spec.get("processes", 1), "resumed_from_step": done,
-           "startup": times})
+    write(
+        {
+            "type": "start",
+            "time": time.time(),
+            "world_size": spec.get("processes", 1),
+            "resumed_from_step": done,
+            "startup": times,
+        }
+    )
     for step in range(done + 1, spec["max_steps"] + 1):
         if faults.get("raise_at_step") == step:
             raise RuntimeError(f"injected failure at step {step}")
@@ -67,12 +73,25 @@ def main() -> int:
             print(DEATHS[name], file=sys.stderr, flush=True)
             return 1
         time.sleep(faults.get("sleep_per_step_s", 0.0))
-        write({"type": "step", "step": step, "time": time.time(), "loss": 1.0 / step, "loss_scale": 2.0**16,
-               "overflow": skipping, "skipped_steps": step if skipping else 0, "grad_norm": None if skipping else 0.5,
-               "lr": 0.1, "samples_per_second": 100.0,
-               "tokens_per_second": None})
+        write(
+            {
+                "type": "step",
+                "step": step,
+                "time": time.time(),
+                "loss": 1.0 / step,
+                "loss_scale": 2.0**16,
+                "overflow": skipping,
+                "skipped_steps": step if skipping else 0,
+                "grad_norm": None if skipping else 0.5,
+                "lr": 0.1,
+                "samples_per_second": 100.0,
+                "tokens_per_second": None,
+            }
+        )
         if step == done + 1:
-            write({"type": "phase", "time": time.time(), "phase": "training", "startup": {**times, "first_step_s": 0.01}})
+            write(
+                {"type": "phase", "time": time.time(), "phase": "training", "startup": {**times, "first_step_s": 0.01}}
+            )
         if spec.get("checkpoint_interval") and step % spec["checkpoint_interval"] == 0:
             (args.run_dir / "checkpoints").mkdir(exist_ok=True)
             (args.run_dir / "checkpoints" / f"step-{step}.pt").write_text(str(step))

@@ -55,7 +55,5 @@ def test_the_run_dies_with_its_parent(tmp_path: Path) -> None:
 
 
 def test_the_wrapper_exits_when_its_parent_is_already_gone() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "worker.deathsig", "1", "--", "sleep", "300"], cwd=ROOT, timeout=30
-    )
+    result = subprocess.run([sys.executable, "-m", "worker.deathsig", "1", "--", "sleep", "300"], cwd=ROOT, timeout=30)
     assert result.returncode == PARENT_GONE_EXIT

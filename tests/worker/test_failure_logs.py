@@ -97,7 +97,10 @@ def test_known_causes_are_found_in_a_ranks_log(tmp_path: Path) -> None:
 
 def test_without_rank_logs_the_launcher_log_is_quoted_as_before(tmp_path: Path) -> None:
     outcome = exit_outcome(1, None, _run_dir(tmp_path, "RuntimeError: injected\n"))
-    assert outcome.message == "the trainer exited with exit code 1\n--- last lines of logs/launcher.log ---\nRuntimeError: injected"
+    assert (
+        outcome.message
+        == "the trainer exited with exit code 1\n--- last lines of logs/launcher.log ---\nRuntimeError: injected"
+    )
 
 
 def test_a_killed_ranks_signal_is_named_even_though_its_own_log_is_quoted(tmp_path: Path) -> None:

@@ -38,7 +38,8 @@ class NoQueue:
         raise AssertionError("nothing is submitted in this test")
 
 
-def test_c23_concurrent_sqlite_writers_lose_nothing(data_dir: Path, tmp_path: Path) -> None:
+def test_concurrent_sqlite_writers_lose_nothing(data_dir: Path, tmp_path: Path) -> None:
+    """C23."""
     settings = Settings(data_dir=data_dir, auth=False)  # the API only reads here; auth is tested in tests/server
     url = settings.effective_database_url
     upgrade_database(url)
@@ -70,7 +71,7 @@ def test_c23_concurrent_sqlite_writers_lose_nothing(data_dir: Path, tmp_path: Pa
         stop.set()
         poller.join(timeout=60)
     assert errors == []
-    for process, (_, stderr) in zip(processes, outputs):
+    for process, (_, stderr) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, stderr
         assert "database is locked" not in stderr
     assert polls and all(code == 200 for code in polls), sorted(set(polls))
@@ -85,8 +86,14 @@ def test_c23_concurrent_sqlite_writers_lose_nothing(data_dir: Path, tmp_path: Pa
 def _writer_process(url: str, go: Path, fences: list[Fence]) -> subprocess.Popen[str]:
     pairs = [f"{fence.job_id}:{fence.owner}" for fence in fences]
     env = {"PYTHONPATH": f"{ROOT}{':'}{WRITER.parent}", "PATH": "/usr/bin:/bin"}
-    return subprocess.Popen([sys.executable, str(WRITER), url, str(go), *pairs], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(WRITER), url, str(go), *pairs],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _poll(client: TestClient, stop: threading.Event, codes: list[int]) -> None:

@@ -36,7 +36,9 @@ def test_celery_app_uses_the_atomic_transport(data_dir: Path) -> None:
 
 def test_no_message_is_lost_while_another_process_publishes(data_dir: Path) -> None:
     options = {**broker_transport_options(Settings(data_dir=data_dir)), "polling_interval": 0.0}
-    publisher = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(data_dir), TRANSPORT_PATH, str(MESSAGES)], cwd=ROOT)
+    publisher = subprocess.Popen(
+        [sys.executable, "-c", PUBLISHER, str(data_dir), TRANSPORT_PATH, str(MESSAGES)], cwd=ROOT
+    )
     received, errors = [], []
     with Connection("filesystem://", transport_options=options) as conn:  # kombu's own consumer
         queue = conn.SimpleQueue("race")

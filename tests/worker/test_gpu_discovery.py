@@ -62,9 +62,12 @@ def _fake_nvidia_smi(folder: Path, body: str) -> None:
 
 
 def test_nvidia_smi_lines_give_the_indices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_nvidia_smi(tmp_path, "echo 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaa)'\n"
-                               "echo '  MIG 1g.10gb Device 0: (UUID: MIG-bbb)'\n"
-                               "echo 'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-ccc)'")  # fmt: skip
+    _fake_nvidia_smi(
+        tmp_path,
+        "echo 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaa)'\n"
+        "echo '  MIG 1g.10gb Device 0: (UUID: MIG-bbb)'\n"
+        "echo 'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-ccc)'",
+    )
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert nvidia_smi_gpus() == [0, 1]
 
@@ -77,8 +80,9 @@ def test_a_failing_nvidia_smi_is_no_answer(tmp_path: Path, monkeypatch: pytest.M
     assert nvidia_smi_gpus() is None
 
 
-
-def test_torch_probe_is_skipped_on_a_host_without_gpu_driver_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torch_probe_is_skipped_on_a_host_without_gpu_driver_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from worker import gpus
 
     def no_subprocess(*args: object, **kwargs: object) -> None:

@@ -88,8 +88,13 @@ def test_threads_allocating_at_once_never_overlap(tmp_path: Path) -> None:
 
 def _hold(lock_dir: Path, gpus: str, count: int) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, str(HOLDER), str(lock_dir), gpus, str(count)], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, str(HOLDER), str(lock_dir), gpus, str(count)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout is not None
     return process, process.stdout.readline().strip()
 

@@ -77,7 +77,9 @@ def test_no_slot_in_time_hands_the_job_back(tmp_path: Path, store: JobStore, mak
     assert busy is not None
 
 
-def test_waiting_ends_at_shutdown_and_at_cancel(tmp_path: Path, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_waiting_ends_at_shutdown_and_at_cancel(
+    tmp_path: Path, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     slots = _slots(tmp_path, [0])
     busy = slots.try_place(1)
     job_id = make_job(small_spec(gpus=1))
@@ -101,8 +103,9 @@ def _env_command(spec: JobSpec, spec_path: Path, run_dir: Path) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def test_the_attempt_gets_and_records_exactly_its_devices(settings: Settings, store: JobStore, engine: Engine,
-                                                          make_job: MakeJob) -> None:  # fmt: skip
+def test_the_attempt_gets_and_records_exactly_its_devices(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     job_id = make_job(small_spec(gpus=2))
     context = RunnerContext(settings=settings, store=store, worker_id="w/1", build_command=_env_command, gpus=(3, 1))
     outcome = run_job(job_id, context)
@@ -113,7 +116,9 @@ def test_the_attempt_gets_and_records_exactly_its_devices(settings: Settings, st
         assert conn.execute(select(Attempt.gpus).where(Attempt.job_id == job_id)).scalar_one() == [3, 1]
 
 
-def test_a_cpu_attempt_records_no_devices(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_a_cpu_attempt_records_no_devices(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     job_id = make_job(small_spec())
     run_job(job_id, RunnerContext(settings=settings, store=store, worker_id="w/1", build_command=_env_command))
     assert (settings.runs_dir / job_id / "attempt-1" / "cuda.txt").read_text() == ""

@@ -19,8 +19,11 @@ LIVE_S = 15.0
 def _register(engine: Engine, worker_id: str, heartbeat_age_s: float) -> None:
     beat = utcnow() - timedelta(seconds=heartbeat_age_s)
     with engine.begin() as conn:
-        conn.execute(insert(Worker).values(id=worker_id, hostname="h", pid=1, gpus=None, concurrency=1,
-                                           started_at=beat, heartbeat_at=beat))  # fmt: skip
+        conn.execute(
+            insert(Worker).values(
+                id=worker_id, hostname="h", pid=1, gpus=None, concurrency=1, started_at=beat, heartbeat_at=beat
+            )
+        )
 
 
 def _age_hold(engine: Engine, job_id: str, seconds: float) -> None:

@@ -31,10 +31,23 @@ def test_command_runs_standalone_torchrun_with_one_rank_per_process(tmp_path: Pa
 
 
 def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path, data_roots=[tmp_path / "a", tmp_path / "b"], allow_faults=False,
-                        model_roots=[tmp_path / "m"], database_url="postgresql://secret@db/x", broker_url="redis://secret@redis/0")  # fmt: skip
-    base = {"PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "HALFCAST_DATABASE_URL": "postgresql://secret",
-            "HALFCAST_BROKER_URL": "redis://secret", "AWS_SECRET_ACCESS_KEY": "k", "PYTHONPATH": "/extra"}  # fmt: skip
+    settings = Settings(
+        data_dir=tmp_path,
+        data_roots=[tmp_path / "a", tmp_path / "b"],
+        allow_faults=False,
+        model_roots=[tmp_path / "m"],
+        database_url="postgresql://secret@db/x",
+        broker_url="redis://secret@redis/0",
+    )
+    base = {
+        "PATH": "/usr/bin",
+        "HOME": "/home/u",
+        "LANG": "C.UTF-8",
+        "HALFCAST_DATABASE_URL": "postgresql://secret",
+        "HALFCAST_BROKER_URL": "redis://secret",
+        "AWS_SECRET_ACCESS_KEY": "k",
+        "PYTHONPATH": "/extra",
+    }
     env = build_environment(JobSpec.model_validate(small_spec(processes=2)), settings, base)
     assert "secret" not in repr(env)
     assert {"PATH", "HOME", "LANG", "PYTHONPATH", "OMP_NUM_THREADS", "HALFCAST_DATA_ROOTS"} <= set(env)
@@ -44,8 +57,12 @@ def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> 
     assert env["HALFCAST_DATA_ROOTS"] == os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])
     assert env["HALFCAST_MODEL_ROOTS"] == str(tmp_path / "m")
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "10"  # torchrun's own SIGKILL of its ranks: the grace (rounded up)
-    assert build_environment(JobSpec.model_validate(small_spec()), Settings(data_dir=tmp_path, cancel_grace_s=2.5), base)[
-        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "3"
+    assert (
+        build_environment(JobSpec.model_validate(small_spec()), Settings(data_dir=tmp_path, cancel_grace_s=2.5), base)[
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+        ]
+        == "3"
+    )
     assert env["HALFCAST_REGISTRY_DIR"] == str(tmp_path.resolve() / "registry")  # registered datasets and models
     cpus = len(os.sched_getaffinity(0))
     assert env["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
@@ -66,7 +83,7 @@ def test_gpu_jobs_see_exactly_their_allocated_devices(tmp_path: Path) -> None:
 STUBBORN_TREE = Path(__file__).with_name("stubborn_tree.py")
 
 
-def _wait_for(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
@@ -129,8 +146,10 @@ def test_the_run_is_told_when_it_was_launched(tmp_path: Path) -> None:
 FORWARDING_LAUNCHER = Path(__file__).with_name("forwarding_launcher.py")
 
 
-def _start_forwarding(tmp_path: Path, *extra: str):  # type: ignore[no-untyped-def]
-    process = start_run([sys.executable, str(FORWARDING_LAUNCHER), str(tmp_path), *extra], tmp_path, {"PATH": os.environ["PATH"]})
+def _start_forwarding(tmp_path: Path, *extra: str):
+    process = start_run(
+        [sys.executable, str(FORWARDING_LAUNCHER), str(tmp_path), *extra], tmp_path, {"PATH": os.environ["PATH"]}
+    )
     _wait_for(lambda: "started" in log_tail(tmp_path / "logs" / "launcher.log"))
     return process
 
@@ -164,7 +183,9 @@ def test_the_ranks_of_a_launcher_that_does_not_pass_sigterm_on_get_it_from_the_w
     assert process.returncode == 143  # it exited by itself once its rank had: no SIGKILL
 
 
-def test_torchrun_stopped_by_a_signal_exits_128_plus_it_and_other_endings_are_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torchrun_stopped_by_a_signal_exits_128_plus_it_and_other_endings_are_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """worker.torchrun: torchrun's ``SignalException`` (its ranks already stopped) is a stop, not a crash."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 

@@ -31,7 +31,9 @@ def _run_dir(tmp_path: Path, log: str = "", error: dict[str, object] | None = No
 
 
 def test_success_needs_exit_0_and_the_end_record(tmp_path: Path) -> None:
-    assert exit_outcome(0, EndRecord(steps=10, skipped_steps=2, applied_steps=8), _run_dir(tmp_path)).status == "succeeded"
+    assert (
+        exit_outcome(0, EndRecord(steps=10, skipped_steps=2, applied_steps=8), _run_dir(tmp_path)).status == "succeeded"
+    )
     assert exit_outcome(0, None, _run_dir(tmp_path)).reason == "rank_failed"
 
 
@@ -43,7 +45,7 @@ def test_success_needs_exit_0_and_the_end_record(tmp_path: Path) -> None:
         {"steps": 10, "skipped_steps": 0, "applied_steps": 0},  # records contradicting themselves: the lower count wins
         {"steps": 10, "skipped_steps": 10, "applied_steps": 10},
     ],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_an_end_record_that_applied_no_update_is_no_success(tmp_path: Path, counts: dict[str, int]) -> None:
     (tmp_path / "records.jsonl").write_text(json.dumps({"type": "end", "time": 1.0, **counts}) + "\n")
     [line] = read_records(tmp_path)
@@ -54,7 +56,9 @@ def test_an_end_record_that_applied_no_update_is_no_success(tmp_path: Path, coun
     assert outcome.message is not None and "10 attempted steps" in outcome.message
 
 
-@pytest.mark.parametrize("body", [{}, {"steps": 10}, {"steps": "10", "skipped_steps": 0}, {"steps": 3, "skipped_steps": -1}])
+@pytest.mark.parametrize(
+    "body", [{}, {"steps": 10}, {"steps": "10", "skipped_steps": 0}, {"steps": 3, "skipped_steps": -1}]
+)
 def test_an_end_record_without_valid_counts_is_no_end_record(body: dict[str, object]) -> None:
     assert parse_record({"type": "end", "time": 1.0, **body}) is None
 
@@ -77,7 +81,7 @@ def test_error_json_wins(tmp_path: Path) -> None:
          "1800000ms for recv operation to complete", "collective_timeout"),
         ("ValueError: something else\n" + TORCHRUN_SIGKILL, "rank_failed"),
     ],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_known_causes_in_the_log(tmp_path: Path, log: str, reason: str) -> None:
     outcome = exit_outcome(1, None, _run_dir(tmp_path, "noise\n" + log + "\n" + "x\n" * 300))
     assert (outcome.status, outcome.reason) == ("failed", reason)

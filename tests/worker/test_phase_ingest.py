@@ -42,7 +42,11 @@ def test_the_newest_phase_record_is_kept_and_the_next_claim_clears_it(db: Engine
     assert claim is not None and _startup(db, job_id) is None
     assert store.record_progress(claim.fence, _progress([_phase("data")]))
     assert _startup(db, job_id) == {"phase": "data", **TIMES}
-    drain = [_phase("model", data_s=0.25), _phase("first_step", data_s=0.25, model_s=0.5), {"type": "start", "world_size": 1}]
+    drain = [
+        _phase("model", data_s=0.25),
+        _phase("first_step", data_s=0.25, model_s=0.5),
+        {"type": "start", "world_size": 1},
+    ]
     assert store.record_progress(claim.fence, _progress(drain))
     assert _startup(db, job_id) == {"phase": "first_step", **TIMES, "data_s": 0.25, "model_s": 0.5}
     assert store.record_progress(claim.fence, _progress([{"type": "step", "step": 1, "time": 11.0}]))
@@ -57,7 +61,7 @@ def test_the_newest_phase_record_is_kept_and_the_next_claim_clears_it(db: Engine
     {"type": "phase", "startup": TIMES},
     {"type": "phase", "phase": "model", "startup": {**TIMES, "data_s": -1.0}},
     {"type": "phase", "phase": "model", "startup": {**TIMES, "data_s": "soon"}},
-])  # fmt: skip
+])  # fmt: skip  # a case table, laid out by hand
 def test_a_phase_record_that_does_not_validate_is_skipped(bad: dict[str, Any]) -> None:
     assert _progress([_phase("data"), bad]).startup == {"phase": "data", **TIMES}
     assert _progress([bad]).startup is None

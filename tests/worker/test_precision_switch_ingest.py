@@ -20,12 +20,25 @@ from server.db.models import Job, StepRecord
 from worker.runner import Attempt
 from worker.store import Claim, JobStore, Progress
 
-SWITCH = {"type": "precision_switch", "time": 50.0, "step": 12, "from": "fp16", "to": "bf16",
-          "reason": "loss_scale_collapsed", "message": "collapsed (at step 12)", "rewound_to_step": 8}  # fmt: skip
+SWITCH = {
+    "type": "precision_switch",
+    "time": 50.0,
+    "step": 12,
+    "from": "fp16",
+    "to": "bf16",
+    "reason": "loss_scale_collapsed",
+    "message": "collapsed (at step 12)",
+    "rewound_to_step": 8,
+}
 
 
 def _step(step: int, precision: str = "fp16") -> dict[str, Any]:
-    record = {"type": "step", "step": step, "time": float(step), "loss": 1.0 / step if precision == "fp16" else 2.0 / step}
+    record = {
+        "type": "step",
+        "step": step,
+        "time": float(step),
+        "loss": 1.0 / step if precision == "fp16" else 2.0 / step,
+    }
     return record | ({"precision": precision} if precision != "fp16" else {})
 
 
@@ -43,7 +56,9 @@ def _claimed(db: Engine, tmp_path: Path) -> tuple[JobStore, Claim]:
 
 def _stored(db: Engine, job_id: str) -> tuple[list[tuple[int, str, float]], Job]:
     with db.connect() as conn:
-        rows = conn.execute(select(StepRecord.step, StepRecord.data).where(StepRecord.job_id == job_id).order_by(StepRecord.step))
+        rows = conn.execute(
+            select(StepRecord.step, StepRecord.data).where(StepRecord.job_id == job_id).order_by(StepRecord.step)
+        )
         steps = [(step, data.get("precision", "fp16"), data["loss"]) for step, data in rows]
     with Session(db) as session:
         job = session.get_one(Job, job_id)
@@ -91,8 +106,13 @@ def test_a_replayed_or_inherited_switch_is_recorded_once(db: Engine, tmp_path: P
 def test_a_switch_from_another_job_arrives_with_the_start_record(db: Engine, tmp_path: Path) -> None:
     """``resume_from`` a switched checkpoint: the new job runs bf16 from its start and says so."""
     store, claim = _claimed(db, tmp_path)
-    start = {"type": "start", "world_size": 1, "precision": "bf16", "precision_switch": SWITCH | {"time": 7.0},
-             "resumed_from_step": 12}  # fmt: skip
+    start = {
+        "type": "start",
+        "world_size": 1,
+        "precision": "bf16",
+        "precision_switch": SWITCH | {"time": 7.0},
+        "resumed_from_step": 12,
+    }
     assert store.record_progress(claim.fence, _progress([start, _step(13, "bf16")]))
     steps, job = _stored(db, claim.job_id)
     assert steps == [(13, "bf16", 2.0 / 13)]

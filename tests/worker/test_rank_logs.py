@@ -46,7 +46,9 @@ def test_each_rank_keeps_its_own_stdout_and_stderr_per_attempt(tmp_path: Path) -
     for run_dir in (first, second):
         for rank in (0, 1):
             note, text = RunDir(run_dir).rank_log(rank).read_text().split("\n", 1)
-            assert note.endswith(f" rank{rank} INFO worker.rank_output: start-up: starting python -m rank_echo (imports)")
+            assert note.endswith(
+                f" rank{rank} INFO worker.rank_output: start-up: starting python -m rank_echo (imports)"
+            )
             assert text == _expected(rank)  # stdout and stderr interleaved, in order
         assert "rank 0 out" not in RunDir(run_dir).launcher_log.read_text()  # torchrun's own output only
 
@@ -63,7 +65,9 @@ def test_a_failed_rank_s_own_log_is_quoted_in_the_failure(tmp_path: Path) -> Non
     assert "rank 0 out" not in outcome.message
 
 
-def test_the_wrapper_refuses_to_run_without_a_rank(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_wrapper_refuses_to_run_without_a_rank(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("RANK", raising=False)
     assert main(["/tmp/logs", "trainer"]) == USAGE_EXIT
     assert "usage:" in capsys.readouterr().err

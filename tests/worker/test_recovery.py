@@ -58,7 +58,13 @@ def test_an_expired_lease_is_requeued_and_sent_again(db: Engine, tmp_path: Path)
     reaper = Reaper(Recovery(JobStore(db), sent), 1.0, threading.Event())
     assert reaper.reap_once() == {fence.job_id: "requeued"}
     row = _job(db, fence.job_id)
-    assert (row.status, row.worker_id, row.lease_expires_at, row.attempt, row.error_reason) == ("queued", None, None, 1, None)
+    assert (row.status, row.worker_id, row.lease_expires_at, row.attempt, row.error_reason) == (
+        "queued",
+        None,
+        None,
+        1,
+        None,
+    )
     assert sent == [fence.job_id]
     assert _attempts(db, fence.job_id) == [(1, "failed", "worker_lost")]
     assert reaper.reap_once() == {}  # nothing left to recover
@@ -75,16 +81,21 @@ def test_a_graceful_shutdowns_attempt_is_requeued_not_failed(db: Engine, tmp_pat
     assert _job(db, fence.job_id).status == "queued" and sent == [fence.job_id]
     assert _attempts(db, fence.job_id) == [(1, "requeued", "worker_shutdown")]
     second = _claimed_again(db, tmp_path, fence.job_id)
-    assert Recovery(JobStore(db), None).release(second, "worker_shutdown", "no broker") == "failed"  # nobody takes it back
+    assert (
+        Recovery(JobStore(db), None).release(second, "worker_shutdown", "no broker") == "failed"
+    )  # nobody takes it back
     assert _attempts(db, fence.job_id) == [(1, "requeued", "worker_shutdown"), (2, "failed", "worker_shutdown")]
 
 
 @pytest.mark.parametrize(
     ("resolution", "reason", "status"),
-    [("requeued", "worker_shutdown", "requeued"), ("requeued", "worker_lost", "failed"), ("failed", "worker_shutdown", "failed"),
-     ("failed", "worker_lost", "failed"), ("cancelled", "worker_shutdown", "cancelled"), ("cancelled", "worker_lost", "cancelled")],
-)  # fmt: skip
-def test_attempt_status_is_requeued_only_for_a_handed_back_graceful_stop(resolution: Resolution, reason: str, status: str) -> None:
+    [("requeued", "worker_shutdown", "requeued"), ("requeued", "worker_lost", "failed"),
+     ("failed", "worker_shutdown", "failed"), ("failed", "worker_lost", "failed"),
+     ("cancelled", "worker_shutdown", "cancelled"), ("cancelled", "worker_lost", "cancelled")],
+)  # fmt: skip  # a case table, laid out by hand
+def test_attempt_status_is_requeued_only_for_a_handed_back_graceful_stop(
+    resolution: Resolution, reason: str, status: str
+) -> None:
     assert attempt_status(resolution, reason) == status
 
 
@@ -161,7 +172,9 @@ def test_a_retry_that_cannot_be_sent_fails_the_job(db: Engine, tmp_path: Path) -
     def broken(_: str) -> None:
         raise ConnectionError("broker down")
 
-    assert Recovery(JobStore(db), broken).recover_expired(Recovery(JobStore(db), None).expired_leases()[0]) == "requeued"
+    assert (
+        Recovery(JobStore(db), broken).recover_expired(Recovery(JobStore(db), None).expired_leases()[0]) == "requeued"
+    )
     row = _job(db, fence.job_id)
     assert (row.status, row.error_reason) == ("failed", "enqueue_failed") and "broker down" in row.error_message
 
@@ -184,13 +197,22 @@ def test_the_reaper_thread_runs_at_once_and_stops(db: Engine, tmp_path: Path) ->
     [("worker_lost", 1, True), ("worker_lost", 3, False), ("oom", 1, False), ("nonfinite_gradients", 1, False),
      ("loss_scale_collapsed", 1, False), ("nonfinite_loss", 1, False), ("spec_invalid", 1, False),
      ("precision_unsupported", 1, False), ("no_such_reason", 1, False), (None, 1, False)],
-)  # fmt: skip
+)  # fmt: skip  # a case table, laid out by hand
 def test_only_a_lost_worker_is_retried(reason: str | None, attempt: int, retried: bool) -> None:
     assert should_retry(reason, attempt, max_attempts=3) is retried
 
 
 def test_the_retry_policy_covers_the_issue_reasons() -> None:
-    required = {"spec_invalid", "launch_failed", "rank_failed", "oom", "nonfinite_gradients", "loss_scale_collapsed",
-                "worker_lost", "deadline_exceeded", "collective_timeout"}  # fmt: skip
+    required = {
+        "spec_invalid",
+        "launch_failed",
+        "rank_failed",
+        "oom",
+        "nonfinite_gradients",
+        "loss_scale_collapsed",
+        "worker_lost",
+        "deadline_exceeded",
+        "collective_timeout",
+    }
     assert required <= set(RETRY_POLICY)
     assert [reason for reason, retried in RETRY_POLICY.items() if retried] == ["worker_lost", "worker_shutdown"]

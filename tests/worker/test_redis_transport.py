@@ -62,8 +62,9 @@ def test_kombus_own_transport_raises_on_close_after_a_dropped_connection(redis_u
         _detach_then_close(connection)
 
 
-def test_halfcasts_transport_closes_a_dropped_connection_quietly_and_keeps_the_message(redis_url: str, queue: Queue,
-                                                                           caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_halfcasts_transport_closes_a_dropped_connection_quietly_and_keeps_the_message(
+    redis_url: str, queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
     connection = Connection(redis_url, transport=TRANSPORT_PATH)
     _take_unacked(connection, queue)
     _detach_then_close(connection)
@@ -79,9 +80,9 @@ def test_a_live_connection_still_gives_its_unacknowledged_messages_back(redis_ur
     assert redis.Redis.from_url(redis_url).llen(queue.name) == 1
 
 
-
-def test_the_task_acks_its_message_after_the_connection_was_dropped_without_raising(redis_url: str,
-                                                                                     queue: Queue) -> None:  # fmt: skip
+def test_the_task_acks_its_message_after_the_connection_was_dropped_without_raising(
+    redis_url: str, queue: Queue
+) -> None:
     """The task that took the message claims its job after the reconnect and acknowledges it on the dead channel."""
     connection = Connection(redis_url, transport=TRANSPORT_PATH)
     message = _take_unacked(connection, queue)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from worker_support import MakeJob, fake_command, small_spec
 from sqlalchemy import Engine, select, update
+from worker_support import MakeJob, fake_command, small_spec
 
 from server.db.models import Attempt, Job, StepRecord, utcnow
 from server.settings import Settings
@@ -20,7 +21,7 @@ from worker.runner import Outcome, RunnerContext, run_job
 from worker.store import JobStore
 
 
-def _context(settings: Settings, store: JobStore, command=fake_command, **extra) -> RunnerContext:  # type: ignore[no-untyped-def]
+def _context(settings: Settings, store: JobStore, command=fake_command, **extra) -> RunnerContext:
     return RunnerContext(settings=settings, store=store, worker_id="test-worker", build_command=command, **extra)
 
 
@@ -35,7 +36,9 @@ def _steps(engine: Engine, job_id: str) -> list[int]:
         return list(conn.execute(query).scalars())
 
 
-def test_success_stores_every_step_latest_and_eval(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_success_stores_every_step_latest_and_eval(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     job_id = make_job(small_spec(max_steps=12))
     outcome = run_job(job_id, _context(settings, store))
     assert outcome == Outcome("succeeded")
@@ -45,15 +48,23 @@ def test_success_stores_every_step_latest_and_eval(settings: Settings, store: Jo
     assert row.eval == {"step": 12, "time": row.eval["time"], "loss": 0.1, "accuracy": 0.95}
     assert _steps(engine, job_id) == list(range(1, 13))
     assert row.end_info == {"steps": 12, "skipped_steps": 0}  # what the run's end record said (jobs.end_info)
-    assert row.startup == {"phase": "training", "launch_s": None, "imports_s": 0.01, "data_s": 0.01, "model_s": 0.01,
-                           "first_step_s": 0.01}  # the newest phase record (jobs.startup)  # fmt: skip
+    assert row.startup == {
+        "phase": "training",
+        "launch_s": None,
+        "imports_s": 0.01,
+        "data_s": 0.01,
+        "model_s": 0.01,
+        "first_step_s": 0.01,
+    }  # the newest phase record (jobs.startup)
     run_dir = settings.runs_dir / job_id / "attempt-1"
     assert row.run_dir == str(run_dir)
     assert JobSpec.model_validate_json((run_dir / "spec.json").read_text()).max_steps == 12
     assert (run_dir / "logs" / "launcher.log").exists()
 
 
-def test_a_second_message_for_the_job_is_dropped(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_a_second_message_for_the_job_is_dropped(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     job_id = make_job()
     assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
     assert run_job(job_id, _context(settings, store)) is None
@@ -61,7 +72,9 @@ def test_a_second_message_for_the_job_is_dropped(settings: Settings, store: JobS
     assert sorted(p.name for p in (settings.runs_dir / job_id).iterdir()) == ["attempt-1"]
 
 
-def test_error_json_gives_its_reason_message_and_log_tail(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_error_json_gives_its_reason_message_and_log_tail(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     job_id = make_job(small_spec(name="typed-error"))
     outcome = run_job(job_id, _context(settings, store))
     assert outcome is not None and (outcome.status, outcome.reason) == ("failed", "nonfinite_gradients")
@@ -71,7 +84,9 @@ def test_error_json_gives_its_reason_message_and_log_tail(settings: Settings, st
     assert "giving up: non-finite gradients" in row.error_message  # the log tail
 
 
-def test_a_crash_is_rank_failed_with_the_traceback(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_a_crash_is_rank_failed_with_the_traceback(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     job_id = make_job(small_spec(max_steps=10, faults={"raise_at_step": 4}))
     run_job(job_id, _context(settings, store))
     row = _row(engine, job_id)
@@ -82,7 +97,9 @@ def test_a_crash_is_rank_failed_with_the_traceback(settings: Settings, store: Jo
 
 
 @pytest.mark.parametrize("name", ["no-end", "partial"])
-def test_exit_0_without_an_end_record_is_a_failure(name: str, settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_exit_0_without_an_end_record_is_a_failure(
+    name: str, settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     job_id = make_job(small_spec(name=name))
     run_job(job_id, _context(settings, store))
     row = _row(engine, job_id)
@@ -90,14 +107,18 @@ def test_exit_0_without_an_end_record_is_a_failure(name: str, settings: Settings
     assert "exited 0 without an end record" in row.error_message
 
 
-def test_an_unstartable_command_is_launch_failed(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob, tmp_path: Path) -> None:
+def test_an_unstartable_command_is_launch_failed(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob, tmp_path: Path
+) -> None:
     job_id = make_job()
     run_job(job_id, _context(settings, store, lambda *_: [str(tmp_path / "missing-python")]))
     row = _row(engine, job_id)
     assert (row.status, row.error_reason) == ("failed", "launch_failed")
 
 
-def test_a_stored_spec_that_no_longer_validates_is_spec_invalid(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_a_stored_spec_that_no_longer_validates_is_spec_invalid(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     job_id = make_job({**small_spec(), "bogus": 1})
     run_job(job_id, _context(settings, store))
     row = _row(engine, job_id)
@@ -105,7 +126,9 @@ def test_a_stored_spec_that_no_longer_validates_is_spec_invalid(settings: Settin
     assert "bogus" in row.error_message
 
 
-def test_records_written_just_before_exit_are_drained(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_records_written_just_before_exit_are_drained(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The supervisor reads once more after the exit: nothing the trainer wrote last is lost."""
     monkeypatch.setattr(RunProcess, "poll", lambda self: self.popen.wait())  # the exit is seen only after it happened
     job_id = make_job(small_spec(max_steps=7))
@@ -148,7 +171,9 @@ def test_cancel_stops_the_whole_run(settings: Settings, store: JobStore, engine:
     assert session_members(leader) == []
 
 
-def test_cancel_after_the_run_finished_every_step_keeps_it_succeeded(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_cancel_after_the_run_finished_every_step_keeps_it_succeeded(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     """A cancel that meets a run tearing down after its ``end`` record stops it, and the job stays ``succeeded``."""
     job_id = make_job(small_spec(name="slow-teardown", max_steps=3))
     thread, result = _run_in_thread(job_id, _context(settings, store))
@@ -163,13 +188,20 @@ def test_cancel_after_the_run_finished_every_step_keeps_it_succeeded(settings: S
     assert session_members(leader) == []
 
 
-def test_an_end_record_that_applied_no_update_fails_the_job(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_an_end_record_that_applied_no_update_fails_the_job(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     """Exit 0 and an (older trainer's) end record counting 5 steps, 5 skipped: the worker says no_update_applied."""
     job_id = make_job(small_spec(name="nothing-applied"))
     outcome = run_job(job_id, _context(settings, store))
     assert outcome is not None and (outcome.status, outcome.reason) == ("failed", "no_update_applied")
     row = _row(engine, job_id)
-    assert (row.status, row.error_reason, row.step, row.latest["skipped_steps"]) == ("failed", "no_update_applied", 5, 5)
+    assert (row.status, row.error_reason, row.step, row.latest["skipped_steps"]) == (
+        "failed",
+        "no_update_applied",
+        5,
+        5,
+    )
 
 
 def test_a_cancel_after_an_end_record_that_applied_no_update_still_fails_the_job(
@@ -185,11 +217,13 @@ def test_a_cancel_after_an_end_record_that_applied_no_update_still_fails_the_job
     assert (_row(engine, job_id).status, _row(engine, job_id).error_reason) == ("failed", "no_update_applied")
 
 
-def test_worker_shutdown_stops_the_run_and_fails_the_job(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_worker_shutdown_stops_the_run_and_fails_the_job(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     """Without a broker to send a retry through (no ``enqueue``), the job fails ``worker_shutdown``."""
     job_id = make_job(small_spec(max_steps=1000, faults={"sleep_per_step_s": 0.1}))
     context = _context(settings, store)
-    thread, result = _run_in_thread(job_id, context)
+    thread, _ = _run_in_thread(job_id, context)
     row = _wait_status(engine, job_id, "running")
     leader = _leader_pid(Path(row.run_dir))
     context.shutdown.set()
@@ -199,12 +233,14 @@ def test_worker_shutdown_stops_the_run_and_fails_the_job(settings: Settings, sto
     assert session_members(leader) == []
 
 
-def test_an_unexpected_error_kills_the_run_and_fails_the_job(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unexpected_error_kills_the_run_and_fails_the_job(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob, monkeypatch: pytest.MonkeyPatch
+) -> None:
     job_id = make_job(small_spec(max_steps=1000, faults={"sleep_per_step_s": 0.1}))
     calls = {"n": 0}
     original = store.record_progress
 
-    def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def flaky(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
             raise ConnectionError("database went away")
@@ -218,11 +254,13 @@ def test_an_unexpected_error_kills_the_run_and_fails_the_job(settings: Settings,
     assert session_members(_leader_pid(Path(row.run_dir))) == []
 
 
-def test_cancel_before_launch_starts_nothing(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cancel_before_launch_starts_nothing(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob, monkeypatch: pytest.MonkeyPatch
+) -> None:
     job_id = make_job()
     real_claim = store.claim
 
-    def claim_then_cancel(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def claim_then_cancel(*args, **kwargs):
         claim = real_claim(*args, **kwargs)
         _set_status(engine, job_id, "cancelling")
         return claim
@@ -232,7 +270,7 @@ def test_cancel_before_launch_starts_nothing(settings: Settings, store: JobStore
     assert not (settings.runs_dir / job_id / "attempt-1" / "logs" / "launcher.log").exists()  # never launched
 
 
-def _wait_until(predicate, timeout_s: float = 30) -> None:  # type: ignore[no-untyped-def]
+def _wait_until(predicate: Callable[[], bool], timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline
@@ -257,7 +295,7 @@ def _resumed_from(engine: Engine, job_id: str) -> list[int | None]:
         return list(conn.execute(query).scalars())
 
 
-def _start_record(run_dir: Path) -> dict:  # type: ignore[type-arg]
+def _start_record(run_dir: Path) -> dict:
     import json
 
     records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
@@ -288,14 +326,20 @@ def test_a_shutdown_requeues_the_job_and_the_retry_resumes_from_its_checkpoint(
     assert _row(engine, job_id).attempt == 2
 
 
-def test_graceful_shutdowns_do_not_use_up_max_attempts(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_graceful_shutdowns_do_not_use_up_max_attempts(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     """max_attempts 1, the worker shut down twice mid-job: requeued both times, then it succeeds (attempt 3)."""
-    job_id = make_job(small_spec(max_steps=60, max_attempts=1, checkpoint_interval=5, faults={"sleep_per_step_s": 0.05}))
+    job_id = make_job(
+        small_spec(max_steps=60, max_attempts=1, checkpoint_interval=5, faults={"sleep_per_step_s": 0.05})
+    )
     sent: list[str] = []
     for attempt in (1, 2):
         context = _context(settings, store, enqueue=sent.append)
         thread, _ = _run_in_thread(job_id, context)
-        _wait_until(lambda: _row(engine, job_id).status == "running" and _row(engine, job_id).attempt == attempt)
+        _wait_until(
+            lambda attempt=attempt: _row(engine, job_id).status == "running" and _row(engine, job_id).attempt == attempt
+        )
         context.shutdown.set()
         thread.join(timeout=30)
         assert _row(engine, job_id).status == "queued" and sent == [job_id] * attempt
@@ -303,7 +347,9 @@ def test_graceful_shutdowns_do_not_use_up_max_attempts(settings: Settings, store
     assert [a[1:] for a in _attempts(engine, job_id)] == [("requeued", "worker_shutdown")] * 2 + [("succeeded", None)]
 
 
-def test_past_max_runtime_the_run_is_stopped_and_the_job_fails(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_past_max_runtime_the_run_is_stopped_and_the_job_fails(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     job_id = make_job(small_spec(max_steps=1000, max_runtime_s=1.5, faults={"sleep_per_step_s": 0.05}))
     started = time.monotonic()
     outcome = run_job(job_id, _context(settings, store))
@@ -315,7 +361,9 @@ def test_past_max_runtime_the_run_is_stopped_and_the_job_fails(settings: Setting
     assert session_members(_leader_pid(Path(row.run_dir))) == []
 
 
-def test_the_deadline_counts_earlier_attempts(settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_the_deadline_counts_earlier_attempts(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     from datetime import timedelta
 
     from sqlalchemy import insert
@@ -323,8 +371,17 @@ def test_the_deadline_counts_earlier_attempts(settings: Settings, store: JobStor
     job_id = make_job(small_spec(max_runtime_s=60))
     start = utcnow() - timedelta(seconds=120)
     with engine.begin() as conn:  # attempt 1 ran 61 s and its worker was lost
-        conn.execute(insert(Attempt).values(job_id=job_id, attempt=1, worker_id="old", started_at=start,
-                                            ended_at=start + timedelta(seconds=61), status="failed", reason="worker_lost"))  # fmt: skip
+        conn.execute(
+            insert(Attempt).values(
+                job_id=job_id,
+                attempt=1,
+                worker_id="old",
+                started_at=start,
+                ended_at=start + timedelta(seconds=61),
+                status="failed",
+                reason="worker_lost",
+            )
+        )
         conn.execute(update(Job).where(Job.id == job_id).values(attempt=1))
     outcome = run_job(job_id, _context(settings, store))
     assert outcome is not None and outcome.reason == "deadline_exceeded"
@@ -355,7 +412,9 @@ def test_an_attempt_that_lost_its_lease_stops_its_run_and_writes_nothing(
 
 
 @pytest.mark.parametrize(("name", "reason"), [("oom", "oom"), ("collective-timeout", "collective_timeout")])
-def test_known_causes_are_typed(name: str, reason: str, settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob) -> None:
+def test_known_causes_are_typed(
+    name: str, reason: str, settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
     job_id = make_job(small_spec(name=name, max_steps=5))
     sent: list[str] = []
     outcome = run_job(job_id, _context(settings, store, enqueue=sent.append))

@@ -55,7 +55,9 @@ def _row(engine: Engine, job_id: str) -> Any:
 
 def _steps(engine: Engine, job_id: str) -> list[int]:
     with engine.connect() as conn:
-        return list(conn.execute(select(StepRecord.step).where(StepRecord.job_id == job_id).order_by(StepRecord.step)).scalars())
+        return list(
+            conn.execute(select(StepRecord.step).where(StepRecord.job_id == job_id).order_by(StepRecord.step)).scalars()
+        )
 
 
 def _attempts(engine: Engine, job_id: str) -> list[tuple[int, str | None]]:

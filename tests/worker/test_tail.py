@@ -60,9 +60,14 @@ def test_a_line_longer_than_the_chunk_is_still_read(tmp_path: Path) -> None:
 def test_step_records_up_to_keeps_the_last_occurrence_of_a_rerun_step(tmp_path: Path) -> None:
     from worker.tail import step_records_up_to
 
-    lines = [{"type": "start"}, {"type": "step", "step": 1, "precision": "fp16"}, {"type": "step", "step": 2},
-             {"type": "precision_switch", "rewound_to_step": 1}, {"type": "step", "step": 2, "precision": "bf16"},
-             {"type": "step", "step": 3}]
+    lines = [
+        {"type": "start"},
+        {"type": "step", "step": 1, "precision": "fp16"},
+        {"type": "step", "step": 2},
+        {"type": "precision_switch", "rewound_to_step": 1},
+        {"type": "step", "step": 2, "precision": "bf16"},
+        {"type": "step", "step": 3},
+    ]
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     records = step_records_up_to(tmp_path / "records.jsonl", 2)
     assert [record.body() for record in records] == [{"step": 1, "precision": "fp16"}, {"step": 2, "precision": "bf16"}]

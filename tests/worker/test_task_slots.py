@@ -21,8 +21,9 @@ from worker.tasks import register_tasks
 @pytest.fixture
 def gpu_settings(data_dir: Path) -> Settings:
     """A worker configured with HALFCAST_WORKER_GPUS="0" and a short wait for slots."""
-    return Settings(data_dir=data_dir, worker_gpus="0", worker_slot_wait_s=0.2, worker_poll_interval_s=0.05,
-                    worker_heartbeat_s=0.05)  # fmt: skip
+    return Settings(
+        data_dir=data_dir, worker_gpus="0", worker_slot_wait_s=0.2, worker_poll_interval_s=0.05, worker_heartbeat_s=0.05
+    )
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ def test_a_gpu_job_is_handed_back_while_its_device_is_busy_then_runs_on_it(
     handed_back: list[float] = []
     held: list[str | None] = []
 
-    def retry(*, exc, countdown, throw=True):  # type: ignore[no-untyped-def]
+    def retry(*, exc, countdown, throw=True):
         from celery.exceptions import Retry
 
         handed_back.append(countdown)
@@ -74,14 +75,14 @@ def test_a_gpu_job_is_handed_back_while_its_device_is_busy_then_runs_on_it(
 
 def test_the_pool_has_a_thread_per_cpu_slot_and_per_gpu(data_dir: Path) -> None:
     runtime = register_tasks(create_celery_app(Settings(data_dir=data_dir, worker_gpus="0,1,2", worker_concurrency=2)))
-    threads = runtime.halfcast_runtime.slots().threads  # type: ignore[attr-defined]
+    threads = runtime.halfcast_runtime.slots().threads
     argv = worker_argv(Settings(worker_concurrency=2), [], threads)
     assert argv[argv.index("--concurrency") + 1] == "5"
 
 
 def test_the_worker_registers_when_ready_and_deregisters_at_shutdown(gpu_settings: Settings, db_engine: Engine) -> None:
     task = register_tasks(create_celery_app(gpu_settings.model_copy(update={"worker_gpus": "0,1"})))
-    runtime = task.halfcast_runtime  # type: ignore[attr-defined]
+    runtime = task.halfcast_runtime
 
     class Consumer:
         hostname = "halfcast@test-host"

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worker_support import insert_job, small_spec
 from sqlalchemy import select
+from worker_support import insert_job, small_spec
 
 from broker.celery_app import RUN_JOB_TASK, create_celery_app
 from server.db.engine import make_engine
@@ -50,7 +50,7 @@ def test_worker_shutdown_signal_reaches_the_runners(data_dir: Path) -> None:
     from celery.signals import worker_shutting_down
 
     task = register_tasks(create_celery_app(Settings(data_dir=data_dir)))
-    runtime = task.halfcast_runtime  # type: ignore[attr-defined]
+    runtime = task.halfcast_runtime
     assert not runtime.shutdown.is_set()
     worker_shutting_down.send(sender="halfcast@test", sig="TERM", how="Warm", exitcode=0)
     assert runtime.shutdown.is_set()
@@ -83,12 +83,19 @@ def test_the_celery_process_never_imports_torch(data_dir: Path) -> None:
 def test_the_visibility_timeout_comes_from_the_settings() -> None:
     settings = Settings(broker_url="redis://127.0.0.1:6379/0", broker_visibility_timeout_s=5)
     app = create_celery_app(settings)
-    assert app.conf.broker_transport_options == {"visibility_timeout": 5, "unacked_restore_interval": 2.5,
-                                                 "unacked_restore_throttle": 1}  # fmt: skip
-    assert (app.conf.task_acks_late, app.conf.worker_prefetch_multiplier, app.conf.task_reject_on_worker_lost) == (True, 1, True)
+    assert app.conf.broker_transport_options == {
+        "visibility_timeout": 5,
+        "unacked_restore_interval": 2.5,
+        "unacked_restore_throttle": 1,
+    }
+    assert (app.conf.task_acks_late, app.conf.worker_prefetch_multiplier, app.conf.task_reject_on_worker_lost) == (
+        True,
+        1,
+        True,
+    )
 
 
-def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monkeypatch) -> None:
     """A claimed job's message must not wait for the end of the job (celery#5935): the lease protects the job."""
     from celery.worker import state
 
@@ -108,7 +115,7 @@ def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monke
     seen: list[bool] = []
     real_finish = JobStore.finish
 
-    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def finish(self, *args, **kwargs):
         seen.append(request.acknowledged)  # already acknowledged when the attempt ends
         return real_finish(self, *args, **kwargs)
 
@@ -118,17 +125,17 @@ def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monke
     assert acknowledge("no-such-task") is False and acknowledge(None) is False
 
 
-def test_a_database_error_before_the_claim_retries_the_task(data_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_database_error_before_the_claim_retries_the_task(data_dir: Path, monkeypatch) -> None:
     from celery.exceptions import Retry
     from sqlalchemy.exc import OperationalError
 
     task = register_tasks(create_celery_app(Settings(data_dir=data_dir)))
     retries: list[float] = []
 
-    def down(*_args, **_kwargs):  # type: ignore[no-untyped-def]
+    def down(*_args, **_kwargs):
         raise OperationalError("SELECT 1", {}, ConnectionError("database down"))
 
-    def retry(*, exc, countdown, throw=True):  # type: ignore[no-untyped-def]
+    def retry(*, exc, countdown, throw=True):
         retries.append(countdown)
         return Retry(exc=exc)
 
@@ -141,7 +148,7 @@ def test_a_database_error_before_the_claim_retries_the_task(data_dir: Path, monk
 def test_the_reaper_starts_when_the_worker_is_ready_and_stops_at_shutdown(data_dir: Path) -> None:
     settings, _ = _setup(data_dir)
     task = register_tasks(create_celery_app(settings.model_copy(update={"reaper_interval_s": 0.05})))
-    runtime = task.halfcast_runtime  # type: ignore[attr-defined]
+    runtime = task.halfcast_runtime
     runtime.on_ready()
     thread = runtime.reaper().thread
     assert thread is not None and thread.is_alive()

@@ -20,11 +20,15 @@ def _rows(engine: Engine) -> dict[str, Worker]:
 
 def _age(engine: Engine, worker_id: str, seconds: float) -> None:
     with engine.begin() as conn:
-        conn.execute(update(Worker).where(Worker.id == worker_id).values(heartbeat_at=utcnow() - timedelta(seconds=seconds)))
+        conn.execute(
+            update(Worker).where(Worker.id == worker_id).values(heartbeat_at=utcnow() - timedelta(seconds=seconds))
+        )
 
 
 def _registry(engine: Engine, worker_id: str = "halfcast@a/11", gpus: tuple[int, ...] = (0, 1)) -> WorkerRegistry:
-    info = WorkerInfo(worker_id, "host-a", 11, gpus, concurrency=3, started_at=datetime(2030, 1, 1, tzinfo=utcnow().tzinfo))
+    info = WorkerInfo(
+        worker_id, "host-a", 11, gpus, concurrency=3, started_at=datetime(2030, 1, 1, tzinfo=utcnow().tzinfo)
+    )
     return WorkerRegistry(engine, info, forget_s=60.0)
 
 
@@ -69,7 +73,7 @@ def test_the_heartbeat_thread_registers_beats_and_deregisters_on_stop(db: Engine
     assert _rows(db) == {}
 
 
-def test_a_database_error_never_kills_the_heartbeat(db: Engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_database_error_never_kills_the_heartbeat(db: Engine, monkeypatch) -> None:
     registry = _registry(db)
     calls: list[int] = []
 

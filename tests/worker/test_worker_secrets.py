@@ -55,11 +55,21 @@ def test_a_released_attempt_stores_its_message_masked(db: Engine, tmp_path: Path
 
 def _secret_env() -> dict[str, str]:
     return {
-        "PATH": "/usr/bin", "HOME": "/home/u", "LANG": "C.UTF-8",
-        "HALFCAST_DATABASE_URL": DB_URL, "HALFCAST_BROKER_URL": BROKER_URL, "DATABASE_URL": DB_URL,
-        "REDIS_URL": BROKER_URL, "CELERY_BROKER_URL": BROKER_URL, "PGPASSWORD": CANARY, "HALFCAST_TOKEN": CANARY,
-        "GITHUB_TOKEN": CANARY, "AWS_SECRET_ACCESS_KEY": CANARY, "OPENAI_API_KEY": CANARY, "SENTRY_DSN": DB_URL,
-    }  # fmt: skip
+        "PATH": "/usr/bin",
+        "HOME": "/home/u",
+        "LANG": "C.UTF-8",
+        "HALFCAST_DATABASE_URL": DB_URL,
+        "HALFCAST_BROKER_URL": BROKER_URL,
+        "DATABASE_URL": DB_URL,
+        "REDIS_URL": BROKER_URL,
+        "CELERY_BROKER_URL": BROKER_URL,
+        "PGPASSWORD": CANARY,
+        "HALFCAST_TOKEN": CANARY,
+        "GITHUB_TOKEN": CANARY,
+        "AWS_SECRET_ACCESS_KEY": CANARY,
+        "OPENAI_API_KEY": CANARY,
+        "SENTRY_DSN": DB_URL,
+    }
 
 
 def _assert_clean(env: dict[str, str]) -> None:
@@ -83,4 +93,6 @@ def test_the_run_environment_from_the_process_environment_holds_no_secret(
             monkeypatch.setenv(name, value)
     settings = Settings()  # reads HALFCAST_DATABASE_URL and HALFCAST_BROKER_URL from the environment
     assert settings.database_url == DB_URL
-    _assert_clean(build_environment(JobSpec.model_validate(small_spec()), settings.model_copy(update={"data_dir": tmp_path})))
+    _assert_clean(
+        build_environment(JobSpec.model_validate(small_spec()), settings.model_copy(update={"data_dir": tmp_path}))
+    )

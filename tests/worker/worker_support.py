@@ -34,8 +34,14 @@ def insert_job(engine: Engine, spec: dict[str, Any] | None = None, status: str =
     """Insert a job row the way the API does; return its id."""
     spec = spec if spec is not None else small_spec()
     job_id = str(uuid.uuid4())
-    row = {"id": job_id, "name": spec.get("name"), "status": status, "spec": spec,
-           "max_steps": spec.get("max_steps", 5), "world_size": spec.get("processes", 1)}  # fmt: skip
+    row = {
+        "id": job_id,
+        "name": spec.get("name"),
+        "status": status,
+        "spec": spec,
+        "max_steps": spec.get("max_steps", 5),
+        "world_size": spec.get("processes", 1),
+    }
     with engine.begin() as conn:
         conn.execute(insert(Job).values(**row))
     return job_id
