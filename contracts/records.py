@@ -76,9 +76,15 @@ class StartupTimes(BaseModel):
 
     model_config = _CLOSED
 
-    launch_s: Seconds | None = Field(default=None, description="From the worker starting torchrun to the trainer's Python")
-    imports_s: Seconds | None = Field(default=None, description="Then to the training loop (imports, spec, process group)")
-    data_s: Seconds | None = Field(default=None, description="Then to the dataset built (a resumed run's checkpoint read)")
+    launch_s: Seconds | None = Field(
+        default=None, description="From the worker starting torchrun to the trainer's Python"
+    )
+    imports_s: Seconds | None = Field(
+        default=None, description="Then to the training loop (imports, spec, process group)"
+    )
+    data_s: Seconds | None = Field(
+        default=None, description="Then to the dataset built (a resumed run's checkpoint read)"
+    )
     model_s: Seconds | None = Field(default=None, description="Then to the model, optimizer and schedule built")
     first_step_s: Seconds | None = Field(default=None, description="Then to the first step's record written")
 

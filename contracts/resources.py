@@ -55,10 +55,14 @@ class AttemptPublic(BaseModel):
 class MemberPublic(BaseModel):
     """One node of a multi-node job's gang in the current attempt (docs/api.md, "Multi-node jobs")."""
 
-    node_rank: int = Field(description="The node's place in the gang (0: the node that claimed the job and hosts the rendezvous)")
+    node_rank: int = Field(
+        description="The node's place in the gang (0: the node that claimed the job and hosts the rendezvous)"
+    )
     worker_id: str = Field(description="The worker running this node, as <hostname>/<pid>")
     host_address: str | None = Field(description="The address the node is reached at by the other nodes")
-    status: MemberStatus = Field(description="joined, running, exited (its torchrun exited 0), failed, lost or released")
+    status: MemberStatus = Field(
+        description="joined, running, exited (its torchrun exited 0), failed, lost or released"
+    )
     exit_code: int | None = Field(default=None, description="Its torchrun's exit status once it ended; null before")
     joined_at: datetime
     ended_at: datetime | None = None
@@ -89,7 +93,8 @@ class JobPublic(BaseModel):
     world_size: int
     nodes: int = Field(default=1, description="Hosts the job spans (the spec's nodes)")
     members: list[MemberPublic] = Field(
-        default_factory=list, description="The nodes of the current attempt's gang, by node rank; empty for one-node jobs"
+        default_factory=list,
+        description="The nodes of the current attempt's gang, by node rank; empty for one-node jobs",
     )
     latest: StoredStep | None = Field(description="The newest step record, or null")
     eval: StoredEval | None = Field(description="The newest evaluation record, or null")
@@ -128,7 +133,8 @@ class JobPublic(BaseModel):
         "its first step, `loading data`, `building model`, `first step`; null otherwise",
     )
     startup: StartupTimes | None = Field(
-        default=None, description="The current attempt's start-up phase times so far; null before its trainer reported one"
+        default=None,
+        description="The current attempt's start-up phase times so far; null before its trainer reported one",
     )
 
 

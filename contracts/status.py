@@ -38,7 +38,12 @@ class JobStatus(StrEnum):
 #: The statuses a job ends in; every job reaches one.
 TERMINAL_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 #: The statuses in which a claimed attempt runs (and may still write progress).
-LIVE_STATUSES: tuple[JobStatus, ...] = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.GATHERING)
+LIVE_STATUSES: tuple[JobStatus, ...] = (
+    JobStatus.STARTING,
+    JobStatus.RUNNING,
+    JobStatus.CANCELLING,
+    JobStatus.GATHERING,
+)
 
 
 class AttemptStatus(StrEnum):

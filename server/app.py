@@ -15,24 +15,36 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from server.http.admission import AdmissionCollector, AdmissionMiddleware, Limiter
-from server.http.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
+from common.redact import install_log_redaction
+from server.auth import check_exposure
 from server.db.engine import PoolLimits, make_engine, make_session_factory
+from server.http.admission import AdmissionCollector, AdmissionMiddleware, Limiter
 from server.http.body_errors import install_body_error_handlers
+from server.http.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
 from server.http.errors import install_error_handlers
 from server.http.openapi_errors import declare_error_responses
-from server.metrics.exporter import build_registry
-from server.queue import CeleryJobQueue, JobQueue
-from common.redact import install_log_redaction
 from server.http.request_metrics import RequestMetricsMiddleware, request_histogram
+from server.metrics.exporter import build_registry
 from server.metrics.streams import StreamCollector
-from server.auth import check_exposure
+from server.metrics.worker_metrics import WorkerMetricsCollector
+from server.queue import CeleryJobQueue, JobQueue
 from server.routes import (
-    audit, checkpoints, dashboard, datasets, events, exports, health, job_resource, jobs, logs, metrics, models, session,
+    audit,
+    checkpoints,
+    dashboard,
+    datasets,
+    events,
+    exports,
+    health,
+    job_resource,
+    jobs,
+    logs,
+    metrics,
+    models,
+    session,
     workers,
 )
 from server.settings import Settings
-from server.metrics.worker_metrics import WorkerMetricsCollector
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +113,10 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     )
     app.state.limiter = admission_limiter(settings)
     app.add_middleware(AdmissionMiddleware, limiter=app.state.limiter)  # inside the body limit: bodies are read first
-    uploads = {("POST", datasets.UPLOAD_PATH): settings.max_upload_bytes, ("POST", models.UPLOAD_PATH): settings.max_upload_bytes}
+    uploads = {
+        ("POST", datasets.UPLOAD_PATH): settings.max_upload_bytes,
+        ("POST", models.UPLOAD_PATH): settings.max_upload_bytes,
+    }
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=MAX_BODY_BYTES, streamed=uploads)
     app.state.request_histogram = request_histogram()
     app.add_middleware(RequestMetricsMiddleware, histogram=app.state.request_histogram)

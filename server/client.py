@@ -143,7 +143,9 @@ class FieldError:
     @property
     def path(self) -> str:
         """The field path without the leading ``body``/``query``: ``loss_scale.init_scale``, ``hidden_sizes[0]``."""
-        parts = self.field if self.field is not None else self.loc[1:] if self.loc and self.loc[0] == "body" else self.loc
+        parts = (
+            self.field if self.field is not None else self.loc[1:] if self.loc and self.loc[0] == "body" else self.loc
+        )
         text = ""
         for part in parts:
             text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
@@ -256,6 +258,7 @@ def _counted(chunks: Iterator[bytes], total: int, progress: Progress | None) -> 
         if progress is not None:
             progress(sent, total)
 
+
 def _typed(events: Iterator[Event[Any]], models: Mapping[str, type[D]]) -> Iterator[Event[D]]:
     """``events`` with each ``data`` read as the model of its name in ``models``; events of other names are skipped
     (a newer server's), logged. :class:`HalfcastError` for a payload that does not validate."""
@@ -308,14 +311,18 @@ class HalfcastClient:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise ServerUnavailable(f"cannot reach the Halfcast API at {self.url}: {type(exc).__name__}: {exc}") from exc
+            raise ServerUnavailable(
+                f"cannot reach the Halfcast API at {self.url}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self._send(method, path, **kwargs)
@@ -386,7 +393,9 @@ class HalfcastClient:
     def metrics(self, job_id: str, after_step: int = 0, page_size: int = 1000) -> Iterator[list[StepRecord]]:
         """Pages of step records (:class:`~contracts.stored.StoredStep`) with ``step > after_step``, in step order."""
         while True:
-            page = self._request("GET", f"/jobs/{job_id}/metrics", params={"after_step": after_step, "limit": page_size})
+            page = self._request(
+                "GET", f"/jobs/{job_id}/metrics", params={"after_step": after_step, "limit": page_size}
+            )
             points: list[StepRecord] = [*_parsed(MetricsPage, page).points]
             if not points:
                 return
@@ -458,7 +467,13 @@ class HalfcastClient:
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent))
         try:
             params = {"attempt": attempt} if attempt is not None else None
-            self._save(f"/jobs/{job_id}/exports/{kind}", staging / "export.tar", "application/x-tar", params, require_length=True)
+            self._save(
+                f"/jobs/{job_id}/exports/{kind}",
+                staging / "export.tar",
+                "application/x-tar",
+                params,
+                require_length=True,
+            )
             tree = extract_export(staging / "export.tar", kind, staging / "tree")
             place_tree(tree, dest, overwrite=overwrite, trash=staging / "replaced")
         except UnsafeArchive as exc:
@@ -509,11 +524,15 @@ class HalfcastClient:
         """
         kind = file_format or DATASET_EXTENSIONS.get(path.suffix.lower())
         if kind not in DATASET_MEDIA_TYPES:
-            raise ValueError(f"cannot tell the file format of {path.name}: name it .jsonl, .json or .csv, or pass file_format")
+            raise ValueError(
+                f"cannot tell the file format of {path.name}: name it .jsonl, .json or .csv, or pass file_format"
+            )
         size = path.stat().st_size
         params = {"format": format, "name": name or path.name}
         chunks = _file_chunks(path, size, progress)
-        return _parsed(DatasetPublic, self._upload("/datasets", chunks, size, DATASET_MEDIA_TYPES[kind], params, timeout))
+        return _parsed(
+            DatasetPublic, self._upload("/datasets", chunks, size, DATASET_MEDIA_TYPES[kind], params, timeout)
+        )
 
     def upload_model(self, directory: Path, *, name: str | None = None, progress: Progress | None = None,
                      timeout: float = UPLOAD_TIMEOUT_S) -> ModelPublic:  # fmt: skip
@@ -571,7 +590,9 @@ class HalfcastClient:
         """Delete a registered model. Raises :class:`NotFound`, :class:`Conflict` (a job that has not ended uses it)."""
         _raise_for(self._send("DELETE", f"/models/{model_id}"))
 
-    def register_export(self, job_id: str, *, name: str | None = None, timeout: float = UPLOAD_TIMEOUT_S) -> ModelPublic:
+    def register_export(
+        self, job_id: str, *, name: str | None = None, timeout: float = UPLOAD_TIMEOUT_S
+    ) -> ModelPublic:
         """Register the job's exported model (``export/model``) as a model of the job's owner; the model.
 
         Raises :class:`NotFound` (no such job, or no model export) and :class:`Conflict` (an export
@@ -653,7 +674,9 @@ class HalfcastClient:
             params["attempt"] = attempt
         return _parsed(LogLines, self._request("GET", f"/jobs/{job_id}/logs", params=params))
 
-    def follow_logs(self, job_id: str, *, rank: int = 0, tail: int = 200, attempt: int | None = None) -> Iterator[LogEvent]:
+    def follow_logs(
+        self, job_id: str, *, rank: int = 0, tail: int = 200, attempt: int | None = None
+    ) -> Iterator[LogEvent]:
         """Follow ``rank``'s log: ``attempt``, ``lines`` (``data.lines``) and finally ``end`` events
         (their ``data``: :data:`contracts.events.LOG_EVENTS`).
 

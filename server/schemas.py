@@ -112,9 +112,15 @@ def members_public(rows: Sequence[JobMember | MemberView], attempt: int) -> list
     """The gang memberships of attempt ``attempt`` (the job's current one), by node rank."""
     current = sorted((row for row in rows if row.attempt == attempt), key=lambda row: row.node_rank)
     return [
-        MemberPublic(node_rank=row.node_rank, worker_id=row.worker_id, host_address=row.host_address,
-                     status=row.status, exit_code=row.exit_code, joined_at=as_utc(row.joined_at),  # type: ignore[arg-type]
-                     ended_at=as_utc_or_none(row.ended_at))  # fmt: skip
+        MemberPublic(
+            node_rank=row.node_rank,
+            worker_id=row.worker_id,
+            host_address=row.host_address,
+            status=row.status,
+            exit_code=row.exit_code,
+            joined_at=as_utc(row.joined_at),  # type: ignore[arg-type]
+            ended_at=as_utc_or_none(row.ended_at),
+        )  # fmt: skip
         for row in current
     ]
 

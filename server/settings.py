@@ -54,7 +54,9 @@ class Settings(BaseSettings):
         default=None, description="Folder of the per-GPU lock files (host-wide); default <data_dir>/gpu-locks"
     )
     worker_slot_wait_s: float = Field(
-        default=10.0, ge=0.0, le=3600.0,
+        default=10.0,
+        ge=0.0,
+        le=3600.0,
         description="Seconds a task waits for free slots before handing its message back to the queue",
     )
     worker_heartbeat_s: float = Field(default=5.0, gt=0.0, le=3600.0, description="Seconds between worker heartbeats")
@@ -62,7 +64,9 @@ class Settings(BaseSettings):
         default=15.0, gt=0.0, le=86_400.0, description="A worker is live while its last heartbeat is younger than this"
     )
     worker_forget_s: float = Field(
-        default=600.0, gt=0.0, le=30 * 86_400.0,
+        default=600.0,
+        gt=0.0,
+        le=30 * 86_400.0,
         description="Seconds after its last heartbeat a worker is dropped from the registry",
     )
     worker_poll_interval_s: float = Field(default=0.1, gt=0.0, le=60.0)
@@ -89,24 +93,31 @@ class Settings(BaseSettings):
         default=None, ge=0, description="Default per-owner limit on jobs not yet terminal (unset: unlimited)"
     )
     quota_max_gpus: int | None = Field(
-        default=None, ge=0, description="Default per-owner limit on the GPUs of jobs not yet terminal (unset: unlimited)"
+        default=None,
+        ge=0,
+        description="Default per-owner limit on the GPUs of jobs not yet terminal (unset: unlimited)",
     )
     quota_max_queued_jobs: int | None = Field(
         default=None, ge=0, description="Default per-owner limit on queued jobs (unset: unlimited)"
     )
     quota_max_storage_bytes: int | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="Default per-owner limit on the bytes of registered datasets and models (unset: unlimited)",
     )
     max_upload_bytes: int = Field(
-        default=16 << 30, ge=1, le=1 << 42,
+        default=16 << 30,
+        ge=1,
+        le=1 << 42,
         description="Largest dataset file or model archive POST /datasets and POST /models accept (413 beyond)",
     )
     api_workers: int = Field(
         default=1, ge=1, le=64, description="API processes `halfcast api` and `halfcast up` run (uvicorn workers)"
     )
     api_max_concurrency: int = Field(
-        default=16, ge=1, le=10_000,
+        default=16,
+        ge=1,
+        le=10_000,
         description="Requests one API process works on at once (health probes and cancels aside); more wait in line",
     )
     api_max_queue: int = Field(
@@ -120,7 +131,9 @@ class Settings(BaseSettings):
         default=20, ge=0, le=1000, description="Extra database connections one API process may open under load"
     )
     db_pool_timeout_s: float = Field(
-        default=5.0, gt=0.0, le=300.0,
+        default=5.0,
+        gt=0.0,
+        le=300.0,
         description="Seconds an API request waits for a free database connection before it gets 503",
     )
 

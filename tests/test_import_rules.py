@@ -30,14 +30,35 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "broker": ("server.settings", "contracts", "common"),
     # the server's shared core (settings, database with its job transitions, run-directory names, ...),
     # the broker, and the trainer's torch-free contract (the spec, the record file, the start-up phases)
-    "worker": ("server.settings", "server.db", "server.schemas", "server.registry.refs", "broker", "trainer.spec",
-               "trainer.records", "trainer.startup", "trainer.registered", "contracts", "common"),  # fmt: skip
+    "worker": (
+        "server.settings",
+        "server.db",
+        "server.schemas",
+        "server.registry.refs",
+        "broker",
+        "trainer.spec",
+        "trainer.records",
+        "trainer.startup",
+        "trainer.registered",
+        "contracts",
+        "common",
+    ),  # fmt: skip
     # the broker to publish a job; the spec to validate it, and the trainer's torch-free input rules
     # (row parser, model-directory safety, supported model types, registry layout), so an upload the API
     # accepts is one the trainer reads
-    "server": ("broker", "trainer.spec", "trainer.catalog", "trainer.errors", "trainer.data.jsonl.formats",
-               "trainer.data.jsonl.rows", "trainer.hf.safety", "trainer.hf.model_types", "trainer.registered",
-               "contracts", "common"),
+    "server": (
+        "broker",
+        "trainer.spec",
+        "trainer.catalog",
+        "trainer.errors",
+        "trainer.data.jsonl.formats",
+        "trainer.data.jsonl.rows",
+        "trainer.hf.safety",
+        "trainer.hf.model_types",
+        "trainer.registered",
+        "contracts",
+        "common",
+    ),
     "migrations": ("server.db", "server.settings", "contracts", "common"),
     # measures the others (not shipped)
     "bench": ("server", "worker", "trainer", "contracts", "common"),
@@ -46,8 +67,14 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("server.cli.services", "worker.__main__"): "`halfcast worker` runs the Celery worker in the CLI's process",
     ("worker.torchrun", "trainer.preemption"): "torchrun's own process (it imports torch), never the Celery worker",
-    ("worker.warm.standby", "trainer.__main__"): "the warm standby is the ranks' Python (it imports torch), never the Celery worker",
-    ("worker.warm.standby", "trainer.preemption"): "the warm standby ends as a rank does, without the interpreter's teardown",
+    (
+        "worker.warm.standby",
+        "trainer.__main__",
+    ): "the warm standby is the ranks' Python (it imports torch), never the Celery worker",
+    (
+        "worker.warm.standby",
+        "trainer.preemption",
+    ): "the warm standby ends as a rank does, without the interpreter's teardown",
 }
 #: A dotted arrow of the Mermaid picture: ``a -.-> b`` or ``a -.->|label| b``.
 IMPORT_ARROW = re.compile(r"^\s*(\w+)\s*-\.->(?:\|[^|]*\|)?\s*(\w+)\s*$")

@@ -14,7 +14,9 @@ class Deadline:
     counts from the construction of the object (right after the claim).
     """
 
-    def __init__(self, max_runtime_s: float | None, used_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_runtime_s: float | None, used_s: float = 0.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.max_runtime_s = max_runtime_s
         self.used_s = used_s
         self.clock = clock

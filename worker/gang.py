@@ -44,7 +44,9 @@ class GangEnd(StrEnum):
 class MemberLease:
     """The lease of one open membership, renewed every ``ttl / RENEWALS_PER_TTL`` (self-fencing as :class:`worker.lease.Lease`)."""
 
-    def __init__(self, members: Members, member_id: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, members: Members, member_id: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.members, self.member_id, self.ttl_s, self.clock = members, member_id, ttl_s, clock
         now = clock()
         self.valid_until = now + ttl_s
@@ -127,7 +129,9 @@ def peer_verdict(members: Sequence[Member], node_rank: int = 0) -> Outcome | Non
             return Outcome(JobStatus.FAILED, FailureReason.WORKER_LOST, message)
     for member in peers:
         if member.status == MemberStatus.FAILED:
-            message = f"node {member.node_rank} (worker {member.worker_id}): its torchrun exited with {member.exit_code}"
+            message = (
+                f"node {member.node_rank} (worker {member.worker_id}): its torchrun exited with {member.exit_code}"
+            )
             return Outcome(JobStatus.FAILED, FailureReason.RANK_FAILED, message)
     return None
 

@@ -103,7 +103,9 @@ class Node0Attempt(Attempt):
         self._next_peer_read = now + PEER_POLL_S
         if not self.member_lease.renew_if_due():
             return self._lost()
-        return self._tolerant(lambda: peer_verdict(self.members.of_attempt(self.claim.job_id, self.claim.attempt)), None)
+        return self._tolerant(
+            lambda: peer_verdict(self.members.of_attempt(self.claim.job_id, self.claim.attempt)), None
+        )
 
     def _supervise(self, process: RunProcess) -> Outcome:
         outcome = super()._supervise(process)

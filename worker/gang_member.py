@@ -101,15 +101,24 @@ class MemberRun:
         return None
 
     def _launch(self, run_dir: Path) -> tuple[RunProcess, Path] | None:
-        node0 = next((m for m in self.members.of_attempt(self.member.job_id, self.member.attempt) if m.node_rank == 0), None)
-        if node0 is None or node0.host_address is None or node0.rendezvous_port is None or self.member.host_address is None:
+        node0 = next(
+            (m for m in self.members.of_attempt(self.member.job_id, self.member.attempt) if m.node_rank == 0), None
+        )
+        if (
+            node0 is None
+            or node0.host_address is None
+            or node0.rendezvous_port is None
+            or self.member.host_address is None
+        ):
             return None
         rundir = RunDir(run_dir)
         try:
             spec = JobSpec.model_validate_json(rundir.spec.read_text())
             plan_file = read_plan(run_dir)
         except (OSError, ValidationError) as exc:
-            log.error("job %s: node %d cannot read node 0's launch files: %s", self.member.job_id, self.member.node_rank, exc)
+            log.error(
+                "job %s: node %d cannot read node 0's launch files: %s", self.member.job_id, self.member.node_rank, exc
+            )
             return None
         plan = NodePlan(self.member.job_id, self.member.attempt, self.member.node_rank, self.nodes,
                         node0.host_address, node0.rendezvous_port, self.member.host_address)  # fmt: skip
@@ -117,8 +126,9 @@ class MemberRun:
         if plan_file.resume_from is not None:
             command += ["--resume-from", plan_file.resume_from]
         node_dir = run_dir / "nodes" / f"node-{self.member.node_rank}"
-        environment = node_environment(build_environment(spec, self.context.settings, gpus=self.context.gpus),
-                                       self.member.host_address)
+        environment = node_environment(
+            build_environment(spec, self.context.settings, gpus=self.context.gpus), self.member.host_address
+        )
         if not self.members.mark_running(self.member.id):
             return None
         self.process = start_run(command, node_dir, environment, pass_fds=self.context.gpu_lock_fds)

@@ -75,7 +75,9 @@ def nvidia_smi_gpus(timeout_s: float = PROBE_TIMEOUT_S) -> list[int] | None:
     return sorted(int(index) for index in _NVIDIA_SMI_LINE.findall(result.stdout))
 
 
-def torch_gpus(timeout_s: float = PROBE_TIMEOUT_S, device_nodes: tuple[str, ...] = GPU_DEVICE_NODES) -> list[int] | None:
+def torch_gpus(
+    timeout_s: float = PROBE_TIMEOUT_S, device_nodes: tuple[str, ...] = GPU_DEVICE_NODES
+) -> list[int] | None:
     """``range(torch.cuda.device_count())`` computed in a subprocess; ``None`` if that fails.
 
     A host without any GPU driver device node (``device_nodes``) has no GPUs: ``[]`` at

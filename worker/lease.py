@@ -37,7 +37,9 @@ RETRY_S = 1.0
 class Lease:
     """The lease of one claimed attempt (taken by the claim at ``clock()`` time of construction)."""
 
-    def __init__(self, store: JobStore, fence: Fence, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, store: JobStore, fence: Fence, ttl_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.store = store
         self.fence = fence
         self.ttl_s = ttl_s

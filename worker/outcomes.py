@@ -68,14 +68,22 @@ class Outcome:
 def ended_outcome(end: EndRecord, max_steps: int | None = None) -> Outcome:
     """The outcome of a run that wrote its ``end`` record: ``succeeded`` only if it applied an update and
     attempted ``max_steps`` steps (when given) or stopped early at the step its record counts."""
-    if max_steps is not None and end.steps < max_steps and (end.stopped_early is None or end.stopped_early.step != end.steps):
-        message = (f"the run's end record counts {end.steps} of {max_steps} steps without saying early stopping "
-                   "ended it there (stopped_early)")
+    if (
+        max_steps is not None
+        and end.steps < max_steps
+        and (end.stopped_early is None or end.stopped_early.step != end.steps)
+    ):
+        message = (
+            f"the run's end record counts {end.steps} of {max_steps} steps without saying early stopping "
+            "ended it there (stopped_early)"
+        )
         return Outcome(JobStatus.FAILED, FailureReason.RANK_FAILED, message)
     if end.applied > 0:
         return Outcome(JobStatus.SUCCEEDED)
-    message = (f"the run ended without applying any update: its end record counts {end.steps} attempted steps, "
-               f"{end.skipped_steps} skipped" + ("" if end.applied_steps is None else f", {end.applied_steps} applied"))
+    message = (
+        f"the run ended without applying any update: its end record counts {end.steps} attempted steps, "
+        f"{end.skipped_steps} skipped" + ("" if end.applied_steps is None else f", {end.applied_steps} applied")
+    )
     return Outcome(JobStatus.FAILED, FailureReason.NO_UPDATE_APPLIED, message)
 
 
@@ -108,7 +116,9 @@ def exit_outcome(
             return Outcome(JobStatus.FAILED, reason, with_tail(f"the trainer {what}: {explanation}", label, tail))
     if oom_killed and (code == -signal.SIGKILL or RANK_SIGKILLED.search(scan)):
         explanation = "a rank was killed with SIGKILL while the kernel's OOM killer was active"
-        return Outcome(JobStatus.FAILED, FailureReason.OOM, with_tail(f"the trainer {what}: {explanation}", label, tail))
+        return Outcome(
+            JobStatus.FAILED, FailureReason.OOM, with_tail(f"the trainer {what}: {explanation}", label, tail)
+        )
     return Outcome(JobStatus.FAILED, FailureReason.RANK_FAILED, with_tail(f"the trainer {what}", label, tail))
 
 

@@ -56,7 +56,9 @@ class Reaper:
                 log.exception("reaper: could not recover job %s", lease.job_id)
                 continue
             if resolution is not None:
-                log.warning("reaper: job %s (attempt %d of %s) %s", lease.job_id, lease.attempt, lease.owner, resolution)
+                log.warning(
+                    "reaper: job %s (attempt %d of %s) %s", lease.job_id, lease.attempt, lease.owner, resolution
+                )
                 done[lease.job_id] = resolution
         return done
 

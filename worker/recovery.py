@@ -46,7 +46,9 @@ DEFAULT_MAX_ATTEMPTS = 3
 Resolution = Literal["requeued", "failed", "cancelled"]
 #: The status a job resolved so gets.
 RESOLVED_STATUS: dict[Resolution, JobStatus] = {
-    "requeued": JobStatus.QUEUED, "failed": JobStatus.FAILED, "cancelled": JobStatus.CANCELLED,
+    "requeued": JobStatus.QUEUED,
+    "failed": JobStatus.FAILED,
+    "cancelled": JobStatus.CANCELLED,
 }
 #: Sends a job id to the workers (``halfcast.run_job``); raises when the broker refuses it.
 Enqueue = Callable[[str], None]
@@ -182,7 +184,8 @@ def _counted_attempts(conn: Connection, job_id: str, attempt: int, reason: str) 
     restarted service must not use up a job's retries.
     """
     earlier = conn.execute(
-        select(func.count()).select_from(Attempt)
+        select(func.count())
+        .select_from(Attempt)
         .where(Attempt.job_id == job_id, Attempt.attempt < attempt, Attempt.reason.in_(UNCOUNTED_REASONS))
     ).scalar_one()
     return attempt - int(earlier) - (1 if reason in UNCOUNTED_REASONS else 0)

@@ -39,17 +39,17 @@ from server.settings import Settings
 from trainer.spec import JobSpec
 from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
 from worker.deadline import Deadline
+from worker.ingest import end_info, ingest, parse_lines
 from worker.launch import RunProcess, build_command, build_environment, start_run
-from worker.warm.pool import WarmPool
 from worker.lease import Lease
 from worker.oomwatch import oom_kill_count
-from worker.ingest import end_info, ingest, parse_lines
 from worker.outcomes import Outcome, ended_outcome, exit_outcome
 from worker.reasons import RETRY_POLICY
-from worker.registered_inputs import RefError, resolve_inputs
 from worker.recovery import Enqueue, Recovery
+from worker.registered_inputs import RefError, resolve_inputs
 from worker.store import Claim, JobStore, Progress
 from worker.tail import RecordTail, step_records_up_to
+from worker.warm.pool import WarmPool
 
 __all__ = ["Attempt", "Outcome", "RunnerContext", "run_job"]
 
@@ -139,7 +139,9 @@ class Attempt:
         ``worker_error`` (after the run is stopped), and the outcome is written even
         when a ``BaseException`` propagates.
         """
-        outcome = Outcome(JobStatus.FAILED, FailureReason.WORKER_ERROR, "the worker stopped supervising the job unexpectedly")
+        outcome = Outcome(
+            JobStatus.FAILED, FailureReason.WORKER_ERROR, "the worker stopped supervising the job unexpectedly"
+        )
         try:
             outcome = self._run()
         except Exception as exc:
@@ -190,7 +192,9 @@ class Attempt:
         except RefError as exc:
             return Outcome("failed", exc.reason, f"{exc.message} (it was deleted after the job was submitted)")
         except ValidationError as exc:
-            return Outcome(JobStatus.FAILED, FailureReason.SPEC_INVALID, f"the stored spec does not validate on the worker:\n{exc}")
+            return Outcome(
+                JobStatus.FAILED, FailureReason.SPEC_INVALID, f"the stored spec does not validate on the worker:\n{exc}"
+            )
         self.rundir.logs.mkdir(parents=True, exist_ok=True)
         self.rundir.spec.write_text(spec.model_dump_json(indent=2))
         self.max_steps = spec.max_steps
@@ -208,7 +212,9 @@ class Attempt:
             job_dir = self.context.settings.runs_dir / self.claim.job_id
             found = retry_checkpoint(job_dir, self.claim.attempt, spec.max_steps)
             checkpoint, step = found if found is not None else (None, 0)
-            log.info("job %s: attempt %d resumes from %s", self.claim.job_id, self.claim.attempt, checkpoint or "the start")
+            log.info(
+                "job %s: attempt %d resumes from %s", self.claim.job_id, self.claim.attempt, checkpoint or "the start"
+            )
             if checkpoint is not None:
                 self._backfill(checkpoint, step)
             if not self.store.rewind(self.fence, step):
@@ -246,9 +252,13 @@ class Attempt:
             if self._tolerant(lambda: self.store.cancel_requested(self.claim.job_id), False):
                 return self._stop_for(Outcome(JobStatus.CANCELLED, None, "cancelled by request"))
             if self.context.shutdown.is_set():
-                return self._stop_for(Outcome(JobStatus.FAILED, FailureReason.WORKER_SHUTDOWN, "the worker shut down while the job ran"))
+                return self._stop_for(
+                    Outcome(JobStatus.FAILED, FailureReason.WORKER_SHUTDOWN, "the worker shut down while the job ran")
+                )
             if self.deadline.passed():
-                return self._stop_for(Outcome(JobStatus.FAILED, FailureReason.DEADLINE_EXCEEDED, self.deadline.message()))
+                return self._stop_for(
+                    Outcome(JobStatus.FAILED, FailureReason.DEADLINE_EXCEEDED, self.deadline.message())
+                )
             self.context.shutdown.wait(poll_s)
 
     # Hooks of a multi-node job's node 0 (worker.gang_attempt.Node0Attempt); a one-node attempt has no peers.
@@ -301,7 +311,9 @@ class Attempt:
             result = action()
         except DBAPIError as exc:
             if self.database_error is None:
-                log.warning("job %s: database unreachable; the run goes on while the lease holds: %s", self.claim.job_id, exc)
+                log.warning(
+                    "job %s: database unreachable; the run goes on while the lease holds: %s", self.claim.job_id, exc
+                )
             self.database_error = str(exc)
             return default
         if self.database_error is not None:
@@ -360,7 +372,12 @@ class Attempt:
         """Record the outcome: a retryable failure goes through the retry policy; nothing if the lease is lost."""
         job_id = self.claim.job_id
         if self.lease.lost:
-            log.warning("job %s: attempt %d no longer owns the job; outcome %s not recorded", job_id, self.claim.attempt, outcome.status)
+            log.warning(
+                "job %s: attempt %d no longer owns the job; outcome %s not recorded",
+                job_id,
+                self.claim.attempt,
+                outcome.status,
+            )
             return
         message = outcome.message[-MAX_MESSAGE_CHARS:] if outcome.message else outcome.message
         try:
@@ -371,7 +388,9 @@ class Attempt:
         if done:
             log.info("job %s: %s", job_id, what)
         else:
-            log.warning("job %s: no longer owned by attempt %d; outcome %s not recorded", job_id, self.claim.attempt, what)
+            log.warning(
+                "job %s: no longer owned by attempt %d; outcome %s not recorded", job_id, self.claim.attempt, what
+            )
 
     def _record(self, outcome: Outcome, message: str | None) -> tuple[bool, str]:
         """Write the outcome once (fenced); return whether it was written and what it was."""

@@ -103,7 +103,12 @@ class JobStore:
             yield conn
 
     def claim(
-        self, job_id: str, worker_id: str, runs_dir: Path, lease_ttl_s: float = 30.0, gpus: Sequence[int] = (),
+        self,
+        job_id: str,
+        worker_id: str,
+        runs_dir: Path,
+        lease_ttl_s: float = 30.0,
+        gpus: Sequence[int] = (),
         status: str = "starting",
     ) -> Claim | None:
         """Move a ``queued`` job to ``starting`` for ``worker_id`` with a lease; ``None`` if it is not queued.
@@ -149,7 +154,9 @@ class JobStore:
     def mark_running(self, fence: Fence) -> bool:
         """``starting`` → ``running`` for this attempt; ``False`` if the status moved on."""
         with self.begin() as conn:
-            return compare_and_set(conn, fence.job_id, Expected.fenced(fence, {JobStatus.STARTING}), to=JobStatus.RUNNING)
+            return compare_and_set(
+                conn, fence.job_id, Expected.fenced(fence, {JobStatus.STARTING}), to=JobStatus.RUNNING
+            )
 
     def record_progress(self, fence: Fence, progress: Progress) -> bool:
         """Store new step and evaluation records (insert-or-ignore); update ``step``/``latest``/``eval``/``world_size``/``startup``.

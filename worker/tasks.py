@@ -37,8 +37,8 @@ from server.db.members import GatheringJob, Members
 from server.settings import Settings
 from worker.acks import acknowledge
 from worker.broker_watch import BrokerWatch, queued_job_ids, redis_marker_store
-from worker.gpu_locks import GpuLocks
 from worker.gang_entry import HAND_BACK_PAUSE_S, GangEntry
+from worker.gpu_locks import GpuLocks
 from worker.gpus import discover_gpus
 from worker.holds import MessageHolds
 from worker.placement import Placer, SlotUnavailable
@@ -46,9 +46,9 @@ from worker.reaper import Reaper
 from worker.recovery import Recovery
 from worker.registry import Heartbeat, WorkerInfo, WorkerRegistry
 from worker.runner import RunnerContext, run_job
-from worker.warm.pool import WarmPool
 from worker.slots import Placement, Slots
 from worker.store import JobStore
+from worker.warm.pool import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,9 @@ class WorkerRuntime:
         """This worker's identity, the owner of its leases: ``<hostname>/<pid>``."""
         return f"{hostname or 'worker'}/{os.getpid()}"
 
-    def context(self, hostname: str | None, task_id: str | None = None, placement: Placement | None = None) -> RunnerContext:
+    def context(
+        self, hostname: str | None, task_id: str | None = None, placement: Placement | None = None
+    ) -> RunnerContext:
         """A runner context for one task in ``placement``; its message is acknowledged once the job is claimed."""
         return RunnerContext(
             settings=self.settings,
@@ -124,7 +126,9 @@ class WorkerRuntime:
             if self._slots is None:
                 gpus = discover_gpus(self.settings.worker_gpus)
                 log.info("GPUs for jobs: %s; CPU jobs at once: %d", gpus or "none", self.settings.worker_concurrency)
-                self._slots = Slots(self.settings.worker_concurrency, GpuLocks(self.settings.resolved_gpu_lock_dir, gpus))
+                self._slots = Slots(
+                    self.settings.worker_concurrency, GpuLocks(self.settings.resolved_gpu_lock_dir, gpus)
+                )
             return self._slots
 
     def placer(self) -> Placer:
@@ -220,8 +224,9 @@ def register_tasks(app: Celery) -> Task:
                 log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
                 return None
             with placement:
-                outcome = runtime.gangs().run_queued(job_id, runtime.context(self.request.hostname, self.request.id, placement),
-                                                     run_job)
+                outcome = runtime.gangs().run_queued(
+                    job_id, runtime.context(self.request.hostname, self.request.id, placement), run_job
+                )
         except SlotUnavailable as exc:
             log.info("%s: handing the message back to the queue", exc)
             raise _hand_back(self, runtime, job_id, worker_id, exc, countdown=0) from exc
@@ -246,7 +251,9 @@ def _join_gang(task: Task, runtime: WorkerRuntime, job_id: str, gang: GatheringJ
         task.retry(countdown=0, throw=False)
     placement = runtime.slots().try_place(gang.gpus)
     try:
-        status = runtime.gangs().join(gang, runtime.context(task.request.hostname, task.request.id, placement), placement)
+        status = runtime.gangs().join(
+            gang, runtime.context(task.request.hostname, task.request.id, placement), placement
+        )
     finally:
         if placement is not None:
             placement.release()

@@ -7,8 +7,7 @@ import json
 import sys
 
 # ``add_api_command`` gives the command the shared --url/--timeout/--token options and error reporting.
-from server.cli.jobs import add_api_command
-from server.cli.jobs import client_for, format_time, write_json
+from server.cli.jobs import add_api_command, client_for, format_time, write_json
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -254,7 +254,9 @@ def describe(job: JobPublic) -> list[tuple[str, str]]:
                   ("updates", _updates_text(job, latest)),
                   ("samples/s", format_number(latest.samples_per_second, 5))]  # fmt: skip
     if job.eval is not None:
-        shown = [(k, v) for k, v in job.eval.model_dump(exclude_unset=True).items() if k not in ("time", "type")]  # as the API sent it
+        shown = [
+            (k, v) for k, v in job.eval.model_dump(exclude_unset=True).items() if k not in ("time", "type")
+        ]  # as the API sent it
         lines.append(("eval", ", ".join(f"{k} {format_number(v)}" for k, v in shown)))
     if job.error:
         lines.append(("error", f"{job.error.reason}: {job.error.message}"))
@@ -282,8 +284,7 @@ def _precision_text(job: JobPublic) -> str:
     if not switches:
         return str(job.spec["precision"])
     last = switches[-1]
-    return (f"{last.from_} -> {last.to} at step {last.step} "
-            f"({last.reason}; rewound to step {last.rewound_to_step})")
+    return f"{last.from_} -> {last.to} at step {last.step} ({last.reason}; rewound to step {last.rewound_to_step})"
 
 
 def run_watch(args: argparse.Namespace) -> int:

@@ -17,8 +17,19 @@ from sqlalchemy.orm import Session
 from server.db.models import AuditEvent, utcnow
 
 #: The audited actions.
-ACTIONS = ("job.create", "job.cancel", "job.requeue", "token.create", "token.revoke", "quota.set", "quota.clear",
-           "dataset.create", "dataset.delete", "model.create", "model.delete")
+ACTIONS = (
+    "job.create",
+    "job.cancel",
+    "job.requeue",
+    "token.create",
+    "token.revoke",
+    "quota.set",
+    "quota.clear",
+    "dataset.create",
+    "dataset.delete",
+    "model.create",
+    "model.delete",
+)
 
 
 @dataclass(frozen=True)
@@ -33,7 +44,9 @@ class InvalidAuditCursor(ValueError):
     """A cursor that :func:`list_events` did not produce."""
 
 
-def add_event(session: Session, actor: str, action: str, subject: str, details: dict[str, Any] | None = None) -> AuditEvent:
+def add_event(
+    session: Session, actor: str, action: str, subject: str, details: dict[str, Any] | None = None
+) -> AuditEvent:
     """Add (not commit) an audit event stamped now (UTC). Raises ``ValueError`` for an unknown ``action``."""
     if action not in ACTIONS:
         raise ValueError(f"unknown audit action {action!r}")
@@ -42,7 +55,9 @@ def add_event(session: Session, actor: str, action: str, subject: str, details: 
     return event
 
 
-def record(session: Session, actor: str, action: str, subject: str, details: dict[str, Any] | None = None) -> AuditEvent:
+def record(
+    session: Session, actor: str, action: str, subject: str, details: dict[str, Any] | None = None
+) -> AuditEvent:
     """Add an audit event and commit it (see :func:`add_event`)."""
     event = add_event(session, actor, action, subject, details)
     session.commit()

@@ -277,9 +277,7 @@ def list_jobs(
         query = query.where(Job.status == status)
     if cursor is not None:
         created, job_id = decode_cursor(cursor)
-        query = query.where(
-            or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id))
-        )
+        query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id)))
     jobs = list(session.scalars(query))
     if len(jobs) <= limit:
         return JobPage(jobs, None)

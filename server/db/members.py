@@ -19,11 +19,11 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from common.timeutil import as_utc
 from contracts.status import OPEN_MEMBER_STATUSES, JobStatus, MemberStatus
 from server.db.engine import WRITE_TRANSACTION
 from server.db.models import Attempt, Job, JobMember, utcnow
 from server.db.transitions import Expected, compare_and_set
-from common.timeutil import as_utc
 
 #: The open statuses as the column stores them.
 OPEN: tuple[str, ...] = tuple(sorted(status.value for status in OPEN_MEMBER_STATUSES))
@@ -90,7 +90,9 @@ class Members:
 
     # ------------------------------------------------------------------ joining and leaving
 
-    def open_node0(self, job_id: str, attempt: int, worker_id: str, host: str, port: int, ttl_s: float) -> Member | None:
+    def open_node0(
+        self, job_id: str, attempt: int, worker_id: str, host: str, port: int, ttl_s: float
+    ) -> Member | None:
         """Node 0's membership of the attempt it claimed; ``None`` if this worker already holds an open one."""
         return self._insert(job_id, attempt, 0, worker_id, host, port, ttl_s)
 

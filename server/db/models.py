@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
@@ -23,7 +23,7 @@ ATTEMPT_STATUSES: tuple[str, ...] = tuple(member.value for member in status.Atte
 
 def utcnow() -> datetime:
     """Timezone-aware current UTC time."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class Base(DeclarativeBase):
@@ -77,9 +77,7 @@ class Job(Base):
     #: migration 0009); null until the trainer's first one, and cleared by each claim.
     startup: Mapped[dict[str, Any] | None]
 
-    attempts: Mapped[list[Attempt]] = relationship(
-        order_by="Attempt.attempt", lazy="selectin", viewonly=True
-    )
+    attempts: Mapped[list[Attempt]] = relationship(order_by="Attempt.attempt", lazy="selectin", viewonly=True)
     #: The gang memberships of a multi-node job, every attempt's (migration 0012).
     members: Mapped[list[JobMember]] = relationship(
         order_by="(JobMember.attempt, JobMember.node_rank, JobMember.id)", lazy="selectin", viewonly=True

@@ -76,7 +76,9 @@ def _validate(values: dict[str, int | None]) -> None:
             raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
 
 
-def set_quota(session: Session, owner: str, values: dict[str, int | None], *, actor: str, via: str = "cli") -> QuotaLimits:
+def set_quota(
+    session: Session, owner: str, values: dict[str, int | None], *, actor: str, via: str = "cli"
+) -> QuotaLimits:
     """Set the given limits of ``owner``'s override (``None``: back to the default; limits not named are kept).
 
     Audits ``quota.set`` (subject: the owner; details: the values set and the override
@@ -121,4 +123,3 @@ def list_overrides(session: Session) -> list[tuple[str, QuotaLimits]]:
     """Every owner with an override, by owner, with the override (``None``: the default)."""
     rows = session.scalars(select(OwnerQuota).order_by(OwnerQuota.owner))
     return [(row.owner, _row_limits(row)) for row in rows]
-

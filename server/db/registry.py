@@ -87,7 +87,9 @@ def get_model(session: Session, model_id: str) -> RegisteredModel | None:
     return session.get(RegisteredModel, model_id, populate_existing=True)
 
 
-def list_rows(session: Session, table: type[Row], *, owner: str | None, limit: int, cursor: str | None) -> RegisteredPage:
+def list_rows(
+    session: Session, table: type[Row], *, owner: str | None, limit: int, cursor: str | None
+) -> RegisteredPage:
     """Rows of ``table`` newest first (ties by id), of ``owner`` (``None``: everyone's), after ``cursor``.
 
     Raises :class:`InvalidCursor` for a cursor this server did not produce.
@@ -287,7 +289,9 @@ def _delete(session: Session, kind: _Registered, item_id: str, actor: str, layou
     return True
 
 
-def _delete_row(session: Session, kind: _Registered, row: Any, actor: str, layout: RegistryLayout) -> list[tuple[Path, Path]]:
+def _delete_row(
+    session: Session, kind: _Registered, row: Any, actor: str, layout: RegistryLayout
+) -> list[tuple[Path, Path]]:
     """Delete ``row`` with its audit event in the open transaction and trash its files; the moves made."""
     kind.lock(session, row)  # before the row goes: an upload of the same bytes waits
     session.delete(row)

@@ -85,7 +85,9 @@ def list_checkpoints(runs_dir: Path, job_id: str, max_steps: int) -> list[Checkp
     return sorted(found, key=lambda c: (c.attempt, c.final, c.step))
 
 
-def find_checkpoint(runs_dir: Path, job_id: str, name: str, max_steps: int, attempt: int | None = None) -> CheckpointFile | None:
+def find_checkpoint(
+    runs_dir: Path, job_id: str, name: str, max_steps: int, attempt: int | None = None
+) -> CheckpointFile | None:
     """The file ``name`` of ``attempt`` (default: the newest attempt that has one), or ``None``.
 
     Raises:

@@ -26,8 +26,17 @@ from pathlib import Path
 
 from contracts.rundir import ExportKind, JobRuns
 
-__all__ = ["MAX_DEPTH", "MAX_FILES", "Export", "ExportFile", "ExportKind", "UnsafeExport", "find_export", "list_exports",
-           "read_export"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_FILES",
+    "Export",
+    "ExportFile",
+    "ExportKind",
+    "UnsafeExport",
+    "find_export",
+    "list_exports",
+    "read_export",
+]
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +100,16 @@ def _walk(root: Path, folder: Path, depth: int, found: list[ExportFile]) -> None
             info = entry.stat(follow_symlinks=False)
             if stat.S_ISDIR(info.st_mode):
                 if depth >= MAX_DEPTH:
-                    raise UnsafeExport(f"{_checked_name(root, entry.path)} is nested more than {MAX_DEPTH} directories deep")
+                    raise UnsafeExport(
+                        f"{_checked_name(root, entry.path)} is nested more than {MAX_DEPTH} directories deep"
+                    )
                 _walk(root, Path(entry.path), depth + 1, found)
             elif stat.S_ISREG(info.st_mode):
                 if len(found) >= MAX_FILES:
                     raise UnsafeExport(f"more than {MAX_FILES} files")
-                found.append(ExportFile(_checked_name(root, entry.path), info.st_size, int(info.st_mtime), Path(entry.path)))
+                found.append(
+                    ExportFile(_checked_name(root, entry.path), info.st_size, int(info.st_mtime), Path(entry.path))
+                )
             else:
                 raise UnsafeExport(f"{_checked_name(root, entry.path)} is not a regular file or directory")
 

@@ -85,7 +85,9 @@ def _file_chunks(root_fd: int, file: ExportFile) -> Iterator[bytes]:
         while left:
             chunk = handle.read(min(CHUNK_BYTES, left))
             if not chunk:
-                raise ExportChanged(f"{file.name} shrank: only {file.size_bytes - left} of its {file.size_bytes} bytes were there")
+                raise ExportChanged(
+                    f"{file.name} shrank: only {file.size_bytes - left} of its {file.size_bytes} bytes were there"
+                )
             left -= len(chunk)
             yield chunk
         if handle.read(1):

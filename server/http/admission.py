@@ -77,7 +77,9 @@ class Limiter:
             self.active += 1
             return
         if len(self._waiters) >= self.max_waiting:
-            raise self._refuse("queue_full", f"{len(self._waiters)} requests are already waiting (HALFCAST_API_MAX_QUEUE)")
+            raise self._refuse(
+                "queue_full", f"{len(self._waiters)} requests are already waiting (HALFCAST_API_MAX_QUEUE)"
+            )
         waiter = _Waiter()
         self._waiters.append(waiter)
         try:
@@ -88,7 +90,9 @@ class Limiter:
             raise
         if not waiter.granted:
             self._abandon(waiter)
-            raise self._refuse("timeout", f"no place came free within {self.timeout_s:g} s (HALFCAST_API_QUEUE_TIMEOUT_S)")
+            raise self._refuse(
+                "timeout", f"no place came free within {self.timeout_s:g} s (HALFCAST_API_QUEUE_TIMEOUT_S)"
+            )
 
     def release(self) -> None:
         """Give the place back: to the first waiter, else free it."""
@@ -171,9 +175,15 @@ class AdmissionCollector:
 
     def collect(self) -> Iterator[Metric]:
         """The two gauges and the counter."""
-        yield GaugeMetricFamily("halfcast_api_requests_active", "Requests this API process works on", value=self.limiter.active)
-        yield GaugeMetricFamily("halfcast_api_requests_waiting", "Requests waiting for admission", value=self.limiter.waiting)
-        shed = CounterMetricFamily("halfcast_api_requests_shed", "Requests answered 503 by admission control", labels=["reason"])
+        yield GaugeMetricFamily(
+            "halfcast_api_requests_active", "Requests this API process works on", value=self.limiter.active
+        )
+        yield GaugeMetricFamily(
+            "halfcast_api_requests_waiting", "Requests waiting for admission", value=self.limiter.waiting
+        )
+        shed = CounterMetricFamily(
+            "halfcast_api_requests_shed", "Requests answered 503 by admission control", labels=["reason"]
+        )
         for reason in ("queue_full", "timeout"):
             shed.add_metric([reason], self.limiter.shed[reason])
         yield shed

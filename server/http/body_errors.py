@@ -131,7 +131,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         return await http_exception_handler(request, exc)
     if (denied := await unauthorized_response(request)) is not None:
         return denied
-    return AsciiJSONResponse({"detail": [with_field(item, None) for item in _unreadable_body_errors(exc.__cause__)]}, 422)
+    return AsciiJSONResponse(
+        {"detail": [with_field(item, None) for item in _unreadable_body_errors(exc.__cause__)]}, 422
+    )
 
 
 def _unreadable_body_errors(cause: BaseException) -> list[dict[str, Any]]:

@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 class ApiError(Exception):
     """An error answered as ``ErrorBody`` JSON with ``status_code``."""
 
-    def __init__(self, status_code: int, detail: str, *, job_id: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status_code: int, detail: str, *, job_id: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(detail)
         self.status_code = status_code
         self.body = ErrorBody(detail=redact_urls(detail), job_id=job_id)

@@ -107,7 +107,9 @@ def _child(schema: Mapping[str, Any], segment: Segment) -> Mapping[str, Any] | N
     return None
 
 
-def _tagged_union(schema: Mapping[str, Any], loc: tuple[Segment, ...], defs: Mapping[str, Any]) -> tuple[list[Segment], bool]:
+def _tagged_union(
+    schema: Mapping[str, Any], loc: tuple[Segment, ...], defs: Mapping[str, Any]
+) -> tuple[list[Segment], bool]:
     """Drop the tag (``mlp``) and go on in the member it names."""
     choice = schema.get("choices", {}).get(loc[0])
     if not isinstance(choice, Mapping):  # the error is at the union itself (union_tag_invalid): loc ends there

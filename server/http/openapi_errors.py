@@ -40,7 +40,7 @@ FIELD_PROPERTY: dict[str, Any] = {
     "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
     "title": "Field",
     "description": "The field inside its source: `loc` without `body`/`query`/`path`/`header` "
-    "and without pydantic's union tags (`[\"model\", \"config\", \"hidden_sizes\"]`)",
+    'and without pydantic\'s union tags (`["model", "config", "hidden_sizes"]`)',
 }
 
 

@@ -33,7 +33,12 @@ from server.db import jobs as repo
 
 #: (metric name, kind, step-record field, help) of the per-job series.
 _JOB_SERIES: tuple[tuple[str, str, str, str], ...] = (
-    ("halfcast_loss_scale", "gauge", "loss_scale", "Loss scale used for the latest optimizer step (1.0 without scaling)"),
+    (
+        "halfcast_loss_scale",
+        "gauge",
+        "loss_scale",
+        "Loss scale used for the latest optimizer step (1.0 without scaling)",
+    ),
     ("halfcast_skipped_steps", "counter", "skipped_steps", "Optimizer steps skipped because gradients overflowed"),
     ("halfcast_optimizer_steps", "counter", "step", "Attempted optimizer steps (skipped steps included)"),
     ("halfcast_samples_per_second", "gauge", "samples_per_second", "Training throughput in samples per second"),

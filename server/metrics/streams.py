@@ -25,6 +25,7 @@ class StreamCollector:
         yield GaugeMetricFamily(f"{name}s", f"Open job {self.kind} streams (SSE)", value=self.stats.active)
         yield CounterMetricFamily(f"{name}_polls", f"Polls made by job {self.kind} streams", value=self.stats.polls)
         yield CounterMetricFamily(
-            f"{name}_reads", f"Database reads made for job {self.kind} streams (polls of one job at one tick share one)",
+            f"{name}_reads",
+            f"Database reads made for job {self.kind} streams (polls of one job at one tick share one)",
             value=self.stats.shared.reads,
         )

@@ -13,7 +13,7 @@ bounded by the workers of the last few minutes):
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -26,10 +26,15 @@ from server.db.workers import WorkerState, list_workers
 def worker_families(workers: Iterable[WorkerState]) -> Iterator[Metric]:
     """The four per-worker families for ``workers``."""
     up = GaugeMetricFamily("halfcast_worker_up", "1 if the worker's heartbeat is recent, else 0", labels=["worker_id"])
-    heartbeat = GaugeMetricFamily("halfcast_worker_last_heartbeat_timestamp_seconds",
-                                  "Unix time of the worker's last heartbeat", labels=["worker_id"])
+    heartbeat = GaugeMetricFamily(
+        "halfcast_worker_last_heartbeat_timestamp_seconds",
+        "Unix time of the worker's last heartbeat",
+        labels=["worker_id"],
+    )
     gpus = GaugeMetricFamily("halfcast_worker_gpus", "GPUs the worker may hand to jobs", labels=["worker_id"])
-    running = GaugeMetricFamily("halfcast_worker_running_jobs", "Jobs of the worker not yet terminal", labels=["worker_id"])
+    running = GaugeMetricFamily(
+        "halfcast_worker_running_jobs", "Jobs of the worker not yet terminal", labels=["worker_id"]
+    )
     for worker in workers:
         labels = [worker.row.id]
         up.add_metric(labels, 1.0 if worker.live else 0.0)
@@ -54,5 +59,5 @@ class WorkerMetricsCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         """Current per-worker series."""
         with self._session_factory() as session:
-            workers = list_workers(session, datetime.now(timezone.utc), self._live_s, self._forget_s)
+            workers = list_workers(session, datetime.now(UTC), self._live_s, self._forget_s)
         return list(worker_families(workers))

@@ -15,7 +15,6 @@ from trainer.data.jsonl.formats import ClassificationExample, LabelCheck, parse_
 from trainer.data.jsonl.rows import RowError, rows_of
 from trainer.errors import TrainerError
 
-
 #: Longest line of an uploaded file (the check reads line by line: a file without newlines is refused, not held whole).
 MAX_LINE_BYTES = 64 << 20
 

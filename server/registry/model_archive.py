@@ -42,7 +42,9 @@ def _normal_name(member: tarfile.TarInfo) -> str:
     """The entry's name without a leading ``./`` or trailing ``/``; :class:`ArchiveRejected` for an unsafe one."""
     raw = member.name
     if not raw.isprintable() or "\\" in raw or len(raw) > MAX_NAME_CHARS:
-        raise ArchiveRejected(f"entry {raw!r}: the name must be printable, without backslashes, at most {MAX_NAME_CHARS} characters", raw)
+        raise ArchiveRejected(
+            f"entry {raw!r}: the name must be printable, without backslashes, at most {MAX_NAME_CHARS} characters", raw
+        )
     if raw.startswith("/"):
         raise ArchiveRejected(f"entry {raw!r}: absolute names are refused", raw)
     name = raw
@@ -61,7 +63,9 @@ def _check_kind(member: tarfile.TarInfo, name: str) -> None:
     if member.issym() or member.islnk():
         raise ArchiveRejected(f"entry {name!r}: links are refused", name)
     if not (member.isreg() or member.isdir()) or member.issparse():
-        raise ArchiveRejected(f"entry {name!r}: only regular files and directories are accepted (no devices, FIFOs)", name)
+        raise ArchiveRejected(
+            f"entry {name!r}: only regular files and directories are accepted (no devices, FIFOs)", name
+        )
     if member.isreg() and PurePosixPath(name).suffix.lower() in PICKLE_SUFFIXES:
         raise ArchiveRejected(f"entry {name!r}: pickle files are refused (use *.safetensors weights)", name)
 

@@ -95,7 +95,9 @@ def _model_type(files: dict[str, Path]) -> str:
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in REGISTRY_MODEL_TYPES:
         supported = ", ".join(sorted(REGISTRY_MODEL_TYPES))
-        raise ArchiveRejected(f"{CONFIG_FILE}: model_type {model_type!r} is not supported (supported: {supported})", CONFIG_FILE)
+        raise ArchiveRejected(
+            f"{CONFIG_FILE}: model_type {model_type!r} is not supported (supported: {supported})", CONFIG_FILE
+        )
     for name in (CONFIG_FILE, TOKENIZER_CONFIG_FILE):
         data = config if name == CONFIG_FILE else (_json_object(files[name], name) if name in files else {})
         problem = remote_code_problem(data, name)

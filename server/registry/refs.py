@@ -72,7 +72,12 @@ def names_registered_inputs(spec: dict[str, Any]) -> bool:
 
 def _fill_dataset(executor: Executor, config: dict[str, Any], visible: Visible) -> None:
     dataset_id = config["dataset_id"]
-    columns = (RegisteredDataset.owner, RegisteredDataset.format, RegisteredDataset.file_format, RegisteredDataset.sha256)
+    columns = (
+        RegisteredDataset.owner,
+        RegisteredDataset.format,
+        RegisteredDataset.file_format,
+        RegisteredDataset.sha256,
+    )
     row = executor.execute(select(*columns).where(RegisteredDataset.id == dataset_id)).one_or_none()
     if row is None or not visible(row.owner):
         msg = f"no registered dataset {dataset_id}"

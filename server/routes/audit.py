@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from fastapi.exceptions import RequestValidationError
 
-from contracts.access import AuditAction, AuditEventPublic, AuditList
 from common.timeutil import as_utc
+from contracts.access import AuditAction, AuditEventPublic, AuditList
 from server.auth import require_admin
 from server.db import audit
 from server.db.models import AuditEvent

@@ -65,7 +65,9 @@ def download_checkpoint(
     request: Request,
     principal: PrincipalDep,
     name: Annotated[str, Path(pattern=CHECKPOINT_NAME, description="`final.pt` or `step-<N>.pt`")],
-    attempt: Annotated[int | None, Query(ge=1, le=10**9, description="Attempt (default: the newest that has the file)")] = None,
+    attempt: Annotated[
+        int | None, Query(ge=1, le=10**9, description="Attempt (default: the newest that has the file)")
+    ] = None,
 ) -> Response:
     """The checkpoint file ``name`` (``torch.load(path, weights_only=True)`` reads it); HEAD: its headers only.
 

@@ -120,7 +120,9 @@ def _checked_rows(staged: FilePath, name: str, file_format: str, fmt: str) -> in
 def _store(request: Request, row: RegisteredDataset, staged: FilePath, settings: Settings) -> DatasetPublic:
     with request.app.state.session_factory() as session:
         try:
-            stored = repo.create_dataset(session, row, staged, RegistryLayout(settings.registry_dir), default_limits(settings))
+            stored = repo.create_dataset(
+                session, row, staged, RegistryLayout(settings.registry_dir), default_limits(settings)
+            )
         except QuotaExceeded as exc:
             raise QuotaApiError(exc) from None
         return dataset_public(stored)
@@ -150,7 +152,9 @@ def get_dataset(dataset_id: DatasetId, session: SessionDep, principal: Principal
     response_class=Response,
     responses={**_NOT_FOUND, 409: {"model": ErrorBody, "description": "A job that has not ended uses it"}},
 )
-def delete_dataset(dataset_id: DatasetId, session: SessionDep, settings: SettingsDep, principal: PrincipalDep) -> Response:
+def delete_dataset(
+    dataset_id: DatasetId, session: SessionDep, settings: SettingsDep, principal: PrincipalDep
+) -> Response:
     """Delete the dataset (its file too, unless another registered dataset has the same bytes)."""
     delete_visible(session, repo.RegisteredKind.DATASET, dataset_id, settings, principal)
     return Response(status_code=204)

@@ -22,6 +22,7 @@ from server.streams.stats import EventStreamSettings, StreamStats
 
 router = APIRouter(prefix="/jobs", tags=["events"], dependencies=[Depends(authenticate)])
 
+
 def install(app: FastAPI, settings: EventStreamSettings | None = None) -> None:
     """Add the events route to ``app`` and its stream bookkeeping (``app.state.event_streams``)."""
     app.state.event_streams = StreamStats(settings or EventStreamSettings())
@@ -37,7 +38,10 @@ def _stream_stats(request: Request) -> StreamStats:
     "/{job_id}/events",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "SSE: `status`, `step` (id = step), `eval`, `rewind` events"},
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "SSE: `status`, `step` (id = step), `eval`, `rewind` events",
+        },
         404: {"model": ErrorBody, "description": "Unknown job"},
     },
 )
@@ -45,7 +49,9 @@ def job_event_stream(
     job_id: str,
     request: Request,
     principal: PrincipalDep,
-    after_step: Annotated[int, Query(ge=0, le=MAX_STEP_NUMBER, description="Send step records with step > after_step")] = 0,
+    after_step: Annotated[
+        int, Query(ge=0, le=MAX_STEP_NUMBER, description="Send step records with step > after_step")
+    ] = 0,
     last_event_id: Annotated[
         str | None,
         Header(alias="Last-Event-ID", pattern=r"^\d{1,18}$", description="Resume after this step (set by EventSource)"),

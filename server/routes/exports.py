@@ -58,7 +58,9 @@ def download_export(
     request: Request,
     principal: PrincipalDep,
     kind: Annotated[ExportKind, Path(description="`adapter` or `model`")],
-    attempt: Annotated[int | None, Query(ge=1, le=10**9, description="Attempt (default: the newest that has it)")] = None,
+    attempt: Annotated[
+        int | None, Query(ge=1, le=10**9, description="Attempt (default: the newest that has it)")
+    ] = None,
 ) -> Response:
     """The export ``kind`` as an uncompressed tar of ``<kind>/<file>`` entries (extract with ``tar -xf``)."""
     job = visible_job_for_files(request, job_id, principal)

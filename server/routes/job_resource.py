@@ -30,7 +30,9 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 CACHE_CONTROL = "private, no-cache"
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"headers": {"ETag": {"description": "Strong tag of this state of the resource", "schema": {"type": "string"}}}},
+    200: {
+        "headers": {"ETag": {"description": "Strong tag of this state of the resource", "schema": {"type": "string"}}}
+    },
     304: {"description": "Not modified: `If-None-Match` holds the current `ETag` (no body)"},
     401: {"model": ErrorBody, "description": "No token, or a malformed, unknown or revoked one"},
     404: {"model": ErrorBody, "description": "Unknown job"},

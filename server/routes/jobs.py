@@ -153,7 +153,9 @@ def _record_enqueue_failure(session: Session, job_id: str, exc: Exception) -> No
     log.exception("could not enqueue job %s", job_id)
     message = f"could not send the job to the broker: {type(exc).__name__}: {exc}"
     if repo.mark_enqueue_failed(session, job_id, message):
-        raise ApiError(503, f"job {job_id} could not be queued ({message})", job_id=job_id, headers={"Retry-After": "5"})
+        raise ApiError(
+            503, f"job {job_id} could not be queued ({message})", job_id=job_id, headers={"Retry-After": "5"}
+        )
     log.warning("job %s left 'queued' despite the enqueue error; keeping it", job_id)
 
 
@@ -181,7 +183,9 @@ def get_job_metrics(
     job_id: str,
     session: SessionDep,
     principal: PrincipalDep,
-    after_step: Annotated[int, Query(ge=0, le=MAX_STEP_NUMBER, description="Return records with step > after_step")] = 0,
+    after_step: Annotated[
+        int, Query(ge=0, le=MAX_STEP_NUMBER, description="Return records with step > after_step")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> MetricsPage:
     """Step records of the job in step order."""

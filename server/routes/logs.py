@@ -45,7 +45,6 @@ def _query_error(name: str, message: str, value: object) -> RequestValidationErr
     return RequestValidationError([{"type": "value_error", "loc": ("query", name), "msg": message, "input": value}])
 
 
-
 def _check(job: Job, rank: int, attempt: int | None, follow: bool) -> None:
     """422 for a rank or attempt the job does not have; 409/404 for a job that never ran (unless following)."""
     if rank >= job.world_size:
@@ -59,7 +58,10 @@ def _check(job: Job, rank: int, attempt: int | None, follow: bool) -> None:
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"text/event-stream": {}}, "description": "`LogLines` JSON; with `follow=true`, SSE: `attempt`, `lines`, `end`"},
+    200: {
+        "content": {"text/event-stream": {}},
+        "description": "`LogLines` JSON; with `follow=true`, SSE: `attempt`, `lines`, `end`",
+    },
     404: {"model": ErrorBody, "description": "Unknown job, or a job that ended without ever starting"},
     409: {"model": ErrorBody, "description": "The job has not started yet (not with `follow=true`: that waits)"},
 }
@@ -71,7 +73,9 @@ def job_logs(
     request: Request,
     principal: PrincipalDep,
     rank: Annotated[int, Query(ge=0, description="Global rank (0..world_size-1)")] = 0,
-    tail: Annotated[int, Query(ge=0, le=MAX_TAIL, description="Last lines to return (to start with, when following)")] = DEFAULT_TAIL,
+    tail: Annotated[
+        int, Query(ge=0, le=MAX_TAIL, description="Last lines to return (to start with, when following)")
+    ] = DEFAULT_TAIL,
     attempt: Annotated[int | None, Query(ge=1, description="Attempt (1-based); default the newest")] = None,
     follow: Annotated[bool, Query(description="Stream new lines (SSE) until the job ends")] = False,
 ) -> LogLines | StreamingResponse:

@@ -114,7 +114,9 @@ def _row(owner: str, name: str, summary: ModelSummary, job_id: str | None) -> Re
                            created_at=utcnow())  # fmt: skip
 
 
-def _store(request: Request, row: RegisteredModel, tree: FilePath, settings: Settings, actor: str, via: str) -> ModelPublic:
+def _store(
+    request: Request, row: RegisteredModel, tree: FilePath, settings: Settings, actor: str, via: str
+) -> ModelPublic:
     layout = RegistryLayout(settings.registry_dir)
     with request.app.state.session_factory() as session:
         try:
@@ -154,9 +156,6 @@ def delete_model(model_id: ModelId, session: SessionDep, settings: SettingsDep, 
     """Delete the model and its files."""
     delete_visible(session, repo.RegisteredKind.MODEL, model_id, settings, principal)
     return Response(status_code=204)
-
-
-
 
 
 @router.post(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.security.utils import get_authorization_scheme_param
+
 from contracts.access import SessionPublic
 from server.auth import SESSION_COOKIE, PrincipalDep, authenticate
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from server.auth import PrincipalDep, authenticate
-
 from server.db.models import utcnow
 from server.db.workers import list_workers
 from server.deps import SessionDep, SettingsDep

@@ -159,7 +159,9 @@ class _LogFrames:
             out += self._lines(self.current.attempt, read(self.current.follower))
         if finished:
             self.ended = True
-            out.append(frame("end", {"status": state.status, "attempt": self.current.attempt if self.current else None}))
+            out.append(
+                frame("end", {"status": state.status, "attempt": self.current.attempt if self.current else None})
+            )
         return out
 
     @property

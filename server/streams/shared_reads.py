@@ -69,7 +69,9 @@ class SharedReads(Generic[T]):
         value, _ = await self.get_timed(key, read)
         return value
 
-    async def get_timed(self, key: Hashable, read: Callable[[], Awaitable[T]], not_before: float = -math.inf) -> tuple[T, float]:
+    async def get_timed(
+        self, key: Hashable, read: Callable[[], Awaitable[T]], not_before: float = -math.inf
+    ) -> tuple[T, float]:
         """Like :meth:`get`, and when the read it returns started (the clock's time).
 
         A read that started before ``not_before`` is not shared with this caller: a stream

@@ -25,8 +25,12 @@ class EventStreamSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="HALFCAST_EVENTS_", extra="ignore")
 
-    poll_interval_s: float = Field(default=0.1, gt=0.0, le=10.0, description="Seconds between two database polls of one stream")
-    heartbeat_s: float = Field(default=15.0, gt=0.0, le=300.0, description="Seconds without events before a keepalive comment")
+    poll_interval_s: float = Field(
+        default=0.1, gt=0.0, le=10.0, description="Seconds between two database polls of one stream"
+    )
+    heartbeat_s: float = Field(
+        default=15.0, gt=0.0, le=300.0, description="Seconds without events before a keepalive comment"
+    )
     page_size: int = Field(default=500, ge=1, le=10_000, description="Step records read per poll at most")
 
 

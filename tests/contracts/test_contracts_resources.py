@@ -20,11 +20,11 @@ from contracts.rundir import JobRuns
 from contracts.stored import StoredEval, StoredStep, StoredSwitch
 from server.client import Event, _typed, parse_sse
 from server.db.models import Job
+from server.routes import audit, checkpoints, datasets, exports, job_resource, models, session
+from server.schemas import job_public
 from server.streams.events import Snapshot, job_events
 from server.streams.logstream import JobState, LogTarget, _LogFrames
 from server.streams.stats import EventStreamSettings, StreamStats
-from server.routes import audit, checkpoints, datasets, exports, job_resource, models, session
-from server.schemas import job_public
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A stored step record: keys in the database's order (jsonb sorts them), a field the client does not know,

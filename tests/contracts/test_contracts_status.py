@@ -163,6 +163,8 @@ def test_the_worker_and_the_trainer_use_the_one_list() -> None:
 def test_the_enums_keep_the_stored_strings() -> None:
     assert [status.value for status in JobStatus] == ["queued", "starting", "running", "cancelling", "succeeded",
                                                       "failed", "cancelled", "gathering"]  # fmt: skip
-    assert {status for status in JobStatus if status.terminal} == TERMINAL_STATUSES == {"succeeded", "failed", "cancelled"}
+    assert (
+        {status for status in JobStatus if status.terminal} == TERMINAL_STATUSES == {"succeeded", "failed", "cancelled"}
+    )
     assert [status.value for status in AttemptStatus] == ["succeeded", "failed", "cancelled", "requeued"]
     assert FailureReason("worker_lost") == "worker_lost" and f"{FailureReason.OOM}" == "oom"

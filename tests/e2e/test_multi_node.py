@@ -53,7 +53,17 @@ class NamespaceStack(Stack):
         self._ready_marks[name] = self._log_text(name).count(" ready.")
         env = {**self.env, **self.host_env, "HALFCAST_WORKER_HOST_ADDRESS": self.hosts[n].address}
         log_file = (self.data_dir / f"{name}.log").open("ab")
-        command = ["ip", "netns", "exec", self.hosts[n].netns, sys.executable, "-m", "worker", "--hostname", f"{name}@%h"]
+        command = [
+            "ip",
+            "netns",
+            "exec",
+            self.hosts[n].netns,
+            sys.executable,
+            "-m",
+            "worker",
+            "--hostname",
+            f"{name}@%h",
+        ]
         self.processes[name] = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
         self._wait_ready([name])
 

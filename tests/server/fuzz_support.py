@@ -40,9 +40,9 @@ from server.db.models import (
     StepRecord,
     Worker,
 )
+from server.http.strict_json import JsonPath
 from server.registry.layout import RegistryLayout
 from server.schemas import job_public
-from server.http.strict_json import JsonPath
 from trainer.spec import JobSpec
 
 #: Numbers Python's JSON parser reads but JSON does not have (the last two overflow a double).

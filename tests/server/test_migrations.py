@@ -122,7 +122,7 @@ def test_alembic_command_line_from_the_repository(tmp_path: Path) -> None:
 
 def test_the_columns_statuses_are_the_contracts_enums() -> None:
     assert STATUSES == ("queued", "starting", "running", "cancelling", "succeeded", "failed", "cancelled", "gathering")
-    assert STATUSES == tuple(JobStatus) and ATTEMPT_STATUSES == tuple(AttemptStatus)
+    assert tuple(JobStatus) == STATUSES and tuple(AttemptStatus) == ATTEMPT_STATUSES
     assert ATTEMPT_STATUSES == ("succeeded", "failed", "cancelled", "requeued")
 
 

@@ -33,10 +33,21 @@ def _events() -> Iterator[JobEvent]:
     yield Event("status", None, _job(status="running", phase="loading data"))
     yield Event("status", None, _job(status="running", phase=None))
     for step in range(1, 11):
-        overflow: dict[str, Any] = {"overflow": True, "overflow_ranks": [0, 1], "nonfinite_param_count": 12,
-                                    "nonfinite_params": [{"name": "transformer.h.11.mlp.c_proj.weight", "kind": "inf"}]}
-        record = step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=123456.7,
-                             samples_per_second=9876.5, skipped_steps=int(step >= 4), **(overflow if step == 4 else {}))
+        overflow: dict[str, Any] = {
+            "overflow": True,
+            "overflow_ranks": [0, 1],
+            "nonfinite_param_count": 12,
+            "nonfinite_params": [{"name": "transformer.h.11.mlp.c_proj.weight", "kind": "inf"}],
+        }
+        record = step_record(
+            step,
+            time=1000.0 + step,
+            loss_scale=65536.0,
+            tokens_per_second=123456.7,
+            samples_per_second=9876.5,
+            skipped_steps=int(step >= 4),
+            **(overflow if step == 4 else {}),
+        )
         yield Event("step", str(step), StoredStep.model_validate(record))
     yield Event("eval", None, StoredEval.model_validate({"step": 10, "loss": 0.5}))
     yield Event("status", None, _job(status="succeeded", phase=None))
@@ -81,8 +92,15 @@ def test_watch_on_a_narrow_terminal_fits_the_width_and_leaves_no_stale_line(
 
 def test_the_redrawn_line_is_never_longer_than_the_width_at_any_width() -> None:
     view = WatchView("j", max_steps=100_000)
-    record = step_record(99_999, time=1.0, loss_scale=2.0**-14, tokens_per_second=1e9, overflow=True,
-                         nonfinite_params=[{"name": "a" * 200, "kind": "nan"}], nonfinite_param_count=9)
+    record = step_record(
+        99_999,
+        time=1.0,
+        loss_scale=2.0**-14,
+        tokens_per_second=1e9,
+        overflow=True,
+        nonfinite_params=[{"name": "a" * 200, "kind": "nan"}],
+        nonfinite_param_count=9,
+    )
     view.apply(Event("step", "99999", StoredStep.model_validate(record)))
     full = view.progress_line()
     assert "OVERFLOW in " + "a" * 200 in full and "tok/s" in full

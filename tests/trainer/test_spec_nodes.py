@@ -57,4 +57,4 @@ def test_bad_values_name_their_field(spec: dict[str, Any], loc: tuple[Any, ...])
 def test_one_node_may_still_set_the_process_group_timeout() -> None:
     spec = JobSpec.model_validate({**BASE, "processes": 2, "distributed": {"timeout_s": 20}})
 
-    assert spec.effective_distributed.timeout_s == 20 and 4 * 256 == MAX_RANKS
+    assert spec.effective_distributed.timeout_s == 20 and MAX_RANKS == 4 * 256

@@ -13,11 +13,11 @@ from contracts.status import FailureReason, JobStatus, MemberStatus
 from server.db.members import Members
 from server.db.models import Attempt, Job, JobMember, utcnow
 from server.settings import Settings
+from trainer.spec import JobSpec
 from worker.gang import GangEnd, Gathering, peer_verdict
 from worker.gang_entry import GangEntry
 from worker.gang_launch import NodePlan, gang_command
 from worker.store import JobStore
-from trainer.spec import JobSpec
 
 TTL = 30.0
 
@@ -110,7 +110,9 @@ def test_peer_verdicts(store: JobStore, make_job: MakeJob, tmp_path: Path) -> No
     members.close(one.id, MemberStatus.FAILED, 1)
     assert peer_verdict(members.of_attempt(job_id, 1)).reason == FailureReason.RANK_FAILED  # type: ignore[union-attr]
     with store.begin() as conn:  # node 2's worker stopped renewing: lost comes first (it is retried)
-        conn.execute(update(JobMember).where(JobMember.id == two.id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        conn.execute(
+            update(JobMember).where(JobMember.id == two.id).values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
     assert peer_verdict(members.of_attempt(job_id, 1)).reason == FailureReason.WORKER_LOST  # type: ignore[union-attr]
     assert members.close_expired(job_id, 1) == 1 and members.get(two.id).status == MemberStatus.LOST  # type: ignore[union-attr]
 
@@ -134,8 +136,12 @@ def test_fair_ordering_joins_an_older_gathering_gang_before_newer_work(
 
 def test_every_node_launches_torchrun_on_the_published_endpoint(tmp_path: Path) -> None:
     spec = JobSpec.model_validate(gang_spec(nodes=2))
-    node0 = gang_command(spec, tmp_path / "spec.json", tmp_path, NodePlan("j", 2, 0, 2, "10.77.0.2", 29400, "10.77.0.2"))
-    node1 = gang_command(spec, tmp_path / "spec.json", tmp_path, NodePlan("j", 2, 1, 2, "10.77.0.2", 29400, "10.77.0.3"))
+    node0 = gang_command(
+        spec, tmp_path / "spec.json", tmp_path, NodePlan("j", 2, 0, 2, "10.77.0.2", 29400, "10.77.0.2")
+    )
+    node1 = gang_command(
+        spec, tmp_path / "spec.json", tmp_path, NodePlan("j", 2, 1, 2, "10.77.0.2", 29400, "10.77.0.3")
+    )
 
     def arg(command: list[str], name: str) -> str:
         return command[command.index(name) + 1]

@@ -12,8 +12,16 @@ from worker_support import insert_job
 from contracts.status import JobStatus
 from server.db.engine import WRITE_TRANSACTION
 from server.db.models import Job
-from server.db.transitions import (TRANSITIONS, Expected, Fence, IllegalTransition, Owner, allowed, compare_and_set,
-                                   write_progress)
+from server.db.transitions import (
+    TRANSITIONS,
+    Expected,
+    Fence,
+    IllegalTransition,
+    Owner,
+    allowed,
+    compare_and_set,
+    write_progress,
+)
 
 Q, G, ST, R, CG, OK, F, C = (JobStatus.QUEUED, JobStatus.GATHERING, JobStatus.STARTING, JobStatus.RUNNING,
                              JobStatus.CANCELLING, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)  # fmt: skip

@@ -71,7 +71,9 @@ def _wait(process: RunProcess) -> int:
 
 def _steps(run_dir: Path) -> list[dict[str, Any]]:
     records = [json.loads(line) for line in RunDir(run_dir).records.read_text().splitlines()]
-    return [{k: r[k] for k in ("step", "loss", "loss_scale", "skipped") if k in r} for r in records if r["type"] == "step"]
+    return [
+        {k: r[k] for k in ("step", "loss", "loss_scale", "skipped") if k in r} for r in records if r["type"] == "step"
+    ]
 
 
 def test_only_single_node_trainer_commands_take_the_warm_path(tmp_path: Path) -> None:
@@ -90,8 +92,14 @@ def test_the_standby_has_one_thread_no_gpu_and_ranks_get_torchrun_s_environment(
     assert (env["CUDA_VISIBLE_DEVICES"], env["OMP_NUM_THREADS"], env["PATH"]) == ("", "1", "/bin")
     assert "HALFCAST_DATABASE_URL" not in env
     rank = rank_environment({"OMP_NUM_THREADS": "4"}, 1, 2, "r")
-    assert {k: rank[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")} == {
-        "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_USE_AGENT_STORE": "True",
+    assert {
+        k: rank[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")
+    } == {
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
     }  # fmt: skip  (the launcher hosts the store: rank 0 does not bind a port of its own)
     assert rank["OMP_NUM_THREADS"] == "4"
 

@@ -76,10 +76,19 @@ def rank_environment(base: Mapping[str, str], rank: int, world_size: int, run_id
     """torchrun's environment for ``rank`` of a single-node run of ``world_size`` ranks (``MASTER_PORT`` comes later)."""
     return {
         **base,
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "ROLE_WORLD_SIZE": str(world_size),
-        "ROLE_NAME": "default", "MASTER_ADDR": LOCALHOST, "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": LOCALHOST,
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
     }  # fmt: skip  (one row per group of torchrun's variables)
 
 
@@ -155,7 +164,9 @@ def _host_store(port_pipes: list[int], world_size: int) -> Any:
     return store
 
 
-def _fork_rank(assignment: Assignment, rank: int, env: dict[str, str], rank_main: RankMain, ranks: dict[int, int]) -> int:
+def _fork_rank(
+    assignment: Assignment, rank: int, env: dict[str, str], rank_main: RankMain, ranks: dict[int, int]
+) -> int:
     """Fork rank ``rank`` into ``ranks`` (pid -> rank); the write end of its port pipe. The child never returns.
 
     Stop signals are blocked from the fork until the child is in ``ranks``, so a stop
@@ -221,7 +232,9 @@ def _note_start(rank: int) -> None:
     now = time.time()
     os.environ[RANK_STARTED_AT_ENV] = f"{now:.6f}"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
-    sys.stderr.write(f"{stamp} rank{rank} INFO worker.warm.agent: start-up: forked from a warm standby (imports done)\n")
+    sys.stderr.write(
+        f"{stamp} rank{rank} INFO worker.warm.agent: start-up: forked from a warm standby (imports done)\n"
+    )
 
 
 def _set_threads(env: Mapping[str, str]) -> None:

@@ -61,7 +61,16 @@ class Standby:
     @classmethod
     def start(cls, cwd: Path) -> Standby:
         """Start ``python -m worker.warm.standby`` in a session of its own, signalled when this thread's worker dies."""
-        command = [sys.executable, "-m", "worker.deathsig", str(os.getpid()), "--", sys.executable, "-m", STANDBY_MODULE]
+        command = [
+            sys.executable,
+            "-m",
+            "worker.deathsig",
+            str(os.getpid()),
+            "--",
+            sys.executable,
+            "-m",
+            STANDBY_MODULE,
+        ]
         popen = subprocess.Popen(command, cwd=cwd, env=standby_environment(), stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, start_new_session=True, close_fds=True)  # fmt: skip
         return cls(popen)
@@ -122,7 +131,9 @@ class WarmPool:
             self._cond.notify_all()
             return standby
 
-    def start_run(self, command: list[str], run_dir: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()) -> RunProcess:
+    def start_run(
+        self, command: list[str], run_dir: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()
+    ) -> RunProcess:
         """:func:`worker.launch.start_run`, through the ready standby when the run can take one."""
         parts = warm_command_parts(command)
         if parts is None or pass_fds or env.get("CUDA_VISIBLE_DEVICES", "") != "":
