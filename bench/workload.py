@@ -23,7 +23,7 @@ from trainer.models.mlp import build_mlp
 from trainer.schedule import LRMultiplier
 from trainer.spec import JobSpec
 
-BenchPrecision = Literal["fp16", "bf16"]
+BenchPrecision = Literal["fp16", "bf16", "fp32"]
 
 #: torch dtype autocast is asked for, per precision.
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -53,9 +53,9 @@ class Workload:
     seed: int = 0
 
     @property
-    def autocast_dtype(self) -> torch.dtype:
-        """The dtype every path asks autocast for."""
-        return AUTOCAST_DTYPES[self.precision]
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype every path asks autocast for (``None`` for fp32: no autocast)."""
+        return AUTOCAST_DTYPES.get(self.precision)
 
 
 def job_spec(work: Workload, implementation: str = "fused") -> JobSpec:
