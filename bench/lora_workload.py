@@ -64,6 +64,8 @@ class LoraWorkload:
     total_steps: int = 10_000
     log_interval: int = 10
     seed: int = 0
+    #: Every path compiles its model (see :class:`bench.workload.Workload`).
+    compile: bool = False
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -123,6 +125,7 @@ def job_spec(work: LoraWorkload) -> JobSpec:
         "max_grad_norm": work.max_grad_norm,
         "log_interval": work.log_interval,
         "seed": work.seed,
+        "compile": work.compile,
     })
 
 

@@ -51,6 +51,9 @@ class Workload:
     total_steps: int = 10_000
     log_interval: int = 10
     seed: int = 0
+    #: Every path compiles its model with its own option (``torch.compile``, ``compile: true``,
+    #: Accelerate's ``dynamo_backend``, Fabric's compiled module).
+    compile: bool = False
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -74,6 +77,7 @@ def job_spec(work: Workload, implementation: str = "fused") -> JobSpec:
         "max_grad_norm": work.max_grad_norm,
         "log_interval": work.log_interval,
         "seed": work.seed,
+        "compile": work.compile,
     })
 
 
