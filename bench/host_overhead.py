@@ -5,8 +5,8 @@ Halfcast (:mod:`bench.peers`) on a tiny MLP (16 → 32 → 10, micro-batch 8: th
 so a step's time is the host's dispatch and Python work), counts the aten operators one steady step
 dispatches on each path (:class:`bench.op_counter.OpCounter`; Halfcast's flush counted apart, per
 flush) and times both in interleaved rounds (:mod:`bench.measure`, flushes included). Reported per
-precision: ops/step, µs/step (median over rounds) and the median (min–max) over rounds of Halfcast's
-per-round extra µs over the hand loop. ``--model lora`` does the same on the LoRA workload
+precision: ops/step, µs/step (median over rounds; by default this thread's CPU time, ``--clock wall``
+for elapsed time) and the median (min–max) over rounds of Halfcast's per-round extra µs over the hand loop. ``--model lora`` does the same on the LoRA workload
 (:mod:`bench.lora_workload`, tiny Llama; needs transformers and peft).
 """
 
@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +36,9 @@ from trainer.data import Batch
 log = logging.getLogger(__name__)
 
 PATHS = ("hand", "halfcast")
+
+#: ``--clock``: the step's own CPU time (a loaded machine delays it but does not add to it), or wall time.
+CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.perf_counter}
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu",
+                        help="cpu: this thread's CPU time (robust to other load; needs --threads 1); wall: elapsed")
     parser.add_argument("--json", type=Path, help="write every number here")
     return parser.parse_args(argv)
 
@@ -110,7 +116,7 @@ def measure_precision(precision: str, model: str, args: argparse.Namespace) -> d
             for name in PATHS:
                 run_steps(runners[name], cycles[name], args.warmup)
             counted = {name: count_ops(runners[name], cycles[name]) for name in PATHS}
-            times = interleaved_times(runners, cycles, args.steps, args.rounds)
+            times = interleaved_times(runners, cycles, args.steps, args.rounds, CLOCKS[args.clock])
         finally:
             for runner in runners.values():
                 runner.close()
@@ -154,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.write(markdown(rows) + f"load average (1, 5, 15 min): before {load['before']}, after {load['after']}\n")
     if args.json is not None:
         result = {"command": "python -m bench.host_overhead " + " ".join(sys.argv[1:] if argv is None else argv),
-                  "model": args.model, "machine": machine_info(), "load_average": load, "precisions": rows}
+                  "model": args.model, "clock": args.clock, "machine": machine_info(), "load_average": load, "precisions": rows}
         args.json.write_text(json.dumps(result, indent=2))
     return 0
 

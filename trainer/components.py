@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,9 +45,9 @@ class Components:
     #: Seconds ``torch.compile`` took before the first step (``compile: true``), else ``None``.
     compile_s: float | None = None
 
-    @property
+    @functools.cached_property
     def parameters(self) -> list[torch.Tensor]:
-        """The trainable parameters, in model order."""
+        """The trainable parameters, in model order (listed once: a job never changes which train)."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
     @property

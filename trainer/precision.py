@@ -270,12 +270,15 @@ class PrecisionPolicy(ABC):
         and fewer device ops. The global norm is the norm of the per-tensor norms, so it is NaN when any
         gradient holds a NaN and infinite when any holds an infinity (or the squares overflow): its kind,
         with the scaler's flag and the overflow sources, is the step's kind, and the one rank's kind. The
-        per-parameter kinds are taken only for the forensics observer."""
+        per-parameter kinds are taken only for the forensics observer. The scaler's flag is implied by
+        the norm (a gradient holding an infinity or NaN before unscaling still holds one after it)."""
         found = self.scaler.unscale_(local_tensors(grads.tensors))
         for source in self._overflow_sources:
             found = torch.maximum(found, source().to(found.device, torch.float32))
         norms = grad_norms(grads.tensors, self.device)
-        kind = torch.maximum(found, nonfinite_kinds(norms.total))
+        kind = nonfinite_kinds(norms.total)
+        if self._overflow_sources:  # the scaler's flag needs no max: a gradient it flags makes the norm non-finite
+            kind = torch.maximum(found, kind)
         forensics = self.observers.forensics
         param_kinds = None if forensics is None else forensics.evidence(nonfinite_kinds(norms.per_tensor), grads)
         check = _Check(norms, self._no_evidence if param_kinds is None else param_kinds, kind)
