@@ -21,6 +21,8 @@ The multiplier ``m`` (:class:`LRMultiplier` is the host closed form, the referen
 The device computes in float64 with the same operation order as the Python formula, so
 the learning rates equal :class:`LRMultiplier`'s exactly, except ``cosine``, where the
 device's ``cos`` may differ from the C library's by one unit in the last place.
+Per step the host issues few device ops (:class:`DeviceLRSchedule`): none for a constant
+schedule, one lookup per param group in a table computed once for the others.
 """
 
 from __future__ import annotations
