@@ -1,8 +1,8 @@
 """Step records gathered on the device, copied to the host once per logging interval.
 
 Each attempted optimizer step writes one row of a preallocated ``[capacity, F + W + P]``
-float64 buffer on the training device (one ``torch.stack(..., out=)`` and one ``torch.cat(...,
-out=)`` into views of the row taken once): the window loss, the loss scale used, the overflow
+float64 buffer on the training device (one ``torch._foreach_copy_`` into views of the row's
+cells taken once): the window loss, the loss scale used, the overflow
 kind, the cumulative skipped steps, the raw gradient norm, the learning rate used, the
 sampled underflow fraction, the global sample and token counts (:class:`StepMetrics`; counts a
 single process knows on the host stay there, beside the row), then the step's
@@ -110,10 +110,11 @@ class StepLog:
         self.num_ranks, self.num_params = num_ranks, num_params
         width = len(FIELDS) + num_ranks + num_params
         self._buffer = torch.zeros((capacity, width), dtype=torch.float64, device=device)
-        # Views of every row's parts, taken once: a step's write is then one op per part.
-        self._device_parts = self._buffer[:, :DEVICE_FIELDS].unbind(0)
-        self._metric_parts = self._buffer[:, : len(FIELDS)].unbind(0)
-        self._evidence_parts = self._buffer[:, len(FIELDS):].unbind(0)
+        # Views of every row's cells (one 0-d view per column, then the rank and parameter evidence),
+        # taken once: a step's row is then written by one ``_foreach_copy_``.
+        self._cells = [list(row[: len(FIELDS)].unbind(0)) for row in self._buffer]
+        self._evidence = [[row[len(FIELDS): len(FIELDS) + num_ranks], row[len(FIELDS) + num_ranks:]]
+                          for row in self._buffer]
         self._steps: list[int] = []
         self._times: list[float] = []
         self._has_tokens: list[bool] = []
@@ -150,25 +151,23 @@ class StepLog:
         if len(values) != len(FIELDS):
             raise ValueError(f"expected {len(FIELDS)} values {FIELDS}, got {len(values)}")
         index = self.pending
+        on_host = isinstance(values.samples, int) and isinstance(values.tokens, int)
+        targets = self._cells[index][:DEVICE_FIELDS] if on_host else self._cells[index]
+        sources = list(values[:DEVICE_FIELDS])
+        if not on_host:
+            device = self._buffer.device
+            sources += [v if isinstance(v, Tensor) else torch.tensor(v, device=device) for v in values[DEVICE_FIELDS:]]
         if self.num_ranks + self.num_params:
             widths = [int(t.numel()) for t in evidence]
             if widths != [self.num_ranks, self.num_params]:
                 raise ValueError(f"expected evidence widths [{self.num_ranks}, {self.num_params}], got {widths}")
-            torch.cat(list(evidence), out=self._evidence_parts[index])
-        self._host_counts.append(self._write_metrics(index, values))
+            targets = targets + self._evidence[index]
+            sources += list(evidence)
+        torch._foreach_copy_(targets, sources)  # the whole row, every value cast to float64, in one op
+        self._host_counts.append((int(values.samples), int(values.tokens)) if on_host else None)
         self._steps.append(step)
         self._times.append(time.time())
         self._has_tokens.append(has_tokens)
-
-    def _write_metrics(self, index: int, values: StepMetrics) -> tuple[int, int] | None:
-        """One ``stack`` into row ``index``; the counts, when both are host ints, are returned instead."""
-        if isinstance(values.samples, int) and isinstance(values.tokens, int):
-            torch.stack(values[:DEVICE_FIELDS], out=self._device_parts[index])
-            return values.samples, values.tokens
-        device = self._buffer.device
-        counts = [v if isinstance(v, Tensor) else torch.tensor(v, device=device) for v in (values.samples, values.tokens)]
-        torch.stack([*values[:DEVICE_FIELDS], *counts], out=self._metric_parts[index])
-        return None
 
     def drain(self) -> list[StepRow]:
         """The pending rows on the host (one device-to-host copy), oldest first; empties the log."""

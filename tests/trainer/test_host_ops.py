@@ -50,7 +50,7 @@ def test_one_process_check_equals_the_cross_rank_one(cpu_ctx: DistContext, monke
     assert outcomes[0] == outcomes[1] == (2.0, [2.0], [0.0, 1.0, 2.0], 0.0, 32768.0)
 
 
-@pytest.mark.parametrize(("precision", "budget"), [("fp32", 80), ("bf16", 90), ("fp16", 100)])
+@pytest.mark.parametrize(("precision", "budget"), [("fp32", 76), ("bf16", 87), ("fp16", 97)])
 def test_a_steady_step_and_its_row_stay_within_their_op_budget(
     precision: str, budget: int, tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext
 ) -> None:
@@ -65,3 +65,18 @@ def test_a_steady_step_and_its_row_stay_within_their_op_budget(
             result = train_step(parts, [next(stream)], step=step, max_grad_norm=1.0, dist_ctx=cpu_ctx)
             record_step(flusher.step_log, step, result)
     assert ops.total <= budget, ops.counts.most_common(12)
+
+
+def test_a_fused_step_runs_its_hooks_once_when_plain_torch_optimizers_exist() -> None:
+    """A plain ``torch.optim.AdamW`` instance makes PyTorch wrap that class's ``step``; Halfcast's fused
+    step calls it unwrapped (its own ``step`` is wrapped already), so a step hook runs once."""
+    from trainer.optimizers import AdamW
+
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # wraps torch.optim.AdamW.step
+    param = torch.nn.Parameter(torch.ones(2))
+    param.grad = torch.ones(2)
+    optimizer = AdamW([param], lr=0.1, implementation="fused")
+    calls: list[int] = []
+    optimizer.register_step_pre_hook(lambda *_: calls.append(1))
+    optimizer.step()
+    assert calls == [1] and not torch.equal(param.detach(), torch.ones(2))
