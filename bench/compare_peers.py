@@ -55,6 +55,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden", default="512,512", help="MLP hidden sizes, comma-separated")
     parser.add_argument("--in-features", type=int, default=256)
     parser.add_argument("--log-interval", type=int, default=10, help="Halfcast's steps per telemetry flush")
+    parser.add_argument("--compile", action="store_true", help="every path compiles its model with its own option")
     parser.add_argument("--json", type=Path, help="write the full result here")
     return parser.parse_args(argv)
 
@@ -62,14 +63,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def workload_from(args: argparse.Namespace) -> Workload:
     """The :class:`Workload` of the parsed options; its LR schedule spans every step of the run."""
     total = args.warmup + args.steps * args.rounds + args.sync_steps + 1
-    return Workload(
-        precision=args.precision,
-        in_features=args.in_features,
-        hidden_sizes=tuple(int(h) for h in args.hidden.split(",")),
-        micro_batch_size=args.batch,
-        log_interval=args.log_interval,
-        total_steps=total,
-    )
+    return Workload(precision=args.precision, in_features=args.in_features,
+                    hidden_sizes=tuple(int(h) for h in args.hidden.split(",")), micro_batch_size=args.batch,
+                    log_interval=args.log_interval, total_steps=total, compile=args.compile)
 
 
 def set_up(

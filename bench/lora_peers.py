@@ -54,6 +54,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--log-interval", type=int, default=10, help="Halfcast's steps per telemetry flush")
+    parser.add_argument("--compile", action="store_true", help="every path compiles its model with its own option")
     parser.add_argument("--json", type=Path, help="write the full result here")
     return parser.parse_args(argv)
 
@@ -61,17 +62,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def workload_from(args: argparse.Namespace) -> LoraWorkload:
     """The :class:`LoraWorkload` of the parsed options; its LR schedule spans every step of the run."""
     total = args.warmup + args.steps * args.rounds + args.sync_steps + 10
-    return LoraWorkload(
-        precision=args.precision,
-        hidden_size=args.hidden,
-        intermediate_size=2 * args.hidden,
-        num_layers=args.layers,
-        vocab_size=args.vocab,
-        seq_len=args.seq_len,
-        micro_batch_size=args.batch,
-        total_steps=total,
-        log_interval=args.log_interval,
-    )
+    return LoraWorkload(precision=args.precision, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+                        num_layers=args.layers, vocab_size=args.vocab, seq_len=args.seq_len,
+                        micro_batch_size=args.batch, total_steps=total,
+                        log_interval=args.log_interval, compile=args.compile)
 
 
 def run_lora_benchmark(

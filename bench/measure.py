@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bench.peers.base import Runner
@@ -59,24 +59,27 @@ def run_steps(runner: Runner, cycle: BatchCycle, steps: int) -> None:
         runner.maybe_flush()
 
 
-def time_block(runner: Runner, cycle: BatchCycle, steps: int) -> float:
-    """Seconds per step of ``steps`` consecutive steps (flushes included), after a garbage collection."""
+def time_block(runner: Runner, cycle: BatchCycle, steps: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds per step of ``steps`` consecutive steps (flushes included), after a garbage collection.
+
+    ``clock``: wall time by default; ``time.thread_time`` counts only this thread's CPU time (what a
+    single-threaded step costs the host, whatever else the machine runs).
+    """
     gc.collect()
-    start = time.perf_counter()
+    start = clock()
     run_steps(runner, cycle, steps)
-    return (time.perf_counter() - start) / steps
+    return (clock() - start) / steps
 
 
-def interleaved_times(
-    runners: Mapping[str, Runner], cycles: Mapping[str, BatchCycle], steps: int, rounds: int
-) -> dict[str, list[float]]:
-    """Seconds per step of each runner in each round, the run order rotated by one every round."""
+def interleaved_times(runners: Mapping[str, Runner], cycles: Mapping[str, BatchCycle], steps: int,
+                      rounds: int, clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Seconds per step of each runner in each round (by ``clock``), the run order rotated by one every round."""
     names = list(runners)
     times: dict[str, list[float]] = {name: [] for name in names}
     for index in range(rounds):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
-            times[name].append(time_block(runners[name], cycles[name], steps))
+            times[name].append(time_block(runners[name], cycles[name], steps, clock))
     return times
 
 

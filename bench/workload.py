@@ -23,7 +23,7 @@ from trainer.models.mlp import build_mlp
 from trainer.schedule import LRMultiplier
 from trainer.spec import JobSpec
 
-BenchPrecision = Literal["fp16", "bf16"]
+BenchPrecision = Literal["fp16", "bf16", "fp32"]
 
 #: torch dtype autocast is asked for, per precision.
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -51,43 +51,34 @@ class Workload:
     total_steps: int = 10_000
     log_interval: int = 10
     seed: int = 0
+    #: Every path compiles its model with its own option (``torch.compile``, ``compile: true``,
+    #: Accelerate's ``dynamo_backend``, Fabric's compiled module).
+    compile: bool = False
 
     @property
-    def autocast_dtype(self) -> torch.dtype:
-        """The dtype every path asks autocast for."""
-        return AUTOCAST_DTYPES[self.precision]
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype every path asks autocast for (``None`` for fp32: no autocast)."""
+        return AUTOCAST_DTYPES.get(self.precision)
 
 
 def job_spec(work: Workload, implementation: str = "fused") -> JobSpec:
     """The Halfcast :class:`JobSpec` for ``work`` (GradScaler's default dynamic loss scale for fp16)."""
-    return JobSpec.model_validate(
-        {
-            "model": {"name": "mlp", "config": {"hidden_sizes": list(work.hidden_sizes)}},
-            "dataset": {
-                "name": "synthetic",
-                "config": {
-                    "task": "classification",
-                    "in_features": work.in_features,
-                    "num_classes": work.num_classes,
-                    "num_samples": work.micro_batch_size * work.num_batches,
-                    "seed": work.seed,
-                },
-            },
-            "precision": work.precision,
-            "micro_batch_size": work.micro_batch_size,
-            "max_steps": work.total_steps,
-            "optimizer": {
-                "name": "adamw",
-                "lr": work.lr,
-                "weight_decay": work.weight_decay,
-                "implementation": implementation,
-            },
-            "lr_scheduler": {"name": "cosine", "warmup_steps": work.warmup_steps, "min_lr_ratio": work.min_lr_ratio},
-            "max_grad_norm": work.max_grad_norm,
-            "log_interval": work.log_interval,
-            "seed": work.seed,
-        }
-    )
+    return JobSpec.model_validate({
+        "model": {"name": "mlp", "config": {"hidden_sizes": list(work.hidden_sizes)}},
+        "dataset": {"name": "synthetic", "config": {
+            "task": "classification", "in_features": work.in_features, "num_classes": work.num_classes,
+            "num_samples": work.micro_batch_size * work.num_batches, "seed": work.seed}},
+        "precision": work.precision,
+        "micro_batch_size": work.micro_batch_size,
+        "max_steps": work.total_steps,
+        "optimizer": {"name": "adamw", "lr": work.lr, "weight_decay": work.weight_decay,
+                      "implementation": implementation},
+        "lr_scheduler": {"name": "cosine", "warmup_steps": work.warmup_steps, "min_lr_ratio": work.min_lr_ratio},
+        "max_grad_norm": work.max_grad_norm,
+        "log_interval": work.log_interval,
+        "seed": work.seed,
+        "compile": work.compile,
+    })
 
 
 def make_batches(work: Workload) -> list[Batch]:

@@ -146,6 +146,8 @@ class StartRecord(RecordBase):
     startup: StartupTimes | None = None
     #: A run resumed from a checkpoint written after a switch repeats the switch here.
     precision_switch: PrecisionSwitch | None = None
+    #: Seconds ``torch.compile`` took before the first step (``compile: true`` jobs only).
+    compile_s: Seconds | None = None
 
 
 class StepRecord(RecordBase):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +12,8 @@ import torch
 from torch import nn
 
 from trainer.checkpoint import TrainingState
-from trainer.data import Dataset, build_dataset
+from trainer.compilation import compile_model, warm_up
+from trainer.data import Batch, Dataset, build_dataset
 from trainer.distributed import DistContext
 from trainer.flushing import RecordFlusher, RunTotals
 from trainer.guard import DivergenceGuard
@@ -40,10 +42,12 @@ class Components:
     loss_fn: LossFn
     #: The job's Hugging Face tokenizer (``hf`` models on tokenized data), else ``None``.
     tokenizer: Any | None = None
+    #: Seconds ``torch.compile`` took before the first step (``compile: true``), else ``None``.
+    compile_s: float | None = None
 
-    @property
+    @functools.cached_property
     def parameters(self) -> list[torch.Tensor]:
-        """The trainable parameters, in model order."""
+        """The trainable parameters, in model order (listed once: a job never changes which train)."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
     @property
@@ -79,6 +83,11 @@ def build_components(
     model = precision.prepare_model(model)
     train_model = wrap_model(model, dist_ctx, spec.parallelism, spec.precision)
     optimizer = build_optimizer(spec.optimizer, (p for p in model.parameters() if p.requires_grad))
+    loss_fn = task_loss(dataset.info.task)
+    compile_s = None
+    if spec.compile:
+        train_model = compile_model(train_model)
+        compile_s = warm_up(train_model, _first_batch(dataset, spec, dist_ctx), precision, loss_fn)
     return Components(
         dataset=dataset,
         model=model,
@@ -86,9 +95,17 @@ def build_components(
         precision=precision,
         optimizer=optimizer,
         lr_scheduler=build_lr_scheduler(spec.lr_scheduler, optimizer, spec.max_steps),
-        loss_fn=task_loss(dataset.info.task),
+        loss_fn=loss_fn,
         tokenizer=tokenizer,
+        compile_s=compile_s,
     )
+
+
+def _first_batch(dataset: Dataset, spec: JobSpec, dist_ctx: DistContext) -> Batch:
+    """This rank's first training micro-batch, on its device (from a stream of its own: the job's is untouched)."""
+    stream = dataset.train_batches(spec.micro_batch_size, rank=dist_ctx.rank, world_size=dist_ctx.world_size,
+                                   seed=spec.seed)
+    return next(iter(stream)).to(dist_ctx.device)
 
 
 def job_tokenizer(spec: JobSpec) -> Any | None:

@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trainer.forensics import describe_overflow
 from trainer.records import RecordSink, StepRecord
@@ -129,10 +130,11 @@ class RecordFlusher:
         records = []
         for row in rows:
             self.totals.add(row)
-            record = _step_record(row, samples_per_second, tokens_per_second, self.param_names)
             totals = {"samples_total": self.totals.samples,
                       "tokens_total": self.totals.tokens if row.tokens is not None else None}
-            records.append((row.time, record.model_copy(update=totals)))
+            record = _step_record(row, samples_per_second, tokens_per_second, self.param_names,
+                                  {**totals, **self.records.step_fields, "time": row.time})
+            records.append((row.time, record))
         self.records.steps(records)
         self.skipped_steps = rows[-1].skipped_steps
         if self.main:
@@ -141,10 +143,13 @@ class RecordFlusher:
 
 
 def _step_record(
-    row: StepRow, samples_per_second: float, tokens_per_second: float | None, param_names: Sequence[str]
+    row: StepRow, samples_per_second: float, tokens_per_second: float | None, param_names: Sequence[str],
+    extra: dict[str, Any],
 ) -> StepRecord:
+    """The step record of ``row``, validated once with ``extra`` (totals, the sink's step fields, its time)."""
     report = describe_overflow(param_names, row.rank_kinds, row.param_kinds) if row.overflow and row.rank_kinds else None
     return StepRecord(
+        **extra,
         step=row.step,
         loss=row.loss,
         loss_scale=row.loss_scale,

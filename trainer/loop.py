@@ -462,6 +462,7 @@ def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:
         "num_parameters": sum(p.numel() for p in parts.parameters),
         "model": model_summary(parts.model),
         "parallelism": spec.parallelism,
+        **({"compile_s": parts.compile_s} if parts.compile_s is not None else {}),
         **parts.precision.start_fields(),
         **_data_report(parts.dataset),
     }

@@ -199,6 +199,9 @@ class DynamicLossScaler:
         self._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
         self._hysteresis_tracker = torch.full((), self.hysteresis, dtype=torch.int32, device=device)
         # Factors float32 cannot apply exactly are applied in float64 (see _times_factor).
+        # PyTorch's fused update kernel applies the rule exactly when there is no hysteresis and growth from
+        # any reachable scale stays finite in float32 (the kernel would keep the scale where the rule clamps).
+        self._fused_update = self.hysteresis == 1 and self.max_scale * self.growth_factor < FLOAT32_MAX
         exact = _is_power_of_two(self.growth_factor) and _is_power_of_two(self.backoff_factor)
         self._factors64 = None if exact else torch.tensor(
             [self.backoff_factor, self.growth_factor, 1.0], dtype=torch.float64, device=device)
@@ -233,6 +236,9 @@ class DynamicLossScaler:
         are replaced, not written in place, so a tensor taken from :attr:`scale` before
         the update still holds the scale that step used.
         """
+        if hold is None and self._fused_update:
+            self._update_fused(found_inf.to(self._scale.device, torch.float32))
+            return
         found = found_inf.to(self._scale.device) > 0
         hysteresis = torch.where(found, (self._hysteresis_tracker - 1).clamp_min(0), self._hysteresis_tracker)
         back_off = found & (hysteresis <= 0)
@@ -248,6 +254,29 @@ class DynamicLossScaler:
             growth_tracker = torch.where(keep, self._growth_tracker, growth_tracker)
             hysteresis_tracker = torch.where(keep, self._hysteresis_tracker, hysteresis_tracker)
         self._scale, self._growth_tracker, self._hysteresis_tracker = scale, growth_tracker, hysteresis_tracker
+
+    def _update_fused(self, found_inf: Tensor) -> None:
+        """The same rule with hysteresis 1, in six device ops: PyTorch's ``_amp_update_scale_`` kernel (the one
+        ``GradScaler.update`` runs: growth tracker, backoff, growth by a factor applied in float64 and rounded
+        once) on a copy of the scale, then the clamp to the bounds and the hysteresis tracker (0 after an
+        overflow, refilled to 1 by a growth, or by every clean step with ``consecutive_hysteresis``).
+
+        Equal to the general rule: with hysteresis 1 every overflow backs off; the kernel keeps the scale
+        when ``scale * growth_factor`` is not finite, which :attr:`_fused_update` rules out for every
+        scale up to ``max_scale``; the kernel grows at ``tracker + 1 == growth_interval``, and the tracker
+        stays below the interval (:meth:`load_state_dict` caps a checkpointed one at ``interval - 1``,
+        which grows on the next clean step, as the general rule would).
+        """
+        scale = self._scale.clone()  # a tensor taken from ``scale`` before the update keeps that step's scale
+        torch._amp_update_scale_(scale, self._growth_tracker, found_inf, self.growth_factor, self.backoff_factor,
+                                 self.growth_interval)
+        scale.clamp_(self.min_scale, self.max_scale)
+        clean = found_inf == 0
+        if self.consecutive_hysteresis:
+            self._hysteresis_tracker = clean.int()
+        else:  # a growth or an overflow both left the growth tracker at 0
+            self._hysteresis_tracker = torch.where(self._growth_tracker == 0, clean, self._hysteresis_tracker)
+        self._scale = scale
 
     def _times_factor(self, back_off: Tensor, grow: Tensor) -> Tensor:
         """The scale times this step's factor (``backoff_factor``, ``growth_factor`` or 1), rounded once
@@ -289,7 +318,7 @@ class DynamicLossScaler:
         if not (scale > 0.0 and scale < float("inf")):
             raise ValueError(f"checkpointed loss scale {scale} is not finite and > 0")
         self._scale.fill_(min(max(scale, self.min_scale), self.max_scale))
-        self._growth_tracker.fill_(int(state["growth_tracker"]))
+        self._growth_tracker.fill_(min(int(state["growth_tracker"]), self.growth_interval - 1))
         self._hysteresis_tracker.fill_(int(state["hysteresis_tracker"]))
 
 

@@ -85,6 +85,14 @@ def _flags(implementation: Implementation) -> dict[str, bool]:
     return _FLAGS[implementation]
 
 
+def _unhooked(step: Callable[..., Any]) -> Callable[..., Any]:
+    """A PyTorch optimizer's ``step`` without the profiling/hook wrapper PyTorch adds to the class of the
+    first instance made (``Optimizer.profile_hook_step``): this class's own ``step`` is wrapped already,
+    so calling the parent's wrapped one would run the step hooks and the profiler range twice (it is
+    wrapped as soon as any plain ``torch.optim`` instance of that class exists in the process)."""
+    return step.__wrapped__ if getattr(step, "hooked", False) else step  # type: ignore[attr-defined]
+
+
 class _DeviceSkipMixin:
     """Shared parts: eager state, tensor learning rates, the AMP attributes, state loading."""
 
@@ -270,7 +278,7 @@ class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
                 group["eps"],
             )
         if self.defaults["fused"]:
-            super().step()
+            _unhooked(torch.optim.AdamW.step)(self)
         return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -347,7 +355,7 @@ class SGD(_DeviceSkipMixin, torch.optim.SGD):
             buffers = local_tensors(self.state[p]["momentum_buffer"] for p in params) if group["momentum"] != 0 else None
             _sgd_update(local_tensors(params), local_tensors(grads), buffers, skip, group, foreach=bool(group["foreach"]))
         if self.defaults["fused"]:
-            super().step()
+            _unhooked(torch.optim.SGD.step)(self)
         return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -21,8 +21,8 @@ from torch import Tensor
 
 
 def nonfinite_kinds(norms: Tensor) -> Tensor:
-    """Per-tensor kind from per-tensor norms: float32 like ``norms``; 2 NaN, 1 infinite, else 0."""
-    return torch.where(norms.isnan(), 2.0, norms.isinf().float())
+    """Per-tensor kind from per-tensor norms: float32, the shape of ``norms``; 2 NaN, 1 infinite, else 0."""
+    return torch.where(norms.isnan(), 2.0, norms.isinf())  # bool promotes to float32 in the same op
 
 
 class OverflowVerdict(NamedTuple):
@@ -42,6 +42,11 @@ class OverflowVerdict(NamedTuple):
         return self.rank_kinds.max()
 
 
+def is_distributed() -> bool:
+    """Whether the default process group spans more than one rank (else a step agrees with itself)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def agree_across_ranks(local_kind: Tensor, evidence: Tensor | None = None) -> OverflowVerdict:
     """Max-reduce this rank's kind (and ``evidence``) over the default process group: one ``all_reduce``, none alone.
 
@@ -51,7 +56,7 @@ def agree_across_ranks(local_kind: Tensor, evidence: Tensor | None = None) -> Ov
 
     Every rank must call this at the same step (a collective when distributed).
     """
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    distributed = is_distributed()
     world, rank = (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
     device = local_kind.device
     ranks = torch.zeros(world, dtype=torch.float32, device=device)

@@ -151,6 +151,7 @@ def grad_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager
     DDP: ``no_sync()`` unless ``sync``. FSDP2: ``set_requires_gradient_sync(sync)`` for
     the micro-batch, restored to ``True`` afterwards. Anything else: nothing.
     """
+    model = getattr(model, "_orig_mod", model)  # through a torch.compile wrapper
     if isinstance(model, FSDPModule):
         return _fsdp_sync(model, sync)
     if sync or not isinstance(model, DistributedDataParallel):

@@ -53,7 +53,7 @@ from trainer.loss_scale import (
     StaticLossScaler,
 )
 from trainer.observers import NO_OBSERVERS, Gradients, StepObservers
-from trainer.overflow import agree_across_ranks, nonfinite_kinds
+from trainer.overflow import agree_across_ranks, is_distributed, nonfinite_kinds
 from trainer.sharded import GradNorms, clip_grads_, grad_norms, local_tensors
 from trainer.spec import JobSpec, LossScaleSpec, Precision
 from trainer.step_outcome import HostStepOutcome, StepOutcome
@@ -200,9 +200,12 @@ class PrecisionPolicy(ABC):
         grads = Gradients.of(parameters)
         scale_used = self.scaler.scale  # the scaler replaces, never mutates, its scale tensor
         underflow = self._observe_scaled(step, grads)
-        check = self._unscale_and_check(grads)
-        agreed = self._agree(check, grads)
-        found_inf = (agreed.kind > 0).float()
+        if is_distributed():
+            check = self._unscale_and_check(grads)
+            agreed = self._agree(check, grads)
+        else:
+            check, agreed = self._check_alone(grads)
+        found_inf = agreed.kind.clamp(max=1.0)  # kinds are 0, 1 or 2
         skip = found_inf if no_data is None else torch.maximum(found_inf, no_data.to(found_inf.device, torch.float32))
         self._clip(grads, check.norms, max_grad_norm)
         self._apply(optimizer, skip)
@@ -261,6 +264,25 @@ class PrecisionPolicy(ABC):
         param_kinds = nonfinite_kinds(norms.per_tensor)
         local_kind = torch.maximum(found, param_kinds.max()) if grads.tensors else found
         return _Check(norms, param_kinds, local_kind)
+
+    def _check_alone(self, grads: Gradients) -> tuple[_Check, _Agreement]:
+        """One process: the same verdict as :meth:`_unscale_and_check` then :meth:`_agree`, with no reduction
+        and fewer device ops. The global norm is the norm of the per-tensor norms, so it is NaN when any
+        gradient holds a NaN and infinite when any holds an infinity (or the squares overflow): its kind,
+        with the scaler's flag and the overflow sources, is the step's kind, and the one rank's kind. The
+        per-parameter kinds are taken only for the forensics observer. The scaler's flag is implied by
+        the norm (a gradient holding an infinity or NaN before unscaling still holds one after it)."""
+        found = self.scaler.unscale_(local_tensors(grads.tensors))
+        for source in self._overflow_sources:
+            found = torch.maximum(found, source().to(found.device, torch.float32))
+        norms = grad_norms(grads.tensors, self.device)
+        kind = nonfinite_kinds(norms.total)
+        if self._overflow_sources:  # the scaler's flag needs no max: a gradient it flags makes the norm non-finite
+            kind = torch.maximum(found, kind)
+        forensics = self.observers.forensics
+        param_kinds = None if forensics is None else forensics.evidence(nonfinite_kinds(norms.per_tensor), grads)
+        check = _Check(norms, self._no_evidence if param_kinds is None else param_kinds, kind)
+        return check, _Agreement(kind, kind.reshape(1), param_kinds)
 
     def _agree(self, check: _Check, grads: Gradients) -> _Agreement:
         """One MAX reduction over the ranks (the forensics' evidence rides along); the global norm's kind joins in."""

@@ -29,6 +29,14 @@ from contracts.rundir import RECORDS_FILE, RunDir
 __all__ = ["RECORDS_FILE", "RecordSink", "StepRecord", "read_records"]
 
 
+def step_line(record: StepRecord) -> str:
+    """``record.line()`` as JSON text, serialised by pydantic in one call (a step line per step makes
+    this the flush's cost): the same object, keys in the same order (``type`` first, ``precision`` only
+    when set, non-finite floats as ``null``), compact separators."""
+    unset = set() if "precision" in record.model_fields_set else {"precision"}
+    return record.model_dump_json(by_alias=True, exclude=unset)
+
+
 class RecordSink:
     """Appends one JSON object per line to ``path``; with ``path=None`` (ranks other than 0) it writes nothing.
 
@@ -55,7 +63,8 @@ class RecordSink:
             return
         if record.time is None:
             record = record.model_copy(update={"time": time.time()})
-        self._file.write(json.dumps(record.line(), allow_nan=False) + "\n")
+        text = step_line(record) if isinstance(record, StepRecord) else json.dumps(record.line(), allow_nan=False)
+        self._file.write(text + "\n")
 
     def start(self, **fields: Any) -> None:
         """The ``start`` line: world_size, device, precision, compute_dtype, accumulation_steps, ..., startup."""
@@ -78,7 +87,11 @@ class RecordSink:
         self._file.flush()
 
     def _stamped(self, record: StepRecord, when: float | None) -> StepRecord:
-        """``record`` at unix time ``when`` (``None``: now), with :attr:`step_fields`."""
+        """``record`` at unix time ``when`` (``None``: now), with :attr:`step_fields`; ``record`` itself
+        when it already holds them (the flusher builds its records so: no copy per line)."""
+        if when is not None and record.time == when and all(
+                getattr(record, key, None) == value for key, value in self.step_fields.items()):
+            return record
         return record.model_copy(update={**self.step_fields, "time": when})
 
     def eval(self, step: int, metrics: Mapping[str, float | None]) -> None:

@@ -21,6 +21,8 @@ The multiplier ``m`` (:class:`LRMultiplier` is the host closed form, the referen
 The device computes in float64 with the same operation order as the Python formula, so
 the learning rates equal :class:`LRMultiplier`'s exactly, except ``cosine``, where the
 device's ``cos`` may differ from the C library's by one unit in the last place.
+Per step the host issues few device ops (:class:`DeviceLRSchedule`): none for a constant
+schedule, one lookup per param group in a table computed once for the others.
 """
 
 from __future__ import annotations
@@ -89,6 +91,22 @@ class LRMultiplier:
         return torch.where(n < self.warmup_steps, (n + 1) / self.warmup_steps, value)
 
 
+#: Longest schedule kept as a lookup table (float64 entries per param group; 8 MiB each at most).
+MAX_TABLE_STEPS = 1 << 20
+
+
+def is_flat(multiplier: LRMultiplier) -> bool:
+    """Whether ``m(n)`` is 1 for every ``n``: a constant schedule without warm-up (the rates never change)."""
+    return multiplier.name == "constant" and multiplier.warmup_steps == 0
+
+
+def tabulated(multiplier: LRMultiplier) -> bool:
+    """Whether the schedule is a table lookup: ``m`` holds its last value from ``total_steps + 1`` on (not
+    ``step``, warm-up within the run) and the table is at most :data:`MAX_TABLE_STEPS` long."""
+    return (multiplier.name != "step" and multiplier.warmup_steps <= multiplier.total_steps
+            and multiplier.total_steps < MAX_TABLE_STEPS)
+
+
 class DeviceLRSchedule:
     """Writes ``initial_lr * m(applied)`` into every param group's ``lr`` tensor after each step.
 
@@ -98,7 +116,12 @@ class DeviceLRSchedule:
             and a 0-d ``lr`` tensor).
 
     ``applied`` (0-d int64, on the device of the first group's ``lr``) counts applied steps.
-    Construction sets the learning rate of step 1.
+    Construction sets the learning rate of step 1. The rates are the device formula
+    (:meth:`LRMultiplier.on_device`) in one of three forms, the same values in each: a
+    :func:`is_flat` schedule writes nothing after construction (a host decision: no device
+    op); a :func:`tabulated` one looks the rate up in a per-group table of every
+    ``initial_lr * m(n)``, computed once (one ``take`` per group and step); any other
+    evaluates the formula each step.
     """
 
     def __init__(self, multiplier: LRMultiplier, optimizer: torch.optim.Optimizer) -> None:
@@ -106,14 +129,29 @@ class DeviceLRSchedule:
         self.optimizer = optimizer
         self.device = optimizer.param_groups[0]["params"][0].device
         self.applied = torch.zeros((), dtype=torch.int64, device=self.device)
-        self._write()
+        self._flat = is_flat(multiplier)
+        self._tables = self._build_tables() if not self._flat and tabulated(multiplier) else None
+        self._write(initial=True)
 
     def step(self, applied: Tensor) -> None:
         """Count one attempted step whose ``applied`` flag (0-d, 1 = applied, 0 = skipped) is given; set the next lr."""
         self.applied = self.applied + applied.to(torch.int64)
         self._write()
 
-    def _write(self) -> None:
+    def _build_tables(self) -> list[Tensor]:
+        """Per group, ``initial_lr * m(n)`` for ``n`` in ``0..total_steps + 1`` (the last entry holds on)."""
+        steps = torch.arange(self.multiplier.total_steps + 2, dtype=torch.int64, device=self.device)
+        factors = self.multiplier.on_device(steps)
+        return [(group["initial_lr"] * factors).to(lr_dtype(self.device)) for group in self.optimizer.param_groups]
+
+    def _write(self, initial: bool = False) -> None:
+        if self._flat and not initial:
+            return
+        if self._tables is not None:
+            index = self.applied.clamp(max=self.multiplier.total_steps + 1)
+            for group, table in zip(self.optimizer.param_groups, self._tables, strict=True):
+                group["lr"] = table.take(index)
+            return
         factor = self.multiplier.on_device(self.applied)
         for group in self.optimizer.param_groups:
             lr = group["initial_lr"] * factor

@@ -245,6 +245,9 @@ class JobSpec(_Strict):
 
     ``nodes``: hosts the job spans (default 1), each running ``gpus`` (or ``processes``) ranks;
     ``distributed``: the process group's and the gang's timeouts (:class:`DistributedSpec`).
+    ``compile`` (default false): ``torch.compile`` of the model, compiled before the first step
+    (:mod:`trainer.compilation`; the ``start`` record's ``compile_s``); not with ``parallelism:
+    fsdp`` or ``precision: fp8`` (a 422 naming ``compile``).
 
     Job-server limits (read by the worker, not the trainer): ``max_attempts`` launches
     at most (a lost worker's job is retried from its last checkpoint until then), and
@@ -284,6 +287,7 @@ class JobSpec(_Strict):
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
     max_runtime_s: Annotated[float, Field(gt=0.0, le=MAX_RUNTIME_S, allow_inf_nan=False)] | None = None
     faults: FaultsSpec | None = None
+    compile: bool = False
 
     @field_validator("name", "resume_from")
     @classmethod
@@ -321,6 +325,7 @@ class JobSpec(_Strict):
             raise field_error("JobSpec", "processes", msg, self.processes)
         self._check_nodes()
         self._check_batch()
+        self._check_compile()
         return self
 
     def _check_nodes(self) -> None:
@@ -331,6 +336,16 @@ class JobSpec(_Strict):
         if self.nodes == 1 and self.distributed is not None and "gang_timeout_s" in self.distributed.model_fields_set:
             msg = "gang_timeout_s is only meaningful with nodes > 1 (a one-node job forms no gang)"
             raise field_error("JobSpec", ("distributed", "gang_timeout_s"), msg, self.distributed.gang_timeout_s)
+
+    def _check_compile(self) -> None:
+        """``compile: true`` where Halfcast compiles: not FSDP2's sharded model, not fp8's Linears."""
+        if not self.compile:
+            return
+        if self.parallelism == "fsdp":
+            raise field_error("JobSpec", "compile", "compile is not supported with parallelism 'fsdp'", self.compile)
+        if self.precision == "fp8":
+            msg = "compile is not supported with precision 'fp8' (its Linears record overflows on the host)"
+            raise field_error("JobSpec", "compile", msg, self.compile)
 
     def _check_hf(self) -> None:
         """Adapters need an ``hf`` model; byte-level ``text`` is causal LM without a tokenizer."""

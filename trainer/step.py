@@ -22,6 +22,7 @@ from trainer.data import Batch
 from trainer.distributed import DistContext, all_reduce_sum
 from trainer.faults import FaultInjector
 from trainer.losses import LossFn
+from trainer.overflow import is_distributed
 from trainer.parallel import grad_sync
 from trainer.precision import PrecisionPolicy
 from trainer.step_outcome import StepOutcome
@@ -33,13 +34,15 @@ class WindowStats:
     """Global totals of one window over all ranks, as 0-d device tensors.
 
     ``loss``: float64 mean loss per loss-bearing element; ``num_elements``,
-    ``num_samples``, ``num_tokens``: int64 (``num_tokens`` is ``None`` for non-token data).
+    ``num_samples``, ``num_tokens``: int64, or python ints when one process trained (the
+    batches' metadata are then the global counts, no device op needed); ``num_tokens`` is
+    ``None`` for non-token data.
     """
 
     loss: Tensor
-    num_elements: Tensor
-    num_samples: Tensor
-    num_tokens: Tensor | None
+    num_elements: Tensor | int
+    num_samples: Tensor | int
+    num_tokens: Tensor | int | None
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ def accumulate_window(
     only on the last micro-batch. No host synchronisation: the counts are all-reduced
     as a device tensor and the loss stays on the device.
     """
+    if dist_ctx.world_size == 1 and not is_distributed():
+        return _accumulate_alone(model, micro_batches, precision, loss_fn)
     counts = _global_counts(micro_batches, dist_ctx.device)
     count = counts[0].clamp_min(1)
     normaliser = count.float()
@@ -86,6 +91,29 @@ def accumulate_window(
     global_loss = all_reduce_sum(loss_sum).double() / count
     tokens = None if any(b.num_tokens is None for b in micro_batches) else counts[2]
     return WindowStats(loss=global_loss, num_elements=counts[0], num_samples=counts[1], num_tokens=tokens)
+
+
+def _accumulate_alone(model: nn.Module, micro_batches: Sequence[Batch], precision: PrecisionPolicy,
+                      loss_fn: LossFn) -> WindowStats:
+    """:func:`accumulate_window` for one process: the counts are host integers, so each micro-batch's
+    loss is divided by a python number (the same float32 division as by the count's tensor) and
+    nothing is all-reduced; a one-micro-batch window keeps its loss without a running sum."""
+    elements = sum(b.num_elements for b in micro_batches)
+    count = max(elements, 1)
+    loss_sum: Tensor | None = None
+    last = len(micro_batches) - 1
+    for index, batch in enumerate(micro_batches):
+        with grad_sync(model, sync=index == last):
+            with precision.autocast():
+                batch_loss = loss_fn(model, batch)
+                loss = batch_loss.float() / count
+            precision.backward(loss)
+        detached = batch_loss.detach().float()
+        loss_sum = detached if loss_sum is None else loss_sum + detached
+    assert loss_sum is not None, "a window holds at least one micro-batch"
+    tokens = None if any(b.num_tokens is None for b in micro_batches) else sum(b.num_tokens or 0 for b in micro_batches)
+    return WindowStats(loss=loss_sum.double() / count, num_elements=elements,
+                       num_samples=sum(b.num_samples for b in micro_batches), num_tokens=tokens)
 
 
 def _global_counts(micro_batches: Sequence[Batch], device: torch.device) -> Tensor:
@@ -111,7 +139,11 @@ def _maybe_empty(micro_batches: Sequence[Batch], window: WindowStats) -> Tensor 
     Decided from host metadata without a sync: a rank whose own micro-batches hold a
     loss-bearing element knows the global count is positive, and skips the check's ops.
     """
-    return None if any(b.num_elements > 0 for b in micro_batches) else window.num_elements == 0
+    if any(b.num_elements > 0 for b in micro_batches):
+        return None
+    if isinstance(window.num_elements, int):  # one process: the count is known, and it is 0
+        return torch.ones((), dtype=torch.bool, device=window.loss.device)
+    return window.num_elements == 0
 
 
 def train_step(

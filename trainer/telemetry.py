@@ -1,10 +1,11 @@
 """Step records gathered on the device, copied to the host once per logging interval.
 
 Each attempted optimizer step writes one row of a preallocated ``[capacity, F + W + P]``
-float64 buffer on the training device (``torch.stack(..., out=)`` and ``torch.cat(...,
-out=)``): the window loss, the loss scale used, the overflow kind, the cumulative
-skipped steps, the raw gradient norm, the learning rate used, the global sample and
-token counts and the sampled underflow fraction (:class:`StepMetrics`), then the step's
+float64 buffer on the training device (one ``torch._foreach_copy_`` into views of the row's
+cells taken once): the window loss, the loss scale used, the overflow
+kind, the cumulative skipped steps, the raw gradient norm, the learning rate used, the
+sampled underflow fraction, the global sample and token counts (:class:`StepMetrics`; counts a
+single process knows on the host stay there, beside the row), then the step's
 overflow evidence (:mod:`trainer.forensics`: the kind per rank, then per parameter).
 Nothing is read on the host while rows accumulate. :meth:`StepLog.drain` copies the
 filled rows with one ``tolist()`` (the interval's only device-to-host
@@ -30,7 +31,8 @@ class StepMetrics(NamedTuple):
     0 clean, 1 infinities, 2 NaN; ``skipped_steps``: cumulative; ``grad_norm``: pre-clip norm
     of the unscaled gradients; ``lr``: the learning rate used; ``samples``, ``tokens``: the
     window's global counts (``tokens`` = ``samples`` for non-token data); ``underflow_fraction``:
-    NaN when the step was not sampled.
+    NaN when the step was not sampled. The counts may be python ints (one process knows them from
+    the batches' metadata): they then stay on the host and the row's write covers the other columns.
     """
 
     loss: Tensor
@@ -39,13 +41,16 @@ class StepMetrics(NamedTuple):
     skipped_steps: Tensor
     grad_norm: Tensor
     lr: Tensor
-    samples: Tensor
-    tokens: Tensor
     underflow_fraction: Tensor
+    samples: Tensor | int
+    tokens: Tensor | int
 
 
 #: Columns of the device buffer, in order.
 FIELDS: tuple[str, ...] = StepMetrics._fields
+
+#: The leading columns that only the device knows; the counts after them may be host integers.
+DEVICE_FIELDS = len(FIELDS) - 2
 
 
 @dataclass(frozen=True)
@@ -105,9 +110,15 @@ class StepLog:
         self.num_ranks, self.num_params = num_ranks, num_params
         width = len(FIELDS) + num_ranks + num_params
         self._buffer = torch.zeros((capacity, width), dtype=torch.float64, device=device)
+        # Views of every row's cells (one 0-d view per column, then the rank and parameter evidence),
+        # taken once: a step's row is then written by one ``_foreach_copy_``.
+        self._cells = [list(row[: len(FIELDS)].unbind(0)) for row in self._buffer]
+        self._evidence = [[row[len(FIELDS): len(FIELDS) + num_ranks], row[len(FIELDS) + num_ranks:]]
+                          for row in self._buffer]
         self._steps: list[int] = []
         self._times: list[float] = []
         self._has_tokens: list[bool] = []
+        self._host_counts: list[tuple[int, int] | None] = []
 
     @property
     def pending(self) -> int:
@@ -139,13 +150,21 @@ class StepLog:
             raise RuntimeError("step log is full: drain() before recording more steps")
         if len(values) != len(FIELDS):
             raise ValueError(f"expected {len(FIELDS)} values {FIELDS}, got {len(values)}")
-        row = self._buffer[self.pending]
-        torch.stack(values, out=row[: len(FIELDS)])
+        index = self.pending
+        on_host = isinstance(values.samples, int) and isinstance(values.tokens, int)
+        targets = self._cells[index][:DEVICE_FIELDS] if on_host else self._cells[index]
+        sources = list(values[:DEVICE_FIELDS])
+        if not on_host:
+            device = self._buffer.device
+            sources += [v if isinstance(v, Tensor) else torch.tensor(v, device=device) for v in values[DEVICE_FIELDS:]]
         if self.num_ranks + self.num_params:
             widths = [int(t.numel()) for t in evidence]
             if widths != [self.num_ranks, self.num_params]:
                 raise ValueError(f"expected evidence widths [{self.num_ranks}, {self.num_params}], got {widths}")
-            torch.cat(list(evidence), out=row[len(FIELDS):])
+            targets = targets + self._evidence[index]
+            sources += list(evidence)
+        torch._foreach_copy_(targets, sources)  # the whole row, every value cast to float64, in one op
+        self._host_counts.append((int(values.samples), int(values.tokens)) if on_host else None)
         self._steps.append(step)
         self._times.append(time.time())
         self._has_tokens.append(has_tokens)
@@ -155,14 +174,18 @@ class StepLog:
         if not self._steps:
             return []
         values = self._buffer[: self.pending].tolist()
-        rows = [self._row(step, when, has_tokens, row)
-                for step, when, has_tokens, row in zip(self._steps, self._times, self._has_tokens, values)]
-        self._steps, self._times, self._has_tokens = [], [], []
+        rows = [self._row(step, when, has_tokens, counts, row) for step, when, has_tokens, counts, row
+                in zip(self._steps, self._times, self._has_tokens, self._host_counts, values)]
+        self._steps, self._times, self._has_tokens, self._host_counts = [], [], [], []
         return rows
 
-    def _row(self, step: int, when: float, has_tokens: bool, values: list[float]) -> StepRow:
-        """One buffer row read back: the :class:`StepMetrics` columns by name, then the evidence."""
+    def _row(self, step: int, when: float, has_tokens: bool, counts: tuple[int, int] | None,
+             values: list[float]) -> StepRow:
+        """One buffer row read back: the :class:`StepMetrics` columns by name (the counts from the host
+        when they stayed there), then the evidence."""
         metrics = dict(zip(FIELDS, values, strict=False))
+        if counts is not None:
+            metrics["samples"], metrics["tokens"] = counts
         evidence = values[len(FIELDS):]
         return StepRow(
             step=step,

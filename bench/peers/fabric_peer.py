@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 import torch.nn.functional as F
 
 from bench.peers.base import NotInstalledError, PeerInfo
@@ -50,7 +51,8 @@ class FabricRunner:
             model = make_model(work)
             self._probe = ActivationProbe(model)
             optimizer = peer_optimizer(model, work)
-            self.model, self.optimizer = self.fabric.setup(model, optimizer)
+            compiled = torch.compile(model) if work.compile else model  # Fabric's recipe: compile, then set up
+            self.model, self.optimizer = self.fabric.setup(compiled, optimizer)
         self.scheduler = peer_scheduler(optimizer, work)
         plugin = self.fabric._precision
         scaler = getattr(plugin, "scaler", None)

@@ -38,10 +38,9 @@ LossOf = Callable[[nn.Module, Batch], torch.Tensor]
 class HandSettings(OptimizerSettings, Protocol):
     """What the loop needs beyond the optimizer settings (:class:`Workload`, ``LoraWorkload``)."""
 
-    @property
-    def precision(self) -> str: ...
-    @property
-    def max_grad_norm(self) -> float: ...
+    precision: str
+    max_grad_norm: float
+    compile: bool
 
     @property
     def autocast_dtype(self) -> torch.dtype | None: ...
@@ -66,6 +65,7 @@ class HandLoop:
     def __init__(self, model: nn.Module, work: HandSettings, loss_of: LossOf, *, version: str = "") -> None:
         self.work = work
         self.model = model
+        self._forward = torch.compile(model) if getattr(work, "compile", False) else model
         self.loss_of = loss_of
         self.optimizer = peer_optimizer(self.model, work)
         self.scheduler = peer_scheduler(self.optimizer, work)
@@ -87,7 +87,7 @@ class HandLoop:
         """One AMP step on ``batch``: autocast forward, scaled backward, unscale, clip, step, update."""
         dtype = self.work.autocast_dtype
         with torch.autocast(device_type="cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-            loss = self.loss_of(self.model, batch)
+            loss = self.loss_of(self._forward, batch)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self._parameters, self.work.max_grad_norm)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from trainer.records import RecordSink, StepRecord, read_records
 
@@ -69,3 +72,18 @@ def test_other_ranks_write_nothing(tmp_path: Path) -> None:
     with RecordSink(None) as sink:
         sink.step(STEP)
     assert list(tmp_path.iterdir()) == [] and read_records(tmp_path) == []
+
+
+@pytest.mark.parametrize("fields", [
+    {"loss": 0.5, "grad_norm": 1.25, "lr": 1e-20, "samples_total": 2**40 + 1},
+    {"loss": float("nan"), "grad_norm": float("inf"), "overflow": True, "overflow_ranks": [0],
+     "nonfinite_params": [{"name": "fc.weight", "kind": "nan"}], "nonfinite_param_count": 1},
+    {"loss": 0.25, "precision": "bf16", "underflow_fraction": 0.125},
+])
+def test_a_step_line_is_the_records_line_object(fields: dict[str, Any]) -> None:
+    """The flush's one-call serialisation parses to exactly ``StepRecord.line()`` (keys in order too)."""
+    from trainer.records import StepRecord, step_line
+
+    record = StepRecord(step=3, time=12.5, loss_scale=1024.0, skipped_steps=0, **fields)
+    parsed = json.loads(step_line(record))
+    assert parsed == record.line() and list(parsed) == list(record.line())
