@@ -63,9 +63,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def workload_from(args: argparse.Namespace) -> Workload:
     """The :class:`Workload` of the parsed options; its LR schedule spans every step of the run."""
     total = args.warmup + args.steps * args.rounds + args.sync_steps + 1
-    return Workload(precision=args.precision, in_features=args.in_features,
-                    hidden_sizes=tuple(int(h) for h in args.hidden.split(",")), micro_batch_size=args.batch,
-                    log_interval=args.log_interval, total_steps=total, compile=args.compile)
+    return Workload(
+        precision=args.precision,
+        in_features=args.in_features,
+        hidden_sizes=tuple(int(h) for h in args.hidden.split(",")),
+        micro_batch_size=args.batch,
+        log_interval=args.log_interval,
+        total_steps=total,
+        compile=args.compile,
+    )
 
 
 def set_up(

@@ -31,8 +31,8 @@ import httpx
 
 from bench.job_start import job_spec, wait_for_worker
 from bench.load_stack import ROOT, ApiProcess, admin_token, process_environment, scratch_database
-from server.client import parse_sse
 from common.quiet_logs import quiet_third_party_logs
+from server.client import parse_sse
 
 log = logging.getLogger("bench.event_latency")
 
@@ -67,9 +67,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 @contextmanager
 def worker(database_url: str, broker_url: str, data_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``python -m worker`` on the stack's database, broker and data directory; stopped on exit."""
-    env = process_environment(database_url, {"HALFCAST_DATA_DIR": str(data_dir), "HALFCAST_BROKER_URL": broker_url}, ROOT)
+    env = process_environment(
+        database_url, {"HALFCAST_DATA_DIR": str(data_dir), "HALFCAST_BROKER_URL": broker_url}, ROOT
+    )
     with (data_dir / "worker.log").open("ab") as out:
-        popen = subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "worker"], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         yield popen
     finally:
@@ -111,7 +115,9 @@ def report(results: list[Latencies]) -> str:
     for name, values in (("last of each batch (the flush)", [v for r in results for v in r.flushed]),
                          ("every step", [v for r in results for v in r.every])):  # fmt: skip
         if values:
-            cells = " | ".join(f"{1000 * x:.0f}" for x in (statistics.median(values), percentile(values, 0.95), max(values)))
+            cells = " | ".join(
+                f"{1000 * x:.0f}" for x in (statistics.median(values), percentile(values, 0.95), max(values))
+            )
             rows.append(f"| {name} | {len(values)} | {cells} |")
     return "\n".join(rows)
 

@@ -60,8 +60,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu",
-                        help="cpu: this thread's CPU time (robust to other load; needs --threads 1); wall: elapsed")
+    parser.add_argument(
+        "--clock",
+        choices=tuple(CLOCKS),
+        default="cpu",
+        help="cpu: this thread's CPU time (robust to other load; needs --threads 1); wall: elapsed",
+    )
     parser.add_argument("--json", type=Path, help="write every number here")
     return parser.parse_args(argv)
 
@@ -72,8 +76,13 @@ def mlp_builders(precision: str, total_steps: int) -> Iterator[tuple[Callable[[s
     from bench.peers import build_runner
     from bench.workload import Workload, make_batches
 
-    work = Workload(precision=precision, in_features=16, hidden_sizes=(32,), micro_batch_size=8,  # type: ignore[arg-type]
-                    total_steps=total_steps)
+    work = Workload(
+        precision=precision,
+        in_features=16,
+        hidden_sizes=(32,),
+        micro_batch_size=8,  # type: ignore[arg-type]
+        total_steps=total_steps,
+    )
     yield (lambda name: build_runner(name, work)), make_batches(work)
 
 
@@ -120,8 +129,10 @@ def measure_precision(precision: str, model: str, args: argparse.Namespace) -> d
         finally:
             for runner in runners.values():
                 runner.close()
-    return {name: PathCost(counted[name][0], counted[name][1], counted[name][2], [t * 1e6 for t in times[name]])
-            for name in PATHS}
+    return {
+        name: PathCost(counted[name][0], counted[name][1], counted[name][2], [t * 1e6 for t in times[name]])
+        for name in PATHS
+    }
 
 
 def summary(costs: Mapping[str, PathCost]) -> dict[str, Any]:
@@ -129,23 +140,33 @@ def summary(costs: Mapping[str, PathCost]) -> dict[str, Any]:
     hand, halfcast = costs["hand"], costs["halfcast"]
     extra = [h - r for h, r in zip(halfcast.us_per_step, hand.us_per_step, strict=True)]
     return {
-        "hand_ops": hand.ops_per_step, "halfcast_ops": halfcast.ops_per_step,
+        "hand_ops": hand.ops_per_step,
+        "halfcast_ops": halfcast.ops_per_step,
         "halfcast_ops_per_flush": halfcast.ops_per_flush,
-        "hand_us": median(hand.us_per_step), "halfcast_us": median(halfcast.us_per_step),
-        "extra_us": median(extra), "extra_us_min": min(extra), "extra_us_max": max(extra),
-        "hand_top_ops": hand.top_ops, "halfcast_top_ops": halfcast.top_ops,
+        "hand_us": median(hand.us_per_step),
+        "halfcast_us": median(halfcast.us_per_step),
+        "extra_us": median(extra),
+        "extra_us_min": min(extra),
+        "extra_us_max": max(extra),
+        "hand_top_ops": hand.top_ops,
+        "halfcast_top_ops": halfcast.top_ops,
         "us_per_step": {"hand": hand.us_per_step, "halfcast": halfcast.us_per_step},
     }
 
 
 def markdown(rows: Mapping[str, Mapping[str, Any]]) -> str:
     """The table of every precision."""
-    lines = ["| precision | hand ops/step | Halfcast ops/step | Halfcast ops/flush | hand µs/step | Halfcast µs/step "
-             "| Halfcast − hand, µs/step: median (range) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| precision | hand ops/step | Halfcast ops/step | Halfcast ops/flush | hand µs/step | Halfcast µs/step "
+        "| Halfcast − hand, µs/step: median (range) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for precision, row in rows.items():
-        lines.append(f"| {precision} | {row['hand_ops']} | {row['halfcast_ops']} | {row['halfcast_ops_per_flush']} "
-                     f"| {row['hand_us']:.0f} | {row['halfcast_us']:.0f} | {row['extra_us']:+.0f} "
-                     f"({row['extra_us_min']:+.0f} – {row['extra_us_max']:+.0f}) |")
+        lines.append(
+            f"| {precision} | {row['hand_ops']} | {row['halfcast_ops']} | {row['halfcast_ops_per_flush']} "
+            f"| {row['hand_us']:.0f} | {row['halfcast_us']:.0f} | {row['extra_us']:+.0f} "
+            f"({row['extra_us_min']:+.0f} – {row['extra_us_max']:+.0f}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -159,8 +180,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = {"before": load_before, "after": os.getloadavg()}
     sys.stdout.write(markdown(rows) + f"load average (1, 5, 15 min): before {load['before']}, after {load['after']}\n")
     if args.json is not None:
-        result = {"command": "python -m bench.host_overhead " + " ".join(sys.argv[1:] if argv is None else argv),
-                  "model": args.model, "clock": args.clock, "machine": machine_info(), "load_average": load, "precisions": rows}
+        result = {
+            "command": "python -m bench.host_overhead " + " ".join(sys.argv[1:] if argv is None else argv),
+            "model": args.model,
+            "clock": args.clock,
+            "machine": machine_info(),
+            "load_average": load,
+            "precisions": rows,
+        }
         args.json.write_text(json.dumps(result, indent=2))
     return 0
 

@@ -74,7 +74,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--root", type=Path, default=ROOT, help="source tree the API and worker run from (default: this one)"
     )
     parser.add_argument("--json", type=Path, default=None, help="write every number to this file")
-    parser.add_argument("--modes", default="warm,cold,bare", help="comma-separated: warm, cold, bare (default all three)")
+    parser.add_argument(
+        "--modes", default="warm,cold,bare", help="comma-separated: warm, cold, bare (default all three)"
+    )
     args = parser.parse_args(argv)
     args.modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
     if unknown := set(args.modes) - set(MODES):
@@ -98,7 +100,9 @@ def migrate(database_url: str, root: Path) -> None:
 
 
 @contextmanager
-def worker_process(database_url: str, data_dir: Path, root: Path, warm: bool = True) -> Iterator[subprocess.Popen[bytes]]:
+def worker_process(
+    database_url: str, data_dir: Path, root: Path, warm: bool = True
+) -> Iterator[subprocess.Popen[bytes]]:
     """``python -m worker`` on the stack's database and data directory (its output in ``worker.log``); stopped on exit."""
     extra = {"HALFCAST_DATA_DIR": str(data_dir), "HALFCAST_WARM_START": "1" if warm else "0"}
     env = process_environment(database_url, extra, root)
@@ -152,7 +156,9 @@ def wait_for_standby(log_path: Path, after: int) -> None:
     """Return once ``worker.log`` has reported a ready warm standby more than ``after`` times (or after a minute)."""
     deadline = time.monotonic() + WORKER_START_S
     while time.monotonic() < deadline:
-        ready = [line for line in log_path.read_bytes().splitlines() if STANDBY_READY in line and line.endswith(b"is ready")]
+        ready = [
+            line for line in log_path.read_bytes().splitlines() if STANDBY_READY in line and line.endswith(b"is ready")
+        ]
         if len(ready) > after:
             return
         time.sleep(0.2)
@@ -192,7 +198,9 @@ def run_bare(args: argparse.Namespace) -> list[JobStart]:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                        "--nproc-per-node", "1", "-m", "trainer", "--spec", "spec.json", "--run-dir", "."]  # fmt: skip
             started = time.monotonic()
-            popen = subprocess.Popen(command, cwd=run_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            popen = subprocess.Popen(
+                command, cwd=run_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             first = _first_step_time(run_dir / "records.jsonl", popen, started, args.poll_s)
             status = "succeeded" if popen.wait() == 0 else "failed"
             results.append(JobStart(f"bare-{number}", round(first, 2), status=status))
@@ -252,7 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for mode, results in measured.items():
         sys.stdout.write(f"\n## {mode}\n\n" + report(results) + "\n")
     if args.json is not None:
-        args.json.write_text(json.dumps({mode: [asdict(r) for r in results] for mode, results in measured.items()}, indent=2))
+        args.json.write_text(
+            json.dumps({mode: [asdict(r) for r in results] for mode, results in measured.items()}, indent=2)
+        )
     return 0 if all(r.status == "succeeded" for results in measured.values() for r in results) else 1
 
 

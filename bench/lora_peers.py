@@ -62,10 +62,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def workload_from(args: argparse.Namespace) -> LoraWorkload:
     """The :class:`LoraWorkload` of the parsed options; its LR schedule spans every step of the run."""
     total = args.warmup + args.steps * args.rounds + args.sync_steps + 10
-    return LoraWorkload(precision=args.precision, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                        num_layers=args.layers, vocab_size=args.vocab, seq_len=args.seq_len,
-                        micro_batch_size=args.batch, total_steps=total,
-                        log_interval=args.log_interval, compile=args.compile)
+    return LoraWorkload(
+        precision=args.precision,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_layers=args.layers,
+        vocab_size=args.vocab,
+        seq_len=args.seq_len,
+        micro_batch_size=args.batch,
+        total_steps=total,
+        log_interval=args.log_interval,
+        compile=args.compile,
+    )
 
 
 def run_lora_benchmark(

@@ -116,21 +116,28 @@ def model_roots(root: Path) -> Iterator[None]:
 
 def job_spec(work: LoraWorkload) -> JobSpec:
     """The Halfcast ``hf`` + LoRA job of ``work`` (default dynamic loss scale for fp16, fused AdamW)."""
-    return JobSpec.model_validate({
-        "model": {"name": "hf", "config": {"path": MODEL_NAME}},
-        "adapter": {"type": "lora", "r": work.lora_r, "alpha": work.lora_alpha,
-                    "target_modules": list(work.target_modules), "base_dtype": work.base_dtype},
-        "dataset": {"name": "text", "config": {"seq_len": work.seq_len, "max_bytes": _text_bytes(work)}},
-        "precision": work.precision,
-        "micro_batch_size": work.micro_batch_size,
-        "max_steps": work.total_steps,
-        "optimizer": {"name": "adamw", "lr": work.lr, "weight_decay": work.weight_decay, "implementation": "fused"},
-        "lr_scheduler": {"name": "cosine", "warmup_steps": work.warmup_steps, "min_lr_ratio": work.min_lr_ratio},
-        "max_grad_norm": work.max_grad_norm,
-        "log_interval": work.log_interval,
-        "seed": work.seed,
-        "compile": work.compile,
-    })
+    return JobSpec.model_validate(
+        {
+            "model": {"name": "hf", "config": {"path": MODEL_NAME}},
+            "adapter": {
+                "type": "lora",
+                "r": work.lora_r,
+                "alpha": work.lora_alpha,
+                "target_modules": list(work.target_modules),
+                "base_dtype": work.base_dtype,
+            },
+            "dataset": {"name": "text", "config": {"seq_len": work.seq_len, "max_bytes": _text_bytes(work)}},
+            "precision": work.precision,
+            "micro_batch_size": work.micro_batch_size,
+            "max_steps": work.total_steps,
+            "optimizer": {"name": "adamw", "lr": work.lr, "weight_decay": work.weight_decay, "implementation": "fused"},
+            "lr_scheduler": {"name": "cosine", "warmup_steps": work.warmup_steps, "min_lr_ratio": work.min_lr_ratio},
+            "max_grad_norm": work.max_grad_norm,
+            "log_interval": work.log_interval,
+            "seed": work.seed,
+            "compile": work.compile,
+        }
+    )
 
 
 def _text_bytes(work: LoraWorkload) -> int:

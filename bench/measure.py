@@ -71,8 +71,13 @@ def time_block(runner: Runner, cycle: BatchCycle, steps: int, clock: Callable[[]
     return (clock() - start) / steps
 
 
-def interleaved_times(runners: Mapping[str, Runner], cycles: Mapping[str, BatchCycle], steps: int,
-                      rounds: int, clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+def interleaved_times(
+    runners: Mapping[str, Runner],
+    cycles: Mapping[str, BatchCycle],
+    steps: int,
+    rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
     """Seconds per step of each runner in each round (by ``clock``), the run order rotated by one every round."""
     names = list(runners)
     times: dict[str, list[float]] = {name: [] for name in names}

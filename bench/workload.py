@@ -63,22 +63,35 @@ class Workload:
 
 def job_spec(work: Workload, implementation: str = "fused") -> JobSpec:
     """The Halfcast :class:`JobSpec` for ``work`` (GradScaler's default dynamic loss scale for fp16)."""
-    return JobSpec.model_validate({
-        "model": {"name": "mlp", "config": {"hidden_sizes": list(work.hidden_sizes)}},
-        "dataset": {"name": "synthetic", "config": {
-            "task": "classification", "in_features": work.in_features, "num_classes": work.num_classes,
-            "num_samples": work.micro_batch_size * work.num_batches, "seed": work.seed}},
-        "precision": work.precision,
-        "micro_batch_size": work.micro_batch_size,
-        "max_steps": work.total_steps,
-        "optimizer": {"name": "adamw", "lr": work.lr, "weight_decay": work.weight_decay,
-                      "implementation": implementation},
-        "lr_scheduler": {"name": "cosine", "warmup_steps": work.warmup_steps, "min_lr_ratio": work.min_lr_ratio},
-        "max_grad_norm": work.max_grad_norm,
-        "log_interval": work.log_interval,
-        "seed": work.seed,
-        "compile": work.compile,
-    })
+    return JobSpec.model_validate(
+        {
+            "model": {"name": "mlp", "config": {"hidden_sizes": list(work.hidden_sizes)}},
+            "dataset": {
+                "name": "synthetic",
+                "config": {
+                    "task": "classification",
+                    "in_features": work.in_features,
+                    "num_classes": work.num_classes,
+                    "num_samples": work.micro_batch_size * work.num_batches,
+                    "seed": work.seed,
+                },
+            },
+            "precision": work.precision,
+            "micro_batch_size": work.micro_batch_size,
+            "max_steps": work.total_steps,
+            "optimizer": {
+                "name": "adamw",
+                "lr": work.lr,
+                "weight_decay": work.weight_decay,
+                "implementation": implementation,
+            },
+            "lr_scheduler": {"name": "cosine", "warmup_steps": work.warmup_steps, "min_lr_ratio": work.min_lr_ratio},
+            "max_grad_norm": work.max_grad_norm,
+            "log_interval": work.log_interval,
+            "seed": work.seed,
+            "compile": work.compile,
+        }
+    )
 
 
 def make_batches(work: Workload) -> list[Batch]:

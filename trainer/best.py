@@ -53,7 +53,9 @@ def best_model_state(run_dir: Path, best_step: int | None, last_step: int) -> tu
         return last_step, None
     payload = torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
     if payload is None or int(payload["step"]) != best_step:
-        log.warning("no best checkpoint of step %s in %s: exporting the last state (step %d)", best_step, path, last_step)
+        log.warning(
+            "no best checkpoint of step %s in %s: exporting the last state (step %d)", best_step, path, last_step
+        )
         return last_step, None
     log.info("exporting the best evaluated state, step %d (%s)", best_step, path)
     return best_step, payload["model"]

@@ -94,8 +94,14 @@ class GPTModel(_Strict):
 MAX_HF_CONFIG_BYTES = 16384
 #: Upper bounds of the size fields of an ``hf_config`` (a from-scratch model stays bounded).
 HF_CONFIG_LIMITS: dict[str, int] = {
-    "hidden_size": 16384, "intermediate_size": 65536, "num_hidden_layers": 256, "num_attention_heads": 256,
-    "num_key_value_heads": 256, "vocab_size": 1 << 20, "max_position_embeddings": 1 << 20, "head_dim": 1024,
+    "hidden_size": 16384,
+    "intermediate_size": 65536,
+    "num_hidden_layers": 256,
+    "num_attention_heads": 256,
+    "num_key_value_heads": 256,
+    "vocab_size": 1 << 20,
+    "max_position_embeddings": 1 << 20,
+    "head_dim": 1024,
 }
 #: ``hf_config`` keys that would make Hugging Face run code from elsewhere.
 HF_CONFIG_FORBIDDEN = frozenset({"auto_map", "trust_remote_code", "_name_or_path", "name_or_path"})
@@ -133,8 +139,9 @@ class HFConfig(_Strict):
         if self.task == "sequence_classification" and self.num_labels is None:
             raise field_error("HFConfig", "num_labels", "task 'sequence_classification' needs num_labels (>= 2)", None)
         if self.task == "causal_lm" and self.num_labels is not None:
-            raise field_error("HFConfig", "num_labels", "num_labels is only used with task 'sequence_classification'",
-                              self.num_labels)
+            raise field_error(
+                "HFConfig", "num_labels", "num_labels is only used with task 'sequence_classification'", self.num_labels
+            )
         return self
 
     @property
@@ -150,7 +157,9 @@ def _check_hf_config(config: dict[str, Any]) -> None:
     except (TypeError, ValueError):
         raise field_error("HFConfig", "hf_config", "hf_config must be plain JSON data", None) from None
     if size > MAX_HF_CONFIG_BYTES:
-        raise field_error("HFConfig", "hf_config", f"hf_config is {size} bytes of JSON (at most {MAX_HF_CONFIG_BYTES})", None)
+        raise field_error(
+            "HFConfig", "hf_config", f"hf_config is {size} bytes of JSON (at most {MAX_HF_CONFIG_BYTES})", None
+        )
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type.isidentifier():
         raise field_error("HFConfig", "hf_config", "hf_config needs a model_type (e.g. 'llama')", model_type)
@@ -305,13 +314,20 @@ class JsonlConfig(_Strict):
             raise field_error("JsonlConfig", "path", msg, self.path)
         if self.dataset_id is not None:
             if self.column_map:
-                msg = "column_map renames a file's columns; a registered dataset's rows already have the format's fields"
+                msg = (
+                    "column_map renames a file's columns; a registered dataset's rows already have the format's fields"
+                )
                 raise field_error("JsonlConfig", "column_map", msg, self.column_map)
             return
         assert self.path is not None
         check_data_path("JsonlConfig", self.path)
         if self.format is None:
-            raise field_error("JsonlConfig", "format", "format is required with a path (text, instruction, chat or classification)", None)
+            raise field_error(
+                "JsonlConfig",
+                "format",
+                "format is required with a path (text, instruction, chat or classification)",
+                None,
+            )
         if self.file_format is None and self._extension not in FILE_EXTENSIONS:
             msg = f"cannot tell the file format from {self.path!r}: name it .jsonl, .json or .csv, or set file_format"
             raise field_error("JsonlConfig", "file_format", msg, None)
@@ -381,9 +397,7 @@ class JsonlDataset(_Strict):
     config: JsonlConfig
 
 
-DatasetSpec = Annotated[
-    DigitsDataset | TextDataset | SyntheticDataset | JsonlDataset, Field(discriminator="name")
-]
+DatasetSpec = Annotated[DigitsDataset | TextDataset | SyntheticDataset | JsonlDataset, Field(discriminator="name")]
 
 #: Which model families can consume which dataset task.
 MODEL_DATASETS: dict[str, frozenset[str]] = {

@@ -73,7 +73,9 @@ def save_checkpoint(
     """
     payload: dict[str, Any] = {
         "rng": [dict(r) for r in rng],
-        "model": checkpointed_model_state(state.model, state.model.state_dict() if model_state is None else model_state),
+        "model": checkpointed_model_state(
+            state.model, state.model.state_dict() if model_state is None else model_state
+        ),
         "optimizer": state.optimizer.state_dict() if optimizer_state is None else dict(optimizer_state),
         "lr_scheduler": state.lr_scheduler.state_dict(),
         "precision": state.precision.state_dict(),

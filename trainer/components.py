@@ -103,8 +103,9 @@ def build_components(
 
 def _first_batch(dataset: Dataset, spec: JobSpec, dist_ctx: DistContext) -> Batch:
     """This rank's first training micro-batch, on its device (from a stream of its own: the job's is untouched)."""
-    stream = dataset.train_batches(spec.micro_batch_size, rank=dist_ctx.rank, world_size=dist_ctx.world_size,
-                                   seed=spec.seed)
+    stream = dataset.train_batches(
+        spec.micro_batch_size, rank=dist_ctx.rank, world_size=dist_ctx.world_size, seed=spec.seed
+    )
     return next(iter(stream)).to(dist_ctx.device)
 
 
@@ -136,5 +137,12 @@ def build_record_flusher(
     readable = getattr(parts.model, "readable_names", None)  # hf: without the wrapper's and PEFT's prefixes
     names = readable(names) if callable(readable) else names
     step_log = StepLog(spec.log_interval, dist_ctx.device, num_ranks=dist_ctx.world_size, num_params=len(names))
-    return RecordFlusher(step_log, records, spec.max_steps, dist_ctx.is_main, param_names=names,
-                         max_latency_s=spec.log_interval_s, totals=totals)
+    return RecordFlusher(
+        step_log,
+        records,
+        spec.max_steps,
+        dist_ctx.is_main,
+        param_names=names,
+        max_latency_s=spec.log_interval_s,
+        totals=totals,
+    )

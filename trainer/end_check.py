@@ -52,8 +52,10 @@ def check_updates_applied(guard: DivergenceGuard, max_steps: int, skipped_steps:
     """
     applied = max_steps - skipped_steps
     if applied <= 0:
-        msg = (f"no update was applied: all {max_steps} attempted steps were skipped (non-finite gradients), "
-               "so the model is still its initialisation")
+        msg = (
+            f"no update was applied: all {max_steps} attempted steps were skipped (non-finite gradients), "
+            "so the model is still its initialisation"
+        )
         raise DivergenceError(FailureReason.NO_UPDATE_APPLIED, msg)
     losses, loss_limit = guard.consecutive_nonfinite_losses, final_stretch_limit(guard.max_nonfinite_losses, max_steps)
     if losses >= loss_limit:
@@ -67,5 +69,7 @@ def check_updates_applied(guard: DivergenceGuard, max_steps: int, skipped_steps:
 
 def _final_stretch(length: int, max_steps: int, limit: int, after: str = "") -> str:
     """``the last N of M steps (why that fails)``, for the failure message."""
-    return (f"the last {length} of {max_steps} steps (the run ended inside the stretch{after}; "
-            f"{limit} in a row fail a {max_steps}-step run)")
+    return (
+        f"the last {length} of {max_steps} steps (the run ended inside the stretch{after}; "
+        f"{limit} in a row fail a {max_steps}-step run)"
+    )

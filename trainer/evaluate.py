@@ -38,8 +38,13 @@ MAX_EXP_LOSS = 709.0
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, dataset: Dataset, precision: PrecisionPolicy, batch_size: int,
-    *, rank: int = 0, world_size: int = 1,
+    model: nn.Module,
+    dataset: Dataset,
+    precision: PrecisionPolicy,
+    batch_size: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> dict[str, float | None]:
     """Evaluate the unwrapped ``model`` in eval mode, under the job's autocast (see the module docstring).
 
@@ -88,6 +93,10 @@ def _batch_totals(model: nn.Module, batch: Batch, task: Task, precision: Precisi
     with precision.autocast():
         outputs = model_outputs(model, batch)
     loss = sum_loss(task, outputs, batch.targets).double()
-    correct = (outputs.argmax(dim=-1) == batch.targets).sum().double() if task is Task.CLASSIFICATION else torch.zeros_like(loss)
+    correct = (
+        (outputs.argmax(dim=-1) == batch.targets).sum().double()
+        if task is Task.CLASSIFICATION
+        else torch.zeros_like(loss)
+    )
     elements = torch.tensor(float(batch.num_elements), dtype=torch.float64, device=loss.device)
     return torch.stack([loss, elements, correct])

@@ -78,5 +78,7 @@ def _hf_model(payload: Mapping[str, Any], map_location: str | torch.device) -> n
     spec = JobSpec.model_validate(payload["spec"])
     precision = payload.get("precision_switch", {}).get("to", spec.precision)
     tokenizer = load_tokenizer(spec.model.config, spec.dataset.name)  # type: ignore[union-attr]
-    model = rebuild_hf_model(spec, checkpoint_data_info(payload), tokenizer, COMPUTE_DTYPES[precision], payload["model"])
+    model = rebuild_hf_model(
+        spec, checkpoint_data_info(payload), tokenizer, COMPUTE_DTYPES[precision], payload["model"]
+    )
     return model.to(map_location)

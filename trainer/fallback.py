@@ -88,17 +88,28 @@ class PrecisionSwitch:
     def as_record(self) -> dict[str, Any]:
         """The switch as records and checkpoints hold it: ``step``, ``from``, ``to``, ``reason``, ``message``,
         ``rewound_to_step``, ``time``."""
-        record = {"step": self.step, "from": self.source, "to": self.target, "reason": self.reason,
-                  "message": self.message, "rewound_to_step": self.rewound_to_step}
+        record = {
+            "step": self.step,
+            "from": self.source,
+            "to": self.target,
+            "reason": self.reason,
+            "message": self.message,
+            "rewound_to_step": self.rewound_to_step,
+        }
         return record | ({"time": self.time} if self.time is not None else {})
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> PrecisionSwitch:
         """The switch a checkpoint holds (:meth:`as_record`'s form)."""
-        return cls(step=int(record["step"]), source=str(record["from"]), target=str(record["to"]),
-                   reason=str(record["reason"]), message=str(record["message"]),
-                   rewound_to_step=int(record["rewound_to_step"]),
-                   time=float(record["time"]) if record.get("time") is not None else None)
+        return cls(
+            step=int(record["step"]),
+            source=str(record["from"]),
+            target=str(record["to"]),
+            reason=str(record["reason"]),
+            message=str(record["message"]),
+            rewound_to_step=int(record["rewound_to_step"]),
+            time=float(record["time"]) if record.get("time") is not None else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -168,11 +179,22 @@ class PrecisionFallback:
         if not self._may_fall_back():
             return None
         checkpoint = self._healthy_checkpoint(guard.failing_run_start)
-        switch = PrecisionSwitch(step=guard.last_step, source=self.job_spec.precision, target=FALLBACK_PRECISION,
-                                 reason=divergence.reason, message=divergence.message,
-                                 rewound_to_step=0 if checkpoint is None else checkpoint.step, time=time.time())
-        log.warning("divergence at step %d (%s); rewinding to step %d and continuing in %s",
-                    switch.step, switch.reason, switch.rewound_to_step, FALLBACK_PRECISION)
+        switch = PrecisionSwitch(
+            step=guard.last_step,
+            source=self.job_spec.precision,
+            target=FALLBACK_PRECISION,
+            reason=divergence.reason,
+            message=divergence.message,
+            rewound_to_step=0 if checkpoint is None else checkpoint.step,
+            time=time.time(),
+        )
+        log.warning(
+            "divergence at step %d (%s); rewinding to step %d and continuing in %s",
+            switch.step,
+            switch.reason,
+            switch.rewound_to_step,
+            FALLBACK_PRECISION,
+        )
         records.precision_switch(switch.as_record())
         if self.main:
             self._delete_checkpoints_after(switch.rewound_to_step)

@@ -68,9 +68,16 @@ class RecordFlusher:
             checkpoint); counted on as rows are written.
     """
 
-    def __init__(self, step_log: StepLog, records: RecordSink, max_steps: int, main: bool,
-                 param_names: Sequence[str] = (), max_latency_s: float | None = None,
-                 totals: RunTotals | None = None) -> None:
+    def __init__(
+        self,
+        step_log: StepLog,
+        records: RecordSink,
+        max_steps: int,
+        main: bool,
+        param_names: Sequence[str] = (),
+        max_latency_s: float | None = None,
+        totals: RunTotals | None = None,
+    ) -> None:
         self.step_log = step_log
         self.param_names = list(param_names)
         self.max_latency_s = max_latency_s if main else None
@@ -120,7 +127,7 @@ class RecordFlusher:
             rows = self.step_log.drain()
             if rows:
                 self._write(rows, max(time.perf_counter() - self._since, 1e-9))
-        except Exception:  # noqa: BLE001 - the original failure is what matters
+        except Exception:
             log.exception("could not write the step records pending at the failure")
 
     def _write(self, rows: list[StepRow], seconds: float) -> None:
@@ -130,10 +137,17 @@ class RecordFlusher:
         records = []
         for row in rows:
             self.totals.add(row)
-            totals = {"samples_total": self.totals.samples,
-                      "tokens_total": self.totals.tokens if row.tokens is not None else None}
-            record = _step_record(row, samples_per_second, tokens_per_second, self.param_names,
-                                  {**totals, **self.records.step_fields, "time": row.time})
+            totals = {
+                "samples_total": self.totals.samples,
+                "tokens_total": self.totals.tokens if row.tokens is not None else None,
+            }
+            record = _step_record(
+                row,
+                samples_per_second,
+                tokens_per_second,
+                self.param_names,
+                {**totals, **self.records.step_fields, "time": row.time},
+            )
             records.append((row.time, record))
         self.records.steps(records)
         self.skipped_steps = rows[-1].skipped_steps
@@ -143,11 +157,16 @@ class RecordFlusher:
 
 
 def _step_record(
-    row: StepRow, samples_per_second: float, tokens_per_second: float | None, param_names: Sequence[str],
+    row: StepRow,
+    samples_per_second: float,
+    tokens_per_second: float | None,
+    param_names: Sequence[str],
     extra: dict[str, Any],
 ) -> StepRecord:
     """The step record of ``row``, validated once with ``extra`` (totals, the sink's step fields, its time)."""
-    report = describe_overflow(param_names, row.rank_kinds, row.param_kinds) if row.overflow and row.rank_kinds else None
+    report = (
+        describe_overflow(param_names, row.rank_kinds, row.param_kinds) if row.overflow and row.rank_kinds else None
+    )
     return StepRecord(
         **extra,
         step=row.step,
@@ -171,6 +190,12 @@ def _log_progress(row: StepRow, max_steps: int) -> None:
     if step == 1 or step == max_steps or step % max(1, max_steps // 10) == 0 or row.overflow:
         log.info(
             "step %d/%d loss %.4g scale %g overflow %s skipped %d grad_norm %s lr %.3g",
-            step, max_steps, row.loss, row.loss_scale, row.overflow,
-            row.skipped_steps, None if row.overflow else row.grad_norm, row.lr,
+            step,
+            max_steps,
+            row.loss,
+            row.loss_scale,
+            row.overflow,
+            row.skipped_steps,
+            None if row.overflow else row.grad_norm,
+            row.lr,
         )

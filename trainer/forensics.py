@@ -61,7 +61,9 @@ class OverflowReport:
     count: int
 
 
-def describe_overflow(names: Sequence[str], rank_kinds: Sequence[float], param_kinds: Sequence[float]) -> OverflowReport:
+def describe_overflow(
+    names: Sequence[str], rank_kinds: Sequence[float], param_kinds: Sequence[float]
+) -> OverflowReport:
     """Decode the kinds read back from the step log (``names[i]`` names ``param_kinds[i]``)."""
     flagged = [(name, int(kind)) for name, kind in zip(names, param_kinds, strict=True) if kind > 0]
     return OverflowReport(

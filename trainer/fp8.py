@@ -247,9 +247,17 @@ class Float8EmulatedLinear(nn.Linear):
     ``overflow`` is the shared :class:`Fp8OverflowFlag` this layer records into.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 recipe: Fp8Recipe = "tensorwise", overflow: Fp8OverflowFlag | None = None,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        recipe: Fp8Recipe = "tensorwise",
+        overflow: Fp8OverflowFlag | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.recipe: Fp8Recipe = recipe
         self.overflow = overflow if overflow is not None else Fp8OverflowFlag(self.weight.device)
@@ -258,8 +266,9 @@ class Float8EmulatedLinear(nn.Linear):
     def from_linear(cls, linear: nn.Linear, recipe: Fp8Recipe, overflow: Fp8OverflowFlag) -> Float8EmulatedLinear:
         """A Float8EmulatedLinear sharing ``linear``'s parameter objects (no copy)."""
         with torch.device("meta"):
-            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                      recipe=recipe, overflow=overflow)
+            new = cls(
+                linear.in_features, linear.out_features, bias=linear.bias is not None, recipe=recipe, overflow=overflow
+            )
         new.weight = linear.weight
         new.bias = linear.bias
         return new
@@ -364,6 +373,12 @@ def convert_to_fp8(model: nn.Module, recipe: Fp8Recipe = "tensorwise", *, emulat
             return fqn in chosen
 
         convert_to_float8_training(model, module_filter_fn=keep, config=Float8LinearConfig.from_recipe_name(recipe))
-    log.info("fp8 (%s%s): %d of %d Linear layers converted: %s", recipe, ", emulated" if emulate else "",
-             len(chosen), len(report), sorted(chosen))
+    log.info(
+        "fp8 (%s%s): %d of %d Linear layers converted: %s",
+        recipe,
+        ", emulated" if emulate else "",
+        len(chosen),
+        len(report),
+        sorted(chosen),
+    )
     return Fp8Conversion(report=report, overflow=overflow)

@@ -92,8 +92,10 @@ class DivergenceGuard:
         collapsed = (self.min_scale is not None and scale is not None and scale <= self.min_scale
                      and self.nan_skips_in_run == 0)  # fmt: skip
         if collapsed:
-            msg = (f"the loss scale collapsed to min_scale {self.min_scale:g} and gradients still overflowed "
-                   f"(infinities, no NaN) for {run}")
+            msg = (
+                f"the loss scale collapsed to min_scale {self.min_scale:g} and gradients still overflowed "
+                f"(infinities, no NaN) for {run}"
+            )
             return DivergenceError(FailureReason.LOSS_SCALE_COLLAPSED, msg)
         kinds = "NaN" if self.nan_skips_in_run else "infinite"
         return DivergenceError(FailureReason.NONFINITE_GRADIENTS, f"gradients were non-finite ({kinds}) for {run}")

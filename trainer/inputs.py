@@ -100,7 +100,9 @@ def check_inputs_unchanged(saved: Mapping[str, str] | None, spec: JobSpec, path:
     changed = [name for name in ("model", "tokenizer", "data") if saved.get(name) != current.get(name)]
     if not changed:
         return
-    msg = (f"cannot resume from {path}: the {' and '.join(changed)} changed since the checkpoint was written "
-           "(different files under the model or data roots); resuming would continue on other inputs than "
-           "the run trained on")
+    msg = (
+        f"cannot resume from {path}: the {' and '.join(changed)} changed since the checkpoint was written "
+        "(different files under the model or data roots); resuming would continue on other inputs than "
+        "the run trained on"
+    )
     raise TrainerError(_REASONS[changed[0]], msg)

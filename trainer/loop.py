@@ -145,7 +145,10 @@ class Due(NamedTuple):
 
 
 def train(
-    job_spec: JobSpec, run_dir: Path, dist_ctx: DistContext, resume_from: Path | None = None,
+    job_spec: JobSpec,
+    run_dir: Path,
+    dist_ctx: DistContext,
+    resume_from: Path | None = None,
     stop: StopSignal | None = None,
 ) -> TrainResult:
     """Run the job ``job_spec`` for ``job_spec.max_steps`` attempted optimizer steps, writing into ``run_dir``.
@@ -190,10 +193,19 @@ def train(
         _checkpoint(final_path(run_dir), run, last, job_spec, dist_ctx)
         exported = _export_on_main(run, run_dir, dist_ctx, job_spec, last)
         records.end(steps=last, skipped_steps=done.skipped, **_end_fields(run, done, exported))
-    log.info("finished %d steps (%d skipped)%s; final evaluation %s", last, done.skipped,
-             " (stopped early)" if done.stopped_early else "", final_eval)
-    return TrainResult(model=run.parts.model, steps=last, skipped_steps=done.skipped,
-                       final_eval=final_eval if dist_ctx.is_main else None)
+    log.info(
+        "finished %d steps (%d skipped)%s; final evaluation %s",
+        last,
+        done.skipped,
+        " (stopped early)" if done.stopped_early else "",
+        final_eval,
+    )
+    return TrainResult(
+        model=run.parts.model,
+        steps=last,
+        skipped_steps=done.skipped,
+        final_eval=final_eval if dist_ctx.is_main else None,
+    )
 
 
 def _end_fields(run: RunState, done: StepsDone, exported: int | None) -> dict[str, Any]:
@@ -225,12 +237,26 @@ def start_run(
         if spec.keep_best and run_dir is not None and dist_ctx.is_main:
             carry_best(checkpoint.path, run_dir, tracker.best_step)
     inputs = MappingProxyType(input_fingerprints(spec) if dist_ctx.is_main else {})
-    return RunState(spec, parts, guard, _train_windows(parts.dataset, spec, dist_ctx, after_step=done), done,
-                    totals, tracker, start.precision_switch, inputs=inputs, startup=startup)
+    return RunState(
+        spec,
+        parts,
+        guard,
+        _train_windows(parts.dataset, spec, dist_ctx, after_step=done),
+        done,
+        totals,
+        tracker,
+        start.precision_switch,
+        inputs=inputs,
+        startup=startup,
+    )
 
 
 def _train_steps(
-    run: RunState, job_spec: JobSpec, run_dir: Path, records: RecordSink, dist_ctx: DistContext,
+    run: RunState,
+    job_spec: JobSpec,
+    run_dir: Path,
+    records: RecordSink,
+    dist_ctx: DistContext,
     stop: StopSignal | None,
 ) -> StepsDone:
     """Attempt steps ``run.done + 1`` to ``job_spec.max_steps``, or until early stopping says stop at an
@@ -246,8 +272,9 @@ def _train_steps(
         for step in range(run.done + 1, job_spec.max_steps + 1):
             faults.at_step_start(step)
             window = _next_window(run.window_stream, dist_ctx.device)
-            result = train_step(run.parts, window, step=step, max_grad_norm=job_spec.max_grad_norm,
-                                dist_ctx=dist_ctx, faults=faults)
+            result = train_step(
+                run.parts, window, step=step, max_grad_norm=job_spec.max_grad_norm, dist_ctx=dist_ctx, faults=faults
+            )
             record_step(flusher.step_log, step, result)
             due = _due_after(step, run, job_spec)
             if due.flush:
@@ -294,8 +321,12 @@ def _skipped_steps(run: RunState, flusher: RecordFlusher) -> int:
 
 def _stopped_early(run: RunState, step: int, flusher: RecordFlusher) -> StepsDone:
     """Early stopping ended the run at ``step`` (an evaluation step)."""
-    log.info("early stopping at step %d: no improvement of %s in %s evaluations", step, run.tracker.metric,
-             run.tracker.patience)
+    log.info(
+        "early stopping at step %d: no improvement of %s in %s evaluations",
+        step,
+        run.tracker.metric,
+        run.tracker.patience,
+    )
     return StepsDone(step, _skipped_steps(run, flusher), stopped_early=True)
 
 
@@ -308,8 +339,13 @@ def _train_windows(
     (:mod:`trainer.data.epochs`): a resumed run builds no window of the steps before it.
     """
     plan = plan_batches(spec)
-    stream = dataset.train_batches(plan.micro_batch_size, rank=dist_ctx.rank, world_size=dist_ctx.world_size,
-                                   seed=spec.seed, start=after_step * plan.accumulation_steps)
+    stream = dataset.train_batches(
+        plan.micro_batch_size,
+        rank=dist_ctx.rank,
+        world_size=dist_ctx.world_size,
+        seed=spec.seed,
+        start=after_step * plan.accumulation_steps,
+    )
     return windows(stream, plan.accumulation_steps)
 
 
@@ -324,8 +360,9 @@ def _next_window(window_stream: Iterator[list[Batch]], device: torch.device) -> 
 def _pinned(batch: Batch) -> Batch:
     """``batch`` with its tensors in pinned host memory."""
     mask = None if batch.attention_mask is None else batch.attention_mask.pin_memory()
-    return dataclasses.replace(batch, inputs=batch.inputs.pin_memory(), targets=batch.targets.pin_memory(),
-                               attention_mask=mask)
+    return dataclasses.replace(
+        batch, inputs=batch.inputs.pin_memory(), targets=batch.targets.pin_memory(), attention_mask=mask
+    )
 
 
 def _checkpoint(path: Path, run: RunState, step: int, job_spec: JobSpec, dist_ctx: DistContext) -> None:
@@ -343,8 +380,15 @@ def _checkpoint(path: Path, run: RunState, step: int, job_spec: JobSpec, dist_ct
         extra[TRACKER_KEY] = run.tracker.state_dict()
         counters = {**run.guard.state_dict(), **run.totals.as_counters()}
         save_checkpoint(
-            path, run.parts.training_state, step=step, counters=counters, spec=job_spec, rng=rng_states,
-            model_state=model_state, optimizer_state=optimizer_state, extra=extra,
+            path,
+            run.parts.training_state,
+            step=step,
+            counters=counters,
+            spec=job_spec,
+            rng=rng_states,
+            model_state=model_state,
+            optimizer_state=optimizer_state,
+            extra=extra,
         )
         log.info("checkpoint written: %s", path)
 
@@ -360,8 +404,13 @@ def _restore(checkpoint: Checkpoint, parts: Components, guard: DivergenceGuard, 
     guard.load_state_dict(payload["counters"])
     guard.last_step = done
     restore_rng_state(payload["rng"][dist_ctx.rank])
-    log.info("resumed from %s at step %d in %s (loss scale %g)", checkpoint.path, done, parts.precision.name,
-             parts.precision.loss_scale)
+    log.info(
+        "resumed from %s at step %d in %s (loss scale %g)",
+        checkpoint.path,
+        done,
+        parts.precision.name,
+        parts.precision.loss_scale,
+    )
     return done
 
 
@@ -371,8 +420,14 @@ def _record_flusher(run: RunState, records: RecordSink, dist_ctx: DistContext) -
 
 
 def _stop_after(
-    step: int, run: RunState, job_spec: JobSpec, run_dir: Path, flusher: RecordFlusher, dist_ctx: DistContext,
-    *, checkpointed: bool,
+    step: int,
+    run: RunState,
+    job_spec: JobSpec,
+    run_dir: Path,
+    flusher: RecordFlusher,
+    dist_ctx: DistContext,
+    *,
+    checkpointed: bool,
 ) -> None:
     """Every rank saw SIGTERM: write the pending records (and check them), a checkpoint of ``step``, then raise
     ``StopRequested``."""
@@ -435,8 +490,13 @@ def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, job_spe
 
         best_step = run.tracker.best_step if job_spec.keep_best else None
         exported, best = best_model_state(run_dir, best_step, last)
-        model = rebuild_hf_model(run.effective_spec, run.parts.dataset.info, run.parts.tokenizer,
-                                 run.parts.precision.compute_dtype, live if best is None else best)
+        model = rebuild_hf_model(
+            run.effective_spec,
+            run.parts.dataset.info,
+            run.parts.tokenizer,
+            run.parts.precision.compute_dtype,
+            live if best is None else best,
+        )
         write_exports(model, run.parts.tokenizer, run_dir)
     barrier()
     return exported

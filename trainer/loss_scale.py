@@ -155,7 +155,6 @@ class NoOpLossScaler(_FixedScaler):
         return torch.zeros((), dtype=torch.float32, device=self._scale.device)
 
 
-
 class DynamicLossScaler:
     """Dynamic loss scaling with growth, backoff, hysteresis and ``[min_scale, max_scale]`` bounds.
 
@@ -187,7 +186,9 @@ class DynamicLossScaler:
         consecutive_hysteresis: bool = False,
         device: torch.device | str = "cpu",
     ) -> None:
-        _check_dynamic_args(init_scale, growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale)
+        _check_dynamic_args(
+            init_scale, growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale
+        )
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = int(growth_interval)
@@ -203,8 +204,11 @@ class DynamicLossScaler:
         # any reachable scale stays finite in float32 (the kernel would keep the scale where the rule clamps).
         self._fused_update = self.hysteresis == 1 and self.max_scale * self.growth_factor < FLOAT32_MAX
         exact = _is_power_of_two(self.growth_factor) and _is_power_of_two(self.backoff_factor)
-        self._factors64 = None if exact else torch.tensor(
-            [self.backoff_factor, self.growth_factor, 1.0], dtype=torch.float64, device=device)
+        self._factors64 = (
+            None
+            if exact
+            else torch.tensor([self.backoff_factor, self.growth_factor, 1.0], dtype=torch.float64, device=device)
+        )
 
     @property
     def scale(self) -> Tensor:
@@ -268,8 +272,9 @@ class DynamicLossScaler:
         which grows on the next clean step, as the general rule would).
         """
         scale = self._scale.clone()  # a tensor taken from ``scale`` before the update keeps that step's scale
-        torch._amp_update_scale_(scale, self._growth_tracker, found_inf, self.growth_factor, self.backoff_factor,
-                                 self.growth_interval)
+        torch._amp_update_scale_(
+            scale, self._growth_tracker, found_inf, self.growth_factor, self.backoff_factor, self.growth_interval
+        )
         scale.clamp_(self.min_scale, self.max_scale)
         clean = found_inf == 0
         if self.consecutive_hysteresis:

@@ -47,9 +47,17 @@ def build_optimizer(spec: OptimizerSpec, parameters: Iterable[torch.nn.Parameter
     params = list(parameters)
     implementation = resolve_implementation(spec.implementation, params, spec.name)
     if spec.name == "adamw":
-        return AdamW(params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay,
-                     implementation=implementation)
-    return SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay, implementation=implementation)
+        return AdamW(
+            params,
+            lr=spec.lr,
+            betas=spec.betas,
+            eps=spec.eps,
+            weight_decay=spec.weight_decay,
+            implementation=implementation,
+        )
+    return SGD(
+        params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay, implementation=implementation
+    )
 
 
 def build_lr_scheduler(spec: LRSchedulerSpec, optimizer: torch.optim.Optimizer, total_steps: int) -> DeviceLRSchedule:

@@ -75,7 +75,11 @@ def fused_supported(parameters: Iterable[Tensor]) -> bool:
     return bool(params) and all(p.is_floating_point() and p.device.type in FUSED_DEVICE_TYPES for p in params)
 
 
-_FLAGS: dict[str, dict[str, bool]] = {"plain": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+_FLAGS: dict[str, dict[str, bool]] = {
+    "plain": {"foreach": False},
+    "foreach": {"foreach": True},
+    "fused": {"fused": True},
+}
 
 
 def _flags(implementation: Implementation) -> dict[str, bool]:
@@ -118,7 +122,9 @@ class _DeviceSkipMixin:
             raise ValueError("Halfcast optimizers take unscaled gradients: set grad_scale to None")
         found_inf: Tensor | None = getattr(self, "found_inf", None)
         if found_inf is not None and (found_inf.dim() != 0 or found_inf.device.type != device.type):
-            raise ValueError(f"found_inf must be a 0-d tensor on {device}, got shape {tuple(found_inf.shape)} on {found_inf.device}")
+            raise ValueError(
+                f"found_inf must be a 0-d tensor on {device}, got shape {tuple(found_inf.shape)} on {found_inf.device}"
+            )
         return found_inf
 
     def _after_load(self) -> None:
@@ -201,8 +207,16 @@ def _adam_scalars(found_inf: Tensor | None, step: Tensor, group: dict[str, Any])
     return skip, scalars
 
 
-def _adamw_foreach(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-                   steps: list[Tensor], s: _AdamScalars, weight_decay: float, eps: float) -> None:
+def _adamw_foreach(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: list[Tensor],
+    s: _AdamScalars,
+    weight_decay: float,
+    eps: float,
+) -> None:
     torch._foreach_add_(steps, s.keep, alpha=1)  # alpha selects the Tensor overload (else: a host read)
     if weight_decay != 0:
         torch._foreach_mul_(params, s.decay)
@@ -215,8 +229,16 @@ def _adamw_foreach(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Ten
     torch._foreach_addcdiv_(params, torch._foreach_mul(exp_avgs, s.step_size), denom)
 
 
-def _adamw_plain(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-                 steps: list[Tensor], s: _AdamScalars, weight_decay: float, eps: float) -> None:
+def _adamw_plain(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    steps: list[Tensor],
+    s: _AdamScalars,
+    weight_decay: float,
+    eps: float,
+) -> None:
     for param, grad, exp_avg, exp_avg_sq, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
         step.add_(s.keep)
         if weight_decay != 0:
@@ -239,8 +261,16 @@ class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
         ValueError: for an unknown implementation or PyTorch's own argument errors.
     """
 
-    def __init__(self, params: Iterable[Tensor], *, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, implementation: Implementation = "foreach") -> None:
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        implementation: Implementation = "foreach",
+    ) -> None:
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **_flags(implementation))
         self._device_setup()
 
@@ -290,8 +320,14 @@ class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
 # ----------------------------------------------------------------------------- SGD
 
 
-def _sgd_update(params: list[Tensor], grads: list[Tensor], buffers: list[Tensor] | None, skip: Tensor,
-                group: dict[str, Any], foreach: bool) -> None:
+def _sgd_update(
+    params: list[Tensor],
+    grads: list[Tensor],
+    buffers: list[Tensor] | None,
+    skip: Tensor,
+    group: dict[str, Any],
+    foreach: bool,
+) -> None:
     """``buffer = momentum * buffer + g``; ``param += -lr * buffer`` (or ``* g`` without momentum)."""
     weight_decay, momentum = group["weight_decay"], group["momentum"]
     neg_lr = torch.where(skip, 0.0, -group["lr"].double()).float()
@@ -327,8 +363,15 @@ class SGD(_DeviceSkipMixin, torch.optim.SGD):
         ValueError: for an unknown implementation or PyTorch's own argument errors.
     """
 
-    def __init__(self, params: Iterable[Tensor], *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                 implementation: Implementation = "foreach") -> None:
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        *,
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        implementation: Implementation = "foreach",
+    ) -> None:
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay, **_flags(implementation))
         self._device_setup()
 
@@ -352,8 +395,12 @@ class SGD(_DeviceSkipMixin, torch.optim.SGD):
             if group["fused"]:
                 continue
             skip = torch.zeros((), dtype=torch.bool, device=params[0].device) if found_inf is None else found_inf.ne(0)
-            buffers = local_tensors(self.state[p]["momentum_buffer"] for p in params) if group["momentum"] != 0 else None
-            _sgd_update(local_tensors(params), local_tensors(grads), buffers, skip, group, foreach=bool(group["foreach"]))
+            buffers = (
+                local_tensors(self.state[p]["momentum_buffer"] for p in params) if group["momentum"] != 0 else None
+            )
+            _sgd_update(
+                local_tensors(params), local_tensors(grads), buffers, skip, group, foreach=bool(group["foreach"])
+            )
         if self.defaults["fused"]:
             _unhooked(torch.optim.SGD.step)(self)
         return loss

@@ -100,9 +100,7 @@ def shard_units(model: nn.Module) -> list[str]:
 
     def self_contained(prefix: str, module: nn.Module) -> bool:
         params = list(module.parameters())
-        return bool(params) and all(
-            name.startswith(prefix + ".") for p in params for name in owners[id(p)]
-        )
+        return bool(params) and all(name.startswith(prefix + ".") for p in params for name in owners[id(p)])
 
     blocks = {
         f"{name}.{child_name}" if name else child_name
@@ -135,8 +133,13 @@ def shard_model(model: nn.Module, dist_ctx: DistContext, precision_name: str) ->
     for name in units:
         fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    log.info("fsdp: %d units + root sharded over %d ranks (param dtype %s, reduce dtype float32): %s",
-             len(units), dist_ctx.world_size, policy.param_dtype or "float32", units)
+    log.info(
+        "fsdp: %d units + root sharded over %d ranks (param dtype %s, reduce dtype float32): %s",
+        len(units),
+        dist_ctx.world_size,
+        policy.param_dtype or "float32",
+        units,
+    )
     return model
 
 

@@ -81,7 +81,10 @@ FP8_MIN_CAPABILITY = (8, 9)
 
 #: The dtype each precision computes in (autocast), by precision name.
 COMPUTE_DTYPES: Mapping[str, torch.dtype] = {
-    "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16,
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8": torch.bfloat16,
 }
 
 #: A 0-d float32 flag on the device (1.0 = overflow), read once per step.
@@ -118,8 +121,9 @@ class PrecisionPolicy(ABC):
         observers: the step's optional observers (:mod:`trainer.observers`).
     """
 
-    def __init__(self, name: Precision, device: torch.device, scaler: LossScaler,
-                 observers: StepObservers = NO_OBSERVERS) -> None:
+    def __init__(
+        self, name: Precision, device: torch.device, scaler: LossScaler, observers: StepObservers = NO_OBSERVERS
+    ) -> None:
         self.name = name
         self.device = device
         self.compute_dtype = COMPUTE_DTYPES[name]
@@ -309,8 +313,10 @@ class PrecisionPolicy(ABC):
                 del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
             return
         if not self._warned_host_skip:
-            log.warning("%s cannot skip a step on the device: one host read of the overflow flag per step",
-                        type(optimizer).__name__)
+            log.warning(
+                "%s cannot skip a step on the device: one host read of the overflow flag per step",
+                type(optimizer).__name__,
+            )
             self._warned_host_skip = True
         if not bool(skip):
             optimizer.step()
@@ -371,8 +377,9 @@ class Fp8Precision(PrecisionPolicy):
         observers: typically the forensics.
     """
 
-    def __init__(self, device: torch.device, recipe: Fp8Recipe = "tensorwise",
-                 observers: StepObservers = NO_OBSERVERS) -> None:
+    def __init__(
+        self, device: torch.device, recipe: Fp8Recipe = "tensorwise", observers: StepObservers = NO_OBSERVERS
+    ) -> None:
         super().__init__("fp8", device, NoOpLossScaler(device), observers)
         self.recipe: Fp8Recipe = recipe
         self._report: list[Fp8LayerReport] = []
@@ -432,11 +439,15 @@ def build_scaler(loss_scale: LossScaleSpec | None, device: torch.device) -> Loss
 
 def _check_fp8(device: torch.device) -> None:
     if device.type != "cuda":
-        raise PrecisionUnsupportedError(f"fp8 needs a CUDA GPU with compute capability >= 8.9; this rank runs on {device.type}")
+        raise PrecisionUnsupportedError(
+            f"fp8 needs a CUDA GPU with compute capability >= 8.9; this rank runs on {device.type}"
+        )
     capability = torch.cuda.get_device_capability(device)
     if capability < FP8_MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)
-        raise PrecisionUnsupportedError(f"fp8 needs compute capability >= 8.9; {name} has {capability[0]}.{capability[1]}")
+        raise PrecisionUnsupportedError(
+            f"fp8 needs compute capability >= 8.9; {name} has {capability[0]}.{capability[1]}"
+        )
     try:
         import torchao.float8  # noqa: F401
     except ImportError as exc:
@@ -466,8 +477,9 @@ def _observers(spec: JobSpec, device: torch.device) -> StepObservers:
     """Forensics on every job; underflow sampling where the effective loss-scale block asks (fp16 only)."""
     scaling = spec.effective_loss_scale
     interval = scaling.underflow_sample_interval if scaling is not None else None
-    return StepObservers(underflow=None if interval is None else UnderflowSampler(interval, device),
-                         forensics=OverflowForensics())
+    return StepObservers(
+        underflow=None if interval is None else UnderflowSampler(interval, device), forensics=OverflowForensics()
+    )
 
 
 def _plain(spec: JobSpec, device: torch.device) -> PrecisionPolicy:
@@ -483,7 +495,10 @@ def _fp8(spec: JobSpec, device: torch.device) -> PrecisionPolicy:
 
 
 _POLICIES: Mapping[str, Callable[[JobSpec, torch.device], PrecisionPolicy]] = {
-    "fp32": _plain, "bf16": _plain, "fp16": _fp16, "fp8": _fp8,
+    "fp32": _plain,
+    "bf16": _plain,
+    "fp16": _fp16,
+    "fp8": _fp8,
 }
 
 

@@ -89,8 +89,11 @@ class RecordSink:
     def _stamped(self, record: StepRecord, when: float | None) -> StepRecord:
         """``record`` at unix time ``when`` (``None``: now), with :attr:`step_fields`; ``record`` itself
         when it already holds them (the flusher builds its records so: no copy per line)."""
-        if when is not None and record.time == when and all(
-                getattr(record, key, None) == value for key, value in self.step_fields.items()):
+        if (
+            when is not None
+            and record.time == when
+            and all(getattr(record, key, None) == value for key, value in self.step_fields.items())
+        ):
             return record
         return record.model_copy(update={**self.step_fields, "time": when})
 

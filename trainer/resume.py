@@ -13,8 +13,20 @@ from trainer.spec import JobSpec
 #: Spec fields that may differ between the checkpointed run and the resumed one; any
 #: other difference would change the trajectory, so it is refused.
 MAY_CHANGE = frozenset(
-    {"name", "max_steps", "checkpoint_interval", "eval_interval", "log_interval", "faults", "resume_from",
-     "max_consecutive_skips", "max_consecutive_nonfinite_losses", "max_attempts", "max_runtime_s", "on_divergence"}
+    {
+        "name",
+        "max_steps",
+        "checkpoint_interval",
+        "eval_interval",
+        "log_interval",
+        "faults",
+        "resume_from",
+        "max_consecutive_skips",
+        "max_consecutive_nonfinite_losses",
+        "max_attempts",
+        "max_runtime_s",
+        "on_divergence",
+    }
 )
 #: Checkpoint entry of a job that fell back from fp16 to bf16 (:mod:`trainer.fallback`).
 PRECISION_SWITCH_KEY = "precision_switch"
@@ -37,8 +49,10 @@ def check_resumable(payload: Mapping[str, Any], spec: JobSpec, path: Path) -> in
         raise TrainerError(FailureReason.SPEC_INVALID, f"cannot resume from {path}: the spec changed {changed}")
     switch = payload.get(PRECISION_SWITCH_KEY)
     if switch is not None and spec.on_divergence != "fallback_bf16":
-        msg = (f"cannot resume from {path}: the job switched from {switch.get('from')} to {switch.get('to')} "
-               f"at step {switch.get('step')}; resume it with on_divergence 'fallback_bf16'")
+        msg = (
+            f"cannot resume from {path}: the job switched from {switch.get('from')} to {switch.get('to')} "
+            f"at step {switch.get('step')}; resume it with on_divergence 'fallback_bf16'"
+        )
         raise TrainerError(FailureReason.SPEC_INVALID, msg)
     done = int(payload["step"])
     if done >= spec.max_steps:

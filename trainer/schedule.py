@@ -76,7 +76,9 @@ class LRMultiplier:
         n = applied.double()
         done = n - self.warmup_steps
         if self.name == "step":
-            value = torch.pow(self.gamma, torch.div(applied - self.warmup_steps, self.step_size, rounding_mode="floor").double())
+            value = torch.pow(
+                self.gamma, torch.div(applied - self.warmup_steps, self.step_size, rounding_mode="floor").double()
+            )
         elif self.name == "constant":
             value = torch.ones_like(n)
         else:
@@ -103,8 +105,11 @@ def is_flat(multiplier: LRMultiplier) -> bool:
 def tabulated(multiplier: LRMultiplier) -> bool:
     """Whether the schedule is a table lookup: ``m`` holds its last value from ``total_steps + 1`` on (not
     ``step``, warm-up within the run) and the table is at most :data:`MAX_TABLE_STEPS` long."""
-    return (multiplier.name != "step" and multiplier.warmup_steps <= multiplier.total_steps
-            and multiplier.total_steps < MAX_TABLE_STEPS)
+    return (
+        multiplier.name != "step"
+        and multiplier.warmup_steps <= multiplier.total_steps
+        and multiplier.total_steps < MAX_TABLE_STEPS
+    )
 
 
 class DeviceLRSchedule:

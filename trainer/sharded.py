@@ -103,7 +103,9 @@ def grad_norms(grads: Sequence[Tensor], device: torch.device) -> GradNorms:
         ValueError: sharded gradients on different or multi-dimensional meshes.
     """
     if not grads:
-        return GradNorms(torch.zeros(0, dtype=torch.float32, device=device), torch.zeros((), dtype=torch.float32, device=device))
+        return GradNorms(
+            torch.zeros(0, dtype=torch.float32, device=device), torch.zeros((), dtype=torch.float32, device=device)
+        )
     local = [t.float() if t.dtype != torch.float32 else t for t in local_tensors(grads)]
     per_tensor = torch.stack(torch._foreach_norm(local, 2.0)).to(device=device, dtype=torch.float32)
     sharded = torch.tensor([is_sharded(g) for g in grads], device=device) if any(map(is_sharded, grads)) else None
@@ -166,7 +168,10 @@ def gather_model_state(model: nn.Module) -> dict[str, Any]:
 
 
 def load_state_dicts(
-    model: nn.Module, optimizer: torch.optim.Optimizer, model_state: Mapping[str, Any], optimizer_state: Mapping[str, Any]
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: Mapping[str, Any],
+    optimizer_state: Mapping[str, Any],
 ) -> None:
     """Restore what :func:`gather_state_dicts` returned on rank 0, in place.
 

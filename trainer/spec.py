@@ -97,9 +97,7 @@ class OptimizerSpec(_Strict):
     name: Literal["adamw", "sgd"] = "adamw"
     lr: Annotated[float, Field(gt=0.0, le=100.0, allow_inf_nan=False)] = 1e-3
     weight_decay: Annotated[float, Field(ge=0.0, le=10.0, allow_inf_nan=False)] = 0.0
-    betas: tuple[
-        Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]
-    ] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.999)
     eps: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1e-8
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     implementation: Literal["auto", "plain", "foreach", "fused"] = "auto"
@@ -202,7 +200,9 @@ class AdapterSpec(_Strict):
     r: Annotated[int, Field(ge=1, le=4096)] = 8
     alpha: Annotated[float, Field(gt=0.0, le=65536.0, allow_inf_nan=False)] = 16.0
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
-    target_modules: Annotated[list[ModuleName], Field(min_length=1, max_length=64)] | Literal["all-linear"] = "all-linear"
+    target_modules: Annotated[list[ModuleName], Field(min_length=1, max_length=64)] | Literal["all-linear"] = (
+        "all-linear"
+    )
     base_dtype: Literal["fp32", "compute"] | None = None
 
 
@@ -356,7 +356,9 @@ class JobSpec(_Strict):
             return
         config = self.model.config
         if self.dataset.name == "text" and (config.task != "causal_lm" or config.tokenizer_path is not None):
-            msg = "dataset 'text' is byte-level causal language modelling: use task 'causal_lm' without a tokenizer_path"
+            msg = (
+                "dataset 'text' is byte-level causal language modelling: use task 'causal_lm' without a tokenizer_path"
+            )
             raise field_error("JobSpec", "dataset", msg, self.dataset.name)
 
     def _check_evaluation(self) -> None:
@@ -456,4 +458,3 @@ class JobSpec(_Strict):
         if self.precision != "fp16":
             return None
         return self.loss_scale or LossScaleSpec()
-

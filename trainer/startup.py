@@ -99,7 +99,10 @@ class StartupClock:
 
     @classmethod
     def entered(
-        cls, records: RecordSink, main: bool, environ: Mapping[str, str] | None = None,
+        cls,
+        records: RecordSink,
+        main: bool,
+        environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> StartupClock:
         """A clock for a training loop entered now: ``launch_s`` and ``imports_s`` from ``environ``, ``data`` begun."""

@@ -93,8 +93,9 @@ def accumulate_window(
     return WindowStats(loss=global_loss, num_elements=counts[0], num_samples=counts[1], num_tokens=tokens)
 
 
-def _accumulate_alone(model: nn.Module, micro_batches: Sequence[Batch], precision: PrecisionPolicy,
-                      loss_fn: LossFn) -> WindowStats:
+def _accumulate_alone(
+    model: nn.Module, micro_batches: Sequence[Batch], precision: PrecisionPolicy, loss_fn: LossFn
+) -> WindowStats:
     """:func:`accumulate_window` for one process: the counts are host integers, so each micro-batch's
     loss is divided by a python number (the same float32 division as by the count's tensor) and
     nothing is all-reduced; a one-micro-batch window keeps its loss without a running sum."""
@@ -112,8 +113,12 @@ def _accumulate_alone(model: nn.Module, micro_batches: Sequence[Batch], precisio
         loss_sum = detached if loss_sum is None else loss_sum + detached
     assert loss_sum is not None, "a window holds at least one micro-batch"
     tokens = None if any(b.num_tokens is None for b in micro_batches) else sum(b.num_tokens or 0 for b in micro_batches)
-    return WindowStats(loss=loss_sum.double() / count, num_elements=elements,
-                       num_samples=sum(b.num_samples for b in micro_batches), num_tokens=tokens)
+    return WindowStats(
+        loss=loss_sum.double() / count,
+        num_elements=elements,
+        num_samples=sum(b.num_samples for b in micro_batches),
+        num_tokens=tokens,
+    )
 
 
 def _global_counts(micro_batches: Sequence[Batch], device: torch.device) -> Tensor:
@@ -172,7 +177,10 @@ def train_step(
     if faults is not None:
         faults.after_backward(step, components.parameters)
     outcome = components.precision.step(
-        components.optimizer, components.parameters, max_grad_norm, step=step,
+        components.optimizer,
+        components.parameters,
+        max_grad_norm,
+        step=step,
         no_data=_maybe_empty(micro_batches, window),
     )
     components.lr_scheduler.step(outcome.applied)

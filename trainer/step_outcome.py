@@ -60,9 +60,11 @@ class StepOutcome:
 
     def to_host(self) -> HostStepOutcome:
         """Read every field with one batched copy (a host synchronisation)."""
-        flag, kind, scale, norm, skipped = torch.stack(
-            [self.overflow, self.overflow_kind, self.loss_scale, self.grad_norm, self.skipped_steps]
-        ).to(torch.float64).tolist()
+        flag, kind, scale, norm, skipped = (
+            torch.stack([self.overflow, self.overflow_kind, self.loss_scale, self.grad_norm, self.skipped_steps])
+            .to(torch.float64)
+            .tolist()
+        )
         overflow = flag > 0.0
         return HostStepOutcome(
             applied=not overflow,

@@ -113,8 +113,9 @@ class StepLog:
         # Views of every row's cells (one 0-d view per column, then the rank and parameter evidence),
         # taken once: a step's row is then written by one ``_foreach_copy_``.
         self._cells = [list(row[: len(FIELDS)].unbind(0)) for row in self._buffer]
-        self._evidence = [[row[len(FIELDS): len(FIELDS) + num_ranks], row[len(FIELDS) + num_ranks:]]
-                          for row in self._buffer]
+        self._evidence = [
+            [row[len(FIELDS) : len(FIELDS) + num_ranks], row[len(FIELDS) + num_ranks :]] for row in self._buffer
+        ]
         self._steps: list[int] = []
         self._times: list[float] = []
         self._has_tokens: list[bool] = []
@@ -135,8 +136,7 @@ class StepLog:
         """True when the next :meth:`record` would not fit."""
         return self.pending >= self.capacity
 
-    def record(self, step: int, values: StepMetrics, has_tokens: bool,
-               evidence: Sequence[Tensor] = ()) -> None:
+    def record(self, step: int, values: StepMetrics, has_tokens: bool, evidence: Sequence[Tensor] = ()) -> None:
         """Write step ``step``'s 0-d ``values`` into the next row.
 
         ``evidence``: ``(rank_kinds [num_ranks], param_kinds [num_params])`` when the log
@@ -174,19 +174,24 @@ class StepLog:
         if not self._steps:
             return []
         values = self._buffer[: self.pending].tolist()
-        rows = [self._row(step, when, has_tokens, counts, row) for step, when, has_tokens, counts, row
-                in zip(self._steps, self._times, self._has_tokens, self._host_counts, values)]
+        rows = [
+            self._row(step, when, has_tokens, counts, row)
+            for step, when, has_tokens, counts, row in zip(
+                self._steps, self._times, self._has_tokens, self._host_counts, values
+            )
+        ]
         self._steps, self._times, self._has_tokens, self._host_counts = [], [], [], []
         return rows
 
-    def _row(self, step: int, when: float, has_tokens: bool, counts: tuple[int, int] | None,
-             values: list[float]) -> StepRow:
+    def _row(
+        self, step: int, when: float, has_tokens: bool, counts: tuple[int, int] | None, values: list[float]
+    ) -> StepRow:
         """One buffer row read back: the :class:`StepMetrics` columns by name (the counts from the host
         when they stayed there), then the evidence."""
         metrics = dict(zip(FIELDS, values, strict=False))
         if counts is not None:
             metrics["samples"], metrics["tokens"] = counts
-        evidence = values[len(FIELDS):]
+        evidence = values[len(FIELDS) :]
         return StepRow(
             step=step,
             time=when,
@@ -200,5 +205,5 @@ class StepLog:
             tokens=int(metrics["tokens"]) if has_tokens else None,
             underflow_fraction=metrics["underflow_fraction"],
             rank_kinds=tuple(evidence[: self.num_ranks]),
-            param_kinds=tuple(evidence[self.num_ranks:]),
+            param_kinds=tuple(evidence[self.num_ranks :]),
         )

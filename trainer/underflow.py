@@ -74,7 +74,11 @@ def underflow_fraction(grads: Sequence[Tensor], device: torch.device) -> Tensor:
         small, total = counts[0], counts[1]
     small = small + _count_small(replicated, device)
     total = total + sum(g.numel() for g in replicated)
-    return (small / total).float() if not isinstance(total, int) or total > 0 else torch.full((), float("nan"), device=device)
+    return (
+        (small / total).float()
+        if not isinstance(total, int) or total > 0
+        else torch.full((), float("nan"), device=device)
+    )
 
 
 def _count_small(grads: Sequence[Tensor], device: torch.device) -> Tensor:

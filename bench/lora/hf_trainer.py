@@ -147,11 +147,22 @@ class TrainerRunner:
 
         work = self.work
         return TrainingArguments(
-            output_dir=str(self._dir), bf16=work.precision == "bf16", fp16=work.precision == "fp16", use_cpu=True,
-            max_steps=work.total_steps, per_device_train_batch_size=work.micro_batch_size,
-            gradient_accumulation_steps=1, max_grad_norm=work.max_grad_norm, logging_steps=10**9,
-            save_strategy="no", report_to=[], dataloader_num_workers=0, disable_tqdm=True, seed=work.seed,
-            remove_unused_columns=False, torch_compile=work.compile,
+            output_dir=str(self._dir),
+            bf16=work.precision == "bf16",
+            fp16=work.precision == "fp16",
+            use_cpu=True,
+            max_steps=work.total_steps,
+            per_device_train_batch_size=work.micro_batch_size,
+            gradient_accumulation_steps=1,
+            max_grad_norm=work.max_grad_norm,
+            logging_steps=10**9,
+            save_strategy="no",
+            report_to=[],
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            seed=work.seed,
+            remove_unused_columns=False,
+            torch_compile=work.compile,
         )
 
     def _loss_scaling(self) -> str:

@@ -43,8 +43,9 @@ class AccelerateRunner:
         self.work = work
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self.accelerator = accelerate.Accelerator(mixed_precision=work.precision, cpu=True,
-                                                      dynamo_backend="inductor" if work.compile else "no")
+            self.accelerator = accelerate.Accelerator(
+                mixed_precision=work.precision, cpu=True, dynamo_backend="inductor" if work.compile else "no"
+            )
             model = make_model(work)
             self._probe = ActivationProbe(model)
             optimizer = peer_optimizer(model, work)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Dataset, Task
     from trainer.data.builders import DATASETS, build_dataset
 
-__all__ = ["IGNORE_INDEX", "Batch", "DataInfo", "Dataset", "Task", "build_dataset", "DATASETS"]
+__all__ = ["DATASETS", "IGNORE_INDEX", "Batch", "DataInfo", "Dataset", "Task", "build_dataset"]
 
 #: Where each exported name lives.
 _HOMES = {

@@ -51,7 +51,10 @@ class ArrayDataset:
             lambda epoch: torch.randperm(samples, generator=epoch_generator(seed, epoch)),
             batches_per_rank(samples, world_size, micro_batch_size),
             lambda chunk: feature_batch(self.train_x[chunk], self.train_y[chunk]),
-            micro_batch_size, rank=rank, world_size=world_size, start=start,
+            micro_batch_size,
+            rank=rank,
+            world_size=world_size,
+            start=start,
         )
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:

@@ -82,8 +82,15 @@ class ByteTextDataset:
             windows = len(range(offset(epoch_generator(seed, epoch)), size - window + 1, window))
             return batches_per_rank(windows, world_size, micro_batch_size)
 
-        yield from sharded_epochs(order, batches_in, lambda chunk: self._windows(self.train, chunk, window),
-                                  micro_batch_size, rank=rank, world_size=world_size, start=start)
+        yield from sharded_epochs(
+            order,
+            batches_in,
+            lambda chunk: self._windows(self.train, chunk, window),
+            micro_batch_size,
+            rank=rank,
+            world_size=world_size,
+            start=start,
+        )
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:
         """Consecutive non-overlapping windows over the held-out bytes (one shorter window if none fits)."""

@@ -38,8 +38,9 @@ def build_hf_model(spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute
     return HFModule(model, causal=causal, adapter=spec.adapter is not None)
 
 
-def rebuild_hf_model(spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute_dtype: torch.dtype,
-                     model_state: Mapping[str, Any]) -> HFModule:
+def rebuild_hf_model(
+    spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute_dtype: torch.dtype, model_state: Mapping[str, Any]
+) -> HFModule:
     """The float32 CPU model an ``hf`` job trained, from its (checkpointed) ``model_state``, in eval mode.
 
     The model is rebuilt exactly as the job built it: seeded with ``spec.seed`` (a random-init base

@@ -137,8 +137,11 @@ def _scratch_config(config: HFConfig, info: DataInfo, tokenizer: Any | None) -> 
 
 def _pad_token_id(tokenizer: Any | None, hf_config: Any) -> int:
     """The id sequence classification pools up to: the tokenizer's pad (else eos) token; byte-level: 0."""
-    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None),
-                      getattr(hf_config, "eos_token_id", None)):
+    for candidate in (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(hf_config, "eos_token_id", None),
+    ):
         if isinstance(candidate, int):
             return candidate
     return 0
@@ -162,8 +165,10 @@ def _check_tokenizer_fits(hf_config: Any, tokenizer: Any | None) -> None:
     vocab = getattr(hf_config, "vocab_size", None)
     if tokenizer is None or not isinstance(vocab, int) or len(tokenizer) <= vocab:
         return
-    msg = (f"the tokenizer has {len(tokenizer)} tokens but the model embeds only {vocab} (vocab_size): "
-           "ids from {vocab} up would index past the embedding; use the model's own tokenizer or a resized model")
+    msg = (
+        f"the tokenizer has {len(tokenizer)} tokens but the model embeds only {vocab} (vocab_size): "
+        "ids from {vocab} up would index past the embedding; use the model's own tokenizer or a resized model"
+    )
     raise TrainerError(FailureReason.SPEC_INVALID, msg.replace("{vocab}", str(vocab)))
 
 

@@ -80,8 +80,9 @@ class HFModule(nn.Module):
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         if strict and set(state_dict) != keys:
             missing, unexpected = sorted(keys - set(state_dict)), sorted(set(state_dict) - keys)
-            raise RuntimeError(f"adapter checkpoint does not match the model: missing {missing[:4]}, "
-                               f"unexpected {unexpected[:4]}")
+            raise RuntimeError(
+                f"adapter checkpoint does not match the model: missing {missing[:4]}, unexpected {unexpected[:4]}"
+            )
         return super().load_state_dict(state_dict, strict=False, assign=assign)
 
     # ------------------------------------------------------------------ names

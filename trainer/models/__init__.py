@@ -23,7 +23,7 @@ from trainer.models.mlp import build_mlp
 if TYPE_CHECKING:
     from trainer.spec import JobSpec
 
-__all__ = ["build_job_model", "build_model", "model_summary", "MODELS"]
+__all__ = ["MODELS", "build_job_model", "build_model", "model_summary"]
 
 
 def _mlp(config: MLPConfig, info: DataInfo) -> nn.Module:

@@ -47,8 +47,14 @@ def collate(samples: Sequence[Sample], pad_id: int, task: Task) -> Batch:
     if task is not Task.LM:
         targets = torch.stack([sample.targets for sample in samples])
     elements = int((targets != IGNORE_INDEX).sum().item()) if task is Task.LM else len(samples)
-    return Batch(inputs=inputs, targets=targets, num_samples=len(samples), num_elements=elements,
-                 num_tokens=int(mask.sum().item()), attention_mask=mask)
+    return Batch(
+        inputs=inputs,
+        targets=targets,
+        num_samples=len(samples),
+        num_elements=elements,
+        num_tokens=int(mask.sum().item()),
+        attention_mask=mask,
+    )
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,10 @@ class TokenFileDataset:
             lambda epoch: torch.randperm(examples, generator=epoch_generator(seed, epoch)),
             batches_per_rank(examples, world_size, micro_batch_size),
             lambda chunk: collate([self.train[int(index)] for index in chunk], self.pad_id, self.info.task),
-            micro_batch_size, rank=rank, world_size=world_size, start=start,
+            micro_batch_size,
+            rank=rank,
+            world_size=world_size,
+            start=start,
         )
 
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:

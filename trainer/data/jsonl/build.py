@@ -26,8 +26,8 @@ from trainer.data.jsonl.formats import (
     parse_row,
 )
 from trainer.data.jsonl.rows import rows_of
-from trainer.data.jsonl.source import open_dataset
 from trainer.data.jsonl.samples import SplitCounts, class_labels, classification_sample, lm_sample
+from trainer.data.jsonl.source import open_dataset
 from trainer.data.jsonl.tokens import (
     TokenExample,
     classification_ids,
@@ -107,8 +107,11 @@ def split_rows(count: int, test_fraction: float, split_seed: int, file: str) -> 
 
 
 def _language_model(
-    config: JsonlConfig, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example],
-    splits: tuple[list[int], list[int]], pad_id: int,
+    config: JsonlConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[Example],
+    splits: tuple[list[int], list[int]],
+    pad_id: int,
 ) -> TokenFileDataset:
     masking = config.effective_masking or "none"
     prefix = leading_special_ids(tokenizer)
@@ -133,8 +136,11 @@ def _language_model(
 
 
 def _classification(
-    config: JsonlConfig, tokenizer: PreTrainedTokenizerBase, examples: list[ClassificationExample],
-    splits: tuple[list[int], list[int]], pad_id: int,
+    config: JsonlConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[ClassificationExample],
+    splits: tuple[list[int], list[int]],
+    pad_id: int,
 ) -> TokenFileDataset:
     labels = class_labels(examples, config.source)
     counts = (SplitCounts(), SplitCounts())
@@ -178,5 +184,10 @@ def report(
 def _log_report(config: JsonlConfig, summary: dict[str, object]) -> None:
     log.info("dataset %s: %s", config.source, summary)
     if summary["truncated"] or summary["dropped_no_trainable_tokens"]:
-        log.warning("dataset %s: %s examples truncated to max_seq_len %d, %s dropped without a trainable token",
-                    config.source, summary["truncated"], config.max_seq_len, summary["dropped_no_trainable_tokens"])
+        log.warning(
+            "dataset %s: %s examples truncated to max_seq_len %d, %s dropped without a trainable token",
+            config.source,
+            summary["truncated"],
+            config.max_seq_len,
+            summary["dropped_no_trainable_tokens"],
+        )

@@ -58,14 +58,21 @@ def chat_tokens(example: ChatExample, tokenizer: PreTrainedTokenizerBase, maskin
         start = _prefix_length(tokenizer, messages[:index], full, example.line, file, generation_prompt=True)
         end = _prefix_length(tokenizer, messages[: index + 1], full, example.line, file, generation_prompt=False)
         if end <= start:
-            raise row_error(file, example.line, f"messages[{index}]", "the chat template renders this turn as no tokens")
+            raise row_error(
+                file, example.line, f"messages[{index}]", "the chat template renders this turn as no tokens"
+            )
         trainable[start:end] = [True] * (end - start)
     return TokenExample(example.line, full, trainable)
 
 
 def _prefix_length(
-    tokenizer: PreTrainedTokenizerBase, messages: Messages, full: list[int], line: int, file: str,
-    *, generation_prompt: bool,
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Messages,
+    full: list[int],
+    line: int,
+    file: str,
+    *,
+    generation_prompt: bool,
 ) -> int:
     """Tokens of ``messages`` rendered alone, checked to be a prefix of ``full``."""
     ids = _render(tokenizer, messages, line, file, generation_prompt=generation_prompt)

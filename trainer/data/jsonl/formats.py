@@ -64,8 +64,9 @@ def parse_row(row: Row, fmt: str, column_map: Mapping[str, str], *, csv: bool) -
     if fmt == "text":
         return TextExample(row.line, reader.text("text"))
     if fmt == "instruction":
-        return InstructionExample(row.line, reader.text("instruction"), reader.text("input", optional=True),
-                                  reader.text("output"))
+        return InstructionExample(
+            row.line, reader.text("instruction"), reader.text("input", optional=True), reader.text("output")
+        )
     if fmt == "chat":
         return ChatExample(row.line, reader.messages("messages"))
     return ClassificationExample(row.line, reader.text("text"), reader.label("label", csv=csv))
@@ -179,4 +180,6 @@ class LabelCheck:
         """``data_unavailable`` when the examples taken hold a single class."""
         classes = self.max_id + 1 if self.integers else len(self.names)
         if classes < 2:
-            raise row_error(self.file, self.first_line, "label", "every row has the same class: classification needs two")
+            raise row_error(
+                self.file, self.first_line, "label", "every row has the same class: classification needs two"
+            )

@@ -117,7 +117,9 @@ def _json_object(file: str, number: int, text: str) -> dict[str, object]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        hint = " (a JSON array file is not JSON lines: write one object per line)" if text.lstrip().startswith("[") else ""
+        hint = (
+            " (a JSON array file is not JSON lines: write one object per line)" if text.lstrip().startswith("[") else ""
+        )
         raise row_error(file, number, None, f"invalid JSON: {exc.msg} at column {exc.colno}{hint}") from None
     if not isinstance(value, dict):
         raise row_error(file, number, None, f"expected a JSON object, got {json_type(value)}")
