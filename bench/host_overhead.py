@@ -6,7 +6,8 @@ so a step's time is the host's dispatch and Python work), counts the aten operat
 dispatches on each path (:class:`bench.op_counter.OpCounter`; Halfcast's flush counted apart, per
 flush) and times both in interleaved rounds (:mod:`bench.measure`, flushes included). Reported per
 precision: ops/step, µs/step (median over rounds; by default this thread's CPU time, ``--clock wall``
-for elapsed time) and the median (min–max) over rounds of Halfcast's per-round extra µs over the hand loop. ``--model lora`` does the same on the LoRA workload
+for elapsed time) and the median (min–max) over rounds of Halfcast's per-round extra µs over the hand loop.
+``--model lora`` does the same on the LoRA workload
 (:mod:`bench.lora_workload`, tiny Llama; needs transformers and peft).
 """
 
@@ -158,7 +159,7 @@ def markdown(rows: Mapping[str, Mapping[str, Any]]) -> str:
     """The table of every precision."""
     lines = [
         "| precision | hand ops/step | Halfcast ops/step | Halfcast ops/flush | hand µs/step | Halfcast µs/step "
-        "| Halfcast − hand, µs/step: median (range) |",
+        "| Halfcast - hand, µs/step: median (range) |",
         "|---|---|---|---|---|---|---|",
     ]
     for precision, row in rows.items():

@@ -95,7 +95,8 @@ def init_distributed(spec: JobSpec) -> DistContext:
     """Read the ranks, pick the device and, for a world size above 1, join the process group.
 
     The process group uses ``env://`` rendezvous (set by torchrun), with the gloo
-    backend on CPU and NCCL on CUDA, and the spec's ``distributed.timeout_s`` as its timeout. Raises :class:`TrainerError`: ``launch_failed``
+    backend on CPU and NCCL on CUDA, and the spec's ``distributed.timeout_s`` as its timeout. Raises
+    :class:`TrainerError`: ``launch_failed``
     when the launched world size differs from ``spec.world_size``; ``gpu_unavailable``
     (see :func:`select_device`).
     """

@@ -239,7 +239,7 @@ def _adamw_plain(
     weight_decay: float,
     eps: float,
 ) -> None:
-    for param, grad, exp_avg, exp_avg_sq, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
+    for param, grad, exp_avg, exp_avg_sq, step in zip(params, grads, exp_avgs, exp_avg_sqs, steps, strict=True):
         step.add_(s.keep)
         if weight_decay != 0:
             param.mul_(s.decay)
@@ -342,7 +342,7 @@ def _sgd_update(
         torch._foreach_addcmul_(params, grads, [neg_lr] * len(params))
         return
     factor = torch.where(skip, 1.0, momentum) if buffers is not None else None
-    for index, (param, grad) in enumerate(zip(params, grads)):
+    for index, (param, grad) in enumerate(zip(params, grads, strict=True)):
         if weight_decay != 0:
             grad = grad.add(param, alpha=weight_decay)
         grad = torch.where(skip, -0.0, grad)

@@ -20,6 +20,7 @@ on one host. One rank: the flag is read directly.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -46,10 +47,8 @@ def exit_now(status: int) -> NoReturn:
     """
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: nothing left to flush
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(status)
 
 

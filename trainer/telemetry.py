@@ -177,7 +177,7 @@ class StepLog:
         rows = [
             self._row(step, when, has_tokens, counts, row)
             for step, when, has_tokens, counts, row in zip(
-                self._steps, self._times, self._has_tokens, self._host_counts, values
+                self._steps, self._times, self._has_tokens, self._host_counts, values, strict=True
             )
         ]
         self._steps, self._times, self._has_tokens, self._host_counts = [], [], [], []

@@ -3,7 +3,8 @@
 Causal LM: logits ``[B, T, V]`` (the targets are already shifted; the model's own loss is
 never used). Sequence classification: ``[B, num_labels]`` (Hugging Face's head pools the last
 token that is not ``config.pad_token_id`` in a decoder, the first (``[CLS]``) token in an encoder
-such as BERT, whose attention is bidirectional: padded keys are masked, nothing else). The attention mask reaches the model as a 4-D
+such as BERT, whose attention is bidirectional: padded keys are masked, nothing else). The attention mask reaches
+the model as a 4-D
 boolean ``[B or 1, 1, T, T]`` mask built here with device ops only: given a 2-D mask,
 Hugging Face would read its values on the host to decide whether SDPA can skip it (a host
 synchronisation every micro-batch), and without one it inspects the position ids the same

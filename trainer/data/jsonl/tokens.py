@@ -87,7 +87,7 @@ def instruction_tokens(
 ) -> TokenExample:
     """``prefix + prompt + output + eos``; masking ``output`` trains ``output + eos`` only, ``none`` everything."""
     prompt = prefix + encode(tokenizer, instruction_prompt(example))
-    answer = encode(tokenizer, example.output) + [eos_id(tokenizer)]
+    answer = [*encode(tokenizer, example.output), eos_id(tokenizer)]
     trainable = [masking == "none"] * len(prompt) + [True] * len(answer)
     return TokenExample(example.line, prompt + answer, trainable)
 
