@@ -183,7 +183,7 @@ class PrecisionFallback:
             step=guard.last_step,
             source=self.job_spec.precision,
             target=FALLBACK_PRECISION,
-            reason=divergence.reason,
+            reason=divergence.reason.value,  # a plain string: checkpoints are loaded with weights_only
             message=divergence.message,
             rewound_to_step=0 if checkpoint is None else checkpoint.step,
             time=time.time(),
