@@ -30,15 +30,41 @@ from contracts.status import AttemptStatus, JobStatus
 from server.db.job_reads import AttemptView, JobView, MemberView
 from server.db.models import Attempt, Job, JobMember, StepRecord
 
-__all__ = ["MAX_STEP_NUMBER", "AttemptPublic", "AttemptStatus", "ErrorBody", "EvalList", "JobError", "JobList",
-           "JobPublic", "JobStatus", "LossScaling", "MemberPublic", "MetricsPage", "QuotaErrorBody", "StartupPhase",
-           "StartupTimes", "StoppedEarlyPublic", "attempt_public", "current_phase", "effective_precision", "job_public",
-           "loss_scaling", "members_public", "startup_public", "step_counts", "step_point", "stopped_early"]  # fmt: skip
+__all__ = [
+    "MAX_STEP_NUMBER",
+    "AttemptPublic",
+    "AttemptStatus",
+    "ErrorBody",
+    "EvalList",
+    "JobError",
+    "JobList",
+    "JobPublic",
+    "JobStatus",
+    "LossScaling",
+    "MemberPublic",
+    "MetricsPage",
+    "QuotaErrorBody",
+    "StartupPhase",
+    "StartupTimes",
+    "StoppedEarlyPublic",
+    "attempt_public",
+    "current_phase",
+    "effective_precision",
+    "job_public",
+    "loss_scaling",
+    "members_public",
+    "startup_public",
+    "step_counts",
+    "step_point",
+    "stopped_early",
+]
 
 #: The resource's ``phase`` of a ``running`` job by the trainer's last ``phase`` record (``training``: none).
 RUNNING_PHASES: dict[str, StartupPhase] = {
-    "data": "loading data", "model": "building model", "first_step": "first step",
-}  # fmt: skip
+    "data": "loading data",
+    "model": "building model",
+    "first_step": "first step",
+}
 
 
 def attempt_public(row: Attempt | AttemptView) -> AttemptPublic:
@@ -120,7 +146,7 @@ def members_public(rows: Sequence[JobMember | MemberView], attempt: int) -> list
             exit_code=row.exit_code,
             joined_at=as_utc(row.joined_at),  # type: ignore[arg-type]
             ended_at=as_utc_or_none(row.ended_at),
-        )  # fmt: skip
+        )
         for row in current
     ]
 

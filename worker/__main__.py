@@ -31,7 +31,7 @@ def worker_argv(settings: Settings, extra: Sequence[str] = (), threads: int | No
         "--loglevel", "INFO",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         *extra,
-    ]  # fmt: skip
+    ]  # fmt: skip  # each celery flag beside its value
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -102,8 +102,10 @@ class BrokerWatch:
         if job_ids:
             log.warning(
                 "the broker lost its data (marker %s was gone): sent the %d queued jobs again: %s",
-                self.key, len(job_ids), ", ".join(job_ids),
-            )  # fmt: skip
+                self.key,
+                len(job_ids),
+                ", ".join(job_ids),
+            )
         return job_ids
 
 

@@ -84,8 +84,9 @@ class MessageHolds:
         except Exception:
             self._restore(stranded)  # the next pass tries again
             raise
-        log.warning("job %s: its message was held by %s, which is not live: sent again", stranded.job_id,
-                    stranded.held_by)  # fmt: skip
+        log.warning(
+            "job %s: its message was held by %s, which is not live: sent again", stranded.job_id, stranded.held_by
+        )
         return True
 
     def _restore(self, stranded: StrandedHold) -> None:

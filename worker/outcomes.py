@@ -51,7 +51,7 @@ LOG_CAUSES: tuple[tuple[FailureReason, re.Pattern[str], str], ...] = (
         r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out"
         r"|Timed out waiting \d+ ?ms for (?:recv|send) operation|ProcessGroup(?:NCCL|Gloo)\S*.{0,200}[Tt]imed? ?out"),
      "a collective operation timed out (a rank stopped taking part, or the network failed)"),
-)  # fmt: skip
+)  # fmt: skip  # one row per cause: reason, pattern, explanation
 #: torchrun's report of a rank that died of SIGKILL.
 RANK_SIGKILLED = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received")
 

@@ -75,8 +75,15 @@ class WorkerRegistry:
 
     def _row(self) -> dict[str, object]:
         info = self.info
-        return {"id": info.id, "hostname": info.hostname, "pid": info.pid, "gpus": list(info.gpus),
-                "concurrency": info.concurrency, "started_at": info.started_at, "heartbeat_at": utcnow()}  # fmt: skip
+        return {
+            "id": info.id,
+            "hostname": info.hostname,
+            "pid": info.pid,
+            "gpus": list(info.gpus),
+            "concurrency": info.concurrency,
+            "started_at": info.started_at,
+            "heartbeat_at": utcnow(),
+        }
 
 
 class Heartbeat:

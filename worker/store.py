@@ -132,17 +132,30 @@ class JobStore:
             attempt = row.attempt + 1
             run_dir = JobRuns.of(runs_dir, job_id).attempt(attempt).path
             claimed = compare_and_set(
-                conn, job_id, Expected.of(JobStatus.QUEUED, attempt=row.attempt), to=JobStatus(status),
-                worker_id=worker_id, attempt=attempt, started_at=now, run_dir=str(run_dir),
-                lease_expires_at=now + timedelta(seconds=lease_ttl_s), error_reason=None, error_message=None,
-                held_by=None, held_at=None, startup=None,
-            )  # fmt: skip
+                conn,
+                job_id,
+                Expected.of(JobStatus.QUEUED, attempt=row.attempt),
+                to=JobStatus(status),
+                worker_id=worker_id,
+                attempt=attempt,
+                started_at=now,
+                run_dir=str(run_dir),
+                lease_expires_at=now + timedelta(seconds=lease_ttl_s),
+                error_reason=None,
+                error_message=None,
+                held_by=None,
+                held_at=None,
+                startup=None,
+            )
             if not claimed:
                 return None
             used = _runtime_used(conn, job_id)
             conn.execute(delete(Attempt).where(Attempt.job_id == job_id, Attempt.attempt >= attempt))
-            conn.execute(insert(Attempt).values(job_id=job_id, attempt=attempt, worker_id=worker_id, started_at=now,
-                                                gpus=list(gpus) or None))  # fmt: skip
+            conn.execute(
+                insert(Attempt).values(
+                    job_id=job_id, attempt=attempt, worker_id=worker_id, started_at=now, gpus=list(gpus) or None
+                )
+            )
         return Claim(job_id, attempt, run_dir, row.spec, owner=worker_id, runtime_used_s=used)
 
     def renew_lease(self, fence: Fence, lease_ttl_s: float) -> bool:
@@ -195,8 +208,11 @@ class JobStore:
             if not compare_and_set(conn, fence.job_id, Expected.fenced(fence), updated_at=utcnow()):
                 return False
             _rewind_job(conn, fence.job_id, step)
-            conn.execute(update(Attempt).where(Attempt.job_id == fence.job_id, Attempt.attempt == fence.attempt)
-                         .values(resumed_from_step=step))  # fmt: skip
+            conn.execute(
+                update(Attempt)
+                .where(Attempt.job_id == fence.job_id, Attempt.attempt == fence.attempt)
+                .values(resumed_from_step=step)
+            )
         return True
 
     def queued_gpus(self, job_id: str) -> int | None:

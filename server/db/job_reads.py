@@ -31,11 +31,37 @@ from server.db.tokens import last_use_is_stale, touch_statement
 
 #: Columns of the token, the job and one attempt, in the order of the views' fields.
 TOKEN_COLUMNS = (ApiToken.id, ApiToken.owner, ApiToken.admin, ApiToken.revoked_at, ApiToken.last_used_at)
-JOB_COLUMNS = (Job.id, Job.owner, Job.name, Job.status, Job.spec, Job.created_at, Job.started_at, Job.finished_at,
-               Job.error_reason, Job.error_message, Job.step, Job.max_steps, Job.world_size, Job.latest, Job.eval,
-               Job.attempt, Job.precision_switches, Job.end_info, Job.startup)  # fmt: skip
-ATTEMPT_COLUMNS = (Attempt.attempt, Attempt.worker_id, Attempt.started_at, Attempt.ended_at, Attempt.status,
-                   Attempt.reason, Attempt.gpus, Attempt.resumed_from_step)  # fmt: skip
+JOB_COLUMNS = (
+    Job.id,
+    Job.owner,
+    Job.name,
+    Job.status,
+    Job.spec,
+    Job.created_at,
+    Job.started_at,
+    Job.finished_at,
+    Job.error_reason,
+    Job.error_message,
+    Job.step,
+    Job.max_steps,
+    Job.world_size,
+    Job.latest,
+    Job.eval,
+    Job.attempt,
+    Job.precision_switches,
+    Job.end_info,
+    Job.startup,
+)
+ATTEMPT_COLUMNS = (
+    Attempt.attempt,
+    Attempt.worker_id,
+    Attempt.started_at,
+    Attempt.ended_at,
+    Attempt.status,
+    Attempt.reason,
+    Attempt.gpus,
+    Attempt.resumed_from_step,
+)
 
 
 @dataclass(frozen=True)
@@ -64,8 +90,16 @@ class AttemptView:
 
 
 #: Columns of one gang membership, in the order of :class:`MemberView`'s fields.
-MEMBER_COLUMNS = (JobMember.attempt, JobMember.node_rank, JobMember.worker_id, JobMember.host_address,
-                  JobMember.status, JobMember.exit_code, JobMember.joined_at, JobMember.ended_at)  # fmt: skip
+MEMBER_COLUMNS = (
+    JobMember.attempt,
+    JobMember.node_rank,
+    JobMember.worker_id,
+    JobMember.host_address,
+    JobMember.status,
+    JobMember.exit_code,
+    JobMember.joined_at,
+    JobMember.ended_at,
+)
 
 
 @dataclass(frozen=True)
@@ -177,8 +211,11 @@ def _with_members(conn: Any, job: JobView | None) -> JobView | None:
     """``job`` with its current attempt's gang memberships: a second statement, for multi-node jobs only."""
     if job is None or not _multi_node(job.spec):
         return job
-    query = (select(*MEMBER_COLUMNS).where(JobMember.job_id == job.id, JobMember.attempt == job.attempt)
-             .order_by(JobMember.node_rank, JobMember.id))  # fmt: skip
+    query = (
+        select(*MEMBER_COLUMNS)
+        .where(JobMember.job_id == job.id, JobMember.attempt == job.attempt)
+        .order_by(JobMember.node_rank, JobMember.id)
+    )
     return replace(job, members=tuple(MemberView(*row) for row in conn.execute(query)))
 
 

@@ -35,9 +35,15 @@ router = APIRouter(prefix="/jobs", tags=["checkpoints"], dependencies=[Depends(a
 
 def checkpoint_public(job_id: str, file: CheckpointFile) -> CheckpointPublic:
     """The description of checkpoint ``file`` of ``job_id``."""
-    return CheckpointPublic(attempt=file.attempt, name=file.name, step=file.step, final=file.final,
-                            size_bytes=file.size_bytes, modified_at=file.modified_at,
-                            url=f"/jobs/{job_id}/checkpoints/{file.name}?attempt={file.attempt}")  # fmt: skip
+    return CheckpointPublic(
+        attempt=file.attempt,
+        name=file.name,
+        step=file.step,
+        final=file.final,
+        size_bytes=file.size_bytes,
+        modified_at=file.modified_at,
+        url=f"/jobs/{job_id}/checkpoints/{file.name}?attempt={file.attempt}",
+    )
 
 
 _NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such checkpoint"}}

@@ -32,8 +32,14 @@ def export_public(job_id: str, export: Export) -> ExportPublic:
     """The description of ``export`` of ``job_id``."""
     files = [ExportFilePublic(name=f.name, size_bytes=f.size_bytes) for f in export.files]
     url = f"/jobs/{job_id}/exports/{export.kind.value}?attempt={export.attempt}"
-    return ExportPublic(kind=export.kind, attempt=export.attempt, files=files, size_bytes=export.size_bytes,
-                        modified_at=export.modified_at, url=url)  # fmt: skip
+    return ExportPublic(
+        kind=export.kind,
+        attempt=export.attempt,
+        files=files,
+        size_bytes=export.size_bytes,
+        modified_at=export.modified_at,
+        url=url,
+    )
 
 
 _NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such export"}}

@@ -110,8 +110,14 @@ def submit_job(
     check_gpu_capacity(session, spec, settings, idempotency_key, principal.owner)
     defaults = default_limits(settings)
     try:
-        job, created = repo.create_job(session, spec, idempotency_key, owner=principal.owner, quota_defaults=defaults,
-                                       check_inputs=registered_inputs_check(spec, principal))  # fmt: skip
+        job, created = repo.create_job(
+            session,
+            spec,
+            idempotency_key,
+            owner=principal.owner,
+            quota_defaults=defaults,
+            check_inputs=registered_inputs_check(spec, principal),
+        )
     except repo.IdempotencyMismatch as exc:
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("header", "Idempotency-Key"), "msg": str(exc), "input": idempotency_key}]

@@ -76,20 +76,11 @@ def rank_environment(base: Mapping[str, str], rank: int, world_size: int, run_id
     """torchrun's environment for ``rank`` of a single-node run of ``world_size`` ranks (``MASTER_PORT`` comes later)."""
     return {
         **base,
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "GROUP_RANK": "0",
-        "ROLE_RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "ROLE_WORLD_SIZE": str(world_size),
-        "ROLE_NAME": "default",
-        "MASTER_ADDR": LOCALHOST,
-        "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "TORCHELASTIC_RUN_ID": run_id,
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
-    }  # fmt: skip  (one row per group of torchrun's variables)
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default", "MASTER_ADDR": LOCALHOST, "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+    }  # fmt: skip  # one row per group of torchrun's variables
 
 
 def set_title(title: str) -> None:
@@ -114,8 +105,10 @@ def run(assignment: Assignment, rank_main: RankMain) -> int:
             env = rank_environment(assignment.env, rank, assignment.world_size, run_id)
             ports.append(_fork_rank(assignment, rank, env, rank_main, ranks))
         store = _host_store(ports, assignment.world_size)
-        set_title(f"halfcast-launcher (warm) --nproc-per-node {assignment.world_size} --run-dir {assignment.run_dir} "
-                  f"MASTER_PORT={store.port}")  # fmt: skip
+        set_title(
+            f"halfcast-launcher (warm) --nproc-per-node {assignment.world_size} --run-dir {assignment.run_dir} "
+            f"MASTER_PORT={store.port}"
+        )
         failure = _wait_all(ranks)
     except Stopped:
         pass
@@ -209,8 +202,10 @@ def _run_rank(assignment: Assignment, rank: int, env: dict[str, str], rank_main:
         _set_threads(env)
         os.environ["MASTER_PORT"] = _read_port(port_fd)
         sys.argv = ["python -m trainer", *assignment.trainer_args]
-        set_title(f"halfcast-rank {rank}/{assignment.world_size} (warm) python -m trainer "
-                  f"{' '.join(assignment.trainer_args)} MASTER_PORT={os.environ['MASTER_PORT']}")  # fmt: skip
+        set_title(
+            f"halfcast-rank {rank}/{assignment.world_size} (warm) python -m trainer "
+            f"{' '.join(assignment.trainer_args)} MASTER_PORT={os.environ['MASTER_PORT']}"
+        )
         status = rank_main(list(assignment.trainer_args))
     except SystemExit as exit_:
         status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)

@@ -30,19 +30,10 @@ log = logging.getLogger("worker.warm.standby")
 PRELOAD = ("torch", "torch.distributed", "trainer.__main__", "trainer.data.builders", "trainer.models")
 #: What some ranks import, where it is installed (an optional extra missing is no error).
 OPTIONAL_PRELOAD = (
-    "setproctitle",
-    "sklearn.datasets",
-    "sklearn.model_selection",
-    "trainer.data.digits",
-    "transformers",
-    "transformers.models.auto.modeling_auto",
-    "transformers.models.auto.tokenization_auto",
-    "peft",
-    "trainer.hf.loading",
-    "trainer.hf.adapters",
-    "trainer.hf.build",
-    "trainer.data.jsonl.build",
-)  # fmt: skip  (groups: titles and the digits dataset, transformers, Halfcast's hf modules)
+    "setproctitle", "sklearn.datasets", "sklearn.model_selection", "trainer.data.digits",
+    "transformers", "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
+    "peft", "trainer.hf.loading", "trainer.hf.adapters", "trainer.hf.build", "trainer.data.jsonl.build",
+)  # fmt: skip  # groups: titles and the digits dataset, transformers, Halfcast's hf modules
 #: The line a standby writes once it is ready.
 READY = b"ready\n"
 #: Exit status when the preload leaves threads running (the standby would not be safe to fork).
