@@ -178,7 +178,10 @@ def effective_precision(job: Job | JobView) -> str:
 
 
 def loss_scaling(spec: dict[str, Any]) -> LossScaling:
-    """How the stored ``spec`` scales its loss, as ``JobSpec.effective_loss_scale`` decides (read from the dict, not validated)."""
+    """How the stored ``spec`` scales its loss, as ``JobSpec.effective_loss_scale`` decides.
+
+    Read from the dict, not validated.
+    """
     if (spec.get("precision") or "fp32") != "fp16":
         return "none"
     block = spec.get("loss_scale")

@@ -17,6 +17,7 @@ gets SIGTERM when the worker dies, even by SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import math
@@ -322,10 +323,8 @@ class RunProcess:
 
 
 def _ignore_gone(kill: Callable[[int, int], None], target: int, signum: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         kill(target, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def start_run(command: list[str], run_dir: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()) -> RunProcess:

@@ -92,8 +92,8 @@ def exit_outcome(
 ) -> Outcome:
     """The outcome of a run whose launcher exited with ``code``.
 
-    ``end``: the counts of the ``end`` record, if one was read (checked against ``max_steps``: :func:`ended_outcome`). ``oom_killed``: the kernel's
-    OOM kill count rose while the run lived (see :mod:`worker.oomwatch`).
+    ``end``: the counts of the ``end`` record, if one was read (checked against ``max_steps``: :func:`ended_outcome`).
+    ``oom_killed``: the kernel's OOM kill count rose while the run lived (see :mod:`worker.oomwatch`).
     """
     if code == 0 and end is not None:
         return ended_outcome(end, max_steps)

@@ -172,7 +172,9 @@ class JobStore:
             )
 
     def record_progress(self, fence: Fence, progress: Progress) -> bool:
-        """Store new step and evaluation records (insert-or-ignore); update ``step``/``latest``/``eval``/``world_size``/``startup``.
+        """Store new step and evaluation records (insert-or-ignore).
+
+        Updates ``step``/``latest``/``eval``/``world_size``/``startup``.
 
         Returns ``False`` (and stores nothing) when the attempt no longer owns the job.
         The fenced job update runs first, so its row lock orders this write against

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 from api_support import insert_job
-from cli_live_support import database_url, url  # noqa: F401 (fixtures)
+from cli_live_support import database_url_fixture, url_fixture  # noqa: F401 (the database_url and url fixtures)
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.cli import main

@@ -22,6 +22,7 @@ torchrun's single-node rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -149,10 +150,8 @@ def _host_store(port_pipes: list[int], world_size: int) -> Any:
 
     store = TCPStore(LOCALHOST, 0, world_size, is_master=True, wait_for_workers=False)
     for fd in port_pipes:
-        try:
+        with contextlib.suppress(OSError):  # that rank is gone already: its exit is seen by the wait
             os.write(fd, f"{store.port}\n".encode())
-        except OSError:  # that rank is gone already: its exit is seen by the wait
-            pass
         os.close(fd)
     return store
 
@@ -209,15 +208,13 @@ def _run_rank(assignment: Assignment, rank: int, env: dict[str, str], rank_main:
         status = rank_main(list(assignment.trainer_args))
     except SystemExit as exit_:
         status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    except BaseException:  # what an uncaught exception does to a Python: its traceback, status 1
+    except BaseException:  # noqa: BLE001  # what an uncaught exception does to a Python: its traceback, status 1
         traceback.print_exc()
         status = 1
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     return status
 
 
@@ -289,10 +286,8 @@ def _reap(ranks: dict[int, int]) -> None:
 
 
 def _signal_group(pid: int, signum: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def root_cause_report(failure: RankExit) -> str:

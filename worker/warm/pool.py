@@ -13,6 +13,7 @@ retried after :data:`RETRY_S`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -108,10 +109,8 @@ class Standby:
     def release(self) -> None:
         """Let an unused standby go (end of input ends it; SIGKILL if it lingers)."""
         if self.popen.stdin is not None and not self.popen.stdin.closed:
-            try:
+            with contextlib.suppress(OSError):
                 self.popen.stdin.close()
-            except OSError:
-                pass
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
