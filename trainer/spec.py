@@ -396,6 +396,11 @@ class JobSpec(_Strict):
         return self.nodes * self.ranks_per_node
 
     @property
+    def total_gpus(self) -> int:
+        """GPUs the job holds over all its nodes: ``nodes`` x ``gpus`` (what GPU quotas count)."""
+        return self.nodes * self.gpus
+
+    @property
     def effective_distributed(self) -> DistributedSpec:
         """The distributed timeouts: the given block, else the defaults."""
         return self.distributed or DistributedSpec()

@@ -112,7 +112,7 @@ def create_job(
         if existing is None:
             if check_inputs is not None:
                 check_inputs(session)
-            quota_check.enforce(session, owner, spec.gpus, quota_defaults)
+            quota_check.enforce(session, owner, spec.total_gpus, quota_defaults)
     except BaseException:
         session.rollback()
         raise

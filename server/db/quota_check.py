@@ -40,7 +40,7 @@ class QuotaExceeded(Exception):
 
 @dataclass(frozen=True)
 class Usage:
-    """What one owner has now: jobs not yet terminal, their GPUs (sum of ``spec.gpus``), jobs ``queued``."""
+    """What one owner has now: jobs not yet terminal, their GPUs (sum of ``spec.gpus`` x ``spec.nodes``), jobs ``queued``."""
 
     active_jobs: int
     gpus: int
@@ -65,7 +65,8 @@ def begin_owner_transaction(session: Session, owner: str) -> None:
 
 def usage(session: Session, owner: str) -> Usage:
     """``owner``'s :class:`Usage`, counted in the current transaction."""
-    gpus = func.coalesce(func.sum(Job.spec["gpus"].as_integer()), 0)
+    nodes = func.coalesce(Job.spec["nodes"].as_integer(), 1)  # a multi-node job holds gpus on each of its nodes
+    gpus = func.coalesce(func.sum(func.coalesce(Job.spec["gpus"].as_integer(), 0) * nodes), 0)
     queued = func.coalesce(func.sum(case((Job.status == "queued", 1), else_=0)), 0)
     query = select(func.count(), gpus, queued).where(Job.owner == owner, Job.status.in_(sorted(ACTIVE_STATUSES)))
     active_jobs, gpu_sum, queued_jobs = session.execute(query).one()

@@ -138,7 +138,7 @@ def _requeue_if_never_sent(session: Session, job: Job, spec: JobSpec, owner: str
     if not requeue.never_sent(job):
         return False
     try:
-        requeued = requeue.requeue_never_sent(session, job.id, owner=owner, gpus=spec.gpus, quota_defaults=defaults)
+        requeued = requeue.requeue_never_sent(session, job.id, owner=owner, gpus=spec.total_gpus, quota_defaults=defaults)
     except QuotaExceeded as exc:
         raise QuotaApiError(exc) from None
     if requeued:

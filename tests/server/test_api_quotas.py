@@ -113,6 +113,16 @@ def test_max_gpus_sums_the_gpus_of_jobs_not_yet_terminal(
     assert count_rows(sessions) == 4
 
 
+def test_a_multi_node_job_counts_its_gpus_on_every_node(
+    app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session]
+) -> None:
+    post = poster(app_client(max_gpus=4), database_url, "alice")
+    assert_refused(post(gpus=2, nodes=3), "max_gpus", 4)  # 6 GPUs over 3 hosts
+    assert post(gpus=2, nodes=2).status_code == 201  # 4 of 4
+    assert_refused(post(gpus=1), "max_gpus", 4)
+    assert count_rows(sessions) == 1
+
+
 def test_an_owner_override_beats_the_default_limit_by_limit(
     app_client: Callable[..., TestClient], database_url: str, sessions: sessionmaker[Session]
 ) -> None:
