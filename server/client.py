@@ -27,6 +27,7 @@ Pass the API token as ``token`` (sent as ``Authorization: Bearer``).
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import shutil
@@ -264,7 +265,7 @@ def _counted(chunks: Iterator[bytes], total: int, progress: Progress | None) -> 
             progress(sent, total)
 
 
-def _typed(events: Iterator[Event[Any]], models: Mapping[str, type[D]]) -> Iterator[Event[D]]:
+def _typed(events: Iterator[Event[Any]], models: Mapping[str, type[M]]) -> Iterator[Event[M]]:
     """``events`` with each ``data`` read as the model of its name in ``models``; events of other names are skipped
     (a newer server's), logged. :class:`HalfcastError` for a payload that does not validate."""
     for event in events:
@@ -272,7 +273,7 @@ def _typed(events: Iterator[Event[Any]], models: Mapping[str, type[D]]) -> Itera
         if model is None:
             log.debug("skipping an event the client does not know: %s", event.event)
             continue
-        yield Event(event.event, event.id, _parsed(model, event.data))  # type: ignore[type-var]
+        yield Event(event.event, event.id, _parsed(model, event.data))
 
 
 def _parsed(model: type[M], body: Any) -> M:
@@ -395,7 +396,9 @@ class HalfcastClient:
                 break
         return found
 
-    def metrics(self, job_id: str, after_step: int = 0, page_size: int = 1000) -> Iterator[list[StepRecord]]:
+    # From here on, ``list`` in the class's annotations is the method above: the type is ``builtins.list``.
+
+    def metrics(self, job_id: str, after_step: int = 0, page_size: int = 1000) -> Iterator[builtins.list[StepRecord]]:
         """Pages of step records (:class:`~contracts.stored.StoredStep`) with ``step > after_step``, in step order."""
         while True:
             page = self._request(
@@ -409,11 +412,11 @@ class HalfcastClient:
             if len(points) < page_size:
                 return
 
-    def evals(self, job_id: str) -> list[StoredEval]:
+    def evals(self, job_id: str) -> builtins.list[StoredEval]:
         """Every evaluation record of the job, in step order. Raises :class:`NotFound`."""
         return _parsed(EvalList, self._request("GET", f"/jobs/{job_id}/evals")).evals
 
-    def checkpoints(self, job_id: str) -> list[CheckpointPublic]:
+    def checkpoints(self, job_id: str) -> builtins.list[CheckpointPublic]:
         """The job's checkpoint files, by attempt then step (the last is the newest). Raises :class:`NotFound`."""
         return _parsed(CheckpointList, self._request("GET", f"/jobs/{job_id}/checkpoints")).checkpoints
 
@@ -446,7 +449,7 @@ class HalfcastClient:
         self._save(chosen.url, path, "application/octet-stream")
         return SavedCheckpoint(chosen, path)
 
-    def exports(self, job_id: str) -> list[ExportPublic]:
+    def exports(self, job_id: str) -> builtins.list[ExportPublic]:
         """The job's exports (``adapter``, ``model``), each from the newest attempt that has it. Raises :class:`NotFound`."""
         return _parsed(ExportList, self._request("GET", f"/jobs/{job_id}/exports")).exports
 

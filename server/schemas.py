@@ -74,7 +74,7 @@ def attempt_public(row: Attempt | AttemptView) -> AttemptPublic:
         worker_id=row.worker_id,
         started_at=as_utc(row.started_at),
         ended_at=as_utc_or_none(row.ended_at),
-        status=row.status,  # type: ignore[arg-type]  # the column only holds these values
+        status=row.status,
         reason=row.reason,
         gpus=row.gpus,
         resumed_from_step=row.resumed_from_step,
@@ -107,7 +107,7 @@ def job_public(job: Job | JobView) -> JobPublic:
     return JobPublic(
         id=job.id,
         name=job.name,
-        status=job.status,  # type: ignore[arg-type]  # the column only holds JobStatus values
+        status=job.status,
         spec=job.spec,
         created_at=as_utc(job.created_at),
         started_at=as_utc_or_none(job.started_at),
@@ -144,7 +144,7 @@ def members_public(rows: Sequence[JobMember | MemberView], attempt: int) -> list
             host_address=row.host_address,
             status=row.status,
             exit_code=row.exit_code,
-            joined_at=as_utc(row.joined_at),  # type: ignore[arg-type]
+            joined_at=as_utc(row.joined_at),
             ended_at=as_utc_or_none(row.ended_at),
         )
         for row in current

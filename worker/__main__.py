@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     quiet_third_party_logs()
     settings = Settings()
     app = create_celery_app(settings)
-    runtime = register_tasks(app).halfcast_runtime  # type: ignore[attr-defined]
+    runtime = register_tasks(app).halfcast_runtime
     threads = runtime.slots().threads
     app.worker_main(worker_argv(settings, sys.argv[1:] if argv is None else argv, threads))
 

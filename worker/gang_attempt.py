@@ -154,7 +154,9 @@ class Node0Attempt(Attempt):
         settings = self.context.settings
         deadline = time.monotonic() + settings.lease_ttl_s + settings.cancel_grace_s
         while True:
-            members = self._tolerant(lambda: self.members.of_attempt(self.claim.job_id, self.claim.attempt), [])
+            members: list[Member] = self._tolerant(
+                lambda: self.members.of_attempt(self.claim.job_id, self.claim.attempt), []
+            )
             if (members and settled(members)) or time.monotonic() >= deadline:
                 return members
             self.lease.renew_if_due()

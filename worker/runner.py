@@ -190,7 +190,7 @@ class Attempt:
         try:
             spec = JobSpec.model_validate(resolve_inputs(self.store.engine, self.claim.spec))
         except RefError as exc:
-            return Outcome("failed", exc.reason, f"{exc.message} (it was deleted after the job was submitted)")
+            return Outcome(JobStatus.FAILED, exc.reason, f"{exc.message} (it was deleted after the job was submitted)")
         except ValidationError as exc:
             return Outcome(
                 JobStatus.FAILED, FailureReason.SPEC_INVALID, f"the stored spec does not validate on the worker:\n{exc}"

@@ -316,8 +316,12 @@ def _record_switches(conn: Connection, job_id: str, progress: Progress) -> None:
         _rewind_job(conn, job_id, switch.rewound_to_step)
     stored = list(conn.execute(select(Job.precision_switches).where(Job.id == job_id)).scalar_one_or_none() or [])
     known = {tuple(item.get(key) for key in SWITCH_KEYS) for item in stored}
-    for switch in [*progress.known_switches, *progress.switches]:
-        body = switch.body()
+    candidates: list[records.PrecisionSwitch | records.PrecisionSwitchRecord] = [
+        *progress.known_switches,
+        *progress.switches,
+    ]
+    for candidate in candidates:
+        body = candidate.body()
         identity = tuple(body.get(key) for key in SWITCH_KEYS)
         if identity not in known:
             known.add(identity)

@@ -246,7 +246,7 @@ def register_tasks(app: Celery) -> Task:
             raise _hand_back(self, runtime, job_id, worker_id, exc, countdown=CLAIM_RETRY_S) from exc
         return outcome.status if outcome else None
 
-    run_job_task.halfcast_runtime = runtime  # type: ignore[attr-defined]
+    run_job_task.halfcast_runtime = runtime
     return run_job_task
 
 

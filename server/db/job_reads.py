@@ -18,12 +18,12 @@ token's ``last_used_at`` is refreshed as :func:`server.db.tokens.resolve` does.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Engine, Row, Select, bindparam, select
+from sqlalchemy import BindParameter, Engine, Row, Select, bindparam, select
 
 from server.db.engine import read_connection
 from server.db.models import ApiToken, Attempt, Job, JobMember, utcnow
@@ -143,8 +143,9 @@ class JobView:
     precision_switches: list[dict[str, Any]] | None
     end_info: dict[str, Any] | None
     startup: dict[str, Any] | None
-    attempts: tuple[AttemptView, ...] = ()
-    members: tuple[MemberView, ...] = ()
+    # keyword-only: the row's columns fill the fields above, positionally
+    attempts: tuple[AttemptView, ...] = field(default=(), kw_only=True)
+    members: tuple[MemberView, ...] = field(default=(), kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ class JobRead:
 @cache
 def _statement(with_token: bool) -> Select[Any]:
     """The read, built once (bound parameters ``job_id`` and, with the token, ``token_hash``)."""
-    job_id = bindparam("job_id")
+    job_id: BindParameter[str] = bindparam("job_id")
     if not with_token:
         query = select(*JOB_COLUMNS, *ATTEMPT_COLUMNS).where(Job.id == job_id)
     else:

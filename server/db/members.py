@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -80,10 +81,21 @@ COLUMNS = (
 )
 
 
-def _member(row: Sequence[object]) -> Member:
-    values = list(row)
-    values[7] = MemberStatus(values[7])
-    return Member(*values)  # type: ignore[arg-type]
+def _member(row: Sequence[Any]) -> Member:
+    """The :class:`Member` of a row of ``COLUMNS`` (the column's status as the enum)."""
+    member_id, job_id, attempt, node_rank, worker_id, host_address, port, status, exit_code, lease_expires_at = row
+    return Member(
+        member_id,
+        job_id,
+        attempt,
+        node_rank,
+        worker_id,
+        host_address,
+        port,
+        MemberStatus(status),
+        exit_code,
+        lease_expires_at,
+    )
 
 
 class Members:

@@ -286,7 +286,9 @@ _KINDS = {
 
 def get_registered(session: Session, kind: RegisteredKind, item_id: str) -> RegisteredDataset | RegisteredModel | None:
     """The dataset or model ``item_id``, freshly read; ``None`` if there is none."""
-    return session.get(_KINDS[kind].table, item_id, populate_existing=True)
+    row = session.get(_KINDS[kind].table, item_id, populate_existing=True)
+    # session.get types a union of tables' rows as their base; this narrows it back (the row is one of them)
+    return row if isinstance(row, RegisteredDataset | RegisteredModel) else None
 
 
 def delete_registered(session: Session, kind: RegisteredKind, item_id: str, actor: str, layout: RegistryLayout) -> bool:

@@ -30,7 +30,7 @@ def delete_visible(
 ) -> None:
     """Delete the dataset or model ``item_id`` ``principal`` sees: 404 if it does not, 409 while a live job names it."""
     row: RegisteredDataset | RegisteredModel | None = repo.get_registered(session, kind, item_id)
-    visible_registered_or_404(row, kind.value, item_id, principal)  # type: ignore[type-var]  # either table's row
+    visible_registered_or_404(row, kind.value, item_id, principal)
     session.commit()
     try:
         deleted = repo.delete_registered(session, kind, item_id, principal.owner, RegistryLayout(settings.registry_dir))

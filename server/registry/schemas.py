@@ -15,10 +15,10 @@ def dataset_public(row: RegisteredDataset) -> DatasetPublic:
         id=row.id,
         name=row.name,
         owner=row.owner,
-        format=row.format,  # type: ignore[arg-type]
+        format=row.format,
         file_format=row.file_format,
         rows=row.rows,
-        bytes=row.bytes,  # type: ignore[arg-type]
+        bytes=row.bytes,
         sha256=row.sha256,
         created_at=as_utc(row.created_at),
     )

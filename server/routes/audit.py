@@ -23,7 +23,7 @@ def audit_event_public(row: AuditEvent) -> AuditEventPublic:
         id=row.id,
         at=as_utc(row.at),
         actor=row.actor,
-        action=row.action,  # type: ignore[arg-type]
+        action=row.action,
         subject=row.subject,
         details=row.details,
     )

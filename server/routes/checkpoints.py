@@ -46,7 +46,9 @@ def checkpoint_public(job_id: str, file: CheckpointFile) -> CheckpointPublic:
     )
 
 
-_NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such checkpoint"}}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "Unknown job, or no such checkpoint"}
+}
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_NOT_FOUND)

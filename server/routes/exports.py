@@ -9,7 +9,7 @@ The same isolation as every job route applies (another owner's job is a 404).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -42,7 +42,9 @@ def export_public(job_id: str, export: Export) -> ExportPublic:
     )
 
 
-_NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such export"}}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "Unknown job, or no such export"}
+}
 
 
 @router.get("/{job_id}/exports", response_model=ExportList, responses=_NOT_FOUND)

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from worker.warm.agent import set_title
 from worker.warm.assignment import Assignment
@@ -59,9 +60,9 @@ def os_threads() -> int:
         return threading.active_count()
 
 
-def read_assignment(stream: object = None) -> Assignment | None:
-    """The one assignment on stdin, or ``None`` at end of input."""
-    line = (stream or sys.stdin.buffer).readline()  # type: ignore[attr-defined]  (a binary stream)
+def read_assignment(stream: BinaryIO | None = None) -> Assignment | None:
+    """The one assignment on ``stream`` (by default stdin), or ``None`` at end of input."""
+    line = (stream or sys.stdin.buffer).readline()
     return Assignment.model_validate_json(line) if line.strip() else None
 
 
