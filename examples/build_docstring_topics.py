@@ -51,7 +51,9 @@ def stdlib_dir() -> Path:
 def package_files(stdlib: Path, package: str) -> list[Path]:
     """The ``.py`` files of ``package`` in sorted order, without its test directories."""
     root = stdlib / package
-    return [p for p in sorted(root.rglob("*.py")) if not any(part.startswith("test") for part in p.relative_to(root).parts)]
+    return [
+        p for p in sorted(root.rglob("*.py")) if not any(part.startswith("test") for part in p.relative_to(root).parts)
+    ]
 
 
 def first_paragraph(docstring: str) -> str | None:

@@ -34,8 +34,9 @@ def untrained_metrics(spec: JobSpec) -> dict[str, float]:
     if parts.dataset.info.task is not Task.CLASSIFICATION:
         raise SystemExit(f"{spec.name}: not a classification job")
     metrics = evaluate(parts.model, parts.dataset, parts.precision, spec.micro_batch_size)
-    labels = collections.Counter(int(batch.targets[i]) for batch in parts.dataset.eval_batches(256)
-                                 for i in range(batch.num_samples))
+    labels = collections.Counter(
+        int(batch.targets[i]) for batch in parts.dataset.eval_batches(256) for i in range(batch.num_samples)
+    )
     metrics["majority_accuracy"] = max(labels.values()) / sum(labels.values())
     return metrics
 

@@ -35,7 +35,7 @@ def owner_visible(principal: Principal, owner: str | None) -> bool:
     return principal.admin or (owner is not None and owner == principal.owner)
 
 
-Registered = TypeVar("Registered", RegisteredDataset, RegisteredModel)
+Registered = TypeVar("Registered", bound=RegisteredDataset | RegisteredModel)
 
 
 def visible_registered_or_404(row: Registered | None, kind: str, item_id: str, principal: Principal) -> Registered:

@@ -21,11 +21,13 @@ Errors are typed: :class:`ServerUnavailable` (no connection, a timeout, or a 503
 :class:`ValidationFailed` (422, with every field error), :class:`NotFound` (404),
 :class:`Conflict` (409), :class:`Unauthorized` (401: no, an unknown or a revoked
 token), :class:`Forbidden` (403: needs an admin token), :class:`QuotaExceeded` (429: the
-job would take its owner over a quota limit), and :class:`HalfcastError` for anything else. Pass the API token as ``token`` (sent as ``Authorization: Bearer``).
+job would take its owner over a quota limit), and :class:`HalfcastError` for anything else.
+Pass the API token as ``token`` (sent as ``Authorization: Bearer``).
 """
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import shutil
@@ -207,8 +209,12 @@ def _field_error(item: Any) -> FieldError:
     """One 422 item as a :class:`FieldError` (``field`` only when the API sent a list)."""
     item = item if isinstance(item, dict) else {}
     field = item.get("field")
-    return FieldError(tuple(item.get("loc", ())), str(item.get("msg", "")), str(item.get("type", "")),
-                      tuple(field) if isinstance(field, list) else None)  # fmt: skip
+    return FieldError(
+        tuple(item.get("loc", ())),
+        str(item.get("msg", "")),
+        str(item.get("type", "")),
+        tuple(field) if isinstance(field, list) else None,
+    )
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -259,7 +265,7 @@ def _counted(chunks: Iterator[bytes], total: int, progress: Progress | None) -> 
             progress(sent, total)
 
 
-def _typed(events: Iterator[Event[Any]], models: Mapping[str, type[D]]) -> Iterator[Event[D]]:
+def _typed(events: Iterator[Event[Any]], models: Mapping[str, type[M]]) -> Iterator[Event[M]]:
     """``events`` with each ``data`` read as the model of its name in ``models``; events of other names are skipped
     (a newer server's), logged. :class:`HalfcastError` for a payload that does not validate."""
     for event in events:
@@ -267,7 +273,7 @@ def _typed(events: Iterator[Event[Any]], models: Mapping[str, type[D]]) -> Itera
         if model is None:
             log.debug("skipping an event the client does not know: %s", event.event)
             continue
-        yield Event(event.event, event.id, _parsed(model, event.data))  # type: ignore[type-var]
+        yield Event(event.event, event.id, _parsed(model, event.data))
 
 
 def _parsed(model: type[M], body: Any) -> M:
@@ -390,7 +396,9 @@ class HalfcastClient:
                 break
         return found
 
-    def metrics(self, job_id: str, after_step: int = 0, page_size: int = 1000) -> Iterator[list[StepRecord]]:
+    # From here on, ``list`` in the class's annotations is the method above: the type is ``builtins.list``.
+
+    def metrics(self, job_id: str, after_step: int = 0, page_size: int = 1000) -> Iterator[builtins.list[StepRecord]]:
         """Pages of step records (:class:`~contracts.stored.StoredStep`) with ``step > after_step``, in step order."""
         while True:
             page = self._request(
@@ -404,11 +412,11 @@ class HalfcastClient:
             if len(points) < page_size:
                 return
 
-    def evals(self, job_id: str) -> list[StoredEval]:
+    def evals(self, job_id: str) -> builtins.list[StoredEval]:
         """Every evaluation record of the job, in step order. Raises :class:`NotFound`."""
         return _parsed(EvalList, self._request("GET", f"/jobs/{job_id}/evals")).evals
 
-    def checkpoints(self, job_id: str) -> list[CheckpointPublic]:
+    def checkpoints(self, job_id: str) -> builtins.list[CheckpointPublic]:
         """The job's checkpoint files, by attempt then step (the last is the newest). Raises :class:`NotFound`."""
         return _parsed(CheckpointList, self._request("GET", f"/jobs/{job_id}/checkpoints")).checkpoints
 
@@ -427,8 +435,11 @@ class HalfcastClient:
             NotFound: no such job, or it has no (such) checkpoint.
             ServerUnavailable: the connection failed or the download was cut short.
         """
-        listed = [c for c in self.checkpoints(job_id) if (name is None or c.name == name)
-                  and (attempt is None or c.attempt == attempt)]  # fmt: skip
+        listed = [
+            c
+            for c in self.checkpoints(job_id)
+            if (name is None or c.name == name) and (attempt is None or c.attempt == attempt)
+        ]
         if not listed:
             what = "checkpoint" if name is None else f"checkpoint {name}"
             where = "" if attempt is None else f" in attempt {attempt}"
@@ -438,7 +449,7 @@ class HalfcastClient:
         self._save(chosen.url, path, "application/octet-stream")
         return SavedCheckpoint(chosen, path)
 
-    def exports(self, job_id: str) -> list[ExportPublic]:
+    def exports(self, job_id: str) -> builtins.list[ExportPublic]:
         """The job's exports (``adapter``, ``model``), each from the newest attempt that has it. Raises :class:`NotFound`."""
         return _parsed(ExportList, self._request("GET", f"/jobs/{job_id}/exports")).exports
 
@@ -482,8 +493,9 @@ class HalfcastClient:
             shutil.rmtree(staging, ignore_errors=True)
         return dest
 
-    def _save(self, url: str, path: Path, accept: str, params: dict[str, Any] | None = None, *,
-              require_length: bool = False) -> None:  # fmt: skip
+    def _save(
+        self, url: str, path: Path, accept: str, params: dict[str, Any] | None = None, *, require_length: bool = False
+    ) -> None:
         """Stream ``url`` into ``path`` (:func:`server.files.download.save_response`), with typed errors."""
         try:
             with self._http.stream("GET", url, params=params, headers={"accept": accept}) as response:
@@ -506,8 +518,16 @@ class HalfcastClient:
 
     # ------------------------------------------------------------------ registered datasets and models
 
-    def upload_dataset(self, path: Path, format: str, *, name: str | None = None, file_format: str | None = None,
-                       progress: Progress | None = None, timeout: float = UPLOAD_TIMEOUT_S) -> DatasetPublic:  # fmt: skip
+    def upload_dataset(
+        self,
+        path: Path,
+        format: str,
+        *,
+        name: str | None = None,
+        file_format: str | None = None,
+        progress: Progress | None = None,
+        timeout: float = UPLOAD_TIMEOUT_S,
+    ) -> DatasetPublic:
         """Upload the dataset file at ``path``, checked by the API against ``format`` (``text``, ``instruction``,
         ``chat``, ``classification``); the registered dataset.
 
@@ -534,8 +554,14 @@ class HalfcastClient:
             DatasetPublic, self._upload("/datasets", chunks, size, DATASET_MEDIA_TYPES[kind], params, timeout)
         )
 
-    def upload_model(self, directory: Path, *, name: str | None = None, progress: Progress | None = None,
-                     timeout: float = UPLOAD_TIMEOUT_S) -> ModelPublic:  # fmt: skip
+    def upload_model(
+        self,
+        directory: Path,
+        *,
+        name: str | None = None,
+        progress: Progress | None = None,
+        timeout: float = UPLOAD_TIMEOUT_S,
+    ) -> ModelPublic:
         """Upload the Hugging Face model ``directory`` (``config.json``, ``*.safetensors``, tokenizer files);
         the registered model.
 
@@ -551,15 +577,18 @@ class HalfcastClient:
         """
         tree = read_export(Path(directory), ExportKind.MODEL, 0)
         if tree is None:
-            raise ValueError(f"cannot upload {directory}: not a directory, or it holds a link, a special file, "
-                             "more than 10,000 files or files nested too deeply")  # fmt: skip
+            raise ValueError(
+                f"cannot upload {directory}: not a directory, or it holds a link, a special file, "
+                "more than 10,000 files or files nested too deeply"
+            )
         size = archive_size(tree)
         chunks = _counted(stream_archive(tree), size, progress)
         params = {"name": name or Path(directory).resolve().name}
         return _parsed(ModelPublic, self._upload("/models", chunks, size, "application/x-tar", params, timeout))
 
-    def _upload(self, path: str, chunks: Iterator[bytes], size: int, media_type: str, params: dict[str, Any],
-                timeout: float) -> Any:  # fmt: skip
+    def _upload(
+        self, path: str, chunks: Iterator[bytes], size: int, media_type: str, params: dict[str, Any], timeout: float
+    ) -> Any:
         headers = {"content-type": media_type, "content-length": str(size)}
         limits = httpx.Timeout(self._http.timeout.connect or 10.0, read=timeout, write=timeout, pool=timeout)
         return self._request("POST", path, params=params, content=chunks, headers=headers, timeout=limits)

@@ -44,4 +44,4 @@ class QuotaApiError(ApiError):
     def __init__(self, exc: QuotaExceeded) -> None:
         detail = f"quota exceeded: {exc.limit} is {exc.value} for owner {exc.owner} ({exc.in_use} in use)"
         super().__init__(429, detail, headers={"Retry-After": str(QUOTA_RETRY_AFTER_S)})
-        self.body = QuotaErrorBody(detail=detail, limit=exc.limit, value=exc.value)  # type: ignore[arg-type]
+        self.body = QuotaErrorBody(detail=detail, limit=exc.limit, value=exc.value)

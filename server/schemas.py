@@ -30,15 +30,41 @@ from contracts.status import AttemptStatus, JobStatus
 from server.db.job_reads import AttemptView, JobView, MemberView
 from server.db.models import Attempt, Job, JobMember, StepRecord
 
-__all__ = ["MAX_STEP_NUMBER", "AttemptPublic", "AttemptStatus", "ErrorBody", "EvalList", "JobError", "JobList",
-           "JobPublic", "JobStatus", "LossScaling", "MemberPublic", "MetricsPage", "QuotaErrorBody", "StartupPhase",
-           "StartupTimes", "StoppedEarlyPublic", "attempt_public", "current_phase", "effective_precision", "job_public",
-           "loss_scaling", "members_public", "startup_public", "step_counts", "step_point", "stopped_early"]  # fmt: skip
+__all__ = [
+    "MAX_STEP_NUMBER",
+    "AttemptPublic",
+    "AttemptStatus",
+    "ErrorBody",
+    "EvalList",
+    "JobError",
+    "JobList",
+    "JobPublic",
+    "JobStatus",
+    "LossScaling",
+    "MemberPublic",
+    "MetricsPage",
+    "QuotaErrorBody",
+    "StartupPhase",
+    "StartupTimes",
+    "StoppedEarlyPublic",
+    "attempt_public",
+    "current_phase",
+    "effective_precision",
+    "job_public",
+    "loss_scaling",
+    "members_public",
+    "startup_public",
+    "step_counts",
+    "step_point",
+    "stopped_early",
+]
 
 #: The resource's ``phase`` of a ``running`` job by the trainer's last ``phase`` record (``training``: none).
 RUNNING_PHASES: dict[str, StartupPhase] = {
-    "data": "loading data", "model": "building model", "first_step": "first step",
-}  # fmt: skip
+    "data": "loading data",
+    "model": "building model",
+    "first_step": "first step",
+}
 
 
 def attempt_public(row: Attempt | AttemptView) -> AttemptPublic:
@@ -48,7 +74,7 @@ def attempt_public(row: Attempt | AttemptView) -> AttemptPublic:
         worker_id=row.worker_id,
         started_at=as_utc(row.started_at),
         ended_at=as_utc_or_none(row.ended_at),
-        status=row.status,  # type: ignore[arg-type]  # the column only holds these values
+        status=row.status,
         reason=row.reason,
         gpus=row.gpus,
         resumed_from_step=row.resumed_from_step,
@@ -81,7 +107,7 @@ def job_public(job: Job | JobView) -> JobPublic:
     return JobPublic(
         id=job.id,
         name=job.name,
-        status=job.status,  # type: ignore[arg-type]  # the column only holds JobStatus values
+        status=job.status,
         spec=job.spec,
         created_at=as_utc(job.created_at),
         started_at=as_utc_or_none(job.started_at),
@@ -118,9 +144,9 @@ def members_public(rows: Sequence[JobMember | MemberView], attempt: int) -> list
             host_address=row.host_address,
             status=row.status,
             exit_code=row.exit_code,
-            joined_at=as_utc(row.joined_at),  # type: ignore[arg-type]
+            joined_at=as_utc(row.joined_at),
             ended_at=as_utc_or_none(row.ended_at),
-        )  # fmt: skip
+        )
         for row in current
     ]
 
@@ -152,7 +178,10 @@ def effective_precision(job: Job | JobView) -> str:
 
 
 def loss_scaling(spec: dict[str, Any]) -> LossScaling:
-    """How the stored ``spec`` scales its loss, as ``JobSpec.effective_loss_scale`` decides (read from the dict, not validated)."""
+    """How the stored ``spec`` scales its loss, as ``JobSpec.effective_loss_scale`` decides.
+
+    Read from the dict, not validated.
+    """
     if (spec.get("precision") or "fp32") != "fp16":
         return "none"
     block = spec.get("loss_scale")

@@ -71,10 +71,11 @@ class Settings(BaseSettings):
     )
     worker_poll_interval_s: float = Field(default=0.1, gt=0.0, le=60.0)
     worker_host_address: str | None = Field(
-        default=None, max_length=255,
+        default=None,
+        max_length=255,
         description="The address other workers reach this one at for multi-node jobs (default: this host's address "
         "on the route to the database)",
-    )  # fmt: skip
+    )
     cancel_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0)
     queue_name: str = "halfcast"
     lease_ttl_s: float = Field(

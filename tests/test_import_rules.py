@@ -42,7 +42,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "trainer.registered",
         "contracts",
         "common",
-    ),  # fmt: skip
+    ),
     # the broker to publish a job; the spec to validate it, and the trainer's torch-free input rules
     # (row parser, model-directory safety, supported model types, registry layout), so an upload the API
     # accepts is one the trainer reads

@@ -2,8 +2,8 @@
 
 Runs the thread pool (the training runs in torchrun subprocesses, so threads only
 supervise) on ``settings.queue_name`` with one thread per slot:
-``settings.worker_concurrency`` CPU jobs plus one per GPU (:mod:`worker.slots`). Extra command-line arguments go to Celery after the
-defaults, so they override them (e.g. ``--hostname other@%h``). This process never
+``settings.worker_concurrency`` CPU jobs plus one per GPU (:mod:`worker.slots`). Extra command-line arguments
+go to Celery after the defaults, so they override them (e.g. ``--hostname other@%h``). This process never
 imports torch.
 """
 
@@ -31,7 +31,7 @@ def worker_argv(settings: Settings, extra: Sequence[str] = (), threads: int | No
         "--loglevel", "INFO",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         *extra,
-    ]  # fmt: skip
+    ]  # fmt: skip  # each celery flag beside its value
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     quiet_third_party_logs()
     settings = Settings()
     app = create_celery_app(settings)
-    runtime = register_tasks(app).halfcast_runtime  # type: ignore[attr-defined]
+    runtime = register_tasks(app).halfcast_runtime
     threads = runtime.slots().threads
     app.worker_main(worker_argv(settings, sys.argv[1:] if argv is None else argv, threads))
 

@@ -40,11 +40,11 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 class MarkerStore(Protocol):
     """The few Redis commands the watch uses (``redis.Redis`` satisfies it)."""
 
-    def get(self, name: str) -> bytes | None:
+    def get(self, name: str) -> bytes | str | None:
         """The value of ``name``, or ``None`` if it does not exist."""
         ...
 
-    def set(self, name: str, value: str, nx: bool = False, ex: int | None = None) -> bool | None:
+    def set(self, name: str, value: str, *, nx: bool = False, ex: int | None = None) -> bool | str | bytes | None:
         """Set ``name``; with ``nx`` only if absent (``None`` when it existed); ``ex``: TTL in seconds."""
         ...
 
@@ -102,8 +102,10 @@ class BrokerWatch:
         if job_ids:
             log.warning(
                 "the broker lost its data (marker %s was gone): sent the %d queued jobs again: %s",
-                self.key, len(job_ids), ", ".join(job_ids),
-            )  # fmt: skip
+                self.key,
+                len(job_ids),
+                ", ".join(job_ids),
+            )
         return job_ids
 
 

@@ -62,8 +62,13 @@ def retry_checkpoint(job_dir: Path, attempt: int, max_steps: int) -> tuple[Path,
     resume from it.)
     """
     runs = JobRuns(job_dir)
-    found = [(step, number, path) for number in runs.attempt_numbers() if number < attempt
-             for step, path in runs.attempt(number).step_checkpoints() if step < max_steps]  # fmt: skip
+    found = [
+        (step, number, path)
+        for number in runs.attempt_numbers()
+        if number < attempt
+        for step, path in runs.attempt(number).step_checkpoints()
+        if step < max_steps
+    ]
     if not found:
         return None
     step, _, path = max(found, key=lambda candidate: candidate[:2])

@@ -42,7 +42,10 @@ class GangEnd(StrEnum):
 
 
 class MemberLease:
-    """The lease of one open membership, renewed every ``ttl / RENEWALS_PER_TTL`` (self-fencing as :class:`worker.lease.Lease`)."""
+    """The lease of one open membership, renewed every ``ttl / RENEWALS_PER_TTL``.
+
+    Self-fencing as :class:`worker.lease.Lease` is.
+    """
 
     def __init__(
         self, members: Members, member_id: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
@@ -65,7 +68,7 @@ class MemberLease:
             return not self.lost
         try:
             renewed = self.members.renew(self.member_id, self.ttl_s)
-        except Exception as exc:  # the database is unreachable: retry soon, give up at expiry
+        except Exception as exc:  # noqa: BLE001  # the database is unreachable: retry soon, give up at expiry
             log.warning("membership %d: renewal failed: %s", self.member_id, exc)
             if self.clock() >= self.valid_until:
                 self.lost_reason = f"the membership could not be renewed before it expired ({exc})"

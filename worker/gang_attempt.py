@@ -35,8 +35,14 @@ log = logging.getLogger(__name__)
 #: Seconds between two reads of the other nodes' memberships while the run goes on.
 PEER_POLL_S = 0.5
 #: Reasons of node 0's own failure that a lost or failed peer explains better (the peer's verdict wins).
-PEER_EXPLAINED = frozenset({FailureReason.RANK_FAILED, FailureReason.COLLECTIVE_TIMEOUT, FailureReason.LAUNCH_FAILED,
-                            FailureReason.NO_UPDATE_APPLIED})  # fmt: skip
+PEER_EXPLAINED = frozenset(
+    {
+        FailureReason.RANK_FAILED,
+        FailureReason.COLLECTIVE_TIMEOUT,
+        FailureReason.LAUNCH_FAILED,
+        FailureReason.NO_UPDATE_APPLIED,
+    }
+)
 
 
 class Node0Attempt(Attempt):
@@ -44,8 +50,9 @@ class Node0Attempt(Attempt):
 
     def __init__(self, claim: Claim, context: RunnerContext, member: Member, nodes: int) -> None:
         assert member.host_address is not None and member.rendezvous_port is not None
-        self.plan = NodePlan(claim.job_id, claim.attempt, 0, nodes, member.host_address, member.rendezvous_port,
-                             member.host_address)  # fmt: skip
+        self.plan = NodePlan(
+            claim.job_id, claim.attempt, 0, nodes, member.host_address, member.rendezvous_port, member.host_address
+        )
         super().__init__(claim, replace(context, build_command=partial(_node_command, plan=self.plan)))
         self.members = Members(context.store.engine)
         self.member = member
@@ -68,10 +75,18 @@ class Node0Attempt(Attempt):
     def _before_launch(self) -> Outcome | None:
         """Wait for the gang; publish the launch file; ``None`` once every node may launch."""
         gathering = Gathering(
-            self.members, self.claim.job_id, self.claim.attempt, self.claim.owner, self.nodes, self.gang_timeout_s,
-            self.context.settings.worker_poll_interval_s, self.lease.renew_if_due, self.member_lease.renew_if_due,
-            lambda: self.store.status(self.claim.job_id), self.context.shutdown,
-        )  # fmt: skip
+            self.members,
+            self.claim.job_id,
+            self.claim.attempt,
+            self.claim.owner,
+            self.nodes,
+            self.gang_timeout_s,
+            self.context.settings.worker_poll_interval_s,
+            self.lease.renew_if_due,
+            self.member_lease.renew_if_due,
+            lambda: self.store.status(self.claim.job_id),
+            self.context.shutdown,
+        )
         write_plan(self.rundir.path, self.resume_from)
         end = gathering.wait()
         log.info("job %s: attempt %d gathering ended: %s", self.claim.job_id, self.claim.attempt, end)
@@ -89,8 +104,12 @@ class Node0Attempt(Attempt):
         """Give the job back to the queue (no attempt counted) and send its message again."""
         if not self.members.disband(self.claim.job_id, self.claim.attempt, self.claim.owner):
             return False
-        log.warning("job %s: gang of attempt %d did not form (%s): memberships released, job queued again",
-                    self.claim.job_id, self.claim.attempt, end)  # fmt: skip
+        log.warning(
+            "job %s: gang of attempt %d did not form (%s): memberships released, job queued again",
+            self.claim.job_id,
+            self.claim.attempt,
+            end,
+        )
         self.lease.mark_lost(f"the gang did not form ({end}): the job is queued again")
         if self.context.enqueue is not None:
             self.context.enqueue(self.claim.job_id)
@@ -122,8 +141,11 @@ class Node0Attempt(Attempt):
         if outcome.status == JobStatus.SUCCEEDED:
             if all_exited(members, self.nodes):
                 return outcome
-            return verdict or Outcome(JobStatus.FAILED, FailureReason.RANK_FAILED,
-                                      "node 0 finished but not every node's torchrun exited 0 in time")  # fmt: skip
+            return verdict or Outcome(
+                JobStatus.FAILED,
+                FailureReason.RANK_FAILED,
+                "node 0 finished but not every node's torchrun exited 0 in time",
+            )
         if verdict is not None and outcome.status == JobStatus.FAILED and outcome.reason in PEER_EXPLAINED:
             return verdict
         return outcome
@@ -132,7 +154,9 @@ class Node0Attempt(Attempt):
         settings = self.context.settings
         deadline = time.monotonic() + settings.lease_ttl_s + settings.cancel_grace_s
         while True:
-            members = self._tolerant(lambda: self.members.of_attempt(self.claim.job_id, self.claim.attempt), [])
+            members: list[Member] = self._tolerant(
+                lambda: self.members.of_attempt(self.claim.job_id, self.claim.attempt), []
+            )
             if (members and settled(members)) or time.monotonic() >= deadline:
                 return members
             self.lease.renew_if_due()

@@ -80,8 +80,11 @@ class GangEntry:
         if job is None or job.status not in (JobStatus.GATHERING, JobStatus.QUEUED):
             return None
         before = None if job.status == JobStatus.GATHERING else job.created_at
-        candidates = [gang for gang in self.members.gathering(created_before=before)
-                      if gang.job_id == job_id or job.status == JobStatus.QUEUED]  # fmt: skip
+        candidates = [
+            gang
+            for gang in self.members.gathering(created_before=before)
+            if gang.job_id == job_id or job.status == JobStatus.QUEUED
+        ]
         fitting = [gang for gang in candidates if self.can_ever_place(gang.gpus)]
         if not fitting or self.members.open_membership(worker_id) is not None:
             return None
@@ -97,20 +100,34 @@ class GangEntry:
     def _run_node0(self, job_id: str, nodes: int, context: RunnerContext) -> Outcome | None:
         settings = context.settings
         host = self.address()
-        claim = context.store.claim(job_id, context.worker_id, settings.runs_dir, settings.lease_ttl_s,
-                                    gpus=context.gpus, status=JobStatus.GATHERING)  # fmt: skip
+        claim = context.store.claim(
+            job_id,
+            context.worker_id,
+            settings.runs_dir,
+            settings.lease_ttl_s,
+            gpus=context.gpus,
+            status=JobStatus.GATHERING,
+        )
         if claim is None:
             log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
             return None
         context.on_claimed()
-        member = self.members.open_node0(job_id, claim.attempt, context.worker_id, host, free_port(host),
-                                         settings.lease_ttl_s)  # fmt: skip
+        member = self.members.open_node0(
+            job_id, claim.attempt, context.worker_id, host, free_port(host), settings.lease_ttl_s
+        )
         if member is None:  # this worker took another gang's membership meanwhile
             self.members.disband(job_id, claim.attempt, context.worker_id)
             self._send(context, job_id, 1)
             return None
-        log.info("job %s: attempt %d: node 0 of %d on %s; rendezvous %s:%s", job_id, claim.attempt, nodes,
-                 context.worker_id, host, member.rendezvous_port)  # fmt: skip
+        log.info(
+            "job %s: attempt %d: node 0 of %d on %s; rendezvous %s:%s",
+            job_id,
+            claim.attempt,
+            nodes,
+            context.worker_id,
+            host,
+            member.rendezvous_port,
+        )
         self._send(context, job_id, nodes - 1)
         return Node0Attempt(claim, context, member, nodes).run()
 
@@ -127,7 +144,8 @@ class GangEntry:
         member = self.members.join(gang.job_id, context.worker_id, self.address(), context.settings.lease_ttl_s)
         if member is None:
             return None
-        log.info("job %s: attempt %d: %s joined as node %d", gang.job_id, member.attempt, context.worker_id,
-                 member.node_rank)  # fmt: skip
+        log.info(
+            "job %s: attempt %d: %s joined as node %d", gang.job_id, member.attempt, context.worker_id, member.node_rank
+        )
         context.on_claimed()
         return MemberRun(member, context, gang.nodes).run()

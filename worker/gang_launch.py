@@ -66,7 +66,7 @@ def gang_command(spec: JobSpec, spec_path: Path, run_dir: Path, plan: NodePlan, 
         "--rdzv-conf", f"is_host={is_host},join_timeout={join_timeout}", "--local-addr", plan.local_address,
         "--max-restarts", "0",
         "-m", RANK_WRAPPER, str(RunDir(run_dir).logs), module, "--spec", str(spec_path), "--run-dir", str(run_dir),
-    ]  # fmt: skip
+    ]  # fmt: skip  # one row per group of torchrun's flags, each flag beside its value
 
 
 def node_environment(environment: Mapping[str, str], address: str) -> dict[str, str]:

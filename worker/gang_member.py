@@ -120,8 +120,15 @@ class MemberRun:
                 "job %s: node %d cannot read node 0's launch files: %s", self.member.job_id, self.member.node_rank, exc
             )
             return None
-        plan = NodePlan(self.member.job_id, self.member.attempt, self.member.node_rank, self.nodes,
-                        node0.host_address, node0.rendezvous_port, self.member.host_address)  # fmt: skip
+        plan = NodePlan(
+            self.member.job_id,
+            self.member.attempt,
+            self.member.node_rank,
+            self.nodes,
+            node0.host_address,
+            node0.rendezvous_port,
+            self.member.host_address,
+        )
         command = gang_command(spec, rundir.spec, run_dir, plan)
         if plan_file.resume_from is not None:
             command += ["--resume-from", plan_file.resume_from]
@@ -154,8 +161,9 @@ class MemberRun:
         """Why the run must stop now (the job or node 0), or ``None``; a database error waits for the lease."""
         try:
             job = self._job()
-            node0 = next((m for m in self.members.of_attempt(self.member.job_id, self.member.attempt)
-                          if m.node_rank == 0), None)  # fmt: skip
+            node0 = next(
+                (m for m in self.members.of_attempt(self.member.job_id, self.member.attempt) if m.node_rank == 0), None
+            )
         except DBAPIError as exc:
             log.warning("job %s: node %d: database unreachable: %s", self.member.job_id, self.member.node_rank, exc)
             return None

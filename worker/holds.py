@@ -42,7 +42,7 @@ class StrandedHold:
 
     job_id: str
     held_by: str
-    held_at: datetime
+    held_at: datetime | None
 
 
 class MessageHolds:
@@ -72,7 +72,9 @@ class MessageHolds:
             Job.held_by.not_in(live),
         )
         with self.engine.connect() as conn:
-            return [StrandedHold(*row) for row in conn.execute(query)]
+            rows = conn.execute(query).all()
+        # held_by is never None here (the WHERE above), but the column is nullable
+        return [StrandedHold(job_id, held_by, held_at) for job_id, held_by, held_at in rows if held_by is not None]
 
     def resend(self, stranded: StrandedHold, enqueue: Enqueue) -> bool:
         """Take the stranded hold over (compare-and-set) and send the job a new message; ``False`` if lost."""
@@ -84,8 +86,9 @@ class MessageHolds:
         except Exception:
             self._restore(stranded)  # the next pass tries again
             raise
-        log.warning("job %s: its message was held by %s, which is not live: sent again", stranded.job_id,
-                    stranded.held_by)  # fmt: skip
+        log.warning(
+            "job %s: its message was held by %s, which is not live: sent again", stranded.job_id, stranded.held_by
+        )
         return True
 
     def _restore(self, stranded: StrandedHold) -> None:

@@ -73,8 +73,9 @@ def ingest(records: Iterable[Record]) -> Ingested:
                 startup = startup_summary(record)
             case EndRecord():
                 end = record
-    progress = Progress(steps=steps, evals=evaluations, world_size=world_size, switches=switches,
-                        known_switches=known, startup=startup)  # fmt: skip
+    progress = Progress(
+        steps=steps, evals=evaluations, world_size=world_size, switches=switches, known_switches=known, startup=startup
+    )
     return Ingested(progress, end)
 
 

@@ -17,6 +17,7 @@ gets SIGTERM when the worker dies, even by SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import math
@@ -71,7 +72,7 @@ def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "
         sys.executable, "-m", LAUNCHER,
         "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.ranks_per_node),
         "-m", RANK_WRAPPER, str(RunDir(run_dir).logs), module, "--spec", str(spec_path), "--run-dir", str(run_dir),
-    ]  # fmt: skip
+    ]  # fmt: skip  # one row per group of torchrun's flags, each flag beside its value
 
 
 def project_root() -> Path:
@@ -206,9 +207,10 @@ class ProcessTree:
         return {
             info.pid: info.start
             for info in table.values()
-            if info.alive and info.pid not in self.known
+            if info.alive
+            and info.pid not in self.known
             and (info.ppid in self.known or info.sid in owners or info.pgid in owners)
-        }  # fmt: skip
+        }
 
 
 def _same_live(info: ProcInfo | None, start: int) -> bool:
@@ -321,10 +323,8 @@ class RunProcess:
 
 
 def _ignore_gone(kill: Callable[[int, int], None], target: int, signum: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         kill(target, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def start_run(command: list[str], run_dir: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()) -> RunProcess:

@@ -69,7 +69,7 @@ class Lease:
             return True
         try:
             renewed = self.store.renew_lease(self.fence, self.ttl_s)
-        except Exception as exc:  # the database is unreachable: retry soon, give up at expiry
+        except Exception as exc:  # noqa: BLE001  # the database is unreachable: retry soon, give up at expiry
             log.warning("job %s: lease renewal failed: %s", self.fence.job_id, exc)
             if self.clock() >= self.valid_until:
                 self.mark_lost(f"the lease could not be renewed before it expired ({exc})")

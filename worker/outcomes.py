@@ -51,7 +51,7 @@ LOG_CAUSES: tuple[tuple[FailureReason, re.Pattern[str], str], ...] = (
         r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out"
         r"|Timed out waiting \d+ ?ms for (?:recv|send) operation|ProcessGroup(?:NCCL|Gloo)\S*.{0,200}[Tt]imed? ?out"),
      "a collective operation timed out (a rank stopped taking part, or the network failed)"),
-)  # fmt: skip
+)  # fmt: skip  # one row per cause: reason, pattern, explanation
 #: torchrun's report of a rank that died of SIGKILL.
 RANK_SIGKILLED = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received")
 
@@ -92,8 +92,8 @@ def exit_outcome(
 ) -> Outcome:
     """The outcome of a run whose launcher exited with ``code``.
 
-    ``end``: the counts of the ``end`` record, if one was read (checked against ``max_steps``: :func:`ended_outcome`). ``oom_killed``: the kernel's
-    OOM kill count rose while the run lived (see :mod:`worker.oomwatch`).
+    ``end``: the counts of the ``end`` record, if one was read (checked against ``max_steps``: :func:`ended_outcome`).
+    ``oom_killed``: the kernel's OOM kill count rose while the run lived (see :mod:`worker.oomwatch`).
     """
     if code == 0 and end is not None:
         return ended_outcome(end, max_steps)

@@ -34,8 +34,9 @@ QueuedGpus = Callable[[str], int | None]
 class Placer:
     """Finds a slot for a queued job on this worker, waiting up to ``wait_s`` seconds for one."""
 
-    def __init__(self, slots: Slots, queued_gpus: QueuedGpus, wait_s: float, poll_s: float,
-                 stop: threading.Event) -> None:  # fmt: skip
+    def __init__(
+        self, slots: Slots, queued_gpus: QueuedGpus, wait_s: float, poll_s: float, stop: threading.Event
+    ) -> None:
         self.slots = slots
         self.queued_gpus = queued_gpus
         self.wait_s = wait_s
@@ -51,8 +52,12 @@ class Placer:
         deadline = time.monotonic() + self.wait_s
         needed = self.queued_gpus(job_id)
         if needed is not None and not self.slots.can_ever_place(needed):
-            log.info("job %s needs %d GPUs; this worker has %d: leaving it to another worker",
-                     job_id, needed, len(self.slots.gpus))  # fmt: skip
+            log.info(
+                "job %s needs %d GPUs; this worker has %d: leaving it to another worker",
+                job_id,
+                needed,
+                len(self.slots.gpus),
+            )
         while needed is not None:
             if self.stop.is_set():
                 raise SlotUnavailable(f"job {job_id}: the worker is shutting down")

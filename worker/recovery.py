@@ -138,8 +138,15 @@ class Recovery:
             error = f"the job was requeued after attempt {attempt} but could not be sent to the broker: {exc}"
         requeued = Expected.of(JobStatus.QUEUED, attempt=attempt, owner=Owner.NONE)
         with self.store.begin() as conn:
-            compare_and_set(conn, job_id, requeued, to=JobStatus.FAILED, error_reason=FailureReason.ENQUEUE_FAILED,
-                            error_message=error, finished_at=utcnow())  # fmt: skip
+            compare_and_set(
+                conn,
+                job_id,
+                requeued,
+                to=JobStatus.FAILED,
+                error_reason=FailureReason.ENQUEUE_FAILED,
+                error_message=error,
+                finished_at=utcnow(),
+            )
 
 
 def attempt_status(resolution: Resolution, reason: str) -> AttemptStatus:

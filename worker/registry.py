@@ -15,10 +15,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, delete, insert, update
+from sqlalchemy import Connection, Engine, Update, delete, insert, update
 
 from server.db.engine import WRITE_TRANSACTION
 from server.db.models import Worker, utcnow
@@ -67,16 +68,23 @@ class WorkerRegistry:
         with self._begin() as conn:
             conn.execute(delete(Worker).where(Worker.id == self.info.id))
 
-    def _begin(self):  # type: ignore[no-untyped-def]
+    def _begin(self) -> AbstractContextManager[Connection]:
         return self.engine.execution_options(**WRITE_TRANSACTION).begin()
 
-    def _update(self):  # type: ignore[no-untyped-def]
+    def _update(self) -> Update:
         return update(Worker).where(Worker.id == self.info.id).values(**self._row())
 
     def _row(self) -> dict[str, object]:
         info = self.info
-        return {"id": info.id, "hostname": info.hostname, "pid": info.pid, "gpus": list(info.gpus),
-                "concurrency": info.concurrency, "started_at": info.started_at, "heartbeat_at": utcnow()}  # fmt: skip
+        return {
+            "id": info.id,
+            "hostname": info.hostname,
+            "pid": info.pid,
+            "gpus": list(info.gpus),
+            "concurrency": info.concurrency,
+            "started_at": info.started_at,
+            "heartbeat_at": utcnow(),
+        }
 
 
 class Heartbeat:

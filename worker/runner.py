@@ -190,7 +190,7 @@ class Attempt:
         try:
             spec = JobSpec.model_validate(resolve_inputs(self.store.engine, self.claim.spec))
         except RefError as exc:
-            return Outcome("failed", exc.reason, f"{exc.message} (it was deleted after the job was submitted)")
+            return Outcome(JobStatus.FAILED, exc.reason, f"{exc.message} (it was deleted after the job was submitted)")
         except ValidationError as exc:
             return Outcome(
                 JobStatus.FAILED, FailureReason.SPEC_INVALID, f"the stored spec does not validate on the worker:\n{exc}"
@@ -343,9 +343,12 @@ class Attempt:
             log.warning("job %s: lease lost while its last records could not be stored", self.claim.job_id)
 
     def _stop_process(self) -> None:
-        if self.process is not None and self.process.members():
-            if not self.process.stop(self.context.settings.cancel_grace_s, tick=self.lease.renew_if_due):
-                raise RuntimeError(f"processes of run {self.process.pid} survived SIGKILL")
+        if (
+            self.process is not None
+            and self.process.members()
+            and not self.process.stop(self.context.settings.cancel_grace_s, tick=self.lease.renew_if_due)
+        ):
+            raise RuntimeError(f"processes of run {self.process.pid} survived SIGKILL")
 
     def _ingest(self) -> None:
         """Move new records from ``records.jsonl`` into the database (fenced by the lease)."""

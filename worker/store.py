@@ -132,17 +132,30 @@ class JobStore:
             attempt = row.attempt + 1
             run_dir = JobRuns.of(runs_dir, job_id).attempt(attempt).path
             claimed = compare_and_set(
-                conn, job_id, Expected.of(JobStatus.QUEUED, attempt=row.attempt), to=JobStatus(status),
-                worker_id=worker_id, attempt=attempt, started_at=now, run_dir=str(run_dir),
-                lease_expires_at=now + timedelta(seconds=lease_ttl_s), error_reason=None, error_message=None,
-                held_by=None, held_at=None, startup=None,
-            )  # fmt: skip
+                conn,
+                job_id,
+                Expected.of(JobStatus.QUEUED, attempt=row.attempt),
+                to=JobStatus(status),
+                worker_id=worker_id,
+                attempt=attempt,
+                started_at=now,
+                run_dir=str(run_dir),
+                lease_expires_at=now + timedelta(seconds=lease_ttl_s),
+                error_reason=None,
+                error_message=None,
+                held_by=None,
+                held_at=None,
+                startup=None,
+            )
             if not claimed:
                 return None
             used = _runtime_used(conn, job_id)
             conn.execute(delete(Attempt).where(Attempt.job_id == job_id, Attempt.attempt >= attempt))
-            conn.execute(insert(Attempt).values(job_id=job_id, attempt=attempt, worker_id=worker_id, started_at=now,
-                                                gpus=list(gpus) or None))  # fmt: skip
+            conn.execute(
+                insert(Attempt).values(
+                    job_id=job_id, attempt=attempt, worker_id=worker_id, started_at=now, gpus=list(gpus) or None
+                )
+            )
         return Claim(job_id, attempt, run_dir, row.spec, owner=worker_id, runtime_used_s=used)
 
     def renew_lease(self, fence: Fence, lease_ttl_s: float) -> bool:
@@ -159,7 +172,9 @@ class JobStore:
             )
 
     def record_progress(self, fence: Fence, progress: Progress) -> bool:
-        """Store new step and evaluation records (insert-or-ignore); update ``step``/``latest``/``eval``/``world_size``/``startup``.
+        """Store new step and evaluation records (insert-or-ignore).
+
+        Updates ``step``/``latest``/``eval``/``world_size``/``startup``.
 
         Returns ``False`` (and stores nothing) when the attempt no longer owns the job.
         The fenced job update runs first, so its row lock orders this write against
@@ -195,8 +210,11 @@ class JobStore:
             if not compare_and_set(conn, fence.job_id, Expected.fenced(fence), updated_at=utcnow()):
                 return False
             _rewind_job(conn, fence.job_id, step)
-            conn.execute(update(Attempt).where(Attempt.job_id == fence.job_id, Attempt.attempt == fence.attempt)
-                         .values(resumed_from_step=step))  # fmt: skip
+            conn.execute(
+                update(Attempt)
+                .where(Attempt.job_id == fence.job_id, Attempt.attempt == fence.attempt)
+                .values(resumed_from_step=step)
+            )
         return True
 
     def queued_gpus(self, job_id: str) -> int | None:
@@ -298,8 +316,12 @@ def _record_switches(conn: Connection, job_id: str, progress: Progress) -> None:
         _rewind_job(conn, job_id, switch.rewound_to_step)
     stored = list(conn.execute(select(Job.precision_switches).where(Job.id == job_id)).scalar_one_or_none() or [])
     known = {tuple(item.get(key) for key in SWITCH_KEYS) for item in stored}
-    for switch in [*progress.known_switches, *progress.switches]:
-        body = switch.body()
+    candidates: list[records.PrecisionSwitch | records.PrecisionSwitchRecord] = [
+        *progress.known_switches,
+        *progress.switches,
+    ]
+    for candidate in candidates:
+        body = candidate.body()
         identity = tuple(body.get(key) for key in SWITCH_KEYS)
         if identity not in known:
             known.add(identity)

@@ -134,16 +134,22 @@ class WorkerRuntime:
     def placer(self) -> Placer:
         """Finds a slot for a job before it is claimed (waits up to ``worker_slot_wait_s``)."""
         settings = self.settings
-        return Placer(self.slots(), self.store.queued_gpus, settings.worker_slot_wait_s,
-                      settings.worker_poll_interval_s, self.shutdown)  # fmt: skip
+        return Placer(
+            self.slots(),
+            self.store.queued_gpus,
+            settings.worker_slot_wait_s,
+            settings.worker_poll_interval_s,
+            self.shutdown,
+        )
 
     def heartbeat(self, hostname: str | None) -> Heartbeat:
         """The registry heartbeat of this worker (created once)."""
         slots, store = self.slots(), self.store
         with self._lock:
             if self._heartbeat is None:
-                info = WorkerInfo(self.worker_id(hostname), socket.gethostname(), os.getpid(), slots.gpus,
-                                  slots.concurrency)  # fmt: skip
+                info = WorkerInfo(
+                    self.worker_id(hostname), socket.gethostname(), os.getpid(), slots.gpus, slots.concurrency
+                )
                 registry = WorkerRegistry(store.engine, info, self.settings.worker_forget_s)
                 self._heartbeat = Heartbeat(registry, self.settings.worker_heartbeat_s, self.shutdown)
             return self._heartbeat
@@ -161,8 +167,13 @@ class WorkerRuntime:
         store = self.store
         with self._lock:
             if self._reaper is None:
-                self._reaper = Reaper(Recovery(store, self.enqueue), self.settings.reaper_interval_s, self.shutdown,
-                                      self._broker_watch(store), self._recover_holds)  # fmt: skip
+                self._reaper = Reaper(
+                    Recovery(store, self.enqueue),
+                    self.settings.reaper_interval_s,
+                    self.shutdown,
+                    self._broker_watch(store),
+                    self._recover_holds,
+                )
             return self._reaper
 
     def _recover_holds(self) -> list[str]:
@@ -235,7 +246,7 @@ def register_tasks(app: Celery) -> Task:
             raise _hand_back(self, runtime, job_id, worker_id, exc, countdown=CLAIM_RETRY_S) from exc
         return outcome.status if outcome else None
 
-    run_job_task.halfcast_runtime = runtime  # type: ignore[attr-defined]
+    run_job_task.halfcast_runtime = runtime
     return run_job_task
 
 
@@ -263,8 +274,9 @@ def _join_gang(task: Task, runtime: WorkerRuntime, job_id: str, gang: GatheringJ
     return status
 
 
-def _hand_back(task: Task, runtime: WorkerRuntime, job_id: str, worker_id: str, exc: Exception,
-               countdown: float) -> BaseException:  # fmt: skip
+def _hand_back(
+    task: Task, runtime: WorkerRuntime, job_id: str, worker_id: str, exc: Exception, countdown: float
+) -> BaseException:
     """Send the job a new message (Celery's retry), then clear this worker's hold; the exception to raise.
 
     The hold is cleared only after the new message is out, and only if it is still this

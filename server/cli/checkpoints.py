@@ -46,9 +46,13 @@ def run_checkpoints(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         files = client.checkpoints(args.job_id)
     header = ("ATTEMPT", "NAME", "STEP", "SIZE", "MODIFIED")
-    return write_listing(files, args.json, f"job {args.job_id} has no checkpoint yet", header,
-                         lambda f: (str(f.attempt), f.name, str(f.step), format_size(f.size_bytes),
-                                    format_time(f.modified_at)))  # fmt: skip
+    return write_listing(
+        files,
+        args.json,
+        f"job {args.job_id} has no checkpoint yet",
+        header,
+        lambda f: (str(f.attempt), f.name, str(f.step), format_size(f.size_bytes), format_time(f.modified_at)),
+    )
 
 
 def run_download(args: argparse.Namespace) -> int:
@@ -61,8 +65,9 @@ def run_download(args: argparse.Namespace) -> int:
             sys.stderr.write(f"error: cannot save to {target}: {exc.strerror or exc}\n")
             return EXIT_ERROR
     file = saved.checkpoint
-    sys.stderr.write(f"job {args.job_id}: {file.name} of attempt {file.attempt} (step {file.step}, "
-                     f"{format_size(file.size_bytes)})\n")  # fmt: skip
+    sys.stderr.write(
+        f"job {args.job_id}: {file.name} of attempt {file.attempt} (step {file.step}, {format_size(file.size_bytes)})\n"
+    )
     sys.stdout.write(f"{saved.path}\n")
     return 0
 

@@ -45,18 +45,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def describe(dataset: DatasetPublic) -> str:
     """One line: rows, format, size and SHA-256."""
-    return (f"{dataset.rows} rows of {dataset.format} ({dataset.file_format}), "
-            f"{format_size(dataset.bytes)}, sha256 {dataset.sha256}")  # fmt: skip
+    return (
+        f"{dataset.rows} rows of {dataset.format} ({dataset.file_format}), "
+        f"{format_size(dataset.bytes)}, sha256 {dataset.sha256}"
+    )
 
 
 def run_upload(args: argparse.Namespace) -> int:
     """Upload the file; print the dataset's id (or the dataset as JSON)."""
     return registered.run_upload(
-        args, args.file,
-        lambda client, progress: client.upload_dataset(args.file, args.format, name=args.name,
-                                                       file_format=args.file_format, progress=progress),
+        args,
+        args.file,
+        lambda client, progress: client.upload_dataset(
+            args.file, args.format, name=args.name, file_format=args.file_format, progress=progress
+        ),
         lambda dataset: f"dataset {dataset.name}: {describe(dataset)}",
-    )  # fmt: skip
+    )
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -64,9 +68,20 @@ def run_list(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         found = list(client.datasets())
     header = ("ID", "NAME", "FORMAT", "ROWS", "SIZE", "CREATED")
-    return write_listing(found, args.json, "no dataset registered", header,
-                         lambda d: (d.id, d.name, f"{d.format}/{d.file_format}", str(d.rows),
-                                    format_size(d.bytes), format_time(d.created_at)))  # fmt: skip
+    return write_listing(
+        found,
+        args.json,
+        "no dataset registered",
+        header,
+        lambda d: (
+            d.id,
+            d.name,
+            f"{d.format}/{d.file_format}",
+            str(d.rows),
+            format_size(d.bytes),
+            format_time(d.created_at),
+        ),
+    )
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -41,9 +41,19 @@ def run_exports(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         found = client.exports(args.job_id)
     header = ("KIND", "ATTEMPT", "FILES", "SIZE", "MODIFIED")
-    return write_listing(found, args.json, f"job {args.job_id} has no export", header,
-                         lambda e: (e.kind.value, str(e.attempt), str(len(e.files)), format_size(e.size_bytes),
-                                    format_time(e.modified_at)))  # fmt: skip
+    return write_listing(
+        found,
+        args.json,
+        f"job {args.job_id} has no export",
+        header,
+        lambda e: (
+            e.kind.value,
+            str(e.attempt),
+            str(len(e.files)),
+            format_size(e.size_bytes),
+            format_time(e.modified_at),
+        ),
+    )
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -174,9 +174,18 @@ def run_list(args: argparse.Namespace) -> int:
     for job in jobs:
         latest = job.latest
         skipped = latest.skipped_steps if latest is not None else None
-        rows.append((job.id, job.status, f"{job.step}/{job.max_steps}", format_number(latest.loss if latest else None),
-                     _scale_cell(job, format_number), "-" if skipped is None else str(skipped),
-                     job.created_at.strftime("%Y-%m-%d %H:%M:%S"), job.name or ""))  # fmt: skip
+        rows.append(
+            (
+                job.id,
+                job.status,
+                f"{job.step}/{job.max_steps}",
+                format_number(latest.loss if latest else None),
+                _scale_cell(job, format_number),
+                "-" if skipped is None else str(skipped),
+                job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                job.name or "",
+            )
+        )
     write_table(rows)
     return 0
 
@@ -215,8 +224,13 @@ def write_table(rows: list[tuple[str, ...]]) -> None:
         sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
-def write_listing(items: Sequence[Item], as_json: bool, empty_note: str, header: tuple[str, ...],
-                  row: Callable[[Item], tuple[str, ...]]) -> int:  # fmt: skip
+def write_listing(
+    items: Sequence[Item],
+    as_json: bool,
+    empty_note: str,
+    header: tuple[str, ...],
+    row: Callable[[Item], tuple[str, ...]],
+) -> int:
     """Print ``items`` as JSON (as the API sent them), or as a table of ``header`` and ``row(item)``; ``empty_note``
     on stderr if none."""
     if as_json:
@@ -242,17 +256,24 @@ def run_status(args: argparse.Namespace) -> int:
 def describe(job: JobPublic) -> list[tuple[str, str]]:
     """``(label, text)`` lines describing a job resource."""
     latest = job.latest
-    lines = [("id", job.id), ("name", job.name or "-"), ("status", str(job.status)),
-             ("step", f"{job.step}/{job.max_steps} (world size {job.world_size})"),
-             ("precision", _precision_text(job))]  # fmt: skip
+    lines = [
+        ("id", job.id),
+        ("name", job.name or "-"),
+        ("status", str(job.status)),
+        ("step", f"{job.step}/{job.max_steps} (world size {job.world_size})"),
+        ("precision", _precision_text(job)),
+    ]
     if job.phase:
         lines.append(("phase", job.phase))
     if job.startup:
         lines.append(("start-up", _startup_text(job.startup)))
     if latest is not None:
-        lines += [("loss", format_number(latest.loss)), ("scale", _scale_cell(job, format_scale)),
-                  ("updates", _updates_text(job, latest)),
-                  ("samples/s", format_number(latest.samples_per_second, 5))]  # fmt: skip
+        lines += [
+            ("loss", format_number(latest.loss)),
+            ("scale", _scale_cell(job, format_scale)),
+            ("updates", _updates_text(job, latest)),
+            ("samples/s", format_number(latest.samples_per_second, 5)),
+        ]
     if job.eval is not None:
         shown = [
             (k, v) for k, v in job.eval.model_dump(exclude_unset=True).items() if k not in ("time", "type")
@@ -266,8 +287,11 @@ def describe(job: JobPublic) -> list[tuple[str, str]]:
 
 def _startup_text(startup: StartupTimes) -> str:
     """``launch 1.5 s, imports 6.2 s, data 0.3 s, model 0.2 s, first step 0.1 s``: the phases timed so far."""
-    timed = [(name.removesuffix("_s").replace("_", " "), value) for name, value in startup.as_record().items()
-             if value is not None]  # fmt: skip
+    timed = [
+        (name.removesuffix("_s").replace("_", " "), value)
+        for name, value in startup.as_record().items()
+        if value is not None
+    ]
     return ", ".join(f"{name} {value:.1f} s" for name, value in timed) or "-"
 
 

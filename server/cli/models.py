@@ -52,9 +52,11 @@ def describe(model: ModelPublic) -> str:
 def run_upload(args: argparse.Namespace) -> int:
     """Upload the directory; print the model's id (or the model as JSON)."""
     return registered.run_upload(
-        args, args.directory,
-        lambda client, progress: client.upload_model(args.directory, name=args.name, progress=progress), describe,
-    )  # fmt: skip
+        args,
+        args.directory,
+        lambda client, progress: client.upload_model(args.directory, name=args.name, progress=progress),
+        describe,
+    )
 
 
 def run_register(args: argparse.Namespace) -> int:
@@ -69,9 +71,21 @@ def run_list(args: argparse.Namespace) -> int:
     with client_for(args) as client:
         found = list(client.models())
     header = ("ID", "NAME", "TYPE", "FILES", "SIZE", "FROM JOB", "CREATED")
-    return write_listing(found, args.json, "no model registered", header,
-                         lambda m: (m.id, m.name, m.model_type, str(m.files), format_size(m.bytes),
-                                    m.source_job_id or "-", format_time(m.created_at)))  # fmt: skip
+    return write_listing(
+        found,
+        args.json,
+        "no model registered",
+        header,
+        lambda m: (
+            m.id,
+            m.name,
+            m.model_type,
+            str(m.files),
+            format_size(m.bytes),
+            m.source_job_id or "-",
+            format_time(m.created_at),
+        ),
+    )
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -163,7 +163,7 @@ class WatchView:
             Part((f"skipped {skipped}",), 7),
             Part((f"{throughput} {tokens}", tokens) if tokens else (throughput,), 8),
             *overflow,
-        ]  # fmt: skip  # a table, laid out by hand
+        ]
 
     def progress_line(self, width: int | None = None) -> str:
         """The one-line summary of the latest step, fitted to ``width`` characters (``None``: in full)."""
@@ -270,8 +270,11 @@ def watch_output(out: TextIO) -> Iterator[WatchOutput]:
 
 def _eval_text(record: EvalRecord) -> str:
     """``loss 0.5, accuracy 0.9``: the metrics of an evaluation record, as the API sent them."""
-    parts = [f"{key} {format_number(value)}" for key, value in record.model_dump(exclude_unset=True).items()
-             if key not in ("step", "time", "type")]  # fmt: skip
+    parts = [
+        f"{key} {format_number(value)}"
+        for key, value in record.model_dump(exclude_unset=True).items()
+        if key not in ("step", "time", "type")
+    ]
     return ", ".join(parts)
 
 

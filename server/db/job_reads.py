@@ -18,12 +18,12 @@ token's ``last_used_at`` is refreshed as :func:`server.db.tokens.resolve` does.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Engine, Row, Select, bindparam, select
+from sqlalchemy import BindParameter, Engine, Row, Select, bindparam, select
 
 from server.db.engine import read_connection
 from server.db.models import ApiToken, Attempt, Job, JobMember, utcnow
@@ -31,11 +31,37 @@ from server.db.tokens import last_use_is_stale, touch_statement
 
 #: Columns of the token, the job and one attempt, in the order of the views' fields.
 TOKEN_COLUMNS = (ApiToken.id, ApiToken.owner, ApiToken.admin, ApiToken.revoked_at, ApiToken.last_used_at)
-JOB_COLUMNS = (Job.id, Job.owner, Job.name, Job.status, Job.spec, Job.created_at, Job.started_at, Job.finished_at,
-               Job.error_reason, Job.error_message, Job.step, Job.max_steps, Job.world_size, Job.latest, Job.eval,
-               Job.attempt, Job.precision_switches, Job.end_info, Job.startup)  # fmt: skip
-ATTEMPT_COLUMNS = (Attempt.attempt, Attempt.worker_id, Attempt.started_at, Attempt.ended_at, Attempt.status,
-                   Attempt.reason, Attempt.gpus, Attempt.resumed_from_step)  # fmt: skip
+JOB_COLUMNS = (
+    Job.id,
+    Job.owner,
+    Job.name,
+    Job.status,
+    Job.spec,
+    Job.created_at,
+    Job.started_at,
+    Job.finished_at,
+    Job.error_reason,
+    Job.error_message,
+    Job.step,
+    Job.max_steps,
+    Job.world_size,
+    Job.latest,
+    Job.eval,
+    Job.attempt,
+    Job.precision_switches,
+    Job.end_info,
+    Job.startup,
+)
+ATTEMPT_COLUMNS = (
+    Attempt.attempt,
+    Attempt.worker_id,
+    Attempt.started_at,
+    Attempt.ended_at,
+    Attempt.status,
+    Attempt.reason,
+    Attempt.gpus,
+    Attempt.resumed_from_step,
+)
 
 
 @dataclass(frozen=True)
@@ -64,8 +90,16 @@ class AttemptView:
 
 
 #: Columns of one gang membership, in the order of :class:`MemberView`'s fields.
-MEMBER_COLUMNS = (JobMember.attempt, JobMember.node_rank, JobMember.worker_id, JobMember.host_address,
-                  JobMember.status, JobMember.exit_code, JobMember.joined_at, JobMember.ended_at)  # fmt: skip
+MEMBER_COLUMNS = (
+    JobMember.attempt,
+    JobMember.node_rank,
+    JobMember.worker_id,
+    JobMember.host_address,
+    JobMember.status,
+    JobMember.exit_code,
+    JobMember.joined_at,
+    JobMember.ended_at,
+)
 
 
 @dataclass(frozen=True)
@@ -109,8 +143,9 @@ class JobView:
     precision_switches: list[dict[str, Any]] | None
     end_info: dict[str, Any] | None
     startup: dict[str, Any] | None
-    attempts: tuple[AttemptView, ...] = ()
-    members: tuple[MemberView, ...] = ()
+    # keyword-only: the row's columns fill the fields above, positionally
+    attempts: tuple[AttemptView, ...] = field(default=(), kw_only=True)
+    members: tuple[MemberView, ...] = field(default=(), kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -124,7 +159,7 @@ class JobRead:
 @cache
 def _statement(with_token: bool) -> Select[Any]:
     """The read, built once (bound parameters ``job_id`` and, with the token, ``token_hash``)."""
-    job_id = bindparam("job_id")
+    job_id: BindParameter[str] = bindparam("job_id")
     if not with_token:
         query = select(*JOB_COLUMNS, *ATTEMPT_COLUMNS).where(Job.id == job_id)
     else:
@@ -177,8 +212,11 @@ def _with_members(conn: Any, job: JobView | None) -> JobView | None:
     """``job`` with its current attempt's gang memberships: a second statement, for multi-node jobs only."""
     if job is None or not _multi_node(job.spec):
         return job
-    query = (select(*MEMBER_COLUMNS).where(JobMember.job_id == job.id, JobMember.attempt == job.attempt)
-             .order_by(JobMember.node_rank, JobMember.id))  # fmt: skip
+    query = (
+        select(*MEMBER_COLUMNS)
+        .where(JobMember.job_id == job.id, JobMember.attempt == job.attempt)
+        .order_by(JobMember.node_rank, JobMember.id)
+    )
     return replace(job, members=tuple(MemberView(*row) for row in conn.execute(query)))
 
 

@@ -173,8 +173,9 @@ def _new_job(spec: JobSpec, idempotency_key: str | None, digest: str | None, own
     )
 
 
-def _compare_and_set(session: Session, job_id: str, from_statuses: Collection[JobStatus], to: JobStatus,
-                     **values: object) -> bool:  # fmt: skip
+def _compare_and_set(
+    session: Session, job_id: str, from_statuses: Collection[JobStatus], to: JobStatus, **values: object
+) -> bool:
     """Move the job to ``to`` (with ``values``) if its status is one of ``from_statuses``; commit; report success."""
     changed = compare_and_set(session, job_id, Expected(frozenset(from_statuses)), to, updated_at=utcnow(), **values)
     session.commit()
@@ -213,8 +214,9 @@ def request_cancel(session: Session, job_id: str) -> Job:
     """
     for _ in range(len(STATUSES)):  # each round loses only to a real status change
         now = utcnow()
-        if _compare_and_set(session, job_id, {JobStatus.QUEUED}, JobStatus.CANCELLED, finished_at=now,
-                            cancel_requested_at=now):  # fmt: skip
+        if _compare_and_set(
+            session, job_id, {JobStatus.QUEUED}, JobStatus.CANCELLED, finished_at=now, cancel_requested_at=now
+        ):
             break
         if _compare_and_set(session, job_id, _CANCEL_RUNNING_FROM, JobStatus.CANCELLING, cancel_requested_at=now):
             break

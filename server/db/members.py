@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -66,15 +67,35 @@ class GatheringJob:
     created_at: datetime
 
 
-COLUMNS = (JobMember.id, JobMember.job_id, JobMember.attempt, JobMember.node_rank, JobMember.worker_id,
-           JobMember.host_address, JobMember.rendezvous_port, JobMember.status, JobMember.exit_code,
-           JobMember.lease_expires_at)  # fmt: skip
+COLUMNS = (
+    JobMember.id,
+    JobMember.job_id,
+    JobMember.attempt,
+    JobMember.node_rank,
+    JobMember.worker_id,
+    JobMember.host_address,
+    JobMember.rendezvous_port,
+    JobMember.status,
+    JobMember.exit_code,
+    JobMember.lease_expires_at,
+)
 
 
-def _member(row: Sequence[object]) -> Member:
-    values = list(row)
-    values[7] = MemberStatus(values[7])
-    return Member(*values)  # type: ignore[arg-type]
+def _member(row: Sequence[Any]) -> Member:
+    """The :class:`Member` of a row of ``COLUMNS`` (the column's status as the enum)."""
+    member_id, job_id, attempt, node_rank, worker_id, host_address, port, status, exit_code, lease_expires_at = row
+    return Member(
+        member_id,
+        job_id,
+        attempt,
+        node_rank,
+        worker_id,
+        host_address,
+        port,
+        MemberStatus(status),
+        exit_code,
+        lease_expires_at,
+    )
 
 
 class Members:
@@ -121,12 +142,29 @@ class Members:
         with self.engine.connect() as conn:
             return set(conn.execute(query).scalars())
 
-    def _insert(self, job_id: str, attempt: int, rank: int, worker_id: str, host: str, port: int | None,
-                ttl_s: float, require_gathering: bool = False) -> Member | None:  # fmt: skip
+    def _insert(
+        self,
+        job_id: str,
+        attempt: int,
+        rank: int,
+        worker_id: str,
+        host: str,
+        port: int | None,
+        ttl_s: float,
+        require_gathering: bool = False,
+    ) -> Member | None:
         now = utcnow()
-        values = dict(job_id=job_id, attempt=attempt, node_rank=rank, worker_id=worker_id, host_address=host,
-                      rendezvous_port=port, status=MemberStatus.JOINED.value, joined_at=now,
-                      lease_expires_at=now + timedelta(seconds=ttl_s))  # fmt: skip
+        values = dict(
+            job_id=job_id,
+            attempt=attempt,
+            node_rank=rank,
+            worker_id=worker_id,
+            host_address=host,
+            rendezvous_port=port,
+            status=MemberStatus.JOINED.value,
+            joined_at=now,
+            lease_expires_at=now + timedelta(seconds=ttl_s),
+        )
         try:
             with self._begin() as conn:
                 if require_gathering and not _still_gathering(conn, job_id, attempt):
@@ -163,9 +201,11 @@ class Members:
         now = utcnow()
         with self._begin() as conn:
             statement = update(JobMember).where(
-                JobMember.job_id == job_id, JobMember.attempt == attempt, JobMember.status.in_(OPEN),
+                JobMember.job_id == job_id,
+                JobMember.attempt == attempt,
+                JobMember.status.in_(OPEN),
                 JobMember.lease_expires_at < now,
-            )  # fmt: skip
+            )
             values = dict(status=MemberStatus.LOST.value, ended_at=now, lease_expires_at=None)
             return conn.execute(statement.values(**values)).rowcount
 
@@ -179,9 +219,11 @@ class Members:
 
     def of_attempt(self, job_id: str, attempt: int) -> list[Member]:
         """The attempt's memberships that were not released, by node rank."""
-        query = (select(*COLUMNS)
-                 .where(JobMember.job_id == job_id, JobMember.attempt == attempt, JobMember.status != MemberStatus.RELEASED)
-                 .order_by(JobMember.node_rank))  # fmt: skip
+        query = (
+            select(*COLUMNS)
+            .where(JobMember.job_id == job_id, JobMember.attempt == attempt, JobMember.status != MemberStatus.RELEASED)
+            .order_by(JobMember.node_rank)
+        )
         with self.engine.connect() as conn:
             return [_member(row) for row in conn.execute(query)]
 
@@ -194,15 +236,20 @@ class Members:
 
     def gathering(self, created_before: datetime | None = None) -> list[GatheringJob]:
         """``gathering`` jobs that still need nodes, oldest first (created before ``created_before``, when given)."""
-        held = (select(func.count()).where(JobMember.job_id == Job.id, JobMember.attempt == Job.attempt,
-                                           JobMember.status.in_(OPEN)).scalar_subquery())  # fmt: skip
+        held = (
+            select(func.count())
+            .where(JobMember.job_id == Job.id, JobMember.attempt == Job.attempt, JobMember.status.in_(OPEN))
+            .scalar_subquery()
+        )
         query = select(Job.id, Job.attempt, Job.spec, held, Job.created_at).where(Job.status == JobStatus.GATHERING)
         if created_before is not None:
             query = query.where(Job.created_at < created_before)
         with self.engine.connect() as conn:
             rows = conn.execute(query.order_by(Job.created_at)).all()
-        found = [GatheringJob(row.id, row.attempt, spec_nodes(row.spec), int(row[3]), spec_gpus(row.spec), row.created_at)
-                 for row in rows]  # fmt: skip
+        found = [
+            GatheringJob(row.id, row.attempt, spec_nodes(row.spec), int(row[3]), spec_gpus(row.spec), row.created_at)
+            for row in rows
+        ]
         return [job for job in found if job.held < job.nodes]
 
     # ------------------------------------------------------------------ the job's gang transitions
@@ -220,8 +267,17 @@ class Members:
         longer this attempt's ``gathering``.
         """
         with self._begin() as conn:
-            if not compare_and_set(conn, job_id, _node0(attempt, owner), to=JobStatus.QUEUED, attempt=attempt - 1,
-                                   worker_id=None, lease_expires_at=None, started_at=None, run_dir=None):  # fmt: skip
+            if not compare_and_set(
+                conn,
+                job_id,
+                _node0(attempt, owner),
+                to=JobStatus.QUEUED,
+                attempt=attempt - 1,
+                worker_id=None,
+                lease_expires_at=None,
+                started_at=None,
+                run_dir=None,
+            ):
                 return False
             conn.execute(delete(Attempt).where(Attempt.job_id == job_id, Attempt.attempt == attempt))
             _release_all(conn, job_id, attempt)

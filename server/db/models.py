@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -27,7 +27,7 @@ def utcnow() -> datetime:
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
         dict[str, Any]: JSON,
         list[dict[str, Any]]: JSON,
         list[int]: JSON,
@@ -148,11 +148,23 @@ class JobMember(Base):
 
     __table_args__ = (
         Index("ix_job_members_job_attempt", "job_id", "attempt"),
-        Index("ux_job_members_open_worker", "worker_id", unique=True,
-              sqlite_where=OPEN_MEMBERSHIP, postgresql_where=OPEN_MEMBERSHIP),
-        Index("ux_job_members_node_rank", "job_id", "attempt", "node_rank", unique=True,
-              sqlite_where=RANKED_MEMBERSHIP, postgresql_where=RANKED_MEMBERSHIP),
-    )  # fmt: skip
+        Index(
+            "ux_job_members_open_worker",
+            "worker_id",
+            unique=True,
+            sqlite_where=OPEN_MEMBERSHIP,
+            postgresql_where=OPEN_MEMBERSHIP,
+        ),
+        Index(
+            "ux_job_members_node_rank",
+            "job_id",
+            "attempt",
+            "node_rank",
+            unique=True,
+            sqlite_where=RANKED_MEMBERSHIP,
+            postgresql_where=RANKED_MEMBERSHIP,
+        ),
+    )
 
 
 class StepRecord(Base):

@@ -48,8 +48,19 @@ class RegisteredKind(StrEnum):
 #: Jobs named in a :class:`RegisteredInUse` at most.
 IN_USE_SHOWN = 5
 
-__all__ = ["InvalidCursor", "RegisteredInUse", "RegisteredKind", "RegisteredPage", "create_dataset", "create_model",
-           "delete_registered", "get_dataset", "get_model", "get_registered", "list_rows"]  # fmt: skip
+__all__ = [
+    "InvalidCursor",
+    "RegisteredInUse",
+    "RegisteredKind",
+    "RegisteredPage",
+    "create_dataset",
+    "create_model",
+    "delete_registered",
+    "get_dataset",
+    "get_model",
+    "get_registered",
+    "list_rows",
+]
 
 
 class RegisteredInUse(RuntimeError):
@@ -107,8 +118,12 @@ def list_rows(
 
 
 def _jobs_using(session: Session, column: Any, item_id: str) -> list[str]:
-    query = (select(Job.id).where(Job.status.in_(sorted(ACTIVE_STATUSES)), column.as_string() == item_id)
-             .order_by(Job.created_at).limit(IN_USE_SHOWN))  # fmt: skip
+    query = (
+        select(Job.id)
+        .where(Job.status.in_(sorted(ACTIVE_STATUSES)), column.as_string() == item_id)
+        .order_by(Job.created_at)
+        .limit(IN_USE_SHOWN)
+    )
     return list(session.scalars(query))
 
 
@@ -126,8 +141,9 @@ def _commit_or_restore(session: Session, moved: list[tuple[Path, Path]]) -> None
 # ----------------------------------------------------------------------------- datasets
 
 
-def create_dataset(session: Session, row: RegisteredDataset, staged: Path, layout: RegistryLayout,
-                   quota_defaults: QuotaLimits) -> RegisteredDataset:  # fmt: skip
+def create_dataset(
+    session: Session, row: RegisteredDataset, staged: Path, layout: RegistryLayout, quota_defaults: QuotaLimits
+) -> RegisteredDataset:
     """Store ``row`` with its staged file (renamed to its content address), audited as ``dataset.create``.
 
     Raises :class:`server.db.quota_check.QuotaExceeded` (nothing stored) when the owner's
@@ -165,10 +181,15 @@ def _drop_unreferenced_file(session: Session, layout: RegistryLayout, row: Regis
 
 def _sharing(session: Session, row: RegisteredDataset) -> int:
     """Other rows with the same file."""
-    query = select(func.count()).select_from(RegisteredDataset).where(
-        RegisteredDataset.sha256 == row.sha256, RegisteredDataset.file_format == row.file_format,
-        RegisteredDataset.id != row.id,
-    )  # fmt: skip
+    query = (
+        select(func.count())
+        .select_from(RegisteredDataset)
+        .where(
+            RegisteredDataset.sha256 == row.sha256,
+            RegisteredDataset.file_format == row.file_format,
+            RegisteredDataset.id != row.id,
+        )
+    )
     return int(session.scalar(query) or 0)
 
 
@@ -193,8 +214,16 @@ def _trash_if(condition: bool, path: Path, layout: RegistryLayout) -> list[tuple
 # ----------------------------------------------------------------------------- models
 
 
-def create_model(session: Session, row: RegisteredModel, staged: Path, layout: RegistryLayout,
-                 quota_defaults: QuotaLimits, *, actor: str, via: str) -> RegisteredModel:  # fmt: skip
+def create_model(
+    session: Session,
+    row: RegisteredModel,
+    staged: Path,
+    layout: RegistryLayout,
+    quota_defaults: QuotaLimits,
+    *,
+    actor: str,
+    via: str,
+) -> RegisteredModel:
     """Store ``row`` with its staged directory (renamed to ``models/<id>``), audited as ``model.create`` by ``actor``.
 
     ``via``: ``upload`` or ``export``. Raises :class:`server.db.quota_check.QuotaExceeded`
@@ -242,16 +271,24 @@ class _Registered:
 
 
 _KINDS = {
-    RegisteredKind.DATASET: _Registered("dataset", RegisteredDataset, Job.spec["dataset"]["config"]["dataset_id"],
-                                        _lock_dataset_file, _trash_dataset_file),
-    RegisteredKind.MODEL: _Registered("model", RegisteredModel, Job.spec["model"]["config"]["model_id"], _no_file_lock,
-                                      _trash_model_dir),
-}  # fmt: skip
+    RegisteredKind.DATASET: _Registered(
+        "dataset",
+        RegisteredDataset,
+        Job.spec["dataset"]["config"]["dataset_id"],
+        _lock_dataset_file,
+        _trash_dataset_file,
+    ),
+    RegisteredKind.MODEL: _Registered(
+        "model", RegisteredModel, Job.spec["model"]["config"]["model_id"], _no_file_lock, _trash_model_dir
+    ),
+}
 
 
 def get_registered(session: Session, kind: RegisteredKind, item_id: str) -> RegisteredDataset | RegisteredModel | None:
     """The dataset or model ``item_id``, freshly read; ``None`` if there is none."""
-    return session.get(_KINDS[kind].table, item_id, populate_existing=True)
+    row = session.get(_KINDS[kind].table, item_id, populate_existing=True)
+    # session.get types a union of tables' rows as their base; this narrows it back (the row is one of them)
+    return row if isinstance(row, RegisteredDataset | RegisteredModel) else None
 
 
 def delete_registered(session: Session, kind: RegisteredKind, item_id: str, actor: str, layout: RegistryLayout) -> bool:

@@ -45,8 +45,16 @@ def requeue_never_sent(session: Session, job_id: str, *, owner: str, gpus: int, 
             return False
         quota_check.enforce(session, owner, gpus, quota_defaults)
         never_claimed = Expected.of(JobStatus.FAILED, attempt=0, where=(Job.error_reason == ENQUEUE_FAILED,))
-        changed = compare_and_set(session, job_id, never_claimed, to=JobStatus.QUEUED, error_reason=None,
-                                  error_message=None, finished_at=None, updated_at=utcnow())  # fmt: skip
+        changed = compare_and_set(
+            session,
+            job_id,
+            never_claimed,
+            to=JobStatus.QUEUED,
+            error_reason=None,
+            error_message=None,
+            finished_at=None,
+            updated_at=utcnow(),
+        )
         if changed:
             audit.add_event(session, owner, "job.requeue", job_id, {"owner": owner, "reason": ENQUEUE_FAILED})
         session.commit()

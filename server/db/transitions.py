@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Connection, update
+from sqlalchemy import ColumnElement, Connection, CursorResult, update
 from sqlalchemy.orm import Session
 
 from contracts.status import LIVE_STATUSES, TERMINAL_STATUSES, JobStatus
@@ -154,7 +154,9 @@ def compare_and_set(db: Executor, job_id: str, expected: Expected, to: JobStatus
     statement = (
         update(Job).where(*expected.conditions(job_id)).values(**values).execution_options(synchronize_session=False)
     )
-    return bool(db.execute(statement).rowcount == 1)
+    # Session.execute types every result as Result; an UPDATE's is a CursorResult (it has a rowcount) either way
+    result = cast("CursorResult[Any]", db.execute(statement))
+    return bool(result.rowcount == 1)
 
 
 def write_progress(db: Executor, job_id: str, **values: Any) -> None:

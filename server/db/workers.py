@@ -37,7 +37,8 @@ def list_workers(
         if owner is not None:
             query = query.where(Job.owner == owner)
         for worker_id, job_id in session.execute(query.order_by(Job.created_at, Job.id)):
-            jobs[worker_id].append(job_id)
+            if worker_id is not None:  # never None (the IN above), but the column is nullable
+                jobs[worker_id].append(job_id)
     live_since = now - timedelta(seconds=live_s)
     return [WorkerState(row, as_utc(row.heartbeat_at) >= live_since, jobs[row.id]) for row in rows]
 

@@ -161,8 +161,11 @@ class AdmissionMiddleware:
 async def _busy(send: Send, detail: str) -> None:
     """A ``503 {"detail"}`` with ``Retry-After``."""
     body = json.dumps({"detail": detail}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"retry-after", str(BUSY_RETRY_AFTER_S).encode())]  # fmt: skip
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(BUSY_RETRY_AFTER_S).encode()),
+    ]
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -139,8 +139,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def _unreadable_body_errors(cause: BaseException) -> list[dict[str, Any]]:
     """The 422 items for a body that could not be parsed: one per non-finite number, else one at ``["body"]``."""
     if isinstance(cause, NonFiniteNumbers):
-        return [{"type": "json_invalid", "loc": ["body", *item.path], "msg": NONFINITE_MESSAGE, "input": item.text}
-                for item in cause.found]  # fmt: skip
+        return [
+            {"type": "json_invalid", "loc": ["body", *item.path], "msg": NONFINITE_MESSAGE, "input": item.text}
+            for item in cause.found
+        ]
     message = f"the body is not JSON: {type(cause).__name__}: {str(cause)[:200]}"
     return [{"type": "json_invalid", "loc": ["body"], "msg": message, "input": None}]
 

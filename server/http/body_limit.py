@@ -25,8 +25,9 @@ class BodySizeLimitMiddleware:
     ``Content-Length`` over their limit is refused here.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES,
-                 streamed: Mapping[tuple[str, str], int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, streamed: Mapping[tuple[str, str], int] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.streamed = dict(streamed or {})

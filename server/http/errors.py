@@ -54,8 +54,10 @@ BUSY_RETRY_AFTER_S = 1
 
 async def _database_busy(request: Request, exc: Exception) -> JSONResponse:
     log.warning("no database connection free for %s %s: %s", request.method, request.url.path, exc)
-    detail = ("database busy: no connection of this API process came free in time "
-              "(HALFCAST_DB_POOL_SIZE, HALFCAST_DB_MAX_OVERFLOW, HALFCAST_DB_POOL_TIMEOUT_S); retry later")  # fmt: skip
+    detail = (
+        "database busy: no connection of this API process came free in time "
+        "(HALFCAST_DB_POOL_SIZE, HALFCAST_DB_MAX_OVERFLOW, HALFCAST_DB_POOL_TIMEOUT_S); retry later"
+    )
     return error_response(503, ErrorBody(detail=detail), {"Retry-After": str(BUSY_RETRY_AFTER_S)})
 
 

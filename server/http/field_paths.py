@@ -24,8 +24,19 @@ from pydantic import BaseModel, TypeAdapter
 
 Segment = str | int
 #: Schema types that wrap one inner schema under ``"schema"`` and add no ``loc`` segment.
-_WRAPPERS = frozenset({"definitions", "model", "default", "nullable", "function-after", "function-before",
-                       "function-wrap", "dataclass", "json-or-python"})  # fmt: skip
+_WRAPPERS = frozenset(
+    {
+        "definitions",
+        "model",
+        "default",
+        "nullable",
+        "function-after",
+        "function-before",
+        "function-wrap",
+        "dataclass",
+        "json-or-python",
+    }
+)
 #: Schema types of keyed records: ``fields`` maps a field name to a schema with its own ``"schema"``.
 _RECORDS = frozenset({"model-fields", "typed-dict", "dataclass-args"})
 #: Schema types of homogeneous sequences, indexed by ``int`` segments.

@@ -90,7 +90,7 @@ def declare_error_responses(app: FastAPI) -> None:
         schema = build()
         return _with_field_property(schema) if fresh else schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # how FastAPI lets an app change its schema
 
 
 def _with_field_property(schema: dict[str, Any]) -> dict[str, Any]:

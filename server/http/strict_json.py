@@ -110,10 +110,10 @@ def _leaves(root: Any, matches: Callable[[Any], bool], *, check_keys: bool = Fal
             yield path, node
         elif isinstance(node, dict):
             if check_keys:
-                yield from ((path + (str(key),), key) for key in node if matches(key))
-            pending.extend(reversed([(path + (str(key),), child) for key, child in node.items()]))
+                yield from (((*path, str(key)), key) for key in node if matches(key))
+            pending.extend(reversed([((*path, str(key)), child) for key, child in node.items()]))
         elif isinstance(node, (list, tuple)):
-            pending.extend(reversed([(path + (index,), child) for index, child in enumerate(node)]))
+            pending.extend(reversed([((*path, index), child) for index, child in enumerate(node)]))
 
 
 def _dotted(path: JsonPath) -> str:

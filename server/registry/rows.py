@@ -14,8 +14,9 @@ from server.registry.request_checks import invalid
 from server.settings import Settings
 
 
-def visible_page(session: Session, table: type[repo.Row], principal: Principal, limit: int,
-                 cursor: str | None) -> repo.RegisteredPage:  # fmt: skip
+def visible_page(
+    session: Session, table: type[repo.Row], principal: Principal, limit: int, cursor: str | None
+) -> repo.RegisteredPage:
     """The rows of ``table`` ``principal`` sees (an admin: everyone's), newest first; a bad ``cursor`` is a 422."""
     owner = None if principal.admin else principal.owner
     try:
@@ -24,11 +25,12 @@ def visible_page(session: Session, table: type[repo.Row], principal: Principal, 
         raise invalid(("query", "cursor"), str(exc), cursor) from None
 
 
-def delete_visible(session: Session, kind: repo.RegisteredKind, item_id: str, settings: Settings,
-                   principal: Principal) -> None:  # fmt: skip
+def delete_visible(
+    session: Session, kind: repo.RegisteredKind, item_id: str, settings: Settings, principal: Principal
+) -> None:
     """Delete the dataset or model ``item_id`` ``principal`` sees: 404 if it does not, 409 while a live job names it."""
     row: RegisteredDataset | RegisteredModel | None = repo.get_registered(session, kind, item_id)
-    visible_registered_or_404(row, kind.value, item_id, principal)  # type: ignore[type-var]  # either table's row
+    visible_registered_or_404(row, kind.value, item_id, principal)
     session.commit()
     try:
         deleted = repo.delete_registered(session, kind, item_id, principal.owner, RegistryLayout(settings.registry_dir))

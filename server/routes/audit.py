@@ -19,8 +19,14 @@ router = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(requir
 
 def audit_event_public(row: AuditEvent) -> AuditEventPublic:
     """The public form of a stored event."""
-    return AuditEventPublic(id=row.id, at=as_utc(row.at), actor=row.actor, action=row.action,  # type: ignore[arg-type]
-                            subject=row.subject, details=row.details)  # fmt: skip
+    return AuditEventPublic(
+        id=row.id,
+        at=as_utc(row.at),
+        actor=row.actor,
+        action=row.action,
+        subject=row.subject,
+        details=row.details,
+    )
 
 
 @router.get("", response_model=AuditList)

@@ -35,12 +35,20 @@ router = APIRouter(prefix="/jobs", tags=["checkpoints"], dependencies=[Depends(a
 
 def checkpoint_public(job_id: str, file: CheckpointFile) -> CheckpointPublic:
     """The description of checkpoint ``file`` of ``job_id``."""
-    return CheckpointPublic(attempt=file.attempt, name=file.name, step=file.step, final=file.final,
-                            size_bytes=file.size_bytes, modified_at=file.modified_at,
-                            url=f"/jobs/{job_id}/checkpoints/{file.name}?attempt={file.attempt}")  # fmt: skip
+    return CheckpointPublic(
+        attempt=file.attempt,
+        name=file.name,
+        step=file.step,
+        final=file.final,
+        size_bytes=file.size_bytes,
+        modified_at=file.modified_at,
+        url=f"/jobs/{job_id}/checkpoints/{file.name}?attempt={file.attempt}",
+    )
 
 
-_NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such checkpoint"}}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "Unknown job, or no such checkpoint"}
+}
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_NOT_FOUND)

@@ -53,11 +53,19 @@ router = APIRouter(prefix=UPLOAD_PATH, tags=["datasets"], dependencies=[Depends(
 
 #: Content types of a dataset file, and the file format each means.
 CONTENT_TYPES = {
-    "application/jsonl": "jsonl", "application/x-ndjson": "jsonl", "application/x-jsonlines": "jsonl",
-    "application/jsonlines": "jsonl", "text/csv": "csv",
-}  # fmt: skip
-_BODY = {"requestBody": {"required": True, "description": "The dataset file: JSON lines or CSV with a header row",
-                         "content": {kind: {"schema": {"type": "string"}} for kind in ("application/jsonl", "text/csv")}}}  # fmt: skip
+    "application/jsonl": "jsonl",
+    "application/x-ndjson": "jsonl",
+    "application/x-jsonlines": "jsonl",
+    "application/jsonlines": "jsonl",
+    "text/csv": "csv",
+}
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "The dataset file: JSON lines or CSV with a header row",
+        "content": {kind: {"schema": {"type": "string"}} for kind in ("application/jsonl", "text/csv")},
+    }
+}
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown dataset"}}
 DatasetId = Annotated[str, Path(max_length=64)]
 
@@ -96,9 +104,17 @@ async def upload_dataset(
     try:
         received = await receive_to_file(request, staged, settings.max_upload_bytes)
         rows = await run_in_threadpool(_checked_rows, staged, label, file_format, format)
-        row = RegisteredDataset(id=str(uuid.uuid4()), owner=principal.owner, name=label, format=format,
-                                file_format=file_format, rows=rows, bytes=received.bytes, sha256=received.sha256,
-                                created_at=utcnow())  # fmt: skip
+        row = RegisteredDataset(
+            id=str(uuid.uuid4()),
+            owner=principal.owner,
+            name=label,
+            format=format,
+            file_format=file_format,
+            rows=rows,
+            bytes=received.bytes,
+            sha256=received.sha256,
+            created_at=utcnow(),
+        )
         stored = await run_in_threadpool(_store, request, row, staged, settings)
     finally:
         await run_in_threadpool(remove_path, staged)

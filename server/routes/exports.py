@@ -9,7 +9,7 @@ The same isolation as every job route applies (another owner's job is a 404).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -32,11 +32,19 @@ def export_public(job_id: str, export: Export) -> ExportPublic:
     """The description of ``export`` of ``job_id``."""
     files = [ExportFilePublic(name=f.name, size_bytes=f.size_bytes) for f in export.files]
     url = f"/jobs/{job_id}/exports/{export.kind.value}?attempt={export.attempt}"
-    return ExportPublic(kind=export.kind, attempt=export.attempt, files=files, size_bytes=export.size_bytes,
-                        modified_at=export.modified_at, url=url)  # fmt: skip
+    return ExportPublic(
+        kind=export.kind,
+        attempt=export.attempt,
+        files=files,
+        size_bytes=export.size_bytes,
+        modified_at=export.modified_at,
+        url=url,
+    )
 
 
-_NOT_FOUND = {404: {"model": ErrorBody, "description": "Unknown job, or no such export"}}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "Unknown job, or no such export"}
+}
 
 
 @router.get("/{job_id}/exports", response_model=ExportList, responses=_NOT_FOUND)

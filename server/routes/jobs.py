@@ -9,7 +9,7 @@ admin's: everyone's).
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.exceptions import RequestValidationError
@@ -42,7 +42,10 @@ router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(authenti
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown job"}}
 #: The ``status`` query parameter: a :class:`~contracts.status.JobStatus` value, as a ``Literal`` of the values so
 #: that a bad one is the 422 it always was (``literal_error``) and the parameter's schema stays inline.
-StatusQuery = Literal[tuple(member.value for member in JobStatus)]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # mypy cannot evaluate a Literal built at run time: to it, the parameter is a str
+    StatusQuery = str
+else:
+    StatusQuery = Literal[tuple(member.value for member in JobStatus)]
 
 IdempotencyKey = Annotated[
     str | None,
@@ -110,8 +113,14 @@ def submit_job(
     check_gpu_capacity(session, spec, settings, idempotency_key, principal.owner)
     defaults = default_limits(settings)
     try:
-        job, created = repo.create_job(session, spec, idempotency_key, owner=principal.owner, quota_defaults=defaults,
-                                       check_inputs=registered_inputs_check(spec, principal))  # fmt: skip
+        job, created = repo.create_job(
+            session,
+            spec,
+            idempotency_key,
+            owner=principal.owner,
+            quota_defaults=defaults,
+            check_inputs=registered_inputs_check(spec, principal),
+        )
     except repo.IdempotencyMismatch as exc:
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("header", "Idempotency-Key"), "msg": str(exc), "input": idempotency_key}]
@@ -132,7 +141,9 @@ def _requeue_if_never_sent(session: Session, job: Job, spec: JobSpec, owner: str
     if not requeue.never_sent(job):
         return False
     try:
-        requeued = requeue.requeue_never_sent(session, job.id, owner=owner, gpus=spec.total_gpus, quota_defaults=defaults)
+        requeued = requeue.requeue_never_sent(
+            session, job.id, owner=owner, gpus=spec.total_gpus, quota_defaults=defaults
+        )
     except QuotaExceeded as exc:
         raise QuotaApiError(exc) from None
     if requeued:

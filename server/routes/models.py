@@ -56,8 +56,13 @@ CONTENT_TYPES = ("application/x-tar", "application/tar")
 
 router = APIRouter(tags=["models"], dependencies=[Depends(authenticate)])
 
-_BODY = {"requestBody": {"required": True, "description": "An uncompressed tar of the model directory",
-                         "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}}}  # fmt: skip
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "An uncompressed tar of the model directory",
+        "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown model"}}
 _CREATED: dict[int | str, dict[str, Any]] = {429: QUOTA_RESPONSE}
 ModelId = Annotated[str, Path(max_length=64)]
@@ -109,9 +114,17 @@ def _extracted(archive: FilePath, tree: FilePath) -> ModelSummary:
 
 
 def _row(owner: str, name: str, summary: ModelSummary, job_id: str | None) -> RegisteredModel:
-    return RegisteredModel(id=str(uuid.uuid4()), owner=owner, name=name, model_type=summary.model_type,
-                           files=summary.files, bytes=summary.bytes, sha256=summary.sha256, source_job_id=job_id,
-                           created_at=utcnow())  # fmt: skip
+    return RegisteredModel(
+        id=str(uuid.uuid4()),
+        owner=owner,
+        name=name,
+        model_type=summary.model_type,
+        files=summary.files,
+        bytes=summary.bytes,
+        sha256=summary.sha256,
+        source_job_id=job_id,
+        created_at=utcnow(),
+    )
 
 
 def _store(
@@ -123,8 +136,15 @@ def _store(
             stored = repo.create_model(session, row, tree, layout, default_limits(settings), actor=actor, via=via)
         except QuotaExceeded as exc:
             raise QuotaApiError(exc) from None
-        log.info("model %s (%s) registered for %s via %s: %d files, %d bytes",
-                 stored.id, stored.model_type, stored.owner, via, stored.files, stored.bytes)  # fmt: skip
+        log.info(
+            "model %s (%s) registered for %s via %s: %d files, %d bytes",
+            stored.id,
+            stored.model_type,
+            stored.owner,
+            via,
+            stored.files,
+            stored.bytes,
+        )
         return model_public(stored)
 
 

@@ -81,8 +81,12 @@ class SharedReads(Generic[T]):
         """
         while True:
             entry = self._entries.get(key)
-            if (entry is None or entry.abandoned or entry.started_at < not_before
-                    or self._clock() - entry.started_at >= self.fresh_s):  # fmt: skip
+            if (
+                entry is None
+                or entry.abandoned
+                or entry.started_at < not_before
+                or self._clock() - entry.started_at >= self.fresh_s
+            ):
                 return await self._lead(key, read)
             await entry.done.wait()
             if entry.abandoned:

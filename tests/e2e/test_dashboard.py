@@ -444,7 +444,10 @@ max_steps: 10
 
 
 def _rejection(spec: Any) -> list[dict[str, Any]]:
-    """The 422 ``detail`` ``POST /jobs`` answers for ``spec``: JobSpec's errors at ``body``, with ``field`` (server/http/body_errors.py)."""
+    """The 422 ``detail`` ``POST /jobs`` answers for ``spec``: JobSpec's errors at ``body``, with ``field``.
+
+    As server/http/body_errors.py builds it.
+    """
     try:
         JobSpec.model_validate(spec)
     except ValidationError as exc:

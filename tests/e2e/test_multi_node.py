@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,12 @@ FP16: dict[str, Any] = {
 }  # fmt: skip
 
 
+@dataclass
 class NamespaceStack(Stack):
     """The API here; one worker in each of ``hosts`` (none in the root namespace)."""
 
-    hosts: list[Host] = []
-    host_env: dict[str, str] = {}
+    hosts: list[Host] = field(default_factory=list)
+    host_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def worker_names(self) -> list[str]:

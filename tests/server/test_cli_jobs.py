@@ -253,8 +253,14 @@ def test_the_tty_view_redraws_one_line_with_progress_eta_scale_and_throughput(mo
     monkeypatch.setenv("COLUMNS", "200")
     out, view = FakeTerminal(), WatchView("j", max_steps=100)
     events: list[JobEvent] = [Event("status", None, _job(status="running", max_steps=100))]
-    events += [Event("step", str(step), _step(step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=1234.5)))
-               for step in range(1, 11)]  # fmt: skip
+    events += [
+        Event(
+            "step",
+            str(step),
+            _step(step_record(step, time=1000.0 + step, loss_scale=65536.0, tokens_per_second=1234.5)),
+        )
+        for step in range(1, 11)
+    ]
     events.append(Event("eval", None, StoredEval.model_validate({"step": 10, "loss": 0.5})))
     with watch_output(out) as output:
         for event in events:

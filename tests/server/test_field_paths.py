@@ -1,4 +1,7 @@
-"""Every 422 item names its ``field``: the ``loc`` inside its source without pydantic's union tags (server/http/field_paths.py)."""
+"""Every 422 item names its ``field``: the ``loc`` inside its source without pydantic's union tags.
+
+server/http/field_paths.py computes it.
+"""
 
 from __future__ import annotations
 

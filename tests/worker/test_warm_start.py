@@ -100,7 +100,7 @@ def test_the_standby_has_one_thread_no_gpu_and_ranks_get_torchrun_s_environment(
         "WORLD_SIZE": "2",
         "LOCAL_WORLD_SIZE": "2",
         "TORCHELASTIC_USE_AGENT_STORE": "True",
-    }  # fmt: skip  (the launcher hosts the store: rank 0 does not bind a port of its own)
+    }  # the launcher hosts the store: rank 0 does not bind a port of its own
     assert rank["OMP_NUM_THREADS"] == "4"
 
 

@@ -22,6 +22,7 @@ torchrun's single-node rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -76,20 +77,11 @@ def rank_environment(base: Mapping[str, str], rank: int, world_size: int, run_id
     """torchrun's environment for ``rank`` of a single-node run of ``world_size`` ranks (``MASTER_PORT`` comes later)."""
     return {
         **base,
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "GROUP_RANK": "0",
-        "ROLE_RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "ROLE_WORLD_SIZE": str(world_size),
-        "ROLE_NAME": "default",
-        "MASTER_ADDR": LOCALHOST,
-        "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "TORCHELASTIC_RUN_ID": run_id,
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
-    }  # fmt: skip  (one row per group of torchrun's variables)
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default", "MASTER_ADDR": LOCALHOST, "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+    }  # fmt: skip  # one row per group of torchrun's variables
 
 
 def set_title(title: str) -> None:
@@ -114,8 +106,10 @@ def run(assignment: Assignment, rank_main: RankMain) -> int:
             env = rank_environment(assignment.env, rank, assignment.world_size, run_id)
             ports.append(_fork_rank(assignment, rank, env, rank_main, ranks))
         store = _host_store(ports, assignment.world_size)
-        set_title(f"halfcast-launcher (warm) --nproc-per-node {assignment.world_size} --run-dir {assignment.run_dir} "
-                  f"MASTER_PORT={store.port}")  # fmt: skip
+        set_title(
+            f"halfcast-launcher (warm) --nproc-per-node {assignment.world_size} --run-dir {assignment.run_dir} "
+            f"MASTER_PORT={store.port}"
+        )
         failure = _wait_all(ranks)
     except Stopped:
         pass
@@ -156,10 +150,8 @@ def _host_store(port_pipes: list[int], world_size: int) -> Any:
 
     store = TCPStore(LOCALHOST, 0, world_size, is_master=True, wait_for_workers=False)
     for fd in port_pipes:
-        try:
+        with contextlib.suppress(OSError):  # that rank is gone already: its exit is seen by the wait
             os.write(fd, f"{store.port}\n".encode())
-        except OSError:  # that rank is gone already: its exit is seen by the wait
-            pass
         os.close(fd)
     return store
 
@@ -209,20 +201,20 @@ def _run_rank(assignment: Assignment, rank: int, env: dict[str, str], rank_main:
         _set_threads(env)
         os.environ["MASTER_PORT"] = _read_port(port_fd)
         sys.argv = ["python -m trainer", *assignment.trainer_args]
-        set_title(f"halfcast-rank {rank}/{assignment.world_size} (warm) python -m trainer "
-                  f"{' '.join(assignment.trainer_args)} MASTER_PORT={os.environ['MASTER_PORT']}")  # fmt: skip
+        set_title(
+            f"halfcast-rank {rank}/{assignment.world_size} (warm) python -m trainer "
+            f"{' '.join(assignment.trainer_args)} MASTER_PORT={os.environ['MASTER_PORT']}"
+        )
         status = rank_main(list(assignment.trainer_args))
     except SystemExit as exit_:
         status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    except BaseException:  # what an uncaught exception does to a Python: its traceback, status 1
+    except BaseException:  # noqa: BLE001  # what an uncaught exception does to a Python: its traceback, status 1
         traceback.print_exc()
         status = 1
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     return status
 
 
@@ -294,10 +286,8 @@ def _reap(ranks: dict[int, int]) -> None:
 
 
 def _signal_group(pid: int, signum: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def root_cause_report(failure: RankExit) -> str:

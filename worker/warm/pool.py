@@ -13,6 +13,7 @@ retried after :data:`RETRY_S`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -47,8 +48,14 @@ def standby_environment(base: Mapping[str, str] | None = None) -> dict[str, str]
     base = os.environ if base is None else base
     env = {name: base[name] for name in PASSTHROUGH_ENV if name in base}
     paths = [str(project_root()), *[p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    env.update(PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")  # fmt: skip
+    env.update(
+        PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)),
+        PYTHONUNBUFFERED="1",
+        CUDA_VISIBLE_DEVICES="",
+        OMP_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+    )
     return env
 
 
@@ -71,8 +78,15 @@ class Standby:
             "-m",
             STANDBY_MODULE,
         ]
-        popen = subprocess.Popen(command, cwd=cwd, env=standby_environment(), stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, start_new_session=True, close_fds=True)  # fmt: skip
+        popen = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=standby_environment(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
         return cls(popen)
 
     def wait_ready(self) -> bool:
@@ -95,10 +109,8 @@ class Standby:
     def release(self) -> None:
         """Let an unused standby go (end of input ends it; SIGKILL if it lingers)."""
         if self.popen.stdin is not None and not self.popen.stdin.closed:
-            try:
+            with contextlib.suppress(OSError):
                 self.popen.stdin.close()
-            except OSError:
-                pass
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -144,9 +156,14 @@ class WarmPool:
             return start_run(command, run_dir, env, pass_fds)
         processes, logs_dir, trainer_args = parts
         rundir = RunDir(run_dir)
-        assignment = Assignment(run_dir=run_dir, logs_dir=logs_dir, launcher_log=rundir.launcher_log,
-                                world_size=processes, trainer_args=trainer_args,
-                                env={**env, LAUNCHED_AT_ENV: f"{time.time():.6f}"})  # fmt: skip
+        assignment = Assignment(
+            run_dir=run_dir,
+            logs_dir=logs_dir,
+            launcher_log=rundir.launcher_log,
+            world_size=processes,
+            trainer_args=trainer_args,
+            env={**env, LAUNCHED_AT_ENV: f"{time.time():.6f}"},
+        )
         if not standby.assign(assignment):
             log.warning("the warm standby %d was gone: starting %s cold", standby.popen.pid, run_dir)
             standby.release()

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from worker.warm.agent import set_title
 from worker.warm.assignment import Assignment
@@ -30,19 +31,10 @@ log = logging.getLogger("worker.warm.standby")
 PRELOAD = ("torch", "torch.distributed", "trainer.__main__", "trainer.data.builders", "trainer.models")
 #: What some ranks import, where it is installed (an optional extra missing is no error).
 OPTIONAL_PRELOAD = (
-    "setproctitle",
-    "sklearn.datasets",
-    "sklearn.model_selection",
-    "trainer.data.digits",
-    "transformers",
-    "transformers.models.auto.modeling_auto",
-    "transformers.models.auto.tokenization_auto",
-    "peft",
-    "trainer.hf.loading",
-    "trainer.hf.adapters",
-    "trainer.hf.build",
-    "trainer.data.jsonl.build",
-)  # fmt: skip  (groups: titles and the digits dataset, transformers, Halfcast's hf modules)
+    "setproctitle", "sklearn.datasets", "sklearn.model_selection", "trainer.data.digits",
+    "transformers", "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
+    "peft", "trainer.hf.loading", "trainer.hf.adapters", "trainer.hf.build", "trainer.data.jsonl.build",
+)  # fmt: skip  # groups: titles and the digits dataset, transformers, Halfcast's hf modules
 #: The line a standby writes once it is ready.
 READY = b"ready\n"
 #: Exit status when the preload leaves threads running (the standby would not be safe to fork).
@@ -68,9 +60,9 @@ def os_threads() -> int:
         return threading.active_count()
 
 
-def read_assignment(stream: object = None) -> Assignment | None:
-    """The one assignment on stdin, or ``None`` at end of input."""
-    line = (stream or sys.stdin.buffer).readline()  # type: ignore[attr-defined]  (a binary stream)
+def read_assignment(stream: BinaryIO | None = None) -> Assignment | None:
+    """The one assignment on ``stream`` (by default stdin), or ``None`` at end of input."""
+    line = (stream or sys.stdin.buffer).readline()
     return Assignment.model_validate_json(line) if line.strip() else None
 
 
