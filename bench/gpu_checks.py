@@ -73,8 +73,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     gpt = GptSize()
     parser.add_argument("--gpt", default=f"{gpt.n_layer}x{gpt.n_head}x{gpt.d_model}", help="n_layer x n_head x d_model")
     llama = LlamaSize()
-    parser.add_argument("--llama", default=f"{llama.num_layers}x{llama.num_heads}x{llama.hidden_size}x"
-                        f"{llama.intermediate_size}", help="layers x heads x hidden x intermediate")
+    parser.add_argument(
+        "--llama",
+        default=f"{llama.num_layers}x{llama.num_heads}x{llama.hidden_size}x{llama.intermediate_size}",
+        help="layers x heads x hidden x intermediate",
+    )
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--gpt-batch", type=int, default=gpt.batch, help="GPT sequences per step")
     parser.add_argument("--llama-batch", type=int, default=llama.batch, help="Llama sequences per step")
@@ -82,8 +85,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=StepCounts().warmup)
     parser.add_argument("--steps", type=int, default=StepCounts().steps, help="steady-state steps checked and timed")
     parser.add_argument("--log-interval", type=int, default=StepCounts().log_interval)
-    parser.add_argument("--peak-flops", type=float, default=CheckSettings().peak_flops,
-                        help="the GPU's dense bf16 peak, FLOP/s")
+    parser.add_argument(
+        "--peak-flops", type=float, default=CheckSettings().peak_flops, help="the GPU's dense bf16 peak, FLOP/s"
+    )
     parser.add_argument("--quick", action="store_true", help="the same sizes, fewer steps")
     parser.add_argument("--no-ddp", action="store_true", help="skip the DDP checks even with several GPUs")
     parser.add_argument("--json", type=Path, help="also write the summary here")
@@ -107,11 +111,19 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         "precisions": tuple(CheckPrecision(p) for p in args.precisions.split(",")),
         "paths": tuple(PathKind(p) for p in args.paths.split(",")),
         "gpt": GptSize(n_layer=n_layer, n_head=n_head, d_model=d_model, seq_len=args.seq_len, batch=args.gpt_batch),
-        "llama": LlamaSize(hidden_size=hidden, intermediate_size=intermediate, num_layers=layers, num_heads=heads,
-                           seq_len=args.seq_len, batch=args.llama_batch, lora_r=args.lora_r,
-                           lora_alpha=2.0 * args.lora_r),
-        "counts": QUICK_COUNTS if args.quick else StepCounts(warmup=args.warmup, steps=args.steps,
-                                                             log_interval=args.log_interval),
+        "llama": LlamaSize(
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_layers=layers,
+            num_heads=heads,
+            seq_len=args.seq_len,
+            batch=args.llama_batch,
+            lora_r=args.lora_r,
+            lora_alpha=2 * args.lora_r,
+        ),
+        "counts": QUICK_COUNTS
+        if args.quick
+        else StepCounts(warmup=args.warmup, steps=args.steps, log_interval=args.log_interval),
         "implementation": args.implementation,
         "peak_flops": args.peak_flops,
         "dry_run": args.dry_run,
@@ -131,8 +143,15 @@ def compare(rows: list[PathResult]) -> list[Comparison]:
         if ours is None or hand is None:
             continue
         a, b = ours.tokens_per_s, hand.tokens_per_s
-        comparisons.append(Comparison(model=model, precision=precision, halfcast_tokens_per_s=a,
-                                      hand_tokens_per_s=b, ratio=a / b if a is not None and b else None))
+        comparisons.append(
+            Comparison(
+                model=model,
+                precision=precision,
+                halfcast_tokens_per_s=a,
+                hand_tokens_per_s=b,
+                ratio=a / b if a is not None and b else None,
+            )
+        )
     return comparisons
 
 

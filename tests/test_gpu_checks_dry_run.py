@@ -14,9 +14,9 @@ import json
 
 import pytest
 
+from bench.gpu.ddp import run_ddp
 from bench.gpu.results import RowStatus, Summary
 from bench.gpu.settings import CheckPrecision, ModelKind, PathKind
-from bench.gpu.ddp import run_ddp
 from bench.gpu_checks import main, parse_args, settings_from
 
 ALL_ROWS = set(itertools.product(ModelKind, CheckPrecision, PathKind))
@@ -73,7 +73,11 @@ def test_ddp_dry_run_spawns_two_gloo_ranks() -> None:
     report = run_ddp(settings_from(parse_args(["--dry-run", "--models", "gpt", "--precisions", "bf16"])))
     assert report.status is RowStatus.OK and report.backend == "gloo" and report.world_size == 2
     assert sorted((r.rank, r.path) for r in report.results) == [
-        (0, PathKind.HALFCAST), (0, PathKind.HAND), (1, PathKind.HALFCAST), (1, PathKind.HAND)]
+        (0, PathKind.HALFCAST),
+        (0, PathKind.HAND),
+        (1, PathKind.HALFCAST),
+        (1, PathKind.HAND),
+    ]
     assert all(r.status is RowStatus.OK and r.world_size == 2 for r in report.results)
     halfcast = [r.measured for r in report.results if r.path is PathKind.HALFCAST]
     assert all(m is not None and m.syncs_per_step == [0] for m in halfcast)

@@ -43,8 +43,13 @@ def _rank_main(rank: int, world_size: int, port: int, settings_json: str, out_di
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "gloo" if settings.dry_run else "nccl"
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=5),
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        backend,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(minutes=5),
+        device_id=device if device.type == "cuda" else None,
+    )
     try:
         rows = run_matrix(settings, DistContext(rank=rank, local_rank=rank, world_size=world_size, device=device))
         Path(out_dir, f"rank{rank}.json").write_bytes(ROWS.dump_json(rows))
@@ -58,8 +63,11 @@ def total_tokens_per_s(rows: list[PathResult]) -> dict[str, float]:
     totals: dict[str, list[float | None]] = {}
     for row in rows:
         totals.setdefault(f"{row.model}/{row.precision}/{row.path}", []).append(row.tokens_per_s)
-    return {key: sum(v for v in values if v is not None) for key, values in totals.items()
-            if all(v is not None for v in values)}
+    return {
+        key: sum(v for v in values if v is not None)
+        for key, values in totals.items()
+        if all(v is not None for v in values)
+    }
 
 
 def run_ddp(settings: CheckSettings) -> DdpReport:
@@ -74,9 +82,17 @@ def run_ddp(settings: CheckSettings) -> DdpReport:
         try:
             mp.spawn(_rank_main, args=(world, _free_port(), settings.model_dump_json(), out_dir), nprocs=world)
         except Exception as exc:  # noqa: BLE001 - a rank's failure is the report's, the parent goes on
-            return DdpReport(status=RowStatus.FAILED, reason=f"{type(exc).__name__}: {exc}", backend=backend,
-                             world_size=world)
-        rows = [row for rank in range(world) for row in ROWS.validate_json(Path(out_dir, f"rank{rank}.json").read_bytes())]
+            return DdpReport(
+                status=RowStatus.FAILED, reason=f"{type(exc).__name__}: {exc}", backend=backend, world_size=world
+            )
+        rows = [
+            row for rank in range(world) for row in ROWS.validate_json(Path(out_dir, f"rank{rank}.json").read_bytes())
+        ]
     failed = any(row.status is RowStatus.FAILED for row in rows)
-    return DdpReport(status=RowStatus.FAILED if failed else RowStatus.OK, backend=backend, world_size=world,
-                     results=rows, total_tokens_per_s=total_tokens_per_s(rows))
+    return DdpReport(
+        status=RowStatus.FAILED if failed else RowStatus.OK,
+        backend=backend,
+        world_size=world,
+        results=rows,
+        total_tokens_per_s=total_tokens_per_s(rows),
+    )

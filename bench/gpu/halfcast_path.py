@@ -26,8 +26,14 @@ from trainer.telemetry import StepLog, StepRow
 
 def run_halfcast(model: ModelKind, precision: CheckPrecision, settings: CheckSettings, ctx: DistContext) -> PathResult:
     """Build, warm up, check and time Halfcast's steady steps of ``model`` in ``precision`` on this rank."""
-    row = PathResult(model=model, precision=precision, path=PathKind.HALFCAST, status=RowStatus.SKIPPED,
-                     rank=ctx.rank, world_size=ctx.world_size)
+    row = PathResult(
+        model=model,
+        precision=precision,
+        path=PathKind.HALFCAST,
+        status=RowStatus.SKIPPED,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+    )
     try:
         spec = job_spec(model, precision, settings, ctx.world_size)
         parts = build_components(spec, ctx)
@@ -53,12 +59,24 @@ def run_halfcast(model: ModelKind, precision: CheckPrecision, settings: CheckSet
     rows.extend(step_log.drain())
     measured = _measurement(model, settings, parts, spec.micro_batch_size, seconds, guard, rows[-1].loss)
     ok = math.isfinite(measured.last_loss) and guard.clean
-    return row.model_copy(update={"status": RowStatus.OK if ok else RowStatus.FAILED, "measured": measured,
-                                  "reason": None if ok else "a sync or a non-finite loss in a steady step"})
+    return row.model_copy(
+        update={
+            "status": RowStatus.OK if ok else RowStatus.FAILED,
+            "measured": measured,
+            "reason": None if ok else "a sync or a non-finite loss in a steady step",
+        }
+    )
 
 
-def _measurement(model: ModelKind, settings: CheckSettings, parts: Components, batch: int, seconds: float,
-                 guard: SyncGuard, last_loss: float) -> Measurement:
+def _measurement(
+    model: ModelKind,
+    settings: CheckSettings,
+    parts: Components,
+    batch: int,
+    seconds: float,
+    guard: SyncGuard,
+    last_loss: float,
+) -> Measurement:
     counts = settings.counts
     n_layer, seq_len, d_model = attention_shape(model, settings)
     flops = count_flops(parts.model, n_layer, seq_len, d_model)

@@ -22,8 +22,15 @@ from bench.gpu.results import Measurement, PathResult, RowStatus
 from bench.gpu.settings import CheckPrecision, CheckSettings, ModelKind, PathKind
 from bench.gpu.steady import timed_steady_steps
 from bench.gpu.syncs import SyncGuard
-from bench.gpu.workloads import COMPUTE_DTYPES, attention_shape, job_spec, mean_token_loss, plain_logits, plain_model
-from bench.gpu.workloads import preload
+from bench.gpu.workloads import (
+    COMPUTE_DTYPES,
+    attention_shape,
+    job_spec,
+    mean_token_loss,
+    plain_logits,
+    plain_model,
+    preload,
+)
 from trainer.data import Batch
 from trainer.distributed import DistContext
 from trainer.fp8 import plan_fp8_layers
@@ -44,8 +51,9 @@ def convert_fp8(model: nn.Module) -> int:
 class HandLoop:
     """The plain loop over ``model`` (already on ``ctx.device``) in ``precision``."""
 
-    def __init__(self, model: nn.Module, kind: ModelKind, precision: CheckPrecision, settings: CheckSettings,
-                 ctx: DistContext) -> None:
+    def __init__(
+        self, model: nn.Module, kind: ModelKind, precision: CheckPrecision, settings: CheckSettings, ctx: DistContext
+    ) -> None:
         self.kind = kind
         self.device = ctx.device
         self.dtype = COMPUTE_DTYPES[precision]
@@ -55,8 +63,9 @@ class HandLoop:
         self.model = DistributedDataParallel(model, device_ids=device_ids) if ctx.world_size > 1 else model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=3e-4, weight_decay=0.1, fused=True)
-        factor = LRMultiplier(name="cosine", total_steps=settings.counts.warmup + settings.counts.steps,
-                              warmup_steps=2, min_lr_ratio=0.0)
+        factor = LRMultiplier(
+            name="cosine", total_steps=settings.counts.warmup + settings.counts.steps, warmup_steps=2, min_lr_ratio=0.0
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=precision is CheckPrecision.FP16)
         self.loss = torch.zeros((), device=ctx.device)
@@ -77,8 +86,14 @@ class HandLoop:
 
 def run_hand(model: ModelKind, precision: CheckPrecision, settings: CheckSettings, ctx: DistContext) -> PathResult:
     """Build the plain model and loop, warm up, then time the steady steps (syncs counted, not refused)."""
-    row = PathResult(model=model, precision=precision, path=PathKind.HAND, status=RowStatus.SKIPPED,
-                     rank=ctx.rank, world_size=ctx.world_size)
+    row = PathResult(
+        model=model,
+        precision=precision,
+        path=PathKind.HAND,
+        status=RowStatus.SKIPPED,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+    )
     try:
         check_supported(precision, ctx.device)
     except PrecisionUnsupportedError as exc:
@@ -88,20 +103,32 @@ def run_hand(model: ModelKind, precision: CheckPrecision, settings: CheckSetting
     loop = HandLoop(plain_model(model, settings, precision).to(ctx.device), model, precision, settings, ctx)
     guard = SyncGuard(ctx.device, strict=False)
     counts = settings.counts
-    seconds = timed_steady_steps(lambda n: loop.step(batches[n % len(batches)]), counts.warmup, counts.steps,
-                                 guard, ctx.device)
+    seconds = timed_steady_steps(
+        lambda n: loop.step(batches[n % len(batches)]), counts.warmup, counts.steps, guard, ctx.device
+    )
     n_layer, seq_len, d_model = attention_shape(model, settings)
     flops = count_flops(loop.module, n_layer, seq_len, d_model)
     tokens_per_s = counts.steps * spec.micro_batch_size * seq_len / seconds
     last_loss = float(loop.loss.item())
     measured = Measurement(
-        steady_steps=counts.steps, step_ms=1e3 * seconds / counts.steps, tokens_per_s=tokens_per_s,
-        flops_per_token=flops.per_token, matmul_params=flops.matmul_params,
+        steady_steps=counts.steps,
+        step_ms=1e3 * seconds / counts.steps,
+        tokens_per_s=tokens_per_s,
+        flops_per_token=flops.per_token,
+        matmul_params=flops.matmul_params,
         trainable_matmul_params=flops.trainable_matmul_params,
-        mfu=mfu(flops.per_token, tokens_per_s, settings.peak_flops), sync_check=guard.method,
-        syncs_per_step=guard.counts or None, last_loss=last_loss, optimizer="torch.optim.AdamW(fused=True)",
+        mfu=mfu(flops.per_token, tokens_per_s, settings.peak_flops),
+        sync_check=guard.method,
+        syncs_per_step=guard.counts or None,
+        last_loss=last_loss,
+        optimizer="torch.optim.AdamW(fused=True)",
         fp8_layers=loop.fp8_layers,
     )
     ok = math.isfinite(last_loss)
-    return row.model_copy(update={"status": RowStatus.OK if ok else RowStatus.FAILED, "measured": measured,
-                                  "reason": None if ok else "non-finite loss"})
+    return row.model_copy(
+        update={
+            "status": RowStatus.OK if ok else RowStatus.FAILED,
+            "measured": measured,
+            "reason": None if ok else "non-finite loss",
+        }
+    )

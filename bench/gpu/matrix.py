@@ -17,15 +17,23 @@ PathRunner = Callable[[ModelKind, CheckPrecision, CheckSettings, DistContext], P
 RUNNERS: dict[PathKind, PathRunner] = {PathKind.HALFCAST: run_halfcast, PathKind.HAND: run_hand}
 
 
-def run_one(model: ModelKind, precision: CheckPrecision, path: PathKind, settings: CheckSettings,
-            ctx: DistContext) -> PathResult:
+def run_one(
+    model: ModelKind, precision: CheckPrecision, path: PathKind, settings: CheckSettings, ctx: DistContext
+) -> PathResult:
     """One row; ``RuntimeError`` (CUDA's sync debug mode raises one naming the call) or any other error fails it."""
     try:
         return RUNNERS[path](model, precision, settings, ctx)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a failed row, the others still run
+    except Exception as exc:
         log.exception("%s/%s/%s failed", model, precision, path)
-        return PathResult(model=model, precision=precision, path=path, status=RowStatus.FAILED,
-                          reason=f"{type(exc).__name__}: {exc}", rank=ctx.rank, world_size=ctx.world_size)
+        return PathResult(
+            model=model,
+            precision=precision,
+            path=path,
+            status=RowStatus.FAILED,
+            reason=f"{type(exc).__name__}: {exc}",
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+        )
 
 
 def run_matrix(settings: CheckSettings, ctx: DistContext) -> list[PathResult]:

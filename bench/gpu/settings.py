@@ -56,7 +56,7 @@ class LlamaSize(_Frozen):
     seq_len: int = Field(1024, ge=2)
     batch: int = Field(8, ge=1)
     lora_r: int = Field(16, ge=1)
-    lora_alpha: float = Field(32.0, gt=0)
+    lora_alpha: int = Field(32, ge=1)
 
 
 class StepCounts(_Frozen):
@@ -90,8 +90,9 @@ class CheckSettings(_Frozen):
 #: ``--dry-run``: everything tiny, one steady step (a smoke test of the script, no numbers worth reading).
 DRY_RUN = {
     "gpt": GptSize(n_layer=1, n_head=2, d_model=32, seq_len=16, batch=2),
-    "llama": LlamaSize(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, seq_len=16, batch=2,
-                       lora_r=4, lora_alpha=8.0),
+    "llama": LlamaSize(
+        hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, seq_len=16, batch=2, lora_r=4, lora_alpha=8
+    ),
     "counts": StepCounts(warmup=2, steps=1, log_interval=1),
     "max_bytes": 20_000,
 }

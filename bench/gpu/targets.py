@@ -26,7 +26,11 @@ def evaluate_targets(rows: list[PathResult], dry_run: bool) -> list[Target]:
     """bf16 MFU >= 0.45 on GPT; fp8 >= 1.2x bf16 tokens/s on GPT (and, for reference, on the LoRA model)."""
     targets = []
     gpt_bf16 = _halfcast(rows, ModelKind.GPT, CheckPrecision.BF16)
-    mfu = gpt_bf16.measured.mfu if gpt_bf16 is not None and gpt_bf16.tokens_per_s is not None and gpt_bf16.measured else None
+    mfu = (
+        gpt_bf16.measured.mfu
+        if gpt_bf16 is not None and gpt_bf16.tokens_per_s is not None and gpt_bf16.measured
+        else None
+    )
     targets.append(_target("gpt_bf16_mfu", mfu, BF16_MFU_TARGET, "no ok gpt/bf16 Halfcast row", dry_run))
     for model in (ModelKind.GPT, ModelKind.HF_LORA):
         fp8, bf16 = _halfcast(rows, model, CheckPrecision.FP8), _halfcast(rows, model, CheckPrecision.BF16)

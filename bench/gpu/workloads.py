@@ -48,8 +48,9 @@ def llama_fields(size: LlamaSize) -> dict[str, Any]:
 def _model_block(model: ModelKind, settings: CheckSettings) -> dict[str, Any]:
     if model is ModelKind.GPT:
         gpt = settings.gpt
-        return {"model": {"name": "gpt", "config": {"n_layer": gpt.n_layer, "n_head": gpt.n_head,
-                                                    "d_model": gpt.d_model}}}
+        return {
+            "model": {"name": "gpt", "config": {"n_layer": gpt.n_layer, "n_head": gpt.n_head, "d_model": gpt.d_model}}
+        }
     llama = settings.llama
     return {
         "model": {"name": "hf", "config": {"hf_config": llama_fields(llama)}},
@@ -67,8 +68,10 @@ def job_spec(model: ModelKind, precision: str, settings: CheckSettings, world_si
     return JobSpec.model_validate(
         _model_block(model, settings)
         | {
-            "dataset": {"name": "text", "config": {"seq_len": size.seq_len, "max_bytes": settings.max_bytes,
-                                                   "test_fraction": 0.05}},
+            "dataset": {
+                "name": "text",
+                "config": {"seq_len": size.seq_len, "max_bytes": settings.max_bytes, "test_fraction": 0.05},
+            },
             "precision": precision,
             "gpus": 0 if settings.dry_run else world_size,
             "processes": world_size if settings.dry_run else 1,
@@ -113,8 +116,13 @@ def plain_lora_llama(size: LlamaSize, compute_dtype: torch.dtype) -> nn.Module:
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(SEED)
     base = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
-    lora = LoraConfig(r=size.lora_r, lora_alpha=size.lora_alpha, lora_dropout=0.0, task_type=TaskType.CAUSAL_LM,
-                      target_modules="all-linear")
+    lora = LoraConfig(
+        r=size.lora_r,
+        lora_alpha=size.lora_alpha,
+        lora_dropout=0.0,
+        task_type=TaskType.CAUSAL_LM,
+        target_modules="all-linear",
+    )
     model = get_peft_model(base, lora)
     for parameter in model.parameters():
         if not parameter.requires_grad:
