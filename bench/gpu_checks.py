@@ -1,6 +1,7 @@
 """The prepared GPU checks (issue 17 item 5): syncs, tokens/s and MFU per model x precision x path.
 
-On a lent GPU (one H100/H200: about 4 minutes, ``--quick`` about 2; then the GPU tests)::
+On a lent GPU, one command (sized for under 6 minutes on one H100/H200 with the GPU tests, an
+estimate from the FLOPs: not yet run on one; ``--quick``: the same sizes, 5 + 15 steps)::
 
     python -m bench.gpu_checks --json $OUT/gpu.json && python -m pytest -m gpu -q tests/trainer
 
