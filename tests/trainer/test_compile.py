@@ -54,8 +54,9 @@ def test_warm_up_puts_back_gradients_buffers_and_the_random_generator() -> None:
     batch = Batch(inputs=torch.randn(8, 4), targets=torch.randn(8, 3), num_samples=8, num_elements=8)
     buffers = [b.clone() for b in model.buffers()]
     rng = torch.random.get_rng_state()
-    seconds = warm_up(model, batch, PlainPrecision("fp32", torch.device("cpu")),
-                      lambda m, b: ((m(b.inputs) - b.targets) ** 2).sum())
+    seconds = warm_up(
+        model, batch, PlainPrecision("fp32", torch.device("cpu")), lambda m, b: ((m(b.inputs) - b.targets) ** 2).sum()
+    )
     assert seconds >= 0.0
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(a, b) for a, b in zip(model.buffers(), buffers, strict=True))

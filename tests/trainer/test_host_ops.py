@@ -21,8 +21,14 @@ from trainer.step import record_step, train_step
 @pytest.mark.parametrize("consecutive", [False, True])
 def test_fused_scale_update_keeps_the_general_rules_state_bit_for_bit(consecutive: bool) -> None:
     """Scale, growth and hysteresis trackers after every step of a random pattern, with bounds reached."""
-    kwargs = {"init_scale": 2.0**20, "growth_interval": 3, "backoff_factor": 0.25, "max_scale": 2.0**22,
-              "min_scale": 4.0, "consecutive_hysteresis": consecutive}
+    kwargs = {
+        "init_scale": 2.0**20,
+        "growth_interval": 3,
+        "backoff_factor": 0.25,
+        "max_scale": 2.0**22,
+        "min_scale": 4.0,
+        "consecutive_hysteresis": consecutive,
+    }
     fused, general = DynamicLossScaler(**kwargs), DynamicLossScaler(**kwargs)
     general._fused_update = False
     assert fused._fused_update
@@ -39,14 +45,23 @@ def test_one_process_check_equals_the_cross_rank_one(cpu_ctx: DistContext, monke
     outcomes = []
     for distributed in (False, True):
         monkeypatch.setattr(precision_module, "is_distributed", lambda d=distributed: d)
-        policy = precision_module.build_precision(JobSpec.model_validate({
-            "model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "precision": "fp16"}), cpu_ctx.device)
+        policy = precision_module.build_precision(
+            JobSpec.model_validate({"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "precision": "fp16"}),
+            cpu_ctx.device,
+        )
         params = [torch.nn.Parameter(torch.ones(3)) for _ in range(3)]
         for p, value in zip(params, (1.0, float("inf"), float("nan")), strict=True):
             p.grad = torch.full((3,), value)
         outcome = policy.step(torch.optim.SGD(params, lr=0.1), params, 1.0)
-        outcomes.append((outcome.overflow_kind.item(), outcome.rank_kinds.tolist(), outcome.param_kinds.tolist(),
-                         outcome.applied.item(), policy.loss_scale))
+        outcomes.append(
+            (
+                outcome.overflow_kind.item(),
+                outcome.rank_kinds.tolist(),
+                outcome.param_kinds.tolist(),
+                outcome.applied.item(),
+                policy.loss_scale,
+            )
+        )
     assert outcomes[0] == outcomes[1] == (2.0, [2.0], [0.0, 1.0, 2.0], 0.0, 32768.0)
 
 
@@ -55,8 +70,9 @@ def test_a_steady_step_and_its_row_stay_within_their_op_budget(
     precision: str, budget: int, tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext
 ) -> None:
     """Dispatched aten ops of one step plus its telemetry row (the tiny MLP; the hand loop: 47/58/71)."""
-    spec = tiny_mlp_spec(precision=precision, max_grad_norm=1.0,
-                         lr_scheduler={"name": "cosine", "warmup_steps": 2}, max_steps=50)
+    spec = tiny_mlp_spec(
+        precision=precision, max_grad_norm=1.0, lr_scheduler={"name": "cosine", "warmup_steps": 2}, max_steps=50
+    )
     parts = build_components(spec, cpu_ctx)
     flusher = build_record_flusher(spec, parts, RecordSink(None), cpu_ctx)
     stream = parts.dataset.train_batches(16, rank=0, world_size=1, seed=0)

@@ -74,12 +74,21 @@ def test_other_ranks_write_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [] and read_records(tmp_path) == []
 
 
-@pytest.mark.parametrize("fields", [
-    {"loss": 0.5, "grad_norm": 1.25, "lr": 1e-20, "samples_total": 2**40 + 1},
-    {"loss": float("nan"), "grad_norm": float("inf"), "overflow": True, "overflow_ranks": [0],
-     "nonfinite_params": [{"name": "fc.weight", "kind": "nan"}], "nonfinite_param_count": 1},
-    {"loss": 0.25, "precision": "bf16", "underflow_fraction": 0.125},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"loss": 0.5, "grad_norm": 1.25, "lr": 1e-20, "samples_total": 2**40 + 1},
+        {
+            "loss": float("nan"),
+            "grad_norm": float("inf"),
+            "overflow": True,
+            "overflow_ranks": [0],
+            "nonfinite_params": [{"name": "fc.weight", "kind": "nan"}],
+            "nonfinite_param_count": 1,
+        },
+        {"loss": 0.25, "precision": "bf16", "underflow_fraction": 0.125},
+    ],
+)
 def test_a_step_line_is_the_records_line_object(fields: dict[str, Any]) -> None:
     """The flush's one-call serialisation parses to exactly ``StepRecord.line()`` (keys in order too)."""
     from trainer.records import StepRecord, step_line
