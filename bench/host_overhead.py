@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, get_args
 
 import torch
 
@@ -32,6 +32,7 @@ from bench.measure import BatchCycle, interleaved_times, median, run_steps
 from bench.op_counter import OpCounter
 from bench.peers.base import Runner
 from bench.report import machine_info
+from bench.workload import BenchPrecision
 from trainer.data import Batch
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,26 @@ class PathCost:
     us_per_step: list[float]
 
 
+def is_precision(name: str) -> TypeGuard[BenchPrecision]:
+    """Whether ``name`` is one of the workloads' precisions (fp16, bf16, fp32)."""
+    return name in get_args(BenchPrecision)
+
+
+def precision_list(text: str) -> list[BenchPrecision]:
+    """``--precisions``: the comma-separated precisions, each checked."""
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if not is_precision(name)]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown precision(s) {', '.join(unknown)}: expected fp32, bf16 or fp16")
+    return [name for name in names if is_precision(name)]
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The CLI's options (see ``--help``)."""
     parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--precisions", default="fp32,bf16,fp16", help="comma-separated subset of fp32,bf16,fp16")
+    parser.add_argument(
+        "--precisions", type=precision_list, default="fp32,bf16,fp16", help="comma-separated subset of fp32,bf16,fp16"
+    )
     parser.add_argument("--model", choices=("mlp", "lora"), default="mlp")
     parser.add_argument("--steps", type=int, default=50, help="steps per path per round (a multiple of 10)")
     parser.add_argument("--rounds", type=int, default=20)
@@ -72,7 +89,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 @contextmanager
-def mlp_builders(precision: str, total_steps: int) -> Iterator[tuple[Callable[[str], Runner], list[Batch]]]:
+def mlp_builders(precision: BenchPrecision, total_steps: int) -> Iterator[tuple[Callable[[str], Runner], list[Batch]]]:
     """Runner factory and batches of the tiny MLP workload."""
     from bench.peers import build_runner
     from bench.workload import Workload, make_batches
@@ -81,19 +98,19 @@ def mlp_builders(precision: str, total_steps: int) -> Iterator[tuple[Callable[[s
         precision=precision,
         in_features=16,
         hidden_sizes=(32,),
-        micro_batch_size=8,  # type: ignore[arg-type]
+        micro_batch_size=8,
         total_steps=total_steps,
     )
     yield (lambda name: build_runner(name, work)), make_batches(work)
 
 
 @contextmanager
-def lora_builders(precision: str, total_steps: int) -> Iterator[tuple[Callable[[str], Runner], list[Batch]]]:
+def lora_builders(precision: BenchPrecision, total_steps: int) -> Iterator[tuple[Callable[[str], Runner], list[Batch]]]:
     """Runner factory and batches of the LoRA workload (its model written to a temporary root)."""
     from bench.lora import build_lora_runner
     from bench.lora_workload import LoraWorkload, make_batches, save_model
 
-    work = LoraWorkload(precision=precision, total_steps=total_steps)  # type: ignore[arg-type]
+    work = LoraWorkload(precision=precision, total_steps=total_steps)
     with tempfile.TemporaryDirectory(prefix="halfcast-bench-ops-") as tmp:
         save_model(work, Path(tmp))
         yield (lambda name: build_lora_runner(name, work, Path(tmp))), make_batches(work)
@@ -115,7 +132,7 @@ def count_ops(runner: Runner, cycle: BatchCycle, steps: int = 10) -> tuple[int, 
     return worst, flush_ops, top
 
 
-def measure_precision(precision: str, model: str, args: argparse.Namespace) -> dict[str, PathCost]:
+def measure_precision(precision: BenchPrecision, model: str, args: argparse.Namespace) -> dict[str, PathCost]:
     """Ops and per-round µs/step of the hand loop and Halfcast at ``precision``."""
     total = args.warmup + args.steps * args.rounds + 100
     builders = mlp_builders if model == "mlp" else lora_builders
@@ -177,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
-    rows = {p: summary(measure_precision(p, args.model, args)) for p in args.precisions.split(",") if p}
+    rows = {p: summary(measure_precision(p, args.model, args)) for p in args.precisions}
     load = {"before": load_before, "after": os.getloadavg()}
     sys.stdout.write(markdown(rows) + f"load average (1, 5, 15 min): before {load['before']}, after {load['after']}\n")
     if args.json is not None:

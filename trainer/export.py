@@ -71,13 +71,13 @@ def _hf_model(payload: Mapping[str, Any], map_location: str | torch.device) -> n
     the job built it (seeded; frozen weights in the job's compute dtype for ``base_dtype`` ``compute``),
     the checkpoint's trainable state loaded, then everything cast to float32."""
     from trainer.hf.build import rebuild_hf_model
-    from trainer.hf.loading import load_tokenizer
+    from trainer.hf.loading import hf_config, load_tokenizer
     from trainer.precision import COMPUTE_DTYPES
     from trainer.spec import JobSpec
 
     spec = JobSpec.model_validate(payload["spec"])
     precision = payload.get("precision_switch", {}).get("to", spec.precision)
-    tokenizer = load_tokenizer(spec.model.config, spec.dataset.name)  # type: ignore[union-attr]
+    tokenizer = load_tokenizer(hf_config(spec), spec.dataset.name)
     model = rebuild_hf_model(
         spec, checkpoint_data_info(payload), tokenizer, COMPUTE_DTYPES[precision], payload["model"]
     )

@@ -199,7 +199,7 @@ class _Fp8Matmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x2d: Tensor, weight: Tensor, recipe: Fp8Recipe, compute: torch.dtype, flag: Fp8OverflowFlag
     ) -> Tensor:
         ctx.save_for_backward(x2d, weight)
@@ -209,7 +209,7 @@ class _Fp8Matmul(torch.autograd.Function):
         return xq @ wq.t()
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         x2d, weight = ctx.saved_tensors
         recipe, compute, flag = ctx.recipe, ctx.compute, ctx.flag
         grad_input = grad_weight = None

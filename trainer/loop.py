@@ -124,7 +124,7 @@ class TrainResult:
     model: nn.Module
     steps: int
     skipped_steps: int
-    final_eval: dict[str, float] | None
+    final_eval: dict[str, float | None] | None
 
     @property
     def applied_steps(self) -> int:

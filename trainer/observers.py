@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from torch import Tensor
 
 
-class Gradients(NamedTuple):
-    """The gradients of one step.
+@dataclass(frozen=True, slots=True)
+class Gradients:
+    """The gradients of one step (a dataclass, not a named tuple: its ``count`` would shadow ``tuple.count``).
 
     ``tensors``: the gradients that exist, in model order; ``present``: their indices among the
     ``count`` trainable parameters, or ``None`` when every parameter has one.

@@ -322,7 +322,7 @@ class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
 
 def _sgd_update(
     params: list[Tensor],
-    grads: list[Tensor],
+    grads: list[Tensor] | tuple[Tensor, ...],
     buffers: list[Tensor] | None,
     skip: Tensor,
     group: dict[str, Any],
@@ -346,7 +346,7 @@ def _sgd_update(
         if weight_decay != 0:
             grad = grad.add(param, alpha=weight_decay)
         grad = torch.where(skip, -0.0, grad)
-        if buffers is not None:
+        if buffers is not None and factor is not None:
             grad = buffers[index].mul_(factor).add_(grad)
         param.addcmul_(grad, neg_lr)
 

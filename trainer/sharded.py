@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,7 @@ def local_tensors(tensors: Iterable[Tensor]) -> list[Tensor]:
     return [local_tensor(t) for t in tensors]
 
 
-def is_sharded(tensor: Tensor) -> bool:
+def is_sharded(tensor: Tensor) -> TypeGuard[DTensor]:
     """True for a DTensor with a ``Shard`` placement (its ranks hold different parts).
 
     Raises:
@@ -181,7 +181,7 @@ def load_state_dicts(
     """
     if not isinstance(model, FSDPModule):
         model.load_state_dict(model_state)
-        optimizer.load_state_dict(optimizer_state)
+        optimizer.load_state_dict(dict(optimizer_state))
         return
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, dict(model_state), options=options)

@@ -60,7 +60,7 @@ class HostSyncCounter(TorchDispatchMode):
         """``scalar_reads + copies``: host syncs seen so far."""
         return self.scalar_reads + self.copies
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         """Count ``_local_scalar_dense`` and run every op unchanged."""
         if func is torch.ops.aten._local_scalar_dense.default:
             self.scalar_reads += 1

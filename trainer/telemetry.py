@@ -45,6 +45,18 @@ class StepMetrics(NamedTuple):
     samples: Tensor | int
     tokens: Tensor | int
 
+    def device_columns(self) -> list[Tensor]:
+        """The first :data:`DEVICE_FIELDS` values, in order: those only the device knows."""
+        return [
+            self.loss,
+            self.loss_scale,
+            self.overflow_kind,
+            self.skipped_steps,
+            self.grad_norm,
+            self.lr,
+            self.underflow_fraction,
+        ]
+
 
 #: Columns of the device buffer, in order.
 FIELDS: tuple[str, ...] = StepMetrics._fields
@@ -153,10 +165,12 @@ class StepLog:
         index = self.pending
         on_host = isinstance(values.samples, int) and isinstance(values.tokens, int)
         targets = self._cells[index][:DEVICE_FIELDS] if on_host else self._cells[index]
-        sources = list(values[:DEVICE_FIELDS])
+        sources = values.device_columns()
         if not on_host:
             device = self._buffer.device
-            sources += [v if isinstance(v, Tensor) else torch.tensor(v, device=device) for v in values[DEVICE_FIELDS:]]
+            sources += [
+                v if isinstance(v, Tensor) else torch.tensor(v, device=device) for v in (values.samples, values.tokens)
+            ]
         if self.num_ranks + self.num_params:
             widths = [int(t.numel()) for t in evidence]
             if widths != [self.num_ranks, self.num_params]:

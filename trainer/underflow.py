@@ -67,7 +67,7 @@ def underflow_fraction(grads: Sequence[Tensor], device: torch.device) -> Tensor:
     sharded = [g for g in grads if is_sharded(g)]
     replicated = [g for g in grads if not is_sharded(g)]
     small = _count_small(sharded, device)
-    total = sum(local_tensor(g).numel() for g in sharded)
+    total: int | Tensor = sum(local_tensor(g).numel() for g in sharded)
     if sharded and dist.is_initialized():
         counts = torch.stack([small, torch.full((), float(total), dtype=torch.float64, device=device)])
         dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=sharded[0].device_mesh.get_group())

@@ -9,11 +9,12 @@ built by ``build_components`` (the real loader reading the model root, PEFT thro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch import nn
 
 from bench.lora_workload import MODEL_NAME, LoraWorkload, job_spec, mean_token_loss, model_roots, peer_model
 from bench.peers.halfcast import HalfcastRunner
@@ -21,7 +22,7 @@ from bench.peers.hand import HandLoop
 from trainer.data import Batch
 
 
-def causal_lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+def causal_lm_loss(model: Callable[..., Any], batch: Batch) -> torch.Tensor:
     """Mean next-token loss of a Hugging Face causal LM on ``batch`` (targets already shifted)."""
     logits = model(input_ids=batch.inputs, attention_mask=batch.attention_mask).logits
     return mean_token_loss(logits, batch.targets)

@@ -14,7 +14,7 @@ scaler and no skips, so its schedule advances every step.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,7 @@ from torch import nn
 from bench.peers.base import PeerInfo
 from bench.workload import (
     ActivationProbe,
+    BenchPrecision,
     OptimizerSettings,
     Workload,
     make_model,
@@ -31,22 +32,26 @@ from bench.workload import (
 )
 from trainer.data import Batch
 
-#: ``loss_of(model, batch)``: the float32 mean loss of one micro-batch.
-LossOf = Callable[[nn.Module, Batch], torch.Tensor]
+#: ``loss_of(forward, batch)``: the float32 mean loss of one micro-batch; ``forward`` is the model or,
+#: with ``compile``, what ``torch.compile`` made of it (typed a plain callable).
+LossOf = Callable[[Callable[..., Any], Batch], torch.Tensor]
 
 
 class HandSettings(OptimizerSettings, Protocol):
     """What the loop needs beyond the optimizer settings (:class:`Workload`, ``LoraWorkload``)."""
 
-    precision: str
-    max_grad_norm: float
-    compile: bool
-
+    # read-only (properties): the workloads are frozen
+    @property
+    def precision(self) -> BenchPrecision: ...
+    @property
+    def max_grad_norm(self) -> float: ...
+    @property
+    def compile(self) -> bool: ...
     @property
     def autocast_dtype(self) -> torch.dtype | None: ...
 
 
-def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+def classification_loss(model: Callable[..., Any], batch: Batch) -> torch.Tensor:
     """Mean cross-entropy of the MLP's logits (computed in float32)."""
     return F.cross_entropy(model(batch.inputs).float(), batch.targets)
 
@@ -65,7 +70,7 @@ class HandLoop:
     def __init__(self, model: nn.Module, work: HandSettings, loss_of: LossOf, *, version: str = "") -> None:
         self.work = work
         self.model = model
-        self._forward = torch.compile(model) if getattr(work, "compile", False) else model
+        self._forward = torch.compile(model) if work.compile else model
         self.loss_of = loss_of
         self.optimizer = peer_optimizer(self.model, work)
         self.scheduler = peer_scheduler(self.optimizer, work)

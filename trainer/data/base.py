@@ -103,7 +103,8 @@ def token_batch(inputs: torch.Tensor, targets: torch.Tensor) -> Batch:
 class Dataset(Protocol):
     """A dataset as the loop sees it."""
 
-    info: DataInfo
+    @property
+    def info(self) -> DataInfo: ...
 
     def train_batches(
         self, micro_batch_size: int, *, rank: int, world_size: int, seed: int, start: int = 0

@@ -45,7 +45,7 @@ def apply_lora(model: nn.Module, adapter: AdapterSpec, config: HFConfig) -> nn.M
     task_type = TaskType.CAUSAL_LM if config.task == "causal_lm" else TaskType.SEQ_CLS
     lora = LoraConfig(
         r=adapter.r,
-        lora_alpha=adapter.alpha,
+        lora_alpha=adapter.alpha,  # type: ignore[arg-type]  # peft annotates int; it scales by lora_alpha / r
         lora_dropout=adapter.dropout,
         task_type=task_type,
         target_modules=targets if targets == ALL_LINEAR else list(targets),

@@ -11,7 +11,7 @@ from torch import nn
 
 from trainer.data.base import DataInfo
 from trainer.hf.adapters import apply_lora, cast_frozen, check_trainable
-from trainer.hf.loading import load_base_model
+from trainer.hf.loading import hf_config, load_base_model
 from trainer.hf.wrapper import HFModule
 from trainer.spec import JobSpec
 
@@ -26,7 +26,7 @@ def build_hf_model(spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute
     job's effective ``base_dtype`` is ``compute``. Raises :class:`trainer.errors.TrainerError`
     (``model_unavailable``, ``spec_invalid``).
     """
-    config = spec.model.config  # type: ignore[union-attr]
+    config = hf_config(spec)
     model: nn.Module = load_base_model(config, info, tokenizer)
     causal = _is_causal(model)
     if spec.adapter is not None:
@@ -54,7 +54,7 @@ def rebuild_hf_model(
         seed_everything(spec.seed)
         model = build_hf_model(spec, info, tokenizer, compute_dtype)
     model.load_state_dict({k: v.to("cpu") for k, v in model_state.items()})
-    return model.float().eval()  # type: ignore[return-value]
+    return model.float().eval()
 
 
 def _is_causal(model: nn.Module) -> bool:

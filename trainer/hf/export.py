@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -32,6 +32,22 @@ from contracts.rundir import ExportKind, RunDir
 from trainer.hf.wrapper import HFModule
 
 log = logging.getLogger(__name__)
+
+
+class _Pretrained(Protocol):
+    """What an export calls on a Hugging Face model (``PreTrainedModel``) or a PEFT one (``PeftModel``)."""
+
+    config: Any
+
+    def save_pretrained(self, save_directory: str, **kwargs: Any) -> Any: ...
+
+    def merge_and_unload(self) -> nn.Module: ...
+
+
+def _pretrained(model: nn.Module) -> _Pretrained:
+    """``model`` typed as the Hugging Face model it is: ``nn.Module.__getattr__`` types every other
+    attribute as a tensor or a module."""
+    return cast(_Pretrained, model)
 
 
 def write_exports(model: HFModule, tokenizer: Any | None, run_dir: Path) -> list[Path]:
@@ -43,7 +59,9 @@ def write_exports(model: HFModule, tokenizer: Any | None, run_dir: Path) -> list
     run = RunDir(run_dir)
     written = []
     if model.adapter:
-        written.append(_publish(run.export_of(ExportKind.ADAPTER), lambda tmp: model.model.save_pretrained(str(tmp))))
+        written.append(
+            _publish(run.export_of(ExportKind.ADAPTER), lambda tmp: _pretrained(model.model).save_pretrained(str(tmp)))
+        )
     written.append(_publish(run.export_of(ExportKind.MODEL), lambda tmp: _save_full(model, tokenizer, tmp)))
     log.info("exports written: %s", ", ".join(str(p) for p in written))
     return written
@@ -56,11 +74,11 @@ def merged_copy(model: HFModule) -> nn.Module:
 
 
 def _merged(model: nn.Module, *, adapter: bool) -> nn.Module:
-    return (model.merge_and_unload() if adapter else model).eval()  # type: ignore[operator]
+    return (_pretrained(model).merge_and_unload() if adapter else model).eval()
 
 
 def _save_full(model: HFModule, tokenizer: Any | None, target: Path) -> None:
-    full = _merged(model.model.to(device="cpu", dtype=torch.float32), adapter=model.adapter)
+    full = _pretrained(_merged(model.model.to(device="cpu", dtype=torch.float32), adapter=model.adapter))
     full.config.use_cache = True  # inference default; training ran without a cache
     full.save_pretrained(str(target), safe_serialization=True)
     if tokenizer is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -23,12 +23,22 @@ from trainer.hf.safety import check_model_dir, check_tokenizer_dir
 from trainer.registered import registered_model_dir
 from trainer.roots import MODEL_ROOTS
 
+if TYPE_CHECKING:
+    from trainer.spec import JobSpec
+
 log = logging.getLogger(__name__)
 
 #: Vocabulary of byte-level data (the 256 byte values).
 BYTE_VOCAB = 256
 #: Exceptions ``from_pretrained`` / ``from_config`` raise for a directory or config it cannot use.
 _LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError)
+
+
+def hf_config(spec: JobSpec) -> HFConfig:
+    """The model config of an ``hf`` job; ``TypeError`` for any other model (only ``hf`` jobs get here)."""
+    if spec.model.name != "hf":
+        raise TypeError(f"not an hf job: its model is {spec.model.name!r}")
+    return spec.model.config
 
 
 def _pretrained_dir(config: HFConfig) -> Path | None:

@@ -36,10 +36,12 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, T, d_model]`` -> ``[B, T, d_model]``."""
         batch, length, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=2)
-        heads = [t.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v)]
+        q, k, v = (
+            t.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2)
+            for t in self.qkv(x).split(width, dim=2)
+        )
         dropout = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(*heads, dropout_p=dropout, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         out = out.transpose(1, 2).contiguous().view(batch, length, width)
         return self.resid_dropout(self.proj(out))
 
@@ -58,6 +60,13 @@ class Block(nn.Module):
             nn.Linear(4 * d_model, d_model),
             nn.Dropout(dropout),
         )
+
+    def residual_projections(self) -> list[nn.Linear]:
+        """The layers that write into the residual stream: attention's output projection and the MLP's last."""
+        mlp_out = self.mlp[2]
+        if not isinstance(mlp_out, nn.Linear):
+            raise TypeError(f"expected the MLP's output Linear at index 2, got {type(mlp_out).__name__}")
+        return [self.attn.proj, mlp_out]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_attn(x))
@@ -86,14 +95,15 @@ class GPT(nn.Module):
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(context, d_model)
         self.embed_dropout = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout) for _ in range(n_layer))
+        blocks = [Block(d_model, n_head, dropout) for _ in range(n_layer)]
+        self.blocks = nn.ModuleList(blocks)
         self.ln_final = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
         self.apply(_init_weights)
         residual_std = INIT_STD / math.sqrt(2 * n_layer)
-        for block in self.blocks:
-            nn.init.normal_(block.attn.proj.weight, std=residual_std)
-            nn.init.normal_(block.mlp[2].weight, std=residual_std)
+        for block in blocks:
+            for layer in block.residual_projections():
+                nn.init.normal_(layer.weight, std=residual_std)
         if tie_weights:
             self.head.weight = self.token_embedding.weight
 

@@ -90,7 +90,11 @@ def _render(
     tokenizer: PreTrainedTokenizerBase, messages: Messages, line: int, file: str, *, generation_prompt: bool
 ) -> list[int]:
     try:
-        text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+        text = tokenizer.apply_chat_template(
+            list(messages),  # type: ignore[arg-type]  # transformers annotates dict[str, str]; a row keeps its other keys
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
+        )
     except Exception as exc:  # noqa: BLE001 (a chat template is arbitrary Jinja: any failure is this row's)
         raise row_error(file, line, "messages", f"the chat template failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(text, str):
