@@ -112,8 +112,10 @@ def percentile(values: list[float], fraction: float) -> float:
 def report(results: list[Latencies]) -> str:
     """A markdown table: p50, p95 and max of the flushed steps' and of every step's latency, in milliseconds."""
     rows = ["| steps measured | n | p50 (ms) | p95 (ms) | max (ms) |", "|---|---|---|---|---|"]
-    for name, values in (("last of each batch (the flush)", [v for r in results for v in r.flushed]),
-                         ("every step", [v for r in results for v in r.every])):  # fmt: skip
+    for name, values in (
+        ("last of each batch (the flush)", [v for r in results for v in r.flushed]),
+        ("every step", [v for r in results for v in r.every]),
+    ):
         if values:
             cells = " | ".join(
                 f"{1000 * x:.0f}" for x in (statistics.median(values), percentile(values, 0.95), max(values))

@@ -196,7 +196,8 @@ def run_bare(args: argparse.Namespace) -> list[JobStart]:
             (run_dir / "spec.json").write_text(json.dumps(job_spec(args.steps, args.root)))
             env = process_environment("sqlite://", {}, args.root)
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                       "--nproc-per-node", "1", "-m", "trainer", "--spec", "spec.json", "--run-dir", "."]  # fmt: skip
+                       "--nproc-per-node", "1", "-m", "trainer",
+                       "--spec", "spec.json", "--run-dir", "."]  # fmt: skip  # each flag beside its value
             started = time.monotonic()
             popen = subprocess.Popen(
                 command, cwd=run_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -203,8 +203,9 @@ class PrecisionFallback:
         return RunStart(bf16_spec(self.job_spec), restored, switch)
 
     def _may_fall_back(self) -> bool:
-        return (self.job_spec.on_divergence == "fallback_bf16" and self.job_spec.precision == "fp16"
-                and not self.switched)  # fmt: skip
+        return (
+            self.job_spec.on_divergence == "fallback_bf16" and self.job_spec.precision == "fp16" and not self.switched
+        )
 
     def _healthy_checkpoint(self, failing_run_start: int) -> Checkpoint | None:
         """The newest checkpoint written before step ``failing_run_start``, or ``None``.

@@ -89,8 +89,9 @@ class DivergenceGuard:
         """
         run = f"{stretch}; every update was skipped"
         scale = self.last_loss_scale
-        collapsed = (self.min_scale is not None and scale is not None and scale <= self.min_scale
-                     and self.nan_skips_in_run == 0)  # fmt: skip
+        collapsed = (
+            self.min_scale is not None and scale is not None and scale <= self.min_scale and self.nan_skips_in_run == 0
+        )
         if collapsed:
             msg = (
                 f"the loss scale collapsed to min_scale {self.min_scale:g} and gradients still overflowed "

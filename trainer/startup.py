@@ -51,9 +51,11 @@ _ENDED_BY: dict[Phase, str] = {"model": "data_s", "first_step": "model_s", "trai
 
 #: What the log line of each phase says.
 _LOG_TEXT: dict[Phase, str] = {
-    "data": "loading data", "model": "building the model", "first_step": "running the first step",
+    "data": "loading data",
+    "model": "building the model",
+    "first_step": "running the first step",
     "training": "done, training",
-}  # fmt: skip
+}
 
 
 def times_text(times: StartupTimes) -> str:

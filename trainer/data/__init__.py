@@ -19,10 +19,14 @@ __all__ = ["DATASETS", "IGNORE_INDEX", "Batch", "DataInfo", "Dataset", "Task", "
 
 #: Where each exported name lives.
 _HOMES = {
-    "IGNORE_INDEX": "trainer.data.base", "Batch": "trainer.data.base", "DataInfo": "trainer.data.base",
-    "Dataset": "trainer.data.base", "Task": "trainer.data.base",
-    "DATASETS": "trainer.data.builders", "build_dataset": "trainer.data.builders",
-}  # fmt: skip
+    "IGNORE_INDEX": "trainer.data.base",
+    "Batch": "trainer.data.base",
+    "DataInfo": "trainer.data.base",
+    "Dataset": "trainer.data.base",
+    "Task": "trainer.data.base",
+    "DATASETS": "trainer.data.builders",
+    "build_dataset": "trainer.data.builders",
+}
 
 
 def __getattr__(name: str) -> Any:

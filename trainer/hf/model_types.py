@@ -16,4 +16,4 @@ REGISTRY_MODEL_TYPES: frozenset[str] = frozenset({
     "granite", "cohere",
     # encoders (sequence classification)
     "bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2", "xlm-roberta", "mpnet",
-})  # fmt: skip
+})  # fmt: skip  # a word list, packed a family to a line under its kind
