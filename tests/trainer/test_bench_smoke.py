@@ -42,6 +42,16 @@ def test_hand_loop_and_halfcast_smoke() -> None:
     assert "Halfcast" in markdown_table(peers)
 
 
+def test_host_overhead_checks_its_precisions_when_parsing() -> None:
+    """``--precisions`` becomes the workloads' precision names; an unknown one is a usage error, not a late failure."""
+    from bench.host_overhead import parse_args
+
+    assert parse_args([]).precisions == ["fp32", "bf16", "fp16"]
+    assert parse_args(["--precisions", "fp16,,bf16"]).precisions == ["fp16", "bf16"]
+    with pytest.raises(SystemExit):
+        parse_args(["--precisions", "fp16,fp8"])
+
+
 @pytest.mark.slow  # imports transformers/peft and builds four paths: ~25 s on a loaded 2-core VM
 def test_lora_peers_smoke() -> None:
     """``bench.lora_peers``: a 1-round, 2-step run of every LoRA path; schema and "every path ran" only."""
