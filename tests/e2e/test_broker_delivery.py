@@ -41,8 +41,12 @@ def _spec(steps: int, sleep_s: float = 0.0, **overrides: Any) -> dict[str, Any]:
 
 
 def _received(stack: Stack, name: str) -> int:
-    """How many job messages the worker ``name`` has taken from the broker (Celery's log line per message)."""
-    return stack.log_tail(name, 1_000_000).count("Task halfcast.run_job[")
+    """How many job messages the worker ``name`` holds or has held: the task's log line once its hold is recorded.
+
+    Not Celery's "received" line: a worker killed between receiving a message and recording its hold
+    (a busy host, such as one whose warm standby is importing torch) leaves no hold to recover.
+    """
+    return stack.log_tail(name, 1_000_000).count(": message taken by ")
 
 
 def _wait_received(stack: Stack, count: int, timeout_s: float = 30) -> list[str]:

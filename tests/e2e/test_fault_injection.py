@@ -195,7 +195,9 @@ def test_cancel_during_start_up_launches_nothing_that_survives(stack: Stack) -> 
     seconds = time.monotonic() - started
     left = len(run_processes(job_id))
     _matrix("cancel while starting", job, seconds, left)
-    assert (job["status"], job["error"], job["step"]) == ("cancelled", None, 0)
+    assert (job["status"], job["error"]) == ("cancelled", None)
+    # a warm start (worker/warm/) reaches the first step in well under a second: the cancel may land just after it
+    assert job["step"] <= 2, job["step"]
     assert left == 0
     assert [(a["status"], a["reason"]) for a in job["attempts"]] == [("cancelled", None)]
 

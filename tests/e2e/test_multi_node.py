@@ -70,9 +70,18 @@ class NamespaceStack(Stack):
         self._wait_ready([name])
 
     def run_pids(self, n: int) -> list[int]:
-        """Processes in host ``n`` other than its worker."""
+        """Processes in host ``n`` other than its worker and the worker's idle warm standby (worker/warm/)."""
         worker = self.processes[f"node{n}"].pid
-        return [pid for pid in self.hosts[n].pids() if pid != worker]
+        return [pid for pid in self.hosts[n].pids() if pid != worker and not _idle_standby(pid)]
+
+
+def _idle_standby(pid: int) -> bool:
+    """Whether ``pid`` is a warm standby that has no run (its title, or its command line while it imports)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return cmdline.startswith(b"halfcast-standby") or b"worker.warm.standby" in cmdline
 
 
 @pytest.fixture(scope="module")
