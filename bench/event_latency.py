@@ -18,19 +18,17 @@ import argparse
 import json
 import logging
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
 
-from bench.job_start import job_spec, wait_for_worker
-from bench.load_stack import ROOT, ApiProcess, admin_token, process_environment, scratch_database
+from bench.job_start import job_spec, wait_for_worker, worker_process
+from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
 from common.quiet_logs import quiet_third_party_logs
 from server.client import parse_sse
 
@@ -62,27 +60,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL, help="Redis broker (default db 11)")
     parser.add_argument("--json", type=Path, default=None, help="write every number to this file")
     return parser.parse_args(argv)
-
-
-@contextmanager
-def worker(database_url: str, broker_url: str, data_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``python -m worker`` on the stack's database, broker and data directory; stopped on exit."""
-    env = process_environment(
-        database_url, {"HALFCAST_DATA_DIR": str(data_dir), "HALFCAST_BROKER_URL": broker_url}, ROOT
-    )
-    with (data_dir / "worker.log").open("ab") as out:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "worker"], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
-        )
-    try:
-        yield popen
-    finally:
-        popen.terminate()
-        try:
-            popen.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
 
 
 def follow(client: httpx.Client, job_id: str) -> Latencies:
@@ -132,7 +109,7 @@ def run_bench(args: argparse.Namespace) -> list[Latencies]:
         env = {"HALFCAST_BROKER_URL": args.redis_url}
         with (
             ApiProcess(db_url, data_dir, env=env) as api,
-            worker(db_url, args.redis_url, data_dir) as popen,
+            worker_process(db_url, data_dir, ROOT, env=env) as popen,
             httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client,
         ):
             wait_for_worker(client, popen)

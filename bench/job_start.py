@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -101,10 +101,11 @@ def migrate(database_url: str, root: Path) -> None:
 
 @contextmanager
 def worker_process(
-    database_url: str, data_dir: Path, root: Path, warm: bool = True
+    database_url: str, data_dir: Path, root: Path, warm: bool = True, env: Mapping[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """``python -m worker`` on the stack's database and data directory (its output in ``worker.log``); stopped on exit."""
-    extra = {"HALFCAST_DATA_DIR": str(data_dir), "HALFCAST_WARM_START": "1" if warm else "0"}
+    """``python -m worker`` on the stack's database and data directory (its output in ``worker.log``), with ``env``
+    added (a broker URL, say); stopped on exit."""
+    extra = {"HALFCAST_DATA_DIR": str(data_dir), "HALFCAST_WARM_START": "1" if warm else "0", **(env or {})}
     env = process_environment(database_url, extra, root)
     with (data_dir / "worker.log").open("ab") as out:
         popen = subprocess.Popen(
