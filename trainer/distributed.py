@@ -113,7 +113,10 @@ def init_distributed(spec: JobSpec) -> DistContext:
         device_id = device if device.type == "cuda" else None
         timeout = timedelta(seconds=spec.effective_distributed.timeout_s)
         dist.init_process_group(backend=backend, init_method="env://", device_id=device_id, timeout=timeout)
-        log.info("joined process group: backend=%s rank=%d world_size=%d", backend, rank, world_size)
+        node_rank = os.environ.get("GROUP_RANK", "0")  # torchrun's node rank of this rank's agent
+        log.info(
+            "joined process group: backend=%s rank=%d world_size=%d node_rank=%s", backend, rank, world_size, node_rank
+        )
     return DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
@@ -127,17 +130,47 @@ def destroy_distributed() -> None:
 def distributed_session(spec: JobSpec) -> Iterator[DistContext]:
     """:func:`init_distributed` on entry, :func:`destroy_distributed` on exit (also on error).
 
-    On a normal exit every rank first meets at a barrier: a rank that tore its process
-    group down while another still finished its last collective's bookkeeping (rank 0
-    writing the final checkpoint) made gloo abort the early rank ("terminate called
-    without an active exception", SIGABRT) after a successful run. After an error there
-    is no barrier: the other ranks may never arrive.
+    On a normal exit every rank first meets at a barrier, then in the launcher's store
+    (:func:`leave_together`): a rank that tore its process group down while another was still
+    inside its last collective made gloo abort that rank ("terminate called without an active
+    exception", SIGABRT) after a successful run. After an error there is neither: the other
+    ranks may never arrive.
     """
     try:
-        yield init_distributed(spec)
+        context = init_distributed(spec)
+        yield context
         barrier()
+        leave_together(context.world_size, spec.effective_distributed.timeout_s)
     finally:
         destroy_distributed()
+
+
+#: Key, in the launcher's store, that counts the ranks done with their last collective.
+EXIT_KEY = "halfcast/exit"
+
+
+def leave_together(world_size: int, timeout_s: float) -> None:
+    """Wait, in the launcher's store rather than in gloo, until every rank returned from its last barrier.
+
+    gloo's barrier returns on a rank once it has heard from every other, while a peer may still
+    be finishing its own last exchange; a rank that closes its connections then can abort that
+    peer. Once every rank has counted itself here, no rank has a collective in flight. The store
+    is the one torchrun's agent (or the warm launcher) hosts at ``MASTER_ADDR:MASTER_PORT``; a
+    no-op for one rank or where there is none, and a warning (not a failure: the run is complete)
+    when it cannot be reached.
+    """
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if world_size <= 1 or not address or not port.isdigit():
+        return
+    run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    key = f"{EXIT_KEY}/{run}"
+    try:
+        store = dist.TCPStore(address, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+        if store.add(key, 1) == world_size:
+            store.set(f"{key}/all", "1")
+        store.wait([f"{key}/all"])
+    except (RuntimeError, OSError) as exc:  # DistStoreError is a RuntimeError
+        log.warning("could not meet the other ranks in the launcher's store before leaving: %s", exc)
 
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:

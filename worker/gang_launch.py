@@ -1,16 +1,15 @@
 """The torchrun command of one node of a multi-node job, and the addresses it is reached at.
 
 Every node runs torchrun's own multi-node machinery: ``--nnodes N --node-rank k
---nproc-per-node P`` with the c10d rendezvous backend at the endpoint node 0 published
-(``host:port``, the port node 0 found free on its address). c10d decides whether a node
-hosts the rendezvous store by matching the endpoint's host against the machine's hostname
-and addresses; inside a container or a network namespace that guess fails (the store host
-then waits for a store nobody serves until the join timeout), so each node says so itself:
-``--rdzv-conf is_host=1`` on node 0 only. ``--local-addr`` is the address the node advertises:
-the node torchrun ranks first publishes it as the process group's ``MASTER_ADDR``. With c10d,
-torchrun orders the nodes itself (``--node-rank`` is passed for the logs; only the static
-backend reads it), so global rank 0 may run on any node: it writes the records and checkpoints
-to the shared run directory, which node 0's worker reads.
+--nproc-per-node P`` with the static rendezvous backend at the endpoint node 0 published
+(``host:port``, the port node 0 found free on its address). The gang formed in the database
+already, so the rendezvous only has to connect the agents: node 0's agent hosts the store
+there (it is the store host because its node rank is 0, not by matching the endpoint against
+its hostname, the guess of the c10d backend that fails inside containers and network namespaces)
+and every node's ranks get global ranks ``k * P`` to ``k * P + P - 1``: global rank 0, which
+writes the step records and checkpoints, runs on node 0, whose worker decides the job's outcome.
+The ranks reach the store at node 0's address (``MASTER_ADDR``); the agents wait for each other
+at most ``distributed.timeout_s`` (``--rdzv-conf timeout``).
 """
 
 from __future__ import annotations
@@ -58,13 +57,11 @@ class NodePlan:
 def gang_command(spec: JobSpec, spec_path: Path, run_dir: Path, plan: NodePlan, module: str = "trainer") -> list[str]:
     """The torchrun command line of node ``plan.node_rank`` (see the module's docstring)."""
     join_timeout = int(spec.effective_distributed.timeout_s)
-    is_host = 1 if plan.node_rank == 0 else 0
     return [
         sys.executable, "-m", LAUNCHER,
         "--nnodes", str(plan.nodes), "--node-rank", str(plan.node_rank), "--nproc-per-node", str(spec.ranks_per_node),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", plan.endpoint, "--rdzv-id", f"{plan.job_id}-{plan.attempt}",
-        "--rdzv-conf", f"is_host={is_host},join_timeout={join_timeout}", "--local-addr", plan.local_address,
-        "--max-restarts", "0",
+        "--rdzv-backend", "static", "--rdzv-endpoint", plan.endpoint, "--rdzv-id", f"{plan.job_id}-{plan.attempt}",
+        "--rdzv-conf", f"timeout={join_timeout}", "--max-restarts", "0",
         "-m", RANK_WRAPPER, str(RunDir(run_dir).logs), module, "--spec", str(spec_path), "--run-dir", str(run_dir),
     ]  # fmt: skip  # one row per group of torchrun's flags, each flag beside its value
 

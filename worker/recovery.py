@@ -33,6 +33,7 @@ from sqlalchemy import Connection, func, or_, select
 
 from common.timeutil import as_utc
 from contracts.status import AttemptStatus, FailureReason, JobStatus
+from server.db.members import close_expired_members
 from server.db.models import Attempt, Job, utcnow
 from server.db.transitions import Expected, Owner, compare_and_set
 from worker.reasons import UNCOUNTED_REASONS, should_retry
@@ -121,6 +122,8 @@ class Recovery:
             if not compare_and_set(conn, job_id, observed, to=RESOLVED_STATUS[resolution], **values):
                 return None
             end_attempt(conn, Fence(job_id, attempt, owner or ""), attempt_status(resolution, reason), reason, now)
+            if expired_before is not None:  # the reaper: a multi-node attempt's memberships of dead workers
+                close_expired_members(conn, job_id, attempt, now, dead_worker=owner)
         log.warning("job %s: attempt %d of worker %s ended (%s): %s", job_id, attempt, owner, reason, resolution)
         if resolution == "requeued":
             self._send(job_id, attempt)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from common.timeutil import as_utc
@@ -198,16 +198,8 @@ class Members:
 
     def close_expired(self, job_id: str, attempt: int) -> int:
         """Close as ``lost`` the attempt's open memberships whose lease expired; how many."""
-        now = utcnow()
         with self._begin() as conn:
-            statement = update(JobMember).where(
-                JobMember.job_id == job_id,
-                JobMember.attempt == attempt,
-                JobMember.status.in_(OPEN),
-                JobMember.lease_expires_at < now,
-            )
-            values = dict(status=MemberStatus.LOST.value, ended_at=now, lease_expires_at=None)
-            return conn.execute(statement.values(**values)).rowcount
+            return close_expired_members(conn, job_id, attempt, utcnow())
 
     # ------------------------------------------------------------------ reads
 
@@ -287,6 +279,26 @@ class Members:
         """Release every still ``joined`` membership of the attempt (its gang never launched); how many."""
         with self._begin() as conn:
             return _release_all(conn, job_id, attempt)
+
+
+def close_expired_members(
+    conn: Connection, job_id: str, attempt: int, now: datetime, dead_worker: str | None = None
+) -> int:
+    """In ``conn``: close as ``lost`` the attempt's open memberships whose lease expired before ``now``; how many.
+
+    Node 0 calls it for its peers. The reaper calls it with ``dead_worker``, node 0's worker whose
+    job lease expired, whose membership it closes too (renewed with the job's lease, it may
+    expire a moment later; no one else would close it).
+    """
+    expired = JobMember.lease_expires_at < now
+    statement = update(JobMember).where(
+        JobMember.job_id == job_id,
+        JobMember.attempt == attempt,
+        JobMember.status.in_(OPEN),
+        expired if dead_worker is None else or_(expired, JobMember.worker_id == dead_worker),
+    )
+    values = dict(status=MemberStatus.LOST.value, ended_at=now, lease_expires_at=None)
+    return int(conn.execute(statement.values(**values)).rowcount)
 
 
 def _release_all(conn: Connection, job_id: str, attempt: int) -> int:

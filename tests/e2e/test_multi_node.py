@@ -125,8 +125,9 @@ def wait_step(stack: Stack, job_id: str, step: int) -> dict[str, Any]:
 
 
 def test_two_nodes_of_two_ranks_train_as_one_node_of_four(stack: NamespaceStack) -> None:
-    alone = stack.wait_terminal(stack.submit({**FP16, "processes": 4})["id"], 240)
-    pair = stack.wait_terminal(stack.submit(gang())["id"], 240)
+    on_node_1 = {"nonfinite_grad_steps": [3], "ranks": [3]}  # inf in global rank 3's gradients only (C09/C10)
+    alone = stack.wait_terminal(stack.submit({**FP16, "processes": 4, "faults": on_node_1})["id"], 240)
+    pair = stack.wait_terminal(stack.submit(gang(faults=on_node_1))["id"], 240)
 
     assert alone["status"] == "succeeded", alone["error"]
     assert pair["status"] == "succeeded", pair["error"]
@@ -135,8 +136,12 @@ def test_two_nodes_of_two_ranks_train_as_one_node_of_four(stack: NamespaceStack)
     assert {m["host_address"] for m in pair["members"]} == {"10.77.0.2", "10.77.0.3"}
     assert trajectory(stack, pair["id"]) == trajectory(stack, alone["id"])  # losses, scales, skips: bit for bit
     assert len(trajectory(stack, pair["id"])) == 8
-    logs = stack.client.get(f"/jobs/{pair['id']}/logs", params={"rank": 3})
-    assert logs.status_code == 200, logs.text
+    overflowed = [point[0] for point in trajectory(stack, pair["id"]) if point[3]]
+    assert 3 in overflowed  # every rank of both nodes skipped the step node 1's rank 3 overflowed
+    for rank, node_rank in ((0, 0), (1, 0), (2, 1), (3, 1)):  # global rank 0 runs on node 0, which decides the outcome
+        logs = stack.client.get(f"/jobs/{pair['id']}/logs", params={"rank": rank})
+        assert logs.status_code == 200, logs.text
+        assert f"rank={rank} world_size=4 node_rank={node_rank}" in logs.text
 
 
 def test_a_killed_node_is_worker_lost_and_the_job_resumes_on_a_new_gang(stack: NamespaceStack) -> None:

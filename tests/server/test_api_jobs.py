@@ -118,6 +118,17 @@ INVALID_SPECS: list[tuple[str, dict[str, Any], list[str | int]]] = [
     ("faults without allow_faults", spec_with(faults={"nonfinite_grad_steps": [1]}), ["body", "faults"]),
     ("negative lr", spec_with(optimizer={"name": "sgd", "lr": -1.0}), ["body", "optimizer", "lr"]),
     ("string for an int", spec_with(max_steps="lots"), ["body", "max_steps"]),
+    ("zero nodes", spec_with(nodes=0), ["body", "nodes"]),
+    (
+        "gang timeout on one node",
+        spec_with(distributed={"gang_timeout_s": 30}),
+        ["body", "distributed", "gang_timeout_s"],
+    ),
+    (
+        "zero process group timeout",
+        spec_with(nodes=2, distributed={"timeout_s": 0}),
+        ["body", "distributed", "timeout_s"],
+    ),
 ]
 
 

@@ -17,6 +17,8 @@ from trainer.spec import JobSpec
 from worker.gang import GangEnd, Gathering, peer_verdict
 from worker.gang_entry import GangEntry
 from worker.gang_launch import NodePlan, gang_command
+from worker.reaper import Reaper
+from worker.recovery import Recovery
 from worker.store import JobStore
 
 TTL = 30.0
@@ -148,7 +150,21 @@ def test_every_node_launches_torchrun_on_the_published_endpoint(tmp_path: Path) 
 
     assert [arg(node0, "--nnodes"), arg(node0, "--nproc-per-node"), arg(node1, "--node-rank")] == ["2", "2", "1"]
     assert arg(node0, "--rdzv-endpoint") == arg(node1, "--rdzv-endpoint") == "10.77.0.2:29400"
-    assert arg(node0, "--rdzv-backend") == "c10d" and arg(node0, "--rdzv-id") == arg(node1, "--rdzv-id") == "j-2"
-    assert arg(node0, "--rdzv-conf").startswith("is_host=1") and arg(node1, "--rdzv-conf").startswith("is_host=0")
-    assert (arg(node0, "--local-addr"), arg(node1, "--local-addr")) == ("10.77.0.2", "10.77.0.3")
+    assert arg(node0, "--rdzv-backend") == "static" and arg(node0, "--rdzv-id") == arg(node1, "--rdzv-id") == "j-2"
+    assert arg(node0, "--rdzv-conf") == arg(node1, "--rdzv-conf") == "timeout=5"  # distributed.timeout_s
     assert "--standalone" not in node0
+
+
+def test_the_reaper_closes_the_membership_of_a_dead_node_0(store: JobStore, make_job: MakeJob, tmp_path: Path) -> None:
+    members = Members(store.engine)
+    job_id = make_job(gang_spec(nodes=2))
+    claim_node0(store, members, job_id, tmp_path)
+    peer = members.join(job_id, "w1/1", "h", TTL)
+    assert peer is not None and members.launch(job_id, 1, "w0/1")
+    with store.begin() as conn:  # node 0's worker died: its job lease ran out; its membership lease has not yet
+        conn.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+
+    assert Reaper(Recovery(store, lambda _job: None), 1.0, threading.Event()).reap_once() == {job_id: "requeued"}
+    by_rank = {m.node_rank: m.status for m in members.of_attempt(job_id, 1)}
+    assert by_rank == {0: MemberStatus.LOST, 1: MemberStatus.JOINED}  # the live peer closes its own as it stops
+    assert members.open_membership("w0/1") is None
