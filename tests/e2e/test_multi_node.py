@@ -155,6 +155,10 @@ def test_a_killed_node_is_worker_lost_and_the_job_resumes_on_a_new_gang(stack: N
     assert job["status"] == "succeeded", job["error"]
     assert job["attempts"][0]["reason"] == "worker_lost" and job["attempt"] == 2
     assert job["attempts"][1]["resumed_from_step"] >= 2
+    reference = stack.wait_terminal(
+        stack.submit({**FP16, "processes": 4, "faults": {"sleep_per_step_s": 0.0}})["id"], 120
+    )
+    assert trajectory(stack, job_id) == trajectory(stack, reference["id"])  # exact resume on another gang
 
 
 def test_a_killed_peer_agent_never_succeeds(stack: NamespaceStack) -> None:
