@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from trainer_support import TORCHRUN_ENV, torchrun_trainer
 
 from trainer.distributed import distributed_session, env_ranks, init_distributed, select_device
 from trainer.errors import TrainerError
 from trainer.records import read_records
 from trainer.spec import JobSpec
-
-REPO = Path(__file__).resolve().parents[2]
-TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @pytest.fixture
@@ -81,29 +75,7 @@ def test_two_rank_torchrun_job_keeps_ranks_identical(tmp_path: Path) -> None:
         "eval_interval": 3,
         "faults": {"nonfinite_grad_steps": [2], "ranks": [1]},
     }
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(spec))
-    run_dir = tmp_path / "run"
-    env = {**os.environ, "HALFCAST_DUMP_PARAMS": "1", "OMP_NUM_THREADS": "1", "HALFCAST_ALLOW_FAULTS": "1"}
-    for name in TORCHRUN_ENV:
-        env.pop(name, None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "trainer",
-        "--spec",
-        str(spec_path),
-        "--run-dir",
-        str(run_dir),
-    ]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    done, run_dir = torchrun_trainer(spec, tmp_path, env={"HALFCAST_DUMP_PARAMS": "1"})
     assert done.returncode == 0, done.stderr[-4000:]
 
     records = [r for r in read_records(run_dir) if r["type"] != "phase"]  # start-up phases: test_startup.py

@@ -8,10 +8,6 @@ checkpoint with its precision state replaced by bf16's.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from pydantic import ValidationError
+from trainer_support import torchrun_trainer
 
 from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.distributed import DistContext
@@ -29,8 +26,6 @@ from trainer.resume import check_resumable
 from trainer.spec import JobSpec
 
 SpecFactory = Callable[..., JobSpec]
-REPO = Path(__file__).resolve().parents[2]
-TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 #: Overflows on steps 9-14 in fp16 only; the scale 2 -> 1 (min_scale) -> 1 -> 1: four skips
@@ -253,31 +248,7 @@ def test_two_ranks_fall_back_in_lockstep(tmp_path: Path) -> None:
         **FALLBACK,
         "faults": {**FALLBACK["faults"], "ranks": [1]},
     }
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(spec))
-    run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV} | {
-        "HALFCAST_DUMP_PARAMS": "1",
-        "OMP_NUM_THREADS": "1",
-        "HALFCAST_ALLOW_FAULTS": "1",
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "trainer",
-        "--spec",
-        str(spec_path),
-        "--run-dir",
-        str(run_dir),
-    ]
-    done = subprocess.run(command, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done, run_dir = torchrun_trainer(spec, tmp_path, env={"HALFCAST_DUMP_PARAMS": "1"}, timeout_s=300)
     assert done.returncode == 0, done.stderr[-4000:]
 
     records = read_records(run_dir)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from trainer_support import torchrun_trainer
 
 from trainer.checkpoint import step_path
 from trainer.distributed import DistContext
@@ -18,9 +15,6 @@ from trainer.loop import train
 from trainer.preemption import StopRequested, StopSignal
 from trainer.records import read_records
 from trainer.spec import JobSpec
-
-REPO = Path(__file__).resolve().parents[2]
-TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @pytest.fixture
@@ -84,29 +78,8 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path: Path) -> None
         "log_interval": 10,
         "faults": {"kill_at_step": {"step": 3, "rank": 1, "signal": "SIGTERM"}},
     }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_ENV} | {
-        "OMP_NUM_THREADS": "1",
-        "HALFCAST_ALLOW_FAULTS": "1",
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "trainer",
-        "--spec",
-        str(tmp_path / "spec.json"),
-        "--run-dir",
-        str(tmp_path / "run"),
-    ]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False)
+    done, run_dir = torchrun_trainer(spec, tmp_path)
     assert done.returncode != 0, done.stderr[-3000:]
     assert done.stderr.count("stopped by SIGTERM after step 3") == 2, done.stderr[-3000:]
-    assert [r["step"] for r in read_records(tmp_path / "run") if r["type"] == "step"] == [1, 2, 3]
+    assert [r["step"] for r in read_records(run_dir) if r["type"] == "step"] == [1, 2, 3]
     assert step_path(tmp_path / "run", 3).is_file() and not (tmp_path / "run" / "error.json").exists()

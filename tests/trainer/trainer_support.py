@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
+from collections.abc import Mapping
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,6 +21,37 @@ from trainer.distributed import DistContext
 from trainer.models.gpt import GPT
 
 CPU = torch.device("cpu")
+#: The repository root (the trainer is started from it).
+REPO = Path(__file__).resolve().parents[2]
+#: What torchrun sets per rank: removed from a test's environment so an outer run cannot leak into a new one.
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_trainer(
+    spec: Mapping[str, Any],
+    tmp_path: Path,
+    *,
+    processes: int = 2,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 240,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run ``spec`` as ``torchrun --standalone --nproc-per-node processes -m trainer``; the result and the run directory.
+
+    The spec goes to ``tmp_path/spec.json`` and the run to ``tmp_path/run``; the environment is
+    this process's without torchrun's per-rank variables, with one intra-op thread, faults
+    allowed, and ``env`` on top. The caller checks the exit code (``stderr`` is captured).
+    """
+    spec_path, run_dir = tmp_path / "spec.json", tmp_path / "run"
+    spec_path.write_text(json.dumps(spec))
+    environment = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
+    environment |= {"OMP_NUM_THREADS": "1", "HALFCAST_ALLOW_FAULTS": "1", **(env or {})}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "--nproc-per-node", str(processes),
+        "-m", "trainer", "--spec", str(spec_path), "--run-dir", str(run_dir),
+    ]  # fmt: skip  # each flag beside its value
+    done = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=timeout_s)
+    return done, run_dir
 
 
 def free_port() -> int:
