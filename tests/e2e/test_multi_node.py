@@ -144,12 +144,15 @@ def test_two_nodes_of_two_ranks_train_as_one_node_of_four(stack: NamespaceStack)
         assert f"rank={rank} world_size=4 node_rank={node_rank}" in logs.text
 
 
-def test_a_killed_node_is_worker_lost_and_the_job_resumes_on_a_new_gang(stack: NamespaceStack) -> None:
+@pytest.mark.parametrize("node_rank", [1, 0], ids=["peer", "node-0"])
+def test_a_killed_node_is_worker_lost_and_the_job_resumes_on_a_new_gang(stack: NamespaceStack, node_rank: int) -> None:
     job_id = stack.submit(gang(faults={"sleep_per_step_s": 0.5}))["id"]
-    wait_step(stack, job_id, 3)
-    for pid in stack.hosts[1].pids():  # the whole host: its worker and its runs
+    running = wait_step(stack, job_id, 3)
+    address = next(m["host_address"] for m in running["members"] if m["node_rank"] == node_rank)
+    host = next(n for n, candidate in enumerate(stack.hosts) if candidate.address == address)
+    for pid in stack.hosts[host].pids():  # the whole host: its worker and its runs
         os.kill(pid, signal.SIGKILL)
-    stack.spawn_node(1)
+    stack.spawn_node(host)
     job = stack.wait_terminal(job_id, 300)
 
     assert job["status"] == "succeeded", job["error"]
