@@ -17,7 +17,7 @@ from fastapi_offline import FastAPIOffline
 
 from common.redact import install_log_redaction
 from server.auth import check_exposure
-from server.db.engine import PoolLimits, make_engine, make_session_factory
+from server.db.engine import API_PING_AFTER_IDLE_S, PoolLimits, make_engine, make_session_factory
 from server.http.admission import AdmissionCollector, AdmissionMiddleware, Limiter
 from server.http.body_errors import install_body_error_handlers
 from server.http.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
@@ -58,7 +58,9 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
-        engine = make_engine(settings.effective_database_url, pool_limits(settings))
+        engine = make_engine(
+            settings.effective_database_url, pool_limits(settings), ping_after_idle_s=API_PING_AFTER_IDLE_S
+        )
         own_queue = CeleryJobQueue(settings) if queue is None else None
         app.state.settings = settings
         app.state.engine = engine
@@ -112,6 +114,7 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
         lifespan=_lifespan(settings, queue),
     )
     app.state.limiter = admission_limiter(settings)
+    app.state.rendered_bodies = job_resource.RenderedBodies()  # GET /jobs/{id}'s bodies by ETag
     app.add_middleware(AdmissionMiddleware, limiter=app.state.limiter)  # inside the body limit: bodies are read first
     uploads = {
         ("POST", datasets.UPLOAD_PATH): settings.max_upload_bytes,

@@ -114,14 +114,29 @@ def child_environment() -> dict[str, str]:
     return env
 
 
-def api_command(settings: Settings) -> list[str]:
-    """The uvicorn command serving the API factory on the configured host and port, with ``api_workers`` processes."""
+def uvicorn_log_level(level: str) -> str:
+    """uvicorn's name for the CLI's ``--log-level`` (``WARNING`` -> ``warning``).
+
+    uvicorn configures its own loggers (``uvicorn.error``, and ``uvicorn.access`` with its
+    line per request) at this level; without it they log at INFO whatever ``--log-level`` says.
+    """
+    return level.lower()
+
+
+def api_command(settings: Settings, log_level: str = "INFO") -> list[str]:
+    """The uvicorn command serving the API factory on the configured host and port, with ``api_workers`` processes.
+
+    ``log_level`` is the CLI's ``--log-level``: uvicorn logs (its access line per request
+    included) at that level.
+    """
     command = [
         sys.executable,
         "-m",
         "uvicorn",
         "--factory",
         "server.app:create_app",
+        "--log-level",
+        uvicorn_log_level(log_level),
         "--host",
         settings.host,
         "--port",
@@ -143,7 +158,7 @@ def run_up(args: argparse.Namespace) -> int:
     upgrade_database(settings.effective_database_url)
     _announce_token(settings)
     children = [
-        Child("api", api_command(settings), grace_s=API_GRACE_S),
+        Child("api", api_command(settings, getattr(args, "log_level", "INFO")), grace_s=API_GRACE_S),
         Child(
             "worker",
             [sys.executable, "-m", "worker"],
@@ -169,7 +184,12 @@ def run_api(args: argparse.Namespace) -> int:
     if _refused(settings):
         return EXIT_REFUSED
     uvicorn.run(
-        "server.app:create_app", factory=True, host=settings.host, port=settings.port, workers=settings.api_workers
+        "server.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.api_workers,
+        log_level=uvicorn_log_level(getattr(args, "log_level", "INFO")),
     )
     return 0
 

@@ -12,22 +12,36 @@ The API passes :class:`PoolLimits` from its settings: how many connections it ke
 and how long a request waits for one (SQLAlchemy then raises
 ``sqlalchemy.exc.TimeoutError``, answered 503 by :mod:`server.http.errors`). Reads that are
 one statement can skip the transaction round trips: :func:`read_connection`.
+
+A PostgreSQL connection is checked (``SELECT 1``, a round trip) when it leaves the pool,
+so a connection the server dropped is replaced before a statement fails on it. The API
+passes ``ping_after_idle_s`` (:data:`API_PING_AFTER_IDLE_S`): then only a connection
+that sat in the pool longer than that is checked. Under load connections come back
+within milliseconds, and a ping per request was a second round trip per poll; the
+reads that poll (:func:`server.db.job_reads.read_job`) run again once on a fresh
+connection when theirs turns out dead.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 #: How long a SQLite writer waits for the lock before failing (milliseconds).
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: Execution options of a transaction that will write (``BEGIN IMMEDIATE`` on SQLite; no effect elsewhere).
 WRITE_TRANSACTION: dict[str, Any] = {"halfcast_write": True}
+#: Seconds a connection of the API may sit in the pool and still be used without a ping first.
+API_PING_AFTER_IDLE_S = 1.0
+#: Where a pooled connection's record keeps the ``time.monotonic()`` of its last return to the pool.
+_RETURNED_AT = "halfcast_returned_at"
 
 
 @dataclass(frozen=True)
@@ -58,13 +72,33 @@ def _begin_sqlite(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def make_engine(url: str, pool: PoolLimits | None = None) -> Engine:
+def _ping_when_idle(engine: Engine, idle_s: float) -> None:
+    """Ping a connection at checkout only when it sat in the pool over ``idle_s`` seconds (or was never returned)."""
+    dialect = engine.dialect
+
+    def returned(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_RETURNED_AT] = time.monotonic()
+
+    def checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get(_RETURNED_AT, float("-inf")) <= idle_s:
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except Exception as exc:  # the pool drops this connection and checks out another
+            raise DisconnectionError(f"connection failed its ping: {exc}") from exc
+
+    event.listen(engine, "checkin", returned)
+    event.listen(engine, "checkout", checkout)
+
+
+def make_engine(url: str, pool: PoolLimits | None = None, *, ping_after_idle_s: float | None = None) -> Engine:
     """Create an engine for ``url`` (``sqlite:///…`` or ``postgresql+psycopg://…``).
 
     A bare ``postgresql://`` URL is read as psycopg 3. SQLite connections are set to
     WAL mode with a busy timeout, so concurrent writers wait instead of failing.
     ``pool`` sizes the connection pool (default: :class:`PoolLimits`' defaults on
-    PostgreSQL, SQLAlchemy's on SQLite).
+    PostgreSQL, SQLAlchemy's on SQLite). PostgreSQL connections are pinged at every
+    checkout, or with ``ping_after_idle_s`` only after sitting idle that long.
     """
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
@@ -75,7 +109,12 @@ def make_engine(url: str, pool: PoolLimits | None = None) -> Engine:
         event.listen(engine, "connect", _configure_sqlite)
         event.listen(engine, "begin", _begin_sqlite)
         return engine
-    return create_engine(url, pool_pre_ping=True, **(pool or PoolLimits()).options())
+    options = (pool or PoolLimits()).options()
+    if ping_after_idle_s is None:
+        return create_engine(url, pool_pre_ping=True, **options)
+    engine = create_engine(url, pool_pre_ping=False, **options)
+    _ping_when_idle(engine, ping_after_idle_s)
+    return engine
 
 
 @contextmanager

@@ -24,6 +24,7 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import BindParameter, Engine, Row, Select, bindparam, select
+from sqlalchemy.exc import DBAPIError
 
 from server.db.engine import read_connection
 from server.db.models import ApiToken, Attempt, Job, JobMember, utcnow
@@ -187,10 +188,22 @@ def read_job(engine: Engine, job_id: str, token_hash: str | None) -> JobRead:
     Without ``token_hash`` (authentication off) ``token`` is ``None``. An id with NUL
     (which PostgreSQL cannot compare) finds no job. A live token whose ``last_used_at``
     is stale gets it refreshed, in a transaction of its own after the read.
+
+    A connection found dead (the API's pool pings only connections that sat idle:
+    :mod:`server.db.engine`) is dropped and the read made once more, on a new one.
     """
     params = {"job_id": "" if "\x00" in job_id else job_id}
     if token_hash is not None:
         params["token_hash"] = token_hash
+    try:
+        return _read_job(engine, params, token_hash)
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        return _read_job(engine, params, token_hash)  # the pool replaced the dead connection
+
+
+def _read_job(engine: Engine, params: dict[str, str], token_hash: str | None) -> JobRead:
     with read_connection(engine) as conn:
         rows = conn.execute(_statement(token_hash is not None), params).all()
         start = 0 if token_hash is None else len(TOKEN_COLUMNS)

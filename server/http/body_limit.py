@@ -17,7 +17,9 @@ class BodySizeLimitMiddleware:
     """Answers 413 ``{"detail": ...}`` for a body over ``max_bytes``.
 
     A declared ``Content-Length`` is checked first; otherwise the body is read (up to
-    the limit) and replayed to the app, so chunked uploads cannot bypass the limit.
+    the limit) and replayed to the app, so chunked uploads cannot bypass the limit. A
+    request with neither ``Content-Length`` nor ``Transfer-Encoding`` has no body (RFC 9112
+    §6.3): it is passed on as it is, without the read and replay (a poll's ``GET``).
 
     ``streamed`` names the upload routes, ``(method, path)``, with their own limit: their
     bodies are not read here but passed on as they arrive (the route streams them to disk
@@ -37,7 +39,10 @@ class BodySizeLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = self._declared_length(scope)
+        declared, framed = self._framing(scope)
+        if not framed:  # no body (RFC 9112 §6.3): nothing to limit
+            await self.app(scope, receive, send)
+            return
         upload_limit = self.streamed.get((scope.get("method", ""), scope.get("path", "")))
         if upload_limit is not None:
             if declared is not None and declared > upload_limit:
@@ -55,14 +60,23 @@ class BodySizeLimitMiddleware:
         await self.app(scope, self._replay(messages, receive), send)
 
     @staticmethod
-    def _declared_length(scope: Scope) -> int | None:
+    def _framing(scope: Scope) -> tuple[int | None, bool]:
+        """The declared ``Content-Length`` (``None``: none, or not a number) and whether there is a ``Transfer-Encoding``.
+
+        A ``Content-Length`` that is not a number counts as a body of unknown length (read up to the limit).
+        """
+        declared: int | None = None
+        framed = False
         for name, value in scope.get("headers", []):
             if name == b"content-length":
+                framed = True
                 try:
-                    return int(value)
+                    declared = int(value)
                 except ValueError:
-                    return None
-        return None
+                    declared = None
+            elif name == b"transfer-encoding":
+                framed = True
+        return declared, framed
 
     async def _read_body(self, receive: Receive) -> list[Message] | None:
         """All body messages, or ``None`` once they exceed the limit."""

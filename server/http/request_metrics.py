@@ -35,6 +35,8 @@ class RequestMetricsMiddleware:
     def __init__(self, app: ASGIApp, histogram: Histogram) -> None:
         self.app = app
         self.histogram = histogram
+        #: The histogram's child per label values (``labels()`` validates and locks at every call; a few dozen at most).
+        self._children: dict[tuple[str, str, str], Histogram] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on, timing it until ``http.response.start``."""
@@ -48,7 +50,10 @@ class RequestMetricsMiddleware:
                 route = scope.get("route")
                 template = getattr(route, "path", None) or "unmatched"
                 labels = (scope["method"], template, str(message["status"]))
-                self.histogram.labels(*labels).observe(time.perf_counter() - started)
+                child = self._children.get(labels)
+                if child is None:
+                    child = self._children[labels] = self.histogram.labels(*labels)
+                child.observe(time.perf_counter() - started)
             await send(message)
 
         await self.app(scope, receive, timed_send)

@@ -8,10 +8,16 @@ in sessions of their own. It checks the token itself (the same answers as
 ``ETag`` (:mod:`server.http.etags`): a request whose ``If-None-Match`` holds the current
 tag gets ``304 Not Modified`` with no body, and the resource is only built and
 serialised (by pydantic, straight to JSON bytes) when it changed.
+
+Since a tag determines the bytes, the last :data:`RENDERED_KEPT` bodies are kept by
+tag (:class:`RenderedBodies`, ``app.state.rendered_bodies``, per process): the many pollers of a running job that
+ask between two of its step records get the body rendered for the first of them,
+and only a new state is built and serialised again.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
@@ -19,7 +25,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from starlette.concurrency import run_in_threadpool
 
 from server.auth import bearer, can_see, presented_token_hash, principal_of
-from server.db.job_reads import read_job
+from server.db.job_reads import JobView, read_job
 from server.http.errors import ApiError
 from server.http.etags import job_etag, none_match
 from server.schemas import ErrorBody, JobPublic, job_public
@@ -28,6 +34,36 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 #: Caching headers of the resource: any cache must revalidate (the job changes), and only the caller's own may keep it.
 CACHE_CONTROL = "private, no-cache"
+#: Rendered bodies kept per API process (a few KiB each): enough for every job polled at once on a busy server.
+RENDERED_KEPT = 512
+
+
+class RenderedBodies:
+    """The JSON bodies of the last ``kept`` job states rendered, by their ``ETag`` (least recently used out first).
+
+    Used from the event loop only (not thread-safe). A tag is a hash of everything
+    the body is built from (:mod:`server.http.etags`), so a kept body is the body.
+    """
+
+    def __init__(self, kept: int = RENDERED_KEPT) -> None:
+        self.kept = kept
+        self._bodies: OrderedDict[str, bytes] = OrderedDict()
+
+    def body(self, etag: str, job: JobView) -> bytes:
+        """The body of ``job``, whose tag is ``etag``: the kept one, else rendered now and kept."""
+        body = self._bodies.get(etag)
+        if body is not None:
+            self._bodies.move_to_end(etag)
+            return body
+        body = job_public(job).model_dump_json().encode()
+        self._bodies[etag] = body
+        if len(self._bodies) > self.kept:
+            self._bodies.popitem(last=False)
+        return body
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
@@ -59,5 +95,6 @@ async def get_job(
     headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL}
     if none_match(if_none_match, etag):
         return Response(status_code=304, headers=headers)
-    body = job_public(read.job).model_dump_json()
-    return Response(body, media_type="application/json", headers=headers)
+    return Response(
+        request.app.state.rendered_bodies.body(etag, read.job), media_type="application/json", headers=headers
+    )

@@ -8,8 +8,11 @@ holding the old tag must get the new state, never a 304.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from datetime import timedelta
+from dataclasses import fields, replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -18,7 +21,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from server.db.job_reads import AttemptView, JobView, MemberView
 from server.db.models import Attempt, Job
+from server.http.etags import job_etag
+from server.routes.job_resource import RenderedBodies
 
 Mutation = Callable[[sessionmaker[Session], str], None]
 
@@ -134,3 +140,99 @@ def test_no_304_for_a_job_the_caller_cannot_see_or_without_a_valid_token(
         )
         assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer"
     assert client.get("/jobs/nope", headers={"If-None-Match": "*"}).status_code == 404
+
+
+def _view(**changes: Any) -> JobView:
+    """A job view with one attempt and one gang membership (every field set), with ``changes``."""
+    attempt = AttemptView(1, "w/1", BASE_TIME, None, None, None, [0], None)
+    member = MemberView(1, 0, "w/1", "10.0.0.1", "joined", None, BASE_TIME, None)
+    values: dict[str, Any] = {
+        "id": "j1",
+        "owner": "alice",
+        "name": "n",
+        "status": "running",
+        "spec": {"name": "n", "nodes": 2, "lr": 0.1},
+        "created_at": BASE_TIME,
+        "started_at": BASE_TIME,
+        "finished_at": None,
+        "error_reason": None,
+        "error_message": None,
+        "step": 3,
+        "max_steps": 10,
+        "world_size": 2,
+        "latest": {"step": 3, "loss": 0.5},
+        "eval": None,
+        "attempt": 1,
+        "precision_switches": [],
+        "end_info": None,
+        "startup": {"phase": "training"},
+        "attempts": (attempt,),
+        "members": (member,),
+    }
+    return JobView(**{**values, **changes})
+
+
+def _other(value: Any) -> Any:
+    """A value of the same kind as ``value`` that differs from it."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, str):
+        return value + "x"
+    if isinstance(value, datetime):
+        return value + timedelta(microseconds=1)
+    if isinstance(value, dict):
+        return {**value, "extra": 1}
+    if isinstance(value, list):
+        return [*value, 1]
+    return "set"  # None
+
+
+def test_the_tag_covers_every_field_of_the_job_its_attempts_and_members() -> None:
+    base = _view()
+    tag = job_etag(base)
+    assert job_etag(_view()) == tag  # equal views, equal tags (other objects)
+    for field in fields(JobView):
+        if field.name in ("attempts", "members"):
+            continue
+        changed = replace(base, **{field.name: _other(getattr(base, field.name))})
+        assert job_etag(changed) != tag, field.name
+    for field in fields(AttemptView):
+        attempt = replace(base.attempts[0], **{field.name: _other(getattr(base.attempts[0], field.name))})
+        assert job_etag(replace(base, attempts=(attempt,))) != tag, field.name
+    for field in fields(MemberView):
+        member = replace(base.members[0], **{field.name: _other(getattr(base.members[0], field.name))})
+        assert job_etag(replace(base, members=(member,))) != tag, field.name
+    assert job_etag(replace(base, attempts=())) != tag and job_etag(replace(base, members=())) != tag
+    assert job_etag(replace(base, step=True)) != job_etag(replace(base, step=1))  # types count, not only text
+    assert job_etag(replace(base, latest={"loss": 1.0})) != job_etag(replace(base, latest={"loss": 1}))
+    naive = replace(base, finished_at=BASE_TIME.replace(tzinfo=None))
+    assert job_etag(naive) != job_etag(replace(base, finished_at=BASE_TIME.replace(tzinfo=UTC)))
+
+
+def test_a_value_marshal_cannot_write_still_gets_a_tag() -> None:
+    odd = _view(latest={"loss": Decimal("0.5")})
+    assert job_etag(odd) == job_etag(_view(latest={"loss": Decimal("0.5")}))
+    assert job_etag(odd) != job_etag(_view(latest={"loss": Decimal("0.25")}))
+
+
+def test_same_tag_same_bytes_and_a_kept_body_per_state(client: TestClient, sessions: sessionmaker[Session]) -> None:
+    job_id = insert_job(sessions, status="running", latest={"step": 3, "loss": 0.3})
+    bodies = client.app.state.rendered_bodies  # type: ignore[attr-defined]
+    first = client.get(f"/jobs/{job_id}")
+    assert client.get(f"/jobs/{job_id}").content == first.content and len(bodies) == 1  # rendered once, kept
+    _job(sessions, job_id, step=4, latest={"step": 4, "loss": 0.25})
+    second = client.get(f"/jobs/{job_id}")
+    assert second.headers["etag"] != first.headers["etag"] and second.json()["latest"]["step"] == 4
+    assert len(bodies) == 2
+
+
+def test_kept_bodies_are_bounded_least_recently_used_out_first() -> None:
+    bodies = RenderedBodies(kept=2)
+    views = {tag: _view(step=step) for tag, step in (("a", 1), ("b", 2), ("c", 3))}
+    first = bodies.body("a", views["a"])
+    bodies.body("b", views["b"])
+    assert bodies.body("a", views["b"]) is first  # kept: the tag decides
+    bodies.body("c", views["c"])  # "b" was used least recently
+    assert len(bodies) == 2 and json.loads(bodies.body("b", views["b"]))["step"] == 2

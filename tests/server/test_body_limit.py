@@ -50,7 +50,22 @@ def test_body_within_the_limit_is_replayed_to_the_app() -> None:
     async def send(message: Message) -> None:
         raise AssertionError("nothing should be sent by the middleware")
 
-    scope: Scope = {"type": "http", "method": "POST", "path": "/jobs", "headers": []}
+    scope: Scope = {"type": "http", "method": "POST", "path": "/jobs", "headers": [(b"transfer-encoding", b"chunked")]}
     asyncio.run(BodySizeLimitMiddleware(app, max_bytes=1000)(scope, receive, send))
 
     assert b"".join(seen) == b"a" * 600 + b"b" * 400
+
+
+def test_a_request_without_content_length_or_transfer_encoding_goes_on_unread() -> None:
+    received: list[Receive] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        received.append(receive)
+
+    async def send(message: Message) -> None:
+        raise AssertionError("nothing should be sent by the middleware")
+
+    scope: Scope = {"type": "http", "method": "GET", "path": "/jobs/j1", "headers": [(b"host", b"x")]}
+    asyncio.run(BodySizeLimitMiddleware(app, max_bytes=1000)(scope, must_not_read, send))
+
+    assert received == [must_not_read]  # the server's own receive: no body read, none replayed
