@@ -256,12 +256,15 @@ def _adamw_fused(
     found_inf: Tensor | None,
     group: dict[str, Any],
 ) -> None:
-    """PyTorch's fused AdamW step exactly as ``torch.optim.AdamW(fused=True)`` runs it on these groups
+    """``params`` and ``grads`` are local tensors (FSDP2 shards), like the moments taken from ``state``.
+
+    PyTorch's fused AdamW step exactly as ``torch.optim.AdamW(fused=True)`` runs it on these groups
     (step counters + 1, the kernel per (device, dtype), which skips itself where ``found_inf`` is 1, then
     the counters - ``found_inf``), without the Python layers around it (its step wrapper, argument
     checks and dispatch: a fixed host cost per step). No amsgrad, no maximize: this class sets neither."""
     beta1, beta2 = group["betas"]
-    tensors = [params, grads, [st["exp_avg"] for st in state], [st["exp_avg_sq"] for st in state]]
+    moments = [local_tensors(st["exp_avg"] for st in state), local_tensors(st["exp_avg_sq"] for st in state)]
+    tensors = [params, grads, *moments]
     steps = [st["step"] for st in state]
     grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype([*tensors, steps])  # type: ignore[list-item]
     for lists, _ in grouped.values():
