@@ -197,7 +197,7 @@ class PrecisionPolicy(ABC):
         ``no_data`` (0-d bool, the same on every rank): the window held no loss-bearing
         element on any rank, so its (zero) gradient carries nothing to learn. The optimizer
         is then skipped on the device (weights, moments and step counters keep their bits;
-        weight decay and momentum do not act), ``applied`` is 0 so the LR schedule holds,
+        weight decay and momentum do not act), ``applied`` is false so the LR schedule holds,
         and the loss scale and its trackers are left; it is not an overflow and not a
         skipped step (``overflow`` 0, ``skipped_steps`` unchanged).
         """
