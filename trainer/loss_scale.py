@@ -146,13 +146,17 @@ class NoOpLossScaler(_FixedScaler):
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         super().__init__(1.0, device)
+        self._clean = torch.zeros((), dtype=torch.float32, device=device)
 
     def scale_loss(self, loss: Tensor) -> Tensor:
         return loss
 
     def unscale_(self, grads: Iterable[Tensor]) -> Tensor:
-        """A clean flag (0-d float32 0.0); the gradients are neither read nor written (see the class)."""
-        return torch.zeros((), dtype=torch.float32, device=self._scale.device)
+        """A clean flag (0-d float32 0.0); the gradients are neither read nor written (see the class).
+
+        The same tensor on every call (no device op): callers combine flags out of place, never write one.
+        """
+        return self._clean
 
 
 class DynamicLossScaler:
@@ -276,11 +280,12 @@ class DynamicLossScaler:
             scale, self._growth_tracker, found_inf, self.growth_factor, self.backoff_factor, self.growth_interval
         )
         scale.clamp_(self.min_scale, self.max_scale)
-        clean = found_inf == 0
+        clean = found_inf.logical_not()  # found_inf == 0 (a tensor op without a scalar operand: less host work)
         if self.consecutive_hysteresis:
             self._hysteresis_tracker = clean.int()
         else:  # a growth or an overflow both left the growth tracker at 0
-            self._hysteresis_tracker = torch.where(self._growth_tracker == 0, clean, self._hysteresis_tracker)
+            reset = self._growth_tracker.logical_not()
+            self._hysteresis_tracker = torch.where(reset, clean, self._hysteresis_tracker)
         self._scale = scale
 
     def _times_factor(self, back_off: Tensor, grow: Tensor) -> Tensor:

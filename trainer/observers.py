@@ -39,9 +39,11 @@ class Gradients:
     @classmethod
     def of(cls, parameters: Sequence[Tensor]) -> Gradients:
         """The gradients of ``parameters`` (those whose ``.grad`` is ``None`` are left out)."""
-        present = [i for i, p in enumerate(parameters) if p.grad is not None]
-        tensors: list[Tensor] = [parameters[i].grad for i in present]  # type: ignore[misc]
-        return cls(tensors, None if len(present) == len(parameters) else present, len(parameters))
+        every = [p.grad for p in parameters]
+        if all(g is not None for g in every):
+            return cls(every, None, len(every))  # type: ignore[arg-type]
+        present = [i for i, g in enumerate(every) if g is not None]
+        return cls([every[i] for i in present], present, len(every))  # type: ignore[misc]
 
 
 class UnderflowObserver(Protocol):

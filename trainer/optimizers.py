@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -249,6 +249,48 @@ def _adamw_plain(
         param.addcdiv_(exp_avg.mul(s.step_size), denom)
 
 
+def _adamw_fused(
+    params: list[Tensor],
+    grads: list[Tensor],
+    state: Sequence[dict[str, Tensor]],
+    found_inf: Tensor | None,
+    group: dict[str, Any],
+) -> None:
+    """``params`` and ``grads`` are local tensors (FSDP2 shards), like the moments taken from ``state``.
+
+    PyTorch's fused AdamW step exactly as ``torch.optim.AdamW(fused=True)`` runs it on these groups
+    (step counters + 1, the kernel per (device, dtype), which skips itself where ``found_inf`` is 1, then
+    the counters - ``found_inf``), without the Python layers around it (its step wrapper, argument
+    checks and dispatch: a fixed host cost per step). No amsgrad, no maximize: this class sets neither."""
+    beta1, beta2 = group["betas"]
+    moments = [local_tensors(st["exp_avg"] for st in state), local_tensors(st["exp_avg_sq"] for st in state)]
+    tensors = [params, grads, *moments]
+    steps = [st["step"] for st in state]
+    grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype([*tensors, steps])  # type: ignore[list-item]
+    for lists, _ in grouped.values():
+        p, g, m, v, t = cast(list[list[Tensor]], lists)
+        torch._foreach_add_(t, 1)
+        torch._fused_adamw_(
+            p,
+            g,
+            m,
+            v,
+            [],
+            t,
+            amsgrad=False,
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+            grad_scale=None,
+            found_inf=found_inf,
+        )
+        if found_inf is not None:
+            torch._foreach_sub_(t, [found_inf] * len(t))
+
+
 class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
     """``torch.optim.AdamW`` with a device-side skip on every implementation (see the module docstring).
 
@@ -292,9 +334,10 @@ class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
             params = list(group["params"])
             grads = _grads(params)
             found_inf = self._flag(params[0].device)
-            if group["fused"]:
-                continue
             state = [self.state[p] for p in params]
+            if group["fused"]:
+                _adamw_fused(local_tensors(params), local_tensors(grads), state, found_inf, group)
+                continue
             skip, scalars = _adam_scalars(found_inf, state[0]["step"], group)
             update = _adamw_foreach if group["foreach"] else _adamw_plain
             update(
@@ -307,8 +350,6 @@ class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
                 group["weight_decay"],
                 group["eps"],
             )
-        if self.defaults["fused"]:
-            _unhooked(torch.optim.AdamW.step)(self)
         return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

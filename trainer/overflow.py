@@ -21,8 +21,13 @@ from torch import Tensor
 
 
 def nonfinite_kinds(norms: Tensor) -> Tensor:
-    """Per-tensor kind from per-tensor norms: float32, the shape of ``norms``; 2 NaN, 1 infinite, else 0."""
-    return torch.where(norms.isnan(), 2.0, norms.isinf())  # bool promotes to float32 in the same op
+    """Per-tensor kind from per-tensor norms (never negative): the dtype and shape of ``norms``; 2 NaN,
+    1 infinite, else 0.
+
+    Three elementwise ops: NaN becomes -2 and an infinity -1, ``min(·, 0)`` turns every finite norm into
+    +0 (``norms`` holds no negative value), and the absolute value gives 0, 1 or 2 (+0.0, never -0.0).
+    """
+    return torch.nan_to_num(norms, nan=-2.0, posinf=-1.0, neginf=-1.0).clamp_(max=0.0).abs_()
 
 
 class OverflowVerdict(NamedTuple):

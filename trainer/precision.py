@@ -129,7 +129,7 @@ class PrecisionPolicy(ABC):
         self.compute_dtype = COMPUTE_DTYPES[name]
         self.scaler = scaler
         self.observers = observers
-        self._skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self._skipped = torch.zeros((), dtype=torch.float64, device=device)  # float64: one op adds a float32 flag
         self._overflow_sources: list[OverflowSource] = []
         self._warned_host_skip = False
         self._not_sampled = torch.full((), float("nan"), dtype=torch.float32, device=device)
@@ -197,13 +197,13 @@ class PrecisionPolicy(ABC):
         ``no_data`` (0-d bool, the same on every rank): the window held no loss-bearing
         element on any rank, so its (zero) gradient carries nothing to learn. The optimizer
         is then skipped on the device (weights, moments and step counters keep their bits;
-        weight decay and momentum do not act), ``applied`` is 0 so the LR schedule holds,
+        weight decay and momentum do not act), ``applied`` is false so the LR schedule holds,
         and the loss scale and its trackers are left; it is not an overflow and not a
         skipped step (``overflow`` 0, ``skipped_steps`` unchanged).
         """
         grads = Gradients.of(parameters)
         scale_used = self.scaler.scale  # the scaler replaces, never mutates, its scale tensor
-        underflow = self._observe_scaled(step, grads)
+        underflow = self._not_sampled if self.observers.underflow is None else self._observe_scaled(step, grads)
         if is_distributed():
             check = self._unscale_and_check(grads)
             agreed = self._agree(check, grads)
@@ -216,7 +216,7 @@ class PrecisionPolicy(ABC):
         self._update(found_inf, no_data)
         return StepOutcome(
             overflow=found_inf,
-            applied=1.0 - skip,
+            applied=skip.logical_not(),  # skip is 0 or 1
             overflow_kind=agreed.kind,
             loss_scale=scale_used,
             grad_norm=check.norms.total,
@@ -228,7 +228,7 @@ class PrecisionPolicy(ABC):
 
     @property
     def skipped_steps(self) -> Tensor:
-        """Skipped steps so far: 0-d int64 on the device."""
+        """Skipped steps so far: 0-d float64 on the device (exact up to 2**53)."""
         return self._skipped
 
     @property
@@ -249,7 +249,7 @@ class PrecisionPolicy(ABC):
         if state["precision"] != self.name:
             raise ValueError(f"checkpoint precision {state['precision']!r} differs from the job's {self.name!r}")
         self.scaler.load_state_dict(state["scaler"])
-        self._skipped = torch.full((), int(state["skipped_steps"]), dtype=torch.int64, device=self.device)
+        self._skipped = torch.full((), int(state["skipped_steps"]), dtype=torch.float64, device=self.device)
 
     # ------------------------------------------------------------------ the phases of a step
 
@@ -323,7 +323,7 @@ class PrecisionPolicy(ABC):
 
     def _update(self, found_inf: Tensor, no_data: Tensor | None) -> None:
         """Count a skipped step; advance the loss scale (held for a window without data)."""
-        self._skipped = self._skipped + found_inf.long()
+        self._skipped = self._skipped + found_inf  # float64 + float32 flag: exact, one op
         self.scaler.update(found_inf, hold=no_data)
 
 

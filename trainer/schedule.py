@@ -120,7 +120,9 @@ class DeviceLRSchedule:
         optimizer: an optimizer from :mod:`trainer.optimizers` (groups hold ``initial_lr``
             and a 0-d ``lr`` tensor).
 
-    ``applied`` (0-d int64, on the device of the first group's ``lr``) counts applied steps.
+    ``applied`` (0-d int64, on the device of the first group's ``lr``) counts applied steps; the host
+    keeps an upper bound of it (the steps attempted since construction or the last load), so a table
+    lookup clamps its index only once the count might pass the table's end.
     Construction sets the learning rate of step 1. The rates are the device formula
     (:meth:`LRMultiplier.on_device`) in one of three forms, the same values in each: a
     :func:`is_flat` schedule writes nothing after construction (a host decision: no device
@@ -134,13 +136,18 @@ class DeviceLRSchedule:
         self.optimizer = optimizer
         self.device = optimizer.param_groups[0]["params"][0].device
         self.applied = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._most_applied = 0  # host upper bound of ``applied``
         self._flat = is_flat(multiplier)
         self._tables = self._build_tables() if not self._flat and tabulated(multiplier) else None
         self._write(initial=True)
 
     def step(self, applied: Tensor) -> None:
-        """Count one attempted step whose ``applied`` flag (0-d, 1 = applied, 0 = skipped) is given; set the next lr."""
-        self.applied = self.applied + applied.to(torch.int64)
+        """Count one attempted step whose ``applied`` flag (0-d, 1 = applied, 0 = skipped) is given; set the next lr.
+
+        A bool flag (a step outcome's) is added as it is: one device op.
+        """
+        self.applied = self.applied + (applied if applied.dtype == torch.bool else applied.to(torch.int64))
+        self._most_applied += 1
         self._write()
 
     def _build_tables(self) -> list[Tensor]:
@@ -153,7 +160,8 @@ class DeviceLRSchedule:
         if self._flat and not initial:
             return
         if self._tables is not None:
-            index = self.applied.clamp(max=self.multiplier.total_steps + 1)
+            last = self.multiplier.total_steps + 1
+            index = self.applied if self._most_applied <= last else self.applied.clamp(max=last)
             for group, table in zip(self.optimizer.param_groups, self._tables, strict=True):
                 group["lr"] = table.take(index)
             return
@@ -179,7 +187,8 @@ class DeviceLRSchedule:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the applied-step count and recompute the learning rates (also from a ``LambdaLR`` state)."""
-        self.applied = torch.full((), int(state["last_epoch"]), dtype=torch.int64, device=self.device)
+        self._most_applied = int(state["last_epoch"])
+        self.applied = torch.full((), self._most_applied, dtype=torch.int64, device=self.device)
         self._write()
 
 

@@ -107,14 +107,14 @@ def _accumulate_alone(
         with grad_sync(model, sync=index == last):
             with precision.autocast():
                 batch_loss = loss_fn(model, batch)
-                loss = batch_loss.float() / count
+                loss = batch_loss.float() / count if count != 1 else batch_loss.float()  # x / 1 == x
             precision.backward(loss)
         detached = batch_loss.detach().float()
         loss_sum = detached if loss_sum is None else loss_sum + detached
     assert loss_sum is not None, "a window holds at least one micro-batch"
     tokens = None if any(b.num_tokens is None for b in micro_batches) else sum(b.num_tokens or 0 for b in micro_batches)
     return WindowStats(
-        loss=loss_sum.double() / count,
+        loss=loss_sum.double() / count if count != 1 else loss_sum.double(),
         num_elements=elements,
         num_samples=sum(b.num_samples for b in micro_batches),
         num_tokens=tokens,

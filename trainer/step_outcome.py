@@ -31,7 +31,7 @@ class StepOutcome:
     Attributes:
         overflow: float32, 1.0 if non-finite gradients were found on some rank and the
             update was skipped, else 0.0 (``bool(outcome.overflow)`` reads it).
-        applied: float32, 1.0 if the optimizer applied the update: ``1 - overflow``, and 0.0
+        applied: bool, true if the optimizer applied the update: ``not overflow``, and false
             for a window without loss-bearing elements (see
             :meth:`trainer.precision.PrecisionPolicy.step`).
         overflow_kind: float32, 0 clean, 1 only infinities, 2 a NaN was present
@@ -39,7 +39,7 @@ class StepOutcome:
         loss_scale: float32, the scale used for this step's backward passes (1.0 without scaling).
         grad_norm: float32, global L2 norm of the unscaled gradients before clipping;
             non-finite on an overflow step.
-        skipped_steps: int64, skipped steps so far, this one included.
+        skipped_steps: float64 (an exact count), skipped steps so far, this one included.
         underflow_fraction: float32, fraction of gradient values zero or subnormal in
             fp16 before unscaling (:mod:`trainer.underflow`); NaN on steps not sampled.
         rank_kinds: float32 ``[world size]``, per rank the worst kind (0, 1 inf, 2 NaN)

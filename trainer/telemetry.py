@@ -123,11 +123,15 @@ class StepLog:
         width = len(FIELDS) + num_ranks + num_params
         self._buffer = torch.zeros((capacity, width), dtype=torch.float64, device=device)
         # Views of every row's cells (one 0-d view per column, then the rank and parameter evidence),
-        # taken once: a step's row is then written by one ``_foreach_copy_``.
-        self._cells = [list(row[: len(FIELDS)].unbind(0)) for row in self._buffer]
-        self._evidence = [
-            [row[len(FIELDS) : len(FIELDS) + num_ranks], row[len(FIELDS) + num_ranks :]] for row in self._buffer
+        # taken once: a step's row is then written by one ``_foreach_copy_``. Per row, the targets of a
+        # step whose counts stay on the host, and of one that wrote them too.
+        cells = [list(row[: len(FIELDS)].unbind(0)) for row in self._buffer]
+        evidence = [
+            [row[len(FIELDS) : len(FIELDS) + num_ranks], row[len(FIELDS) + num_ranks :]] if width > len(FIELDS) else []
+            for row in self._buffer
         ]
+        self._host_count_targets = [c[:DEVICE_FIELDS] + e for c, e in zip(cells, evidence, strict=True)]
+        self._all_targets = [c + e for c, e in zip(cells, evidence, strict=True)]
         self._steps: list[int] = []
         self._times: list[float] = []
         self._has_tokens: list[bool] = []
@@ -164,7 +168,6 @@ class StepLog:
             raise ValueError(f"expected {len(FIELDS)} values {FIELDS}, got {len(values)}")
         index = self.pending
         on_host = isinstance(values.samples, int) and isinstance(values.tokens, int)
-        targets = self._cells[index][:DEVICE_FIELDS] if on_host else self._cells[index]
         sources = values.device_columns()
         if not on_host:
             device = self._buffer.device
@@ -172,11 +175,11 @@ class StepLog:
                 v if isinstance(v, Tensor) else torch.tensor(v, device=device) for v in (values.samples, values.tokens)
             ]
         if self.num_ranks + self.num_params:
-            widths = [int(t.numel()) for t in evidence]
+            widths = [t.numel() for t in evidence]
             if widths != [self.num_ranks, self.num_params]:
                 raise ValueError(f"expected evidence widths [{self.num_ranks}, {self.num_params}], got {widths}")
-            targets = targets + self._evidence[index]
-            sources += list(evidence)
+            sources += evidence
+        targets = self._host_count_targets[index] if on_host else self._all_targets[index]
         torch._foreach_copy_(targets, sources)  # the whole row, every value cast to float64, in one op
         self._host_counts.append((int(values.samples), int(values.tokens)) if on_host else None)
         self._steps.append(step)

@@ -26,6 +26,14 @@ def test_kinds_tell_nan_from_infinity() -> None:
     assert nonfinite_kinds(norms).tolist() == [0.0, 1.0, 2.0, 0.0]
 
 
+def test_kinds_of_every_finite_norm_are_positive_zero() -> None:
+    """The largest and smallest float32 norms, zero and a subnormal: kind +0.0 (a record never shows -0.0)."""
+    finite = torch.tensor([torch.finfo(torch.float32).max, 1e-45, 0.0, 0.5, 3.0e38])
+    kinds = nonfinite_kinds(torch.cat([finite, torch.tensor([float("inf"), float("nan")])]))
+    assert kinds.dtype == torch.float32 and kinds.tolist() == [0.0] * 5 + [1.0, 2.0]
+    assert not kinds.signbit().any()
+
+
 def test_describe_names_the_first_parameters_in_model_order() -> None:
     names = [f"layer{i}.weight" for i in range(MAX_NAMED_PARAMETERS + 3)]
     kinds = [1.0] * (MAX_NAMED_PARAMETERS + 2) + [0.0]

@@ -70,3 +70,17 @@ def test_cosine_decays_to_min_lr_ratio_and_stays() -> None:
     assert rates[:3] == pytest.approx([0.5e-3, 1e-3, 1e-3])
     assert rates[10:] == pytest.approx([1e-4] * 4)
     assert all(a >= b for a, b in itertools.pairwise(rates[2:]))
+
+
+def test_bool_flags_count_and_a_count_past_the_table_holds_the_last_rate() -> None:
+    """A step outcome's bool ``applied`` counts like a float flag; a checkpointed count beyond the run
+    (its table's end) keeps the last rate instead of indexing past the table."""
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    optimizer = build_optimizer(OptimizerSpec(name="adamw", lr=1e-3), params)
+    schedule = build_lr_scheduler(LRSchedulerSpec(name="linear", min_lr_ratio=0.25), optimizer, 4)
+    for applied in (True, False, True):
+        schedule.step(torch.tensor(applied))
+    assert schedule.last_epoch == 2 and float(optimizer.param_groups[0]["lr"]) == pytest.approx(0.625e-3)
+    schedule.load_state_dict({"last_epoch": 9})
+    schedule.step(torch.tensor(True))
+    assert schedule.last_epoch == 10 and float(optimizer.param_groups[0]["lr"]) == pytest.approx(0.25e-3)
