@@ -34,6 +34,7 @@ def _namespaces_required() -> None:
     if UNAVAILABLE:
         pytest.fail(f"{UNAVAILABLE} (HALFCAST_REQUIRE_SERVICES=1: CI must run the multi-node tests)")
 
+
 LEASE_TTL_S = 4.0
 TIMEOUT_S = 15.0
 FP16: dict[str, Any] = {
