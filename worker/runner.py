@@ -358,10 +358,9 @@ class Attempt:
         if not self.pending:
             return
         progress = self._progress(self.pending)
-        if not self.running:
-            self.store.mark_running(self.fence)
-            self.running = True
-        if not self.store.record_progress(self.fence, progress):
+        first = not self.running
+        self.running = True
+        if not self.store.record_progress(self.fence, progress, start_running=first):
             self.lease.mark_lost("a progress write matched no row: the job is no longer this attempt's")
         self.pending = []  # stored (kept on an error above, to be written again: insert-or-ignore)
 

@@ -171,10 +171,14 @@ class JobStore:
                 conn, fence.job_id, Expected.fenced(fence, {JobStatus.STARTING}), to=JobStatus.RUNNING
             )
 
-    def record_progress(self, fence: Fence, progress: Progress) -> bool:
+    def record_progress(self, fence: Fence, progress: Progress, *, start_running: bool = False) -> bool:
         """Store new step and evaluation records (insert-or-ignore).
 
-        Updates ``step``/``latest``/``eval``/``world_size``/``startup``.
+        Updates ``step``/``latest``/``eval``/``world_size``/``startup``. With ``start_running``
+        (the attempt's first records) the job also goes ``starting`` → ``running`` in the same
+        transaction, so no reader sees it ``running`` without the start-up phase those records
+        carry (a status change that is refused, e.g. a job already ``cancelling``, stores the
+        records all the same).
 
         Returns ``False`` (and stores nothing) when the attempt no longer owns the job.
         The fenced job update runs first, so its row lock orders this write against
@@ -185,6 +189,8 @@ class JobStore:
         """
         values = _progress_values(progress) or {"updated_at": utcnow()}
         with self.begin() as conn:
+            if start_running:
+                compare_and_set(conn, fence.job_id, Expected.fenced(fence, {JobStatus.STARTING}), to=JobStatus.RUNNING)
             if not compare_and_set(conn, fence.job_id, Expected.fenced(fence), **values):
                 return False
             if progress.switches or progress.known_switches:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, event, update
 from sqlalchemy.orm import Session
 from worker_support import insert_job
 
@@ -65,3 +65,27 @@ def test_the_newest_phase_record_is_kept_and_the_next_claim_clears_it(db: Engine
 def test_a_phase_record_that_does_not_validate_is_skipped(bad: dict[str, Any]) -> None:
     assert _progress([_phase("data"), bad]).startup == {"phase": "data", **TIMES}
     assert _progress([bad]).startup is None
+
+
+def test_the_first_records_start_the_job_running_with_their_phase_in_one_write(db: Engine, tmp_path: Path) -> None:
+    """A reader never sees ``running`` without the phase of the records that started it (no ``running``/no phase blip)."""
+    store = JobStore(db)
+    job_id = insert_job(db)
+    claim = store.claim(job_id, "w", tmp_path)
+    assert claim is not None
+    seen: list[tuple[str, Any]] = []
+
+    def watch(conn: Any, *_args: Any) -> None:  # every committed state, as a poller would read it
+        with Session(db) as session:
+            job = session.get_one(Job, job_id)
+            seen.append((job.status, (job.startup or {}).get("phase")))
+
+    event.listen(db, "commit", watch)
+    try:
+        assert store.record_progress(claim.fence, _progress([_phase("data")]), start_running=True)
+    finally:
+        event.remove(db, "commit", watch)
+    with Session(db) as session:
+        job = session.get_one(Job, job_id)
+        assert (job.status, job.startup["phase"]) == ("running", "data")
+    assert ("running", None) not in seen
