@@ -109,3 +109,18 @@ def engine(database_url: str) -> Iterator[Engine]:
 def sessions(engine: Engine) -> sessionmaker[Session]:
     """Session factory on :func:`engine`."""
     return make_session_factory(engine)
+
+
+@pytest.fixture
+def clean_cli_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No ``HALFCAST_*`` from outside; whatever the commands write is undone after the test."""
+    for name in (
+        "HALFCAST_API_WORKERS",
+        "HALFCAST_HOST",
+        "HALFCAST_PORT",
+        "HALFCAST_DATA_DIR",
+        "HALFCAST_DATABASE_URL",
+    ):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HALFCAST_DATA_DIR", str(tmp_path / "data"))

@@ -25,19 +25,7 @@ from server.db.migrate import upgrade_database
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No ``HALFCAST_*`` from outside; whatever the commands write is undone after the test."""
-    for name in (
-        "HALFCAST_API_WORKERS",
-        "HALFCAST_HOST",
-        "HALFCAST_PORT",
-        "HALFCAST_DATA_DIR",
-        "HALFCAST_DATABASE_URL",
-    ):
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("HALFCAST_DATA_DIR", str(tmp_path / "data"))
+pytestmark = pytest.mark.usefixtures("clean_cli_environment")
 
 
 @pytest.mark.parametrize(("argv", "expected"), [([], "info"), (["--log-level", "WARNING"], "warning")])
