@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 AuditAction = Literal[
     "job.create", "job.cancel", "job.requeue", "token.create", "token.revoke", "quota.set", "quota.clear",
     "dataset.create", "dataset.delete", "model.create", "model.delete",
-]  # fmt: skip
+]  # fmt: skip  # the actions a line per kind of resource
 
 
 class SessionPublic(BaseModel):

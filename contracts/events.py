@@ -52,6 +52,6 @@ LogEventData = LogAttempt | LogChunk | LogEnd
 #: The events of ``GET /jobs/{id}/events``: the model of each one's ``data``.
 JOB_EVENTS: Mapping[str, type[JobEventData]] = {
     "status": JobPublic, "step": StoredStep, "eval": StoredEval, "rewind": Rewind, "precision_switch": StoredSwitch,
-}  # fmt: skip
+}  # fmt: skip  # one line: the event names and their models side by side
 #: The events of ``GET /jobs/{id}/logs?follow=true``: the model of each one's ``data``.
 LOG_EVENTS: Mapping[str, type[LogEventData]] = {"attempt": LogAttempt, "lines": LogChunk, "end": LogEnd}

@@ -28,9 +28,10 @@ schedule, one lookup per param group in a table computed once for the others.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -39,15 +40,86 @@ from trainer.optimizers import lr_dtype
 from trainer.spec import LRSchedulerSpec
 
 
+class Decay(ABC):
+    """The multiplier after warm-up, ``done = applied - warmup_steps`` steps into it: one class per schedule.
+
+    ``host`` is the closed form on Python numbers (the reference); ``device`` the same on a 0-d int64 count
+    tensor, in float64 with the same operation order. ``flat``: the factor is always 1; ``holds_last_value``:
+    the factor stops changing once ``done`` reaches the decay length (so a table of the run's steps covers it).
+    """
+
+    flat: ClassVar[bool] = False
+    holds_last_value: ClassVar[bool] = True
+
+    @abstractmethod
+    def host(self, m: LRMultiplier, done: int) -> float: ...
+
+    @abstractmethod
+    def device(self, m: LRMultiplier, applied: Tensor) -> Tensor: ...
+
+
+class ConstantDecay(Decay):
+    """``constant``: 1."""
+
+    flat = True
+
+    def host(self, m: LRMultiplier, done: int) -> float:
+        return 1.0
+
+    def device(self, m: LRMultiplier, applied: Tensor) -> Tensor:
+        return torch.ones_like(applied, dtype=torch.float64)
+
+
+class StepDecay(Decay):
+    """``step``: ``gamma ** floor(done / step_size)`` (``torch.optim.lr_scheduler.StepLR``), never settles."""
+
+    holds_last_value = False
+
+    def host(self, m: LRMultiplier, done: int) -> float:
+        return m.gamma ** (done // m.step_size)
+
+    def device(self, m: LRMultiplier, applied: Tensor) -> Tensor:
+        return torch.pow(m.gamma, torch.div(applied - m.warmup_steps, m.step_size, rounding_mode="floor").double())
+
+
+class CosineDecay(Decay):
+    """``cosine``: ``r + (1 - r) * (1 + cos(pi * p)) / 2`` (one SGDR cycle without restarts)."""
+
+    def host(self, m: LRMultiplier, done: int) -> float:
+        r = m.min_lr_ratio
+        return r + (1.0 - r) * 0.5 * (1.0 + math.cos(math.pi * m.progress(done)))
+
+    def device(self, m: LRMultiplier, applied: Tensor) -> Tensor:
+        r = m.min_lr_ratio
+        return r + (1.0 - r) * 0.5 * (1.0 + torch.cos(math.pi * m.progress_on_device(applied)))
+
+
+class LinearDecay(Decay):
+    """``linear``: ``1 - (1 - r) * p``."""
+
+    def host(self, m: LRMultiplier, done: int) -> float:
+        return 1.0 - (1.0 - m.min_lr_ratio) * m.progress(done)
+
+    def device(self, m: LRMultiplier, applied: Tensor) -> Tensor:
+        return 1.0 - (1.0 - m.min_lr_ratio) * m.progress_on_device(applied)
+
+
+#: The schedules by their job-spec name (``lr_scheduler.name``).
+DECAYS: Mapping[str, Decay] = {
+    "constant": ConstantDecay(),
+    "cosine": CosineDecay(),
+    "linear": LinearDecay(),
+    "step": StepDecay(),
+}
+
+
 @dataclass(frozen=True)
 class LRMultiplier:
     """The factor on the base learning rate after ``applied`` optimizer steps (host closed form).
 
-    Linear warm-up ``(applied + 1) / warmup_steps`` for the first ``warmup_steps``; then
-    ``constant``: 1; ``cosine``: ``r + (1 - r) * (1 + cos(pi * p)) / 2``; ``linear``:
-    ``1 - (1 - r) * p``, with ``r = min_lr_ratio`` and ``p`` the fraction of the
-    ``total_steps - warmup_steps`` decay steps done (clamped to [0, 1]); ``step``:
-    ``gamma ** ((applied - warmup_steps) // step_size)``.
+    Linear warm-up ``(applied + 1) / warmup_steps`` for the first ``warmup_steps``; then the schedule's
+    :class:`Decay` (``DECAYS[name]``), with ``r = min_lr_ratio`` and ``p`` the fraction of the
+    ``total_steps - warmup_steps`` decay steps done (clamped to [0, 1]).
     """
 
     name: str
@@ -57,39 +129,29 @@ class LRMultiplier:
     step_size: int = 1
     gamma: float = 0.1
 
+    @property
+    def decay(self) -> Decay:
+        return DECAYS[self.name]
+
+    def progress(self, done: int) -> float:
+        """``p``: the fraction of the decay steps done, clamped to at most 1."""
+        return min(1.0, done / max(1, self.total_steps - self.warmup_steps))
+
+    def progress_on_device(self, applied: Tensor) -> Tensor:
+        done = applied.double() - self.warmup_steps
+        return (done / max(1, self.total_steps - self.warmup_steps)).clamp(max=1.0)
+
     def __call__(self, applied: int) -> float:
         if applied < self.warmup_steps:
             return (applied + 1) / self.warmup_steps
-        done = applied - self.warmup_steps
-        if self.name == "step":
-            return self.gamma ** (done // self.step_size)
-        if self.name == "constant":
-            return 1.0
-        progress = min(1.0, done / max(1, self.total_steps - self.warmup_steps))
-        ratio = self.min_lr_ratio
-        if self.name == "cosine":
-            return ratio + (1.0 - ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0 - (1.0 - ratio) * progress
+        return self.decay.host(self, applied - self.warmup_steps)
 
     def on_device(self, applied: Tensor) -> Tensor:
         """The same factor for a 0-d int64 count tensor: a 0-d float64 tensor on its device, no host sync."""
-        n = applied.double()
-        done = n - self.warmup_steps
-        if self.name == "step":
-            value = torch.pow(
-                self.gamma, torch.div(applied - self.warmup_steps, self.step_size, rounding_mode="floor").double()
-            )
-        elif self.name == "constant":
-            value = torch.ones_like(n)
-        else:
-            progress = (done / max(1, self.total_steps - self.warmup_steps)).clamp(max=1.0)
-            ratio = self.min_lr_ratio
-            if self.name == "cosine":
-                value = ratio + (1.0 - ratio) * 0.5 * (1.0 + torch.cos(math.pi * progress))
-            else:
-                value = 1.0 - (1.0 - ratio) * progress
+        value = self.decay.device(self, applied)
         if self.warmup_steps == 0:
             return value
+        n = applied.double()
         return torch.where(n < self.warmup_steps, (n + 1) / self.warmup_steps, value)
 
 
@@ -99,14 +161,14 @@ MAX_TABLE_STEPS = 1 << 20
 
 def is_flat(multiplier: LRMultiplier) -> bool:
     """Whether ``m(n)`` is 1 for every ``n``: a constant schedule without warm-up (the rates never change)."""
-    return multiplier.name == "constant" and multiplier.warmup_steps == 0
+    return multiplier.decay.flat and multiplier.warmup_steps == 0
 
 
 def tabulated(multiplier: LRMultiplier) -> bool:
     """Whether the schedule is a table lookup: ``m`` holds its last value from ``total_steps + 1`` on (not
     ``step``, warm-up within the run) and the table is at most :data:`MAX_TABLE_STEPS` long."""
     return (
-        multiplier.name != "step"
+        multiplier.decay.holds_last_value
         and multiplier.warmup_steps <= multiplier.total_steps
         and multiplier.total_steps < MAX_TABLE_STEPS
     )

@@ -48,10 +48,22 @@ def upgrade() -> None:
         sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
     )
     op.create_index("ix_job_members_job_attempt", "job_members", ["job_id", "attempt"])
-    op.create_index("ux_job_members_open_worker", "job_members", ["worker_id"], unique=True,
-                    sqlite_where=OPEN, postgresql_where=OPEN)  # fmt: skip
-    op.create_index("ux_job_members_node_rank", "job_members", ["job_id", "attempt", "node_rank"], unique=True,
-                    sqlite_where=RANKED, postgresql_where=RANKED)  # fmt: skip
+    op.create_index(
+        "ux_job_members_open_worker",
+        "job_members",
+        ["worker_id"],
+        unique=True,
+        sqlite_where=OPEN,
+        postgresql_where=OPEN,
+    )
+    op.create_index(
+        "ux_job_members_node_rank",
+        "job_members",
+        ["job_id", "attempt", "node_rank"],
+        unique=True,
+        sqlite_where=RANKED,
+        postgresql_where=RANKED,
+    )
 
 
 def downgrade() -> None:

@@ -31,17 +31,40 @@ ROOT = Path(__file__).resolve().parents[2]
 #: fields an older trainer did not write absent, no ``type``.
 LATEST = {"lr": 0.01, "loss": 0.5, "step": 3, "time": 12.5, "extra": [1, 2], "loss_scale": 1024.0, "skipped_steps": 1}
 EVAL = {"loss": 0.25, "step": 3, "time": 13.0, "accuracy": 0.75}
-SWITCH = {"to": "bf16", "from": "fp16", "step": 3, "time": 14.0, "reason": "loss_scale_collapsed",
-          "message": "collapsed", "rewound_to_step": 2}  # fmt: skip
+SWITCH = {
+    "to": "bf16",
+    "from": "fp16",
+    "step": 3,
+    "time": 14.0,
+    "reason": "loss_scale_collapsed",
+    "message": "collapsed",
+    "rewound_to_step": 2,
+}
 
 
 def _job(**fields: Any) -> Job:
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    base: dict[str, Any] = {"id": "j", "name": None, "owner": "o", "status": "running", "spec": {"precision": "fp16"},
-                            "created_at": now, "started_at": now, "finished_at": None, "error_reason": None,
-                            "error_message": None, "step": 3, "max_steps": 10, "world_size": 1, "latest": LATEST,
-                            "eval": EVAL, "attempt": 1, "precision_switches": [SWITCH], "end_info": None,
-                            "startup": None}  # fmt: skip
+    base: dict[str, Any] = {
+        "id": "j",
+        "name": None,
+        "owner": "o",
+        "status": "running",
+        "spec": {"precision": "fp16"},
+        "created_at": now,
+        "started_at": now,
+        "finished_at": None,
+        "error_reason": None,
+        "error_message": None,
+        "step": 3,
+        "max_steps": 10,
+        "world_size": 1,
+        "latest": LATEST,
+        "eval": EVAL,
+        "attempt": 1,
+        "precision_switches": [SWITCH],
+        "end_info": None,
+        "startup": None,
+    }
     return Job(**(base | fields))
 
 
@@ -79,7 +102,7 @@ def test_pages_serve_their_records_as_stored() -> None:
     (models.router, "/models/{model_id}", registry.ModelPublic),
     (session.router, "/session", access.SessionPublic),
     (audit.router, "/audit", access.AuditList),
-])  # fmt: skip
+])  # fmt: skip  # a case table: route, path, model a row
 def test_the_routes_answer_the_contracts_models(router: Any, path: str, model: type) -> None:
     answered = {route.response_model for route in router.routes if route.path == path and "GET" in route.methods}
     assert answered == {model}
@@ -109,7 +132,7 @@ def test_the_job_streams_payloads_are_the_models_of_their_names() -> None:
     snapshots = [
         Snapshot("running", 4, EVAL, running, points, switches=[]),
         Snapshot("succeeded", 2, EVAL, done, [], switches=[SWITCH]),  # a switch rewound to step 2
-    ]  # fmt: skip
+    ]
     raw = list(parse_sse(iter(_job_stream(snapshots).split("\n"))))
     assert {event.event for event in raw} == {"status", "step", "eval", "precision_switch", "rewind"} <= set(JOB_EVENTS)
     typed = list(_typed(iter(raw), JOB_EVENTS))
@@ -139,10 +162,13 @@ def test_an_event_the_client_does_not_know_is_skipped() -> None:
 def test_startup_times_is_defined_once() -> None:
     from trainer import startup
 
-    defined = [f"{path.relative_to(ROOT)}" for package in ("contracts", "trainer", "worker", "server")
-               for path in sorted((ROOT / package).rglob("*.py"))
-               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-               if isinstance(node, ast.ClassDef) and node.name in ("StartupTimes", "StartupPublic")]  # fmt: skip
+    defined = [
+        f"{path.relative_to(ROOT)}"
+        for package in ("contracts", "trainer", "worker", "server")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef) and node.name in ("StartupTimes", "StartupPublic")
+    ]
     assert defined == ["contracts/records.py"]
     assert startup.StartupTimes is StartupTimes
     assert resources.JobPublic.model_fields["startup"].annotation == StartupTimes | None

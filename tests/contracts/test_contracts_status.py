@@ -98,8 +98,11 @@ def _is_known(reason: str) -> bool:
 def spelled_reasons(source: str) -> list[tuple[int, str]]:
     """``(line, value)`` of every string literal in ``source`` that is exactly a failure reason's value."""
     values = set(FailureReason)
-    return [(node.lineno, node.value) for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in values]  # fmt: skip
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in values
+    ]
 
 
 def _sources() -> list[Path]:
@@ -107,8 +110,11 @@ def _sources() -> list[Path]:
 
 
 def _every_reported_reason() -> list[tuple[str, str]]:
-    return [(f"{path.relative_to(ROOT)}:{line}", reason) for path in _sources()
-            for line, reason in reported_reasons(path.read_text(encoding="utf-8"))]  # fmt: skip
+    return [
+        (f"{path.relative_to(ROOT)}:{line}", reason)
+        for path in _sources()
+        for line, reason in reported_reasons(path.read_text(encoding="utf-8"))
+    ]
 
 
 @pytest.mark.parametrize(
@@ -143,14 +149,17 @@ def test_every_reason_the_code_reports_is_a_failure_reason_member() -> None:
     [('registry_dir("data_unavailable")', [(1, "data_unavailable")]),
      ('registry_dir(FailureReason.DATA_UNAVAILABLE)', []),
      ('message = "oom while loading"', [])],
-)  # fmt: skip
+)  # fmt: skip  # a case table: source and its findings a row
 def test_the_spelling_scan_finds_reason_strings(source: str, spelled: list[tuple[int, str]]) -> None:
     assert spelled_reasons(source) == spelled
 
 
 def test_no_module_spells_a_reason_as_a_string() -> None:
-    spelled = [f"{path.relative_to(ROOT)}:{line}: {value!r}" for path in _sources()
-               for line, value in spelled_reasons(path.read_text(encoding="utf-8"))]  # fmt: skip
+    spelled = [
+        f"{path.relative_to(ROOT)}:{line}: {value!r}"
+        for path in _sources()
+        for line, value in spelled_reasons(path.read_text(encoding="utf-8"))
+    ]
     assert spelled == [], "a failure reason spelled as a string (use its FailureReason member):\n" + "\n".join(spelled)
 
 
@@ -161,8 +170,16 @@ def test_the_worker_and_the_trainer_use_the_one_list() -> None:
 
 
 def test_the_enums_keep_the_stored_strings() -> None:
-    assert [status.value for status in JobStatus] == ["queued", "starting", "running", "cancelling", "succeeded",
-                                                      "failed", "cancelled", "gathering"]  # fmt: skip
+    assert [status.value for status in JobStatus] == [
+        "queued",
+        "starting",
+        "running",
+        "cancelling",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "gathering",
+    ]
     assert (
         {status for status in JobStatus if status.terminal} == TERMINAL_STATUSES == {"succeeded", "failed", "cancelled"}
     )

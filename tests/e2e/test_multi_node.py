@@ -40,10 +40,15 @@ TIMEOUT_S = 15.0
 FP16: dict[str, Any] = {
     "model": {"name": "mlp", "config": {"hidden_sizes": [16]}},
     "dataset": {"name": "synthetic", "config": {"num_samples": 256, "in_features": 8}},
-    "precision": "fp16", "loss_scale": {"init_scale": 2.0**20, "growth_interval": 3},
-    "micro_batch_size": 4, "max_steps": 8, "log_interval": 1, "seed": 3, "checkpoint_interval": 2,
+    "precision": "fp16",
+    "loss_scale": {"init_scale": 2.0**20, "growth_interval": 3},
+    "micro_batch_size": 4,
+    "max_steps": 8,
+    "log_interval": 1,
+    "seed": 3,
+    "checkpoint_interval": 2,
     "faults": {"nonfinite_grad_steps": [3]},
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -97,10 +102,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url
     data_dir = tmp_path_factory.mktemp("multinode")
     with make_hosts(2) as hosts:
         db_port, broker_port = free_port(), free_port()
-        forwarders = [Forwarder(BRIDGE_ADDRESS, db_port, ("127.0.0.1", 5432)).start(),
-                      Forwarder(BRIDGE_ADDRESS, broker_port, ("127.0.0.1", 6379)).start()]  # fmt: skip
-        settings = dict(database_url=postgres_url, broker_url=redis_url, lease_ttl_s=str(LEASE_TTL_S),
-                        reaper_interval_s="1", worker_live_s="5", worker_concurrency="1", cancel_grace_s="3")  # fmt: skip
+        forwarders = [
+            Forwarder(BRIDGE_ADDRESS, db_port, ("127.0.0.1", 5432)).start(),
+            Forwarder(BRIDGE_ADDRESS, broker_port, ("127.0.0.1", 6379)).start(),
+        ]
+        settings = dict(
+            database_url=postgres_url,
+            broker_url=redis_url,
+            lease_ttl_s=str(LEASE_TTL_S),
+            reaper_interval_s="1",
+            worker_live_s="5",
+            worker_concurrency="1",
+            cancel_grace_s="3",
+        )
         stack = NamespaceStack(data_dir, stack_environment(data_dir, **settings))
         stack.hosts = hosts
         stack.host_env = {
@@ -119,8 +133,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url
 
 
 def gang(**overrides: Any) -> dict[str, Any]:
-    return {**FP16, "nodes": 2, "processes": 2, "distributed": {"timeout_s": TIMEOUT_S, "gang_timeout_s": 60},
-            **overrides}  # fmt: skip
+    return {
+        **FP16,
+        "nodes": 2,
+        "processes": 2,
+        "distributed": {"timeout_s": TIMEOUT_S, "gang_timeout_s": 60},
+        **overrides,
+    }
 
 
 def trajectory(stack: Stack, job_id: str) -> list[tuple[Any, ...]]:

@@ -370,8 +370,14 @@ def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(
 
     latest = {"step": 4, "loss": 0.5, "loss_scale": 1.0, "skipped_steps": 0, "samples_per_second": 10.0}
     bf16 = _job(id="b", step=4, max_steps=8, spec={"precision": "bf16"}, latest=latest, loss_scaling="none", name="b")
-    fp16 = bf16.model_copy(update={"id": "f", "spec": {"precision": "fp16"}, "loss_scaling": "dynamic",
-                                   "latest": _step(latest | {"loss_scale": 1024.0})})  # fmt: skip
+    fp16 = bf16.model_copy(
+        update={
+            "id": "f",
+            "spec": {"precision": "fp16"},
+            "loss_scaling": "dynamic",
+            "latest": _step(latest | {"loss_scale": 1024.0}),
+        }
+    )
     assert ("scale", "none") in describe(bf16) and ("scale", "1024 (2^10)") in describe(fp16)
 
     class Client:

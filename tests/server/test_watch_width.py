@@ -21,10 +21,25 @@ from server.client import Event, JobEvent
 
 def _job(**fields: Any) -> JobPublic:
     """A job resource with ``fields`` (an older server's: no ``loss_scaling``)."""
-    return JobPublic.model_validate({"id": "j", "name": None, "status": "starting", "spec": {}, "step": 0,
-                                     "max_steps": 1000, "world_size": 1, "created_at": "2026-12-02T10:00:00Z",
-                                     "started_at": None, "finished_at": None, "error": None, "latest": None,
-                                     "eval": None, "attempt": 1} | fields)  # fmt: skip
+    return JobPublic.model_validate(
+        {
+            "id": "j",
+            "name": None,
+            "status": "starting",
+            "spec": {},
+            "step": 0,
+            "max_steps": 1000,
+            "world_size": 1,
+            "created_at": "2026-12-02T10:00:00Z",
+            "started_at": None,
+            "finished_at": None,
+            "error": None,
+            "latest": None,
+            "eval": None,
+            "attempt": 1,
+        }
+        | fields
+    )
 
 
 def _events() -> Iterator[JobEvent]:

@@ -56,8 +56,10 @@ def test_racing_joins_never_share_a_rank(store: JobStore, make_job: MakeJob, tmp
     job_id = make_job(gang_spec(nodes=4))
     claim_node0(store, members, job_id, tmp_path)
     results: list[object] = []
-    threads = [threading.Thread(target=lambda w=w: results.append(members.join(job_id, w, "h", TTL)))
-               for w in (f"w{i}/1" for i in range(1, 7))]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda w=w: results.append(members.join(job_id, w, "h", TTL)))
+        for w in (f"w{i}/1" for i in range(1, 7))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -68,8 +70,19 @@ def test_racing_joins_never_share_a_rank(store: JobStore, make_job: MakeJob, tmp
 
 
 def gathering(members: Members, job_id: str, attempt: int, timeout_s: float, status: str = "gathering") -> Gathering:
-    return Gathering(members, job_id, attempt, "w0/1", 3, timeout_s, 0.01, lambda: True, lambda: True,
-                     lambda: status, threading.Event())  # fmt: skip
+    return Gathering(
+        members,
+        job_id,
+        attempt,
+        "w0/1",
+        3,
+        timeout_s,
+        0.01,
+        lambda: True,
+        lambda: True,
+        lambda: status,
+        threading.Event(),
+    )
 
 
 def test_a_complete_gang_launches_and_a_gang_timeout_gives_the_job_back(

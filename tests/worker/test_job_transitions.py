@@ -23,8 +23,16 @@ from server.db.transitions import (
     write_progress,
 )
 
-Q, G, ST, R, CG, OK, F, C = (JobStatus.QUEUED, JobStatus.GATHERING, JobStatus.STARTING, JobStatus.RUNNING,
-                             JobStatus.CANCELLING, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)  # fmt: skip
+Q, G, ST, R, CG, OK, F, C = (
+    JobStatus.QUEUED,
+    JobStatus.GATHERING,
+    JobStatus.STARTING,
+    JobStatus.RUNNING,
+    JobStatus.CANCELLING,
+    JobStatus.SUCCEEDED,
+    JobStatus.FAILED,
+    JobStatus.CANCELLED,
+)
 #: Every status change a job may make, spelled out (docs/worker.md, "Job states"): claim, cancel, enqueue failure,
 #: start, stop request, requeue, finish; a never-sent job replayed; nothing out of succeeded or cancelled; a
 #: multi-node job's gang gathering, then starting, or back in the queue after its gang timeout.
@@ -35,7 +43,7 @@ ALLOWED_PAIRS = {
     (R, CG), (R, Q), (R, OK), (R, F), (R, C),
     (CG, OK), (CG, F), (CG, C),
     (F, Q),
-}  # fmt: skip
+}  # fmt: skip  # the allowed moves, a row per source status
 FORBIDDEN_PAIRS = sorted(set(product(JobStatus, JobStatus)) - ALLOWED_PAIRS)
 
 
@@ -90,8 +98,14 @@ def test_of_two_racing_claimers_exactly_one_wins(db: Engine) -> None:
             conn.rollback()  # end the read: SQLite's BEGIN IMMEDIATE comes with the write
             both_read.wait(timeout=30)
             with conn.begin():
-                won[worker] = compare_and_set(conn, job_id, Expected.of(JobStatus.QUEUED, attempt=attempt),
-                                              to=JobStatus.STARTING, worker_id=worker, attempt=attempt + 1)  # fmt: skip
+                won[worker] = compare_and_set(
+                    conn,
+                    job_id,
+                    Expected.of(JobStatus.QUEUED, attempt=attempt),
+                    to=JobStatus.STARTING,
+                    worker_id=worker,
+                    attempt=attempt + 1,
+                )
 
     threads = [threading.Thread(target=claim, args=(worker,)) for worker in ("host/1", "host/2")]
     for thread in threads:
