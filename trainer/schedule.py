@@ -43,8 +43,9 @@ from trainer.spec import LRSchedulerSpec
 class Decay(ABC):
     """The multiplier after warm-up, ``done = applied - warmup_steps`` steps into it: one class per schedule.
 
-    ``host`` is the closed form on Python numbers (the reference); ``device`` the same on a 0-d int64 count
-    tensor, in float64 with the same operation order. ``flat``: the factor is always 1; ``holds_last_value``:
+    ``host`` is the closed form on Python numbers (the reference), given ``done``; ``device`` the same on the
+    0-d int64 ``applied`` count tensor (each form subtracts the warm-up where its arithmetic needs it), in
+    float64 with the same operation order. ``flat``: the factor is always 1; ``holds_last_value``:
     the factor stops changing once ``done`` reaches the decay length (so a table of the run's steps covers it).
     """
 
