@@ -134,21 +134,20 @@ class RecordFlusher:
         samples_per_second = sum(r.samples for r in rows) / seconds
         token_rows = [r.tokens for r in rows if r.tokens is not None]
         tokens_per_second = sum(token_rows) / seconds if len(token_rows) == len(rows) else None
+        step_fields = self.records.step_fields
+        totals = self.totals
         records = []
         for row in rows:
-            self.totals.add(row)
-            totals = {
-                "samples_total": self.totals.samples,
-                "tokens_total": self.totals.tokens if row.tokens is not None else None,
+            totals.add(row)
+            extra = {
+                "samples_total": totals.samples,
+                "tokens_total": totals.tokens if row.tokens is not None else None,
+                **step_fields,
+                "time": row.time,
             }
-            record = _step_record(
-                row,
-                samples_per_second,
-                tokens_per_second,
-                self.param_names,
-                {**totals, **self.records.step_fields, "time": row.time},
+            records.append(
+                (row.time, _step_record(row, samples_per_second, tokens_per_second, self.param_names, extra))
             )
-            records.append((row.time, record))
         self.records.steps(records)
         self.skipped_steps = rows[-1].skipped_steps
         if self.main:

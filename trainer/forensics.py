@@ -6,7 +6,9 @@ reused for the global norm and clipping), and from it each gradient's kind (0 fi
 infinite, 2 NaN; :func:`trainer.overflow.nonfinite_kinds`). The observer lays those kinds
 out by parameter (``P`` floats, 0 for a parameter without a gradient) and they ride in the
 cross-rank reduction the step makes anyway (:func:`trainer.overflow.agree_across_ranks`:
-``W + P`` floats instead of ``W``), then into the device step log. Names are decoded on
+``W + P`` floats instead of ``W``), then into the device step log. One process makes no
+kinds on the device: the norms themselves are laid out and logged, and the host tells
+their kinds when it reads the rows (:mod:`trainer.telemetry`). Names are decoded on
 the host only for the overflow rows of a flush (:func:`describe_overflow`), so a clean step
 pays a few microseconds and no synchronisation.
 
@@ -33,17 +35,19 @@ _KIND_NAMES = {1: "inf", 2: "nan"}
 class OverflowForensics:
     """Step observer: the kind of every trainable parameter's gradient, agreed over the ranks.
 
-    The agreed kinds come back as the step outcome's ``param_kinds`` (float32 ``[P]``, model
-    order, the worst kind over ranks); the per-rank kinds are the agreement's own.
+    The laid-out values come back as the step outcome's ``param_evidence`` (float32 ``[P]``, model
+    order): the worst kind over ranks, or one process's gradient norms; its ``param_kinds`` reads
+    kinds from either. The per-rank kinds are the agreement's own.
     """
 
-    def evidence(self, param_kinds: Tensor, grads: Gradients) -> Tensor:
-        """float32 ``[P]``: ``param_kinds`` at their parameters' positions, 0 where a parameter has no gradient."""
+    def evidence(self, values: Tensor, grads: Gradients) -> Tensor:
+        """float32 ``[P]``: ``values`` (kinds or norms) at their parameters' positions, 0 (finite) where a
+        parameter has no gradient."""
         if grads.present is None:
-            return param_kinds
-        full = torch.zeros(grads.count, dtype=torch.float32, device=param_kinds.device)
+            return values
+        full = torch.zeros(grads.count, dtype=torch.float32, device=values.device)
         if grads.present:
-            full[torch.tensor(grads.present, device=param_kinds.device)] = param_kinds
+            full[torch.tensor(grads.present, device=values.device)] = values
         return full
 
 

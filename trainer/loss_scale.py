@@ -63,11 +63,13 @@ class LossScaler(Protocol):
         """
         ...
 
-    def update(self, found_inf: Tensor, hold: Tensor | None = None) -> None:
+    def update(self, found_inf: Tensor, hold: Tensor | None = None, clean: Tensor | None = None) -> None:
         """Advance the scale after a step whose overflow flag is ``found_inf`` (0-d).
 
         ``hold`` (0-d bool, optional): when true the step measured nothing (no
-        loss-bearing element in its window) and the state is left as it is.
+        loss-bearing element in its window) and the state is left as it is. ``clean``
+        (0-d bool, optional): ``found_inf.logical_not()`` when the caller already has it
+        (a scaler that needs it then spends no op on it).
         """
         ...
 
@@ -118,7 +120,7 @@ class _FixedScaler:
         unscale_and_check_(grads, self._inv_scale, found_inf)
         return found_inf
 
-    def update(self, found_inf: Tensor, hold: Tensor | None = None) -> None:
+    def update(self, found_inf: Tensor, hold: Tensor | None = None, clean: Tensor | None = None) -> None:
         """A fixed scale does not change."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -236,7 +238,7 @@ class DynamicLossScaler:
         unscale_and_check_(grads, torch.reciprocal(self._scale), found_inf)
         return found_inf
 
-    def update(self, found_inf: Tensor, hold: Tensor | None = None) -> None:
+    def update(self, found_inf: Tensor, hold: Tensor | None = None, clean: Tensor | None = None) -> None:
         """Apply the growth/backoff/hysteresis rule for one step, on the device (no host sync).
 
         With ``hold`` (0-d bool) true the step measured nothing (a window without
@@ -245,7 +247,7 @@ class DynamicLossScaler:
         the update still holds the scale that step used.
         """
         if hold is None and self._fused_update:
-            self._update_fused(found_inf.to(self._scale.device, torch.float32))
+            self._update_fused(found_inf.to(self._scale.device, torch.float32), clean)
             return
         found = found_inf.to(self._scale.device) > 0
         hysteresis = torch.where(found, (self._hysteresis_tracker - 1).clamp_min(0), self._hysteresis_tracker)
@@ -263,7 +265,7 @@ class DynamicLossScaler:
             hysteresis_tracker = torch.where(keep, self._hysteresis_tracker, hysteresis_tracker)
         self._scale, self._growth_tracker, self._hysteresis_tracker = scale, growth_tracker, hysteresis_tracker
 
-    def _update_fused(self, found_inf: Tensor) -> None:
+    def _update_fused(self, found_inf: Tensor, clean: Tensor | None = None) -> None:
         """The same rule with hysteresis 1, in six device ops: PyTorch's ``_amp_update_scale_`` kernel (the one
         ``GradScaler.update`` runs: growth tracker, backoff, growth by a factor applied in float64 and rounded
         once) on a copy of the scale, then the clamp to the bounds and the hysteresis tracker (0 after an
@@ -280,7 +282,8 @@ class DynamicLossScaler:
             scale, self._growth_tracker, found_inf, self.growth_factor, self.backoff_factor, self.growth_interval
         )
         scale.clamp_(self.min_scale, self.max_scale)
-        clean = found_inf.logical_not()  # found_inf == 0 (a tensor op without a scalar operand: less host work)
+        if clean is None or clean.device != scale.device:
+            clean = found_inf.logical_not()  # found_inf == 0 (a tensor op without a scalar operand: less host work)
         if self.consecutive_hysteresis:
             self._hysteresis_tracker = clean.int()
         else:  # a growth or an overflow both left the growth tracker at 0

@@ -11,7 +11,7 @@
 
 An observer changes no gradient and no decision: a step without observers skips, clips,
 steps and scales exactly as one with them, only its :class:`trainer.step_outcome.StepOutcome`
-lacks their findings (``underflow_fraction`` NaN, ``param_kinds`` empty). Both observe on
+lacks their findings (``underflow_fraction`` NaN, ``param_evidence`` empty). Both observe on
 the device and read nothing on the host.
 """
 
@@ -61,10 +61,13 @@ class UnderflowObserver(Protocol):
 class ForensicsObserver(Protocol):
     """Adds evidence to the step's cross-rank agreement."""
 
-    def evidence(self, param_kinds: Tensor, grads: Gradients) -> Tensor:
-        """float32 ``[E]`` (``E`` the same on every rank) to max-reduce with the ranks' verdicts.
+    def evidence(self, values: Tensor, grads: Gradients) -> Tensor:
+        """float32 ``[E]`` (``E`` the same on every rank) to max-reduce with the ranks' verdicts (several
+        ranks), or to keep as the step's evidence (one process).
 
-        ``param_kinds``: float32 ``[len(grads.tensors)]``, the kind of each existing gradient on this rank.
+        ``values``: float32 ``[len(grads.tensors)]``, per existing gradient on this rank, its kind (0 finite,
+        1 infinite, 2 NaN) when several ranks agree, or its norm from one process (whose NaN or
+        infinity is the kind: the host tells it, :mod:`trainer.telemetry`).
         """
         ...
 

@@ -97,8 +97,10 @@ def _unhooked(step: Callable[..., Any]) -> Callable[..., Any]:
     return step.__wrapped__ if getattr(step, "hooked", False) else step  # type: ignore[attr-defined]
 
 
-class _DeviceSkipMixin:
-    """Shared parts: eager state, tensor learning rates, the AMP attributes, state loading."""
+class DeviceSkipOptimizer:
+    """The base of Halfcast's optimizers (a mixin before the ``torch.optim`` class): eager state, tensor
+    learning rates, the AMP attributes, state loading, and the direct step the precision step calls
+    (:meth:`apply_update`)."""
 
     _step_supports_amp_scaling = True
     param_groups: list[dict[str, Any]]
@@ -115,6 +117,20 @@ class _DeviceSkipMixin:
 
     def _init_state(self, group: dict[str, Any], param: Tensor) -> None:
         raise NotImplementedError
+
+    def apply_update(self, found_inf: Tensor, applied: Tensor | None = None) -> None:
+        """The step itself, skipped on the device where ``found_inf`` (0-d float32, on the parameters'
+        device) is 1, called by the precision step under ``torch.no_grad()``: no closure, and not
+        through ``torch.optim``'s step wrapper (its step hooks, which Halfcast never registers, and its
+        profiler range: two host ops and Python per step). ``applied`` (0-d bool, optional): not
+        ``found_inf``, when the caller has it (fused AdamW then counts its steps with it)."""
+        raise NotImplementedError
+
+    def clear_grads(self) -> None:
+        """``zero_grad(set_to_none=True)`` without its wrapper (profiler range, hooks): every gradient to ``None``."""
+        for group in self.param_groups:
+            for param in group["params"]:
+                param.grad = None
 
     def _flag(self, device: torch.device) -> Tensor | None:
         """``found_inf`` for this step (checked), or ``None`` for an unconditional step."""
@@ -255,13 +271,16 @@ def _adamw_fused(
     state: Sequence[dict[str, Tensor]],
     found_inf: Tensor | None,
     group: dict[str, Any],
+    applied: Tensor | None = None,
 ) -> None:
     """``params`` and ``grads`` are local tensors (FSDP2 shards), like the moments taken from ``state``.
 
     PyTorch's fused AdamW step exactly as ``torch.optim.AdamW(fused=True)`` runs it on these groups
     (step counters + 1, the kernel per (device, dtype), which skips itself where ``found_inf`` is 1, then
     the counters - ``found_inf``), without the Python layers around it (its step wrapper, argument
-    checks and dispatch: a fixed host cost per step). No amsgrad, no maximize: this class sets neither."""
+    checks and dispatch: a fixed host cost per step). Given ``applied`` (not ``found_inf``), the
+    counters are advanced by it instead, in one op: the same counts (the kernel reads them only on
+    applied steps, and skips on the others). No amsgrad, no maximize: this class sets neither."""
     beta1, beta2 = group["betas"]
     moments = [local_tensors(st["exp_avg"] for st in state), local_tensors(st["exp_avg_sq"] for st in state)]
     tensors = [params, grads, *moments]
@@ -269,7 +288,10 @@ def _adamw_fused(
     grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype([*tensors, steps])  # type: ignore[list-item]
     for lists, _ in grouped.values():
         p, g, m, v, t = cast(list[list[Tensor]], lists)
-        torch._foreach_add_(t, 1)
+        if found_inf is not None and applied is not None:
+            torch._foreach_add_(t, applied, alpha=1)  # alpha selects the Tensor overload (else: a host read)
+        else:
+            torch._foreach_add_(t, 1)
         torch._fused_adamw_(
             p,
             g,
@@ -287,11 +309,11 @@ def _adamw_fused(
             grad_scale=None,
             found_inf=found_inf,
         )
-        if found_inf is not None:
+        if found_inf is not None and applied is None:
             torch._foreach_sub_(t, [found_inf] * len(t))
 
 
-class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
+class AdamW(DeviceSkipOptimizer, torch.optim.AdamW):
     """``torch.optim.AdamW`` with a device-side skip on every implementation (see the module docstring).
 
     Args:
@@ -330,13 +352,19 @@ class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
             ValueError: a parameter without gradient, a ``grad_scale``, or a malformed ``found_inf``.
         """
         loss = _evaluate_closure(closure)
+        self._update(self._flag(self.param_groups[0]["params"][0].device), None)
+        return loss
+
+    def apply_update(self, found_inf: Tensor, applied: Tensor | None = None) -> None:
+        self._update(found_inf, applied)
+
+    def _update(self, found_inf: Tensor | None, applied: Tensor | None) -> None:
         for group in self.param_groups:
-            params = list(group["params"])
+            params = group["params"]
             grads = _grads(params)
-            found_inf = self._flag(params[0].device)
             state = [self.state[p] for p in params]
             if group["fused"]:
-                _adamw_fused(local_tensors(params), local_tensors(grads), state, found_inf, group)
+                _adamw_fused(local_tensors(params), local_tensors(grads), state, found_inf, group, applied)
                 continue
             skip, scalars = _adam_scalars(found_inf, state[0]["step"], group)
             update = _adamw_foreach if group["foreach"] else _adamw_plain
@@ -350,7 +378,6 @@ class AdamW(_DeviceSkipMixin, torch.optim.AdamW):
                 group["weight_decay"],
                 group["eps"],
             )
-        return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.AdamW.load_state_dict``, then step counters and lr tensors back on the device."""
@@ -392,7 +419,7 @@ def _sgd_update(
         param.addcmul_(grad, neg_lr)
 
 
-class SGD(_DeviceSkipMixin, torch.optim.SGD):
+class SGD(DeviceSkipOptimizer, torch.optim.SGD):
     """``torch.optim.SGD`` (momentum, weight decay) with a device-side skip on every implementation.
 
     Args:
@@ -429,10 +456,23 @@ class SGD(_DeviceSkipMixin, torch.optim.SGD):
             ValueError: a parameter without gradient, a ``grad_scale``, or a malformed ``found_inf``.
         """
         loss = _evaluate_closure(closure)
+        self._update(self._flag(self.param_groups[0]["params"][0].device))
+        return loss
+
+    def apply_update(self, found_inf: Tensor, applied: Tensor | None = None) -> None:
+        if not self.defaults["fused"]:
+            self._update(found_inf)
+            return
+        self.grad_scale, self.found_inf = None, found_inf  # what PyTorch's fused step reads
+        try:
+            self._update(found_inf)
+        finally:
+            del self.grad_scale, self.found_inf
+
+    def _update(self, found_inf: Tensor | None) -> None:
         for group in self.param_groups:
             params = list(group["params"])
             grads = _grads(params)
-            found_inf = self._flag(params[0].device)
             if group["fused"]:
                 continue
             skip = torch.zeros((), dtype=torch.bool, device=params[0].device) if found_inf is None else found_inf.ne(0)
@@ -444,7 +484,6 @@ class SGD(_DeviceSkipMixin, torch.optim.SGD):
             )
         if self.defaults["fused"]:
             _unhooked(torch.optim.SGD.step)(self)
-        return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """``torch.optim.SGD.load_state_dict``, then lr tensors back on the device."""

@@ -13,6 +13,7 @@ watching costs no second collective.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -28,6 +29,36 @@ def nonfinite_kinds(norms: Tensor) -> Tensor:
     +0 (``norms`` holds no negative value), and the absolute value gives 0, 1 or 2 (+0.0, never -0.0).
     """
     return torch.nan_to_num(norms, nan=-2.0, posinf=-1.0, neginf=-1.0).clamp_(max=0.0).abs_()
+
+
+def nonfinite_flag(norm: Tensor) -> Tensor:
+    """1.0 where ``norm`` (never negative) is NaN or infinite, else 0.0: the dtype and shape of ``norm``.
+
+    Two elementwise ops: ``norm * 0`` is 0 for a finite norm and NaN for a non-finite one, and
+    ``nan_to_num`` turns that NaN into 1. (:func:`nonfinite_kinds` then ``min(·, 1)`` takes four.)
+    """
+    return torch.nan_to_num(norm * 0.0, nan=1.0)
+
+
+def kinds_from_flag(flag: Tensor, grad_norm: Tensor) -> Tensor:
+    """The step's kind from its overflow flag and its global gradient norm: 0 clean, 2 when the norm is NaN
+    (some gradient held a NaN), else 1 (infinities, or an overflow source). Device ops; the step itself
+    never needs them (the host tells the kind the same way, :func:`kind_of_step`)."""
+    return torch.where(flag > 0, torch.where(torch.isnan(grad_norm), 2.0, 1.0), 0.0).to(torch.float32)
+
+
+def kind_of_step(flag: float, grad_norm: float) -> float:
+    """:func:`kinds_from_flag` on host values."""
+    if flag <= 0.0:
+        return 0.0
+    return 2.0 if math.isnan(grad_norm) else 1.0
+
+
+def kind_of_norm(norm: float) -> float:
+    """:func:`nonfinite_kinds` on a host value: 2 NaN, 1 infinite, else 0."""
+    if math.isnan(norm):
+        return 2.0
+    return 1.0 if math.isinf(norm) else 0.0
 
 
 class OverflowVerdict(NamedTuple):

@@ -53,7 +53,8 @@ from trainer.loss_scale import (
     StaticLossScaler,
 )
 from trainer.observers import NO_OBSERVERS, Gradients, StepObservers
-from trainer.overflow import agree_across_ranks, is_distributed, nonfinite_kinds
+from trainer.optimizers import DeviceSkipOptimizer
+from trainer.overflow import agree_across_ranks, is_distributed, nonfinite_flag, nonfinite_kinds
 from trainer.sharded import GradNorms, clip_grads_, grad_norms, local_tensors
 from trainer.spec import JobSpec, LossScaleSpec, Precision
 from trainer.step_outcome import HostStepOutcome, StepOutcome
@@ -104,11 +105,16 @@ class _Check(NamedTuple):
 
 
 class _Agreement(NamedTuple):
-    """The step's decision input, the same on every rank: the worst kind and the evidence behind it."""
+    """The step's decision input, the same on every rank: the overflow flag and the evidence behind it.
 
-    kind: Tensor
-    rank_kinds: Tensor
-    param_kinds: Tensor | None
+    ``rank_kinds``: each rank's kind from the cross-rank reduction (``None`` for one process);
+    ``param_evidence``: per parameter, the agreed kinds, or one process's gradient norms (``None``
+    without forensics).
+    """
+
+    found_inf: Tensor
+    rank_kinds: Tensor | None
+    param_evidence: Tensor | None
 
 
 class PrecisionPolicy(ABC):
@@ -207,23 +213,24 @@ class PrecisionPolicy(ABC):
         if is_distributed():
             check = self._unscale_and_check(grads)
             agreed = self._agree(check, grads)
+            norms = check.norms
         else:
-            check, agreed = self._check_alone(grads)
-        found_inf = agreed.kind.clamp(max=1.0)  # kinds are 0, 1 or 2
+            norms, agreed = self._check_alone(grads)
+        found_inf = agreed.found_inf
         skip = found_inf if no_data is None else torch.maximum(found_inf, no_data.to(found_inf.device, torch.float32))
-        self._clip(grads, check.norms, max_grad_norm)
-        self._apply(optimizer, skip)
-        self._update(found_inf, no_data)
+        applied = skip.logical_not()  # skip is 0 or 1
+        self._clip(grads, norms, max_grad_norm)
+        self._apply(optimizer, skip, applied)
+        self._update(found_inf, no_data, applied)
         return StepOutcome(
             overflow=found_inf,
-            applied=skip.logical_not(),  # skip is 0 or 1
-            overflow_kind=agreed.kind,
+            applied=applied,
             loss_scale=scale_used,
-            grad_norm=check.norms.total,
+            grad_norm=norms.total,
             skipped_steps=self._skipped,
             underflow_fraction=underflow,
-            rank_kinds=agreed.rank_kinds,
-            param_kinds=self._no_evidence if agreed.param_kinds is None else agreed.param_kinds,
+            agreed_rank_kinds=agreed.rank_kinds,
+            param_evidence=self._no_evidence if agreed.param_evidence is None else agreed.param_evidence,
         )
 
     @property
@@ -269,32 +276,32 @@ class PrecisionPolicy(ABC):
         local_kind = torch.maximum(found, param_kinds.max()) if grads.tensors else found
         return _Check(norms, param_kinds, local_kind)
 
-    def _check_alone(self, grads: Gradients) -> tuple[_Check, _Agreement]:
-        """One process: the same verdict as :meth:`_unscale_and_check` then :meth:`_agree`, with no reduction
-        and fewer device ops. The global norm is the norm of the per-tensor norms, so it is NaN when any
-        gradient holds a NaN and infinite when any holds an infinity (or the squares overflow): its kind,
-        with the scaler's flag and the overflow sources, is the step's kind, and the one rank's kind. The
-        per-parameter kinds are taken only for the forensics observer. The scaler's flag is implied by
-        the norm (a gradient holding an infinity or NaN before unscaling still holds one after it)."""
+    def _check_alone(self, grads: Gradients) -> tuple[GradNorms, _Agreement]:
+        """One process: the verdict of :meth:`_unscale_and_check` then :meth:`_agree`, with no reduction and
+        fewer device ops. The global norm is the norm of the per-tensor norms, so it is NaN when any
+        gradient holds a NaN and infinite when any holds an infinity (or the squares overflow): its
+        non-finiteness, with the overflow sources, is the step's overflow flag (the scaler's flag is
+        implied by it: a gradient holding an infinity or NaN before unscaling still holds one after).
+        The kinds are told later from the norms (:class:`trainer.step_outcome.StepOutcome`): the
+        forensics' evidence is the per-parameter norms themselves."""
         found = self.scaler.unscale_(local_tensors(grads.tensors))
         for source in self._overflow_sources:
             found = torch.maximum(found, source().to(found.device, torch.float32))
         norms = grad_norms(grads.tensors, self.device)
-        kind = nonfinite_kinds(norms.total)
+        flag = nonfinite_flag(norms.total)
         if self._overflow_sources:  # the scaler's flag needs no max: a gradient it flags makes the norm non-finite
-            kind = torch.maximum(found, kind)
+            flag = torch.maximum(found, flag)
         forensics = self.observers.forensics
-        param_kinds = None if forensics is None else forensics.evidence(nonfinite_kinds(norms.per_tensor), grads)
-        check = _Check(norms, self._no_evidence if param_kinds is None else param_kinds, kind)
-        return check, _Agreement(kind, kind.reshape(1), param_kinds)
+        evidence = None if forensics is None else forensics.evidence(norms.per_tensor, grads)
+        return norms, _Agreement(flag, None, evidence)
 
     def _agree(self, check: _Check, grads: Gradients) -> _Agreement:
-        """One MAX reduction over the ranks (the forensics' evidence rides along); the global norm's kind joins in."""
+        """One MAX reduction over the ranks (the forensics' evidence rides along); the global norm's flag joins in."""
         forensics = self.observers.forensics
         evidence = None if forensics is None else forensics.evidence(check.param_kinds, grads)
         verdict = agree_across_ranks(check.local_kind, evidence)
-        kind = torch.maximum(verdict.kind, nonfinite_kinds(check.norms.total))
-        return _Agreement(kind, verdict.rank_kinds, verdict.evidence)
+        found_inf = torch.maximum(verdict.kind.clamp(max=1.0), nonfinite_flag(check.norms.total))  # kinds are 0, 1, 2
+        return _Agreement(found_inf, verdict.rank_kinds, verdict.evidence)
 
     @staticmethod
     def _clip(grads: Gradients, norms: GradNorms, max_grad_norm: float | None) -> None:
@@ -302,8 +309,13 @@ class PrecisionPolicy(ABC):
         if max_grad_norm is not None and grads.tensors:
             clip_grads_(grads.tensors, max_grad_norm, norms.total)
 
-    def _apply(self, optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
-        """Step the optimizer, which skips itself on the device where ``skip`` is 1 (AMP protocol)."""
+    def _apply(self, optimizer: torch.optim.Optimizer, skip: Tensor, applied: Tensor) -> None:
+        """Step the optimizer, which skips itself on the device where ``skip`` is 1: Halfcast's own through
+        their direct step (no ``torch.optim`` step wrapper), others by the AMP protocol."""
+        if isinstance(optimizer, DeviceSkipOptimizer):
+            with torch.no_grad():
+                optimizer.apply_update(skip, applied)
+            return
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             optimizer.grad_scale = None  # type: ignore[attr-defined]
             optimizer.found_inf = skip  # type: ignore[attr-defined]
@@ -321,10 +333,14 @@ class PrecisionPolicy(ABC):
         if not bool(skip):
             optimizer.step()
 
-    def _update(self, found_inf: Tensor, no_data: Tensor | None) -> None:
-        """Count a skipped step; advance the loss scale (held for a window without data)."""
+    def _update(self, found_inf: Tensor, no_data: Tensor | None, applied: Tensor) -> None:
+        """Count a skipped step; advance the loss scale (held for a window without data). ``applied`` is
+        ``found_inf``'s logical not when the window held data (the scaler's clean flag: no op of its own)."""
         self._skipped = self._skipped + found_inf  # float64 + float32 flag: exact, one op
-        self.scaler.update(found_inf, hold=no_data)
+        if no_data is None:
+            self.scaler.update(found_inf, clean=applied)
+        else:
+            self.scaler.update(found_inf, hold=no_data)
 
 
 def _autocast_to(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:

@@ -79,11 +79,10 @@ class RecordSink:
         self.write(self._stamped(record, when))
 
     def steps(self, records: Iterable[tuple[float, StepRecord]]) -> None:
-        """``step`` lines for ``(unix time, record)`` pairs, flushed once at the end."""
+        """``step`` lines for ``(unix time, record)`` pairs, written and flushed at once."""
         if self._file is None:
             return
-        for when, record in records:
-            self._write_line(self._stamped(record, when))
+        self._file.write("".join(step_line(self._stamped(record, when)) + "\n" for when, record in records))
         self._file.flush()
 
     def _stamped(self, record: StepRecord, when: float | None) -> StepRecord:
@@ -92,7 +91,7 @@ class RecordSink:
         if (
             when is not None
             and record.time == when
-            and all(getattr(record, key, None) == value for key, value in self.step_fields.items())
+            and (not self.step_fields or all(getattr(record, k, None) == v for k, v in self.step_fields.items()))
         ):
             return record
         return record.model_copy(update={**self.step_fields, "time": when})

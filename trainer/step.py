@@ -12,7 +12,7 @@ read on the host (see :mod:`trainer.loop` for the whole job).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,7 @@ from trainer.data import Batch
 from trainer.distributed import DistContext, all_reduce_sum
 from trainer.faults import FaultInjector
 from trainer.losses import LossFn
+from trainer.optimizers import DeviceSkipOptimizer
 from trainer.overflow import is_distributed
 from trainer.parallel import grad_sync
 from trainer.precision import PrecisionPolicy
@@ -29,24 +30,32 @@ from trainer.step_outcome import StepOutcome
 from trainer.telemetry import StepLog, StepMetrics
 
 
-@dataclass(frozen=True)
-class WindowStats:
-    """Global totals of one window over all ranks, as 0-d device tensors.
+class WindowStats(NamedTuple):
+    """Global totals of one window over all ranks, as 0-d device tensors (a named tuple: one per step).
 
-    ``loss``: float64 mean loss per loss-bearing element; ``num_elements``,
-    ``num_samples``, ``num_tokens``: int64, or python ints when one process trained (the
-    batches' metadata are then the global counts, no device op needed); ``num_tokens`` is
-    ``None`` for non-token data.
+    ``loss_total``: the window's loss over all ranks, divided by ``loss_count`` (a host integer)
+    to give the float64 mean loss per loss-bearing element (:attr:`loss`): one process leaves the
+    division to the host, which reads the step row in float64 anyway (:mod:`trainer.telemetry`:
+    the same IEEE division, no device op); several ranks divide on the device (``loss_count`` 1).
+    ``num_elements``, ``num_samples``, ``num_tokens``: int64, or python ints when one process
+    trained (the batches' metadata are then the global counts, no device op needed);
+    ``num_tokens`` is ``None`` for non-token data.
     """
 
-    loss: Tensor
+    loss_total: Tensor
+    loss_count: int
     num_elements: Tensor | int
     num_samples: Tensor | int
     num_tokens: Tensor | int | None
 
+    @property
+    def loss(self) -> Tensor:
+        """0-d float64: the mean loss per loss-bearing element (device ops; the step log divides on the host)."""
+        total = self.loss_total.double()
+        return total / self.loss_count if self.loss_count != 1 else total
 
-@dataclass(frozen=True)
-class StepResult:
+
+class StepResult(NamedTuple):
     """One attempted optimizer step: the window's totals, the precision's outcome, the lr used (0-d tensor)."""
 
     window: WindowStats
@@ -90,7 +99,7 @@ def accumulate_window(
         loss_sum += batch_loss.detach().float()
     global_loss = all_reduce_sum(loss_sum).double() / count
     tokens = None if any(b.num_tokens is None for b in micro_batches) else counts[2]
-    return WindowStats(loss=global_loss, num_elements=counts[0], num_samples=counts[1], num_tokens=tokens)
+    return WindowStats(global_loss, 1, num_elements=counts[0], num_samples=counts[1], num_tokens=tokens)
 
 
 def _accumulate_alone(
@@ -98,7 +107,8 @@ def _accumulate_alone(
 ) -> WindowStats:
     """:func:`accumulate_window` for one process: the counts are host integers, so each micro-batch's
     loss is divided by a python number (the same float32 division as by the count's tensor) and
-    nothing is all-reduced; a one-micro-batch window keeps its loss without a running sum."""
+    nothing is all-reduced; a one-micro-batch window keeps its loss without a running sum, and the
+    window's mean is left to the host (``loss_count``)."""
     elements = sum(b.num_elements for b in micro_batches)
     count = max(elements, 1)
     loss_sum: Tensor | None = None
@@ -114,7 +124,8 @@ def _accumulate_alone(
     assert loss_sum is not None, "a window holds at least one micro-batch"
     tokens = None if any(b.num_tokens is None for b in micro_batches) else sum(b.num_tokens or 0 for b in micro_batches)
     return WindowStats(
-        loss=loss_sum.double() / count if count != 1 else loss_sum.double(),
+        loss_sum,
+        count,
         num_elements=elements,
         num_samples=sum(b.num_samples for b in micro_batches),
         num_tokens=tokens,
@@ -147,7 +158,7 @@ def _maybe_empty(micro_batches: Sequence[Batch], window: WindowStats) -> Tensor 
     if any(b.num_elements > 0 for b in micro_batches):
         return None
     if isinstance(window.num_elements, int):  # one process: the count is known, and it is 0
-        return torch.ones((), dtype=torch.bool, device=window.loss.device)
+        return torch.ones((), dtype=torch.bool, device=window.loss_total.device)
     return window.num_elements == 0
 
 
@@ -184,23 +195,43 @@ def train_step(
         no_data=_maybe_empty(micro_batches, window),
     )
     components.lr_scheduler.step(outcome.applied)
-    components.optimizer.zero_grad(set_to_none=True)
+    optimizer = components.optimizer
+    if isinstance(optimizer, DeviceSkipOptimizer):
+        optimizer.clear_grads()  # zero_grad(set_to_none=True) without its wrapper
+    else:
+        optimizer.zero_grad(set_to_none=True)
     return StepResult(window=window, outcome=outcome, lr=lr)
 
 
 def record_step(step_log: StepLog, step: int, result: StepResult) -> None:
     """Write ``result`` into the next row of ``step_log`` as :class:`trainer.telemetry.StepMetrics` (device ops only)."""
     window, outcome = result.window, result.outcome
+    tokens = window.num_tokens
     metrics = StepMetrics(
-        loss=window.loss,
-        loss_scale=outcome.loss_scale,
-        overflow_kind=outcome.overflow_kind,
-        skipped_steps=outcome.skipped_steps,
-        grad_norm=outcome.grad_norm,
-        lr=result.lr,
-        samples=window.num_samples,
-        tokens=window.num_tokens if window.num_tokens is not None else window.num_samples,
-        underflow_fraction=outcome.underflow_fraction,
+        window.loss_total,
+        outcome.loss_scale,
+        outcome.overflow,
+        outcome.skipped_steps,
+        outcome.grad_norm,
+        result.lr,
+        outcome.underflow_fraction,
+        window.num_samples,
+        window.num_samples if tokens is None else tokens,
     )
-    evidence = (outcome.rank_kinds, outcome.param_kinds) if step_log.num_ranks + step_log.num_params else ()
-    step_log.record(step, metrics, has_tokens=window.num_tokens is not None, evidence=evidence)
+    evidence = _evidence(step_log, outcome)
+    step_log.record(step, metrics, has_tokens=tokens is not None, evidence=evidence, loss_count=window.loss_count)
+
+
+def _evidence(step_log: StepLog, outcome: StepOutcome) -> tuple[Tensor, ...]:
+    """The step's overflow evidence in ``step_log``'s layout (:attr:`trainer.telemetry.StepLog.evidence_widths`).
+
+    Raises:
+        ValueError: a log laid out for one process given a step agreed across ranks, or the reverse.
+    """
+    if not step_log.evidence_widths:
+        return ()
+    if (outcome.agreed_rank_kinds is None) != step_log.one_process:
+        raise ValueError(f"a step log for {step_log.num_ranks} rank(s) got a step of another world size")
+    if outcome.agreed_rank_kinds is None:
+        return (outcome.param_evidence,)
+    return (outcome.agreed_rank_kinds, outcome.param_evidence)

@@ -3,32 +3,37 @@
 Each attempted optimizer step writes one row of a preallocated ``[capacity, F + W + P]``
 float64 buffer on the training device (one ``torch._foreach_copy_`` into views of the row's
 cells taken once): the window loss, the loss scale used, the overflow
-kind, the cumulative skipped steps, the raw gradient norm, the learning rate used, the
+flag, the cumulative skipped steps, the raw gradient norm, the learning rate used, the
 sampled underflow fraction, the global sample and token counts (:class:`StepMetrics`; counts a
 single process knows on the host stay there, beside the row), then the step's
-overflow evidence (:mod:`trainer.forensics`: the kind per rank, then per parameter).
+overflow evidence (:mod:`trainer.forensics`: the kind per rank, then per parameter; from one
+process, the per-parameter gradient norms alone, whose NaN or infinity is the kind).
 Nothing is read on the host while rows accumulate. :meth:`StepLog.drain` copies the
 filled rows with one ``tolist()`` (the interval's only device-to-host
-synchronisation) and returns them as :class:`StepRow` host values. float64 holds
+synchronisation) and returns them as :class:`StepRow` host values, telling the kinds
+(0 finite, 1 infinite, 2 NaN) from the flag and the norms there, where it costs the step nothing. float64 holds
 every field exactly: float32 values, and integer counts up to 2**53.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from trainer.overflow import kind_of_norm, kind_of_step
+
 
 class StepMetrics(NamedTuple):
     """One step's values for its row, as 0-d device tensors (any dtypes): the buffer's columns, in order.
 
-    ``loss``: the window's global mean loss; ``loss_scale``: the scale used; ``overflow_kind``:
-    0 clean, 1 infinities, 2 NaN; ``skipped_steps``: cumulative; ``grad_norm``: pre-clip norm
+    ``loss``: the window's global mean loss, or its total when the log divides it (``loss_count`` of
+    :meth:`StepLog.record`); ``loss_scale``: the scale used; ``overflow``:
+    the step's overflow flag (0 or 1); ``skipped_steps``: cumulative; ``grad_norm``: pre-clip norm
     of the unscaled gradients; ``lr``: the learning rate used; ``samples``, ``tokens``: the
     window's global counts (``tokens`` = ``samples`` for non-token data); ``underflow_fraction``:
     NaN when the step was not sampled. The counts may be python ints (one process knows them from
@@ -37,7 +42,7 @@ class StepMetrics(NamedTuple):
 
     loss: Tensor
     loss_scale: Tensor
-    overflow_kind: Tensor
+    overflow: Tensor
     skipped_steps: Tensor
     grad_norm: Tensor
     lr: Tensor
@@ -50,7 +55,7 @@ class StepMetrics(NamedTuple):
         return [
             self.loss,
             self.loss_scale,
-            self.overflow_kind,
+            self.overflow,
             self.skipped_steps,
             self.grad_norm,
             self.lr,
@@ -65,9 +70,8 @@ FIELDS: tuple[str, ...] = StepMetrics._fields
 DEVICE_FIELDS = len(FIELDS) - 2
 
 
-@dataclass(frozen=True)
-class StepRow:
-    """One attempted step, read back on the host.
+class StepRow(NamedTuple):
+    """One attempted step, read back on the host (a named tuple: a flush builds one per step).
 
     ``time``: unix seconds when the host issued the step; ``loss``: global mean loss of
     the window (may be non-finite); ``overflow_kind``: 0 clean, 1 infinities, 2 NaN;
@@ -109,7 +113,11 @@ class StepLog:
     Args:
         capacity: rows per logging interval (>= 1).
         device: where the rows are written (the training device).
-        num_ranks, num_params: widths of the overflow evidence kept per row (0: none).
+        num_ranks, num_params: widths of the overflow evidence kept per row (0: none). With
+            ``num_ranks`` 1 (one process) the row keeps no rank column (the one rank's kind is
+            the step's) and its parameter columns hold the gradient norms
+            (:attr:`trainer.step_outcome.StepOutcome.param_evidence`); with more ranks, the
+            agreed kinds per rank and per parameter.
 
     Raises:
         ValueError: ``capacity`` < 1.
@@ -120,22 +128,28 @@ class StepLog:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.num_ranks, self.num_params = num_ranks, num_params
-        width = len(FIELDS) + num_ranks + num_params
+        self.one_process = num_ranks == 1
+        #: Widths of the evidence each :meth:`record` gets, in order.
+        self.evidence_widths = (
+            [num_params] if self.one_process else [num_ranks, num_params] if num_ranks + num_params else []
+        )
+        width = len(FIELDS) + sum(self.evidence_widths)
         self._buffer = torch.zeros((capacity, width), dtype=torch.float64, device=device)
-        # Views of every row's cells (one 0-d view per column, then the rank and parameter evidence),
-        # taken once: a step's row is then written by one ``_foreach_copy_``. Per row, the targets of a
-        # step whose counts stay on the host, and of one that wrote them too.
+        # Views of every row's cells (one 0-d view per column, then each evidence part), taken once: a
+        # step's row is then written by one ``_foreach_copy_``. Per row, the targets of a step whose
+        # counts stay on the host, and of one that wrote them too.
+        bounds = [len(FIELDS)]
+        for part in self.evidence_widths:
+            bounds.append(bounds[-1] + part)
         cells = [list(row[: len(FIELDS)].unbind(0)) for row in self._buffer]
-        evidence = [
-            [row[len(FIELDS) : len(FIELDS) + num_ranks], row[len(FIELDS) + num_ranks :]] if width > len(FIELDS) else []
-            for row in self._buffer
-        ]
+        evidence = [[row[a:b] for a, b in itertools.pairwise(bounds)] for row in self._buffer]
         self._host_count_targets = [c[:DEVICE_FIELDS] + e for c, e in zip(cells, evidence, strict=True)]
         self._all_targets = [c + e for c, e in zip(cells, evidence, strict=True)]
         self._steps: list[int] = []
         self._times: list[float] = []
         self._has_tokens: list[bool] = []
         self._host_counts: list[tuple[int, int] | None] = []
+        self._loss_counts: list[int] = []
 
     @property
     def pending(self) -> int:
@@ -150,38 +164,43 @@ class StepLog:
     @property
     def full(self) -> bool:
         """True when the next :meth:`record` would not fit."""
-        return self.pending >= self.capacity
+        return len(self._steps) >= self.capacity
 
-    def record(self, step: int, values: StepMetrics, has_tokens: bool, evidence: Sequence[Tensor] = ()) -> None:
+    def record(
+        self, step: int, values: StepMetrics, has_tokens: bool, evidence: Sequence[Tensor] = (), loss_count: int = 1
+    ) -> None:
         """Write step ``step``'s 0-d ``values`` into the next row.
 
-        ``evidence``: ``(rank_kinds [num_ranks], param_kinds [num_params])`` when the log
-        keeps them (see :class:`trainer.step_outcome.StepOutcome`).
+        ``loss_count``: the host divides the row's loss by it when it reads the row (in float64, as the
+        device would: one process's window mean costs the step no op).
+
+        ``evidence``: tensors of :attr:`evidence_widths` (see the class): ``(param_norms,)`` from one
+        process, ``(rank_kinds, param_kinds)`` from several (:class:`trainer.step_outcome.StepOutcome`).
 
         Raises:
             RuntimeError: the buffer is full (drain it first).
             ValueError: the wrong number of values, or evidence of the wrong width.
         """
-        if self.full:
+        index = len(self._steps)
+        if index >= self.capacity:
             raise RuntimeError("step log is full: drain() before recording more steps")
         if len(values) != len(FIELDS):
             raise ValueError(f"expected {len(FIELDS)} values {FIELDS}, got {len(values)}")
-        index = self.pending
-        on_host = isinstance(values.samples, int) and isinstance(values.tokens, int)
+        samples, tokens = values.samples, values.tokens
+        on_host = type(samples) is int and type(tokens) is int
         sources = values.device_columns()
         if not on_host:
             device = self._buffer.device
-            sources += [
-                v if isinstance(v, Tensor) else torch.tensor(v, device=device) for v in (values.samples, values.tokens)
-            ]
-        if self.num_ranks + self.num_params:
+            sources += [v if isinstance(v, Tensor) else torch.tensor(v, device=device) for v in (samples, tokens)]
+        if self.evidence_widths:
             widths = [t.numel() for t in evidence]
-            if widths != [self.num_ranks, self.num_params]:
-                raise ValueError(f"expected evidence widths [{self.num_ranks}, {self.num_params}], got {widths}")
+            if widths != self.evidence_widths:
+                raise ValueError(f"expected evidence widths {self.evidence_widths}, got {widths}")
             sources += evidence
         targets = self._host_count_targets[index] if on_host else self._all_targets[index]
         torch._foreach_copy_(targets, sources)  # the whole row, every value cast to float64, in one op
-        self._host_counts.append((int(values.samples), int(values.tokens)) if on_host else None)
+        self._host_counts.append((samples, tokens) if on_host else None)  # type: ignore[arg-type]  # ints: on_host
+        self._loss_counts.append(loss_count)
         self._steps.append(step)
         self._times.append(time.time())
         self._has_tokens.append(has_tokens)
@@ -190,37 +209,54 @@ class StepLog:
         """The pending rows on the host (one device-to-host copy), oldest first; empties the log."""
         if not self._steps:
             return []
-        values = self._buffer[: self.pending].tolist()
+        values = self._buffer[: len(self._steps)].tolist()
         rows = [
-            self._row(step, when, has_tokens, counts, row)
-            for step, when, has_tokens, counts, row in zip(
-                self._steps, self._times, self._has_tokens, self._host_counts, values, strict=True
+            self._row(step, when, has_tokens, counts, loss_count, row)
+            for step, when, has_tokens, counts, loss_count, row in zip(
+                self._steps, self._times, self._has_tokens, self._host_counts, self._loss_counts, values, strict=True
             )
         ]
-        self._steps, self._times, self._has_tokens, self._host_counts = [], [], [], []
+        self._steps, self._times, self._has_tokens, self._host_counts, self._loss_counts = [], [], [], [], []
         return rows
 
     def _row(
-        self, step: int, when: float, has_tokens: bool, counts: tuple[int, int] | None, values: list[float]
+        self,
+        step: int,
+        when: float,
+        has_tokens: bool,
+        counts: tuple[int, int] | None,
+        loss_count: int,
+        values: list[float],
     ) -> StepRow:
-        """One buffer row read back: the :class:`StepMetrics` columns by name (the counts from the host
-        when they stayed there), then the evidence."""
-        metrics = dict(zip(FIELDS, values, strict=False))
+        """One buffer row read back: the :class:`StepMetrics` columns in order (the loss divided by its
+        count, the counts from the host when they stayed there), the step's kind told from its flag and
+        norm, then the evidence."""
+        loss, loss_scale, flag, skipped, grad_norm, lr, underflow, samples, tokens = values[: len(FIELDS)]
+        if loss_count != 1:
+            loss /= loss_count
         if counts is not None:
-            metrics["samples"], metrics["tokens"] = counts
-        evidence = values[len(FIELDS) :]
+            samples, tokens = counts
+        kind = kind_of_step(flag, grad_norm)
         return StepRow(
-            step=step,
-            time=when,
-            loss=metrics["loss"],
-            loss_scale=metrics["loss_scale"],
-            overflow_kind=metrics["overflow_kind"],
-            skipped_steps=int(metrics["skipped_steps"]),
-            grad_norm=metrics["grad_norm"],
-            lr=metrics["lr"],
-            samples=int(metrics["samples"]),
-            tokens=int(metrics["tokens"]) if has_tokens else None,
-            underflow_fraction=metrics["underflow_fraction"],
-            rank_kinds=tuple(evidence[: self.num_ranks]),
-            param_kinds=tuple(evidence[self.num_ranks :]),
+            step,
+            when,
+            loss,
+            loss_scale,
+            kind,
+            int(skipped),
+            grad_norm,
+            lr,
+            int(samples),
+            int(tokens) if has_tokens else None,
+            underflow,
+            *self._evidence(kind, values),
         )
+
+    def _evidence(self, kind: float, values: list[float]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """``(rank_kinds, param_kinds)`` of a row: one process's from its kind and gradient norms."""
+        if self.one_process:
+            return (kind,), tuple(map(kind_of_norm, values[len(FIELDS) :]))
+        if not self.evidence_widths:
+            return (), ()
+        ranks_end = len(FIELDS) + self.num_ranks
+        return tuple(values[len(FIELDS) : ranks_end]), tuple(values[ranks_end:])

@@ -36,6 +36,7 @@ from trainer.loop import train
 from trainer.loss_scale import DynamicLossScaler, StaticLossScaler
 from trainer.losses import task_loss
 from trainer.optim import build_lr_scheduler, build_optimizer
+from trainer.optimizers import DeviceSkipOptimizer
 from trainer.parallel import grad_sync, unwrap_model, wrap_model
 from trainer.precision import build_precision, build_scaler
 from trainer.records import read_records
@@ -388,15 +389,17 @@ def _reference_clipped(
 
 
 def _record_optimizer_inputs(optimizer: torch.optim.Optimizer) -> list[list[Tensor]]:
-    """Wrap ``optimizer.step`` to keep a copy of the gradients it receives at every call."""
+    """Wrap the optimizer's step (Halfcast's direct ``apply_update``, the one the precision step calls) to keep a
+    copy of the gradients it receives at every call."""
     received: list[list[Tensor]] = []
-    original = optimizer.step
+    name = "apply_update" if isinstance(optimizer, DeviceSkipOptimizer) else "step"
+    original = getattr(optimizer, name)
 
     def step(*args: Any, **kwargs: Any) -> Any:
         received.append([p.grad.detach().clone() for group in optimizer.param_groups for p in group["params"]])
         return original(*args, **kwargs)
 
-    optimizer.step = step  # type: ignore[method-assign]
+    setattr(optimizer, name, step)
     return received
 
 

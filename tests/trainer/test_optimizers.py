@@ -108,6 +108,28 @@ def test_applied_steps_are_bit_identical_to_pytorch(name: str, implementation: s
 
 
 @pytest.mark.parametrize(("name", "implementation"), PATHS)
+def test_the_direct_step_equals_the_amp_protocol_step_bit_for_bit(name: str, implementation: str) -> None:
+    """``apply_update(found_inf, applied)`` (what the precision step calls, without torch.optim's step
+    wrapper; fused AdamW counts its steps by ``applied`` in one op) leaves every parameter, moment and step
+    counter as ``step()`` with ``found_inf`` set does, over applied and skipped steps alike."""
+    direct_params, amp_params = _params(), _params()
+    direct, amp = _halfcast(name, implementation, direct_params), _halfcast(name, implementation, amp_params)
+    for step in range(1, 9):
+        grads, flag = _grads(step), 1.0 if step in (1, 4, 5) else 0.0
+        _set_grads(direct_params, grads)
+        _set_grads(amp_params, grads)
+        found_inf = torch.tensor(flag)
+        with torch.no_grad():
+            direct.apply_update(found_inf, found_inf.logical_not())  # type: ignore[attr-defined]
+        _step(amp, flag)
+        assert _snapshot(direct_params, direct).keys() == _snapshot(amp_params, amp).keys()
+        for key, value in _snapshot(direct_params, direct).items():
+            assert torch.equal(value, _snapshot(amp_params, amp)[key]), f"{key} differs after step {step}"
+        direct.clear_grads()  # type: ignore[attr-defined]
+        assert all(p.grad is None for p in direct_params)
+
+
+@pytest.mark.parametrize(("name", "implementation"), PATHS)
 @pytest.mark.parametrize("skip_at", [1, 4])
 def test_a_skipped_step_changes_no_bit_on_any_path(name: str, implementation: str, skip_at: int) -> None:
     """Overflow at the first step and at a later one, through the precision policy and the device schedule:

@@ -120,8 +120,8 @@ class _Recorder:
         self.calls.append(("before_unscale", (step, [g.clone() for g in grads])))
         return torch.tensor(0.25) if step == 2 else None
 
-    def evidence(self, param_kinds: Tensor, grads: Gradients) -> Tensor:
-        self.calls.append(("evidence", (param_kinds.clone(), grads.present, grads.count)))
+    def evidence(self, values: Tensor, grads: Gradients) -> Tensor:
+        self.calls.append(("evidence", (values.clone(), grads.present, grads.count)))
         return torch.tensor([7.0])
 
 
@@ -140,11 +140,12 @@ def test_observers_are_called_at_their_points_with_the_scaled_gradients() -> Non
         outcome = policy.step(optimizer, params, None, step=step)
         unscaled = [p.grad for p in params[:3]]
         assert all(torch.equal(s / 64.0, u) for s, u in zip(scaled, unscaled, strict=True))
-        (point, (seen_step, seen)), (second, (kinds, present, count)) = recorder.calls[-2:]
+        (point, (seen_step, seen)), (second, (values, present, count)) = recorder.calls[-2:]
         assert (point, second, seen_step) == ("before_unscale", "evidence", step)
         assert all(torch.equal(s, g) for s, g in zip(scaled, seen, strict=True))  # before unscaling
-        assert kinds.tolist() == [0.0, 0.0, 0.0] and present == [0, 1, 2] and count == 4
-        assert outcome.param_kinds.tolist() == [7.0]  # the evidence came back through the agreement
+        # one process: each existing gradient's norm (its NaN or infinity is its kind), not kinds
+        assert torch.equal(values, torch.stack(torch._foreach_norm(unscaled))) and present == [0, 1, 2] and count == 4
+        assert outcome.param_evidence.tolist() == [7.0]  # the observer's evidence is the step's
         assert outcome.underflow_fraction.item() == 0.25 if step == 2 else torch.isnan(outcome.underflow_fraction)
         optimizer.zero_grad(set_to_none=True)
     assert len(recorder.calls) == 4

@@ -22,12 +22,13 @@ CPU = torch.device("cpu")
 
 
 def _values(loss: float, kind: float, skipped: int, samples: int, tokens: int) -> StepMetrics:
+    """A row's values for a step of ``kind`` (0 clean, 1 infinities, 2 NaN): the flag, and the norm that tells the kind."""
     return StepMetrics(
         loss=torch.tensor(loss),
         loss_scale=torch.tensor(1024.0),
-        overflow_kind=torch.tensor(kind),
+        overflow=torch.tensor(1.0 if kind else 0.0),
         skipped_steps=torch.tensor(skipped),
-        grad_norm=torch.tensor(float("nan") if kind else 0.5),
+        grad_norm=torch.tensor({0.0: 0.5, 1.0: float("inf"), 2.0: float("nan")}[kind]),
         lr=torch.tensor(0.1, dtype=torch.float64),
         samples=torch.tensor(samples),
         tokens=torch.tensor(tokens),
@@ -66,6 +67,28 @@ def test_rows_carry_the_overflow_evidence_of_every_rank_and_parameter() -> None:
     assert overflow.rank_kinds == (0.0, 2.0) and overflow.param_kinds == (1.0, 0.0, 2.0)
     with pytest.raises(ValueError, match="evidence"):
         log.record(3, _values(0.5, 0.0, 0, 8, 8), has_tokens=False, evidence=(torch.zeros(1), torch.zeros(3)))
+
+
+@pytest.mark.parametrize(
+    ("kind", "norms", "param_kinds"),
+    [
+        (0.0, [0.5, 3.0, 1.0], (0.0, 0.0, 0.0)),
+        (1.0, [0.5, float("inf"), 2.0], (0.0, 1.0, 0.0)),
+        (2.0, [float("nan"), float("inf"), 1.0], (2.0, 1.0, 0.0)),
+    ],
+)
+def test_one_process_rows_keep_the_gradient_norms_and_the_host_tells_the_kinds(
+    kind: float, norms: list[float], param_kinds: tuple[float, ...]
+) -> None:
+    """One process: the row holds the overflow flag and the per-parameter gradient norms (no device op makes
+    kinds); read back, the kinds are the norms' (NaN 2, infinite 1, else 0: a norm of exactly 1.0 or 2.0 is
+    finite) and the one rank's kind is the step's, told from the flag and the global norm."""
+    log = StepLog(1, CPU, num_ranks=1, num_params=3)
+    assert log.evidence_widths == [3]
+    log.record(1, _values(0.5, kind, int(kind > 0), 8, 8), has_tokens=False, evidence=(torch.tensor(norms),))
+    (row,) = log.drain()
+    assert row.overflow_kind == kind and row.rank_kinds == (kind,) and row.param_kinds == param_kinds
+    assert row.nan == (kind == 2.0) and row.overflow == (kind > 0)
 
 
 @pytest.fixture
