@@ -67,7 +67,7 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         app.state.settings = settings
         app.state.engine = engine
         app.state.session_factory = make_session_factory(engine)
-        app.state.job_reads = job_reads_for(engine, pool_limits(settings), ping_after_idle_s=API_PING_AFTER_IDLE_S)
+        app.state.job_reads = job_reads_for(engine, poll_pool_limits(settings), ping_after_idle_s=API_PING_AFTER_IDLE_S)
         app.state.queue = own_queue or queue
         app.state.registry = build_registry(app.state.session_factory)
         app.state.registry.register(StreamCollector(app.state.event_streams, "event"))
@@ -92,6 +92,17 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
 def pool_limits(settings: Settings) -> PoolLimits:
     """The API's database pool: ``HALFCAST_DB_POOL_SIZE``, ``HALFCAST_DB_MAX_OVERFLOW``, ``HALFCAST_DB_POOL_TIMEOUT_S``."""
     return PoolLimits(settings.db_pool_size, settings.db_max_overflow, settings.db_pool_timeout_s)
+
+
+def poll_pool_limits(settings: Settings) -> PoolLimits:
+    """``GET /jobs/{id}``'s own pool on PostgreSQL: :func:`pool_limits`, at most ``HALFCAST_API_MAX_CONCURRENCY`` open.
+
+    Admission lets no more requests in at once, and a poll holds one connection, so more could never be used.
+    """
+    limits = pool_limits(settings)
+    most = min(limits.size + limits.max_overflow, settings.api_max_concurrency)
+    size = min(limits.size, most)
+    return PoolLimits(size, most - size, limits.timeout_s)
 
 
 def admission_limiter(settings: Settings) -> Limiter:

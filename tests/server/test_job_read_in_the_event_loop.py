@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.app import create_app
+from server.app import create_app, poll_pool_limits
 from server.db.async_pool import AsyncPool, DeadConnection, PoolBusy, connector
 from server.db.engine import PoolLimits, make_engine, make_session_factory
 from server.db.job_readers import ThreadedJobReads, job_reads_for
@@ -288,3 +288,12 @@ def test_on_postgres_the_poll_runs_no_statement_on_the_engine(
         for _ in range(3):
             assert client.get(f"/jobs/{job_id}").status_code == 200
     assert statements == []
+
+
+def test_the_polls_pool_is_the_engines_capped_at_the_admitted_requests(tmp_path: Any) -> None:
+    defaults = Settings(data_dir=tmp_path)
+    assert poll_pool_limits(defaults) == PoolLimits(size=10, max_overflow=6, timeout_s=5.0)  # 16 admitted at once
+    small = defaults.model_copy(update={"db_pool_size": 1, "db_max_overflow": 0, "db_pool_timeout_s": 0.2})
+    assert poll_pool_limits(small) == PoolLimits(size=1, max_overflow=0, timeout_s=0.2)
+    narrow = defaults.model_copy(update={"api_max_concurrency": 4})
+    assert poll_pool_limits(narrow) == PoolLimits(size=4, max_overflow=0, timeout_s=5.0)
