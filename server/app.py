@@ -18,6 +18,7 @@ from fastapi_offline import FastAPIOffline
 from common.redact import install_log_redaction
 from server.auth import check_exposure
 from server.db.engine import API_PING_AFTER_IDLE_S, PoolLimits, make_engine, make_session_factory
+from server.db.job_readers import job_reads_for
 from server.http.admission import AdmissionCollector, AdmissionMiddleware, Limiter
 from server.http.body_errors import install_body_error_handlers
 from server.http.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
@@ -36,6 +37,7 @@ from server.routes import (
     events,
     exports,
     health,
+    job_poll,
     job_resource,
     jobs,
     logs,
@@ -65,6 +67,7 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         app.state.settings = settings
         app.state.engine = engine
         app.state.session_factory = make_session_factory(engine)
+        app.state.job_reads = job_reads_for(engine, poll_pool_limits(settings), ping_after_idle_s=API_PING_AFTER_IDLE_S)
         app.state.queue = own_queue or queue
         app.state.registry = build_registry(app.state.session_factory)
         app.state.registry.register(StreamCollector(app.state.event_streams, "event"))
@@ -80,6 +83,7 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         finally:
             if own_queue is not None:
                 own_queue.close()
+            await app.state.job_reads.close()
             engine.dispose()
 
     return lifespan
@@ -88,6 +92,17 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
 def pool_limits(settings: Settings) -> PoolLimits:
     """The API's database pool: ``HALFCAST_DB_POOL_SIZE``, ``HALFCAST_DB_MAX_OVERFLOW``, ``HALFCAST_DB_POOL_TIMEOUT_S``."""
     return PoolLimits(settings.db_pool_size, settings.db_max_overflow, settings.db_pool_timeout_s)
+
+
+def poll_pool_limits(settings: Settings) -> PoolLimits:
+    """``GET /jobs/{id}``'s own pool on PostgreSQL: :func:`pool_limits`, at most ``HALFCAST_API_MAX_CONCURRENCY`` open.
+
+    Admission lets no more requests in at once, and a poll holds one connection, so more could never be used.
+    """
+    limits = pool_limits(settings)
+    most = min(limits.size + limits.max_overflow, settings.api_max_concurrency)
+    size = min(limits.size, most)
+    return PoolLimits(size, most - size, limits.timeout_s)
 
 
 def admission_limiter(settings: Settings) -> Limiter:
@@ -115,6 +130,8 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     )
     app.state.limiter = admission_limiter(settings)
     app.state.rendered_bodies = job_resource.RenderedBodies()  # GET /jobs/{id}'s bodies by ETag
+    # innermost: a poll, once admitted, skips the router (HEAD and everything else: FastAPI)
+    app.add_middleware(job_poll.JobPollShortcut, route=job_resource.resource_route())
     app.add_middleware(AdmissionMiddleware, limiter=app.state.limiter)  # inside the body limit: bodies are read first
     uploads = {
         ("POST", datasets.UPLOAD_PATH): settings.max_upload_bytes,

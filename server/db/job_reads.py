@@ -1,8 +1,7 @@
 """The read behind ``GET /jobs/{id}``: the caller's token, the job row and its attempts in one statement.
 
 A poller asks for one job again and again, so this read is kept to one round trip
-(plus the pool's pre-ping) on one connection, with no transaction around it
-(:func:`server.db.engine.read_connection`) and no ORM objects::
+on one connection, with no transaction around it and no ORM objects::
 
     SELECT <token>, <job>, <attempt> FROM api_tokens
     LEFT JOIN jobs ON jobs.id = :job_id LEFT JOIN attempts ON attempts.job_id = jobs.id
@@ -13,17 +12,24 @@ A multi-node job's gang memberships (``job_members``) take a second statement, o
 Only the columns the job resource is built from are read (not the lease, the run
 directory or ``updated_at``, which change without the resource changing). The
 token's ``last_used_at`` is refreshed as :func:`server.db.tokens.resolve` does.
+
+The statements (:func:`read_statement`, :func:`members_statement`) and the mapping of
+their rows to views (:func:`job_view`, :func:`token_view`, :func:`with_members`,
+:func:`needs_touch`) are shared by two executions: :func:`read_job`, through SQLAlchemy on
+the engine's pool (:func:`server.db.engine.read_connection`; SQLite, in a worker thread),
+and :class:`server.db.job_reads_async.AsyncJobReads`, on psycopg's async connections in
+the event loop (PostgreSQL).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import BindParameter, Engine, Row, Select, bindparam, select
+from sqlalchemy import BindParameter, Engine, Select, bindparam, select
 from sqlalchemy.exc import DBAPIError
 
 from server.db.engine import read_connection
@@ -158,8 +164,12 @@ class JobRead:
 
 
 @cache
-def _statement(with_token: bool) -> Select[Any]:
-    """The read, built once (bound parameters ``job_id`` and, with the token, ``token_hash``)."""
+def read_statement(with_token: bool) -> Select[Any]:
+    """The read, built once (bound parameters ``job_id`` and, with the token, ``token_hash``).
+
+    Both drivers run it: SQLAlchemy on a pooled connection (:func:`read_job`), and
+    :mod:`server.db.job_reads_async` compiled once to psycopg's SQL.
+    """
     job_id: BindParameter[str] = bindparam("job_id")
     if not with_token:
         query = select(*JOB_COLUMNS, *ATTEMPT_COLUMNS).where(Job.id == job_id)
@@ -173,13 +183,54 @@ def _statement(with_token: bool) -> Select[Any]:
     return query.outerjoin(Attempt, Attempt.job_id == Job.id).order_by(Attempt.attempt)
 
 
-def _job_view(rows: Sequence[Row[Any]], start: int) -> JobView | None:
-    """The job of ``rows`` (its columns from ``start``), or ``None`` when the outer join found none."""
+@cache
+def members_statement() -> Select[*tuple[Any, ...]]:
+    """The gang memberships of one attempt of a job, built once (bound parameters ``job_id`` and ``attempt``)."""
+    return (
+        select(*MEMBER_COLUMNS)
+        .where(JobMember.job_id == bindparam("job_id"), JobMember.attempt == bindparam("attempt"))
+        .order_by(JobMember.node_rank, JobMember.id)
+    )
+
+
+def read_params(job_id: str, token_hash: str | None) -> dict[str, str]:
+    """The read's parameters. An id with NUL (which PostgreSQL cannot compare) is looked up as ``""``: no job."""
+    params = {"job_id": "" if "\x00" in job_id else job_id}
+    if token_hash is not None:
+        params["token_hash"] = token_hash
+    return params
+
+
+def job_view(rows: Sequence[Sequence[Any]], with_token: bool) -> JobView | None:
+    """The job of the read's ``rows``, or ``None`` when the outer join found none (no members yet)."""
+    start = len(TOKEN_COLUMNS) if with_token else 0
     if not rows or rows[0][start] is None:
         return None
     end = start + len(JOB_COLUMNS)
     attempts = tuple(AttemptView(*row[end:]) for row in rows if row[end] is not None)
     return JobView(*rows[0][start:end], attempts=attempts)
+
+
+def token_view(rows: Sequence[Sequence[Any]]) -> TokenView | None:
+    """The token of the read's ``rows`` (read with the token), or ``None`` when no token has the hash."""
+    return TokenView(*rows[0][: len(TOKEN_COLUMNS)]) if rows else None
+
+
+def members_params(job: JobView | None) -> dict[str, Any] | None:
+    """The parameters of :func:`members_statement` for ``job``; ``None`` when it has none to read (not multi-node)."""
+    if job is None or not _multi_node(job.spec):
+        return None
+    return {"job_id": job.id, "attempt": job.attempt}
+
+
+def with_members(job: JobView, rows: Iterable[Sequence[Any]]) -> JobView:
+    """``job`` with the gang memberships of :func:`members_statement`'s ``rows``."""
+    return replace(job, members=tuple(MemberView(*row) for row in rows))
+
+
+def needs_touch(token: TokenView, now: datetime) -> bool:
+    """Whether the live ``token``'s ``last_used_at`` is to be refreshed now (:func:`server.db.tokens.last_use_is_stale`)."""
+    return token.revoked_at is None and last_use_is_stale(token.last_used_at, now)
 
 
 def read_job(engine: Engine, job_id: str, token_hash: str | None) -> JobRead:
@@ -192,9 +243,7 @@ def read_job(engine: Engine, job_id: str, token_hash: str | None) -> JobRead:
     A connection found dead (the API's pool pings only connections that sat idle:
     :mod:`server.db.engine`) is dropped and the read made once more, on a new one.
     """
-    params = {"job_id": "" if "\x00" in job_id else job_id}
-    if token_hash is not None:
-        params["token_hash"] = token_hash
+    params = read_params(job_id, token_hash)
     try:
         return _read_job(engine, params, token_hash)
     except DBAPIError as exc:
@@ -205,32 +254,22 @@ def read_job(engine: Engine, job_id: str, token_hash: str | None) -> JobRead:
 
 def _read_job(engine: Engine, params: dict[str, str], token_hash: str | None) -> JobRead:
     with read_connection(engine) as conn:
-        rows = conn.execute(_statement(token_hash is not None), params).all()
-        start = 0 if token_hash is None else len(TOKEN_COLUMNS)
-        job = _with_members(conn, _job_view(rows, start))
+        rows = conn.execute(read_statement(token_hash is not None), params).all()
+        job = job_view(rows, token_hash is not None)
+        extra = members_params(job)
+        if job is not None and extra is not None:
+            job = with_members(job, conn.execute(members_statement(), extra))
         conn.commit()  # end the read (SQLite) before the write that may follow
         if token_hash is None:
             return JobRead(None, job)
-        if not rows:
+        token = token_view(rows)
+        if token is None:
             return JobRead(None, None)
-        token = TokenView(*rows[0][: len(TOKEN_COLUMNS)])
         now = utcnow()
-        if token.revoked_at is None and last_use_is_stale(token.last_used_at, now):
+        if needs_touch(token, now):
             conn.execute(touch_statement(token.id, now))
             conn.commit()
         return JobRead(token, job)
-
-
-def _with_members(conn: Any, job: JobView | None) -> JobView | None:
-    """``job`` with its current attempt's gang memberships: a second statement, for multi-node jobs only."""
-    if job is None or not _multi_node(job.spec):
-        return job
-    query = (
-        select(*MEMBER_COLUMNS)
-        .where(JobMember.job_id == job.id, JobMember.attempt == job.attempt)
-        .order_by(JobMember.node_rank, JobMember.id)
-    )
-    return replace(job, members=tuple(MemberView(*row) for row in conn.execute(query)))
 
 
 def _multi_node(spec: Any) -> bool:

@@ -1,20 +1,25 @@
 """JSON error responses: ``{"detail": "..."}`` for 404/409/413/503 (FastAPI's own 422 format is kept).
 
 An unreachable database and a pool with no connection free within
-``HALFCAST_DB_POOL_TIMEOUT_S`` (``sqlalchemy.exc.TimeoutError``) are both ``503`` with
-``Retry-After``: a request never waits longer than that for a connection.
+``HALFCAST_DB_POOL_TIMEOUT_S`` are both ``503`` with ``Retry-After``: a request never
+waits longer than that for a connection. Both pools answer alike: SQLAlchemy's
+(``OperationalError``/``InterfaceError``, ``sqlalchemy.exc.TimeoutError``) and the async
+one of ``GET /jobs/{id}`` on PostgreSQL (psycopg's ``OperationalError``/``InterfaceError``,
+:class:`server.db.async_pool.PoolBusy`).
 """
 
 from __future__ import annotations
 
 import logging
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from common.redact import redact_urls
+from server.db.async_pool import PoolBusy
 from server.schemas import ErrorBody
 
 log = logging.getLogger(__name__)
@@ -65,5 +70,8 @@ def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers: :class:`ApiError`, an unreachable database and a busy connection pool as 503."""
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(PoolTimeoutError, _database_busy)
+    app.add_exception_handler(PoolBusy, _database_busy)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(InterfaceError, _database_unavailable)
+    app.add_exception_handler(psycopg.OperationalError, _database_unavailable)
+    app.add_exception_handler(psycopg.InterfaceError, _database_unavailable)

@@ -1,9 +1,11 @@
 """``GET /jobs/{id}``: the job resource, made cheap to poll.
 
-Dashboards, Grafana and scripts poll this route, so it does its work in one trip to a
-worker thread and one statement (:func:`server.db.job_reads.read_job`: the token, the
-job row and its attempts), instead of a token lookup, a job read and an attempts read
-in sessions of their own. It checks the token itself (the same answers as
+Dashboards, Grafana and scripts poll this route, so it reads with one statement (the
+token, the job row and its attempts: ``app.state.job_reads``, :mod:`server.db.job_readers`;
+in the event loop on PostgreSQL, in one trip to a worker thread on SQLite), instead of a
+token lookup, a job read and an attempts read in sessions of their own, and a ``GET``
+skips FastAPI's routing and dependency solving (:mod:`server.routes.job_poll`; both
+paths answer with :func:`job_response`). It checks the token itself (the same answers as
 :func:`server.auth.authenticate`) and the visibility rule, then answers with a strong
 ``ETag`` (:mod:`server.http.etags`): a request whose ``If-None-Match`` holds the current
 tag gets ``304 Not Modified`` with no body, and the resource is only built and
@@ -21,11 +23,11 @@ from collections import OrderedDict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
-from starlette.concurrency import run_in_threadpool
 
 from server.auth import bearer, can_see, presented_token_hash, principal_of
-from server.db.job_reads import JobView, read_job
+from server.db.job_reads import JobView
 from server.http.errors import ApiError
 from server.http.etags import job_etag, none_match
 from server.schemas import ErrorBody, JobPublic, job_public
@@ -86,8 +88,15 @@ async def get_job(
     ] = None,
 ) -> Response:
     """The job resource with its ``ETag``; ``304`` when ``If-None-Match`` has it; ``404`` for a job the caller cannot see."""
+    return await job_response(request, job_id, credentials, if_none_match)
+
+
+async def job_response(
+    request: Request, job_id: str, credentials: HTTPAuthorizationCredentials | None, if_none_match: str | None
+) -> Response:
+    """The answer of :func:`get_job`. Raises ``ApiError`` 401/404 (and the database's errors: 503 by their handlers)."""
     token_hash = presented_token_hash(request, credentials)
-    read = await run_in_threadpool(read_job, request.app.state.engine, job_id, token_hash)
+    read = await request.app.state.job_reads.read(job_id, token_hash)
     principal = principal_of(read.token, token_hash)
     if read.job is None or not can_see(principal, read.job):
         raise ApiError(404, f"job {job_id} not found", job_id=job_id)
@@ -98,3 +107,8 @@ async def get_job(
     return Response(
         request.app.state.rendered_bodies.body(etag, read.job), media_type="application/json", headers=headers
     )
+
+
+def resource_route() -> APIRoute:
+    """The route of :func:`get_job` (``GET /jobs/{job_id}``)."""
+    return next(route for route in router.routes if isinstance(route, APIRoute) and route.endpoint is get_job)

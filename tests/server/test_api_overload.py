@@ -1,7 +1,8 @@
 """Under load the API answers 503 with ``Retry-After`` instead of hanging: a busy pool, a full admission line.
 
 The pool tests hold the app's only database connection (``HALFCAST_DB_POOL_SIZE=1``,
-no overflow) so every request's checkout times out; the admission tests take every
+no overflow), and on PostgreSQL the only one of ``GET /jobs/{id}``'s own pool too
+(:mod:`server.db.async_pool`, the same limits), so every request's checkout times out; the admission tests take every
 place of the app's limiter, as requests in flight would. Probes and cancels are exempt
 from admission. :class:`server.http.admission.Limiter` itself is tested on its own at the end.
 """
@@ -9,6 +10,7 @@ from admission. :class:`server.http.admission.Limiter` itself is tested on its o
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -19,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Message, Receive, Scope, Send
 
 from server.app import create_app
+from server.db.job_reads_async import AsyncJobReads
 from server.http.admission import AdmissionMiddleware, Limiter, Shed
 from server.settings import Settings
 
@@ -42,16 +45,28 @@ def _assert_busy(response: Any, words: str) -> None:
     assert words in response.json()["detail"]
 
 
+@contextmanager
+def _every_connection_held(client: TestClient) -> Iterator[None]:
+    """Hold the only connection of the app's engine and, on PostgreSQL, of the job resource's own pool."""
+    state = client.app.state  # type: ignore[attr-defined]
+    held = state.engine.connect()
+    reads = state.job_reads
+    polls = client.portal.call(reads.pool.acquire) if isinstance(reads, AsyncJobReads) else None  # type: ignore[union-attr]  # entered client
+    try:
+        yield
+    finally:
+        held.close()
+        if polls is not None:
+            client.portal.call(reads.pool.release, polls)  # type: ignore[union-attr]  # entered client
+
+
 def test_no_free_database_connection_is_503_not_a_hang(
     one_connection: TestClient, sessions: sessionmaker[Session]
 ) -> None:
     job_id = insert_job(sessions)
-    held = one_connection.app.state.engine.connect()  # type: ignore[attr-defined]  # the pool's only connection
-    try:
+    with _every_connection_held(one_connection):
         for path in (f"/jobs/{job_id}", "/jobs", f"/jobs/{job_id}/metrics"):
             _assert_busy(one_connection.get(path), "database busy")
-    finally:
-        held.close()
     assert one_connection.get(f"/jobs/{job_id}").status_code == 200
 
 
