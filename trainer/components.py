@@ -87,6 +87,10 @@ def build_components(
     compile_s = None
     if spec.compile:
         train_model = compile_model(train_model)
+        if (
+            dist_ctx.device.type == "cuda"
+        ):  # on a CPU the compiled check costs more than it saves (trainer.compiled_step)
+            precision.compile_step()
         compile_s = warm_up(train_model, _first_batch(dataset, spec, dist_ctx), precision, loss_fn)
     return Components(
         dataset=dataset,

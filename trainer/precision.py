@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from trainer.compiled_step import CheckFn, compilable, compile_check
 from trainer.forensics import OverflowForensics
 from trainer.fp8 import Fp8LayerReport, Fp8Recipe, convert_to_fp8
 from trainer.loss_scale import (
@@ -139,6 +140,7 @@ class PrecisionPolicy(ABC):
         self._overflow_sources: list[OverflowSource] = []
         self._warned_host_skip = False
         self._not_sampled = torch.full((), float("nan"), dtype=torch.float32, device=device)
+        self._compiled_check: CheckFn | None = None
         self._no_evidence = torch.zeros(0, dtype=torch.float32, device=device)
 
     # ------------------------------------------------------------------ the interface
@@ -164,6 +166,11 @@ class PrecisionPolicy(ABC):
     @abstractmethod
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for the forward pass."""
+
+    def compile_step(self, backend: str = "inductor") -> None:
+        """Run a one-process step's check and clip as one compiled graph (:mod:`trainer.compiled_step`:
+        ``compile: true`` on CUDA); compiled at the first step that uses it."""
+        self._compiled_check = compile_check(backend)
 
     def backward(self, loss: Tensor) -> None:
         """Backward of ``loss`` (0-d) multiplied by the current loss scale."""
@@ -214,12 +221,14 @@ class PrecisionPolicy(ABC):
             check = self._unscale_and_check(grads)
             agreed = self._agree(check, grads)
             norms = check.norms
+            clipped = False
         else:
-            norms, agreed = self._check_alone(grads)
+            norms, agreed, clipped = self._check_alone(grads, max_grad_norm)
         found_inf = agreed.found_inf
         skip = found_inf if no_data is None else torch.maximum(found_inf, no_data.to(found_inf.device, torch.float32))
         applied = skip.logical_not()  # skip is 0 or 1
-        self._clip(grads, norms, max_grad_norm)
+        if not clipped:
+            self._clip(grads, norms, max_grad_norm)
         self._apply(optimizer, skip, applied)
         self._update(found_inf, no_data, applied)
         return StepOutcome(
@@ -276,24 +285,30 @@ class PrecisionPolicy(ABC):
         local_kind = torch.maximum(found, param_kinds.max()) if grads.tensors else found
         return _Check(norms, param_kinds, local_kind)
 
-    def _check_alone(self, grads: Gradients) -> tuple[GradNorms, _Agreement]:
+    def _check_alone(self, grads: Gradients, max_grad_norm: float | None) -> tuple[GradNorms, _Agreement, bool]:
         """One process: the verdict of :meth:`_unscale_and_check` then :meth:`_agree`, with no reduction and
         fewer device ops. The global norm is the norm of the per-tensor norms, so it is NaN when any
         gradient holds a NaN and infinite when any holds an infinity (or the squares overflow): its
         non-finiteness, with the overflow sources, is the step's overflow flag (the scaler's flag is
         implied by it: a gradient holding an infinity or NaN before unscaling still holds one after).
         The kinds are told later from the norms (:class:`trainer.step_outcome.StepOutcome`): the
-        forensics' evidence is the per-parameter norms themselves."""
+        forensics' evidence is the per-parameter norms themselves. With :meth:`compile_step`, the norms,
+        the flag and the clip are one compiled graph (then ``True`` comes back: the gradients are clipped)."""
         found = self.scaler.unscale_(local_tensors(grads.tensors))
         for source in self._overflow_sources:
             found = torch.maximum(found, source().to(found.device, torch.float32))
-        norms = grad_norms(grads.tensors, self.device)
-        flag = nonfinite_flag(norms.total)
+        check_fn = self._compiled_check if self._compiled_check is not None and compilable(grads.tensors) else None
+        if check_fn is not None:
+            checked = check_fn(list(grads.tensors), max_grad_norm)
+            norms, flag = GradNorms(checked.per_tensor, checked.total), checked.flag
+        else:
+            norms = grad_norms(grads.tensors, self.device)
+            flag = nonfinite_flag(norms.total)
         if self._overflow_sources:  # the scaler's flag needs no max: a gradient it flags makes the norm non-finite
             flag = torch.maximum(found, flag)
         forensics = self.observers.forensics
         evidence = None if forensics is None else forensics.evidence(norms.per_tensor, grads)
-        return norms, _Agreement(flag, None, evidence)
+        return norms, _Agreement(flag, None, evidence), check_fn is not None
 
     def _agree(self, check: _Check, grads: Gradients) -> _Agreement:
         """One MAX reduction over the ranks (the forensics' evidence rides along); the global norm's flag joins in."""
