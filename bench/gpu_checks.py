@@ -91,6 +91,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="the same sizes, fewer steps")
     parser.add_argument("--no-ddp", action="store_true", help="skip the DDP checks even with several GPUs")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="both paths compiled: Halfcast compile: true (model and step), the hand loop torch.compile(model)",
+    )
     parser.add_argument("--json", type=Path, help="also write the summary here")
     parser.add_argument("--dry-run", action="store_true", help="tiny models on the CPU, one steady step")
     return parser.parse_args(argv)
@@ -129,6 +134,7 @@ def settings_from(args: argparse.Namespace) -> CheckSettings:
         "peak_flops": args.peak_flops,
         "dry_run": args.dry_run,
         "ddp": not args.no_ddp,
+        "compile": args.compile,
     }
     if args.dry_run:
         fields |= DRY_RUN

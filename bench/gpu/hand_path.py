@@ -61,6 +61,8 @@ class HandLoop:
         self.module = model
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.model = DistributedDataParallel(model, device_ids=device_ids) if ctx.world_size > 1 else model
+        if settings.compile:
+            self.model = torch.compile(self.model)  # type: ignore[assignment]  # an OptimizedModule is called alike
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=3e-4, weight_decay=0.1, fused=True)
         factor = LRMultiplier(

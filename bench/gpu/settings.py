@@ -81,6 +81,8 @@ class CheckSettings(_Frozen):
     peak_flops: float = Field(H100_BF16_PEAK, gt=0)
     dry_run: bool = False
     ddp: bool = True
+    #: Both paths compiled (Halfcast ``compile: true``, the hand loop ``torch.compile(model)``); fp8 rows are skipped.
+    compile: bool = False
 
     def size_of(self, model: ModelKind) -> GptSize | LlamaSize:
         """The size block of ``model``."""

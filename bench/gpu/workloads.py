@@ -82,6 +82,7 @@ def job_spec(model: ModelKind, precision: str, settings: CheckSettings, world_si
             "optimizer": {"name": "adamw", "lr": 3e-4, "weight_decay": 0.1, "implementation": settings.implementation},
             "lr_scheduler": {"name": "cosine", "warmup_steps": 2},
             "seed": SEED,
+            "compile": settings.compile,
         }
     )
 
