@@ -16,8 +16,8 @@ from collections.abc import Iterable
 
 #: The top-level modules each extra installs (every requirement of the extra in pyproject.toml, by its import name).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "server": ("fastapi", "fastapi_offline", "uvicorn", "sqlalchemy", "alembic", "psycopg", "pydantic",
-               "pydantic_settings", "prometheus_client", "celery", "redis"),
+    "server": ("fastapi", "fastapi_offline", "uvicorn", "httptools", "uvloop", "sqlalchemy", "alembic", "psycopg",
+               "pydantic", "pydantic_settings", "prometheus_client", "celery", "redis"),
     "worker": ("celery", "redis", "sqlalchemy", "psycopg", "pydantic", "pydantic_settings", "setproctitle"),
     "trainer": ("torch", "pydantic", "sklearn", "transformers", "peft", "safetensors", "tokenizers"),
 }  # fmt: skip  # a table, laid out by hand
