@@ -7,11 +7,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from hf_support import lora_spec
 from pydantic import ValidationError
-from trainer_support import free_port, init_gloo
+from trainer_support import spawn_ranks
 
 from trainer.best import best_path
 from trainer.checkpoint import final_path, load_checkpoint, step_path
@@ -102,18 +100,15 @@ def test_a_job_that_keeps_improving_runs_to_max_steps(cpu_ctx: DistContext, tmp_
     assert end["steps"] == 4 and "stopped_early" not in end
 
 
-def _stop_rank(rank: int, port: int, out: str) -> None:
-    ctx = init_gloo(rank, port)
-    try:
-        result = train(JobSpec.model_validate({**FLAT, "processes": 2}), Path(out) / "run", ctx)
-        torch.save({"steps": result.steps}, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _stop_rank(ctx: DistContext, out: str) -> None:
+    rank = ctx.rank
+    result = train(JobSpec.model_validate({**FLAT, "processes": 2}), Path(out) / "run", ctx)
+    torch.save({"steps": result.steps}, Path(out) / f"rank{rank}.pt")
 
 
 @pytest.mark.slow
 def test_two_ranks_stop_early_at_the_same_step(tmp_path: Path) -> None:
-    mp.start_processes(_stop_rank, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    spawn_ranks(_stop_rank, str(tmp_path))
     assert [torch.load(tmp_path / f"rank{r}.pt")["steps"] for r in range(2)] == [3, 3]
     assert read_records(tmp_path / "run")[-1]["stopped_early"]["step"] == 3
 

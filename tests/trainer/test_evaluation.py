@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
-from trainer_support import free_port, init_gloo, lm_micro_batch, tiny_lm
+from trainer_support import lm_micro_batch, spawn_ranks, tiny_lm
 
 from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Task, feature_batch, token_batch
+from trainer.distributed import DistContext
 from trainer.evaluate import MAX_EXP_LOSS, evaluate, perplexity
 from trainer.precision import PrecisionPolicy, build_precision
 from trainer.spec import JobSpec
@@ -112,27 +111,24 @@ def test_classification_accuracy_is_exact_on_a_seeded_case() -> None:
     assert "perplexity" not in metrics
 
 
-def _rank(rank: int, port: int, out: str) -> None:
-    ctx = init_gloo(rank, port)
-    try:
-        lm = evaluate(
-            tiny_lm(),
-            HeldOut(DataInfo(Task.LM, 32, seq_len=8), _lm_batches()),
-            _fp32(),
-            2,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-        )
-        model, data = _classification()
-        cls = evaluate(model, data, _fp32(), 4, rank=ctx.rank, world_size=ctx.world_size)
-        torch.save({"lm": lm, "cls": cls}, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _rank(ctx: DistContext, out: str) -> None:
+    rank = ctx.rank
+    lm = evaluate(
+        tiny_lm(),
+        HeldOut(DataInfo(Task.LM, 32, seq_len=8), _lm_batches()),
+        _fp32(),
+        2,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+    )
+    model, data = _classification()
+    cls = evaluate(model, data, _fp32(), 4, rank=ctx.rank, world_size=ctx.world_size)
+    torch.save({"lm": lm, "cls": cls}, Path(out) / f"rank{rank}.pt")
 
 
 @pytest.mark.slow
 def test_two_rank_eval_equals_the_one_rank_eval(tmp_path: Path) -> None:
-    mp.start_processes(_rank, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    spawn_ranks(_rank, str(tmp_path))
     one_lm = evaluate(tiny_lm(), HeldOut(DataInfo(Task.LM, 32, seq_len=8), _lm_batches()), _fp32(), 2)
     model, data = _classification()
     one_cls = evaluate(model, data, _fp32(), 4)

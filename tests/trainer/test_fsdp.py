@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from pydantic import ValidationError
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-from trainer_support import free_port, init_gloo
+from trainer_support import spawn_ranks
 
 from trainer.distributed import DistContext
 from trainer.models.gpt import GPT
@@ -137,39 +136,36 @@ def _train(model: nn.Module, precision: str, rank_batches: list[int], ctx: DistC
     }
 
 
-def _rank_worker(rank: int, port: int, out_dir: str) -> None:
-    ctx = init_gloo(rank, port, WORLD_SIZE)
-    try:
-        results: dict[str, Any] = {}
-        for parallelism in ("ddp", "fsdp"):
-            for precision in PRECISIONS:
-                model = _mlp()
-                if rank == 1:  # a different start on rank 1: wrapping must make every rank start from rank 0's
-                    with torch.no_grad():
-                        for p in model.parameters():
-                            p.add_(1.0)
-                wrapped = wrap_model(model, ctx, parallelism, precision)
-                results[f"{parallelism}-{precision}"] = _train(wrapped, precision, [rank], ctx)
-        gpt = wrap_model(GPT(vocab_size=32, context=8, n_layer=2, n_head=2, d_model=16), ctx, "fsdp", "bf16")
-        tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(rank))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = gpt(tokens)
-        logits.float().sum().backward()
-        results["gpt"] = {
-            "logits_dtype": str(logits.dtype),
-            "tied": gpt.head.weight is gpt.token_embedding.weight,
-            "grads_finite": all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in gpt.parameters()),
-        }
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _rank_worker(ctx: DistContext, out_dir: str) -> None:
+    rank = ctx.rank
+    results: dict[str, Any] = {}
+    for parallelism in ("ddp", "fsdp"):
+        for precision in PRECISIONS:
+            model = _mlp()
+            if rank == 1:  # a different start on rank 1: wrapping must make every rank start from rank 0's
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1.0)
+            wrapped = wrap_model(model, ctx, parallelism, precision)
+            results[f"{parallelism}-{precision}"] = _train(wrapped, precision, [rank], ctx)
+    gpt = wrap_model(GPT(vocab_size=32, context=8, n_layer=2, n_head=2, d_model=16), ctx, "fsdp", "bf16")
+    tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(rank))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = gpt(tokens)
+    logits.float().sum().backward()
+    results["gpt"] = {
+        "logits_dtype": str(logits.dtype),
+        "tied": gpt.head.weight is gpt.token_embedding.weight,
+        "grads_finite": all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in gpt.parameters()),
+    }
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Per-rank results of the two-rank runs, and the single-process reference per precision."""
     out = tmp_path_factory.mktemp("fsdp")
-    mp.start_processes(_rank_worker, args=(free_port(), str(out)), nprocs=WORLD_SIZE, start_method="spawn")
+    spawn_ranks(_rank_worker, str(out), world_size=WORLD_SIZE)
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     single = {p: _train(_mlp(), p, list(range(WORLD_SIZE)), None) for p in PRECISIONS}
     return {"ranks": ranks, "single": single}
@@ -280,25 +276,22 @@ def _overflow_run(rank: int, ctx: DistContext, name: str, implementation: str) -
     return record
 
 
-def _overflow_worker(rank: int, port: int, out_dir: str) -> None:
-    ctx = init_gloo(rank, port, WORLD_SIZE)
-    try:
-        results: dict[str, Any] = {}
-        for name, implementation in OPTIMIZER_PATHS:
-            try:
-                results[f"{name}-{implementation}"] = _overflow_run(rank, ctx, name, implementation)
-            except Exception as exc:  # noqa: BLE001  - recorded per path; the test reports it
-                results[f"{name}-{implementation}"] = f"{type(exc).__name__}: {exc}"
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _overflow_worker(ctx: DistContext, out_dir: str) -> None:
+    rank = ctx.rank
+    results: dict[str, Any] = {}
+    for name, implementation in OPTIMIZER_PATHS:
+        try:
+            results[f"{name}-{implementation}"] = _overflow_run(rank, ctx, name, implementation)
+        except Exception as exc:  # noqa: BLE001  - recorded per path; the test reports it
+            results[f"{name}-{implementation}"] = f"{type(exc).__name__}: {exc}"
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
 
 
 @pytest.fixture(scope="module")
 def overflow_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Per rank, per optimizer path: two fp16 FSDP2 steps, the first with inf in rank 1's shard."""
     out = tmp_path_factory.mktemp("fsdp_overflow")
-    mp.start_processes(_overflow_worker, args=(free_port(), str(out)), nprocs=WORLD_SIZE, start_method="spawn")
+    spawn_ranks(_overflow_worker, str(out), world_size=WORLD_SIZE)
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD_SIZE)]
 
 
@@ -339,44 +332,41 @@ def _adamw_steps(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, 
         _sharded_step(params, optimizer, 1.0)
 
 
-def _resume_worker(rank: int, port: int, out_dir: str) -> None:
-    ctx = init_gloo(rank, port, WORLD_SIZE)
-    try:
-        path = Path(out_dir) / "state.pt"
-        model = wrap_model(_mlp(), ctx, "fsdp", "bf16")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        _adamw_steps(model, optimizer, rank, range(2))
-        model_state, optimizer_state = gather_state_dicts(model, optimizer)  # every rank: a collective
-        if rank == 0:
-            torch.save({"model": model_state, "optimizer": optimizer_state}, path)
-        else:
-            assert model_state == {} and optimizer_state == {}
-        dist.barrier()
-        _adamw_steps(model, optimizer, rank, range(2, 4))
-        uninterrupted = [p.full_tensor() for p in model.parameters()]
+def _resume_worker(ctx: DistContext, out_dir: str) -> None:
+    rank = ctx.rank
+    path = Path(out_dir) / "state.pt"
+    model = wrap_model(_mlp(), ctx, "fsdp", "bf16")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _adamw_steps(model, optimizer, rank, range(2))
+    model_state, optimizer_state = gather_state_dicts(model, optimizer)  # every rank: a collective
+    if rank == 0:
+        torch.save({"model": model_state, "optimizer": optimizer_state}, path)
+    else:
+        assert model_state == {} and optimizer_state == {}
+    dist.barrier()
+    _adamw_steps(model, optimizer, rank, range(2, 4))
+    uninterrupted = [p.full_tensor() for p in model.parameters()]
 
-        torch.manual_seed(123)  # a fresh model that starts elsewhere
-        fresh = wrap_model(
-            nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 3)),
-            ctx,
-            "fsdp",
-            "bf16",
-        )
-        fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
-        payload = torch.load(path, weights_only=True)
-        load_state_dicts(fresh, fresh_optimizer, payload["model"], payload["optimizer"])
-        _adamw_steps(fresh, fresh_optimizer, rank, range(2, 4))
-        resumed = [p.full_tensor() for p in fresh.parameters()]
-        torch.save(
-            {"uninterrupted": uninterrupted, "resumed": resumed, "saved": payload if rank == 0 else None},
-            Path(out_dir) / f"rank{rank}.pt",
-        )
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(123)  # a fresh model that starts elsewhere
+    fresh = wrap_model(
+        nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 3)),
+        ctx,
+        "fsdp",
+        "bf16",
+    )
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    payload = torch.load(path, weights_only=True)
+    load_state_dicts(fresh, fresh_optimizer, payload["model"], payload["optimizer"])
+    _adamw_steps(fresh, fresh_optimizer, rank, range(2, 4))
+    resumed = [p.full_tensor() for p in fresh.parameters()]
+    torch.save(
+        {"uninterrupted": uninterrupted, "resumed": resumed, "saved": payload if rank == 0 else None},
+        Path(out_dir) / f"rank{rank}.pt",
+    )
 
 
 def test_fsdp_full_state_dicts_resume_exactly(tmp_path: Path) -> None:
-    mp.start_processes(_resume_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, start_method="spawn")
+    spawn_ranks(_resume_worker, str(tmp_path), world_size=WORLD_SIZE)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     saved = results[0]["saved"]
     shapes = {name: tuple(p.shape) for name, p in _mlp().named_parameters()}
@@ -410,31 +400,27 @@ def _job_spec(parallelism: str) -> JobSpec:
     )
 
 
-def _job_worker(rank: int, port: int, out_dir: str) -> None:
+def _job_worker(ctx: DistContext, out_dir: str) -> None:
     from trainer.loop import train
 
-    ctx = init_gloo(rank, port, WORLD_SIZE)
-    try:
-        out: dict[str, Any] = {}
-        runs = [
-            ("ddp", "ddp", None),
-            ("fsdp", "fsdp", None),
-            ("fsdp", "fsdp-resumed", Path(out_dir) / "fsdp" / "checkpoints" / "step-2.pt"),
+    out: dict[str, Any] = {}
+    runs = [
+        ("ddp", "ddp", None),
+        ("fsdp", "fsdp", None),
+        ("fsdp", "fsdp-resumed", Path(out_dir) / "fsdp" / "checkpoints" / "step-2.pt"),
+    ]
+    for parallelism, name, resume_from in runs:
+        result = train(_job_spec(parallelism), Path(out_dir) / name, ctx, resume_from=resume_from)
+        out[name] = [
+            p.full_tensor() if isinstance(p, DTensor) else p.detach().clone() for p in result.model.parameters()
         ]
-        for parallelism, name, resume_from in runs:
-            result = train(_job_spec(parallelism), Path(out_dir) / name, ctx, resume_from=resume_from)
-            out[name] = [
-                p.full_tensor() if isinstance(p, DTensor) else p.detach().clone() for p in result.model.parameters()
-            ]
-        torch.save(out, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    torch.save(out, Path(out_dir) / f"rank{ctx.rank}.pt")
 
 
 def test_fsdp_fp16_job_with_a_fault_on_one_rank_matches_ddp_and_resumes_exactly(tmp_path: Path) -> None:
     from trainer.records import read_records
 
-    mp.start_processes(_job_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, start_method="spawn")
+    spawn_ranks(_job_worker, str(tmp_path), world_size=WORLD_SIZE)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     steps = {k: [r for r in read_records(tmp_path / k) if r["type"] == "step"] for k in ("ddp", "fsdp", "fsdp-resumed")}
     assert [s["overflow"] for s in steps["fsdp"]] == [False, True, False, False]

@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from hf_support import lora_spec
-from trainer_support import free_port, init_gloo
+from trainer_support import spawn_ranks
 
 from trainer.checkpoint import step_path
+from trainer.distributed import DistContext
 from trainer.loop import train
 from trainer.records import read_records
 from trainer.spec import JobSpec
@@ -42,27 +41,24 @@ def _trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _rank(rank: int, port: int, out: str, root: str) -> None:
+def _rank(ctx: DistContext, out: str, root: str) -> None:
+    rank = ctx.rank
     os.environ["HALFCAST_MODEL_ROOTS"] = root
-    ctx = init_gloo(rank, port)
-    try:
-        results: dict[str, Any] = {}
-        for parallelism in ("ddp", "fsdp"):
-            spec = JobSpec.model_validate(lora_spec(parallelism=parallelism, **_FIELDS))
-            results[parallelism] = _trainable(train(spec, Path(out) / parallelism, ctx).model)
-        spec = JobSpec.model_validate(lora_spec(parallelism="fsdp", **_FIELDS))
-        resumed = train(spec, Path(out) / "resumed", ctx, resume_from=step_path(Path(out) / "fsdp", 2))
-        results["resumed"] = _trainable(resumed.model)
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    results: dict[str, Any] = {}
+    for parallelism in ("ddp", "fsdp"):
+        spec = JobSpec.model_validate(lora_spec(parallelism=parallelism, **_FIELDS))
+        results[parallelism] = _trainable(train(spec, Path(out) / parallelism, ctx).model)
+    spec = JobSpec.model_validate(lora_spec(parallelism="fsdp", **_FIELDS))
+    resumed = train(spec, Path(out) / "resumed", ctx, resume_from=step_path(Path(out) / "fsdp", 2))
+    results["resumed"] = _trainable(resumed.model)
+    torch.save(results, Path(out) / f"rank{rank}.pt")
 
 
 @pytest.fixture(scope="module")
 def two_rank_runs(hf_model_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One spawn of two ranks: the DDP job, the FSDP2 job, and the FSDP2 job resumed from its step 2."""
     out = tmp_path_factory.mktemp("hf-dist")
-    mp.start_processes(_rank, args=(free_port(), str(out), str(hf_model_root)), nprocs=2, start_method="spawn")
+    spawn_ranks(_rank, str(out), str(hf_model_root))
     return out
 
 

@@ -19,11 +19,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from pydantic import ValidationError
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
-from trainer_support import free_port, init_gloo, lm_micro_batch, tiny_lm
+from trainer_support import lm_micro_batch, spawn_ranks, tiny_lm
 
 from trainer import loop
 from trainer.checkpoint import final_path, load_checkpoint, step_path
@@ -943,26 +942,23 @@ TWO_RANK_SCENARIOS: dict[str, Callable[[DistContext, Path], dict[str, Any]]] = {
 }
 
 
-def _two_rank_worker(rank: int, port: int, out_dir: str) -> None:
-    ctx = init_gloo(rank, port)
+def _two_rank_worker(ctx: DistContext, out_dir: str) -> None:
+    rank = ctx.rank
     results: dict[str, Any] = {}
-    try:
-        for name, scenario in TWO_RANK_SCENARIOS.items():
-            try:
-                results[name] = scenario(ctx, Path(out_dir) / name)
-            except Exception as exc:
-                log.exception("scenario %s failed on rank %d", name, rank)
-                results[name] = f"{type(exc).__name__}: {exc}"
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    for name, scenario in TWO_RANK_SCENARIOS.items():
+        try:
+            results[name] = scenario(ctx, Path(out_dir) / name)
+        except Exception as exc:
+            log.exception("scenario %s failed on rank %d", name, rank)
+            results[name] = f"{type(exc).__name__}: {exc}"
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
 
 
 @pytest.fixture(scope="module")
 def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Per rank, the results of every two-rank scenario (one gloo spawn for all of them)."""
     out = tmp_path_factory.mktemp("two_ranks")
-    mp.start_processes(_two_rank_worker, args=(free_port(), str(out)), nprocs=TWO_RANKS, start_method="spawn")
+    spawn_ranks(_two_rank_worker, str(out), world_size=TWO_RANKS)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(TWO_RANKS)]
 
 

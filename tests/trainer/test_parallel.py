@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from trainer_support import spawn_ranks
 
 from trainer.data import IGNORE_INDEX, Batch, Task
 from trainer.data.base import token_batch
@@ -39,38 +38,30 @@ def _micro_batch(valid: int, seed: int) -> Batch:
     return token_batch(inputs, targets)
 
 
-def _rank_worker(rank: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    # a bounded collective timeout: a rank that dies turns into a failure here, never a hang
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=120)
+def _rank_worker(ctx: DistContext, out_dir: str) -> None:
+    rank = ctx.rank
+    model = wrap_model(_tiny_lm(), ctx)
+    synced: list[torch.Tensor] = []
+
+    def counting_hook(state, bucket):  # DDP rejects string annotations
+        synced.append(bucket.buffer().clone())
+        return default_hooks.allreduce_hook(None, bucket)
+
+    model.register_comm_hook(None, counting_hook)
+    precision = build_precision(JobSpec.model_validate(FP32_SPEC), ctx.device)
+    batches = [_micro_batch(valid, seed) for valid, seed in RANK_MICRO_BATCHES[rank]]
+    stats = accumulate_window(model, batches, precision, task_loss(Task.LM), ctx)
+    grads = [p.grad.clone() for p in unwrap_model(model).parameters()]
+    torch.save(
+        {"grads": grads, "synced": synced, "loss": stats.loss, "elements": stats.num_elements},
+        Path(out_dir) / f"rank{rank}.pt",
     )
-    try:
-        ctx = DistContext(rank=rank, local_rank=rank, world_size=WORLD_SIZE, device=torch.device("cpu"))
-        model = wrap_model(_tiny_lm(), ctx)
-        synced: list[torch.Tensor] = []
-
-        def counting_hook(state, bucket):  # DDP rejects string annotations
-            synced.append(bucket.buffer().clone())
-            return default_hooks.allreduce_hook(None, bucket)
-
-        model.register_comm_hook(None, counting_hook)
-        precision = build_precision(JobSpec.model_validate(FP32_SPEC), ctx.device)
-        batches = [_micro_batch(valid, seed) for valid, seed in RANK_MICRO_BATCHES[rank]]
-        stats = accumulate_window(model, batches, precision, task_loss(Task.LM), ctx)
-        grads = [p.grad.clone() for p in unwrap_model(model).parameters()]
-        torch.save(
-            {"grads": grads, "synced": synced, "loss": stats.loss, "elements": stats.num_elements},
-            Path(out_dir) / f"rank{rank}.pt",
-        )
-        # The Python comm hook's all-reduce work holds Python tensors; gloo destroys each work on its
-        # own thread, which needs the GIL. Wait until that is done (a barrier runs after it), and drop
-        # DDP's reducer while the process group is alive: freeing it later, with the GIL held, while
-        # that thread still wanted the GIL deadlocked the rank (torch 2.13).
-        dist.barrier()
-        del model
-    finally:
-        dist.destroy_process_group()
+    # The Python comm hook's all-reduce work holds Python tensors; gloo destroys each work on its
+    # own thread, which needs the GIL. Wait until that is done (a barrier runs after it), and drop
+    # DDP's reducer while the process group is alive: freeing it later, with the GIL held, while
+    # that thread still wanted the GIL deadlocked the rank (torch 2.13).
+    dist.barrier()
+    del model
 
 
 def test_two_ranks_normalise_by_the_global_token_count_and_sync_once(tmp_path: Path) -> None:
@@ -81,9 +72,7 @@ def test_two_ranks_normalise_by_the_global_token_count_and_sync_once(tmp_path: P
     tokens (within 1e-6) and log the full-batch mean loss. The comm hook ran once per
     rank, on a bucket already holding both micro-batches' local gradients.
     """
-    mp.start_processes(
-        _rank_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD_SIZE, join=True, start_method="spawn"
-    )
+    spawn_ranks(_rank_worker, str(tmp_path), world_size=WORLD_SIZE)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
 
     model = _tiny_lm()

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
-from trainer_support import free_port
+from trainer_support import spawn_ranks
 
+from trainer.distributed import DistContext
 from trainer.precision import PrecisionPolicy, PrecisionUnsupportedError, build_precision, build_scaler
 from trainer.spec import JobSpec, LossScaleSpec
 
@@ -127,42 +125,38 @@ def test_state_dict_round_trip_and_precision_mismatch() -> None:
 # ----------------------------------------------------------------------------- C09
 
 
-def _c09_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        torch.manual_seed(0)
-        model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))
-        spec = _spec("fp16", loss_scale={"init_scale": 1024.0})
-        policy = build_precision(spec, CPU)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        before = [p.detach().clone() for p in model.parameters()]
-        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(rank))
-        with policy.autocast():
-            loss = model(x).float().mean()
-        policy.backward(loss)  # DDP all-reduces gradients here
-        if rank == 1:
-            model.module.weight.grad[0, 0] = float("nan")
-        outcome = policy.step(optimizer, list(model.parameters()), None)
-        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-        torch.save(
-            {
-                "skipped": outcome.overflow,
-                "scale": policy.loss_scale,
-                "unchanged": unchanged,
-                "rank_kinds": outcome.rank_kinds.tolist(),
-                "param_kinds": outcome.param_kinds.tolist(),
-                "params": [p.detach() for p in model.parameters()],
-            },
-            Path(out_dir) / f"rank{rank}.pt",
-        )
-    finally:
-        dist.destroy_process_group()
+def _c09_rank(ctx: DistContext, out_dir: str) -> None:
+    rank = ctx.rank
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))
+    spec = _spec("fp16", loss_scale={"init_scale": 1024.0})
+    policy = build_precision(spec, CPU)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(rank))
+    with policy.autocast():
+        loss = model(x).float().mean()
+    policy.backward(loss)  # DDP all-reduces gradients here
+    if rank == 1:
+        model.module.weight.grad[0, 0] = float("nan")
+    outcome = policy.step(optimizer, list(model.parameters()), None)
+    unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    torch.save(
+        {
+            "skipped": outcome.overflow,
+            "scale": policy.loss_scale,
+            "unchanged": unchanged,
+            "rank_kinds": outcome.rank_kinds.tolist(),
+            "param_kinds": outcome.param_kinds.tolist(),
+            "params": [p.detach() for p in model.parameters()],
+        },
+        Path(out_dir) / f"rank{rank}.pt",
+    )
 
 
 def test_overflow_on_one_rank_is_an_overflow_on_all_ranks(tmp_path: Path) -> None:
     """Field case C09 (pytorch/pytorch PR #115710): NaN on one rank (1) only, after the all-reduce."""
-    mp.start_processes(_c09_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    spawn_ranks(_c09_rank, str(tmp_path))
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for result in results:
         assert result["skipped"] and result["unchanged"] and result["scale"] == 512.0
