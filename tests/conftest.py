@@ -1,4 +1,8 @@
-"""Shared fixtures: isolated settings, and a fresh PostgreSQL database per test session.
+"""Shared fixtures: isolated settings, and a fresh PostgreSQL database per test session; the suite's order.
+
+Modules that start a stack (``e2e``) run first, then those with ``slow`` tests, then the rest,
+each module's tests together: on several xdist workers (``make test``) the long ones start
+while the short ones fill the gaps, instead of one long module ending the run alone.
 
 PostgreSQL and Redis are the real servers on this machine (``HALFCAST_TEST_POSTGRES_URL``,
 ``HALFCAST_TEST_REDIS_URL``); tests marked ``postgres``/``redis`` are skipped when
@@ -15,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from parallel_support import redis_database, worker_index
 
 POSTGRES_ADMIN_URL = os.environ.get("HALFCAST_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("HALFCAST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -35,6 +40,25 @@ def _need(url: str, port: int, what: str) -> None:
         if REQUIRE_SERVICES:
             pytest.fail(f"{what} at {url} does not answer (HALFCAST_REQUIRE_SERVICES=1)")
         pytest.skip(f"{what} at {url} does not answer")
+
+
+#: Where a module's tests go in the run: the lowest rank of any of its tests' markers (unmarked: last).
+_ORDER = {"e2e": 0, "slow": 1}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Long modules first (see the module docstring); a stable sort, so each module keeps its own order."""
+    rank: dict[str, int] = {}
+    for item in items:
+        mine = min((_ORDER[mark.name] for mark in item.iter_markers() if mark.name in _ORDER), default=len(_ORDER))
+        module = _module(item)
+        rank[module] = min(rank.get(module, mine), mine)
+    items.sort(key=lambda item: rank[_module(item)])
+
+
+def _module(item: pytest.Item) -> str:
+    """The test file of ``item`` (its node id up to the first ``::``)."""
+    return item.nodeid.split("::", 1)[0]
 
 
 @pytest.fixture(scope="session")
@@ -58,9 +82,9 @@ def postgres_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    """URL of the Redis server (a fresh logical database is not needed: queues are per test)."""
+    """URL of the Redis server, on this xdist worker's own database index (queue names are per test too)."""
     _need(REDIS_URL, 6379, "Redis")
-    return REDIS_URL
+    return redis_database(REDIS_URL, worker_index())
 
 
 @pytest.fixture

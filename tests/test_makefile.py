@@ -124,9 +124,16 @@ def test_lint_on_a_fresh_clone_installs_the_test_extras_then_runs_ruff_and_mypy(
     assert tools == ["ruff check .", "ruff format --check .", "mypy"]
 
 
-def test_ci_lints_before_the_suite() -> None:
-    commands = [line.strip() for line in (MAKEFILE.parent / ".ci" / "run").read_text().splitlines()]
-    assert commands.index("make lint") < commands.index("make test")
+def test_ci_runs_its_timed_phases_in_order_lint_before_the_suite() -> None:
+    """.ci/run times each phase (``phase NAME COMMAND``): services, the install, lint, then the suite."""
+    lines = [line.strip() for line in (MAKEFILE.parent / ".ci" / "run").read_text().splitlines()]
+    phases = [line.split()[1:] for line in lines if line.startswith("phase ")]
+    assert phases == [
+        ["services", "start_services"],
+        ["install", "make", "install"],
+        ["lint", "make", "lint"],
+        ["tests", "make", "test"],
+    ]
 
 
 def test_the_linters_come_with_the_test_extra() -> None:

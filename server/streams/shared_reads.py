@@ -61,6 +61,10 @@ class SharedReads(Generic[T]):
         self._entries: dict[Hashable, _Read[T]] = {}
         self._swept_at = clock()
 
+    def now(self) -> float:
+        """The clock's time (what :meth:`get_timed` compares ``not_before`` with)."""
+        return self._clock()
+
     async def get(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> T:
         """``read()``'s result for ``key``, from a read in flight or started within ``fresh_s``, else a new one.
 
@@ -128,16 +132,18 @@ class SharedReads(Generic[T]):
 
 
 class StreamReads:
-    """One stream's reads through ``shared`` (``None``: every read its own), never older than the last it used.
+    """One stream's reads through ``shared`` (``None``: every read its own), never older than the stream or its last read.
 
     Each stream makes its own (it keeps the start of the read it used last): a caught-up
     stream shares the read of another stream of the job at the same tick, but is never
-    handed a view older than one it has already seen.
+    handed a view older than one it has already seen, nor one that started before the
+    stream was opened: a client that changed a job and then opens a stream sees its change
+    (another stream's read of the old state, still fresh, is not handed to it).
     """
 
     def __init__(self, shared: SharedReads[Any] | None) -> None:
         self.shared = shared
-        self.last_started = -math.inf
+        self.last_started = -math.inf if shared is None else shared.now()
 
     async def get(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> T:
         """``read()``'s result, or that of a shared read of ``key`` no older than this stream's last one."""

@@ -1,9 +1,11 @@
 """Separate hosts on one machine for multi-node tests: Linux network namespaces on a bridge.
 
-:func:`make_hosts` creates the bridge ``hcbr0`` (10.77.0.1/24 in the root namespace) and one
-namespace ``hc-gang-<n>`` per host, joined to it by a veth pair ``hcv<n>`` / ``hcv<n>p`` with the
-address 10.77.0.<n + 2>; everything is removed again on exit, also after a failure (and stale
-leftovers of an interrupted run first). PostgreSQL and Redis listen on 127.0.0.1 only, so a
+:func:`make_hosts` creates the bridge ``hcbr<w>`` (10.77.<w>.1/24 in the root namespace) and one
+namespace ``hc-gang-<w>-<n>`` per host, joined to it by a veth pair ``hcv<w>x<n>`` / ``hcv<w>x<n>p``
+with the address 10.77.<w>.<n + 2>, where ``<w>`` is the pytest-xdist worker's index
+(``tests/parallel_support.py``), so workers running at once never share a name or a subnet;
+everything is removed again on exit, also after a failure (and stale leftovers of an interrupted
+run first). PostgreSQL and Redis listen on 127.0.0.1 only, so a
 small asyncio TCP forwarder (:class:`Forwarder`) serves them on the bridge address. Every
 host runs ``python -m worker`` under ``ip netns exec``; the run directory is this machine's
 filesystem, shared as the docs require.
@@ -20,9 +22,14 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-BRIDGE = "hcbr0"
-BRIDGE_ADDRESS = "10.77.0.1"
-PREFIX = "hc-gang-"
+from parallel_support import worker_index
+
+#: This xdist worker's index: its own bridge, namespaces, veth pairs and /24.
+_WORKER = worker_index()
+BRIDGE = f"hcbr{_WORKER}"
+SUBNET = f"10.77.{_WORKER}"
+BRIDGE_ADDRESS = f"{SUBNET}.1"
+PREFIX = f"hc-gang-{_WORKER}-"
 
 
 def netns_unavailable() -> str | None:
@@ -63,6 +70,11 @@ class Host:
         ip("link", "set", self.veth, "down")
 
 
+def _veth(n: int) -> str:
+    """Host-side name of host ``n``'s veth pair (its peer adds ``p``; at most 15 characters)."""
+    return f"hcv{_WORKER}x{n}"
+
+
 def _cleanup(count: int) -> None:
     for n in range(count):
         netns = f"{PREFIX}{n}"
@@ -70,7 +82,7 @@ def _cleanup(count: int) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
         ip("netns", "del", netns, check=False)
-        ip("link", "del", f"hcv{n}", check=False)
+        ip("link", "del", _veth(n), check=False)
     ip("link", "del", BRIDGE, check=False)
 
 
@@ -84,7 +96,7 @@ def make_hosts(count: int) -> Iterator[list[Host]]:
         ip("link", "set", BRIDGE, "up")
         hosts = []
         for n in range(count):
-            host = Host(f"{PREFIX}{n}", f"10.77.0.{n + 2}", f"hcv{n}")
+            host = Host(f"{PREFIX}{n}", f"{SUBNET}.{n + 2}", _veth(n))
             ip("netns", "add", host.netns)
             ip("link", "add", host.veth, "type", "veth", "peer", "name", f"{host.veth}p")
             ip("link", "set", f"{host.veth}p", "netns", host.netns)

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from server.streams.events import database_poller
-from server.streams.shared_reads import SharedReads, next_tick_delay
+from server.streams.shared_reads import SharedReads, StreamReads, next_tick_delay
 
 
 class Clock:
@@ -201,3 +201,24 @@ def test_a_streams_poller_never_goes_back_to_a_read_older_than_its_last(monkeypa
         return [a, b_first, b_next, a_next]
 
     assert anyio.run(main) == ["v1", "v2", "v3", "v3"]
+
+
+def test_a_stream_opened_after_a_read_started_never_gets_that_read() -> None:
+    """A client set a job's status, then opened a stream: another stream's read of the old status, started
+    before and still fresh, is not handed to it (the CLI's ``logs --follow`` exited 1 on a job that had
+    just been marked succeeded, one run in a few)."""
+    clock = Clock()
+    shared: SharedReads[str] = SharedReads(fresh_s=10, clock=clock)
+    reads: list[str] = []
+    before = StreamReads(shared)
+
+    async def main() -> list[str]:
+        old = await before.get("k", _slow_read(reads, "failed"))  # started at 100
+        clock.now = 100.5
+        after = StreamReads(shared)  # opened after that read started
+        new = await after.get("k", _slow_read(reads, "succeeded"))
+        shared_again = await StreamReads(shared).get("k", _slow_read(reads, "unused"))  # opened at 100.5 too
+        return [old, new, shared_again]
+
+    assert anyio.run(main) == ["failed", "succeeded", "succeeded"]
+    assert reads == ["failed", "succeeded"]
