@@ -3,6 +3,8 @@
 #                 needed, then start the API and a worker (embedded defaults)
 #   make test     also install the test extras (pytest, playwright, schemathesis) if needed, then run the whole suite
 #   make lint     after the same install as make test: ruff check, ruff format --check, mypy (pyproject.toml)
+#   make check    make lint, then every test that starts no stack, torchrun, spawned ranks or live server
+#                 (not marked e2e or slow): a few minutes, before every commit (docs/development.md)
 #   make install  both installs, without running anything
 #
 # Overridable: PYTHON (>= 3.11), VENV, TORCH_SPEC (pip arguments for torch, e.g.
@@ -14,7 +16,10 @@ VENV ?= .venv
 # torch comes first and pinned: left to the dependency resolver, an unpinned torch may
 # pull a multi-GB CUDA build where a CPU build is enough.
 TORCH_SPEC ?= torch==2.13.0
-PYTEST_ARGS ?= -q -ra --durations=15
+# The suite runs on TEST_WORKERS pytest-xdist workers, each module on one worker (its module-scoped stack
+# started once), the long modules first (tests/conftest.py): timings in docs/development.md.
+TEST_WORKERS ?= 3
+PYTEST_ARGS ?= -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadscope
 ARGS ?=
 
 BIN := $(VENV)/bin
@@ -25,7 +30,7 @@ RUNTIME_STAMP := $(VENV)/.halfcast-installed
 # The test extras on top of them (what `make test` needs):
 TEST_STAMP := $(VENV)/.halfcast-test-installed
 
-.PHONY: up test lint install
+.PHONY: up test lint check install
 
 up: $(RUNTIME_STAMP)
 	$(BIN)/halfcast up
@@ -38,6 +43,10 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# Many short tests: handed to the workers one at a time, idle workers stealing from busy ones.
+check: lint
+	$(BIN)/pytest -q -m 'not e2e and not slow' -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 install: $(RUNTIME_STAMP) $(TEST_STAMP)
 

@@ -19,6 +19,8 @@ from bench.gpu.results import RowStatus, Summary
 from bench.gpu.settings import CheckPrecision, ModelKind, PathKind
 from bench.gpu_checks import main, parse_args, settings_from
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and imports transformers: not in make check
+
 ALL_ROWS = set(itertools.product(ModelKind, CheckPrecision, PathKind))
 
 

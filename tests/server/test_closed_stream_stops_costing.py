@@ -24,6 +24,8 @@ from server.app import create_app
 from server.settings import Settings
 from server.streams.stats import EventStreamSettings, StreamStats
 
+pytestmark = pytest.mark.slow  # live uvicorn servers, streams timed until they stop: not in make check
+
 STREAMS = 20
 #: Seconds within which a server-side stream must end after its client disconnected.
 END_WITHIN_S = 2.0

@@ -47,6 +47,8 @@ from server.app import create_app
 from server.settings import Settings
 from server.streams.stats import EventStreamSettings, StreamStats
 
+pytestmark = pytest.mark.slow  # live uvicorn servers, streams timed until they stop: not in make check
+
 #: Seconds within which a server-side stream must end after its client disconnected (C24).
 END_WITHIN_S = 2.0
 #: Streams opened at once: more than either backend's pool holds (SQLite 5 + 10 overflow, PostgreSQL 10 + 20).

@@ -83,6 +83,8 @@ from server.db.engine import make_engine, make_session_factory
 from server.db.models import Base
 from server.settings import Settings
 
+pytestmark = pytest.mark.slow  # hundreds of generated requests per operation: not in make check
+
 log = logging.getLogger(__name__)
 
 #: The repository's example specs (valid job specs with numbers in many positions).

@@ -24,6 +24,8 @@ from server.app import create_app
 from server.settings import Settings
 from server.streams.stats import EventStreamSettings, StreamStats
 
+pytestmark = pytest.mark.slow  # a live uvicorn server and 20 streams: not in make check
+
 VIEWERS = 20
 POLL_S = 0.1
 STEPS = 40

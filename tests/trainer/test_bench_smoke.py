@@ -15,6 +15,8 @@ from bench.compare_peers import run_benchmark
 from bench.report import markdown_table
 from bench.workload import Workload
 
+pytestmark = pytest.mark.slow  # imports transformers and peft, spawns interpreters: not in make check
+
 TINY = Workload(
     precision="fp16",
     in_features=16,
@@ -54,7 +56,11 @@ def test_host_overhead_checks_its_precisions_when_parsing() -> None:
 
 @pytest.mark.slow  # imports transformers/peft and builds four paths: ~25 s on a loaded 2-core VM
 def test_lora_peers_smoke() -> None:
-    """``bench.lora_peers``: a 1-round, 2-step run of every LoRA path; schema and "every path ran" only."""
+    """``bench.lora_peers``: a 1-round, 2-step run of every LoRA path; schema and "every path ran" only.
+
+    About 30 s alone, up to 90 s beside other workers: it imports transformers and peft and builds each
+    path's model (hand loop, Halfcast, the peers), the cost the benchmark itself pays once per path.
+    """
     from bench.lora_peers import run_lora_benchmark
     from bench.lora_workload import LoraWorkload
 

@@ -15,6 +15,8 @@ import torch
 from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.records import RECORDS_FILE
 
+pytestmark = pytest.mark.slow  # runs the trainer in fresh interpreters: not in make check
+
 SPEC: dict[str, Any] = {
     "model": {"name": "mlp", "config": {"hidden_sizes": [32], "dropout": 0.1}},
     "dataset": {"name": "synthetic", "config": {"in_features": 16, "num_samples": 96, "seed": 3}},

@@ -41,6 +41,8 @@ from trainer.sharded import (
 )
 from trainer.spec import JobSpec
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks: not in make check
+
 WORLD_SIZE = 2
 STEPS = 4
 MICRO_BATCHES = 2

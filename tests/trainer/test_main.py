@@ -14,6 +14,8 @@ from trainer import components
 from trainer.__main__ import main
 from trainer.precision import PrecisionUnsupportedError
 
+pytestmark = pytest.mark.slow  # runs python -m trainer in fresh interpreters: not in make check
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = {
     "model": {"name": "mlp", "config": {"hidden_sizes": [8]}},
