@@ -59,7 +59,16 @@ def tiny_wordpiece() -> Any:
 
 
 def save_tiny_bert(directory: Path, seed: int = 0) -> Path:
-    """A seeded random-init tiny ``BertModel`` and its tokenizer, ``save_pretrained`` into ``directory``."""
+    """A seeded random-init tiny ``BertModel`` and its tokenizer, ``save_pretrained`` into ``directory``.
+
+    Built once per machine and seed (``tests/recipe_cache.py``), copied here.
+    """
+    from recipe_cache import copy_built
+
+    return copy_built("tiny-bert", _write_tiny_bert, directory, seed=seed)
+
+
+def _write_tiny_bert(directory: Path, seed: int) -> None:
     from transformers import BertConfig, BertModel
 
     tokenizer = tiny_wordpiece()
@@ -67,4 +76,3 @@ def save_tiny_bert(directory: Path, seed: int = 0) -> Path:
     model = BertModel(BertConfig(vocab_size=len(tokenizer), **TINY_BERT))
     model.save_pretrained(str(directory), safe_serialization=True)
     tokenizer.save_pretrained(str(directory))
-    return directory

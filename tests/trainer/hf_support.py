@@ -49,7 +49,16 @@ def tiny_tokenizer() -> Any:
 
 
 def save_tiny_llama(directory: Path, seed: int = 0) -> None:
-    """A seeded random-init tiny Llama and its tokenizer, ``save_pretrained`` into ``directory``."""
+    """A seeded random-init tiny Llama and its tokenizer, ``save_pretrained`` into ``directory``.
+
+    Built once per machine and seed (``tests/recipe_cache.py``), copied here.
+    """
+    from recipe_cache import copy_built
+
+    copy_built("tiny-llama", _write_tiny_llama, directory, seed=seed)
+
+
+def _write_tiny_llama(directory: Path, seed: int) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = dict(TINY_LLAMA)

@@ -41,7 +41,16 @@ TRAINING_TEXT = [
 
 
 def build_tokenizer_dir(directory: Path, chat_template: str | None = CHAT_TEMPLATE) -> Path:
-    """Train the tiny BPE and ``save_pretrained`` it into ``directory`` (returned); ``chat_template=None``: none."""
+    """Train the tiny BPE and ``save_pretrained`` it into ``directory`` (returned); ``chat_template=None``: none.
+
+    Built once per machine and template (``tests/recipe_cache.py``), copied here.
+    """
+    from recipe_cache import copy_built
+
+    return copy_built("chat-tokenizer", _write_tokenizer, directory, chat_template=chat_template)
+
+
+def _write_tokenizer(directory: Path, chat_template: str | None) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -68,15 +77,23 @@ def build_tokenizer_dir(directory: Path, chat_template: str | None = CHAT_TEMPLA
         chat_template=chat_template,
     )
     wrapped.save_pretrained(directory)
-    return directory
 
 
 def save_chat_llama(directory: Path, seed: int = 0) -> Path:
-    """A seeded random-init 1-layer Llama sized for the tiny tokenizer, saved with it (safetensors) into ``directory``."""
+    """A seeded random-init 1-layer Llama sized for the tiny tokenizer, saved with it (safetensors) into ``directory``.
+
+    Built once per machine and seed (``tests/recipe_cache.py``), copied here.
+    """
+    from recipe_cache import copy_built
+
+    return copy_built("chat-llama", _write_chat_llama, directory, seed=seed)
+
+
+def _write_chat_llama(directory: Path, seed: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    build_tokenizer_dir(directory)
+    _write_tokenizer(directory, CHAT_TEMPLATE)
     config = LlamaConfig(
         hidden_size=32,
         intermediate_size=64,
@@ -88,7 +105,6 @@ def save_chat_llama(directory: Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(str(directory), safe_serialization=True)
-    return directory
 
 
 def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
