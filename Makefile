@@ -17,9 +17,10 @@ VENV ?= .venv
 # pull a multi-GB CUDA build where a CPU build is enough.
 TORCH_SPEC ?= torch==2.13.0
 # The suite runs on TEST_WORKERS pytest-xdist workers, each module on one worker (its module-scoped stack
-# started once), the long modules first (tests/conftest.py): timings in docs/development.md.
+# started once), the longest modules first in tests/conftest.py's order (xdist's own reorder, by test
+# count, would start them last): timings in docs/development.md.
 TEST_WORKERS ?= 3
-PYTEST_ARGS ?= -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadscope
+PYTEST_ARGS ?= -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 ARGS ?=
 
 BIN := $(VENV)/bin

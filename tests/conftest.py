@@ -1,8 +1,10 @@
 """Shared fixtures: isolated settings, and a fresh PostgreSQL database per test session; the suite's order.
 
-Modules that start a stack (``e2e``) run first, then those with ``slow`` tests, then the rest,
-each module's tests together: on several xdist workers (``make test``) the long ones start
-while the short ones fill the gaps, instead of one long module ending the run alone.
+Modules run longest first, each module's tests together: on several xdist workers (``make test``,
+``--dist loadscope --no-loadscope-reorder``) the long ones start at once while the short ones fill
+the gaps, instead of one long module ending the run alone. A module's length is what a measured
+run recorded (``tests/module_durations.json``, written by ``tests/module_durations.py``); a module
+not in it counts by its markers (``e2e`` long, ``slow`` less so).
 
 PostgreSQL and Redis are the real servers on this machine (``HALFCAST_TEST_POSTGRES_URL``,
 ``HALFCAST_TEST_REDIS_URL``); tests marked ``postgres``/``redis`` are skipped when
@@ -11,6 +13,7 @@ they do not answer, unless ``HALFCAST_REQUIRE_SERVICES=1`` (CI) turns that into 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import uuid
@@ -42,18 +45,21 @@ def _need(url: str, port: int, what: str) -> None:
         pytest.skip(f"{what} at {url} does not answer")
 
 
-#: Where a module's tests go in the run: the lowest rank of any of its tests' markers (unmarked: last).
-_ORDER = {"e2e": 0, "slow": 1}
+#: Seconds per module (file path) of a measured run: the order of a run, longest first.
+MODULE_DURATIONS = Path(__file__).with_name("module_durations.json")
+#: Seconds assumed for a module missing from that file, by the markers of its tests (else 0).
+_UNMEASURED_S = {"e2e": 60.0, "slow": 20.0}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Long modules first (see the module docstring); a stable sort, so each module keeps its own order."""
-    rank: dict[str, int] = {}
+    """Longest modules first (see the module docstring); a stable sort, so each module keeps its own order."""
+    measured: dict[str, float] = json.loads(MODULE_DURATIONS.read_text())
+    weight: dict[str, float] = {}
     for item in items:
-        mine = min((_ORDER[mark.name] for mark in item.iter_markers() if mark.name in _ORDER), default=len(_ORDER))
         module = _module(item)
-        rank[module] = min(rank.get(module, mine), mine)
-    items.sort(key=lambda item: rank[_module(item)])
+        guess = max((_UNMEASURED_S.get(mark.name, 0.0) for mark in item.iter_markers()), default=0.0)
+        weight[module] = measured.get(module, max(weight.get(module, 0.0), guess))
+    items.sort(key=lambda item: -weight[_module(item)])
 
 
 def _module(item: pytest.Item) -> str:
