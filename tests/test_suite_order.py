@@ -6,12 +6,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
+import suite_order
 from module_durations import module_durations
-
-import conftest
 
 
 @dataclass
@@ -26,7 +25,7 @@ class FakeItem:
 def test_longest_measured_module_first_each_module_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     durations = tmp_path / "durations.json"
     durations.write_text(json.dumps({"tests/b.py": 100, "tests/c.py": 5}))
-    monkeypatch.setattr(conftest, "MODULE_DURATIONS", durations)
+    monkeypatch.setattr(suite_order, "MODULE_DURATIONS", durations)
     items = [
         FakeItem("tests/a.py::one"),
         FakeItem("tests/a.py::two"),
@@ -36,7 +35,7 @@ def test_longest_measured_module_first_each_module_together(tmp_path: Path, monk
         FakeItem("tests/b.py::one"),
         FakeItem("tests/b.py::two", ["e2e"]),  # measured: the file wins over markers
     ]
-    conftest.pytest_collection_modifyitems(cast("list[pytest.Item]", items))
+    suite_order.order_longest_first(items)
     assert [item.nodeid for item in items] == [
         "tests/b.py::one",
         "tests/b.py::two",
@@ -63,4 +62,4 @@ def test_durations_are_summed_per_module_from_a_junit_report(tmp_path: Path) -> 
 
 def test_the_measured_file_names_modules_that_exist() -> None:
     root = Path(__file__).resolve().parents[1]
-    assert [m for m in json.loads(conftest.MODULE_DURATIONS.read_text()) if not (root / m).is_file()] == []
+    assert [m for m in json.loads(suite_order.MODULE_DURATIONS.read_text()) if not (root / m).is_file()] == []

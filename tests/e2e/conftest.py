@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from database_support import fresh_database
 from e2e_support import Stack, stack_environment
 
 log = logging.getLogger("e2e")
@@ -21,6 +22,13 @@ def make_stack(data_dir: Path, workers: int = 1, **settings: str) -> Iterator[St
         stack.stop()
         for name in stack.processes:
             log.info("---- %s log (tail) ----\n%s", name, stack.log_tail(name, 40))
+
+
+@pytest.fixture(scope="module")
+def postgres_url(postgres_admin_url: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database per e2e module (overrides the session's): what a module's stacks
+    list (jobs, models, datasets, tokens) is that module's alone, whatever ran before it on this worker."""
+    yield from fresh_database(postgres_admin_url)
 
 
 @pytest.fixture(scope="module")
