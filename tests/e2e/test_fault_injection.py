@@ -13,18 +13,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e_support import Stack, load_example, run_processes
-from sqlalchemy import text
 
 from broker.celery_app import RUN_JOB_TASK, create_celery_app
 from conftest import make_stack
-from server.db.engine import make_engine
 from server.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
@@ -36,26 +33,11 @@ REAPER_INTERVAL_S = 1.0
 
 
 @pytest.fixture(scope="module")
-def own_database(postgres_url: str) -> Iterator[str]:
-    """A PostgreSQL database for this module only (no other module's jobs for its reapers to find)."""
-    name = f"halfcast_faults_{uuid.uuid4().hex[:10]}"
-    admin = make_engine(postgres_url).execution_options(isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield f"{postgres_url.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, own_database: str, redis_url: str) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url: str) -> Iterator[Stack]:
     yield from make_stack(
         tmp_path_factory.mktemp("faults"),
         workers=2,
-        database_url=own_database,
+        database_url=postgres_url,
         broker_url=redis_url,
         broker_visibility_timeout_s="5",
         lease_ttl_s=str(LEASE_TTL_S),

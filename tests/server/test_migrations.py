@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from database_support import fresh_database
 from sqlalchemy import inspect, text
 
 from contracts.status import AttemptStatus, JobStatus
@@ -29,17 +29,7 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'nested' / 'halfcast.db'}"
         return
-    server_url: str = request.getfixturevalue("postgres_url")
-    name = f"halfcast_migrate_{uuid.uuid4().hex[:12]}"
-    admin = make_engine(server_url).execution_options(isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield f"{server_url.rsplit('/', 1)[0]}/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    yield from fresh_database(request.getfixturevalue("postgres_admin_url"))
 
 
 def schema_diff(url: str) -> list[object]:
