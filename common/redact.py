@@ -7,6 +7,11 @@ leaves a process: log records (:func:`install_log_redaction`, a filter on the
 logging handlers), job error messages as they are written to the database
 (:class:`server.db.redacted.RedactedText`), API error details, ``/readyz`` and the
 CLI's error output. ``repr(Settings())`` masks its URLs too (:mod:`server.settings`).
+
+:func:`redact_paths` keeps the server's file system out of what a client reads (job error
+messages): a path into a run directory becomes the run-relative form that ``resume_from``
+takes (``<job id>/attempt-1/checkpoints/final.pt``), any other absolute path its last part
+(``.../config.json``). :func:`redact_for_client` applies both.
 """
 
 from __future__ import annotations
@@ -18,6 +23,12 @@ import re
 MASK = "***"
 #: ``scheme://`` then userinfo ``user:password@`` (SQLAlchemy's URL grammar allows ``:`` and ``/`` in a password).
 _CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*):(?P<password>[^@\s]+)@")
+#: An absolute POSIX path of two parts or more, not inside a URL (``http://host/a/b``) or a relative path.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.+@~%=,-]+/)+[\w.+@~%=,-]*")
+#: Inside a path: a run directory's ``<job id>/attempt-<n>`` and what follows it.
+_RUN_RELATIVE = re.compile(r"/(?P<rest>[0-9A-Za-z_-]{1,64}/attempt-\d+(?:/.*)?)$")
+#: What stands for the directories of a path the client is not shown.
+HIDDEN_DIRS = "..."
 #: Loggers that get handlers of their own under uvicorn (besides the root logger).
 _HANDLER_LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
 
@@ -25,6 +36,25 @@ _HANDLER_LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
 def redact_urls(text: str) -> str:
     """``text`` with the password of every URL in it replaced by ``***`` (user, host and path kept)."""
     return _CREDENTIALS.sub(lambda m: f"{m.group('head')}:{MASK}@", text)
+
+
+def _client_path(match: re.Match[str]) -> str:
+    path = match.group(0)
+    run = _RUN_RELATIVE.search(path)
+    if run is not None:
+        return run.group("rest")
+    last = path.rstrip("/").rsplit("/", 1)[-1]
+    return f"{HIDDEN_DIRS}/{last}" if last else HIDDEN_DIRS
+
+
+def redact_paths(text: str) -> str:
+    """``text`` with every absolute path made run-relative (inside a run directory) or cut to its last part."""
+    return _ABSOLUTE_PATH.sub(_client_path, text)
+
+
+def redact_for_client(text: str) -> str:
+    """``text`` with URL passwords masked and server paths hidden (:func:`redact_urls`, :func:`redact_paths`)."""
+    return redact_paths(redact_urls(text))
 
 
 class RedactingFilter(logging.Filter):

@@ -214,10 +214,11 @@ class JobSpec(_Strict):
     a model that cannot consume the dataset, or a ``global_batch_size`` that
     ``micro_batch_size * world_size`` does not divide.
 
-    ``resume_from`` names a job id (its newest checkpoint) or a checkpoint file in the
-    worker's runs directory; the job continues from there exactly (same losses, loss
-    scales and skips as an uninterrupted run). Only ``max_steps``, intervals, limits,
-    ``name`` and ``faults`` may differ from the checkpointed spec.
+    ``resume_from`` names a job of the submitting owner (its newest checkpoint), or a
+    checkpoint file in that job's run directory as ``<job id>/attempt-<n>/checkpoints/<file>``
+    (never an absolute path; another owner's job is a 422 as for a missing one); the job
+    continues from there exactly (same losses, loss scales and skips as an uninterrupted run).
+    Only ``max_steps``, intervals, limits, ``name`` and ``faults`` may differ from the checkpointed spec.
 
     ``fp8_recipe`` (fp8 only; ``None`` means ``tensorwise``, so a stored spec round-trips
     through ``model_dump``) picks torchao's float8 scaling recipe: ``tensorwise`` or
@@ -295,6 +296,21 @@ class JobSpec(_Strict):
         """No control characters, NUL or lone surrogates: they cannot be stored, rendered or used as paths."""
         if value is not None and not value.isprintable():
             raise ValueError(f"{info.field_name} must be printable text")
+        return value
+
+    @field_validator("resume_from")
+    @classmethod
+    def _job_reference(cls, value: str | None) -> str | None:
+        """``<job id>`` or ``<job id>/<path in its run directory>``: never absolute, never climbing out with ``..``."""
+        if value is None:
+            return value
+        parts = value.split("/")
+        if "\\" in value or any(part in ("", ".", "..") for part in parts):
+            msg = (
+                "resume_from must be a job id or '<job id>/<path in its run directory>' "
+                "(e.g. '<job id>/attempt-1/checkpoints/final.pt'): no absolute path, no '.', '..' or empty part"
+            )
+            raise ValueError(msg)
         return value
 
     @model_validator(mode="after")

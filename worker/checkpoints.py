@@ -2,9 +2,10 @@
 
 Checkpoints live in run directories, ``<runs_dir>/<job_id>/attempt-<n>/checkpoints/``.
 A job id means its newest checkpoint: ``final.pt`` of the newest attempt that has
-one, else that attempt's highest ``step-<N>.pt``. A file path (absolute, or relative
-to ``runs_dir``) must resolve inside ``runs_dir``, so a spec cannot make the trainer
-read an arbitrary file. A retry (:func:`retry_checkpoint`) resumes from the highest
+one, else that attempt's highest ``step-<N>.pt``. A file path, ``<job id>/<path>``,
+must resolve (symbolic links followed) inside that job's directory, so a spec cannot
+make the trainer read an arbitrary file or another job's; which jobs a spec may name
+at all is checked for its owner first (:mod:`server.registry.refs`). A retry (:func:`retry_checkpoint`) resumes from the highest
 ``step-<N>.pt`` below ``max_steps`` of the job's earlier attempts (the trainer writes
 each checkpoint atomically, so a file under that name is complete).
 """
@@ -27,12 +28,14 @@ def resolve_resume(resume_from: str, runs_dir: Path) -> Path:
         CheckpointUnavailable: nothing usable there, or a path outside ``runs_dir``.
     """
     root = runs_dir.resolve()
+    job_id = resume_from.split("/", 1)[0]
+    job_root = (root / job_id).resolve()
     candidate = (root / resume_from).resolve()
-    if not candidate.is_relative_to(root) or candidate == root:
-        raise CheckpointUnavailable(f"resume_from {resume_from!r} is outside the runs directory")
+    if job_root.parent != root or not candidate.is_relative_to(job_root):
+        raise CheckpointUnavailable(f"resume_from {resume_from!r} is outside the run directory of job {job_id!r}")
     if candidate.is_file():
         return candidate
-    if candidate.parent == root and candidate.is_dir():
+    if candidate == job_root and candidate.is_dir():
         return _newest_checkpoint(candidate, resume_from)
     raise CheckpointUnavailable(f"resume_from {resume_from!r} is neither a known job nor a checkpoint file")
 

@@ -188,9 +188,10 @@ class Attempt:
     def _prepare(self) -> JobSpec | Outcome:
         """Create the run directory and write the re-validated ``spec.json`` (registered inputs filled in)."""
         try:
-            spec = JobSpec.model_validate(resolve_inputs(self.store.engine, self.claim.spec))
+            spec = JobSpec.model_validate(resolve_inputs(self.store.engine, self.claim.job_id, self.claim.spec))
         except RefError as exc:
-            return Outcome(JobStatus.FAILED, exc.reason, f"{exc.message} (it was deleted after the job was submitted)")
+            message = f"{exc.message} (deleted since the job was submitted, or not the job owner's to read)"
+            return Outcome(JobStatus.FAILED, exc.reason, message)
         except ValidationError as exc:
             return Outcome(
                 JobStatus.FAILED, FailureReason.SPEC_INVALID, f"the stored spec does not validate on the worker:\n{exc}"

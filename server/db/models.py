@@ -49,7 +49,7 @@ class Job(Base):
     finished_at: Mapped[datetime | None]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     error_reason: Mapped[str | None] = mapped_column(String(64))
-    error_message: Mapped[str | None] = mapped_column(RedactedText)  # URL passwords masked on write
+    error_message: Mapped[str | None] = mapped_column(RedactedText)  # URL passwords and server paths hidden on write
     step: Mapped[int] = mapped_column(Integer, default=0)
     max_steps: Mapped[int] = mapped_column(Integer)
     world_size: Mapped[int] = mapped_column(Integer)

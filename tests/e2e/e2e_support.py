@@ -128,6 +128,20 @@ class Stack:
         self.env["HALFCAST_TOKEN"] = self.token
         self.client.headers["Authorization"] = f"Bearer {self.token}"
 
+    def client_for(self, owner: str) -> httpx.Client:
+        """A new HTTP client of the API with a plain (not admin) token of ``owner``; the caller closes it."""
+        made = subprocess.run(
+            [sys.executable, "-m", "server.cli", "tokens", "create", "--owner", owner],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        headers = {"Authorization": f"Bearer {made.stdout.strip()}"}
+        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30, headers=headers)
+
     @property
     def worker_names(self) -> list[str]:
         """``worker``, then ``worker-2``, ``worker-3``, ..."""

@@ -116,5 +116,5 @@ def test_resume_from_a_finished_job_continues_its_trajectory(embedded_stack: Sta
     assert [p["step"] for p in points] == list(range(13, 21))
     assert points[0]["skipped_steps"] >= first["latest"]["skipped_steps"]
 
-    missing = embedded_stack.wait_terminal(embedded_stack.submit(_synthetic(resume_from="no-such-job"))["id"])
-    assert missing["status"] == "failed" and missing["error"]["reason"] == "checkpoint_unavailable"
+    missing = embedded_stack.client.post("/jobs", json=_synthetic(resume_from="no-such-job"))
+    assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "resume_from"], missing.text

@@ -1,5 +1,6 @@
 """The worker fills a job's registered dataset into the run's ``spec.json`` (the stored spec stays as submitted)
-and fails an attempt whose registered dataset or model was deleted since the submission."""
+and fails an attempt whose registered dataset, model or ``resume_from`` job was deleted since the submission,
+or is not the job owner's to read (issue 24 item 1: checked again before the worker opens anything)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from sqlalchemy import Engine, insert, select
 from worker_support import fake_command, insert_job
 
+from server.db.engine import make_session_factory
 from server.db.models import Job, RegisteredDataset, RegisteredModel, utcnow
+from server.db.tokens import create_token
 from server.settings import Settings
 from trainer.spec import JobSpec
 from worker.runner import RunnerContext, run_job
@@ -60,8 +63,8 @@ def _registered(db: Engine) -> tuple[str, str]:
     return dataset_id, model_id
 
 
-def _run(db: Engine, settings: Settings, spec: dict[str, Any]) -> tuple[Job, str]:
-    job_id = insert_job(db, spec)
+def _run(db: Engine, settings: Settings, spec: dict[str, Any], owner: str = "alice") -> tuple[Job, str]:
+    job_id = insert_job(db, spec, owner=owner)
     run_job(
         job_id,
         RunnerContext(settings=settings, store=JobStore(db), worker_id="test-worker", build_command=fake_command),
@@ -102,5 +105,40 @@ def test_an_input_deleted_after_submission_fails_the_attempt(
     )
     row, job_id = _run(db, settings, spec)
     assert (row.status, row.error_reason) == ("failed", reason)
-    assert gone in row.error_message and "deleted after the job was submitted" in row.error_message
+    assert gone in row.error_message and "deleted since the job was submitted" in row.error_message
     assert not (settings.runs_dir / job_id / "attempt-1" / "spec.json").exists()
+
+
+def _stolen_spec(db: Engine, stolen: str) -> dict[str, Any]:
+    dataset_id, model_id = _registered(db)
+    if stolen == "dataset":
+        return _spec({"dataset_id": dataset_id})
+    if stolen == "model":
+        return _spec({"path": "train.jsonl", "format": "chat"}, {"model_id": model_id})
+    alices_job = insert_job(db, _spec({"path": "train.jsonl", "format": "chat"}), status="succeeded", owner="alice")
+    return {
+        **_spec({"path": "train.jsonl", "format": "chat"}),
+        "resume_from": f"{alices_job}/attempt-1/checkpoints/final.pt",
+    }
+
+
+@pytest.mark.parametrize(
+    ("stolen", "reason"),
+    [("dataset", "data_unavailable"), ("model", "model_unavailable"), ("job", "checkpoint_unavailable")],
+)
+def test_a_stored_spec_naming_another_owners_input_fails_before_anything_is_opened(
+    db: Engine, settings: Settings, stolen: str, reason: str
+) -> None:
+    """As if the API's check were bypassed (a spec written by an older server, a row edited): bob's job names alice's."""
+    row, job_id = _run(db, settings, _stolen_spec(db, stolen), owner="bob")
+    assert (row.status, row.error_reason) == ("failed", reason), row.error_message
+    assert "not the job owner's to read" in row.error_message
+    assert not (settings.runs_dir / job_id / "attempt-1" / "spec.json").exists()
+
+
+def test_an_admins_job_may_name_another_owners_dataset_and_model(db: Engine, settings: Settings) -> None:
+    with make_session_factory(db)() as session:
+        create_token(session, "root", admin=True, actor="cli:test")
+    dataset_id, model_id = _registered(db)
+    row, _ = _run(db, settings, _spec({"dataset_id": dataset_id}, {"model_id": model_id}), owner="root")
+    assert (row.status, row.error_reason) == ("succeeded", None), row.error_message

@@ -30,8 +30,10 @@ def fake_command(spec: JobSpec, spec_path: Path, run_dir: Path) -> list[str]:
     return [sys.executable, str(FAKE_TRAINER), "--spec", str(spec_path), "--run-dir", str(run_dir)]
 
 
-def insert_job(engine: Engine, spec: dict[str, Any] | None = None, status: str = "queued") -> str:
-    """Insert a job row the way the API does; return its id."""
+def insert_job(
+    engine: Engine, spec: dict[str, Any] | None = None, status: str = "queued", owner: str | None = None
+) -> str:
+    """Insert a job row the way the API does (``owner``: the submitting token's owner); return its id."""
     spec = spec if spec is not None else small_spec()
     job_id = str(uuid.uuid4())
     row = {
@@ -41,6 +43,7 @@ def insert_job(engine: Engine, spec: dict[str, Any] | None = None, status: str =
         "spec": spec,
         "max_steps": spec.get("max_steps", 5),
         "world_size": spec.get("processes", 1),
+        "owner": owner,
     }
     with engine.begin() as conn:
         conn.execute(insert(Job).values(**row))
