@@ -26,7 +26,7 @@ from server.db.quota_check import QuotaExceeded
 from server.db.quotas import QuotaLimits
 from server.deps import QueueDep, SessionDep, SettingsDep
 from server.http.errors import ApiError
-from server.http.strict_body import StrictJSONRoute
+from server.http.strict_body import StrictJSONRoute, strict_types
 from server.queue import JobQueue
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.spec_check import registered_inputs_check
@@ -36,8 +36,14 @@ from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-#: Bodies are strict JSON: NaN, Infinity and 1e309 are a 422 at their field (:mod:`server.http.strict_body`).
-router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(authenticate)], route_class=StrictJSONRoute)
+#: Bodies are strict JSON: UTF-8 only, NaN, Infinity and 1e309 a 422 at their field, and JSON's types taken
+#: strictly (``"5"`` or ``true`` for a number is a 422 at the field) (:mod:`server.http.strict_body`).
+router = APIRouter(
+    prefix="/jobs",
+    tags=["jobs"],
+    dependencies=[Depends(authenticate), Depends(strict_types)],
+    route_class=StrictJSONRoute,
+)
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown job"}}
 #: The ``status`` query parameter: a :class:`~contracts.status.JobStatus` value, as a ``Literal`` of the values so
