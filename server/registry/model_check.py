@@ -5,7 +5,9 @@ being registered: every entry must be a regular file or a directory (no links: w
 ``lstat``), no pickle file anywhere, at most :data:`MAX_FILES` files; ``config.json`` must be a
 JSON object of at most :data:`MAX_CONFIG_BYTES` naming a ``model_type`` of
 :data:`trainer.hf.model_types.REGISTRY_MODEL_TYPES`, and neither it nor ``tokenizer_config.json``
-may ask for remote code; the top level must hold ``*.safetensors`` weights. The remote-code and
+may ask for remote code; the top level must hold ``*.safetensors`` weights, and every
+``*.safetensors`` file must have a well-formed header that matches its size
+(:mod:`.safetensors_header`: a renamed pickle is refused here, not by the job). The remote-code and
 weights rules are the trainer's own (:mod:`trainer.hf.safety`). Blocking: run it in a worker thread.
 """
 
@@ -25,6 +27,7 @@ from server.registry.model_archive import (
     PICKLE_SUFFIXES,
     ArchiveRejected,
 )
+from server.registry.safetensors_header import WeightsRejected, check_safetensors
 from trainer.hf.model_types import REGISTRY_MODEL_TYPES
 from trainer.hf.safety import (
     CONFIG_FILE,
@@ -106,6 +109,17 @@ def _model_type(files: dict[str, Path]) -> str:
     return model_type
 
 
+def _check_weights(files: dict[str, Path]) -> None:
+    """Every ``*.safetensors`` file's header parsed and checked against its size (no tensor is loaded)."""
+    for name, path in sorted(files.items()):
+        if PurePosixPath(name).suffix.lower() != ".safetensors":
+            continue
+        try:
+            check_safetensors(path)
+        except WeightsRejected as exc:
+            raise ArchiveRejected(f"{name} {exc}", name) from None
+
+
 def _digest(files: dict[str, Path]) -> str:
     digest = hashlib.sha256()
     for name in sorted(files):
@@ -121,5 +135,6 @@ def summarise_model_dir(directory: Path) -> ModelSummary:
     problem = weights_problem(name for name in files if "/" not in name)
     if problem is not None:
         raise ArchiveRejected(f"the model {problem}")
+    _check_weights(files)
     size = sum(path.stat().st_size for path in files.values())
     return ModelSummary(model_type=model_type, files=len(files), bytes=size, sha256=_digest(files))

@@ -21,6 +21,7 @@ from registry_support import (
     model_files,
     model_tar,
     registry_counts,
+    safetensors_bytes,
     stored_files,
     tar_of,
     write_model_dir,
@@ -112,6 +113,16 @@ REFUSED = {
     "bad-json": (_refused(files={**model_files(), "config.json": b"{nope"}), "not valid JSON"),
     "config-not-object": (_refused(files={**model_files(), "config.json": b"[1]"}), "JSON object"),
     "two-tops": (tar_of([Entry("a/config.json", b"{}"), Entry("b/model.safetensors", b"x")]), "config.json"),
+    # issue 24 item 8: weights are what they claim (the header parsed at upload, no tensor loaded)
+    "renamed-pickle": (
+        _refused(files=model_files(**{"model.safetensors": b"\x80\x04\x95" + b"pickled" * 20})),
+        "model.safetensors",
+    ),
+    "truncated-weights": (
+        _refused(files=model_files(**{"model.safetensors": safetensors_bytes()[:-1]})),
+        "tensors span",
+    ),
+    "bad-nested-weights": (_refused(files=model_files(**{"sub__extra__w.safetensors": b"\0" * 12})), "sub/extra"),
     "not-a-tar": (b"this is not a tar archive" * 40, "tar"),
     "gzip": (b"\x1f\x8b\x08\x00" + b"\0" * 600, "tar"),
 }

@@ -68,6 +68,24 @@ def test_unsafe_or_missing_model_directories_are_model_unavailable(
     assert info.value.reason == "model_unavailable"
 
 
+def test_weights_that_cannot_be_read_are_model_unavailable_not_a_rank_crash(
+    model_roots: Path, tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24 item 8: a ``model.safetensors`` that is a renamed pickle raised ``SafetensorError`` (``rank_failed``)."""
+    import pickle
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(model_roots / "llama", root / "llama")
+    for weights in (root / "llama").glob("*.safetensors"):
+        weights.write_bytes(pickle.dumps({"w": list(range(100))}))
+    monkeypatch.setenv("HALFCAST_MODEL_ROOTS", str(root))
+    spec = JobSpec.model_validate(lora_spec(model={"name": "hf", "config": {"path": "llama"}}))
+    with pytest.raises(TrainerError, match="cannot build the model") as info:
+        build_components(spec, cpu_ctx)
+    assert info.value.reason == "model_unavailable"
+
+
 def test_a_symlink_out_of_the_model_root_is_refused(
     model_roots: Path, tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:

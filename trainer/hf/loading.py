@@ -189,7 +189,13 @@ def _auto_class(config: HFConfig) -> Any:
 
 
 def _instantiate(config: HFConfig, hf_config: Any, directory: Path | None) -> nn.Module:
-    """Read the weights (safetensors, local) or initialise them from the config, in float32, SDPA attention."""
+    """Read the weights (safetensors, local) or initialise them from the config, in float32, SDPA attention.
+
+    Weights that cannot be read (a corrupt or renamed ``*.safetensors``: ``SafetensorError``) are
+    ``model_unavailable``, like a missing file, never a rank's crash.
+    """
+    from safetensors import SafetensorError
+
     auto = _auto_class(config)
     common = {"dtype": torch.float32, "attn_implementation": "sdpa", "trust_remote_code": False}
     try:
@@ -198,7 +204,7 @@ def _instantiate(config: HFConfig, hf_config: Any, directory: Path | None) -> nn
         return auto.from_pretrained(
             str(directory), config=hf_config, local_files_only=True, use_safetensors=True, **common
         )
-    except _LOAD_ERRORS as exc:
+    except (*_LOAD_ERRORS, SafetensorError) as exc:
         where = directory if directory is not None else f"hf_config model_type {hf_config.model_type!r}"
         reason = FailureReason.MODEL_UNAVAILABLE if directory is not None else FailureReason.SPEC_INVALID
         raise TrainerError(reason, f"cannot build the model from {where}: {exc}") from exc
