@@ -3,8 +3,10 @@
 Every entry must be a regular file or a directory with a relative, printable name: an absolute
 name, a ``..``, ``.`` or empty component (a leading ``./`` and a trailing ``/`` aside), a
 backslash, a link (symbolic or hard), a device, a FIFO or a sparse file refuses the whole archive
-("tar slip"), as do a duplicate name, more than :data:`MAX_MEMBERS` entries, a name longer than
-:data:`MAX_NAME_CHARS` or nested more than :data:`MAX_DEPTH` directories, and pickle weights
+("tar slip"), as do a duplicate name, a file that another entry puts a directory under (``foo``
+and ``foo/bar``), more than :data:`MAX_MEMBERS` entries, a name longer than :data:`MAX_NAME_CHARS`
+or with a part over :data:`MAX_PART_BYTES` bytes (a file system's limit), or nested more than
+:data:`MAX_DEPTH` directories, and pickle weights
 (:data:`PICKLE_SUFFIXES`: ``torch.load`` would run code from them). The model's files are at the
 top of the archive or all under one top directory (as in ``halfcast export``'s and
 ``GET /jobs/{id}/exports/model``'s ``model/...`` tars), which is dropped. What passes is
@@ -25,6 +27,8 @@ MAX_MEMBERS = 10_000
 MAX_DEPTH = 8
 #: Longest entry name.
 MAX_NAME_CHARS = 1024
+#: Longest part of an entry name, in UTF-8 bytes (``NAME_MAX`` of Linux file systems).
+MAX_PART_BYTES = 255
 #: File suffixes refused anywhere in the archive: pickled data.
 PICKLE_SUFFIXES = TRAINER_PICKLE_SUFFIXES | {".pickle", ".joblib"}
 
@@ -56,6 +60,8 @@ def _normal_name(member: tarfile.TarInfo) -> str:
         raise ArchiveRejected(f"entry {raw!r}: '..', '.' and empty path components are refused", raw)
     if len(parts) > MAX_DEPTH + 1:
         raise ArchiveRejected(f"entry {raw!r}: nested deeper than {MAX_DEPTH} directories", raw)
+    if any(len(part.encode("utf-8", "surrogateescape")) > MAX_PART_BYTES for part in parts):
+        raise ArchiveRejected(f"entry {raw!r}: a name part is over {MAX_PART_BYTES} bytes", raw)
     return name
 
 
@@ -81,7 +87,19 @@ def checked_members(archive: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
         if name in found:
             raise ArchiveRejected(f"entry {name!r} appears twice", name)
         found[name] = member
+    _refuse_files_under_files(found)
     return found
+
+
+def _refuse_files_under_files(found: dict[str, tarfile.TarInfo]) -> None:
+    """:class:`ArchiveRejected` when an entry lies under a name another entry holds as a regular file."""
+    files = {name for name, member in found.items() if member.isreg()}
+    for name in found:
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            if parent in files:
+                raise ArchiveRejected(f"entry {name!r} lies under {parent!r}, which is a file", name)
 
 
 def model_root(names: list[str]) -> str:

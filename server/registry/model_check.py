@@ -84,6 +84,8 @@ def _json_object(path: Path, name: str) -> dict[str, Any]:
         raise ArchiveRejected(f"{name} is over {MAX_CONFIG_BYTES} bytes", name)
     try:
         data = json.loads(path.read_bytes())
+    except RecursionError:
+        raise ArchiveRejected(f"{name} is not valid JSON: nested too deep", name) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ArchiveRejected(f"{name} is not valid JSON: {exc}", name) from None
     if not isinstance(data, dict):

@@ -16,6 +16,9 @@ from server.registry.upload import declared_length
 
 #: Longest name of a registered dataset or model.
 MAX_NAME_CHARS = 200
+#: What a registered dataset's or model's id in a path may hold: printable ASCII, no space (ids are UUIDs).
+#: A NUL reached PostgreSQL, which cannot compare text holding one (a 500); now it is a 422 at the path.
+REGISTRY_ID_PATTERN = r"^[\x21-\x7e]+$"
 
 
 def invalid(loc: tuple[str | int, ...], message: str, value: Any = None) -> RequestValidationError:

@@ -31,6 +31,7 @@ from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.dataset_check import DatasetRejected, check_dataset_file
 from server.registry.layout import RegistryLayout, remove_path
 from server.registry.request_checks import (
+    REGISTRY_ID_PATTERN,
     checked_name,
     invalid,
     media_type,
@@ -67,7 +68,7 @@ _BODY = {
     }
 }
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown dataset"}}
-DatasetId = Annotated[str, Path(max_length=64)]
+DatasetId = Annotated[str, Path(max_length=64, pattern=REGISTRY_ID_PATTERN)]
 
 
 @router.post(

@@ -36,6 +36,7 @@ from server.registry.layout import RegistryLayout, remove_path
 from server.registry.model_archive import ArchiveRejected, extract_model_archive
 from server.registry.model_check import ModelSummary, summarise_model_dir
 from server.registry.request_checks import (
+    REGISTRY_ID_PATTERN,
     checked_name,
     invalid,
     media_type,
@@ -65,7 +66,7 @@ _BODY = {
 }
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown model"}}
 _CREATED: dict[int | str, dict[str, Any]] = {429: QUOTA_RESPONSE}
-ModelId = Annotated[str, Path(max_length=64)]
+ModelId = Annotated[str, Path(max_length=64, pattern=REGISTRY_ID_PATTERN)]
 ModelName = Annotated[str | None, Query(min_length=1, max_length=200, description="default: model")]
 
 

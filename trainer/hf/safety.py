@@ -29,7 +29,7 @@ REMOTE_CODE_KEYS = frozenset({"auto_map"})
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"cannot read {path.name} in {path.parent}: {exc}") from exc
     if not isinstance(data, dict):
         raise TrainerError(FailureReason.MODEL_UNAVAILABLE, f"{path} is not a JSON object")

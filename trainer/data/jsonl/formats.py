@@ -17,6 +17,8 @@ from trainer.data.jsonl.rows import Row, json_type, row_error
 #: Roles a chat message may have.
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 _CSV_INTEGER = re.compile(r"[0-9]+")
+#: Highest class id a label may hold: a classification head has at most 65,536 classes (``num_labels``).
+MAX_CLASS_ID = 65_535
 
 
 @dataclass(frozen=True)
@@ -112,14 +114,23 @@ class _FieldReader:
             raise self.fail(name, "missing")
         value = self.fields[name]
         if isinstance(value, int) and not isinstance(value, bool):
-            if value < 0:
-                raise self.fail(name, f"class id {value} is negative")
-            return value
+            return self._class_id(name, value)
         if not isinstance(value, str):
             raise self.fail(name, f"expected an integer class id or a class name, got {json_type(value)}")
         if not value.strip():
             raise self.fail(name, "empty")
-        return int(value) if csv and _CSV_INTEGER.fullmatch(value) else value
+        if csv and _CSV_INTEGER.fullmatch(value):
+            if len(value.lstrip("0")) > len(str(MAX_CLASS_ID)):
+                raise self.fail(name, f"class id {value[:12]}... is over {MAX_CLASS_ID}")
+            return self._class_id(name, int(value))
+        return value
+
+    def _class_id(self, name: str, value: int) -> int:
+        if value < 0:
+            raise self.fail(name, f"class id {value} is negative")
+        if value > MAX_CLASS_ID:
+            raise self.fail(name, f"class id {str(value)[:12]}... is over {MAX_CLASS_ID} (at most 65,536 classes)")
+        return value
 
     def messages(self, name: str) -> tuple[dict[str, object], ...]:
         """A non-empty array of ``{role, content}`` objects with known roles and string contents."""

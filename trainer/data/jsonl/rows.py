@@ -121,6 +121,10 @@ def _json_object(file: str, number: int, text: str) -> dict[str, object]:
             " (a JSON array file is not JSON lines: write one object per line)" if text.lstrip().startswith("[") else ""
         )
         raise row_error(file, number, None, f"invalid JSON: {exc.msg} at column {exc.colno}{hint}") from None
+    except RecursionError:
+        raise row_error(file, number, None, "invalid JSON: nested too deep") from None
+    except ValueError as exc:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise row_error(file, number, None, f"invalid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise row_error(file, number, None, f"expected a JSON object, got {json_type(value)}")
     return value
