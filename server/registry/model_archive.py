@@ -42,6 +42,19 @@ class ArchiveRejected(Exception):
         self.entry = entry
 
 
+class ArchiveOverQuota(Exception):
+    """The archive's files hold ``file_bytes``, more than the owner may still store: nothing was extracted."""
+
+    def __init__(self, file_bytes: int) -> None:
+        super().__init__(f"the archive's files hold {file_bytes} bytes")
+        self.file_bytes = file_bytes
+
+
+#: Bytes of an archive that are not file contents: a header and padding per entry (a long name's PAX record
+#: included), and the end-of-archive blocks. An upload is stopped once it is this far past the quota.
+TAR_OVERHEAD_BYTES = 2048 * MAX_MEMBERS + 10240
+
+
 def _normal_name(member: tarfile.TarInfo) -> str:
     """The entry's name without a leading ``./`` or trailing ``/``; :class:`ArchiveRejected` for an unsafe one."""
     raw = member.name
@@ -112,11 +125,12 @@ def model_root(names: list[str]) -> str:
     raise ArchiveRejected(f"no {CONFIG_FILE} at the top of the archive (or in its one top directory)", CONFIG_FILE)
 
 
-def extract_model_archive(path: Path, into: Path) -> None:
+def extract_model_archive(path: Path, into: Path, max_file_bytes: int | None = None) -> None:
     """Check the tar at ``path`` and extract the model's files into the new directory ``into``.
 
     Raises :class:`ArchiveRejected` for an archive refused as a whole or by an entry, or a file
-    that is not an uncompressed tar.
+    that is not an uncompressed tar; :class:`ArchiveOverQuota` (before anything is extracted)
+    when its files hold more than ``max_file_bytes``.
     """
     try:
         with tarfile.open(path, mode="r:") as archive:
@@ -129,6 +143,9 @@ def extract_model_archive(path: Path, into: Path) -> None:
                     continue
                 relative = name[len(root) + 1 :] if root else name
                 chosen.append(member.replace(name=relative, deep=False))
+            file_bytes = sum(member.size for member in chosen if member.isreg())
+            if max_file_bytes is not None and file_bytes > max_file_bytes:
+                raise ArchiveOverQuota(file_bytes)
             archive.extractall(into, members=chosen, filter="data")
     except (tarfile.TarError, EOFError) as exc:  # FilterError is a TarError
         raise ArchiveRejected(f"not an uncompressed tar archive, or a damaged one: {exc}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -46,18 +47,42 @@ def checked_name(name: str | None, default: str) -> str:
     return name.strip()
 
 
-def _check_declared(request: Request, owner: str, defaults: QuotaLimits) -> None:
-    declared = declared_length(request)
-    if declared is None:
-        return
+@dataclass(frozen=True)
+class StorageRoom:
+    """An owner's storage quota as an upload starts: the ``limit`` and the bytes ``in_use``."""
+
+    owner: str
+    limit: int
+    in_use: int
+
+    @property
+    def left(self) -> int:
+        """Bytes the owner may still store (never negative)."""
+        return max(0, self.limit - self.in_use)
+
+    def exceeded(self) -> QuotaApiError:
+        """The ``429`` of an upload that does not fit."""
+        return QuotaApiError(QuotaExceeded(self.owner, "max_storage_bytes", self.limit, self.in_use))
+
+
+def _storage_room(request: Request, owner: str, defaults: QuotaLimits) -> StorageRoom | None:
     with request.app.state.session_factory() as session:
         limit = effective_limits(session, owner, defaults).max_storage_bytes
-        in_use = storage_in_use(session, owner) if limit is not None else 0
-    if limit is not None and in_use + declared > limit:
-        raise QuotaApiError(QuotaExceeded(owner, "max_storage_bytes", limit, in_use))
+        if limit is None:
+            return None
+        return StorageRoom(owner, limit, storage_in_use(session, owner))
 
 
-async def refuse_early(request: Request, owner: str, defaults: QuotaLimits) -> None:
-    """``429`` before a byte is read when the declared ``Content-Length`` alone would exceed the owner's storage
-    quota (the check that counts is made again, atomically, when the row is inserted)."""
-    await run_in_threadpool(_check_declared, request, owner, defaults)
+async def storage_room(
+    request: Request, owner: str, defaults: QuotaLimits, declared_is_stored: bool
+) -> StorageRoom | None:
+    """The owner's :class:`StorageRoom` (``None`` without a storage quota); ``429`` before a byte is read when the
+    owner is at or over the quota, or (``declared_is_stored``: the body is what would be stored) when the declared
+    ``Content-Length`` alone would take it over. The check that counts is made again, atomically, at the INSERT."""
+    room = await run_in_threadpool(_storage_room, request, owner, defaults)
+    if room is None:
+        return None
+    declared = declared_length(request) if declared_is_stored else None
+    if room.left == 0 or (declared is not None and declared > room.left):
+        raise room.exceeded()
+    return room

@@ -2,13 +2,16 @@
 
 The body is read with ``request.stream()`` in chunks and written through a worker thread in
 batches of :data:`WRITE_BATCH` bytes. Past ``max_bytes`` the upload is refused with ``413``
-at once; a client that disconnects mid-way raises Starlette's ``ClientDisconnect``. Either
-way the caller removes the file (the routes do, in ``finally``).
+at once, and past a storage-quota bound (``quota``: the bytes the owner has left) with the
+quota's ``429``, before another chunk is read or written; a client that disconnects mid-way
+raises Starlette's ``ClientDisconnect``. Either way the caller removes the file (the routes do,
+in ``finally``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -43,8 +46,16 @@ def declared_length(request: Request) -> int | None:
         return None
 
 
-async def receive_to_file(request: Request, path: Path, max_bytes: int) -> Received:
-    """Stream the body of ``request`` into the new file ``path``; raise ``413`` past ``max_bytes``."""
+@dataclass(frozen=True)
+class QuotaBound:
+    """Stop an upload past ``max_bytes`` with ``refusal()`` (the owner's storage quota's ``429``)."""
+
+    max_bytes: int
+    refusal: Callable[[], Exception]
+
+
+async def receive_to_file(request: Request, path: Path, max_bytes: int, quota: QuotaBound | None = None) -> Received:
+    """Stream the body of ``request`` into the new file ``path``; ``413`` past ``max_bytes``, ``quota``'s refusal past it."""
     digest = hashlib.sha256()
     size = 0
     pending: list[bytes] = []
@@ -55,6 +66,8 @@ async def receive_to_file(request: Request, path: Path, max_bytes: int) -> Recei
             size += len(chunk)
             if size > max_bytes:
                 raise too_large(max_bytes)
+            if quota is not None and size > quota.max_bytes:
+                raise quota.refusal()
             digest.update(chunk)
             pending.append(chunk)
             pending_size += len(chunk)

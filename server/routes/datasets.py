@@ -35,12 +35,12 @@ from server.registry.request_checks import (
     checked_name,
     invalid,
     media_type,
-    refuse_early,
+    storage_room,
     unsupported_media_type,
 )
 from server.registry.rows import delete_visible, visible_page
 from server.registry.schemas import DatasetList, DatasetPublic, dataset_public
-from server.registry.upload import receive_to_file
+from server.registry.upload import QuotaBound, receive_to_file
 from server.schemas import ErrorBody
 from server.settings import Settings
 from trainer.catalog import JsonlFormat
@@ -99,11 +99,12 @@ async def upload_dataset(
         raise invalid(("query", "format"), "format 'chat' reads JSON lines, not CSV", format)
     label = checked_name(name, "dataset")
     defaults = default_limits(settings)
-    await refuse_early(request, principal.owner, defaults)
+    room = await storage_room(request, principal.owner, defaults, declared_is_stored=True)
     layout = RegistryLayout(settings.registry_dir)
     staged = await run_in_threadpool(layout.staging_path, f".{file_format}")
     try:
-        received = await receive_to_file(request, staged, settings.max_upload_bytes)
+        bound = None if room is None else QuotaBound(room.left, room.exceeded)
+        received = await receive_to_file(request, staged, settings.max_upload_bytes, bound)
         rows = await run_in_threadpool(_checked_rows, staged, label, file_format, format)
         row = RegisteredDataset(
             id=str(uuid.uuid4()),

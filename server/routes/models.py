@@ -33,18 +33,25 @@ from server.http.errors import ApiError
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.export_copy import copy_export
 from server.registry.layout import RegistryLayout, remove_path
-from server.registry.model_archive import ArchiveRejected, extract_model_archive
+from server.registry.model_archive import (
+    TAR_OVERHEAD_BYTES,
+    ArchiveOverQuota,
+    ArchiveRejected,
+    extract_model_archive,
+)
 from server.registry.model_check import ModelSummary, summarise_model_dir
 from server.registry.request_checks import (
     REGISTRY_ID_PATTERN,
+    StorageRoom,
     checked_name,
     invalid,
     media_type,
+    storage_room,
     unsupported_media_type,
 )
 from server.registry.rows import delete_visible, visible_page
 from server.registry.schemas import ModelList, ModelPublic, model_public
-from server.registry.upload import receive_to_file
+from server.registry.upload import QuotaBound, receive_to_file
 from server.schemas import ErrorBody
 from server.settings import Settings
 
@@ -88,13 +95,16 @@ async def upload_model(
     kind = media_type(request)
     if kind not in CONTENT_TYPES:
         raise unsupported_media_type(kind, list(CONTENT_TYPES))
-    label = checked_name(name, "model")  # (no early quota check: the archive is larger than the files it holds)
+    label = checked_name(name, "model")
+    # the archive is larger than the files it holds: its declared length is not checked against the quota
+    room = await storage_room(request, principal.owner, default_limits(settings), declared_is_stored=False)
     layout = RegistryLayout(settings.registry_dir)
     archive = await run_in_threadpool(layout.staging_path, ".tar")
     tree = archive.with_suffix(".d")
     try:
-        await receive_to_file(request, archive, settings.max_upload_bytes)
-        summary = await run_in_threadpool(_extracted, archive, tree)
+        bound = None if room is None else QuotaBound(room.left + TAR_OVERHEAD_BYTES, room.exceeded)
+        await receive_to_file(request, archive, settings.max_upload_bytes, bound)
+        summary = await run_in_threadpool(_extracted, archive, tree, room)
         await run_in_threadpool(remove_path, archive)
         row = _row(principal.owner, label, summary, None)
         stored = await run_in_threadpool(_store, request, row, tree, settings, principal.owner, "upload")
@@ -105,10 +115,14 @@ async def upload_model(
     return stored
 
 
-def _extracted(archive: FilePath, tree: FilePath) -> ModelSummary:
+def _extracted(archive: FilePath, tree: FilePath, room: StorageRoom | None) -> ModelSummary:
+    """The archive extracted into ``tree`` and summarised; never more extracted than ``room`` has left (``429``)."""
     try:
-        extract_model_archive(archive, tree)
+        extract_model_archive(archive, tree, None if room is None else room.left)
         return summarise_model_dir(tree)
+    except ArchiveOverQuota:
+        assert room is not None  # only raised with a bound
+        raise room.exceeded() from None
     except ArchiveRejected as exc:
         loc: tuple[str | int, ...] = ("body",) if exc.entry is None else ("body", exc.entry)
         raise invalid(loc, exc.message) from None
