@@ -274,8 +274,14 @@ class RegisteredDataset(Base):
     #: Lowercase hex SHA-256 of the file (its name in the registry).
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: ``Idempotency-Key`` of the upload that created it (unique per owner) and the hash of what it sent (0013).
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
 
-    __table_args__ = (Index("ix_datasets_owner_created", "owner", "created_at"),)
+    __table_args__ = (
+        Index("ix_datasets_owner_created", "owner", "created_at"),
+        Index("ix_datasets_owner_idempotency_key", "owner", "idempotency_key", unique=True),
+    )
 
 
 class RegisteredModel(Base):
@@ -296,5 +302,11 @@ class RegisteredModel(Base):
     #: The job whose exported model this is; null for an upload.
     source_job_id: Mapped[str | None] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: ``Idempotency-Key`` of the upload that created it (unique per owner) and the hash of what it sent (0013).
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
 
-    __table_args__ = (Index("ix_models_owner_created", "owner", "created_at"),)
+    __table_args__ = (
+        Index("ix_models_owner_created", "owner", "created_at"),
+        Index("ix_models_owner_idempotency_key", "owner", "idempotency_key", unique=True),
+    )

@@ -38,6 +38,45 @@ from server.registry.layout import RegistryLayout, remove_path
 Row = TypeVar("Row", RegisteredDataset, RegisteredModel)
 
 
+@dataclass(frozen=True)
+class UploadKey:
+    """An upload's ``Idempotency-Key`` and the hash of what it sent (parameters and the body's SHA-256)."""
+
+    key: str
+    request_hash: str
+
+
+class UploadKeyMismatch(ValueError):
+    """The ``Idempotency-Key`` was used before for an upload that sent something else."""
+
+    def __init__(self, kind: str, item_id: str) -> None:
+        super().__init__(f"Idempotency-Key already used for {kind} {item_id}, created from a different upload")
+        self.item_id = item_id
+
+
+def upload_by_key(session: Session, table: type[Row], owner: str, key: str) -> Row | None:
+    """The dataset or model ``owner`` uploaded with Idempotency-Key ``key``, if any."""
+    return session.scalars(select(table).where(table.owner == owner, table.idempotency_key == key)).one_or_none()
+
+
+def replayed(row: Row, upload: UploadKey, kind: str) -> Row:
+    """``row`` when ``upload`` sent what created it; :class:`UploadKeyMismatch` otherwise."""
+    if row.request_hash != upload.request_hash:
+        raise UploadKeyMismatch(kind, row.id)
+    return row
+
+
+def _earlier_upload(session: Session, row: Row, upload: UploadKey | None, kind: str) -> Row | None:
+    """Inside the owner's transaction: the row an earlier upload with the same key created (then nothing is stored)."""
+    if upload is None:
+        return None
+    earlier = upload_by_key(session, type(row), row.owner, upload.key)
+    if earlier is None:
+        row.idempotency_key, row.request_hash = upload.key, upload.request_hash
+        return None
+    return replayed(earlier, upload, kind)
+
+
 class RegisteredKind(StrEnum):
     """What a registry row is: a dataset or a model (the word of its audit events and messages)."""
 
@@ -142,16 +181,27 @@ def _commit_or_restore(session: Session, moved: list[tuple[Path, Path]]) -> None
 
 
 def create_dataset(
-    session: Session, row: RegisteredDataset, staged: Path, layout: RegistryLayout, quota_defaults: QuotaLimits
-) -> RegisteredDataset:
-    """Store ``row`` with its staged file (renamed to its content address), audited as ``dataset.create``.
+    session: Session,
+    row: RegisteredDataset,
+    staged: Path,
+    layout: RegistryLayout,
+    quota_defaults: QuotaLimits,
+    upload: UploadKey | None = None,
+) -> tuple[RegisteredDataset, bool]:
+    """Store ``row`` with its staged file (renamed to its content address), audited as ``dataset.create``;
+    ``(row, True)``. With ``upload``, a dataset the owner already uploaded with that key comes back as
+    ``(that row, False)`` and nothing is stored.
 
     Raises :class:`server.db.quota_check.QuotaExceeded` (nothing stored) when the owner's
-    registered bytes would exceed ``max_storage_bytes``.
+    registered bytes would exceed ``max_storage_bytes``, :class:`UploadKeyMismatch` when the
+    key's dataset came from a different upload.
     """
     begin_owner_transaction(session, row.owner)
     placed = False
     try:
+        if (earlier := _earlier_upload(session, row, upload, "dataset")) is not None:
+            session.rollback()
+            return earlier, False
         _lock_file(session, f"dataset:{row.sha256}")
         enforce_storage(session, row.owner, row.bytes, quota_defaults)
         os.replace(staged, layout.dataset_file(row.sha256, row.file_format))  # same bytes if it was there
@@ -164,7 +214,7 @@ def create_dataset(
         if placed:
             _drop_unreferenced_file(session, layout, row)
         raise
-    return row
+    return row, True
 
 
 def _drop_unreferenced_file(session: Session, layout: RegistryLayout, row: RegisteredDataset) -> None:
@@ -223,16 +273,23 @@ def create_model(
     *,
     actor: str,
     via: str,
-) -> RegisteredModel:
-    """Store ``row`` with its staged directory (renamed to ``models/<id>``), audited as ``model.create`` by ``actor``.
+    upload: UploadKey | None = None,
+) -> tuple[RegisteredModel, bool]:
+    """Store ``row`` with its staged directory (renamed to ``models/<id>``), audited as ``model.create`` by
+    ``actor``; ``(row, True)``. With ``upload``, a model the owner already uploaded with that key comes
+    back as ``(that row, False)`` and nothing is stored.
 
     ``via``: ``upload`` or ``export``. Raises :class:`server.db.quota_check.QuotaExceeded`
-    (nothing stored) when the owner's registered bytes would exceed ``max_storage_bytes``.
+    (nothing stored) when the owner's registered bytes would exceed ``max_storage_bytes``,
+    :class:`UploadKeyMismatch` when the key's model came from a different upload.
     """
     target = layout.model_dir(row.id)
     begin_owner_transaction(session, row.owner)
     placed = False
     try:
+        if (earlier := _earlier_upload(session, row, upload, "model")) is not None:
+            session.rollback()
+            return earlier, False
         enforce_storage(session, row.owner, row.bytes, quota_defaults)
         os.replace(staged, target)
         placed = True
@@ -245,7 +302,7 @@ def create_model(
         if placed:
             remove_path(target)
         raise
-    return row
+    return row, True
 
 
 def _trash_model_dir(session: Session, row: RegisteredModel, layout: RegistryLayout) -> list[tuple[Path, Path]]:

@@ -26,9 +26,12 @@ from server.auth import PrincipalDep, authenticate
 from server.db import registry as repo
 from server.db.models import RegisteredDataset, utcnow
 from server.db.quota_check import QuotaExceeded
+from server.db.registry import UploadKey, UploadKeyMismatch
 from server.deps import SessionDep, SettingsDep
+from server.http.idempotency import IdempotencyKey, key_mismatch
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.dataset_check import DatasetRejected, check_dataset_file
+from server.registry.idempotent_upload import earlier_upload, replay, upload_key
 from server.registry.layout import RegistryLayout, remove_path
 from server.registry.request_checks import (
     REGISTRY_ID_PATTERN,
@@ -89,8 +92,13 @@ async def upload_dataset(
     settings: SettingsDep,
     format: Annotated[JsonlFormat, Query(description="The format every row is checked against")],
     name: Annotated[str | None, Query(min_length=1, max_length=200, description="default: dataset")] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> DatasetPublic:
-    """Check every row of the uploaded file against ``format`` and register it; ``Location`` names the dataset."""
+    """Check every row of the uploaded file against ``format`` and register it; ``Location`` names the dataset.
+
+    With an ``Idempotency-Key`` the owner used before for the same upload: ``200`` and that dataset,
+    nothing stored (:mod:`server.registry.idempotent_upload`).
+    """
     kind = media_type(request)
     file_format = CONTENT_TYPES.get(kind)
     if file_format is None:
@@ -98,13 +106,18 @@ async def upload_dataset(
     if format == "chat" and file_format == "csv":
         raise invalid(("query", "format"), "format 'chat' reads JSON lines, not CSV", format)
     label = checked_name(name, "dataset")
-    defaults = default_limits(settings)
-    room = await storage_room(request, principal.owner, defaults, declared_is_stored=True)
+    earlier = await earlier_upload(request, RegisteredDataset, principal.owner, idempotency_key)
+    room = None
+    if earlier is None:
+        room = await storage_room(request, principal.owner, default_limits(settings), declared_is_stored=True)
     layout = RegistryLayout(settings.registry_dir)
     staged = await run_in_threadpool(layout.staging_path, f".{file_format}")
     try:
         bound = None if room is None else QuotaBound(room.left, room.exceeded)
         received = await receive_to_file(request, staged, settings.max_upload_bytes, bound)
+        upload = upload_key(idempotency_key, "dataset", format, file_format, label, received.sha256)
+        if earlier is not None:
+            return dataset_public(replay(earlier, upload, "dataset", response, f"{UPLOAD_PATH}/{earlier.id}"))
         rows = await run_in_threadpool(_checked_rows, staged, label, file_format, format)
         row = RegisteredDataset(
             id=str(uuid.uuid4()),
@@ -117,10 +130,13 @@ async def upload_dataset(
             sha256=received.sha256,
             created_at=utcnow(),
         )
-        stored = await run_in_threadpool(_store, request, row, staged, settings)
+        stored, created = await run_in_threadpool(_store, request, row, staged, settings, upload)
     finally:
         await run_in_threadpool(remove_path, staged)
-    log.info("dataset %s registered for %s: %d rows, %d bytes", stored.id, stored.owner, stored.rows, stored.bytes)
+    if created:
+        log.info("dataset %s registered for %s: %d rows, %d bytes", stored.id, stored.owner, stored.rows, stored.bytes)
+    else:
+        response.status_code = 200
     response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
     return stored
 
@@ -135,15 +151,20 @@ def _checked_rows(staged: FilePath, name: str, file_format: str, fmt: str) -> in
         raise invalid(loc, exc.message) from None
 
 
-def _store(request: Request, row: RegisteredDataset, staged: FilePath, settings: Settings) -> DatasetPublic:
+def _store(
+    request: Request, row: RegisteredDataset, staged: FilePath, settings: Settings, upload: UploadKey | None
+) -> tuple[DatasetPublic, bool]:
+    """The stored dataset and whether this upload created it (``False``: its Idempotency-Key's earlier one)."""
     with request.app.state.session_factory() as session:
         try:
-            stored = repo.create_dataset(
-                session, row, staged, RegistryLayout(settings.registry_dir), default_limits(settings)
+            stored, created = repo.create_dataset(
+                session, row, staged, RegistryLayout(settings.registry_dir), default_limits(settings), upload
             )
         except QuotaExceeded as exc:
             raise QuotaApiError(exc) from None
-        return dataset_public(stored)
+        except UploadKeyMismatch as exc:
+            raise key_mismatch(str(exc), upload.key if upload else None) from None
+        return dataset_public(stored), created
 
 
 @router.get("", response_model=DatasetList)

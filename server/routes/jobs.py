@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,7 @@ from server.db.quota_check import QuotaExceeded
 from server.db.quotas import QuotaLimits
 from server.deps import QueueDep, SessionDep, SettingsDep
 from server.http.errors import ApiError
+from server.http.idempotency import IdempotencyKey, key_mismatch
 from server.http.strict_body import StrictJSONRoute, strict_types
 from server.queue import JobQueue
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
@@ -52,17 +53,6 @@ if TYPE_CHECKING:  # mypy cannot evaluate a Literal built at run time: to it, th
     StatusQuery = str
 else:
     StatusQuery = Literal[tuple(member.value for member in JobStatus)]
-
-IdempotencyKey = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        min_length=1,
-        max_length=255,
-        pattern=r"^[\x21-\x7e]+$",
-        description="Makes the POST safe to retry: the same key returns the job it created (200) instead of a new one",
-    ),
-]
 
 
 def _reject_faults(spec: JobSpec, settings: Settings) -> None:
@@ -128,9 +118,7 @@ def submit_job(
             check_inputs=registered_inputs_check(spec, principal),
         )
     except repo.IdempotencyMismatch as exc:
-        raise RequestValidationError(
-            [{"type": "value_error", "loc": ("header", "Idempotency-Key"), "msg": str(exc), "input": idempotency_key}]
-        ) from None
+        raise key_mismatch(str(exc), idempotency_key) from None
     except QuotaExceeded as exc:
         raise QuotaApiError(exc) from None
     response.headers["Location"] = f"/jobs/{job.id}"

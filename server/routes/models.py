@@ -27,11 +27,14 @@ from server.auth import PrincipalDep, authenticate
 from server.db import registry as repo
 from server.db.models import RegisteredModel, utcnow
 from server.db.quota_check import QuotaExceeded
+from server.db.registry import UploadKey, UploadKeyMismatch
 from server.deps import SessionDep, SettingsDep
 from server.files.export_files import ExportKind, find_export
 from server.http.errors import ApiError
+from server.http.idempotency import IdempotencyKey, key_mismatch
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.export_copy import copy_export
+from server.registry.idempotent_upload import earlier_upload, replay, upload_key
 from server.registry.layout import RegistryLayout, remove_path
 from server.registry.model_archive import (
     TAR_OVERHEAD_BYTES,
@@ -89,28 +92,44 @@ ModelName = Annotated[str | None, Query(min_length=1, max_length=200, descriptio
     },
 )
 async def upload_model(
-    request: Request, response: Response, principal: PrincipalDep, settings: SettingsDep, name: ModelName = None
+    request: Request,
+    response: Response,
+    principal: PrincipalDep,
+    settings: SettingsDep,
+    name: ModelName = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> ModelPublic:
-    """Check the uploaded model archive and register the model; ``Location`` names it."""
+    """Check the uploaded model archive and register the model; ``Location`` names it.
+
+    With an ``Idempotency-Key`` the owner used before for the same upload: ``200`` and that model,
+    nothing stored (:mod:`server.registry.idempotent_upload`).
+    """
     kind = media_type(request)
     if kind not in CONTENT_TYPES:
         raise unsupported_media_type(kind, list(CONTENT_TYPES))
     label = checked_name(name, "model")
-    # the archive is larger than the files it holds: its declared length is not checked against the quota
-    room = await storage_room(request, principal.owner, default_limits(settings), declared_is_stored=False)
+    earlier = await earlier_upload(request, RegisteredModel, principal.owner, idempotency_key)
+    room = None
+    if earlier is None:  # the archive is larger than its files: its declared length is not held to the quota
+        room = await storage_room(request, principal.owner, default_limits(settings), declared_is_stored=False)
     layout = RegistryLayout(settings.registry_dir)
     archive = await run_in_threadpool(layout.staging_path, ".tar")
     tree = archive.with_suffix(".d")
     try:
         bound = None if room is None else QuotaBound(room.left + TAR_OVERHEAD_BYTES, room.exceeded)
-        await receive_to_file(request, archive, settings.max_upload_bytes, bound)
+        received = await receive_to_file(request, archive, settings.max_upload_bytes, bound)
+        upload = upload_key(idempotency_key, "model", label, received.sha256)
+        if earlier is not None:
+            return model_public(replay(earlier, upload, "model", response, f"{UPLOAD_PATH}/{earlier.id}"))
         summary = await run_in_threadpool(_extracted, archive, tree, room)
         await run_in_threadpool(remove_path, archive)
         row = _row(principal.owner, label, summary, None)
-        stored = await run_in_threadpool(_store, request, row, tree, settings, principal.owner, "upload")
+        stored, created = await run_in_threadpool(_store, request, row, tree, settings, "upload", upload)
     finally:
         await run_in_threadpool(remove_path, archive)
         await run_in_threadpool(remove_path, tree)
+    if not created:
+        response.status_code = 200
     response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
     return stored
 
@@ -143,14 +162,27 @@ def _row(owner: str, name: str, summary: ModelSummary, job_id: str | None) -> Re
 
 
 def _store(
-    request: Request, row: RegisteredModel, tree: FilePath, settings: Settings, actor: str, via: str
-) -> ModelPublic:
+    request: Request,
+    row: RegisteredModel,
+    tree: FilePath,
+    settings: Settings,
+    via: str,
+    upload: UploadKey | None,
+    actor: str | None = None,
+) -> tuple[ModelPublic, bool]:
+    """The stored model and whether this request created it (``False``: its Idempotency-Key's earlier upload)."""
     layout = RegistryLayout(settings.registry_dir)
     with request.app.state.session_factory() as session:
         try:
-            stored = repo.create_model(session, row, tree, layout, default_limits(settings), actor=actor, via=via)
+            stored, created = repo.create_model(
+                session, row, tree, layout, default_limits(settings), actor=actor or row.owner, via=via, upload=upload
+            )
         except QuotaExceeded as exc:
             raise QuotaApiError(exc) from None
+        except UploadKeyMismatch as exc:
+            raise key_mismatch(str(exc), upload.key if upload else None) from None
+        if not created:
+            return model_public(stored), False
         log.info(
             "model %s (%s) registered for %s via %s: %d files, %d bytes",
             stored.id,
@@ -160,7 +192,7 @@ def _store(
             stored.files,
             stored.bytes,
         )
-        return model_public(stored)
+        return model_public(stored), True
 
 
 @router.get(UPLOAD_PATH, response_model=ModelList)
@@ -224,7 +256,9 @@ def register_export(
     try:
         copy_export(export, tree)
         summary = _summary(tree)
-        stored = _store(request, _row(owner, label, summary, job_id), tree, settings, principal.owner, "export")
+        stored, _ = _store(
+            request, _row(owner, label, summary, job_id), tree, settings, "export", None, principal.owner
+        )
     finally:
         remove_path(tree)
     response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
