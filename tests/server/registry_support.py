@@ -33,8 +33,11 @@ def jsonl(rows: Iterable[Any]) -> bytes:
     return "".join(json.dumps(row) + "\n" for row in rows).encode()
 
 
-def safetensors_bytes() -> bytes:
-    """A valid safetensors file holding one float32 tensor of one element."""
+def safetensors_bytes(data_bytes: int | None = None) -> bytes:
+    """A valid safetensors file holding one float32 tensor of one element (or one uint8 tensor of ``data_bytes``)."""
+    if data_bytes is not None:
+        header = json.dumps({"w": {"dtype": "U8", "shape": [data_bytes], "data_offsets": [0, data_bytes]}}).encode()
+        return struct.pack("<Q", len(header)) + header + b"\0" * data_bytes
     header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
     return struct.pack("<Q", len(header)) + header + struct.pack("<f", 1.0)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from api_support import insert_job
 from cli_live_support import database_url_fixture, url_fixture  # noqa: F401 (the database_url and url fixtures)
-from registry_support import CHAT_ROWS, jsonl, model_files, write_model_dir
+from registry_support import CHAT_ROWS, jsonl, model_files, safetensors_bytes, write_model_dir
 from sqlalchemy.orm import Session, sessionmaker
 
 from contracts.rundir import JobRuns
@@ -94,7 +94,7 @@ def test_the_client_streams_uploads_and_reports_progress(url: str, admin_token: 
         dataset = client.upload_dataset(path, "text", progress=lambda sent, total: seen.append((sent, total)))
         assert [d.id for d in client.datasets()] == [dataset.id]
         model = client.upload_model(
-            write_model_dir(tmp_path / "m", model_files(**{"big.safetensors": b"\0" * MIN_BYTES}))
+            write_model_dir(tmp_path / "m", model_files(**{"big.safetensors": safetensors_bytes(MIN_BYTES)}))
         )
         assert client.model(model.id).files == 4
         with pytest.raises(ValidationFailed) as caught:
