@@ -16,7 +16,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from server.db.engine import make_engine
+from server.db.engine import NO_TIMEOUTS, make_engine
 from server.db.migrate import ensure_sqlite_folder
 from server.db.models import Base
 from server.settings import Settings
@@ -69,7 +69,7 @@ def run_migrations_online() -> None:
         return
     url = database_url()
     ensure_sqlite_folder(url)
-    engine = make_engine(url)
+    engine = make_engine(url, timeouts=NO_TIMEOUTS)
     try:
         with engine.connect() as conn:
             _configure(conn)

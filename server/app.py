@@ -61,7 +61,10 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
         engine = make_engine(
-            settings.effective_database_url, pool_limits(settings), ping_after_idle_s=API_PING_AFTER_IDLE_S
+            settings.effective_database_url,
+            pool_limits(settings),
+            ping_after_idle_s=API_PING_AFTER_IDLE_S,
+            timeouts=settings.statement_timeouts(),
         )
         own_queue = CeleryJobQueue(settings) if queue is None else None
         app.state.settings = settings

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.redact import redact_urls
 from server.data_dir import DEFAULT_DATA_DIR
+from server.db.engine import StatementTimeouts
 
 #: Settings that may hold a password (inside a URL): masked in ``repr`` and ``str``.
 SECRET_URL_FIELDS = frozenset({"database_url", "broker_url"})
@@ -137,6 +138,33 @@ class Settings(BaseSettings):
         le=300.0,
         description="Seconds an API request waits for a free database connection before it gets 503",
     )
+
+    db_statement_timeout_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=86_400.0,
+        description="PostgreSQL: seconds a statement may run before it is cancelled (0: no limit)",
+    )
+    db_lock_timeout_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=86_400.0,
+        description="PostgreSQL: seconds a statement may wait for a lock (a row another session holds) (0: no limit)",
+    )
+    db_idle_in_transaction_timeout_s: float = Field(
+        default=120.0,
+        ge=0.0,
+        le=86_400.0,
+        description="PostgreSQL: seconds a session may sit idle inside a transaction before it is ended (0: no limit)",
+    )
+
+    def statement_timeouts(self) -> StatementTimeouts:
+        """The PostgreSQL connection timeouts of the API's and the worker's engines (``0``: none)."""
+        return StatementTimeouts(
+            self.db_statement_timeout_s or None,
+            self.db_lock_timeout_s or None,
+            self.db_idle_in_transaction_timeout_s or None,
+        )
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """pydantic's ``repr``/``str`` fields, with the passwords in the service URLs masked."""

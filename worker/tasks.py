@@ -79,7 +79,9 @@ class WorkerRuntime:
         """The job store (the engine is created on first use, not at registration)."""
         with self._lock:
             if self._store is None:
-                self._store = JobStore(make_engine(self.settings.effective_database_url))
+                self._store = JobStore(
+                    make_engine(self.settings.effective_database_url, timeouts=self.settings.statement_timeouts())
+                )
             return self._store
 
     @property

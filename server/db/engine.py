@@ -13,6 +13,14 @@ and how long a request waits for one (SQLAlchemy then raises
 ``sqlalchemy.exc.TimeoutError``, answered 503 by :mod:`server.http.errors`). Reads that are
 one statement can skip the transaction round trips: :func:`read_connection`.
 
+Every PostgreSQL connection carries :class:`StatementTimeouts` (``statement_timeout``,
+``lock_timeout``, ``idle_in_transaction_session_timeout``, set as connection options): a stalled
+database or a row lock held from outside (``SELECT ... FOR UPDATE`` in psql) makes a statement
+fail after seconds (psycopg's ``QueryCanceled`` / ``LockNotAvailable``, answered ``503`` by the
+API, retried by the worker) instead of hanging a request or a worker. The API and the worker take
+them from their settings (``HALFCAST_DB_*_TIMEOUT_S``); migrations run without them (an index build
+may take long).
+
 A PostgreSQL connection is checked (``SELECT 1``, a round trip) when it leaves the pool,
 so a connection the server dropped is replaced before a statement fails on it. The API
 passes ``ping_after_idle_s`` (:data:`API_PING_AFTER_IDLE_S`): then only a connection
@@ -42,6 +50,33 @@ WRITE_TRANSACTION: dict[str, Any] = {"halfcast_write": True}
 API_PING_AFTER_IDLE_S = 1.0
 #: Where a pooled connection's record keeps the ``time.monotonic()`` of its last return to the pool.
 _RETURNED_AT = "halfcast_returned_at"
+
+
+@dataclass(frozen=True)
+class StatementTimeouts:
+    """PostgreSQL's per-connection timeouts, in seconds (``None``: none).
+
+    ``statement_s``: a statement runs at most this long; ``lock_s``: it waits at most this long
+    for a lock (a row, a table, an advisory lock); ``idle_in_transaction_s``: a session idle inside
+    an open transaction is ended after this long, releasing its locks.
+    """
+
+    statement_s: float | None = 60.0
+    lock_s: float | None = 10.0
+    idle_in_transaction_s: float | None = 120.0
+
+    def connect_options(self) -> str:
+        """The ``options`` connection parameter that sets them (``0``: PostgreSQL's "no timeout")."""
+        settings = {
+            "statement_timeout": self.statement_s,
+            "lock_timeout": self.lock_s,
+            "idle_in_transaction_session_timeout": self.idle_in_transaction_s,
+        }
+        return " ".join(f"-c {name}={round((value or 0) * 1000)}" for name, value in settings.items())
+
+
+#: No timeouts: what migrations run with.
+NO_TIMEOUTS = StatementTimeouts(None, None, None)
 
 
 @dataclass(frozen=True)
@@ -91,14 +126,21 @@ def _ping_when_idle(engine: Engine, idle_s: float) -> None:
     event.listen(engine, "checkout", checkout)
 
 
-def make_engine(url: str, pool: PoolLimits | None = None, *, ping_after_idle_s: float | None = None) -> Engine:
+def make_engine(
+    url: str,
+    pool: PoolLimits | None = None,
+    *,
+    ping_after_idle_s: float | None = None,
+    timeouts: StatementTimeouts | None = None,
+) -> Engine:
     """Create an engine for ``url`` (``sqlite:///…`` or ``postgresql+psycopg://…``).
 
     A bare ``postgresql://`` URL is read as psycopg 3. SQLite connections are set to
     WAL mode with a busy timeout, so concurrent writers wait instead of failing.
     ``pool`` sizes the connection pool (default: :class:`PoolLimits`' defaults on
     PostgreSQL, SQLAlchemy's on SQLite). PostgreSQL connections are pinged at every
-    checkout, or with ``ping_after_idle_s`` only after sitting idle that long.
+    checkout, or with ``ping_after_idle_s`` only after sitting idle that long, and carry
+    ``timeouts`` (default: :class:`StatementTimeouts`' defaults).
     """
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
@@ -110,9 +152,10 @@ def make_engine(url: str, pool: PoolLimits | None = None, *, ping_after_idle_s: 
         event.listen(engine, "begin", _begin_sqlite)
         return engine
     options = (pool or PoolLimits()).options()
+    postgres_args = {"options": (timeouts or StatementTimeouts()).connect_options()}
     if ping_after_idle_s is None:
-        return create_engine(url, pool_pre_ping=True, **options)
-    engine = create_engine(url, pool_pre_ping=False, **options)
+        return create_engine(url, pool_pre_ping=True, connect_args=postgres_args, **options)
+    engine = create_engine(url, pool_pre_ping=False, connect_args=postgres_args, **options)
     _ping_when_idle(engine, ping_after_idle_s)
     return engine
 
