@@ -39,6 +39,7 @@ from server.settings import Settings
 from trainer.spec import JobSpec
 from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
 from worker.deadline import Deadline
+from worker.finished_attempt import finished_attempt
 from worker.ingest import end_info, ingest, parse_lines
 from worker.launch import RunProcess, build_command, build_environment, start_run
 from worker.lease import Lease
@@ -168,6 +169,8 @@ class Attempt:
             return Outcome(JobStatus.CANCELLED, None, "cancelled before launch")
         if self.deadline.passed():
             return Outcome(JobStatus.FAILED, FailureReason.DEADLINE_EXCEEDED, self.deadline.message())
+        if (finished := self._finished_before()) is not None:
+            return finished
         try:
             command = self._command(spec)
         except CheckpointUnavailable as exc:
@@ -225,6 +228,31 @@ class Attempt:
         if checkpoint is not None:
             command += ["--resume-from", str(checkpoint)]
         return command
+
+    def _finished_before(self) -> Outcome | None:
+        """An earlier attempt's success whose outcome was never recorded, recorded now instead of training again.
+
+        Its step records are backfilled and its ``end`` record's counts kept (:mod:`worker.finished_attempt`).
+        """
+        if self.claim.attempt <= 1:
+            return None
+        job_dir = self.context.settings.runs_dir / self.claim.job_id
+        done = finished_attempt(job_dir, self.claim.attempt, self.max_steps or 0)
+        if done is None:
+            return None
+        log.warning(
+            "job %s: attempt %d had finished every step (final.pt and its end record) but its outcome was never "
+            "recorded; attempt %d records it instead of training again",
+            self.claim.job_id,
+            done.attempt,
+            self.claim.attempt,
+        )
+        self._backfill(done.run.final_checkpoint, done.end.steps)
+        self.end = done.end
+        message = (
+            f"attempt {done.attempt} finished every step; its outcome was recorded by attempt {self.claim.attempt}"
+        )
+        return Outcome(JobStatus.SUCCEEDED, None, message)
 
     def _backfill(self, checkpoint: Path, step: int) -> None:
         """Store the earlier attempt's step records up to the checkpoint this attempt resumes from.

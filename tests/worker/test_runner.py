@@ -326,6 +326,46 @@ def test_a_shutdown_requeues_the_job_and_the_retry_resumes_from_its_checkpoint(
     assert _row(engine, job_id).attempt == 2
 
 
+def test_a_finished_attempt_whose_outcome_was_dropped_is_recorded_not_trained_again(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
+    """Issue 24 item 5: attempt 1 finished all its steps and wrote final.pt and its end record while the database
+    stalled, lost its lease, and its ``succeeded`` was dropped; the reaper requeued the job. Attempt 2 records
+    attempt 1's success (its steps backfilled) and trains nothing: it re-ran steps 551-600 before."""
+    job_id = make_job(small_spec(max_steps=12))
+    assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
+    first = settings.runs_dir / job_id / "attempt-1"
+    (first / "checkpoints").mkdir(exist_ok=True)
+    (first / "checkpoints" / "final.pt").write_text("12")
+    with engine.begin() as conn:  # what a lost lease and the reaper's requeue leave behind
+        conn.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(status="queued", worker_id=None, finished_at=None, step=6, end_info=None, lease_expires_at=None)
+        )
+        conn.execute(StepRecord.__table__.delete().where(StepRecord.job_id == job_id, StepRecord.step > 6))
+        conn.execute(update(Attempt).where(Attempt.job_id == job_id).values(status="requeued", reason="worker_lost"))
+    outcome = run_job(job_id, _context(settings, store))
+    assert outcome is not None and outcome.status == "succeeded", outcome
+    assert not (settings.runs_dir / job_id / "attempt-2" / "records.jsonl").exists()  # nothing was launched
+    assert _steps(engine, job_id) == list(range(1, 13))
+    row = _row(engine, job_id)
+    assert (row.status, row.step, row.end_info["steps"]) == ("succeeded", 12, 12)
+    assert _attempts(engine, job_id) == [(1, "requeued", "worker_lost"), (2, "succeeded", None)]
+
+
+def test_an_earlier_attempt_without_final_pt_or_its_end_record_is_trained_again(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
+    """No final.pt (the run died before it): the retry launches as before."""
+    job_id = make_job(small_spec(max_steps=12))
+    assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
+    with engine.begin() as conn:
+        conn.execute(update(Job).where(Job.id == job_id).values(status="queued", worker_id=None, finished_at=None))
+    assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
+    assert (settings.runs_dir / job_id / "attempt-2" / "records.jsonl").exists()
+
+
 def test_graceful_shutdowns_do_not_use_up_max_attempts(
     settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
 ) -> None:
