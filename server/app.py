@@ -29,6 +29,7 @@ from server.metrics.exporter import build_registry
 from server.metrics.streams import StreamCollector
 from server.metrics.worker_metrics import WorkerMetricsCollector
 from server.queue import CeleryJobQueue, JobQueue
+from server.registry.upload_gate import UploadGate
 from server.routes import (
     audit,
     checkpoints,
@@ -132,6 +133,7 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
         lifespan=_lifespan(settings, queue),
     )
     app.state.limiter = admission_limiter(settings)
+    app.state.upload_gate = UploadGate(settings.max_concurrent_uploads, settings.max_concurrent_uploads_per_owner)
     app.state.rendered_bodies = job_resource.RenderedBodies()  # GET /jobs/{id}'s bodies by ETag
     # innermost: a poll, once admitted, skips the router (HEAD and everything else: FastAPI)
     app.add_middleware(job_poll.JobPollShortcut, route=job_resource.resource_route())

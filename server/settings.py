@@ -113,6 +113,24 @@ class Settings(BaseSettings):
         le=1 << 42,
         description="Largest dataset file or model archive POST /datasets and POST /models accept (413 beyond)",
     )
+    upload_min_rate_bytes_per_s: float = Field(
+        default=16_384.0,
+        ge=0.0,
+        le=1e12,
+        description="Slowest average rate an upload body may arrive at once its grace has passed (408 below it)",
+    )
+    upload_rate_grace_s: float = Field(
+        default=30.0, gt=0.0, le=86_400.0, description="Seconds an upload may send below the minimum rate at first"
+    )
+    upload_idle_timeout_s: float = Field(
+        default=30.0, gt=0.0, le=86_400.0, description="Seconds an upload body may send nothing before it gets 408"
+    )
+    max_concurrent_uploads: int = Field(
+        default=32, ge=1, le=10_000, description="Uploads one API process takes at once (503 past it)"
+    )
+    max_concurrent_uploads_per_owner: int = Field(
+        default=2, ge=1, le=10_000, description="Uploads of one owner one API process takes at once (429 past it)"
+    )
     api_workers: int = Field(
         default=1, ge=1, le=64, description="API processes `halfcast api` and `halfcast up` run (uvicorn workers)"
     )

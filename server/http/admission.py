@@ -10,7 +10,9 @@ full, or waits too long, is answered at once with ``503 {"detail"}`` and
 starts (a stream does not hold one while it streams).
 
 Exempt, so they get through under any load: the probes (``/healthz``, ``/readyz``)
-and cancels (``POST /jobs/{id}/cancel``). :class:`AdmissionCollector` exports
+and cancels (``POST /jobs/{id}/cancel``). Uploads (``POST /datasets``, ``POST /models``) are
+exempt too: a body may stream for minutes, and slow ones took every place; they pass the upload
+gate instead (:mod:`server.registry.upload_gate`: per process, per owner, a minimum rate). :class:`AdmissionCollector` exports
 ``halfcast_api_requests_active``, ``halfcast_api_requests_waiting`` and
 ``halfcast_api_requests_shed_total{reason}`` (per API process).
 """
@@ -34,8 +36,8 @@ log = logging.getLogger(__name__)
 
 #: Paths that are never held back, whatever the method.
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz"})
-#: ``POST`` paths that are never held back: a cancel must get through an overload.
-EXEMPT_POST = re.compile(r"^/jobs/[^/]+/cancel$")
+#: ``POST`` paths that are never held back: a cancel must get through an overload; uploads have their own gate.
+EXEMPT_POST = re.compile(r"^(/jobs/[^/]+/cancel|/datasets|/models)$")
 
 
 class Shed(Exception):

@@ -11,15 +11,18 @@ in ``finally``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import anyio
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from server.http.errors import ApiError
+from server.registry.upload_gate import UploadPace
 
 #: Bytes gathered before one write to the file.
 WRITE_BATCH = 1 << 20
@@ -54,15 +57,40 @@ class QuotaBound:
     refusal: Callable[[], Exception]
 
 
-async def receive_to_file(request: Request, path: Path, max_bytes: int, quota: QuotaBound | None = None) -> Received:
-    """Stream the body of ``request`` into the new file ``path``; ``413`` past ``max_bytes``, ``quota``'s refusal past it."""
+async def _paced(request: Request, pace: UploadPace | None) -> AsyncIterator[bytes]:
+    """The body's chunks; ``408`` when one takes longer than ``pace.idle_s`` or the average rate falls too low."""
+    chunks = request.stream().__aiter__()
+    started, received = time.monotonic(), 0
+    while True:
+        try:
+            if pace is None:
+                chunk = await chunks.__anext__()
+            else:
+                with anyio.fail_after(pace.idle_s):
+                    chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            assert pace is not None  # only a paced read times out
+            raise pace.stalled() from None
+        received += len(chunk)
+        if pace is not None:
+            pace.check(received, time.monotonic() - started)
+        yield chunk
+
+
+async def receive_to_file(
+    request: Request, path: Path, max_bytes: int, quota: QuotaBound | None = None, pace: UploadPace | None = None
+) -> Received:
+    """Stream the body of ``request`` into the new file ``path``; ``413`` past ``max_bytes``, ``quota``'s refusal past
+    it, ``408`` for a body slower than ``pace`` allows."""
     digest = hashlib.sha256()
     size = 0
     pending: list[bytes] = []
     pending_size = 0
     handle: BinaryIO = await run_in_threadpool(path.open, "xb")
     try:
-        async for chunk in request.stream():
+        async for chunk in _paced(request, pace):
             size += len(chunk)
             if size > max_bytes:
                 raise too_large(max_bytes)

@@ -44,6 +44,7 @@ from server.registry.request_checks import (
 from server.registry.rows import delete_visible, visible_page
 from server.registry.schemas import DatasetList, DatasetPublic, dataset_public
 from server.registry.upload import QuotaBound, receive_to_file
+from server.registry.upload_gate import upload_pace
 from server.schemas import ErrorBody
 from server.settings import Settings
 from trainer.catalog import JsonlFormat
@@ -99,46 +100,49 @@ async def upload_dataset(
     With an ``Idempotency-Key`` the owner used before for the same upload: ``200`` and that dataset,
     nothing stored (:mod:`server.registry.idempotent_upload`).
     """
-    kind = media_type(request)
-    file_format = CONTENT_TYPES.get(kind)
-    if file_format is None:
-        raise unsupported_media_type(kind, sorted(CONTENT_TYPES))
-    if format == "chat" and file_format == "csv":
-        raise invalid(("query", "format"), "format 'chat' reads JSON lines, not CSV", format)
-    label = checked_name(name, "dataset")
-    earlier = await earlier_upload(request, RegisteredDataset, principal.owner, idempotency_key)
-    room = None
-    if earlier is None:
-        room = await storage_room(request, principal.owner, default_limits(settings), declared_is_stored=True)
-    layout = RegistryLayout(settings.registry_dir)
-    staged = await run_in_threadpool(layout.staging_path, f".{file_format}")
-    try:
-        bound = None if room is None else QuotaBound(room.left, room.exceeded)
-        received = await receive_to_file(request, staged, settings.max_upload_bytes, bound)
-        upload = upload_key(idempotency_key, "dataset", format, file_format, label, received.sha256)
-        if earlier is not None:
-            return dataset_public(replay(earlier, upload, "dataset", response, f"{UPLOAD_PATH}/{earlier.id}"))
-        rows = await run_in_threadpool(_checked_rows, staged, label, file_format, format)
-        row = RegisteredDataset(
-            id=str(uuid.uuid4()),
-            owner=principal.owner,
-            name=label,
-            format=format,
-            file_format=file_format,
-            rows=rows,
-            bytes=received.bytes,
-            sha256=received.sha256,
-            created_at=utcnow(),
-        )
-        stored, created = await run_in_threadpool(_store, request, row, staged, settings, upload)
-    finally:
-        await run_in_threadpool(remove_path, staged)
-    if created:
-        log.info("dataset %s registered for %s: %d rows, %d bytes", stored.id, stored.owner, stored.rows, stored.bytes)
-    else:
-        response.status_code = 200
-    response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
-    return stored
+    async with request.app.state.upload_gate.admit(principal.owner):  # before a byte is read
+        kind = media_type(request)
+        file_format = CONTENT_TYPES.get(kind)
+        if file_format is None:
+            raise unsupported_media_type(kind, sorted(CONTENT_TYPES))
+        if format == "chat" and file_format == "csv":
+            raise invalid(("query", "format"), "format 'chat' reads JSON lines, not CSV", format)
+        label = checked_name(name, "dataset")
+        earlier = await earlier_upload(request, RegisteredDataset, principal.owner, idempotency_key)
+        room = None
+        if earlier is None:
+            room = await storage_room(request, principal.owner, default_limits(settings), declared_is_stored=True)
+        layout = RegistryLayout(settings.registry_dir)
+        staged = await run_in_threadpool(layout.staging_path, f".{file_format}")
+        try:
+            bound = None if room is None else QuotaBound(room.left, room.exceeded)
+            received = await receive_to_file(request, staged, settings.max_upload_bytes, bound, upload_pace(settings))
+            upload = upload_key(idempotency_key, "dataset", format, file_format, label, received.sha256)
+            if earlier is not None:
+                return dataset_public(replay(earlier, upload, "dataset", response, f"{UPLOAD_PATH}/{earlier.id}"))
+            rows = await run_in_threadpool(_checked_rows, staged, label, file_format, format)
+            row = RegisteredDataset(
+                id=str(uuid.uuid4()),
+                owner=principal.owner,
+                name=label,
+                format=format,
+                file_format=file_format,
+                rows=rows,
+                bytes=received.bytes,
+                sha256=received.sha256,
+                created_at=utcnow(),
+            )
+            stored, created = await run_in_threadpool(_store, request, row, staged, settings, upload)
+        finally:
+            await run_in_threadpool(remove_path, staged)
+        if created:
+            log.info(
+                "dataset %s registered for %s: %d rows, %d bytes", stored.id, stored.owner, stored.rows, stored.bytes
+            )
+        else:
+            response.status_code = 200
+        response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
+        return stored
 
 
 def _checked_rows(staged: FilePath, name: str, file_format: str, fmt: str) -> int:

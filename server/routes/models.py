@@ -55,6 +55,7 @@ from server.registry.request_checks import (
 from server.registry.rows import delete_visible, visible_page
 from server.registry.schemas import ModelList, ModelPublic, model_public
 from server.registry.upload import QuotaBound, receive_to_file
+from server.registry.upload_gate import upload_pace
 from server.schemas import ErrorBody
 from server.settings import Settings
 
@@ -104,34 +105,35 @@ async def upload_model(
     With an ``Idempotency-Key`` the owner used before for the same upload: ``200`` and that model,
     nothing stored (:mod:`server.registry.idempotent_upload`).
     """
-    kind = media_type(request)
-    if kind not in CONTENT_TYPES:
-        raise unsupported_media_type(kind, list(CONTENT_TYPES))
-    label = checked_name(name, "model")
-    earlier = await earlier_upload(request, RegisteredModel, principal.owner, idempotency_key)
-    room = None
-    if earlier is None:  # the archive is larger than its files: its declared length is not held to the quota
-        room = await storage_room(request, principal.owner, default_limits(settings), declared_is_stored=False)
-    layout = RegistryLayout(settings.registry_dir)
-    archive = await run_in_threadpool(layout.staging_path, ".tar")
-    tree = archive.with_suffix(".d")
-    try:
-        bound = None if room is None else QuotaBound(room.left + TAR_OVERHEAD_BYTES, room.exceeded)
-        received = await receive_to_file(request, archive, settings.max_upload_bytes, bound)
-        upload = upload_key(idempotency_key, "model", label, received.sha256)
-        if earlier is not None:
-            return model_public(replay(earlier, upload, "model", response, f"{UPLOAD_PATH}/{earlier.id}"))
-        summary = await run_in_threadpool(_extracted, archive, tree, room)
-        await run_in_threadpool(remove_path, archive)
-        row = _row(principal.owner, label, summary, None)
-        stored, created = await run_in_threadpool(_store, request, row, tree, settings, "upload", upload)
-    finally:
-        await run_in_threadpool(remove_path, archive)
-        await run_in_threadpool(remove_path, tree)
-    if not created:
-        response.status_code = 200
-    response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
-    return stored
+    async with request.app.state.upload_gate.admit(principal.owner):  # before a byte is read
+        kind = media_type(request)
+        if kind not in CONTENT_TYPES:
+            raise unsupported_media_type(kind, list(CONTENT_TYPES))
+        label = checked_name(name, "model")
+        earlier = await earlier_upload(request, RegisteredModel, principal.owner, idempotency_key)
+        room = None
+        if earlier is None:  # the archive is larger than its files: its declared length is not held to the quota
+            room = await storage_room(request, principal.owner, default_limits(settings), declared_is_stored=False)
+        layout = RegistryLayout(settings.registry_dir)
+        archive = await run_in_threadpool(layout.staging_path, ".tar")
+        tree = archive.with_suffix(".d")
+        try:
+            bound = None if room is None else QuotaBound(room.left + TAR_OVERHEAD_BYTES, room.exceeded)
+            received = await receive_to_file(request, archive, settings.max_upload_bytes, bound, upload_pace(settings))
+            upload = upload_key(idempotency_key, "model", label, received.sha256)
+            if earlier is not None:
+                return model_public(replay(earlier, upload, "model", response, f"{UPLOAD_PATH}/{earlier.id}"))
+            summary = await run_in_threadpool(_extracted, archive, tree, room)
+            await run_in_threadpool(remove_path, archive)
+            row = _row(principal.owner, label, summary, None)
+            stored, created = await run_in_threadpool(_store, request, row, tree, settings, "upload", upload)
+        finally:
+            await run_in_threadpool(remove_path, archive)
+            await run_in_threadpool(remove_path, tree)
+        if not created:
+            response.status_code = 200
+        response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
+        return stored
 
 
 def _extracted(archive: FilePath, tree: FilePath, room: StorageRoom | None) -> ModelSummary:

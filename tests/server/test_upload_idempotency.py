@@ -80,10 +80,11 @@ def test_a_retry_is_answered_even_at_the_storage_quota(
 
 @pytest.mark.parametrize("kind", sorted(UPLOADS))
 def test_concurrent_first_uploads_with_one_key_store_one(
-    client: TestClient, sessions: sessionmaker[Session], kind: str
+    settings: Settings, fake_queue: FakeQueue, auth_headers: dict[str, str], sessions: sessionmaker[Session], kind: str
 ) -> None:
     post, body, _ = UPLOADS[kind]
-    with ThreadPoolExecutor(4) as pool:
+    app = create_app(settings.model_copy(update={"max_concurrent_uploads_per_owner": 4}), fake_queue)
+    with TestClient(app, headers=auth_headers) as client, ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda _: post(client, body), range(4)))
     assert sorted(a.status_code for a in answers) == [200, 200, 200, 201], [a.text for a in answers]
     assert len({a.json()["id"] for a in answers}) == 1
