@@ -4,8 +4,9 @@
   this worker becomes node 0, binds a rendezvous port on its address, opens rank 0 and sends the
   job's message ``nodes - 1`` more times; each message lets one more worker join.
 - A message of a ``gathering`` job that still needs nodes joins it (:meth:`GangEntry.join`). A
-  worker that cannot join now (no free slot, or it already holds an open membership) hands the
-  message back after a short pause, so another worker gets it.
+  worker that cannot join now (no free slot, or it already holds an open membership: node 0's own
+  worker, whose other slots take the messages it sends too) hands the message back after a short
+  pause, so another worker gets it; the gang never loses a message it still needs.
 - Fair ordering: before it claims a ``queued`` job, a worker that sees an *older* ``gathering``
   job still needing a node it could run joins that job instead and sends the newer job's message
   back to the queue. A stream of one-node jobs therefore never starves a forming gang: every
@@ -75,20 +76,22 @@ class GangEntry:
         return None if row is None else QueuedJob(row.status, spec_nodes(row.spec), row.created_at)
 
     def gang_to_join(self, job_id: str, worker_id: str) -> GatheringJob | None:
-        """The gang this message should make the worker join: its own job's, or an older one (fair ordering)."""
+        """The gang this message should make the worker join: its own job's, or an older one (fair ordering).
+
+        A ``gathering`` job's own message leads to its gang for as long as the gang needs nodes, even
+        when this worker cannot join it (it holds an open membership, node 0's own worker say, or has
+        no slot for it): :meth:`join` then declines and the task hands the message back for another
+        worker. Dropping it would leave the gang a node short until ``gang_timeout_s``.
+        """
         job = self.job(job_id)
-        if job is None or job.status not in (JobStatus.GATHERING, JobStatus.QUEUED):
+        if job is None:
             return None
-        before = None if job.status == JobStatus.GATHERING else job.created_at
-        candidates = [
-            gang
-            for gang in self.members.gathering(created_before=before)
-            if gang.job_id == job_id or job.status == JobStatus.QUEUED
-        ]
-        fitting = [gang for gang in candidates if self.can_ever_place(gang.gpus)]
-        if not fitting or self.members.open_membership(worker_id) is not None:
+        if job.status == JobStatus.GATHERING:
+            return next((gang for gang in self.members.gathering() if gang.job_id == job_id), None)
+        if job.status != JobStatus.QUEUED or self.members.open_membership(worker_id) is not None:
             return None
-        return fitting[0]
+        older = self.members.gathering(created_before=job.created_at)
+        return next((gang for gang in older if self.can_ever_place(gang.gpus)), None)
 
     def run_queued(self, job_id: str, context: RunnerContext, one_node: OneNode = run_job) -> Outcome | None:
         """Run a queued job in ``context``'s slot: as node 0 of its gang when ``nodes`` > 1, else with ``one_node``."""
@@ -138,11 +141,28 @@ class GangEntry:
                 context.enqueue(job_id)
 
     def join(self, gang: GatheringJob, context: RunnerContext, placement: Placement | None) -> MemberStatus | None:
-        """Join ``gang`` in ``placement``'s slot and run the membership; ``None`` if it could not join."""
+        """Join ``gang`` in ``placement``'s slot and run the membership; ``None`` if it could not join.
+
+        It cannot without a slot (``placement`` ``None``), while this worker holds an open membership
+        (a worker is one node of one gang at a time), or once the gang is full or no longer gathering.
+        """
         if placement is None:
+            log.info("job %s: no free slot here for one of its nodes (%d GPU(s) each)", gang.job_id, gang.gpus)
+            return None
+        if (held := self.members.open_membership(context.worker_id)) is not None:
+            log.info(
+                "job %s: %s already is node %d of job %s: it cannot be another node",
+                gang.job_id,
+                context.worker_id,
+                held.node_rank,
+                held.job_id,
+            )
             return None
         member = self.members.join(gang.job_id, context.worker_id, self.address(), context.settings.lease_ttl_s)
         if member is None:
+            log.info(
+                "job %s: %s could not join its gang (full, or no longer gathering)", gang.job_id, context.worker_id
+            )
             return None
         log.info(
             "job %s: attempt %d: %s joined as node %d", gang.job_id, member.attempt, context.worker_id, member.node_rank

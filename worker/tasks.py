@@ -271,6 +271,7 @@ def _join_gang(task: Task, runtime: WorkerRuntime, job_id: str, gang: GatheringJ
         if placement is not None:
             placement.release()
     if status is None and own:
+        log.info("job %s: handing its message back in %.1f s, for another worker", job_id, HAND_BACK_PAUSE_S)
         runtime.shutdown.wait(HAND_BACK_PAUSE_S)
         raise task.retry(countdown=0, throw=False)
     return status

@@ -1,16 +1,20 @@
 """Issue 24, "Trust on a network": the attacks, replayed on PostgreSQL + Redis (``services_stack``).
 
 Item 1: owner B cannot train from owner A's checkpoint, by job id or by a path into A's run
-directory, nor name a server path; and no failure message shows a server path.
+directory, nor name a server path; and no failure message shows a server path. Item 6: a 2-node
+job forms on workers of 2 slots each.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from e2e_support import Stack, load_example
+
+from conftest import make_stack
 
 pytestmark = pytest.mark.e2e
 
@@ -72,3 +76,43 @@ def test_a_failure_message_shows_no_server_path(services_stack: Stack, alice: ht
     assert (job["status"], job["error"]["reason"]) == ("failed", "spec_invalid"), job["error"]
     message = job["error"]["message"]
     assert reference in message and str(services_stack.data_dir) not in message, message
+
+
+# ----------------------------------------------------------------------------- item 6: two slots per worker
+
+
+@pytest.fixture(scope="module")
+def two_slot_workers(tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url: str) -> Iterator[Stack]:
+    """Two workers of 2 slots each (the default of ``halfcast up`` and ``halfcast worker``) on PostgreSQL + Redis."""
+    yield from make_stack(
+        tmp_path_factory.mktemp("two-slots"),
+        workers=2,
+        database_url=postgres_url,
+        broker_url=redis_url,
+        worker_concurrency="2",
+        worker_host_address="127.0.0.1",
+    )
+
+
+def test_a_two_node_job_forms_when_node_0s_worker_has_two_slots(two_slot_workers: Stack) -> None:
+    """Node 0's own second slot took the join message it sent, declined it and dropped it: the job stayed
+    ``gathering`` until ``gang_timeout_s`` (600 s). Now the message goes back to the queue for the other worker."""
+    spec = {
+        "model": {"name": "mlp"},
+        "dataset": {"name": "synthetic"},
+        "max_steps": 4,
+        "nodes": 2,
+        "processes": 1,
+        "distributed": {"timeout_s": 60, "gang_timeout_s": 120},
+    }
+    two_slot_workers.kill_worker("worker-2")  # node 0's worker alone: its second slot surely takes the join message
+    job = two_slot_workers.submit(spec)
+    two_slot_workers.wait(job["id"], lambda j: j["status"] == "gathering", timeout_s=60)
+    time.sleep(3)  # the message has reached node 0's own second slot by now (and was dropped, before the fix)
+    assert two_slot_workers.job(job["id"])["status"] == "gathering"
+    two_slot_workers.restart_worker("worker-2")
+    formed = two_slot_workers.wait(job["id"], lambda j: j["status"] not in ("queued", "gathering"), timeout_s=60)
+    assert formed["status"] in ("starting", "running", "succeeded"), formed
+    job = two_slot_workers.wait_terminal(job["id"], timeout_s=180)
+    assert (job["status"], job["attempt"]) == ("succeeded", 1), job["error"]
+    assert sorted(member["node_rank"] for member in job["members"]) == [0, 1]
