@@ -34,6 +34,7 @@ SECRET_ENV = {
     "REDIS_URL": f"redis://:{ENV_CANARY}@127.0.0.1:6379/0",
 }
 SECRET_NAME = re.compile(r"_URL$|PASSWORD|TOKEN|SECRET", re.IGNORECASE)
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _with_password(url: str, password: str) -> str:
@@ -80,7 +81,10 @@ def _run_environments(job_id: str) -> dict[int, dict[str, str]]:
             raw = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        found[pid] = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+        pairs = (item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+        # a process title set with setproctitle (a warm rank names its job) may overwrite the start of the
+        # environment block: what it leaves is no variable ("ir /tmp/.../secrets0/runs/... MASTER_PORT")
+        found[pid] = {name: value for name, value in pairs if VARIABLE_NAME.fullmatch(name)}
     return found
 
 
