@@ -34,7 +34,7 @@ from contracts import records
 from contracts.rundir import JobRuns
 from contracts.status import LIVE_STATUSES as LIVE_JOB_STATUSES
 from contracts.status import JobStatus
-from server.db import models
+from server.db import models, pending_cancels
 from server.db.engine import WRITE_TRANSACTION
 from server.db.models import TERMINAL_STATUSES, Attempt, Job, utcnow
 from server.db.transitions import Expected, Fence, compare_and_set, write_progress
@@ -241,8 +241,11 @@ class JobStore:
             return conn.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
 
     def cancel_requested(self, job_id: str) -> bool:
-        """Whether the API asked to cancel the job (its status is ``cancelling``)."""
-        return self.status(job_id) == "cancelling"
+        """Whether the API asked to cancel the job: its status is ``cancelling``, or a cancel is recorded that
+        waited on the job's locked row (:mod:`server.db.pending_cancels`)."""
+        with self.engine.connect() as conn:
+            status = conn.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
+            return status == "cancelling" or pending_cancels.pending(conn, job_id)
 
     def finish(
         self,
@@ -280,6 +283,7 @@ class JobStore:
             if not finished:
                 return False
             end_attempt(conn, fence, status, reason, now)
+            pending_cancels.clear(conn, fence.job_id)
         return True
 
 

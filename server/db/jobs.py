@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, func, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -174,9 +174,19 @@ def _new_job(spec: JobSpec, idempotency_key: str | None, digest: str | None, own
 
 
 def _compare_and_set(
-    session: Session, job_id: str, from_statuses: Collection[JobStatus], to: JobStatus, **values: object
+    session: Session,
+    job_id: str,
+    from_statuses: Collection[JobStatus],
+    to: JobStatus,
+    lock_wait_s: float | None = None,
+    **values: object,
 ) -> bool:
-    """Move the job to ``to`` (with ``values``) if its status is one of ``from_statuses``; commit; report success."""
+    """Move the job to ``to`` (with ``values``) if its status is one of ``from_statuses``; commit; report success.
+
+    ``lock_wait_s`` (PostgreSQL): wait at most this long for the job's row lock (``LockNotAvailable`` after it).
+    """
+    if lock_wait_s is not None and session.get_bind().dialect.name == "postgresql":
+        session.execute(text(f"SET LOCAL lock_timeout = '{round(lock_wait_s * 1000)}ms'"))
     changed = compare_and_set(session, job_id, Expected(frozenset(from_statuses)), to, updated_at=utcnow(), **values)
     session.commit()
     return changed
@@ -199,7 +209,7 @@ def mark_enqueue_failed(session: Session, job_id: str, message: str) -> bool:
     )
 
 
-def request_cancel(session: Session, job_id: str) -> Job:
+def request_cancel(session: Session, job_id: str, lock_wait_s: float | None = None) -> Job:
     """Cancel a job: ``queued`` → ``cancelled`` at once; ``starting``/``running`` → ``cancelling``.
 
     A queued job is finished here (``finished_at`` set), so the worker's claim, which
@@ -210,15 +220,17 @@ def request_cancel(session: Session, job_id: str) -> Job:
     Returns the job as it is now, with no transaction left open (so a write that follows,
     like the route's audit event, never needs a read-to-write lock upgrade on SQLite).
     Raises :class:`JobNotFound` for an unknown id and :class:`JobConflict` when the
-    job is already terminal.
+    job is already terminal; with ``lock_wait_s`` (PostgreSQL), ``OperationalError``
+    (``LockNotAvailable``) when another session holds the job's row longer than that.
     """
+    wait = lock_wait_s
     for _ in range(len(STATUSES)):  # each round loses only to a real status change
         now = utcnow()
         if _compare_and_set(
-            session, job_id, {JobStatus.QUEUED}, JobStatus.CANCELLED, finished_at=now, cancel_requested_at=now
+            session, job_id, {JobStatus.QUEUED}, JobStatus.CANCELLED, wait, finished_at=now, cancel_requested_at=now
         ):
             break
-        if _compare_and_set(session, job_id, _CANCEL_RUNNING_FROM, JobStatus.CANCELLING, cancel_requested_at=now):
+        if _compare_and_set(session, job_id, _CANCEL_RUNNING_FROM, JobStatus.CANCELLING, wait, cancel_requested_at=now):
             break
         job = get_job(session, job_id)
         session.commit()  # end the read before the next compare-and-set (SQLite: no read-then-write upgrade)

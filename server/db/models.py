@@ -256,6 +256,21 @@ class OwnerQuota(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class CancelRequest(Base):
+    """A cancel the API could not apply at once because another session held the job's row (migration 0014).
+
+    No foreign key on purpose: inserting a row that references ``jobs`` would wait for the very row
+    lock that made the request pending. The worker that runs the job reads it as a cancel
+    (:meth:`worker.store.JobStore.cancel_requested`); the row goes once the job ends.
+    """
+
+    __tablename__ = "cancel_requests"
+
+    job_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    requested_at: Mapped[datetime] = mapped_column(default=utcnow)
+    requested_by: Mapped[str] = mapped_column(String(255))
+
+
 class RegisteredDataset(Base):
     """An uploaded dataset (``POST /datasets``): its file is ``<registry>/datasets/<sha256>.<file_format>``,
     shared by every row with the same bytes (``server/registry/``, migration 0009)."""

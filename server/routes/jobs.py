@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from contracts.status import JobStatus
 from server.access import visible_job_or_404
 from server.auth import PrincipalDep, authenticate
 from server.capacity import check_gpu_capacity
-from server.db import audit, requeue
+from server.db import audit, pending_cancels, requeue
 from server.db import jobs as repo
 from server.db.models import Job
 from server.db.quota_check import QuotaExceeded
@@ -130,6 +131,16 @@ def submit_job(
     return job_public(repo.get_job(session, job.id))
 
 
+def _record_pending_cancel(session: Session, job_id: str, actor: str, owner: str | None) -> JobPublic:
+    """Record a cancel the job's locked row kept from being applied; the job as it reads now (not blocked)."""
+    pending_cancels.record(session, job_id, actor)
+    log.warning("job %s: its row is locked; the cancel is recorded for the worker to apply", job_id)
+    job = repo.get_job(session, job_id)
+    session.commit()
+    audit.record(session, actor, "job.cancel", job_id, {"owner": owner, "status": job.status, "pending": True})
+    return job_public(job)
+
+
 def _requeue_if_never_sent(session: Session, job: Job, spec: JobSpec, owner: str, defaults: QuotaLimits) -> bool:
     """On a replay, put a job whose message never reached the broker back to ``queued``; 429 at a quota limit."""
     if not requeue.never_sent(job):
@@ -224,12 +235,19 @@ def get_job_evals(job_id: str, session: SessionDep, principal: PrincipalDep) -> 
 def cancel_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobPublic:
     """Cancel: a queued job ends ``cancelled`` now; a starting or running one goes ``cancelling``.
 
-    Each accepted request is audited (``job.cancel`` by the caller).
+    Each accepted request is audited (``job.cancel`` by the caller). When another session holds the
+    job's row over a second (PostgreSQL), the request is recorded and answered at once, the job as
+    it reads now; the worker applies it (:mod:`server.db.pending_cancels`).
     """
     owner = visible_job_or_404(session, job_id, principal).owner
     session.commit()  # end the read before the compare-and-set writes (SQLite)
     try:
-        job = repo.request_cancel(session, job_id)
+        job = repo.request_cancel(session, job_id, lock_wait_s=pending_cancels.CANCEL_LOCK_WAIT_S)
+    except OperationalError as exc:
+        if not pending_cancels.row_was_locked(exc):
+            raise
+        session.rollback()
+        return _record_pending_cancel(session, job_id, principal.owner, owner)
     except repo.JobNotFound:
         raise ApiError(404, f"job {job_id} not found", job_id=job_id) from None
     except repo.JobConflict as exc:

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, insert, select, update
 from worker_support import MakeJob, fake_command, small_spec
 
-from server.db.models import Attempt, Job, StepRecord, utcnow
+from server.db.models import Attempt, CancelRequest, Job, StepRecord, utcnow
 from server.settings import Settings
 from trainer.spec import JobSpec
 from worker.launch import RunProcess, session_members
@@ -472,6 +472,22 @@ def test_a_cancelled_job_has_no_error(settings: Settings, store: JobStore, engin
     row = _row(engine, job_id)
     assert (row.status, row.error_reason, row.error_message) == ("cancelled", None, None)
     assert _attempts(engine, job_id) == [(1, "cancelled", None)]
+
+
+def test_a_cancel_recorded_behind_a_locked_row_stops_the_run(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
+    """Issue 24 item 5: the API recorded the cancel (``cancel_requests``) because the job's row was locked; the
+    worker reads it as a cancel, ends the job ``cancelled`` and forgets the request."""
+    job_id = make_job(small_spec(max_steps=1000, faults={"sleep_per_step_s": 0.05}))
+    thread, _ = _run_in_thread(job_id, _context(settings, store))
+    _wait_status(engine, job_id, "running")
+    with engine.begin() as conn:
+        conn.execute(insert(CancelRequest).values(job_id=job_id, requested_at=utcnow(), requested_by="tester"))
+    thread.join(timeout=30)
+    assert _row(engine, job_id).status == "cancelled"
+    with engine.connect() as conn:
+        assert conn.execute(select(CancelRequest.job_id)).all() == []
 
 
 def test_records_and_checkpoint_written_after_the_worker_left_are_stored_by_the_retry(
