@@ -43,7 +43,7 @@ from server.registry.request_checks import (
 )
 from server.registry.rows import delete_visible, visible_page
 from server.registry.schemas import DatasetList, DatasetPublic, dataset_public
-from server.registry.upload import QuotaBound, receive_to_file
+from server.registry.upload import QuotaBound, Received, receive_to_file
 from server.registry.upload_gate import upload_pace
 from server.schemas import ErrorBody
 from server.settings import Settings
@@ -101,19 +101,13 @@ async def upload_dataset(
     nothing stored (:mod:`server.registry.idempotent_upload`).
     """
     async with request.app.state.upload_gate.admit(principal.owner):  # before a byte is read
-        kind = media_type(request)
-        file_format = CONTENT_TYPES.get(kind)
-        if file_format is None:
-            raise unsupported_media_type(kind, sorted(CONTENT_TYPES))
-        if format == "chat" and file_format == "csv":
-            raise invalid(("query", "format"), "format 'chat' reads JSON lines, not CSV", format)
+        file_format = _file_format(request, format)
         label = checked_name(name, "dataset")
         earlier = await earlier_upload(request, RegisteredDataset, principal.owner, idempotency_key)
         room = None
         if earlier is None:
             room = await storage_room(request, principal.owner, default_limits(settings), declared_is_stored=True)
-        layout = RegistryLayout(settings.registry_dir)
-        staged = await run_in_threadpool(layout.staging_path, f".{file_format}")
+        staged = await run_in_threadpool(RegistryLayout(settings.registry_dir).staging_path, f".{file_format}")
         try:
             bound = None if room is None else QuotaBound(room.left, room.exceeded)
             received = await receive_to_file(request, staged, settings.max_upload_bytes, bound, upload_pace(settings))
@@ -121,28 +115,46 @@ async def upload_dataset(
             if earlier is not None:
                 return dataset_public(replay(earlier, upload, "dataset", response, f"{UPLOAD_PATH}/{earlier.id}"))
             rows = await run_in_threadpool(_checked_rows, staged, label, file_format, format)
-            row = RegisteredDataset(
-                id=str(uuid.uuid4()),
-                owner=principal.owner,
-                name=label,
-                format=format,
-                file_format=file_format,
-                rows=rows,
-                bytes=received.bytes,
-                sha256=received.sha256,
-                created_at=utcnow(),
-            )
+            row = _row(principal.owner, label, format, file_format, rows, received)
             stored, created = await run_in_threadpool(_store, request, row, staged, settings, upload)
         finally:
             await run_in_threadpool(remove_path, staged)
-        if created:
-            log.info(
-                "dataset %s registered for %s: %d rows, %d bytes", stored.id, stored.owner, stored.rows, stored.bytes
-            )
-        else:
-            response.status_code = 200
-        response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
-        return stored
+    _answer(response, stored, created)
+    return stored
+
+
+def _file_format(request: Request, fmt: str) -> str:
+    """The upload's file format (``jsonl`` or ``csv``) by its media type; ``415``, or ``422`` for chat in CSV."""
+    kind = media_type(request)
+    file_format = CONTENT_TYPES.get(kind)
+    if file_format is None:
+        raise unsupported_media_type(kind, sorted(CONTENT_TYPES))
+    if fmt == "chat" and file_format == "csv":
+        raise invalid(("query", "format"), "format 'chat' reads JSON lines, not CSV", fmt)
+    return file_format
+
+
+def _row(owner: str, name: str, fmt: str, file_format: str, rows: int, received: Received) -> RegisteredDataset:
+    return RegisteredDataset(
+        id=str(uuid.uuid4()),
+        owner=owner,
+        name=name,
+        format=fmt,
+        file_format=file_format,
+        rows=rows,
+        bytes=received.bytes,
+        sha256=received.sha256,
+        created_at=utcnow(),
+    )
+
+
+def _answer(response: Response, stored: DatasetPublic, created: bool) -> None:
+    """``201`` for a new dataset (logged), ``200`` for its Idempotency-Key's earlier one; ``Location`` either way."""
+    if created:
+        log.info("dataset %s registered for %s: %d rows, %d bytes", stored.id, stored.owner, stored.rows, stored.bytes)
+    else:
+        response.status_code = 200
+    response.headers["Location"] = f"{UPLOAD_PATH}/{stored.id}"
 
 
 def _checked_rows(staged: FilePath, name: str, file_format: str, fmt: str) -> int:
