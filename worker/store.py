@@ -243,9 +243,10 @@ class JobStore:
     def cancel_requested(self, job_id: str) -> bool:
         """Whether the API asked to cancel the job: its status is ``cancelling``, or a cancel is recorded that
         waited on the job's locked row (:mod:`server.db.pending_cancels`)."""
-        with self.engine.connect() as conn:
-            status = conn.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
-            return status == "cancelling" or pending_cancels.pending(conn, job_id)
+        query = select(Job.status, pending_cancels.pending_clause(job_id)).where(Job.id == job_id)
+        with self.engine.connect() as conn:  # one round trip: it runs every poll of a running job
+            row = conn.execute(query).one_or_none()
+        return row is not None and (row.status == "cancelling" or bool(row[1]))
 
     def finish(
         self,

@@ -3,14 +3,14 @@
 ``POST /jobs/{id}/cancel`` waits at most :data:`CANCEL_LOCK_WAIT_S` for the job's row. When another
 session holds it longer, the route records the request here instead and answers at once (``202``,
 the job as it reads now, which a row lock does not block on PostgreSQL). The worker running the job
-treats a recorded request as a cancel (:meth:`worker.store.JobStore.cancel_requested`) and its
+treats a recorded request as a cancel (:meth:`worker.store.JobStore.cancel_requested`, one query with the status) and its
 fenced ``cancelled`` write goes through once the lock is gone; a job that is still ``queued`` is
 cancelled before launch. The request is removed when its job ends.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, delete, exists, select
+from sqlalchemy import Connection, Exists, delete, exists
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
@@ -36,9 +36,9 @@ def record(session: Session, job_id: str, requested_by: str) -> None:
         session.rollback()
 
 
-def pending(conn: Connection, job_id: str) -> bool:
-    """Whether a cancel of ``job_id`` is recorded."""
-    return bool(conn.execute(select(exists().where(CancelRequest.job_id == job_id))).scalar())
+def pending_clause(job_id: str) -> Exists:
+    """``EXISTS`` a recorded cancel of ``job_id``: a column to read along with the job's row."""
+    return exists().where(CancelRequest.job_id == job_id)
 
 
 def clear(conn: Connection, job_id: str) -> None:

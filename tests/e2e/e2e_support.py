@@ -113,10 +113,10 @@ class Stack:
         self._wait_ready()
         return self
 
-    def _make_token(self) -> None:
-        """Create an admin token; the client sends it and CLI subprocesses get it as ``HALFCAST_TOKEN``."""
+    def _cli_token(self, owner: str, *, admin: bool = False) -> str:
+        """A new token of ``owner`` made with ``halfcast tokens create``; its secret."""
         made = subprocess.run(
-            [sys.executable, "-m", "server.cli", "tokens", "create", "--owner", "e2e", "--admin"],
+            [sys.executable, "-m", "server.cli", "tokens", "create", "--owner", owner, *(["--admin"] if admin else [])],
             env=self.env,
             cwd=ROOT,
             check=True,
@@ -124,22 +124,17 @@ class Stack:
             text=True,
             timeout=120,
         )
-        self.token = made.stdout.strip()
+        return made.stdout.strip()
+
+    def _make_token(self) -> None:
+        """Create an admin token; the client sends it and CLI subprocesses get it as ``HALFCAST_TOKEN``."""
+        self.token = self._cli_token("e2e", admin=True)
         self.env["HALFCAST_TOKEN"] = self.token
         self.client.headers["Authorization"] = f"Bearer {self.token}"
 
     def client_for(self, owner: str) -> httpx.Client:
         """A new HTTP client of the API with a plain (not admin) token of ``owner``; the caller closes it."""
-        made = subprocess.run(
-            [sys.executable, "-m", "server.cli", "tokens", "create", "--owner", owner],
-            env=self.env,
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        headers = {"Authorization": f"Bearer {made.stdout.strip()}"}
+        headers = {"Authorization": f"Bearer {self._cli_token(owner)}"}
         return httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30, headers=headers)
 
     @property
