@@ -23,11 +23,14 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy import Engine, select
 
 from server.db.models import Job
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +112,9 @@ class BrokerWatch:
         return job_ids
 
 
-def redis_marker_store(broker_url: str) -> MarkerStore | None:
-    """A Redis client on the broker's own database, or ``None`` for a broker that is not Redis."""
+def redis_marker_store(broker_url: str) -> redis.Redis | None:
+    """A Redis client on the broker's own database, or ``None`` for a broker that is not Redis (the marker store
+    here, the queue reader of :mod:`worker.message_audit`)."""
     if not broker_url.startswith(REDIS_SCHEMES):
         return None
     import redis  # only a Redis deployment needs the client

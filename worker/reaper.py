@@ -10,7 +10,9 @@ worker's word. It runs in every worker, once at start and then every
 running at once recover each job once. Each pass also asks the optional
 :class:`worker.broker_watch.BrokerWatch` whether the broker lost the messages of
 queued jobs, and re-sends them if it did, and runs the optional ``recover_holds``:
-sending again the messages that workers which are not live hold (:mod:`worker.holds`).
+sending again the messages that workers which are not live hold (:mod:`worker.holds`), and the
+optional ``audit_messages``: sending again the messages of queued jobs that no broker queue
+holds (:mod:`worker.message_audit`).
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ class Reaper:
         stop: threading.Event,
         broker_watch: BrokerWatch | None = None,
         recover_holds: Callable[[], list[str]] | None = None,
+        audit_messages: Callable[[], list[str]] | None = None,
     ) -> None:
         self.recovery = recovery
         self.interval_s = interval_s
         self.stop = stop
         self.broker_watch = broker_watch
         self.recover_holds = recover_holds
+        self.audit_messages = audit_messages
         self.thread: threading.Thread | None = None
 
     def reap_once(self) -> dict[str, Resolution]:
@@ -70,10 +74,14 @@ class Reaper:
         """Send again the messages of queued jobs that dead workers hold (see :mod:`worker.holds`)."""
         return None if self.recover_holds is None else self.recover_holds()
 
+    def resend_lost(self) -> list[str] | None:
+        """Send again the messages no broker queue holds (see :mod:`worker.message_audit`)."""
+        return None if self.audit_messages is None else self.audit_messages()
+
     def run(self) -> None:
         """Reap now, then every ``interval_s`` seconds, until ``stop`` is set; errors are logged, never fatal."""
         while not self.stop.is_set():
-            for duty in (self.reap_once, self.watch_broker, self.resend_held):
+            for duty in (self.reap_once, self.watch_broker, self.resend_held, self.resend_lost):
                 try:
                     duty()
                 except Exception:

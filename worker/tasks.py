@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -41,6 +42,7 @@ from worker.gang_entry import HAND_BACK_PAUSE_S, GangEntry
 from worker.gpu_locks import GpuLocks
 from worker.gpus import discover_gpus
 from worker.holds import MessageHolds
+from worker.message_audit import MessageAudit, unowned_queued_job_ids
 from worker.placement import Placer, SlotUnavailable
 from worker.reaper import Reaper
 from worker.recovery import Recovery
@@ -175,6 +177,7 @@ class WorkerRuntime:
                     self.shutdown,
                     self._broker_watch(store),
                     self._recover_holds,
+                    self._message_audit(store),
                 )
             return self._reaper
 
@@ -188,6 +191,14 @@ class WorkerRuntime:
         if redis is None:
             return None
         return BrokerWatch(redis, self.settings.queue_name, partial(queued_job_ids, store.engine), self.enqueue)
+
+    def _message_audit(self, store: JobStore) -> Callable[[], list[str]] | None:
+        """Re-sends the messages a frozen worker took (:mod:`worker.message_audit`); ``None`` unless Redis."""
+        redis = redis_marker_store(self.settings.effective_broker_url)
+        if redis is None:
+            return None
+        queued = partial(unowned_queued_job_ids, store.engine)
+        return MessageAudit(redis, self.settings.queue_name, queued, self.enqueue).check
 
     def on_ready(self, sender: Any = None, **_: Any) -> None:
         """Celery ``worker_ready`` receiver: start the reaper (its first pass runs at once) and the heartbeat."""
