@@ -101,16 +101,20 @@ def migrate(database_url: str, root: Path) -> None:
 
 @contextmanager
 def worker_process(
-    database_url: str, data_dir: Path, root: Path, warm: bool = True, env: Mapping[str, str] | None = None
+    database_url: str,
+    data_dir: Path,
+    root: Path,
+    warm: bool = True,
+    env: Mapping[str, str] | None = None,
+    name: str = "worker",
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """``python -m worker`` on the stack's database and data directory (its output in ``worker.log``), with ``env``
-    added (a broker URL, say); stopped on exit."""
+    """``python -m worker`` named ``name`` (its Celery node ``<name>@<host>``, its output in ``<name>.log``) on the
+    stack's database and data directory, with ``env`` added (a broker URL, say); stopped on exit."""
     extra = {"HALFCAST_DATA_DIR": str(data_dir), "HALFCAST_WARM_START": "1" if warm else "0", **(env or {})}
     env = process_environment(database_url, extra, root)
-    with (data_dir / "worker.log").open("ab") as out:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "worker"], env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT
-        )
+    command = [sys.executable, "-m", "worker", "--hostname", f"{name}@%h"]
+    with (data_dir / f"{name}.log").open("ab") as out:
+        popen = subprocess.Popen(command, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT)
     try:
         yield popen
     finally:
