@@ -10,8 +10,8 @@ errors come from elsewhere and apply to every route that shares a dependency:
 - ``413`` from :class:`server.http.body_limit.BodySizeLimitMiddleware` for every route
   with a request body.
 
-:func:`declare_error_responses` adds them to each route after all routers are
-included, so a new route is documented by what it depends on, and clients and
+:func:`declare_error_responses` (called after all routers are included) adds them to each route
+when the OpenAPI description is first built, so a new route is documented by what it depends on, and clients and
 schema-driven tests (``tests/server/test_fuzz_api.py``) see every status the API sends.
 It also adds ``field`` to FastAPI's ``ValidationError`` schema: every 422 item has one
 (:mod:`server.http.field_paths`).
@@ -51,16 +51,19 @@ def dependency_calls(dependant: Dependant) -> Iterator[Callable[..., Any] | None
         yield from dependency_calls(sub)
 
 
-def _api_routes(app: FastAPI) -> Iterator[APIRoute]:
-    """The app's API routes, included routers' ones too (FastAPI >= 0.165 keeps those nested)."""
+def _api_routes(app: FastAPI) -> Iterator[Any]:
+    """The app's API routes as the OpenAPI description reads them: FastAPI >= 0.165's route contexts (each route
+    with its routers' dependencies and responses; included routers stay nested), else the routes themselves."""
     iter_contexts = getattr(routing, "iter_route_contexts", None)
-    routes = [context.route for context in iter_contexts(app.routes)] if iter_contexts else app.routes
-    for route in routes:
-        if isinstance(route, APIRoute):
-            yield route
+    if iter_contexts is None:
+        yield from (route for route in app.routes if isinstance(route, APIRoute))
+        return
+    for context in iter_contexts(app.routes):
+        if isinstance(context.original_route, APIRoute):
+            yield context
 
 
-def _extra_responses(route: APIRoute) -> dict[int, dict[str, Any]]:
+def _extra_responses(route: Any) -> dict[int, dict[str, Any]]:
     calls = set(dependency_calls(route.dependant))
     extra: dict[int, dict[str, Any]] = {}
     if authenticate in calls:
@@ -77,20 +80,28 @@ def _extra_responses(route: APIRoute) -> dict[int, dict[str, Any]]:
 def declare_error_responses(app: FastAPI) -> None:
     """Add 401/403/413/503 to the ``responses`` of every route that can answer them (a route's own entry wins).
 
-    Also documents the ``field`` of every 422 item (:func:`_with_field_property`).
+    Also documents the ``field`` of every 422 item (:func:`_with_field_property`). Both happen when the
+    OpenAPI description is first built, not here: finding a route's dependencies makes FastAPI (>= 0.165)
+    build every route's request model at once, which it otherwise does on a route's first request
+    (about 50 ms an app, once per API process and per test app).
     """
-    for route in _api_routes(app):
-        for status_code, declaration in _extra_responses(route).items():
-            if status_code not in route.responses and str(status_code) not in route.responses:
-                route.responses[status_code] = declaration
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
         fresh = app.openapi_schema is None
+        if fresh:
+            _add_error_responses(app)
         schema = build()
         return _with_field_property(schema) if fresh else schema
 
     app.openapi = openapi  # type: ignore[method-assign]  # how FastAPI lets an app change its schema
+
+
+def _add_error_responses(app: FastAPI) -> None:
+    for route in _api_routes(app):
+        for status_code, declaration in _extra_responses(route).items():
+            if status_code not in route.responses and str(status_code) not in route.responses:
+                route.responses[status_code] = declaration
 
 
 def _with_field_property(schema: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from server.db.engine import make_engine, make_session_factory
@@ -45,14 +45,25 @@ class FakeQueue:
         self.sent.append(job_id)
 
 
+#: Engines :func:`make_token` keeps open, by URL (the last few: each SQLite test database is a file of its own).
+_TOKEN_ENGINES: dict[str, Engine] = {}
+_KEPT_ENGINES = 4
+
+
+def _token_engine(database_url: str) -> Engine:
+    """An engine on ``database_url`` kept between calls: a test makes several tokens, and a new engine each time
+    cost a connection (and its session settings) per token."""
+    engine = _TOKEN_ENGINES.pop(database_url, None) or make_engine(database_url)
+    _TOKEN_ENGINES[database_url] = engine  # the most recent last
+    while len(_TOKEN_ENGINES) > _KEPT_ENGINES:
+        _TOKEN_ENGINES.pop(next(iter(_TOKEN_ENGINES))).dispose()
+    return engine
+
+
 def make_token(database_url: str, owner: str, *, admin: bool = False) -> str:
     """Create a token for ``owner`` directly in the database at ``database_url``; return its secret."""
-    engine = make_engine(database_url)
-    try:
-        with make_session_factory(engine)() as session:
-            return create_token(session, owner, admin=admin, actor="cli:test").secret
-    finally:
-        engine.dispose()
+    with make_session_factory(_token_engine(database_url))() as session:
+        return create_token(session, owner, admin=admin, actor="cli:test").secret
 
 
 def count_rows(sessions: sessionmaker[Session], model: type[Job] | type[StepRecord] = Job) -> int:
