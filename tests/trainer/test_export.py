@@ -11,7 +11,7 @@ import torch
 from trainer.checkpoint import final_path
 from trainer.data.base import DataInfo, Task
 from trainer.distributed import DistContext
-from trainer.export import data_info_entry, load_trained_model
+from trainer.export import DATA_INFO_KEY, checkpoint_data_info, data_info_entry, load_trained_model
 from trainer.loop import train
 from trainer.spec import JobSpec
 
@@ -76,5 +76,17 @@ def test_weights_that_do_not_fit_the_spec_are_refused(cpu_ctx: DistContext, tmp_
 
 def test_the_data_info_entry_is_plain_data() -> None:
     entry = data_info_entry(DataInfo(task=Task.CLASSIFICATION, num_outputs=10, in_features=64))
-    assert entry == {"task": "classification", "num_outputs": 10, "in_features": 64, "seq_len": None}
+    assert entry == {
+        "task": "classification",
+        "num_outputs": 10,
+        "in_features": 64,
+        "seq_len": None,
+        "label_names": None,
+    }
     assert type(entry["task"]) is str  # a StrEnum would not load with weights_only=True
+
+
+def test_label_names_survive_a_checkpoint_loaded_with_weights_only(tmp_path: Path) -> None:
+    info = DataInfo(Task.CLASSIFICATION, 2, seq_len=16, label_names=("negative", "positive"))
+    torch.save({DATA_INFO_KEY: data_info_entry(info)}, tmp_path / "c.pt")
+    assert checkpoint_data_info(torch.load(tmp_path / "c.pt", weights_only=True)) == info

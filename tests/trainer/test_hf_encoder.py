@@ -138,3 +138,25 @@ def test_truncation_keeps_the_encoders_closing_sep(roots: Path) -> None:
     for sample in samples:
         ids = sample.inputs.tolist()
         assert len(ids) == 4 and ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+
+
+def test_a_classification_export_names_its_labels(roots: Path, tmp_path: Path) -> None:
+    """Issue 25 item 3: a job on labels given by name exported ``LABEL_0``...``LABEL_3``; its merged export's config
+    now maps the class ids to the names (sorted, as the job numbered them), and a pipeline answers with them."""
+    names = ["business", "science", "sports", "world"]
+    rows = [{"text": f"{text} {i}", "label": names[label]} for i in range(10) for label, text in enumerate(CORPUS)]
+    (roots / "named.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    spec = _spec(
+        dataset={"name": "jsonl", "config": {"path": "named.jsonl", "format": "classification", "max_seq_len": 32}},
+        max_steps=1,
+    )
+    train(spec, tmp_path / "run", DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")))
+    export = tmp_path / "run" / "export" / "model"
+    config = json.loads((export / "config.json").read_text())
+    assert config["id2label"] == {str(number): name for number, name in enumerate(names)}
+    assert config["label2id"] == {name: number for number, name in enumerate(names)}
+
+    from transformers import pipeline
+
+    answer = pipeline("text-classification", model=str(export), device="cpu")(CORPUS[0])
+    assert answer[0]["label"] in names

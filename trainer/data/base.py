@@ -34,12 +34,15 @@ class DataInfo:
     ``in_features``: input width of feature data (None for token data).
     ``num_outputs``: classes, regression outputs, or vocabulary size.
     ``seq_len``: context length of token data (None for feature data).
+    ``label_names``: the class names of classification data labelled by name, by class id (None for
+    integer labels); exported models carry them (``id2label``).
     """
 
     task: Task
     num_outputs: int
     in_features: int | None = None
     seq_len: int | None = None
+    label_names: tuple[str, ...] | None = None
 
     @property
     def vocab_size(self) -> int:

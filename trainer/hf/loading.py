@@ -98,6 +98,9 @@ def load_base_model(config: HFConfig, info: DataInfo, tokenizer: Any | None) -> 
     hf_config = _pretrained_config(directory) if directory is not None else _scratch_config(config, info, tokenizer)
     if config.task == "sequence_classification":
         hf_config.num_labels = config.num_labels
+        if info.label_names is not None:  # what every export's config.json says the classes are
+            hf_config.id2label = dict(enumerate(info.label_names))
+            hf_config.label2id = {name: number for number, name in enumerate(info.label_names)}
         if hf_config.pad_token_id is None:
             hf_config.pad_token_id = _pad_token_id(tokenizer, hf_config)
     _check_sizes(hf_config, info)

@@ -149,7 +149,8 @@ def _classification(
         for index in rows:
             ids, truncated = classification_ids(examples[index].text, tokenizer, config.max_seq_len)
             split_samples.append(classification_sample(ids, labels.ids[index], truncated, split_counts))
-    info = DataInfo(task=Task.CLASSIFICATION, num_outputs=labels.num_labels, seq_len=config.max_seq_len)
+    names = tuple(labels.names) if labels.names is not None else None
+    info = DataInfo(Task.CLASSIFICATION, labels.num_labels, seq_len=config.max_seq_len, label_names=names)
     return TokenFileDataset(info, samples[0], samples[1], pad_id, report(config, len(examples), counts, labels.names))
 
 
