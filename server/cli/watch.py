@@ -79,8 +79,8 @@ def progress_bar(step: int, total: int, width: int = BAR_WIDTH) -> str:
 class Part:
     """One field of a line: its ``forms``, longest first, and how soon it goes when the line is too long.
 
-    ``priority`` 0 is never dropped (only shortened); a higher one is shortened, then
-    dropped, before any lower one. ``sep`` joins it to the part before.
+    Every part is shortened (a higher ``priority`` first) before any is dropped; then a higher
+    ``priority`` is dropped before a lower one, and ``priority`` 0 never. ``sep`` joins it to the part before.
     """
 
     forms: tuple[str, ...]
@@ -95,14 +95,20 @@ def _join(parts: Sequence[Part], forms: Sequence[str | None]) -> str:
 
 
 def _reductions(parts: Sequence[Part]) -> Iterator[list[str | None]]:
-    """The forms of ``parts``: in full, then ever shorter (the least important part's shorter forms, then
-    without it, then the next least important one's...)."""
+    """The forms of ``parts``: in full, then ever shorter: every part's next shorter form in turn (the least
+    important part's first), round after round, then without the least important part, then without the next
+    one... A short form loses a digit or a word; a dropped part loses the field."""
     forms: list[str | None] = [part.forms[0] for part in parts]
     yield list(forms)
-    for index in sorted(range(len(parts)), key=lambda i: parts[i].priority, reverse=True):
-        part = parts[index]
-        for form in [*part.forms[1:], *([None] if part.priority > 0 else [])]:
-            forms[index] = form
+    order = sorted(range(len(parts)), key=lambda i: parts[i].priority, reverse=True)
+    for level in range(1, max((len(part.forms) for part in parts), default=1)):
+        for index in order:
+            if level < len(parts[index].forms):
+                forms[index] = parts[index].forms[level]
+                yield list(forms)
+    for index in order:
+        if parts[index].priority > 0:
+            forms[index] = None
             yield list(forms)
 
 
@@ -117,6 +123,38 @@ def fit(parts: Sequence[Part], width: int | None) -> str:
         if width is None or len(line) <= width:
             return line
     return line[: max(width or 0, 0)]
+
+
+def format_rate(value: float | None) -> str:
+    """A rate in at most 5 characters: ``987``, ``9.88k``, ``1.23M`` (``-`` for none)."""
+    if value is None or not math.isfinite(value):
+        return format_number(value)
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _scale_forms(scale: float | None) -> tuple[str, ...]:
+    """``scale 65536 (2^16)``, ``scale 65536``, ``scale 2^16`` (a power of two's shortest), ``scale 6.55e+04``..."""
+    forms = [f"scale {format_scale(scale)}", f"scale {format_number(scale)}"]
+    if scale is not None and scale > 0 and math.log2(scale).is_integer():
+        forms.append(f"scale 2^{int(math.log2(scale))}")
+    else:
+        forms.append(f"scale {format_number(scale, 3)}")
+    return tuple(dict.fromkeys(forms))
+
+
+def _samples_forms(record: StepRecord) -> tuple[str, ...]:
+    """``55182 samples/s``, then ``55.2k samples/s``."""
+    rate = record.samples_per_second
+    return tuple(dict.fromkeys([f"{format_number(rate, 5)} samples/s", f"{format_rate(rate)} samples/s"]))
+
+
+def _tokens_forms(record: StepRecord) -> tuple[str, ...]:
+    """``1.2346e+06 tok/s``, then ``1.23M tok/s`` (joined to the samples with a space)."""
+    rate = record.tokens_per_second
+    return tuple(dict.fromkeys([f"{format_number(rate, 5)} tok/s", f"{format_rate(rate)} tok/s"]))
 
 
 # ----------------------------------------------------------------------------- the view
@@ -148,20 +186,24 @@ class WatchView:
         return (self.max_steps - last_step) / rate
 
     def progress_parts(self) -> list[Part]:
-        """The fields of the progress line, in display order, with their short forms and priorities."""
+        """The fields of the progress line, in display order, with their short forms and priorities.
+
+        Every field is shortened before any is dropped, and the fields the README promises (progress, loss,
+        loss scale, skipped steps, samples/s) go after the overflow's detail, tokens/s, the ETA and the bar: at 80
+        columns they all fit; at 40, progress, loss, scale and skipped steps.
+        """
         record = self.latest or StepRecord(step=0)
         step, scale, skipped = record.step, record.loss_scale, record.skipped_steps or 0
-        throughput = f"{format_number(record.samples_per_second, 5)} samples/s"
-        tokens = f"{format_number(record.tokens_per_second, 5)} tok/s" if record.tokens_per_second is not None else None
         overflow = [Part(("OVERFLOW",), 1), Part((_overflow_where(record),), 9, "")] if record.overflow else []
         return [
             Part((progress_bar(step, self.max_steps), progress_bar(step, self.max_steps, SHORT_BAR_WIDTH)), 4, ""),
             Part((f"{step}/{self.max_steps}",), 0, " "),
             Part((f"ETA {format_duration(self.eta_s())}",), 5, " "),
-            Part((f"loss {format_number(record.loss)}",), 2),
-            *([Part((f"scale {format_scale(scale)}", f"scale {format_number(scale)}"), 6)] if self.scales_loss else []),
-            Part((f"skipped {skipped}",), 7),
-            Part((f"{throughput} {tokens}", tokens) if tokens else (throughput,), 8),
+            Part((f"loss {format_number(record.loss)}", f"loss {format_number(record.loss, 3)}"), 1),
+            *([Part(_scale_forms(scale), 2)] if self.scales_loss else []),
+            Part((f"skipped {skipped}", f"skip {skipped}"), 2),
+            Part(_samples_forms(record), 3),
+            *([Part(_tokens_forms(record), 6, " ")] if record.tokens_per_second is not None else []),
             *overflow,
         ]
 

@@ -101,8 +101,10 @@ def test_watch_on_a_narrow_terminal_fits_the_width_and_leaves_no_stale_line(
     ], rows
     assert rows[5:] == ["job j: succeeded"] and len(rows) == 6, rows  # one progress row: no redraw left one behind
     progress = rows[4]
-    assert progress.startswith("[") and " 10/1000" in progress and "loss 0.1" in progress, progress
-    assert width - 12 <= len(progress) <= width  # fitted: fields dropped, not a stub
+    assert " 10/1000" in f" {progress}" and "loss 0.1" in progress and "scale 2^16" in progress, progress
+    assert ("skip 1" in progress or "skipped 1" in progress) and len(progress) <= width, progress
+    if width == 80:  # everything the README promises (issue 25 item 10: skipped steps and samples/s were dropped)
+        assert progress.startswith("[") and "9.88k samples/s" in progress, progress
 
 
 def test_the_redrawn_line_is_never_longer_than_the_width_at_any_width() -> None:
@@ -124,14 +126,37 @@ def test_the_redrawn_line_is_never_longer_than_the_width_at_any_width() -> None:
         assert len(line) <= width, (width, line)
     assert view.progress_line(len(full)) == full
     assert view.progress_line(40) == "99999/100000 | loss 1e-05 | OVERFLOW"  # the bar goes before them
-    assert view.progress_line(60) == "[##########] 99999/100000 | loss 1e-05 | OVERFLOW"  # then the ETA
+    assert view.progress_line(60) == "99999/100000 | loss 1e-05 | scale 2^-14 | skip 0 | OVERFLOW"  # then the ETA
 
 
 def test_fit_shortens_then_drops_the_least_important_parts_first() -> None:
     parts = [Part(("AAAA",), 0, ""), Part(("BBBB", "B"), 2), Part(("CCCC",), 1), Part(("DDDD", "DD"), 3)]
     assert fit(parts, None) == "AAAA | BBBB | CCCC | DDDD"
     assert fit(parts, 23) == "AAAA | BBBB | CCCC | DD"
-    assert fit(parts, 20) == "AAAA | BBBB | CCCC"
+    assert fit(parts, 20) == "AAAA | B | CCCC | DD"  # every part shortened before any is dropped
     assert fit(parts, 15) == "AAAA | B | CCCC"
     assert fit(parts, 11) == "AAAA | CCCC"
     assert fit(parts, 4) == "AAAA" and fit(parts, 3) == "AAA"
+
+
+@pytest.mark.parametrize("scales_loss", [True, False])
+def test_every_field_the_readme_promises_fits_in_80_columns(scales_loss: bool) -> None:
+    """Issue 25 item 10: progress, loss, loss scale, skipped steps and throughput all show at 80 columns, with the
+    digits job's rate and long numbers; before, skipped steps and throughput were dropped (tokens/s and the ETA
+    go first now)."""
+    view = WatchView("j", max_steps=100_000, scales_loss=scales_loss)
+    record = step_record(
+        12_345,
+        time=1.0,
+        loss=0.123456789,
+        loss_scale=65536.0,
+        skipped_steps=1_234,
+        samples_per_second=55_182.3,
+        tokens_per_second=1_234_567.8,
+    )
+    view.apply(Event("step", "12345", StoredStep.model_validate(record)))
+    line = view.progress_line(80)
+    assert len(line) <= 80, line
+    for field in ("12345/100000", "loss 0.123", "skip", "1234", "55.2k samples/s"):
+        assert field in line, (field, line)
+    assert ("scale 2^16" in line) is scales_loss, line
