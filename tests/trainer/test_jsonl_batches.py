@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
+import logging
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -61,6 +64,10 @@ def test_an_answer_cut_away_by_truncation_is_dropped_and_counted(hf_tokenizer, r
     )
     assert dataset.report["dropped_no_trainable_tokens"] == 2 and dataset.report["truncated"] == 2
     assert dataset.report["train_examples"] + dataset.report["held_out_examples"] == 3
+    dropped = cast(dict[str, int], dataset.report["dropped_rows"])  # issue 25 item 6: per split
+    assert dropped["train"] + dropped["held_out"] == 2
+    assert dataset.report["held_out_examples"] == 1 - dropped["held_out"]  # one row held out of five
+    assert dataset.report["train_examples"] == 4 - dropped["train"]
     assert all(trained_spans(hf_tokenizer, s.targets) == ["hi</s>"] for s in [*dataset.train, *dataset.held_out])
 
 
@@ -141,6 +148,17 @@ def test_without_a_tokenizer_the_jsonl_dataset_is_spec_invalid(root: DataRoot) -
     assert info.value.reason == "spec_invalid"
 
 
+def test_a_small_held_out_split_is_warned_about(hf_tokenizer, root: DataRoot, caplog: pytest.LogCaptureFixture) -> None:
+    rows = "".join(json.dumps({"text": f"row {n}"}) + "\n" for n in range(40))
+    with caplog.at_level(logging.WARNING, logger="trainer.data.jsonl.build"):
+        root.build(hf_tokenizer, root.write("small.jsonl", rows), format="text", test_fraction=0.1)
+    assert any("only 4 held-out examples (fewer than 10)" in r.getMessage() for r in caplog.records), caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trainer.data.jsonl.build"):
+        root.build(hf_tokenizer, root.write("enough.jsonl", rows), format="text", test_fraction=0.25)
+    assert not any("held-out" in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_the_start_record_carries_the_data_report(hf_tokenizer, root: DataRoot) -> None:
     dataset = root.build(hf_tokenizer, root.write("d.jsonl", '{"text": "a"}\n{"text": "b"}\n'), format="text")
     assert _data_report(dataset) == {"data": dataset.report}
@@ -152,9 +170,19 @@ def test_the_start_record_carries_the_data_report(hf_tokenizer, root: DataRoot) 
         "held_out_examples": 1,
         "truncated": 0,
         "dropped_no_trainable_tokens": 0,
+        "dropped_rows": {"train": 0, "held_out": 0},
         "trainable_tokens": 2,
         "label_names": None,
+        "pad_token": {"id": hf_tokenizer.pad_token_id, "token": "<pad>", "source": "pad"},
     }
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_eos_and_says_so(hf_tokenizer, root: DataRoot) -> None:
+    """Issue 25 item 6: the EOS stood in for the missing pad token and nothing said so."""
+    tokenizer = copy.deepcopy(hf_tokenizer)
+    tokenizer.pad_token = None
+    dataset = root.build(tokenizer, root.write("d.jsonl", '{"text": "a"}\n{"text": "b"}\n'), format="text")
+    assert dataset.report["pad_token"] == {"id": tokenizer.eos_token_id, "token": "</s>", "source": "eos"}
     assert _data_report(build_text(TextConfig(max_bytes=2048))) == {}
 
 

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Held-out examples below which the build warns that evaluation metrics will be noisy (docs/trainer.md).
+HELD_OUT_MINIMUM = 10
+
 
 def build_jsonl(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase | None) -> TokenFileDataset:
     """The dataset of ``config``'s file, tokenized with ``tokenizer`` (the model's).
@@ -68,6 +71,7 @@ def build_jsonl(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase | None) 
         dataset = _classification(config, tokenizer, cast(list[ClassificationExample], examples), splits, pad_id)
     else:
         dataset = _language_model(config, tokenizer, examples, splits, pad_id)
+    dataset.report["pad_token"] = pad_token_report(tokenizer, pad_id)
     _log_report(config, dataset.report)
     return dataset
 
@@ -79,6 +83,13 @@ def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
             FailureReason.SPEC_INVALID, "the tokenizer has neither a pad nor an EOS token to pad batches with"
         )
     return int(pad)
+
+
+def pad_token_report(tokenizer: PreTrainedTokenizerBase, pad_id: int) -> dict[str, object]:
+    """What the batches are padded with: ``{"id", "token", "source"}``, ``source`` ``pad`` (the tokenizer's own pad
+    token) or ``eos`` (it has none: the EOS pads, and is masked out of the loss like any padding)."""
+    source = "pad" if tokenizer.pad_token_id is not None else "eos"
+    return {"id": pad_id, "token": tokenizer.convert_ids_to_tokens(pad_id), "source": source}
 
 
 def _check_tokenizer(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -177,6 +188,7 @@ def report(
         "held_out_examples": held.examples,
         "truncated": train.truncated + held.truncated,
         "dropped_no_trainable_tokens": train.dropped_no_trainable_tokens + held.dropped_no_trainable_tokens,
+        "dropped_rows": {"train": train.dropped_no_trainable_tokens, "held_out": held.dropped_no_trainable_tokens},
         "trainable_tokens": train.trainable_tokens,
         "label_names": label_names,
     }
@@ -184,6 +196,15 @@ def report(
 
 def _log_report(config: JsonlConfig, summary: dict[str, object]) -> None:
     log.info("dataset %s: %s", config.source, summary)
+    held_out = cast(int, summary["held_out_examples"])
+    if held_out < HELD_OUT_MINIMUM:
+        log.warning(
+            "dataset %s: only %d held-out examples (fewer than %d): its evaluation metrics are noisy; "
+            "raise test_fraction or add rows",
+            config.source,
+            held_out,
+            HELD_OUT_MINIMUM,
+        )
     if summary["truncated"] or summary["dropped_no_trainable_tokens"]:
         log.warning(
             "dataset %s: %s examples truncated to max_seq_len %d, %s dropped without a trainable token",
