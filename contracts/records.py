@@ -231,7 +231,9 @@ class StoppedEarly(BaseModel):
 
 
 class EndRecord(RecordBase):
-    """Written last on success: attempted, skipped and applied steps (``applied_steps``: newer trainers only).
+    """Written last on success: attempted, skipped and applied steps (``applied_steps``: newer trainers only), and
+    ``empty_windows``: attempted steps whose window held no supervised token (no update, not skipped; absent when
+    none, and from older trainers).
 
     ``stopped_early`` when early stopping ended the job before ``max_steps``; ``exported_step``: the
     step whose weights the exports hold.
@@ -241,13 +243,14 @@ class EndRecord(RecordBase):
     steps: Count
     skipped_steps: Count
     applied_steps: Count | None = None
+    empty_windows: Count | None = None
     stopped_early: StoppedEarly | None = None
     exported_step: Count | None = None
 
     @property
     def applied(self) -> int:
         """Steps that applied an update: the smaller of what the record says and attempted minus skipped."""
-        derived = self.steps - self.skipped_steps
+        derived = self.steps - self.skipped_steps - (self.empty_windows or 0)
         return derived if self.applied_steps is None else min(derived, self.applied_steps)
 
 

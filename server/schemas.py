@@ -101,6 +101,8 @@ def current_phase(status: str, startup: dict[str, Any] | None) -> StartupPhase |
 def job_public(job: Job | JobView) -> JobPublic:
     """The resource of a ``jobs`` row (an ORM object, or the columns :mod:`server.db.job_reads` reads)."""
     applied, skipped = step_counts(job.latest)
+    ended = _count_or_none((job.end_info or {}).get("applied_steps"))
+    applied = applied if ended is None else min(applied, ended)  # the end record also leaves out empty windows
     error = None
     if job.error_reason is not None:
         error = JobError(reason=job.error_reason, message=job.error_message or "")

@@ -44,18 +44,21 @@ def final_stretch_limit(limit: int, max_steps: int) -> int:
     return min(limit, max(MIN_FINAL_STRETCH, -(-max_steps // FINAL_STRETCH_DIVISOR)))
 
 
-def check_updates_applied(guard: DivergenceGuard, max_steps: int, skipped_steps: int) -> None:
+def check_updates_applied(guard: DivergenceGuard, max_steps: int, skipped_steps: int, empty_windows: int = 0) -> None:
     """Raise :class:`DivergenceError` if the run that ended at ``max_steps`` learned nothing (see the module docstring).
 
     ``guard``: the run's guard, after the last flush; ``skipped_steps``: the job's cumulative
-    skipped steps at ``max_steps``.
+    skipped steps at ``max_steps``; ``empty_windows``: its windows without a loss-bearing element
+    (no update either).
     """
-    applied = max_steps - skipped_steps
+    applied = max_steps - skipped_steps - empty_windows
     if applied <= 0:
-        msg = (
-            f"no update was applied: all {max_steps} attempted steps were skipped (non-finite gradients), "
-            "so the model is still its initialisation"
-        )
+        if empty_windows:
+            what = f"of {max_steps} attempted steps {skipped_steps} were skipped (non-finite gradients) and "
+            what += f"{empty_windows} held no supervised token"
+        else:
+            what = f"all {max_steps} attempted steps were skipped (non-finite gradients)"
+        msg = f"no update was applied: {what}, so the model is still its initialisation"
         raise DivergenceError(FailureReason.NO_UPDATE_APPLIED, msg)
     losses, loss_limit = guard.consecutive_nonfinite_losses, final_stretch_limit(guard.max_nonfinite_losses, max_steps)
     if losses >= loss_limit:

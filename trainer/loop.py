@@ -125,11 +125,13 @@ class TrainResult:
     steps: int
     skipped_steps: int
     final_eval: dict[str, float | None] | None
+    #: Attempted steps whose window held no supervised token on any rank (no update; not skipped).
+    empty_windows: int = 0
 
     @property
     def applied_steps(self) -> int:
         """Attempted steps that applied an update (at least 1: :mod:`trainer.end_check`)."""
-        return self.steps - self.skipped_steps
+        return self.steps - self.skipped_steps - self.empty_windows
 
 
 class Due(NamedTuple):
@@ -179,7 +181,10 @@ def train(
         while True:
             try:
                 done = _train_steps(run, job_spec, run_dir, records, dist_ctx, stop)
-                check_updates_applied(run.guard, done.last_step, done.skipped)  # before final.pt and the end record
+                empty = int(run.parts.precision.empty_windows.item())
+                check_updates_applied(
+                    run.guard, done.last_step, done.skipped, empty
+                )  # before final.pt and the end record
                 break
             except DivergenceError as divergence:  # on_divergence "fallback_bf16": rewind once, go on in bf16
                 restart = fallback.fall_back(divergence, run.guard, records)
@@ -192,7 +197,7 @@ def train(
             final_eval, _ = _evaluate_step(run, job_spec, run_dir, dist_ctx, records, last)
         _checkpoint(final_path(run_dir), run, last, job_spec, dist_ctx)
         exported = _export_on_main(run, run_dir, dist_ctx, job_spec, last)
-        records.end(steps=last, skipped_steps=done.skipped, **_end_fields(run, done, exported))
+        records.end(steps=last, skipped_steps=done.skipped, empty_windows=empty, **_end_fields(run, done, exported))
     log.info(
         "finished %d steps (%d skipped)%s; final evaluation %s",
         last,
@@ -205,6 +210,7 @@ def train(
         steps=last,
         skipped_steps=done.skipped,
         final_eval=final_eval if dist_ctx.is_main else None,
+        empty_windows=empty,
     )
 
 

@@ -137,6 +137,7 @@ class PrecisionPolicy(ABC):
         self.scaler = scaler
         self.observers = observers
         self._skipped = torch.zeros((), dtype=torch.float64, device=device)  # float64: one op adds a float32 flag
+        self._empty = torch.zeros((), dtype=torch.float64, device=device)  # windows without a loss-bearing element
         self._overflow_sources: list[OverflowSource] = []
         self._warned_host_skip = False
         self._not_sampled = torch.full((), float("nan"), dtype=torch.float32, device=device)
@@ -248,13 +249,24 @@ class PrecisionPolicy(ABC):
         return self._skipped
 
     @property
+    def empty_windows(self) -> Tensor:
+        """Windows so far without a loss-bearing element on any rank (no update, not skipped): 0-d float64."""
+        return self._empty
+
+    @property
     def loss_scale(self) -> float:
         """The current loss scale (syncs the host; for logging and tests)."""
         return self.scaler.scale.item()
 
     def state_dict(self) -> dict[str, Any]:
-        """Precision name, scaler state (scale and trackers) and the skipped-step counter (python scalars; syncs)."""
-        return {"precision": self.name, "scaler": self.scaler.state_dict(), "skipped_steps": int(self._skipped.item())}
+        """Precision name, scaler state (scale and trackers), the skipped-step and empty-window counters (python
+        scalars; syncs)."""
+        return {
+            "precision": self.name,
+            "scaler": self.scaler.state_dict(),
+            "skipped_steps": int(self._skipped.item()),
+            "empty_windows": int(self._empty.item()),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore exactly what :meth:`state_dict` saved.
@@ -266,6 +278,8 @@ class PrecisionPolicy(ABC):
             raise ValueError(f"checkpoint precision {state['precision']!r} differs from the job's {self.name!r}")
         self.scaler.load_state_dict(state["scaler"])
         self._skipped = torch.full((), int(state["skipped_steps"]), dtype=torch.float64, device=self.device)
+        empty = int(state.get("empty_windows", 0))  # older checkpoints did not count them
+        self._empty = torch.full((), empty, dtype=torch.float64, device=self.device)
 
     # ------------------------------------------------------------------ the phases of a step
 
@@ -355,6 +369,7 @@ class PrecisionPolicy(ABC):
         if no_data is None:
             self.scaler.update(found_inf, clean=applied)
         else:
+            self._empty = self._empty + no_data.to(self._empty.device, torch.float64)
             self.scaler.update(found_inf, hold=no_data)
 
 

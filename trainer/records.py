@@ -110,14 +110,17 @@ class RecordSink:
         """
         self.write(PrecisionSwitchRecord.model_validate(dict(switch)))
 
-    def end(self, steps: int, skipped_steps: int, **fields: Any) -> None:
-        """The ``end`` line, written last on success: attempted, skipped and applied (the difference) steps.
+    def end(self, steps: int, skipped_steps: int, empty_windows: int = 0, **fields: Any) -> None:
+        """The ``end`` line, written last on success: attempted, skipped, empty (no supervised token: no update,
+        not skipped) and applied (the rest) steps.
 
         ``fields``: ``stopped_early`` (``{"step", "metric", "best_step", "best_value"}``, when early
         stopping ended the job at ``steps`` before ``max_steps``) and ``exported_step`` (the step
         whose weights an ``hf`` job's exports hold: the best evaluated one with ``keep_best``).
         """
-        self.write(EndRecord(steps=steps, skipped_steps=skipped_steps, applied_steps=steps - skipped_steps, **fields))
+        applied = steps - skipped_steps - empty_windows
+        empty = {"empty_windows": empty_windows} if empty_windows else {}  # absent: none
+        self.write(EndRecord(steps=steps, skipped_steps=skipped_steps, applied_steps=applied, **empty, **fields))
 
     def close(self) -> None:
         """Close the file (idempotent)."""

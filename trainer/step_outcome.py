@@ -84,14 +84,14 @@ class StepOutcome(NamedTuple):
 
     def to_host(self) -> HostStepOutcome:
         """Read every field with one batched copy (a host synchronisation)."""
-        flag, scale, norm, skipped = (
-            torch.stack([self.overflow, self.loss_scale, self.grad_norm, self.skipped_steps])  # promoted to float64
-            .to(torch.float64)
+        flag, scale, norm, skipped, applied = (
+            torch.stack([self.overflow, self.loss_scale, self.grad_norm, self.skipped_steps, self.applied.double()])
+            .to(torch.float64)  # promoted to float64
             .tolist()
         )
         overflow = flag > 0.0
         return HostStepOutcome(
-            applied=not overflow,
+            applied=applied > 0.0,  # false on an overflow and on a window without data
             overflow=overflow,
             nan=overflow and math.isnan(norm),
             loss_scale=scale,

@@ -32,7 +32,9 @@ from worker.store import Progress
 R = TypeVar("R", StepRecord, EvalRecord)
 
 #: The fields of an ``end`` record that ``jobs.end_info`` keeps.
-END_INFO_FIELDS = frozenset({"steps", "skipped_steps", "applied_steps", "stopped_early", "exported_step"})
+END_INFO_FIELDS = frozenset(
+    {"steps", "skipped_steps", "applied_steps", "empty_windows", "stopped_early", "exported_step"}
+)
 
 
 @dataclass(frozen=True)

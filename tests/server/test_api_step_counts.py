@@ -102,6 +102,22 @@ def test_an_early_stop_shows_on_the_resource_and_final_pt_holds_its_step(
     assert (listed["name"], listed["step"]) == ("final.pt", 30)
 
 
+def test_empty_windows_are_not_applied_steps(
+    client: TestClient, engine: Engine, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """Issue 25 item 7: the step records cannot tell an empty window (no supervised token: no update) from an
+    applied step; the end record can, and the resource of a finished job takes its count."""
+    store = JobStore(engine)
+    claim = store.claim(insert_job(sessions), "w", tmp_path)
+    assert claim is not None
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id == claim.job_id).values(step=5, latest=_step(5, 1).body()))
+        session.commit()
+    end = EndRecord.model_validate({"steps": 5, "skipped_steps": 1, "empty_windows": 2, "applied_steps": 2})
+    assert store.finish(claim.fence, "succeeded", end_info=end_info(end))
+    assert _counts(client, claim.job_id) == (5, 2, 1)
+
+
 def test_a_job_without_an_end_record_shows_no_early_stop(client: TestClient, sessions: sessionmaker[Session]) -> None:
     job = client.get(f"/jobs/{insert_job(sessions, status='running')}").json()
     assert job["stopped_early"] is None and job["exported_step"] is None

@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 
+from contracts.records import EndRecord
 from trainer.checkpoint import final_path, step_path
 from trainer.distributed import DistContext
 from trainer.end_check import check_updates_applied, final_stretch_limit
 from trainer.errors import TrainerError
 from trainer.guard import DivergenceGuard
 from trainer.loop import train
-from trainer.records import read_records
+from trainer.records import RecordSink, read_records
 from trainer.spec import JobSpec
 from trainer.telemetry import StepRow
 
@@ -149,6 +150,25 @@ def test_no_update_applied_comes_first_and_counts_the_whole_trajectory() -> None
         check_updates_applied(_guard([NAN, NAN], [math.nan, math.nan]), max_steps=2, skipped_steps=2)
     assert info.value.reason == "no_update_applied"
     check_updates_applied(_guard([0.0, NAN]), max_steps=2, skipped_steps=1)  # one applied update: it learned
+
+
+def test_windows_without_a_supervised_token_are_no_update() -> None:
+    """Issue 25 item 7: an empty window counted as applied, so a job whose only other step was skipped passed."""
+    with pytest.raises(TrainerError) as info:
+        check_updates_applied(_guard([0.0, NAN]), max_steps=2, skipped_steps=1, empty_windows=1)
+    assert info.value.reason == "no_update_applied"
+    assert "1 were skipped (non-finite gradients) and 1 held no supervised token" in info.value.message
+    check_updates_applied(_guard([0.0, 0.0, NAN]), max_steps=3, skipped_steps=1, empty_windows=1)
+
+
+def test_the_end_record_counts_empty_windows_apart(tmp_path: Path) -> None:
+    with RecordSink(tmp_path / "records.jsonl") as records:
+        records.end(steps=10, skipped_steps=2, empty_windows=3)
+        records.end(steps=10, skipped_steps=2)
+    with_empty, without = [r for r in read_records(tmp_path) if r["type"] == "end"]
+    assert (with_empty["applied_steps"], with_empty["empty_windows"]) == (5, 3)
+    assert without["applied_steps"] == 8 and "empty_windows" not in without
+    assert EndRecord.model_validate({"steps": 10, "skipped_steps": 2, "empty_windows": 3}).applied == 5
 
 
 def test_fallback_bf16_answers_no_update_applied_from_step_0(

@@ -123,7 +123,8 @@ def _snapshot(parts: Components) -> dict[str, Any]:
         "model": {k: v.clone() for k, v in parts.model.state_dict().items()},
         "optimizer": _clone_nested(parts.optimizer.state_dict()),
         "schedule": parts.lr_scheduler.state_dict(),
-        "precision": parts.precision.state_dict(),
+        # the empty-window count is the one thing an empty window changes (by design): compared on its own
+        "precision": {k: v for k, v in parts.precision.state_dict().items() if k != "empty_windows"},
     }
 
 
@@ -778,8 +779,10 @@ def test_window_without_valid_tokens_is_no_update(precision: str, cpu_ctx: DistC
     outcome = result.outcome.to_host()
     assert math.isfinite(float(result.window.loss)) and int(result.window.num_elements) == 0
     assert not outcome.overflow and outcome.skipped_steps == 0 and outcome.grad_norm == 0.0
+    assert not outcome.applied and int(parts.precision.empty_windows) == 1  # issue 25 item 7: it read applied
     assert all(torch.isfinite(p).all() for p in parts.model.parameters())
     assert_bit_identical(_snapshot(parts), before, "empty window")
+    assert parts.precision.state_dict()["empty_windows"] == 1  # checkpoints carry the count
     step(3, (6, 2))  # the next real window is the schedule's second applied step
     assert parts.lr_scheduler.last_epoch == 2
 
