@@ -41,7 +41,13 @@ def test_final_checkpoint_holds_everything_to_resume(cpu_ctx: DistContext, tmp_p
         "inputs",
     }
     assert saved["inputs"] == {}  # a built-in dataset and model read no input files
-    assert saved["data_info"] == {"task": "regression", "num_outputs": 1, "in_features": 16, "seq_len": None}
+    assert saved["data_info"] == {
+        "task": "regression",
+        "num_outputs": 1,
+        "in_features": 16,
+        "seq_len": None,
+        "label_names": None,
+    }
     assert len(saved["rng"]) == 1 and set(saved["rng"][0]) >= {"python", "torch"}
     assert saved["step"] == 3 and load_checkpoint(step_path(tmp_path, 2))["step"] == 2
     assert JobSpec.model_validate(saved["spec"]) == spec
