@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -25,7 +25,7 @@ from contracts.records import StartupTimes, StepRecord
 from contracts.resources import JobPublic
 from server.cli.credentials import resolve_token, token_path
 from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
-from server.cli.watch import WatchView, format_number, format_scale, watch_output
+from server.cli.watch import WatchView, format_duration, format_number, format_scale, watch_output
 from server.client import (
     DEFAULT_URL,
     HalfcastClient,
@@ -170,7 +170,8 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps([job.model_dump(mode="json") for job in jobs], indent=2) + "\n")
         return 0
-    rows: list[tuple[str, ...]] = [("ID", "STATUS", "STEP", "LOSS", "SCALE", "SKIPPED", "CREATED", "NAME")]
+    header = ("ID", "STATUS", "STEP", "LOSS", "SCALE", "SKIPPED", "EVAL", "DURATION", "CREATED", "NAME")
+    rows: list[tuple[str, ...]] = [header]
     for job in jobs:
         latest = job.latest
         skipped = latest.skipped_steps if latest is not None else None
@@ -182,12 +183,33 @@ def run_list(args: argparse.Namespace) -> int:
                 format_number(latest.loss if latest else None),
                 _scale_cell(job, format_number),
                 "-" if skipped is None else str(skipped),
+                eval_cell(job),
+                duration_text(job),
                 job.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                 job.name or "",
             )
         )
     write_table(rows)
     return 0
+
+
+def eval_cell(job: JobPublic) -> str:
+    """The latest evaluation's headline metric, one word: ``acc=0.912``, ``ppl=12.3`` or ``loss=0.5``; ``-`` if none."""
+    record = job.eval
+    if record is None:
+        return "-"
+    for label, value in (("acc", record.accuracy), ("ppl", record.perplexity), ("loss", record.loss)):
+        if value is not None:
+            return f"{label}={format_number(value, 3)}"
+    return "-"
+
+
+def duration_text(job: JobPublic, now: datetime | None = None) -> str:
+    """How long the job has run: from its start to its finish (or to ``now`` while it runs); ``-`` before it starts."""
+    if job.started_at is None:
+        return "-"
+    end = job.finished_at or now or datetime.now(UTC)
+    return format_duration((end - job.started_at).total_seconds())
 
 
 def _sent(job: JobPublic, field: str) -> bool:
@@ -281,7 +303,11 @@ def describe(job: JobPublic) -> list[tuple[str, str]]:
         lines.append(("eval", ", ".join(f"{k} {format_number(v)}" for k, v in shown)))
     if job.error:
         lines.append(("error", f"{job.error.reason}: {job.error.message}"))
-    lines.append(("created", job.model_dump(mode="json", include={"created_at"})["created_at"]))
+    times = job.model_dump(mode="json", include={"created_at", "started_at", "finished_at"})
+    lines.append(("created", times["created_at"]))
+    lines.append(("started", times["started_at"] or "-"))
+    lines.append(("finished", times["finished_at"] or "-"))
+    lines.append(("duration", duration_text(job)))
     return lines
 
 

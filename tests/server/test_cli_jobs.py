@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -395,3 +396,44 @@ def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(
     header, bf16_row, fp16_row = capsys.readouterr().out.splitlines()
     column = header.split().index("SCALE")
     assert bf16_row.split()[column] == "none" and fp16_row.split()[column] == "1024"
+
+
+def test_status_and_list_show_start_finish_duration_and_the_latest_eval(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 25 item 12: neither said when a job ran or how it evaluated last (``list``)."""
+    from server.cli import jobs as cli_jobs
+    from server.cli.jobs import describe, duration_text
+
+    done = _job(
+        id="d",
+        status="succeeded",
+        step=20,
+        started_at="2026-12-02T10:00:10Z",
+        finished_at="2026-12-02T10:02:15Z",
+        eval={"step": 20, "loss": 0.5, "accuracy": 0.9123},
+    )
+    lines = describe(done)
+    assert ("started", "2026-12-02T10:00:10Z") in lines and ("finished", "2026-12-02T10:02:15Z") in lines
+    assert ("duration", "2m05s") in lines
+    waiting = _job(id="w", status="queued", eval={"step": 5, "loss": 0.25})
+    assert ("started", "-") in describe(waiting) and ("duration", "-") in describe(waiting)
+    running = _job(started_at="2026-12-02T10:00:00Z")
+    assert duration_text(running, now=datetime(2026, 12, 2, 11, 2, tzinfo=UTC)) == "1h02m"
+
+    class Client:
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def list(self, **kwargs: object) -> list[JobPublic]:
+            return [done, waiting]
+
+    monkeypatch.setattr(cli_jobs, "client_for", lambda args: Client())
+    assert cli_jobs.run_list(argparse.Namespace(status=None, limit=20, json=False)) == 0
+    header, done_row, waiting_row = capsys.readouterr().out.splitlines()
+    eval_at, duration_at = header.split().index("EVAL"), header.split().index("DURATION")
+    assert (done_row.split()[eval_at], done_row.split()[duration_at]) == ("acc=0.912", "2m05s")
+    assert (waiting_row.split()[eval_at], waiting_row.split()[duration_at]) == ("loss=0.25", "-")
