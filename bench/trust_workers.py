@@ -40,6 +40,15 @@ WORKER_ENV = {
     "HALFCAST_ALLOW_FAULTS": "1",
 }
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+#: The 2-node job of item 6: one rank on each of two workers, short timeouts.
+TWO_NODE_SPEC: dict[str, Any] = {
+    "model": {"name": "mlp"},
+    "dataset": {"name": "synthetic"},
+    "max_steps": 4,
+    "nodes": 2,
+    "processes": 1,
+    "distributed": {"timeout_s": 60, "gang_timeout_s": 120},
+}
 #: Seconds a job may take to end once nothing holds it back.
 JOB_TIMEOUT_S = 300.0
 
@@ -130,15 +139,7 @@ def row_lock(client: httpx.Client, database_url: str, data_dir: Path, report: Wo
 
 def two_node_job(client: httpx.Client, start_second_worker: Callable[[], None], report: WorkerAttacks) -> None:
     """Submit a 2-node job while node 0's worker is alone, start the second worker once it gathers, wait for it."""
-    spec = {
-        "model": {"name": "mlp"},
-        "dataset": {"name": "synthetic"},
-        "max_steps": 4,
-        "nodes": 2,
-        "processes": 1,
-        "distributed": {"timeout_s": 60, "gang_timeout_s": 120},
-    }
-    job_id = client.post("/jobs", json=spec).raise_for_status().json()["id"]
+    job_id = client.post("/jobs", json=TWO_NODE_SPEC).raise_for_status().json()["id"]
     _wait(client, job_id, lambda job: job["status"] == "gathering", JOB_TIMEOUT_S)
     time.sleep(3)  # node 0's own second slot has taken the join message by now
     start_second_worker()

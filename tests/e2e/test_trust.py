@@ -14,6 +14,7 @@ import httpx
 import pytest
 from e2e_support import Stack, load_example
 
+from bench.trust_workers import TWO_NODE_SPEC
 from conftest import make_stack
 
 pytestmark = pytest.mark.e2e
@@ -97,16 +98,8 @@ def two_slot_workers(tmp_path_factory: pytest.TempPathFactory, postgres_url: str
 def test_a_two_node_job_forms_when_node_0s_worker_has_two_slots(two_slot_workers: Stack) -> None:
     """Node 0's own second slot took the join message it sent, declined it and dropped it: the job stayed
     ``gathering`` until ``gang_timeout_s`` (600 s). Now the message goes back to the queue for the other worker."""
-    spec = {
-        "model": {"name": "mlp"},
-        "dataset": {"name": "synthetic"},
-        "max_steps": 4,
-        "nodes": 2,
-        "processes": 1,
-        "distributed": {"timeout_s": 60, "gang_timeout_s": 120},
-    }
     two_slot_workers.kill_worker("worker-2")  # node 0's worker alone: its second slot surely takes the join message
-    job = two_slot_workers.submit(spec)
+    job = two_slot_workers.submit(TWO_NODE_SPEC)
     two_slot_workers.wait(job["id"], lambda j: j["status"] == "gathering", timeout_s=60)
     time.sleep(3)  # the message has reached node 0's own second slot by now (and was dropped, before the fix)
     assert two_slot_workers.job(job["id"])["status"] == "gathering"

@@ -320,6 +320,25 @@ def _step(record: dict[str, Any]) -> StoredStep:
     return StoredStep.model_validate(record)
 
 
+def _listed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], jobs: list[JobPublic]) -> list[str]:
+    """The lines ``halfcast list`` prints for a server that lists ``jobs``."""
+    from server.cli import jobs as cli_jobs
+
+    class Client:
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def list(self, **kwargs: object) -> list[JobPublic]:
+            return jobs
+
+    monkeypatch.setattr(cli_jobs, "client_for", lambda args: Client())
+    assert cli_jobs.run_list(argparse.Namespace(status=None, limit=20, json=False)) == 0
+    return capsys.readouterr().out.splitlines()
+
+
 def test_status_names_a_precision_switch() -> None:
     from server.cli.jobs import describe
 
@@ -366,7 +385,6 @@ def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A bf16 job's scale is always 1: ``status`` and ``list`` say ``none`` (the resource's ``loss_scaling``)."""
-    from server.cli import jobs as cli_jobs
     from server.cli.jobs import describe
 
     latest = {"step": 4, "loss": 0.5, "loss_scale": 1.0, "skipped_steps": 0, "samples_per_second": 10.0}
@@ -381,19 +399,7 @@ def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(
     )
     assert ("scale", "none") in describe(bf16) and ("scale", "1024 (2^10)") in describe(fp16)
 
-    class Client:
-        def __enter__(self) -> Client:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-        def list(self, **kwargs: object) -> list[JobPublic]:
-            return [bf16, fp16]
-
-    monkeypatch.setattr(cli_jobs, "client_for", lambda args: Client())
-    assert cli_jobs.run_list(argparse.Namespace(status=None, limit=20, json=False)) == 0
-    header, bf16_row, fp16_row = capsys.readouterr().out.splitlines()
+    header, bf16_row, fp16_row = _listed(monkeypatch, capsys, [bf16, fp16])
     column = header.split().index("SCALE")
     assert bf16_row.split()[column] == "none" and fp16_row.split()[column] == "1024"
 
@@ -402,7 +408,6 @@ def test_status_and_list_show_start_finish_duration_and_the_latest_eval(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 25 item 12: neither said when a job ran or how it evaluated last (``list``)."""
-    from server.cli import jobs as cli_jobs
     from server.cli.jobs import describe, duration_text
 
     done = _job(
@@ -421,19 +426,7 @@ def test_status_and_list_show_start_finish_duration_and_the_latest_eval(
     running = _job(started_at="2026-12-02T10:00:00Z")
     assert duration_text(running, now=datetime(2026, 12, 2, 11, 2, tzinfo=UTC)) == "1h02m"
 
-    class Client:
-        def __enter__(self) -> Client:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-        def list(self, **kwargs: object) -> list[JobPublic]:
-            return [done, waiting]
-
-    monkeypatch.setattr(cli_jobs, "client_for", lambda args: Client())
-    assert cli_jobs.run_list(argparse.Namespace(status=None, limit=20, json=False)) == 0
-    header, done_row, waiting_row = capsys.readouterr().out.splitlines()
+    header, done_row, waiting_row = _listed(monkeypatch, capsys, [done, waiting])
     eval_at, duration_at = header.split().index("EVAL"), header.split().index("DURATION")
     assert (done_row.split()[eval_at], done_row.split()[duration_at]) == ("acc=0.912", "2m05s")
     assert (waiting_row.split()[eval_at], waiting_row.split()[duration_at]) == ("loss=0.25", "-")
