@@ -127,6 +127,58 @@ def test_a_template_that_renders_prefixes_inconsistently_fails_instead_of_maskin
     assert len(root.build(tokenizer, path, format="chat", masking="none").train) == 2  # unmasked needs no spans
 
 
+#: The tiny fixture's template without its generation-prompt branch: the header is written inside each turn.
+NO_PROMPT_BRANCH = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+)
+#: The same, the assistant's content and end of turn marked as generated (no generation-prompt branch either).
+MARKED = (
+    "{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}"
+    "{% else %}{{ message['content'] }}<|im_end|>{% endif %}\n{% endfor %}"
+)
+#: Marked content with the EOS written just after the block.
+MARKED_THEN_EOS = (
+    "{% for message in messages %}{{ message['role'] }}: "
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}{% endgeneration %}{{ eos_token }}"
+    "{% else %}{{ message['content'] }}{% endif %}\n{% endfor %}"
+)
+
+
+def _chat_spans(tmp_path: Path, root: DataRoot, template: str, masking: str = "assistant") -> list[str]:
+    from hf_tokenizer_support import build_tokenizer_dir, load_tokenizer
+
+    tokenizer = load_tokenizer(build_tokenizer_dir(tmp_path / "tok", chat_template=template))
+    return _only_row_spans(tokenizer, root, CHAT, format="chat", masking=masking)
+
+
+@pytest.mark.parametrize(
+    ("masking", "spans"),
+    [("assistant", ["Hello there<|im_end|>", "The answer<|im_end|>"]), ("last", ["The answer<|im_end|>"])],
+)
+def test_generation_blocks_decide_the_trained_tokens_exactly(
+    tmp_path: Path, root: DataRoot, masking: str, spans: list[str]
+) -> None:
+    """Issue 25 item 5: with {% generation %} blocks and no generation prompt, the header is not trained (it was)."""
+    assert _chat_spans(tmp_path, root, MARKED, masking) == spans
+
+
+def test_the_eos_right_after_a_generation_block_is_trained(tmp_path: Path, root: DataRoot) -> None:
+    assert _chat_spans(tmp_path, root, MARKED_THEN_EOS) == ["Hello there</s>", "The answer</s>"]
+
+
+@pytest.mark.parametrize(
+    ("masking", "spans"),
+    [("assistant", ["Hello there<|im_end|>\n", "The answer<|im_end|>\n"]), ("last", ["The answer<|im_end|>\n"])],
+)
+def test_a_template_without_a_generation_prompt_still_trains_no_header(
+    tmp_path: Path, root: DataRoot, masking: str, spans: list[str]
+) -> None:
+    """Issue 25 item 5: the header a template writes inside the turn is found and left untrained."""
+    assert _chat_spans(tmp_path, root, NO_PROMPT_BRANCH, masking) == spans
+
+
 def test_classification_string_labels_map_to_sorted_names(hf_tokenizer, root: DataRoot) -> None:
     rows = [{"text": f"text {i}", "label": label} for i, label in enumerate(["pos", "neg", "neu", "pos", "neg"])]
     dataset = root.build(hf_tokenizer, root.write("d.jsonl", _jsonl(rows)), format="classification", test_fraction=0.2)

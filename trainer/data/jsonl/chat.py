@@ -8,7 +8,13 @@ trained) to the end of the conversation up to and including it (so the template'
 end-of-turn tokens are trained and the model learns to stop; the next turn's header
 is not). Each prefix is tokenized on its own and must be a token prefix of the whole
 conversation; a template for which that does not hold fails the row instead of
-masking the wrong tokens.
+masking the wrong tokens. A template that writes no generation prompt (it ignores
+``add_generation_prompt``) writes the header as part of the assistant turn: there the turn's
+trained tokens start where its rendering departs from the same turn rendered with empty
+content, so the header is never trained either way.
+
+A template with ``{% generation %}`` blocks is masked by its blocks instead
+(:mod:`trainer.data.jsonl.chat_marked`).
 
 Masking: ``assistant`` trains every assistant turn, ``last`` only the last one,
 ``none`` every token. System, user and tool turns are never trained unless ``none``.
@@ -20,6 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from contracts.status import FailureReason
+from trainer.data.jsonl.chat_marked import has_generation_blocks, marked_trainable
 from trainer.data.jsonl.formats import ChatExample
 from trainer.data.jsonl.rows import row_error
 from trainer.data.jsonl.tokens import TokenExample, encode
@@ -54,8 +61,16 @@ def chat_tokens(example: ChatExample, tokenizer: PreTrainedTokenizerBase, maskin
     turns = [index for index, message in enumerate(messages) if message["role"] == "assistant"]
     if not turns:
         raise row_error(file, example.line, "messages", f"no assistant turn to train (masking '{masking}')")
-    for index in turns[-1:] if masking == "last" else turns:
-        start = _prefix_length(tokenizer, messages[:index], full, example.line, file, generation_prompt=True)
+    picked = turns[-1:] if masking == "last" else turns
+    if has_generation_blocks(tokenizer):
+        since = 0
+        if masking == "last":
+            since = _prefix_length(tokenizer, messages[: picked[0]], full, example.line, file, generation_prompt=False)
+        return TokenExample(
+            example.line, full, marked_trainable(tokenizer, messages, full, since, (file, example.line))
+        )
+    for index in picked:
+        start = _turn_start(tokenizer, messages, index, full, (file, example.line))
         end = _prefix_length(tokenizer, messages[: index + 1], full, example.line, file, generation_prompt=False)
         if end <= start:
             raise row_error(
@@ -63,6 +78,32 @@ def chat_tokens(example: ChatExample, tokenizer: PreTrainedTokenizerBase, maskin
             )
         trainable[start:end] = [True] * (end - start)
     return TokenExample(example.line, full, trainable)
+
+
+def _turn_start(
+    tokenizer: PreTrainedTokenizerBase, messages: Messages, index: int, full: list[int], where: tuple[str, int]
+) -> int:
+    """Where assistant turn ``index``'s trained tokens start: after the header the template writes for it.
+
+    The header is the generation prompt; a template without one writes it inside the turn,
+    where it is what the turn shares with the same turn rendered with empty content.
+    """
+    file, line = where
+    prompted = _prefix_length(tokenizer, messages[:index], full, line, file, generation_prompt=True)
+    before = _prefix_length(tokenizer, messages[:index], full, line, file, generation_prompt=False)
+    if prompted > before:
+        return prompted
+    empty_turn: list[dict[str, object]] = [*messages[:index], {"role": "assistant", "content": ""}]
+    probe = _render(tokenizer, empty_turn, line, file, generation_prompt=False)
+    return max(before, _common_prefix_length(probe, full))
+
+
+def _common_prefix_length(first: list[int], second: list[int]) -> int:
+    """How many leading tokens ``first`` and ``second`` share."""
+    for position, (a, b) in enumerate(zip(first, second, strict=False)):
+        if a != b:
+            return position
+    return min(len(first), len(second))
 
 
 def _prefix_length(
