@@ -236,7 +236,9 @@ class EndRecord(RecordBase):
     none, and from older trainers).
 
     ``stopped_early`` when early stopping ended the job before ``max_steps``; ``exported_step``: the
-    step whose weights the exports hold.
+    step whose weights the exports hold. ``samples_per_second`` (``tokens_per_second``, null for data
+    without tokens): the run's headline throughput, the applied steps' samples (tokens) per second of
+    training time after the first step (evaluations and checkpoints left out; absent when not measured).
     """
 
     type: Literal["end"] = "end"
@@ -246,6 +248,8 @@ class EndRecord(RecordBase):
     empty_windows: Count | None = None
     stopped_early: StoppedEarly | None = None
     exported_step: Count | None = None
+    samples_per_second: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    tokens_per_second: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
 
     @property
     def applied(self) -> int:

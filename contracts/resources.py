@@ -77,6 +77,13 @@ class StoppedEarlyPublic(BaseModel):
     best_value: float | None = None
 
 
+class ThroughputPublic(BaseModel):
+    """A succeeded run's headline throughput: its applied steps' samples (tokens) per second of training time."""
+
+    samples_per_second: float
+    tokens_per_second: float | None = None
+
+
 class JobPublic(BaseModel):
     """The job resource (``GET /jobs/{id}``). Timestamps are UTC; ``step`` is the latest attempted step."""
 
@@ -126,6 +133,12 @@ class JobPublic(BaseModel):
     )
     exported_step: int | None = Field(
         default=None, description="The step whose weights the job's exports hold (the best evaluation with `keep_best`)"
+    )
+    throughput: ThroughputPublic | None = Field(
+        default=None,
+        description="Set when the job succeeded: the run's headline throughput, its applied steps' samples (tokens) "
+        "per second of training time after the first step, evaluations and checkpoints left out (the step records' "
+        "`samples_per_second` are trailing windows of at least 1 s)",
     )
     phase: StartupPhase | None = Field(
         default=None,

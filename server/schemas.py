@@ -25,6 +25,7 @@ from contracts.resources import (
     MetricsPage,
     StartupPhase,
     StoppedEarlyPublic,
+    ThroughputPublic,
 )
 from contracts.status import AttemptStatus, JobStatus
 from server.db.job_reads import AttemptView, JobView, MemberView
@@ -47,6 +48,7 @@ __all__ = [
     "StartupPhase",
     "StartupTimes",
     "StoppedEarlyPublic",
+    "ThroughputPublic",
     "attempt_public",
     "current_phase",
     "effective_precision",
@@ -57,6 +59,7 @@ __all__ = [
     "step_counts",
     "step_point",
     "stopped_early",
+    "throughput",
 ]
 
 #: The resource's ``phase`` of a ``running`` job by the trainer's last ``phase`` record (``training``: none).
@@ -131,6 +134,7 @@ def job_public(job: Job | JobView) -> JobPublic:
         skipped_steps=skipped,
         stopped_early=stopped_early(job.end_info),
         exported_step=_count_or_none((job.end_info or {}).get("exported_step")),
+        throughput=throughput(job.end_info),
         phase=current_phase(job.status, job.startup),
         startup=startup_public(job.startup),
     )
@@ -156,6 +160,17 @@ def members_public(rows: Sequence[JobMember | MemberView], attempt: int) -> list
 def _nodes(spec: dict[str, Any]) -> int:
     nodes = spec.get("nodes", 1) if isinstance(spec, dict) else 1
     return nodes if isinstance(nodes, int) and nodes >= 1 else 1
+
+
+def throughput(end_info: dict[str, Any] | None) -> ThroughputPublic | None:
+    """The end record's whole-run throughput, when the trainer measured it."""
+    samples = (end_info or {}).get("samples_per_second")
+    if not isinstance(samples, int | float):
+        return None
+    tokens = (end_info or {}).get("tokens_per_second")
+    return ThroughputPublic(
+        samples_per_second=samples, tokens_per_second=tokens if isinstance(tokens, int | float) else None
+    )
 
 
 def stopped_early(end_info: dict[str, Any] | None) -> StoppedEarlyPublic | None:

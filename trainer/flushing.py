@@ -19,6 +19,7 @@ from typing import Any
 from trainer.forensics import describe_overflow
 from trainer.records import RecordSink, StepRecord
 from trainer.telemetry import StepLog, StepRow
+from trainer.throughput import Rates, ThroughputMeter
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,10 @@ class RunTotals:
 class RecordFlusher:
     """Copies pending step rows to the host, writes their records, logs progress; returns the rows to check.
 
-    Throughput is honest without per-step syncs: the samples (tokens) of the rows of
-    one flush divided by the wall time since the previous flush (or the last
-    evaluation or checkpoint), measured after the copy, which waits for the device.
+    Throughput is honest without per-step syncs: measured at each flush, after the copy
+    (which waits for the device), over a trailing window of training time of at least
+    :data:`trainer.throughput.MIN_WINDOW_S` (:class:`trainer.throughput.ThroughputMeter`);
+    :meth:`pause` and :meth:`resume` leave evaluations and checkpoints out.
 
     Args:
         step_log: the loop's device step log.
@@ -77,6 +79,7 @@ class RecordFlusher:
         param_names: Sequence[str] = (),
         max_latency_s: float | None = None,
         totals: RunTotals | None = None,
+        meter: ThroughputMeter | None = None,
     ) -> None:
         self.step_log = step_log
         self.param_names = list(param_names)
@@ -87,11 +90,15 @@ class RecordFlusher:
         self.max_steps = max_steps
         self.main = main
         self.skipped_steps: int | None = None
-        self._since = time.perf_counter()
+        self.meter = meter if meter is not None else ThroughputMeter()
 
-    def restart_clock(self) -> None:
-        """Start a new throughput interval (after time spent outside training steps)."""
-        self._since = time.perf_counter()
+    def pause(self) -> None:
+        """Time from here to :meth:`resume` is not training time (an evaluation, a checkpoint)."""
+        self.meter.pause()
+
+    def resume(self) -> None:
+        """Training time counts again."""
+        self.meter.resume()
 
     def flush(self) -> list[StepRow]:
         """Drain the step log (one device-to-host copy) and write its records; return the rows to check.
@@ -102,8 +109,7 @@ class RecordFlusher:
         """
         rows = self.step_log.drain()
         if rows:
-            self._write(rows, max(time.perf_counter() - self._since, 1e-9))
-            self.restart_clock()
+            self._write(rows)
         checked, self._unchecked = self._unchecked + rows, []
         return checked
 
@@ -117,8 +123,7 @@ class RecordFlusher:
         if self.max_latency_s is None or oldest is None or time.time() - oldest < self.max_latency_s:
             return
         rows = self.step_log.drain()
-        self._write(rows, max(time.perf_counter() - self._since, 1e-9))
-        self.restart_clock()
+        self._write(rows)
         self._unchecked.extend(rows)
 
     def flush_after_failure(self) -> None:
@@ -126,14 +131,12 @@ class RecordFlusher:
         try:
             rows = self.step_log.drain()
             if rows:
-                self._write(rows, max(time.perf_counter() - self._since, 1e-9))
+                self._write(rows)
         except Exception:
             log.exception("could not write the step records pending at the failure")
 
-    def _write(self, rows: list[StepRow], seconds: float) -> None:
-        samples_per_second = sum(r.samples for r in rows) / seconds
-        token_rows = [r.tokens for r in rows if r.tokens is not None]
-        tokens_per_second = sum(token_rows) / seconds if len(token_rows) == len(rows) else None
+    def _write(self, rows: list[StepRow]) -> None:
+        rates = self.meter.observe(rows)
         step_fields = self.records.step_fields
         totals = self.totals
         records = []
@@ -145,9 +148,7 @@ class RecordFlusher:
                 **step_fields,
                 "time": row.time,
             }
-            records.append(
-                (row.time, _step_record(row, samples_per_second, tokens_per_second, self.param_names, extra))
-            )
+            records.append((row.time, _step_record(row, rates, self.param_names, extra)))
         self.records.steps(records)
         self.skipped_steps = rows[-1].skipped_steps
         if self.main:
@@ -157,8 +158,7 @@ class RecordFlusher:
 
 def _step_record(
     row: StepRow,
-    samples_per_second: float,
-    tokens_per_second: float | None,
+    rates: Rates | None,
     param_names: Sequence[str],
     extra: dict[str, Any],
 ) -> StepRecord:
@@ -175,8 +175,8 @@ def _step_record(
         skipped_steps=row.skipped_steps,
         grad_norm=None if row.overflow else row.grad_norm,
         lr=row.lr,
-        samples_per_second=samples_per_second,
-        tokens_per_second=tokens_per_second,
+        samples_per_second=rates.samples_per_second if rates else None,
+        tokens_per_second=rates.tokens_per_second if rates else None,
         underflow_fraction=row.underflow_fraction if math.isfinite(row.underflow_fraction) else None,
         overflow_ranks=report.ranks if report else None,
         nonfinite_params=report.parameters if report else None,

@@ -76,6 +76,7 @@ from trainer.sharded import gather_model_state, gather_state_dicts
 from trainer.spec import JobSpec
 from trainer.startup import StartupClock
 from trainer.step import record_step, train_step
+from trainer.throughput import Rates
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +110,14 @@ class RunState:
 
 @dataclass(frozen=True)
 class StepsDone:
-    """How :func:`_train_steps` ended: the last attempted step, the job's skipped steps, and whether
-    early stopping ended it (at ``last_step``, an evaluation step)."""
+    """How :func:`_train_steps` ended: the last attempted step, the job's skipped steps, whether
+    early stopping ended it (at ``last_step``, an evaluation step), and the whole-run throughput of
+    its applied steps (:meth:`trainer.throughput.ThroughputMeter.whole_run`)."""
 
     last_step: int
     skipped: int
     stopped_early: bool = False
+    throughput: Rates | None = None
 
 
 @dataclass(frozen=True)
@@ -215,8 +218,14 @@ def train(
 
 
 def _end_fields(run: RunState, done: StepsDone, exported: int | None) -> dict[str, Any]:
-    """The end record's ``stopped_early`` (early stops) and ``exported_step`` (jobs with exports)."""
+    """The end record's ``stopped_early`` (early stops), ``exported_step`` (jobs with exports) and whole-run
+    ``samples_per_second``/``tokens_per_second`` (when measured)."""
     fields: dict[str, Any] = {"stopped_early": run.tracker.stopped_early(done.last_step)} if done.stopped_early else {}
+    if done.throughput is not None:
+        fields |= {
+            "samples_per_second": done.throughput.samples_per_second,
+            "tokens_per_second": done.throughput.tokens_per_second,
+        }
     return fields | ({"exported_step": exported} if exported is not None else {})
 
 
@@ -290,11 +299,12 @@ def _train_steps(
                 flusher.flush_if_stale()
             if step == run.done + 1 and run.startup is not None:
                 run.startup.begin("training")
+            if due.evaluate or due.checkpoint:
+                flusher.pause()  # neither is training time
             stop_early = due.evaluate and _evaluate_step(run, job_spec, run_dir, dist_ctx, records, step)[1].stop
             if due.checkpoint:
                 _checkpoint(step_path(run_dir, step), run, step, job_spec, dist_ctx)
-            if due.evaluate or due.checkpoint:
-                flusher.restart_clock()
+            flusher.resume()
             if stop_early:
                 return _stopped_early(run, step, flusher)
             if stop is not None and step < job_spec.max_steps and stop.agreed():
@@ -302,7 +312,7 @@ def _train_steps(
     except BaseException:
         flusher.flush_after_failure()
         raise
-    return StepsDone(job_spec.max_steps, _skipped_steps(run, flusher))
+    return StepsDone(job_spec.max_steps, _skipped_steps(run, flusher), throughput=flusher.meter.whole_run())
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -333,7 +343,7 @@ def _stopped_early(run: RunState, step: int, flusher: RecordFlusher) -> StepsDon
         run.tracker.metric,
         run.tracker.patience,
     )
-    return StepsDone(step, _skipped_steps(run, flusher), stopped_early=True)
+    return StepsDone(step, _skipped_steps(run, flusher), stopped_early=True, throughput=flusher.meter.whole_run())
 
 
 def _train_windows(

@@ -33,7 +33,16 @@ R = TypeVar("R", StepRecord, EvalRecord)
 
 #: The fields of an ``end`` record that ``jobs.end_info`` keeps.
 END_INFO_FIELDS = frozenset(
-    {"steps", "skipped_steps", "applied_steps", "empty_windows", "stopped_early", "exported_step"}
+    {
+        "steps",
+        "skipped_steps",
+        "applied_steps",
+        "empty_windows",
+        "stopped_early",
+        "exported_step",
+        "samples_per_second",
+        "tokens_per_second",
+    }
 )
 
 

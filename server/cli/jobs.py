@@ -294,7 +294,7 @@ def describe(job: JobPublic) -> list[tuple[str, str]]:
             ("loss", format_number(latest.loss)),
             ("scale", _scale_cell(job, format_scale)),
             ("updates", _updates_text(job, latest)),
-            ("samples/s", format_number(latest.samples_per_second, 5)),
+            ("samples/s", _samples_text(job, latest)),
         ]
     if job.eval is not None:
         shown = [
@@ -326,6 +326,13 @@ def _updates_text(job: JobPublic, latest: StepRecord) -> str:
     skipped = job.skipped_steps if _sent(job, "skipped_steps") else latest.skipped_steps
     applied = job.applied_steps if _sent(job, "applied_steps") else job.step - (skipped or 0)
     return f"applied {applied} / skipped {skipped}"
+
+
+def _samples_text(job: JobPublic, latest: StepRecord) -> str:
+    """A succeeded job's whole-run rate (``whole run``), else the latest step record's trailing window."""
+    if job.throughput is not None:
+        return f"{format_number(job.throughput.samples_per_second, 5)} (whole run)"
+    return format_number(latest.samples_per_second, 5)
 
 
 def _precision_text(job: JobPublic) -> str:

@@ -101,6 +101,10 @@ export function jobPage(view, id) {
   let job = null;
   let stopped = false;
 
+  function rateText(value, job) {
+    return job.throughput && value != null ? `${fmt(value, 5)} (whole run)` : fmt(value, 5);
+  }
+
   function render() {
     const latest = data.step.length ? lastRecord : job.latest || {};
     const cancellable = !TERMINAL.has(job.status) && job.status !== "cancelling";
@@ -117,8 +121,9 @@ export function jobPage(view, id) {
       ["Loss", fmt(latest.loss)],
       ["Loss scale", scaleText(job, latest)],
       ["Updates", updatesText(latest)],
-      ["Samples/s", fmt(latest.samples_per_second, 5)],
-      ["Tokens/s", fmt(latest.tokens_per_second, 5)],
+      // A succeeded job shows its whole-run rate; a running one its latest trailing window (>= 1 s).
+      ["Samples/s", rateText(job.throughput ? job.throughput.samples_per_second : latest.samples_per_second, job)],
+      ["Tokens/s", rateText(job.throughput ? job.throughput.tokens_per_second : latest.tokens_per_second, job)],
       ["Precision", precisionText(job)],
       ["Last overflow", overflowText(lastOverflow)],
       ["World size", job.world_size],

@@ -118,6 +118,24 @@ def test_empty_windows_are_not_applied_steps(
     assert _counts(client, claim.job_id) == (5, 2, 1)
 
 
+def test_a_succeeded_job_shows_its_whole_run_throughput(
+    client: TestClient, engine: Engine, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """Issue 25 item 9: the headline figure is the end record's whole-run rate, not the last step record's window."""
+    store = JobStore(engine)
+    claim = store.claim(insert_job(sessions), "w", tmp_path)
+    assert claim is not None
+    end = EndRecord.model_validate(
+        {"steps": 5, "skipped_steps": 0, "applied_steps": 5, "samples_per_second": 3125.5, "tokens_per_second": None}
+    )
+    assert store.finish(claim.fence, "succeeded", end_info=end_info(end))
+    assert client.get(f"/jobs/{claim.job_id}").json()["throughput"] == {
+        "samples_per_second": 3125.5,
+        "tokens_per_second": None,
+    }
+    assert client.get(f"/jobs/{insert_job(sessions, status='running')}").json()["throughput"] is None
+
+
 def test_a_job_without_an_end_record_shows_no_early_stop(client: TestClient, sessions: sessionmaker[Session]) -> None:
     job = client.get(f"/jobs/{insert_job(sessions, status='running')}").json()
     assert job["stopped_early"] is None and job["exported_step"] is None

@@ -371,6 +371,16 @@ def test_status_shows_applied_and_skipped_steps() -> None:
     assert ("updates", "applied 0 / skipped 10") in describe(job)
 
 
+def test_status_shows_the_whole_run_rate_once_succeeded() -> None:
+    """Issue 25 item 9: a running job shows its latest trailing window, a succeeded one the whole run's rate."""
+    from server.cli.jobs import describe
+
+    latest = {"step": 10, "loss": 2.3, "loss_scale": 1.0, "skipped_steps": 0, "samples_per_second": 55182.0}
+    assert ("samples/s", "55182") in describe(_job(status="running", step=10, max_steps=10, latest=latest))
+    done = _job(status="succeeded", step=10, max_steps=10, latest=latest, throughput={"samples_per_second": 3125.5})
+    assert ("samples/s", "3125.5 (whole run)") in describe(done)
+
+
 def test_status_shows_the_start_up_phase_and_its_times() -> None:
     from server.cli.jobs import describe
 

@@ -308,6 +308,9 @@ def test_short_gpt_bf16_run_reports_tokens(cpu_ctx: DistContext, tmp_path: Path)
     assert start["compute_dtype"] == "bfloat16" and start["task"] == "lm"
     steps = [r for r in records if r["type"] == "step"]
     assert all(s["tokens_per_second"] == pytest.approx(s["samples_per_second"] * 16) for s in steps)
+    end = records[-1]  # the headline: every step applied, so tokens are 16 per sample here too
+    assert end["type"] == "end" and end["tokens_per_second"] == pytest.approx(end["samples_per_second"] * 16)
+    assert end["samples_per_second"] > 0
     assert all(s["loss_scale"] == 1.0 and not s["overflow"] for s in steps)
     final_eval = [r for r in records if r["type"] == "eval"][-1]
     assert final_eval["perplexity"] == pytest.approx(math.exp(final_eval["loss"]))
