@@ -503,6 +503,8 @@ def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, job_spe
     if dist_ctx.is_main:
         from trainer.hf.build import rebuild_hf_model
         from trainer.hf.export import write_exports
+        from trainer.hf.export_dtype import export_dtype
+        from trainer.hf.loading import hf_config, model_dir
 
         best_step = run.tracker.best_step if job_spec.keep_best else None
         exported, best = best_model_state(run_dir, best_step, last)
@@ -512,8 +514,10 @@ def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, job_spe
             run.parts.tokenizer,
             run.parts.precision.compute_dtype,
             live if best is None else best,
+            base_as_stored=True,
         )
-        write_exports(model, run.parts.tokenizer, run_dir)
+        dtype = export_dtype(run.effective_spec, model_dir(hf_config(run.effective_spec)))
+        write_exports(model, run.parts.tokenizer, run_dir, dtype)
     barrier()
     return exported
 

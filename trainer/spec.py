@@ -206,6 +206,18 @@ class AdapterSpec(_Strict):
     base_dtype: Literal["fp32", "compute"] | None = None
 
 
+class ExportSpec(_Strict):
+    """What an ``hf`` job's ``export/model`` is written in.
+
+    ``dtype``: the merged model's floating-point weights in ``fp32``, ``bf16`` or ``fp16``;
+    default (null): the base's stored dtype (the widest floating dtype of its weight files;
+    float32 for a base initialised from ``hf_config``), so every weight the job did not train is
+    bit-identical to the base on disk. The trained delta is always merged in float32 first.
+    """
+
+    dtype: Literal["fp32", "bf16", "fp16"] | None = None
+
+
 class JobSpec(_Strict):
     """A training job. See docs/job-spec.md for the meaning of each field.
 
@@ -259,6 +271,7 @@ class JobSpec(_Strict):
     model: ModelSpec
     dataset: DatasetSpec
     adapter: AdapterSpec | None = None
+    export: ExportSpec | None = None
     precision: Precision = "fp32"
     fp8_recipe: Literal["tensorwise", "rowwise"] | None = None
     loss_scale: LossScaleSpec | None = None
@@ -369,6 +382,9 @@ class JobSpec(_Strict):
             if self.adapter is not None:
                 msg = f"adapters fine-tune 'hf' models only; model is '{self.model.name}'"
                 raise field_error("JobSpec", "adapter", msg, self.adapter.model_dump())
+            if self.export is not None:
+                msg = f"only 'hf' models are exported; model is '{self.model.name}'"
+                raise field_error("JobSpec", "export", msg, self.export.model_dump())
             return
         config = self.model.config
         if self.dataset.name == "text" and (config.task != "causal_lm" or config.tokenizer_path is not None):

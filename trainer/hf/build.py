@@ -18,12 +18,15 @@ from trainer.spec import JobSpec
 log = logging.getLogger(__name__)
 
 
-def build_hf_model(spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute_dtype: torch.dtype) -> HFModule:
+def build_hf_model(
+    spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute_dtype: torch.dtype, *, base_as_stored: bool = False
+) -> HFModule:
     """The model an ``hf`` job trains (uses the global torch RNG: seed it first).
 
     Without an adapter every parameter trains (float32). With one, only the adapter and a
     classification head train; frozen base weights are cast to ``compute_dtype`` when the
-    job's effective ``base_dtype`` is ``compute``. Raises :class:`trainer.errors.TrainerError`
+    job's effective ``base_dtype`` is ``compute``, unless ``base_as_stored`` (the exports: the
+    base exactly as read, in float32). Raises :class:`trainer.errors.TrainerError`
     (``model_unavailable``, ``spec_invalid``).
     """
     config = hf_config(spec)
@@ -32,27 +35,35 @@ def build_hf_model(spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute
     if spec.adapter is not None:
         model = apply_lora(model, spec.adapter, config)
         check_trainable(model)
-        if spec.effective_base_dtype == "compute" and compute_dtype != torch.float32:
+        if spec.effective_base_dtype == "compute" and compute_dtype != torch.float32 and not base_as_stored:
             cast = cast_frozen(model, compute_dtype)
             log.info("adapter job: %d frozen base parameters kept in %s", cast, compute_dtype)
     return HFModule(model, causal=causal, adapter=spec.adapter is not None)
 
 
 def rebuild_hf_model(
-    spec: JobSpec, info: DataInfo, tokenizer: Any | None, compute_dtype: torch.dtype, model_state: Mapping[str, Any]
+    spec: JobSpec,
+    info: DataInfo,
+    tokenizer: Any | None,
+    compute_dtype: torch.dtype,
+    model_state: Mapping[str, Any],
+    *,
+    base_as_stored: bool = False,
 ) -> HFModule:
     """The float32 CPU model an ``hf`` job trained, from its (checkpointed) ``model_state``, in eval mode.
 
     The model is rebuilt exactly as the job built it: seeded with ``spec.seed`` (a random-init base
     or adapter is the job's), frozen weights in ``compute_dtype`` for ``base_dtype`` ``compute``;
     then ``model_state`` is loaded (an adapter job's holds only the trainable state) and everything
-    is cast to float32. The caller's RNG state is left as it was.
+    is cast to float32. ``base_as_stored``: the frozen base weights as read from disk instead (what
+    the exports merge into; the adapter was trained on them rounded to ``compute_dtype``). The
+    caller's RNG state is left as it was.
     """
     from trainer.components import seed_everything
 
     with torch.random.fork_rng(devices=[]):
         seed_everything(spec.seed)
-        model = build_hf_model(spec, info, tokenizer, compute_dtype)
+        model = build_hf_model(spec, info, tokenizer, compute_dtype, base_as_stored=base_as_stored)
     model.load_state_dict({k: v.to("cpu") for k, v in model_state.items()})
     return model.float().eval()
 

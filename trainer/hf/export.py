@@ -4,9 +4,11 @@ Rank 0 writes, before the ``end`` record:
 
 * ``<run_dir>/export/adapter/`` (adapter jobs): PEFT's ``save_pretrained`` of the trained
   adapter (``adapter_config.json`` + ``adapter_model.safetensors``; a classification head too);
-* ``<run_dir>/export/model/``: the full model, float32, ``save_pretrained(safe_serialization=True)``
-  (``config.json``, ``model.safetensors`` or shards) plus the job's tokenizer files. An adapter
-  job's is merged (``merge_and_unload``) on a float32 CPU copy, so the trained model is untouched.
+* ``<run_dir>/export/model/``: the full model, ``save_pretrained(safe_serialization=True)``
+  (``config.json``, ``model.safetensors`` or shards) plus the job's tokenizer files, in the
+  export dtype (:mod:`trainer.hf.export_dtype`: the spec's ``export.dtype``, else the base's
+  stored dtype). An adapter job's is merged (``merge_and_unload``) in float32 into the base as
+  read from disk (never the compute-dtype copy it trained against), then cast once.
   Byte-level jobs (``text`` data, or ``hf_config`` without a tokenizer) have no tokenizer files:
   token ids are the UTF-8 bytes.
 
@@ -50,11 +52,14 @@ def _pretrained(model: nn.Module) -> _Pretrained:
     return cast(_Pretrained, model)
 
 
-def write_exports(model: HFModule, tokenizer: Any | None, run_dir: Path) -> list[Path]:
-    """Write ``export/adapter`` (adapter jobs) and ``export/model``; return the directories written.
+def write_exports(
+    model: HFModule, tokenizer: Any | None, run_dir: Path, dtype: torch.dtype = torch.float32
+) -> list[Path]:
+    """Write ``export/adapter`` (adapter jobs) and ``export/model`` (in ``dtype``); return the directories written.
 
-    ``model`` (float32, on the CPU: :func:`trainer.hf.build.rebuild_hf_model`) is consumed: the
-    adapter is merged into it, in place, after the adapter export.
+    ``model`` (float32, on the CPU: :func:`trainer.hf.build.rebuild_hf_model`, with the base as
+    stored) is consumed: the adapter is merged into it in float32, in place, after the adapter
+    export; the merged model is then cast to ``dtype``.
     """
     run = RunDir(run_dir)
     written = []
@@ -62,7 +67,7 @@ def write_exports(model: HFModule, tokenizer: Any | None, run_dir: Path) -> list
         written.append(
             _publish(run.export_of(ExportKind.ADAPTER), lambda tmp: _pretrained(model.model).save_pretrained(str(tmp)))
         )
-    written.append(_publish(run.export_of(ExportKind.MODEL), lambda tmp: _save_full(model, tokenizer, tmp)))
+    written.append(_publish(run.export_of(ExportKind.MODEL), lambda tmp: _save_full(model, tokenizer, tmp, dtype)))
     log.info("exports written: %s", ", ".join(str(p) for p in written))
     return written
 
@@ -77,8 +82,9 @@ def _merged(model: nn.Module, *, adapter: bool) -> nn.Module:
     return (_pretrained(model).merge_and_unload() if adapter else model).eval()
 
 
-def _save_full(model: HFModule, tokenizer: Any | None, target: Path) -> None:
-    full = _pretrained(_merged(model.model.to(device="cpu", dtype=torch.float32), adapter=model.adapter))
+def _save_full(model: HFModule, tokenizer: Any | None, target: Path, dtype: torch.dtype) -> None:
+    merged = _merged(model.model.to(device="cpu", dtype=torch.float32), adapter=model.adapter)
+    full = _pretrained(merged.to(dtype))
     full.config.use_cache = True  # inference default; training ran without a cache
     full.save_pretrained(str(target), safe_serialization=True)
     if tokenizer is not None:
