@@ -23,6 +23,8 @@ from trainer.hf.export_dtype import EXPORT_DTYPES, stored_dtype
 from trainer.loop import train
 from trainer.spec import JobSpec
 
+pytestmark = pytest.mark.slow  # eleven LoRA jobs (half-precision matmuls emulated): not in make check
+
 TOKENS = torch.tensor([[5, 17, 200, 33, 9, 101, 7, 64], [1, 2, 3, 4, 250, 251, 252, 253]])
 TRAINED = ("q_proj.weight", "v_proj.weight")
 #: Largest max-abs logit difference of a merged export from the adapter on the original base, per export dtype
