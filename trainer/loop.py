@@ -41,7 +41,7 @@ import dataclasses
 import functools
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -516,10 +516,22 @@ def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, job_spe
             live if best is None else best,
             base_as_stored=True,
         )
-        dtype = export_dtype(run.effective_spec, model_dir(hf_config(run.effective_spec)))
-        write_exports(model, run.parts.tokenizer, run_dir, dtype)
+        spec = run.effective_spec
+        base_dir = model_dir(hf_config(spec))
+        write_exports(model, run.parts.tokenizer, run_dir, export_dtype(spec, base_dir), _portable(spec, base_dir))
     barrier()
     return exported
+
+
+def _portable(spec: JobSpec, base_dir: Path | None) -> Callable[[Path], None]:
+    """What names the base in each export directory: its portable identity and fingerprint, no local path."""
+    from trainer.hf.export_identity import base_identity, make_portable
+    from trainer.hf.loading import hf_config, tokenizer_dir
+
+    identity = base_identity(spec, input_fingerprints(spec).get("model"))
+    local = [d for d in (base_dir, tokenizer_dir(hf_config(spec))) if d is not None]
+    local += [d.resolve() for d in local]
+    return lambda export: make_portable(export, identity, local)
 
 
 def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:

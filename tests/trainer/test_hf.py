@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,31 @@ def test_the_merged_export_loads_with_plain_transformers(lora_run: dict[str, Any
     torch.testing.assert_close(_logits(merged), _logits(trained.model), rtol=0, atol=1e-5)
     base = AutoModelForCausalLM.from_pretrained(str(hf_model_root / "llama"))
     assert (_logits(merged) - _logits(base)).abs().max() > 1e-4  # the adapter was merged in
+
+
+def test_no_export_names_a_worker_path_and_the_adapter_loads_elsewhere(
+    lora_run: dict[str, Any], hf_model_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25 item 4: adapter_config.json named the base by the worker's absolute path; now by its path
+    relative to a model root, with the base's fingerprint in halfcast_export.json."""
+    from peft import AutoPeftModelForCausalLM
+
+    from trainer.inputs import directory_fingerprint
+
+    export = lora_run["run_dir"] / "export"
+    local = {str(hf_model_root).encode(), str(hf_model_root.resolve()).encode()}
+    for file in (f for f in export.rglob("*") if f.is_file()):
+        assert not any(path in file.read_bytes() for path in local), file
+    config = json.loads((export / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "llama"
+    for kind in ("adapter", "model"):
+        metadata = json.loads((export / kind / "halfcast_export.json").read_text())
+        assert metadata == {"base": {"path": "llama", "fingerprint": directory_fingerprint(hf_model_root / "llama")}}
+    elsewhere = tmp_path / "another-machine"  # the base copied under another root: loaded by its portable name
+    shutil.copytree(hf_model_root / "llama", elsewhere / "llama")
+    monkeypatch.chdir(elsewhere)
+    loaded = AutoPeftModelForCausalLM.from_pretrained(str(export / "adapter"), local_files_only=True).eval()
+    assert torch.equal(_logits(loaded), _logits(lora_run["result"].model.eval().model))
 
 
 def test_load_trained_model_rebuilds_an_adapter_checkpoint(lora_run: dict[str, Any], model_roots: Path) -> None:

@@ -53,21 +53,34 @@ def _pretrained(model: nn.Module) -> _Pretrained:
 
 
 def write_exports(
-    model: HFModule, tokenizer: Any | None, run_dir: Path, dtype: torch.dtype = torch.float32
+    model: HFModule,
+    tokenizer: Any | None,
+    run_dir: Path,
+    dtype: torch.dtype = torch.float32,
+    finish: Callable[[Path], None] | None = None,
 ) -> list[Path]:
     """Write ``export/adapter`` (adapter jobs) and ``export/model`` (in ``dtype``); return the directories written.
 
     ``model`` (float32, on the CPU: :func:`trainer.hf.build.rebuild_hf_model`, with the base as
     stored) is consumed: the adapter is merged into it in float32, in place, after the adapter
-    export; the merged model is then cast to ``dtype``.
+    export; the merged model is then cast to ``dtype``. ``finish`` runs on each directory once written,
+    before it is published (:func:`trainer.hf.export_identity.make_portable`).
     """
     run = RunDir(run_dir)
     written = []
+    done = finish or (lambda _: None)
+
+    def adapter(tmp: Path) -> None:
+        _pretrained(model.model).save_pretrained(str(tmp))
+        done(tmp)
+
+    def full(tmp: Path) -> None:
+        _save_full(model, tokenizer, tmp, dtype)
+        done(tmp)
+
     if model.adapter:
-        written.append(
-            _publish(run.export_of(ExportKind.ADAPTER), lambda tmp: _pretrained(model.model).save_pretrained(str(tmp)))
-        )
-    written.append(_publish(run.export_of(ExportKind.MODEL), lambda tmp: _save_full(model, tokenizer, tmp, dtype)))
+        written.append(_publish(run.export_of(ExportKind.ADAPTER), adapter))
+    written.append(_publish(run.export_of(ExportKind.MODEL), full))
     log.info("exports written: %s", ", ".join(str(p) for p in written))
     return written
 
