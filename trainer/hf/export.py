@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from contracts.rundir import ExportKind, RunDir
+from trainer.hf.generation import apply_generation_config
 from trainer.hf.wrapper import HFModule
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ def _save_full(model: HFModule, tokenizer: Any | None, target: Path, dtype: torc
     merged = _merged(model.model.to(device="cpu", dtype=torch.float32), adapter=model.adapter)
     full = _pretrained(merged.to(dtype))
     full.config.use_cache = True  # inference default; training ran without a cache
+    apply_generation_config(full, tokenizer)
     full.save_pretrained(str(target), safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(target))
