@@ -10,6 +10,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from contracts.records import ExportCheck
 from contracts.rundir import ExportKind
 
 
@@ -48,6 +49,11 @@ class ExportPublic(BaseModel):
     size_bytes: int = Field(description="Bytes of its files together")
     modified_at: datetime
     url: str = Field(description="Path of its download (a tar), relative to the API's base URL")
+    check: ExportCheck | None = Field(
+        default=None,
+        description="The merged `model` export checked against the trained model on held-out rows before it was "
+        "published: the largest absolute logit difference and its tolerance (null for an adapter, or an older job)",
+    )
 
 
 class ExportList(BaseModel):

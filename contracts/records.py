@@ -230,6 +230,16 @@ class StoppedEarly(BaseModel):
     best_value: float | None = None
 
 
+class ExportCheck(BaseModel):
+    """The merged export checked against the trained model on ``rows`` held-out rows (``trainer/hf/export_check.py``):
+    the largest absolute logit difference, and the tolerance it had to stay within, in the export's ``dtype``."""
+
+    rows: Count
+    dtype: str
+    max_logit_difference: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    tolerance: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class EndRecord(RecordBase):
     """Written last on success: attempted, skipped and applied steps (``applied_steps``: newer trainers only), and
     ``empty_windows``: attempted steps whose window held no supervised token (no update, not skipped; absent when
@@ -239,6 +249,7 @@ class EndRecord(RecordBase):
     step whose weights the exports hold. ``samples_per_second`` (``tokens_per_second``, null for data
     without tokens): the run's headline throughput, the applied steps' samples (tokens) per second of
     training time after the first step (evaluations and checkpoints left out; absent when not measured).
+    ``export_check``: an ``hf`` job's merged export compared with the trained model (absent without one).
     """
 
     type: Literal["end"] = "end"
@@ -250,6 +261,7 @@ class EndRecord(RecordBase):
     exported_step: Count | None = None
     samples_per_second: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     tokens_per_second: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    export_check: ExportCheck | None = None
 
     @property
     def applied(self) -> int:

@@ -72,6 +72,7 @@ class FailureReason(StrEnum):
     LOSS_SCALE_COLLAPSED = "loss_scale_collapsed"
     NONFINITE_GRADIENTS = "nonfinite_gradients"
     NO_UPDATE_APPLIED = "no_update_applied"
+    EXPORT_FAILED = "export_failed"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     WORKER_LOST = "worker_lost"
     WORKER_SHUTDOWN = "worker_shutdown"

@@ -23,6 +23,7 @@ REASONS: frozenset[FailureReason] = frozenset(
         FailureReason.LOSS_SCALE_COLLAPSED,
         FailureReason.NONFINITE_GRADIENTS,
         FailureReason.NO_UPDATE_APPLIED,
+        FailureReason.EXPORT_FAILED,
     }
 )
 #: The reasons of a run that diverged (:mod:`trainer.guard`, :mod:`trainer.end_check`).

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from contracts.records import ExportCheck
 from trainer.batching import plan_batches, windows
 from trainer.best import best_model_state, best_path, carry_best
 from trainer.checkpoint import checkpointed_model_state, final_path, restore_state, save_checkpoint, step_path
@@ -199,8 +200,9 @@ def train(
         if not done.stopped_early:  # an early stop ended at an evaluation of its last step
             final_eval, _ = _evaluate_step(run, job_spec, run_dir, dist_ctx, records, last)
         _checkpoint(final_path(run_dir), run, last, job_spec, dist_ctx)
-        exported = _export_on_main(run, run_dir, dist_ctx, job_spec, last)
-        records.end(steps=last, skipped_steps=done.skipped, empty_windows=empty, **_end_fields(run, done, exported))
+        exported, export_check = _export_on_main(run, run_dir, dist_ctx, job_spec, last)
+        fields = _end_fields(run, done, exported) | ({"export_check": export_check} if export_check else {})
+        records.end(steps=last, skipped_steps=done.skipped, empty_windows=empty, **fields)
     log.info(
         "finished %d steps (%d skipped)%s; final evaluation %s",
         last,
@@ -492,17 +494,22 @@ def _main_value(value: float | None, dist_ctx: DistContext) -> float | None:
     return None if math.isnan(shared) else shared
 
 
-def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, job_spec: JobSpec, last: int) -> int | None:
+def _export_on_main(
+    run: RunState, run_dir: Path, dist_ctx: DistContext, job_spec: JobSpec, last: int
+) -> tuple[int | None, ExportCheck | None]:
     """An ``hf`` job's ``export/`` directories (:mod:`trainer.hf.export`), written by rank 0 from a float32
-    CPU rebuild of the trained model (from ``best.pt``'s weights with ``keep_best``); the model state is
-    gathered by every rank first (a collective under FSDP2). Returns the exported step (``None``: no exports)."""
+    CPU rebuild of the trained model (from ``best.pt``'s weights with ``keep_best``), the merged model checked
+    against it on held-out rows first (:mod:`trainer.hf.export_check`); the model state is gathered by every
+    rank first (a collective under FSDP2). Returns the exported step (``None``: no exports) and, on rank 0,
+    the export check."""
     if run.effective_spec.model.name != "hf":
-        return None
+        return None, None
     live = checkpointed_model_state(run.parts.model, gather_model_state(run.parts.model))
-    exported = last
+    exported, check = last, None
     if dist_ctx.is_main:
         from trainer.hf.build import rebuild_hf_model
         from trainer.hf.export import write_exports
+        from trainer.hf.export_check import CHECK_ROWS
         from trainer.hf.export_dtype import export_dtype
         from trainer.hf.loading import hf_config, model_dir
 
@@ -518,9 +525,11 @@ def _export_on_main(run: RunState, run_dir: Path, dist_ctx: DistContext, job_spe
         )
         spec = run.effective_spec
         base_dir = model_dir(hf_config(spec))
-        write_exports(model, run.parts.tokenizer, run_dir, export_dtype(spec, base_dir), _portable(spec, base_dir))
+        rows = next(iter(run.parts.dataset.eval_batches(CHECK_ROWS)), None)
+        dtype = export_dtype(spec, base_dir)
+        check = write_exports(model, run.parts.tokenizer, run_dir, dtype, _portable(spec, base_dir), check_rows=rows)
     barrier()
-    return exported
+    return exported, check
 
 
 def _portable(spec: JobSpec, base_dir: Path | None) -> Callable[[Path], None]:

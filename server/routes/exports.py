@@ -17,6 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 from contracts.artifacts import ExportFilePublic, ExportList, ExportPublic
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
+from server.files.export_check import recorded_check
 from server.files.export_files import Export, ExportKind, find_export, list_exports
 from server.files.export_tar import archive_size, stream_archive
 from server.http.errors import ApiError
@@ -39,6 +40,7 @@ def export_public(job_id: str, export: Export) -> ExportPublic:
         size_bytes=export.size_bytes,
         modified_at=export.modified_at,
         url=url,
+        check=recorded_check(export) if export.kind is ExportKind.MODEL else None,
     )
 
 

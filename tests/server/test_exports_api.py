@@ -8,6 +8,7 @@ the temporary siblings of an export being written next to them.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import tarfile
@@ -78,6 +79,31 @@ def test_the_list_holds_each_kind_from_the_newest_attempt_that_has_it(client: Te
     ]
     assert body["exports"][1]["files"] == [{"name": n, "size_bytes": len(MODEL[n])} for n in sorted(MODEL)]
     assert all(e["modified_at"].endswith(("Z", "+00:00")) for e in body["exports"])
+
+
+CHECK = {"rows": 4, "dtype": "bfloat16", "max_logit_difference": 0.00018, "tolerance": 0.05}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "listed"),
+    [
+        (json.dumps({"base": {"path": "llama"}, "check": CHECK}).encode(), CHECK),
+        (json.dumps({"base": {"path": "llama"}}).encode(), None),  # an export written before the check
+        (b"{not json", None),
+        (json.dumps({"check": {**CHECK, "max_logit_difference": -1}}).encode(), None),
+        (json.dumps({"check": CHECK}).encode() + b" " * (70 << 10), None),  # past the size read
+    ],
+    ids=["recorded", "none", "not-json", "invalid", "too-large"],
+)
+def test_the_model_export_lists_its_recorded_check(
+    client: TestClient, settings: Settings, sessions: sessionmaker[Session], metadata: bytes, listed: object
+) -> None:
+    """Issue 25 item 2: the merged export's check (halfcast_export.json) is listed; a bad file is no check."""
+    job = insert_job(sessions, status="succeeded")
+    write_export(settings, job, 1, "model", {**MODEL, "halfcast_export.json": metadata})
+    write_export(settings, job, 1, "adapter", {**ADAPTER, "halfcast_export.json": metadata})
+    exports = {e["kind"]: e for e in client.get(f"/jobs/{job}/exports").json()["exports"]}
+    assert exports["model"]["check"] == listed and exports["adapter"]["check"] is None
 
 
 @pytest.mark.parametrize("name", [".adapter.tmp-123", "adapter.tmp", "ADAPTER", "models", "notes"])

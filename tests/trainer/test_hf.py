@@ -194,12 +194,40 @@ def test_no_export_names_a_worker_path_and_the_adapter_loads_elsewhere(
     assert config["base_model_name_or_path"] == "llama"
     for kind in ("adapter", "model"):
         metadata = json.loads((export / kind / "halfcast_export.json").read_text())
-        assert metadata == {"base": {"path": "llama", "fingerprint": directory_fingerprint(hf_model_root / "llama")}}
+        assert metadata["base"] == {"path": "llama", "fingerprint": directory_fingerprint(hf_model_root / "llama")}
     elsewhere = tmp_path / "another-machine"  # the base copied under another root: loaded by its portable name
     shutil.copytree(hf_model_root / "llama", elsewhere / "llama")
     monkeypatch.chdir(elsewhere)
     loaded = AutoPeftModelForCausalLM.from_pretrained(str(export / "adapter"), local_files_only=True).eval()
     assert torch.equal(_logits(loaded), _logits(lora_run["result"].model.eval().model))
+
+
+def test_the_merged_export_was_checked_against_the_trained_model(lora_run: dict[str, Any]) -> None:
+    """Issue 25 item 2: the check's result is in the end record and the model export's metadata."""
+    end = lora_run["records"][-1]
+    check = end["export_check"]
+    assert check["rows"] >= 1 and check["dtype"] == "float32"
+    assert 0 <= check["max_logit_difference"] <= 1e-5 < check["tolerance"]
+    metadata = json.loads((lora_run["run_dir"] / "export" / "model" / "halfcast_export.json").read_text())
+    assert metadata["check"] == check
+
+
+def test_a_wrong_merged_export_fails_and_nothing_is_published(
+    lora_run: dict[str, Any], model_roots: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merge that loses the trained delta (here: the adapter unloaded instead of merged) is export_failed."""
+    import trainer.hf.export as export_module
+    from trainer.data.base import token_batch
+
+    model = load_trained_model(final_path(lora_run["run_dir"]))
+    monkeypatch.setattr(export_module, "_merged", lambda m, adapter: m.unload().eval() if adapter else m.eval())
+    rows = token_batch(TOKENS, TOKENS)
+    for parameter in (p for n, p in model.named_parameters() if "lora_B" in n):
+        parameter.data.fill_(0.5)  # a delta no rounding could hide
+    with pytest.raises(TrainerError) as failure:
+        write_exports(model, None, tmp_path, check_rows=rows)
+    assert failure.value.reason == "export_failed" and "not published" in failure.value.message
+    assert not (tmp_path / "export").exists() or not any((tmp_path / "export").iterdir())
 
 
 def test_load_trained_model_rebuilds_an_adapter_checkpoint(lora_run: dict[str, Any], model_roots: Path) -> None:
