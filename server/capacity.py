@@ -1,4 +1,5 @@
-"""Submission check: a GPU job must fit on some registered worker (else 422 at ``body.gpus``).
+"""Submission check: a GPU job must fit on some registered worker (else 422 at ``body.gpus``), and its model and
+data paths must be ones some registered worker's roots can hold (:mod:`server.input_roots`).
 
 "Registered" means a worker that heartbeat within ``HALFCAST_WORKER_FORGET_S``
 (live now or lately, so a worker restarting does not turn jobs away). With no
@@ -15,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from server.db.models import Job, utcnow
 from server.db.workers import largest_gpu_count
+from server.input_roots import input_root_errors, rooted_paths
 from server.settings import Settings
 from trainer.spec import JobSpec
 
@@ -22,32 +24,34 @@ from trainer.spec import JobSpec
 def check_gpu_capacity(
     session: Session, spec: JobSpec, settings: Settings, idempotency_key: str | None, owner: str
 ) -> None:
-    """Raise ``RequestValidationError`` (422 at ``["body", "gpus"]``) when no registered worker has ``spec.gpus`` GPUs.
+    """Raise ``RequestValidationError`` (422) when no registered worker has ``spec.gpus`` GPUs (at ``["body",
+    "gpus"]``) or can read a model or data path of ``spec`` (at that path's field, :mod:`server.input_roots`).
 
     A repeated request whose ``Idempotency-Key`` already names a job of ``owner`` is not checked
     (it answers with that job). The read transaction is ended before returning, so
     the INSERT that follows starts a transaction of its own.
     """
-    if spec.gpus <= 0:
+    if spec.gpus <= 0 and not rooted_paths(spec):
         return
     try:
         if idempotency_key is not None and _key_used(session, idempotency_key, owner):
             return
-        largest = largest_gpu_count(session, utcnow(), settings.worker_forget_s)
+        largest = largest_gpu_count(session, utcnow(), settings.worker_forget_s) if spec.gpus > 0 else None
+        errors = input_root_errors(session, spec, settings)
     finally:
         session.commit()
-    if largest is None or spec.gpus <= largest:
-        return
-    raise RequestValidationError(
-        [
+    if largest is not None and spec.gpus > largest:
+        errors.insert(
+            0,
             {
                 "type": "value_error",
                 "loc": ("body", "gpus"),
                 "msg": f"no worker has {spec.gpus} GPUs (largest: {largest})",
                 "input": spec.gpus,
-            }
-        ]
-    )
+            },
+        )
+    if errors:
+        raise RequestValidationError(errors)
 
 
 def _key_used(session: Session, key: str, owner: str) -> bool:

@@ -1,7 +1,7 @@
 """The worker registry: each worker's row in ``workers``, kept fresh by a heartbeat thread.
 
 On ``worker_ready`` a worker upserts its row (id = its lease owner id
-``<hostname>/<pid>``, host, pid, GPUs, CPU concurrency, start time) and a daemon
+``<hostname>/<pid>``, host, pid, GPUs, CPU concurrency, start time, model and data roots) and a daemon
 thread renews ``heartbeat_at`` every ``HALFCAST_WORKER_HEARTBEAT_S``. The API calls
 a worker *live* while its heartbeat is younger than ``HALFCAST_WORKER_LIVE_S``.
 Each heartbeat also deletes rows whose heartbeat is older than
@@ -37,6 +37,9 @@ class WorkerInfo:
     gpus: Sequence[int] = ()
     concurrency: int = 1
     started_at: datetime = field(default_factory=utcnow)
+    #: Where its jobs read hf models and datasets (the API refuses a path none of them holds).
+    model_roots: Sequence[str] = ()
+    data_roots: Sequence[str] = ()
 
 
 class WorkerRegistry:
@@ -84,6 +87,8 @@ class WorkerRegistry:
             "concurrency": info.concurrency,
             "started_at": info.started_at,
             "heartbeat_at": utcnow(),
+            "model_roots": list(info.model_roots),
+            "data_roots": list(info.data_roots),
         }
 
 

@@ -152,7 +152,13 @@ class WorkerRuntime:
         with self._lock:
             if self._heartbeat is None:
                 info = WorkerInfo(
-                    self.worker_id(hostname), socket.gethostname(), os.getpid(), slots.gpus, slots.concurrency
+                    self.worker_id(hostname),
+                    socket.gethostname(),
+                    os.getpid(),
+                    slots.gpus,
+                    slots.concurrency,
+                    model_roots=[str(root) for root in self.settings.model_roots],
+                    data_roots=[str(root) for root in self.settings.data_roots],
                 )
                 registry = WorkerRegistry(store.engine, info, self.settings.worker_forget_s)
                 self._heartbeat = Heartbeat(registry, self.settings.worker_heartbeat_s, self.shutdown)

@@ -31,6 +31,7 @@ class Base(DeclarativeBase):
         dict[str, Any]: JSON,
         list[dict[str, Any]]: JSON,
         list[int]: JSON,
+        list[str]: JSON,
         datetime: DateTime(timezone=True),
     }
 
@@ -205,6 +206,9 @@ class Worker(Base):
     concurrency: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime]
     heartbeat_at: Mapped[datetime] = mapped_column(index=True)
+    #: The worker's model and data roots (absolute paths on its host); null: a worker too old to report them.
+    model_roots: Mapped[list[str] | None]
+    data_roots: Mapped[list[str] | None]
 
 
 class ApiToken(Base):

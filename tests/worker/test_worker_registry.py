@@ -27,7 +27,14 @@ def _age(engine: Engine, worker_id: str, seconds: float) -> None:
 
 def _registry(engine: Engine, worker_id: str = "halfcast@a/11", gpus: tuple[int, ...] = (0, 1)) -> WorkerRegistry:
     info = WorkerInfo(
-        worker_id, "host-a", 11, gpus, concurrency=3, started_at=datetime(2030, 1, 1, tzinfo=utcnow().tzinfo)
+        worker_id,
+        "host-a",
+        11,
+        gpus,
+        concurrency=3,
+        started_at=datetime(2030, 1, 1, tzinfo=utcnow().tzinfo),
+        model_roots=["/srv/models"],
+        data_roots=["/srv/data", "/mnt/data"],
     )
     return WorkerRegistry(engine, info, forget_s=60.0)
 
@@ -38,6 +45,7 @@ def test_register_is_an_upsert_and_heartbeat_moves_the_clock(db: Engine) -> None
     registry.register()  # again (a restart of the heartbeat): still one row
     row = _rows(db)["halfcast@a/11"]
     assert (row.hostname, row.pid, row.gpus, row.concurrency) == ("host-a", 11, [0, 1], 3)
+    assert (row.model_roots, row.data_roots) == (["/srv/models"], ["/srv/data", "/mnt/data"])  # the API judges paths
     assert as_utc(row.started_at) == datetime(2030, 1, 1, tzinfo=utcnow().tzinfo)
     _age(db, "halfcast@a/11", 30)
     registry.heartbeat()
