@@ -1,5 +1,6 @@
 """Submission check: a GPU job must fit on some registered worker (else 422 at ``body.gpus``), and its model and
-data paths must be ones some registered worker's roots can hold (:mod:`server.input_roots`).
+data paths must be ones some registered worker's roots can hold (:mod:`server.input_roots`); chat rows need a
+tokenizer with a chat template (:mod:`server.chat_template_check`).
 
 "Registered" means a worker that heartbeat within ``HALFCAST_WORKER_FORGET_S``
 (live now or lately, so a worker restarting does not turn jobs away). With no
@@ -14,9 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from server.chat_template_check import chat_template_errors
 from server.db.models import Job, utcnow
 from server.db.workers import largest_gpu_count
-from server.input_roots import input_root_errors, rooted_paths
+from server.input_roots import input_root_errors, reported_roots, rooted_paths
 from server.settings import Settings
 from trainer.spec import JobSpec
 
@@ -37,9 +39,10 @@ def check_gpu_capacity(
         if idempotency_key is not None and _key_used(session, idempotency_key, owner):
             return
         largest = largest_gpu_count(session, utcnow(), settings.worker_forget_s) if spec.gpus > 0 else None
-        errors = input_root_errors(session, spec, settings)
+        roots = reported_roots(session, settings) if rooted_paths(spec) else None
     finally:
         session.commit()
+    errors = input_root_errors(spec, roots) + chat_template_errors(spec, (roots or {}).get("model", []))
     if largest is not None and spec.gpus > largest:
         errors.insert(
             0,

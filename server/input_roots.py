@@ -55,21 +55,24 @@ def rooted_paths(spec: JobSpec) -> list[RootedPath]:
     return found
 
 
-def input_root_errors(session: Session, spec: JobSpec, settings: Settings) -> list[dict[str, Any]]:
-    """The 422 items of ``spec``'s paths no registered worker's roots can hold (see the module docstring)."""
-    paths = rooted_paths(spec)
-    if not paths:
-        return []
+def reported_roots(session: Session, settings: Settings) -> dict[RootKind, list[str]] | None:
+    """The model and data roots registered workers report (``None``: no registered worker reports any)."""
     since = utcnow() - timedelta(seconds=settings.worker_forget_s)
     rows = session.execute(select(Worker.model_roots, Worker.data_roots).where(Worker.heartbeat_at >= since)).all()
     reporting = [row for row in rows if row.model_roots is not None and row.data_roots is not None]
     if not reporting:
-        return []
-    roots = {
+        return None
+    return {
         "model": sorted({root for row in reporting for root in row.model_roots}),
         "data": sorted({root for row in reporting for root in row.data_roots}),
     }
-    return [error for rooted in paths if (error := _error(rooted, roots[rooted.kind])) is not None]
+
+
+def input_root_errors(spec: JobSpec, roots: dict[RootKind, list[str]] | None) -> list[dict[str, Any]]:
+    """The 422 items of ``spec``'s paths none of the reported ``roots`` can hold (see the module docstring)."""
+    if roots is None:
+        return []
+    return [error for rooted in rooted_paths(spec) if (error := _error(rooted, roots[rooted.kind])) is not None]
 
 
 def _error(rooted: RootedPath, roots: list[str]) -> dict[str, Any] | None:

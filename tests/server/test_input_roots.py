@@ -101,3 +101,36 @@ def test_one_worker_that_can_read_it_is_enough(
     _worker(sessions, "bare", [], [])
     _worker(sessions, "able", [str(tmp_path)], [])
     assert _errors(client, HF_TEXT) == []
+
+
+FORMAT = ["body", "dataset", "config", "format"]
+
+
+@pytest.mark.parametrize(
+    ("files", "refused"),
+    [
+        ({"tokenizer_config.json": '{"model_max_length": 512}'}, True),  # an encoder's tokenizer: no template
+        ({"tokenizer_config.json": '{"chat_template": ""}'}, True),
+        ({"tokenizer_config.json": '{"chat_template": "{{ messages }}"}'}, False),
+        ({"tokenizer_config.json": "{}", "chat_template.jinja": "{{ messages }}"}, False),
+        ({"config.json": "{}"}, False),  # no tokenizer config: another failure, the trainer's
+        ({"tokenizer_config.json": "{not json"}, False),  # unreadable: not judged
+    ],
+    ids=["encoder", "empty-template", "template", "template-file", "no-tokenizer-config", "unreadable"],
+)
+def test_a_chat_dataset_on_a_tokenizer_without_a_chat_template_is_refused_at_its_format(
+    client: TestClient, sessions: sessionmaker[Session], tmp_path: Path, files: dict[str, str], refused: bool
+) -> None:
+    """Issue 25 item 12: it was accepted, then failed spec_invalid at run time."""
+    models, data = tmp_path / "models", tmp_path / "data"
+    (models / "llama").mkdir(parents=True), data.mkdir()
+    (data / "chat.jsonl").write_text("{}\n")
+    for name, text in files.items():
+        (models / "llama" / name).write_text(text)
+    _worker(sessions, "host", [str(models)], [str(data)])
+    errors = _errors(client, JSONL)
+    if refused:
+        [(loc, msg)] = errors
+        assert loc == FORMAT and msg.startswith("format 'chat' needs a tokenizer with a chat template, and 'llama'")
+    else:
+        assert errors == []
