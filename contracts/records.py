@@ -124,6 +124,36 @@ class PrecisionSwitch(BaseModel):
         return body
 
 
+class PadToken(BaseModel):
+    """What batches are padded with: ``source`` ``pad`` (the tokenizer's own) or ``eos`` (it has none)."""
+
+    model_config = _OPEN
+
+    id: int | None = None
+    token: str | None = None
+    source: str | None = None
+
+
+class DataReport(BaseModel):
+    """A file dataset's report in the ``start`` record's ``data``: what the job read and chose (docs/trainer.md).
+
+    ``dropped_rows``: rows dropped for having no supervised token, per split (``train``, ``held_out``);
+    ``held_out_examples``: the held-out size after drops; ``pad_token``: what batches are padded with.
+    """
+
+    model_config = _OPEN
+
+    format: str | None = None
+    rows: int | None = None
+    train_examples: int | None = None
+    held_out_examples: int | None = None
+    truncated: int | None = None
+    dropped_rows: dict[str, int] | None = None
+    trainable_tokens: int | None = None
+    label_names: list[str] | None = None
+    pad_token: PadToken | None = None
+
+
 class StartRecord(RecordBase):
     """The run's set-up, written once its model and data are built (before the first step)."""
 
@@ -148,6 +178,8 @@ class StartRecord(RecordBase):
     precision_switch: PrecisionSwitch | None = None
     #: Seconds ``torch.compile`` took before the first step (``compile: true`` jobs only).
     compile_s: Seconds | None = None
+    #: A file dataset's report (``jsonl``): rows, splits, drops, pad token.
+    data: DataReport | None = None
 
 
 class StepRecord(RecordBase):

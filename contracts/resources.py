@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from contracts.records import StartupTimes
+from contracts.records import DataReport, StartupTimes
 from contracts.status import AttemptStatus, JobStatus, MemberStatus
 from contracts.stored import StoredEval, StoredStep, StoredSwitch
 
@@ -133,6 +133,12 @@ class JobPublic(BaseModel):
     )
     exported_step: int | None = Field(
         default=None, description="The step whose weights the job's exports hold (the best evaluation with `keep_best`)"
+    )
+    data: DataReport | None = Field(
+        default=None,
+        description="A file dataset's report from the job's `start` record: `rows`, `train_examples`, "
+        "`held_out_examples` (after drops), `dropped_rows` (no supervised token, per split), `truncated`, "
+        "`pad_token` (`source` `eos` when the tokenizer has no pad token); null before it, or for other datasets",
     )
     throughput: ThroughputPublic | None = Field(
         default=None,

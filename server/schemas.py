@@ -7,13 +7,14 @@ module builds them from the rows (:func:`job_public`) and adds the error bodies.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
 from common.timeutil import as_utc, as_utc_or_none
-from contracts.records import StartupTimes
+from contracts.records import DataReport, StartupTimes
 from contracts.resources import (
     AttemptPublic,
     EvalList,
@@ -30,6 +31,8 @@ from contracts.resources import (
 from contracts.status import AttemptStatus, JobStatus
 from server.db.job_reads import AttemptView, JobView, MemberView
 from server.db.models import Attempt, Job, JobMember, StepRecord
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_STEP_NUMBER",
@@ -135,6 +138,7 @@ def job_public(job: Job | JobView) -> JobPublic:
         stopped_early=stopped_early(job.end_info),
         exported_step=_count_or_none((job.end_info or {}).get("exported_step")),
         throughput=throughput(job.end_info),
+        data=data_report(job.data_report),
         phase=current_phase(job.status, job.startup),
         startup=startup_public(job.startup),
     )
@@ -160,6 +164,17 @@ def members_public(rows: Sequence[JobMember | MemberView], attempt: int) -> list
 def _nodes(spec: dict[str, Any]) -> int:
     nodes = spec.get("nodes", 1) if isinstance(spec, dict) else 1
     return nodes if isinstance(nodes, int) and nodes >= 1 else 1
+
+
+def data_report(stored: dict[str, Any] | None) -> DataReport | None:
+    """The job's stored data report (a stored one that no longer validates is shown as none, logged)."""
+    if stored is None:
+        return None
+    try:
+        return DataReport.model_validate(stored)
+    except ValidationError as exc:
+        log.warning("stored data report does not validate: %s", exc)
+        return None
 
 
 def throughput(end_info: dict[str, Any] | None) -> ThroughputPublic | None:

@@ -67,6 +67,7 @@ def ingest(records: Iterable[Record]) -> Ingested:
     known: list[PrecisionSwitch] = []
     world_size: int | None = None
     startup: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
     end: EndRecord | None = None
     for record in records:
         match record:
@@ -80,12 +81,19 @@ def ingest(records: Iterable[Record]) -> Ingested:
             case StartRecord():
                 world_size = record.world_size if record.world_size is not None else world_size
                 known += [record.precision_switch] if record.precision_switch is not None else []
+                data = record.data.model_dump(mode="json", exclude_none=True) if record.data is not None else data
             case PhaseRecord():
                 startup = startup_summary(record)
             case EndRecord():
                 end = record
     progress = Progress(
-        steps=steps, evals=evaluations, world_size=world_size, switches=switches, known_switches=known, startup=startup
+        steps=steps,
+        evals=evaluations,
+        world_size=world_size,
+        switches=switches,
+        known_switches=known,
+        startup=startup,
+        data=data,
     )
     return Ingested(progress, end)
 

@@ -79,7 +79,8 @@ class Progress:
     ``evals``: the poll's evaluation records (each stored in ``eval_records``; the newest
     stored one, by step, becomes ``jobs.eval``), under the same rule as ``steps``.
     ``startup``: the newest start-up phase the poll read (:func:`worker.ingest.startup_summary`),
-    kept in ``jobs.startup``; ``None`` leaves it as it is.
+    kept in ``jobs.startup``; ``None`` leaves it as it is. ``data``: the ``start`` record's data report
+    (kept in ``jobs.data_report``; ``None`` leaves it as it is).
     """
 
     steps: Sequence[records.StepRecord] = ()
@@ -88,6 +89,7 @@ class Progress:
     switches: Sequence[records.PrecisionSwitchRecord] = ()
     known_switches: Sequence[records.PrecisionSwitch] = ()
     startup: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
 
 
 class JobStore:
@@ -358,6 +360,8 @@ def _progress_values(progress: Progress) -> dict[str, Any]:
         values["world_size"] = progress.world_size
     if progress.startup is not None:
         values["startup"] = records.finite(progress.startup)
+    if progress.data is not None:
+        values["data_report"] = records.finite(progress.data)
     return values
 
 

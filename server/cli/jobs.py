@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from contracts.records import StartupTimes, StepRecord
+from contracts.records import DataReport, StartupTimes, StepRecord
 from contracts.resources import JobPublic
 from server.cli.credentials import resolve_token, token_path
 from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
@@ -289,6 +289,8 @@ def describe(job: JobPublic) -> list[tuple[str, str]]:
         lines.append(("phase", job.phase))
     if job.startup:
         lines.append(("start-up", _startup_text(job.startup)))
+    if job.data is not None:
+        lines.append(("data", _data_text(job.data)))
     if latest is not None:
         lines += [
             ("loss", format_number(latest.loss)),
@@ -326,6 +328,19 @@ def _updates_text(job: JobPublic, latest: StepRecord) -> str:
     skipped = job.skipped_steps if _sent(job, "skipped_steps") else latest.skipped_steps
     applied = job.applied_steps if _sent(job, "applied_steps") else job.step - (skipped or 0)
     return f"applied {applied} / skipped {skipped}"
+
+
+def _data_text(data: DataReport) -> str:
+    """``1017 rows: 813 train / 203 held out; dropped 1 train, 0 held out; pad </s> (eos)``."""
+    parts = [f"{data.rows} rows: {data.train_examples} train / {data.held_out_examples} held out"]
+    if data.dropped_rows:
+        dropped = ", ".join(f"{count} {split.replace('_', ' ')}" for split, count in data.dropped_rows.items())
+        parts.append(f"dropped {dropped} (no supervised token)")
+    if data.truncated:
+        parts.append(f"{data.truncated} truncated")
+    if data.pad_token is not None:
+        parts.append(f"pad {data.pad_token.token} ({data.pad_token.source})")
+    return "; ".join(parts)
 
 
 def _samples_text(job: JobPublic, latest: StepRecord) -> str:

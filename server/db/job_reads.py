@@ -58,6 +58,7 @@ JOB_COLUMNS = (
     Job.precision_switches,
     Job.end_info,
     Job.startup,
+    Job.data_report,
 )
 ATTEMPT_COLUMNS = (
     Attempt.attempt,
@@ -150,6 +151,7 @@ class JobView:
     precision_switches: list[dict[str, Any]] | None
     end_info: dict[str, Any] | None
     startup: dict[str, Any] | None
+    data_report: dict[str, Any] | None
     # keyword-only: the row's columns fill the fields above, positionally
     attempts: tuple[AttemptView, ...] = field(default=(), kw_only=True)
     members: tuple[MemberView, ...] = field(default=(), kw_only=True)

@@ -77,6 +77,8 @@ class Job(Base):
     #: The current attempt's start-up so far: its newest ``phase`` record (``worker/phase_record.py``,
     #: migration 0009); null until the trainer's first one, and cleared by each claim.
     startup: Mapped[dict[str, Any] | None]
+    #: The ``start`` record's data report (a file dataset's rows, splits, drops, pad token); null until then.
+    data_report: Mapped[dict[str, Any] | None]
 
     attempts: Mapped[list[Attempt]] = relationship(order_by="Attempt.attempt", lazy="selectin", viewonly=True)
     #: The gang memberships of a multi-node job, every attempt's (migration 0012).

@@ -101,6 +101,15 @@ export function jobPage(view, id) {
   let job = null;
   let stopped = false;
 
+  // What the job read and chose: rows, splits after drops, rows dropped without a supervised token, the pad token.
+  function dataText(data) {
+    const parts = [`${data.rows} rows: ${data.train_examples} train / ${data.held_out_examples} held out`];
+    const dropped = Object.entries(data.dropped_rows || {}).filter(([, n]) => n > 0);
+    if (dropped.length) parts.push(`dropped ${dropped.map(([split, n]) => `${n} ${split.replace("_", " ")}`).join(", ")}`);
+    if (data.pad_token) parts.push(`pad ${data.pad_token.token} (${data.pad_token.source})`);
+    return parts.join("; ");
+  }
+
   function rateText(value, job) {
     return job.throughput && value != null ? `${fmt(value, 5)} (whole run)` : fmt(value, 5);
   }
@@ -127,6 +136,7 @@ export function jobPage(view, id) {
       ["Precision", precisionText(job)],
       ["Last overflow", overflowText(lastOverflow)],
       ["World size", job.world_size],
+      ...(job.data ? [["Data", dataText(job.data)]] : []),
     ].flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     if (job.error) {
       problem.hidden = false;

@@ -166,6 +166,7 @@ def _view(**changes: Any) -> JobView:
         "precision_switches": [],
         "end_info": None,
         "startup": {"phase": "training"},
+        "data_report": {"rows": 12, "dropped_rows": {"train": 1, "held_out": 0}},
         "attempts": (attempt,),
         "members": (member,),
     }

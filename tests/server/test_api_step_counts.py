@@ -136,6 +136,28 @@ def test_a_succeeded_job_shows_its_whole_run_throughput(
     assert client.get(f"/jobs/{insert_job(sessions, status='running')}").json()["throughput"] is None
 
 
+def test_the_job_resource_shows_what_the_job_read_and_chose(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """Issue 25 item 6: the start record's data report (pad token, dropped rows per split, held-out size)."""
+    job_id = insert_job(sessions, status="running")
+    report = {
+        "rows": 3,
+        "train_examples": 2,
+        "held_out_examples": 1,
+        "dropped_rows": {"train": 0, "held_out": 2},
+        "pad_token": {"id": 2, "token": "</s>", "source": "eos"},
+        "masking": "assistant",
+    }
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(data_report=report))
+        session.commit()
+    data = client.get(f"/jobs/{job_id}").json()["data"]
+    assert data["dropped_rows"] == {"train": 0, "held_out": 2} and data["held_out_examples"] == 1
+    assert data["pad_token"] == {"id": 2, "token": "</s>", "source": "eos"} and data["masking"] == "assistant"
+    assert client.get(f"/jobs/{insert_job(sessions)}").json()["data"] is None
+
+
 def test_a_job_without_an_end_record_shows_no_early_stop(client: TestClient, sessions: sessionmaker[Session]) -> None:
     job = client.get(f"/jobs/{insert_job(sessions, status='running')}").json()
     assert job["stopped_early"] is None and job["exported_step"] is None

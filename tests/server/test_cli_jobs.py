@@ -381,6 +381,21 @@ def test_status_shows_the_whole_run_rate_once_succeeded() -> None:
     assert ("samples/s", "3125.5 (whole run)") in describe(done)
 
 
+def test_status_shows_what_the_job_read_and_chose() -> None:
+    """Issue 25 item 6: rows, splits after drops, rows dropped per split, the pad token."""
+    from server.cli.jobs import describe
+
+    data = {
+        "rows": 36,
+        "train_examples": 28,
+        "held_out_examples": 1,
+        "dropped_rows": {"train": 4, "held_out": 2},
+        "pad_token": {"id": 2, "token": "</s>", "source": "eos"},
+    }
+    text = "36 rows: 28 train / 1 held out; dropped 4 train, 2 held out (no supervised token); pad </s> (eos)"
+    assert ("data", text) in describe(_job(status="running", step=1, max_steps=10, data=data))
+
+
 def test_status_shows_the_start_up_phase_and_its_times() -> None:
     from server.cli.jobs import describe
 

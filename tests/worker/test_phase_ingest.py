@@ -89,3 +89,29 @@ def test_the_first_records_start_the_job_running_with_their_phase_in_one_write(d
         job = session.get_one(Job, job_id)
         assert (job.status, job.startup["phase"]) == ("running", "data")
     assert ("running", None) not in seen
+
+
+DATA = {
+    "format": "chat",
+    "masking": "assistant",
+    "rows": 36,
+    "train_examples": 28,
+    "held_out_examples": 1,
+    "truncated": 0,
+    "dropped_rows": {"train": 4, "held_out": 2},
+    "pad_token": {"id": 2, "token": "</s>", "source": "eos"},
+}
+
+
+def test_the_start_records_data_report_is_kept_on_the_job(db: Engine, tmp_path: Path) -> None:
+    """Issue 25 item 6: the pad token, the rows dropped per split and the held-out size reach the job row."""
+    store = JobStore(db)
+    job_id = insert_job(db)
+    claim = store.claim(job_id, "w", tmp_path)
+    assert claim is not None
+    assert store.record_progress(claim.fence, _progress([{"type": "start", "world_size": 1, "data": DATA}]))
+    with Session(db) as session:
+        assert session.get_one(Job, job_id).data_report == DATA
+    assert store.record_progress(claim.fence, _progress([{"type": "step", "step": 1, "time": 11.0}]))
+    with Session(db) as session:
+        assert session.get_one(Job, job_id).data_report == DATA  # a poll without a start record leaves it
