@@ -110,3 +110,30 @@ def test_fsdp2_lora_resume_is_bit_identical_and_exports_the_ddp_jobs_merged_mode
     fsdp_weights = dict(by_fsdp.named_parameters())
     for name, value in by_ddp.named_parameters():
         torch.testing.assert_close(fsdp_weights[name], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_two_rank_merged_exports_are_the_base_as_stored_plus_the_delta(
+    two_rank_runs: Path, hf_model_root: Path, parallelism: str
+) -> None:
+    """Issue 25 item 1 under DDP and FSDP2 (fp16, base kept in fp16 while training): the export's untrained
+    weights are the fp32 base file's bit for bit, and it matches the adapter on the original base (1e-5)."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    export = two_rank_runs / parallelism / "export"
+    base = load_file(str(hf_model_root / "llama" / "model.safetensors"))
+    exported = load_file(str(export / "model" / "model.safetensors"))
+    trained = ("q_proj.weight", "v_proj.weight")
+    assert {t.dtype for t in exported.values()} == {torch.float32}
+    assert all(torch.equal(exported[name], base[name]) for name in base if not name.endswith(trained))
+    tokens = torch.tensor([[5, 17, 200, 33, 9, 101, 7, 64]])
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(str(export / "model"), local_files_only=True)(tokens).logits
+        original = AutoModelForCausalLM.from_pretrained(str(hf_model_root / "llama"), dtype=torch.float32)
+        adapter = PeftModel.from_pretrained(original, str(export / "adapter")).eval()(tokens).logits
+    assert (merged - adapter).abs().max().item() <= 1e-5
+    end = read_records(two_rank_runs / parallelism)[-1]
+    assert end["type"] == "end" and end["export_check"]["max_logit_difference"] <= 1e-5
