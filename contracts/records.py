@@ -134,6 +134,11 @@ class PadToken(BaseModel):
     source: str | None = None
 
 
+#: Held-out examples below which evaluation metrics are noise: the trainer logs a warning, status and the job
+#: page say so (docs/trainer.md).
+HELD_OUT_MINIMUM = 10
+
+
 class DataReport(BaseModel):
     """A file dataset's report in the ``start`` record's ``data``: what the job read and chose (docs/trainer.md).
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from contracts.records import DataReport, StartupTimes, StepRecord
+from contracts.records import HELD_OUT_MINIMUM, DataReport, StartupTimes, StepRecord
 from contracts.resources import JobPublic
 from server.cli.credentials import resolve_token, token_path
 from server.cli.spec_limits import SpecTooLarge, check_expansion, read_spec_text
@@ -333,6 +333,8 @@ def _updates_text(job: JobPublic, latest: StepRecord) -> str:
 def _data_text(data: DataReport) -> str:
     """``1017 rows: 813 train / 203 held out; dropped 1 train, 0 held out; pad </s> (eos)``."""
     parts = [f"{data.rows} rows: {data.train_examples} train / {data.held_out_examples} held out"]
+    if data.held_out_examples is not None and data.held_out_examples < HELD_OUT_MINIMUM:
+        parts[0] += f" (fewer than {HELD_OUT_MINIMUM}: evaluation metrics are noisy)"
     if data.dropped_rows:
         dropped = ", ".join(f"{count} {split.replace('_', ' ')}" for split, count in data.dropped_rows.items())
         parts.append(f"dropped {dropped} (no supervised token)")

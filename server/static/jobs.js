@@ -104,6 +104,8 @@ export function jobPage(view, id) {
   // What the job read and chose: rows, splits after drops, rows dropped without a supervised token, the pad token.
   function dataText(data) {
     const parts = [`${data.rows} rows: ${data.train_examples} train / ${data.held_out_examples} held out`];
+    // HELD_OUT_MINIMUM (contracts/records.py): fewer held-out examples than this make noisy metrics.
+    if (data.held_out_examples != null && data.held_out_examples < 10) parts[0] += " (fewer than 10: evaluation metrics are noisy)";
     const dropped = Object.entries(data.dropped_rows || {}).filter(([, n]) => n > 0);
     if (dropped.length) parts.push(`dropped ${dropped.map(([split, n]) => `${n} ${split.replace("_", " ")}`).join(", ")}`);
     if (data.pad_token) parts.push(`pad ${data.pad_token.token} (${data.pad_token.source})`);

@@ -392,7 +392,10 @@ def test_status_shows_what_the_job_read_and_chose() -> None:
         "dropped_rows": {"train": 4, "held_out": 2},
         "pad_token": {"id": 2, "token": "</s>", "source": "eos"},
     }
-    text = "36 rows: 28 train / 1 held out; dropped 4 train, 2 held out (no supervised token); pad </s> (eos)"
+    text = (
+        "36 rows: 28 train / 1 held out (fewer than 10: evaluation metrics are noisy); "
+        "dropped 4 train, 2 held out (no supervised token); pad </s> (eos)"
+    )
     assert ("data", text) in describe(_job(status="running", step=1, max_steps=10, data=data))
 
 

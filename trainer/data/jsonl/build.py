@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from contracts.records import HELD_OUT_MINIMUM
 from contracts.status import FailureReason
 from trainer.catalog import JsonlConfig
 from trainer.data.base import DataInfo, Task
@@ -42,9 +43,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
-
-#: Held-out examples below which the build warns that evaluation metrics will be noisy (docs/trainer.md).
-HELD_OUT_MINIMUM = 10
 
 
 def build_jsonl(config: JsonlConfig, tokenizer: PreTrainedTokenizerBase | None) -> TokenFileDataset:
