@@ -38,7 +38,7 @@ from server.cli.watch import (
     progress_bar,
     watch_output,
 )
-from server.client import Event, JobEvent
+from server.client import Event, HalfcastClient, JobEvent
 from server.http.strict_json import NONFINITE_MESSAGE
 from server.settings import Settings
 from server.streams.stats import EventStreamSettings, StreamStats
@@ -186,12 +186,23 @@ def test_an_unknown_job_is_one_line(url: str, capsys: pytest.CaptureFixture[str]
 
 
 def test_watch_prints_plain_lines_when_not_a_tty(
-    url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+    url: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The writer starts once the watch has shown the stream's first event (it slept 0.2 s instead: under load
+    steps could be written before the stream opened, and the first line was not ``running``)."""
     job_id = insert_job(sessions, status="running")
+    watching = threading.Event()
+    events = HalfcastClient.events
+
+    def opened(self: HalfcastClient, *args: Any, **kwargs: Any) -> Iterator[JobEvent]:
+        for event in events(self, *args, **kwargs):
+            yield event
+            watching.set()  # the stream's first event (the job's status) was shown
+
+    monkeypatch.setattr(HalfcastClient, "events", opened)
 
     def work() -> None:
-        time.sleep(0.2)
+        assert watching.wait(30), "the watch never opened its stream"
         for step in range(1, 6):
             forensics = (
                 {
