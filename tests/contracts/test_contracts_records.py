@@ -93,7 +93,7 @@ def test_every_record_the_trainer_writes_reads_back_as_the_same_model(tmp_path: 
     assert evaluation.step == 3 and (evaluation.loss, evaluation.accuracy, evaluation.perplexity) == (0.4, 0.9, None)
     assert switch.body() == SWITCH and switch.from_ == "fp16"
     assert start.world_size == 2 and start.precision_switch is not None and start.precision_switch.body() == SWITCH
-    assert start.model_extra == {"data": {"rows": 10}}
+    assert start.model_extra == {} and start.data is not None and start.data.rows == 10  # typed: DataReport
     assert phase.phase == "data" and phase.startup.imports_s == 1.5
     assert end == EndRecord(
         time=end.time, steps=3, skipped_steps=1, applied_steps=2, stopped_early=STOPPED, exported_step=2

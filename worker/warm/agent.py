@@ -243,7 +243,12 @@ def _exitcode(status: int) -> int:
 
 
 def _wait_all(ranks: dict[int, int]) -> RankExit | None:
-    """Wait for every rank; the first that failed (the rest still running), or ``None`` when all exited 0."""
+    """Wait for every rank; the first that failed (the rest still running), or ``None`` when all exited 0.
+
+    When the first failure reaped is found with other ranks already dead beside it (the agent was not
+    scheduled between their deaths), ``waitpid`` gives no order: a rank killed by a signal (a fault, the OOM
+    killer) is then the cause, and a rank that exited with an error after losing its peer is not.
+    """
     left = dict(ranks)
     while left:
         pid, status = os.waitpid(-1, 0)
@@ -251,11 +256,28 @@ def _wait_all(ranks: dict[int, int]) -> RankExit | None:
             continue
         ended = RankExit(left.pop(pid), pid, _exitcode(status), time.time())
         if ended.exitcode != 0:
+            failures = [ended, *_failed_already(left)]
             ranks.clear()
             ranks.update(left)
-            return ended
+            return next((failure for failure in failures if failure.exitcode < 0), ended)
     ranks.clear()
     return None
+
+
+def _failed_already(left: dict[int, int]) -> list[RankExit]:
+    """Reap, without waiting, the ranks of ``left`` that have already exited; those that failed."""
+    failed = []
+    while left:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        if pid in left:
+            ended = RankExit(left.pop(pid), pid, _exitcode(status), time.time())
+            failed += [ended] if ended.exitcode != 0 else []
+    return failed
 
 
 def _stop_ranks(ranks: dict[int, int], signum: signal.Signals, timeout_s: float) -> None:
