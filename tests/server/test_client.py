@@ -184,17 +184,25 @@ def test_evals_are_the_jobs_validation_curve_in_step_order(
 
 
 def test_events_follow_a_job_to_its_end(halfcast: HalfcastClient, sessions: sessionmaker[Session]) -> None:
+    """Steps 1-2 are there before the stream opens; 3-5 and the end are written once its first event came (the
+    writer used to start at once: under load steps 3-5 could precede the stream's opening status event)."""
     job_id = insert_job(sessions, status="running")
+    add_steps(sessions, job_id, [step_record(1), step_record(2)])
+    streaming = threading.Event()
 
     def work() -> None:
-        for step in range(1, 6):
+        assert streaming.wait(30), "the stream never opened"
+        for step in range(3, 6):
             add_steps(sessions, job_id, [step_record(step)])
             time.sleep(0.02)
         set_status(sessions, job_id, "failed", error_reason="nonfinite_loss", error_message="loss was NaN")
 
     writer = threading.Thread(target=work)
     writer.start()
-    events = list(halfcast.events(job_id, after_step=2))
+    events = []
+    for event in halfcast.events(job_id, after_step=2):
+        events.append(event)
+        streaming.set()
     writer.join()
     assert [(e.event, e.id) for e in events if e.event == "step"] == [("step", "3"), ("step", "4"), ("step", "5")]
     last = events[-1].data
