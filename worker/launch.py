@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from contracts.rundir import RunDir
 from server.settings import Settings
@@ -217,10 +217,23 @@ def _same_live(info: ProcInfo | None, start: int) -> bool:
     return info is not None and info.alive and info.start == start
 
 
-class RunProcess:
-    """A started torchrun (the leader of its own session and process group) and its process tree."""
+class Leader(Protocol):
+    """What a run's leader must offer: a started ``subprocess.Popen`` (torchrun), or a launcher a warm
+    standby forked (:class:`worker.warm.forked.ForkedLauncher`)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], log_path: Path) -> None:
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+
+
+class RunProcess:
+    """A started run's leader (torchrun, or a warm launcher: the leader of its own session) and its process tree."""
+
+    def __init__(self, popen: Leader, log_path: Path) -> None:
         self.popen = popen
         self.pid = popen.pid
         self.log_path = log_path

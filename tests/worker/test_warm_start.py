@@ -1,8 +1,8 @@
 """Warm start (worker/warm): a standby forks a CPU job's ranks; the run is the cold run's, step for step.
 
 One standby per test module is expensive (torch, the trainer, scikit-learn, transformers
-imported: seconds), so the module shares one pool and each test takes the standby and
-waits for the next.
+imported: seconds), so the module shares one pool: its standby forks every run's launcher
+and stays (worker/warm/forkserver.py).
 """
 
 from __future__ import annotations
@@ -147,3 +147,55 @@ def test_a_failed_rank_stops_the_others_and_is_named_as_the_root_cause(tmp_path:
     assert cause is not None and (cause.rank, cause.exitcode) == (1, -signal.SIGKILL)
     assert not process.members()
     assert os.path.exists(RunDir(run_dir).rank_log(0))
+
+
+@pytest.mark.slow
+def test_one_standby_forks_runs_one_after_another_and_at_once(tmp_path: Path, pool: WarmPool) -> None:
+    """The imports are paid once per worker: the same standby forks a launcher per run and stays ready.
+
+    Two runs at once and a third after them are all warm (their ranks say so), each launcher is a new
+    process in a session of its own, and each exit status is the launcher's own.
+    """
+    _standby_ready(pool)
+    standby = pool.ready()
+    assert standby is not None
+    spec = small_spec(processes=2, max_steps=3)
+    runs = [_launch(tmp_path / name, spec, 1, pool) for name in ("first", "second")]
+    for _, process in runs:  # a launcher leads its own session before its pid is handed back: never the standby's
+        assert standby.popen.pid not in {info.pid for info in process.members()}
+    failing = small_spec(processes=2, max_steps=100_000, faults={"kill_at_step": {"step": 2, "rank": 1}})
+    assert [_wait(process) for _, process in runs] == [0, 0]
+    runs.append(_launch(tmp_path / "third", failing, 1, pool))
+    assert _wait(runs[2][1]) == 1  # the launcher's own status: a rank failed
+    assert pool.ready() is standby and standby.alive()
+    pids = {process.pid for _, process in runs}
+    assert len(pids) == 3 and standby.popen.pid not in pids
+    for run_dir, _ in runs:
+        assert "forked from a warm standby" in RunDir(run_dir).rank_log(0).read_text()
+
+
+@pytest.mark.slow
+def test_a_run_whose_standby_dies_is_stopped_and_a_new_standby_starts(tmp_path: Path, pool: WarmPool) -> None:
+    """SIGKILL on the standby: its launcher gets the death signal and stops the ranks (a stop checkpoint, no
+    process left); the worker, with no exit report, counts it stopped by that signal, and a new standby starts."""
+    _standby_ready(pool)
+    standby = pool.ready()
+    assert standby is not None
+    spec = small_spec(processes=2, max_steps=100_000, log_interval=1, faults={"sleep_per_step_s": 0.05})
+    run_dir, process = _launch(tmp_path, spec, 1, pool)
+    deadline = time.monotonic() + RUN_WAIT_S
+    while not (RunDir(run_dir).records.exists() and '"step"' in RunDir(run_dir).records.read_text()):
+        assert process.poll() is None and time.monotonic() < deadline, RunDir(run_dir).launcher_log.read_text()
+        time.sleep(0.05)
+    standby.popen.kill()
+    assert _wait(process) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + RUN_WAIT_S
+    while process.members():
+        assert time.monotonic() < deadline, process.members()
+        time.sleep(0.05)
+    assert "stopped by SIGTERM" in RunDir(run_dir).launcher_log.read_text()
+    _standby_ready(pool)
+    deadline = time.monotonic() + READY_WAIT_S
+    while pool.ready() in (None, standby):
+        assert time.monotonic() < deadline, "no new standby"
+        time.sleep(0.1)

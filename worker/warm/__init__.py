@@ -5,8 +5,9 @@ then each rank's: seconds each). The worker instead keeps one *standby* ready
 (:mod:`worker.warm.pool`): ``python -m worker.warm.standby``, started like any run (in a
 session of its own, through :mod:`worker.deathsig`), that has imported torch, the trainer
 and the libraries its datasets and models use, and then waits. A single-node CPU job is
-handed to it (:class:`~worker.warm.assignment.Assignment`); it takes the job's environment
-and directory and becomes the run's launcher (:mod:`worker.warm.agent`): it forks one rank
+handed to it (:class:`~worker.warm.assignment.Assignment`); it forks a launcher for it
+(:mod:`worker.warm.forkserver`) and stays ready for the next. The launcher takes the job's
+environment and directory and runs it (:mod:`worker.warm.agent`): it forks one rank
 per process, each with torchrun's environment, its own session and its own log, and
 supervises them as torchrun does. GPU jobs, multi-node jobs and any command that is not the
 trainer's keep the cold path (torchrun), as do jobs that find no standby ready.

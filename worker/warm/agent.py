@@ -1,6 +1,6 @@
-"""The launcher a standby becomes: fork a job's ranks and supervise them as torchrun does.
+"""The launcher a standby forks for each run: fork the job's ranks and supervise them as torchrun does.
 
-Each rank is a fork of the standby (torch and the trainer already imported) in a session
+Each rank is a fork of the launcher (a fork of the standby: torch and the trainer imported) in a session
 of its own, with torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_*``), its output in
 ``logs/rank-<r>.log`` (:func:`worker.rank_output.redirect_output`), ``torch.set_num_threads``

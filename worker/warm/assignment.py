@@ -1,8 +1,9 @@
-"""What the worker hands a standby: one run's command, directory and environment (:mod:`worker.warm`)."""
+"""What the worker hands a standby (one run's command, directory and environment) and what it answers."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,3 +44,16 @@ def warm_command_parts(command: list[str]) -> tuple[int, Path, tuple[str, ...]] 
     if command[wrapper + 2] != TRAINER_MODULE:
         return None
     return processes, Path(command[wrapper + 1]), tuple(command[wrapper + 3 :])
+
+
+class LauncherReport(BaseModel):
+    """A standby's answer, one JSON line on its stdout: a launcher it forked ``started``, or ``exited`` with a status.
+
+    ``exitcode`` is ``Popen.returncode``'s: the exit status, or minus the signal that killed it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event: Literal["started", "exited"]
+    pid: int = Field(gt=0)
+    exitcode: int | None = None

@@ -1,14 +1,15 @@
-"""The worker's warm standby: one ready at a time, handed the next single-node CPU run (:mod:`worker.warm`).
+"""The worker's warm standby: one per worker, forking a launcher for each single-node CPU run (:mod:`worker.warm`).
 
 :class:`WarmPool` keeps one standby ready. Its own thread starts each standby, so the
 standby's death signal (:mod:`worker.deathsig`: it fires when the *thread* that started the
 process ends) stays armed as long as the worker runs; that thread outlives the worker's
 shutdown until every standby it started has exited. :meth:`WarmPool.start_run` is
 :func:`worker.launch.start_run` with a warm path: when the command is the trainer's on one
-node, the job needs no GPU and a standby is ready, the standby gets the run (the returned
-:class:`~worker.launch.RunProcess` supervises and stops it exactly as it does torchrun) and
-the next standby starts; otherwise the run starts cold. A standby that fails to start is
-retried after :data:`RETRY_S`.
+node, the job needs no GPU and a standby is ready, the standby forks the run's launcher
+(:mod:`worker.warm.forkserver`; the returned :class:`~worker.launch.RunProcess` supervises
+and stops it exactly as it does torchrun, its exit status read from the standby's report)
+and stays ready for the next run; otherwise the run starts cold. A standby that exits is
+replaced; one that fails to start is retried after :data:`RETRY_S`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -26,7 +28,8 @@ from pathlib import Path
 from contracts.rundir import RunDir
 from trainer.startup import LAUNCHED_AT_ENV
 from worker.launch import PASSTHROUGH_ENV, RunProcess, project_root, start_run
-from worker.warm.assignment import Assignment, warm_command_parts
+from worker.warm.assignment import Assignment, LauncherReport, warm_command_parts
+from worker.warm.forked import ORPHANED_EXIT, ForkedLauncher
 from worker.warm.standby import READY
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,8 @@ log = logging.getLogger(__name__)
 STANDBY_MODULE = "worker.warm.standby"
 #: Seconds before starting a standby again after one failed to start.
 RETRY_S = 30.0
+#: Seconds a ready standby may take to answer an assignment with its launcher's pid.
+START_REPLY_S = 30.0
 #: Seconds a standby may take to import everything before it is given up.
 READY_TIMEOUT_S = 300.0
 
@@ -60,10 +65,18 @@ def standby_environment(base: Mapping[str, str] | None = None) -> dict[str, str]
 
 
 class Standby:
-    """One started standby and its pipes: ready once it wrote :data:`READY`."""
+    """One started standby and its pipes: ready once it wrote :data:`READY`, then forking a launcher per run.
+
+    After :meth:`wait_ready`, a thread of its own reads the standby's reports
+    (:class:`~worker.warm.assignment.LauncherReport`): the pid of each launcher it forked,
+    handed back by :meth:`assign`, and each launcher's exit status.
+    """
 
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self.popen = popen
+        self._lock = threading.Lock()  # one assignment at a time: its ``started`` report is the next one
+        self._started: queue.Queue[ForkedLauncher | None] = queue.Queue()
+        self._launchers: dict[int, ForkedLauncher] = {}
 
     @classmethod
     def start(cls, cwd: Path) -> Standby:
@@ -89,33 +102,69 @@ class Standby:
         )
         return cls(popen)
 
-    def wait_ready(self) -> bool:
-        """Block until the standby reports ready (``True``) or ends (``False``)."""
-        assert self.popen.stdout is not None
-        line = self.popen.stdout.readline()
-        self.popen.stdout.close()
-        return line == READY
-
-    def assign(self, assignment: Assignment) -> bool:
-        """Hand over the run; ``False`` when the standby is gone."""
-        assert self.popen.stdin is not None
-        try:
-            self.popen.stdin.write(assignment.model_dump_json().encode() + b"\n")
-            self.popen.stdin.close()
-        except (BrokenPipeError, ValueError, OSError):
-            return False
+    def alive(self) -> bool:
+        """Whether the standby process still runs."""
         return self.popen.poll() is None
 
+    def wait_ready(self) -> bool:
+        """Block until the standby reports ready (``True``, and its reports are read from then on) or ends (``False``)."""
+        assert self.popen.stdout is not None
+        if self.popen.stdout.readline() != READY:
+            self.popen.stdout.close()
+            return False
+        threading.Thread(target=self._read_reports, name=f"warm-standby-{self.popen.pid}", daemon=True).start()
+        return True
+
+    def assign(self, assignment: Assignment) -> ForkedLauncher | None:
+        """Hand over the run; its forked launcher, or ``None`` when the standby is gone or does not answer."""
+        assert self.popen.stdin is not None
+        with self._lock:
+            try:
+                self.popen.stdin.write(assignment.model_dump_json().encode() + b"\n")
+                self.popen.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                return None
+            try:
+                return self._started.get(timeout=START_REPLY_S)
+            except queue.Empty:
+                # a launcher forked later must not run beside the cold run that replaces it: its death signal stops it
+                log.error(
+                    "warm standby %d did not fork a launcher within %.0f s: killing it", self.popen.pid, START_REPLY_S
+                )
+                self.popen.kill()
+                return None
+
+    def busy(self) -> bool:
+        """Whether a launcher it forked has not yet been reported exited."""
+        return any(launcher.returncode is None for launcher in self._launchers.values())
+
     def release(self) -> None:
-        """Let an unused standby go (end of input ends it; SIGKILL if it lingers)."""
+        """Let the standby go: end of input ends it once its launchers have (SIGKILL if an idle one lingers)."""
         if self.popen.stdin is not None and not self.popen.stdin.closed:
             with contextlib.suppress(OSError):
                 self.popen.stdin.close()
+        if self.busy():
+            return  # it lives on while its runs do (their death signal); the pool's wind-down waits for it
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+
+    def _read_reports(self) -> None:
+        assert self.popen.stdout is not None
+        with self.popen.stdout:
+            for line in self.popen.stdout:
+                self._on_report(LauncherReport.model_validate_json(line))
+        self._started.put(None)  # an assignment waiting for its launcher gets none: the standby is gone
+
+    def _on_report(self, report: LauncherReport) -> None:
+        if report.event == "started":
+            launcher = ForkedLauncher(report.pid, self.alive)
+            self._launchers[report.pid] = launcher
+            self._started.put(launcher)
+        elif report.pid in self._launchers:
+            self._launchers.pop(report.pid).exited(report.exitcode if report.exitcode is not None else ORPHANED_EXIT)
 
 
 class WarmPool:
@@ -136,12 +185,11 @@ class WarmPool:
             self._thread = threading.Thread(target=self._keep_ready, name="warm-standby", daemon=True)
             self._thread.start()
 
-    def take(self) -> Standby | None:
-        """The ready standby (the next one starts), or ``None`` when none is ready."""
+    def ready(self) -> Standby | None:
+        """The standby that takes runs, or ``None`` while none is ready."""
         with self._cond:
-            standby, self._ready = self._ready, None
-            self._cond.notify_all()
-            return standby
+            standby = self._ready
+        return standby if standby is not None and standby.alive() else None
 
     def start_run(
         self, command: list[str], run_dir: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()
@@ -150,7 +198,7 @@ class WarmPool:
         parts = warm_command_parts(command)
         if parts is None or pass_fds or env.get("CUDA_VISIBLE_DEVICES", "") != "":
             return start_run(command, run_dir, env, pass_fds)
-        standby = self.take()
+        standby = self.ready()
         if standby is None:
             log.info("no warm standby ready: starting %s cold", run_dir)
             return start_run(command, run_dir, env, pass_fds)
@@ -164,19 +212,28 @@ class WarmPool:
             trainer_args=trainer_args,
             env={**env, LAUNCHED_AT_ENV: f"{time.time():.6f}"},
         )
-        if not standby.assign(assignment):
-            log.warning("the warm standby %d was gone: starting %s cold", standby.popen.pid, run_dir)
-            standby.release()
+        launcher = standby.assign(assignment)
+        if launcher is None:
+            log.warning("the warm standby %d did not take the run: starting %s cold", standby.popen.pid, run_dir)
             return start_run(command, run_dir, env, pass_fds)
-        log.info("started run %d in %s from a warm standby: %s", standby.popen.pid, run_dir, " ".join(command))
-        return RunProcess(standby.popen, rundir.launcher_log)
+        log.info(
+            "started run %d in %s from warm standby %d: %s", launcher.pid, run_dir, standby.popen.pid, " ".join(command)
+        )
+        return RunProcess(launcher, rundir.launcher_log)
 
     def _keep_ready(self) -> None:
         while not self.shutdown.is_set():
             with self._cond:
-                if self._ready is not None:
-                    self._cond.wait(timeout=1.0)  # until taken, or a second to look at the shutdown flag
+                if self._ready is not None and self._ready.alive():
+                    self._cond.wait(timeout=1.0)  # a second to look at the shutdown flag and the standby
                     continue
+                if self._ready is not None:
+                    log.warning(
+                        "warm standby %d exited (status %s): starting another",
+                        self._ready.popen.pid,
+                        self._ready.popen.returncode,
+                    )
+                    self._ready = None
             if self.shutdown.is_set():
                 break
             standby = self._start_one()
@@ -206,5 +263,5 @@ class WarmPool:
             ready, self._ready = self._ready, None
         if ready is not None:
             ready.release()
-        while any(standby.popen.poll() is None for standby in self._started):
+        while any(standby.alive() for standby in self._started):
             time.sleep(1.0)

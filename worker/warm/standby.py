@@ -1,4 +1,4 @@
-"""``python -m worker.warm.standby``: a Python with torch and the trainer imported, waiting for one run.
+"""``python -m worker.warm.standby``: a Python with torch and the trainer imported that forks each run's launcher.
 
 Started by :class:`worker.warm.pool.WarmPool` in a session of its own (through
 :mod:`worker.deathsig`) and with ``CUDA_VISIBLE_DEVICES`` empty: it only ever runs CPU
@@ -6,10 +6,13 @@ jobs and never initialises CUDA, so forking it is safe. It imports what every ra
 imports (:data:`PRELOAD`; :data:`OPTIONAL_PRELOAD` where installed: the digits dataset's
 scikit-learn, transformers and PEFT for hf models), checks that it is still a single
 thread (a fork copies only the calling thread), writes :data:`READY` on stdout, then
-reads one :class:`~worker.warm.assignment.Assignment` (a JSON line) from stdin. It then
-takes the run's directory and environment, puts its own output in ``launcher.log`` and
-becomes the run's launcher (:func:`worker.warm.agent.run`). End of input before an
-assignment (the worker let it go) ends it with status 0.
+serves: each :class:`~worker.warm.assignment.Assignment` (a JSON line on stdin) gets a
+forked child that takes the run's directory and environment, puts its output in
+``launcher.log`` and becomes the run's launcher (:func:`worker.warm.agent.run`), while
+the standby waits for the next one (:mod:`worker.warm.forkserver`). So every CPU run a
+worker starts is warm, one after another or several at once, and the imports are paid
+once per worker, not once per run. End of input (the worker let it go) ends it with
+status 0 once the launchers it forked have exited.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from typing import BinaryIO
+from typing import NoReturn
 
 from worker.warm.agent import set_title
 from worker.warm.assignment import Assignment
+from worker.warm.forkserver import ForkServer
 
 log = logging.getLogger("worker.warm.standby")
 
@@ -60,12 +64,6 @@ def os_threads() -> int:
         return threading.active_count()
 
 
-def read_assignment(stream: BinaryIO | None = None) -> Assignment | None:
-    """The one assignment on ``stream`` (by default stdin), or ``None`` at end of input."""
-    line = (stream or sys.stdin.buffer).readline()
-    return Assignment.model_validate_json(line) if line.strip() else None
-
-
 def take_over(assignment: Assignment) -> None:
     """Become the run's process: its directory, its environment, its launcher log on fds 1 and 2."""
     os.chdir(assignment.run_dir)
@@ -85,8 +83,17 @@ def take_over(assignment: Assignment) -> None:
         os.close(null)
 
 
+def launch(assignment: Assignment) -> NoReturn:
+    """The forked launcher's body: run the assignment's ranks (the trainer imported by the preload), then end."""
+    from trainer.__main__ import main as trainer_main
+    from trainer.preemption import exit_now
+    from worker.warm.agent import run
+
+    exit_now(run(assignment, trainer_main))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Preload, report ready, wait for the assignment, run it."""
+    """Preload, report ready, then fork a launcher for each assignment until end of input."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s", stream=sys.stderr)
     preload()
     # setproctitle finds the title's memory through the environment on its first call: before the run's replaces it
@@ -95,14 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("warm standby: %d threads after the imports; a fork would copy only one", threads)
         return NOT_FORK_SAFE_EXIT
     os.write(1, READY)
-    assignment = read_assignment()
-    if assignment is None:
-        return 0
-    take_over(assignment)
-    from trainer.__main__ import main as trainer_main
-    from worker.warm.agent import run
-
-    return run(assignment, trainer_main)
+    return ForkServer(launch, take_over).serve()
 
 
 if __name__ == "__main__":
