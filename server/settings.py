@@ -43,6 +43,13 @@ class Settings(BaseSettings):
         default_factory=list, description="Directories hf models and tokenizers may be loaded from"
     )
     worker_concurrency: int = Field(default=2, ge=1, le=256, description="CPU jobs (gpus 0) one worker runs at once")
+    run_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="Niceness added to every run's processes (torchrun or the warm standby, launchers, ranks): the API"
+        " and the worker keep the CPU on a host that trains; 0: runs get the worker's own priority",
+    )
     warm_start: bool = Field(
         default=True,
         description="Keep a standby Python with torch and the trainer imported that forks the next CPU job's ranks",

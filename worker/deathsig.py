@@ -1,4 +1,4 @@
-"""``python -m worker.deathsig PARENT_PID -- COMMAND...``: run COMMAND, signalled when its parent dies.
+"""``python -m worker.deathsig [--nice N] PARENT_PID -- COMMAND...``: run COMMAND, signalled when its parent dies.
 
 The worker launches every run through this wrapper. It asks the kernel
 (``prctl(PR_SET_PDEATHSIG)``, Linux) to send it SIGTERM when the thread that
@@ -7,7 +7,9 @@ died before the request took effect, and it exits), then replaces itself with
 COMMAND (same pid, same session; the request survives ``exec``). So when a worker is
 killed with SIGKILL, torchrun gets SIGTERM and stops its ranks, instead of training
 on, orphaned, beside the attempt that the reaper relaunches. Elsewhere than Linux it
-only runs COMMAND. Imports nothing from the project: it starts in milliseconds.
+only runs COMMAND. With ``--nice N`` it first adds ``N`` to its niceness, which COMMAND and
+every process it starts inherit (``HALFCAST_RUN_NICE``: a run yields the CPU to the API and
+the worker). Imports nothing from the project: it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -34,12 +36,24 @@ def request_death_signal(signum: int) -> bool:
     return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
 
 
+USAGE = "usage: python -m worker.deathsig [--nice N] PARENT_PID -- COMMAND...\n"
+
+
 def main(argv: Sequence[str]) -> int:
-    """Parse ``PARENT_PID -- COMMAND...``, request the death signal and exec COMMAND."""
+    """Parse ``[--nice N] PARENT_PID -- COMMAND...``, lower the priority, request the death signal, exec COMMAND."""
+    argv = list(argv)
+    nice = 0
+    if argv[:1] == ["--nice"]:
+        if len(argv) < 2 or not argv[1].isdigit():
+            sys.stderr.write(USAGE)
+            return 2
+        nice, argv = int(argv[1]), argv[2:]
     if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
-        sys.stderr.write("usage: python -m worker.deathsig PARENT_PID -- COMMAND...\n")
+        sys.stderr.write(USAGE)
         return 2
     parent, command = int(argv[0]), list(argv[2:])
+    if nice:
+        os.nice(nice)
     if request_death_signal(DEATH_SIGNAL) and os.getppid() != parent:
         return PARENT_GONE_EXIT
     try:

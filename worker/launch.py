@@ -48,6 +48,8 @@ RANK_WRAPPER = "worker.rank_output"
 #: torchrun's variable for how long, after passing a stop signal on, it waits for its ranks before SIGKILL.
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 #: Environment variables passed through to the run when the worker has them.
+#: The run's niceness (``Settings.run_nice``), set by :func:`build_environment`, applied by :func:`start_run`.
+RUN_NICE_ENV = "HALFCAST_RUN_NICE"
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "USER", "LOGNAME")
 #: Seconds to wait for the session to empty after SIGKILL before giving up.
 KILL_WAIT_S = 10.0
@@ -91,7 +93,8 @@ def build_environment(
     Holds ``PATH``, ``HOME``, ``LANG`` and friends, ``PYTHONPATH`` (so ``trainer``
     imports), ``PYTHONUNBUFFERED``, ``OMP_NUM_THREADS`` (the CPUs shared among the
     ranks), ``HALFCAST_DATA_ROOTS`` and ``HALFCAST_MODEL_ROOTS`` (``os.pathsep``-joined),
-    ``HALFCAST_REGISTRY_DIR`` (registered datasets and models: :mod:`trainer.registered`) and
+    ``HALFCAST_REGISTRY_DIR`` (registered datasets and models: :mod:`trainer.registered`),
+    :data:`RUN_NICE_ENV` (``HALFCAST_RUN_NICE``: the niceness :func:`start_run` gives the run) and
     ``CUDA_VISIBLE_DEVICES``: exactly ``gpus``, the host indices allocated to the
     attempt (:mod:`worker.gpu_locks`), or empty for a CPU job (it sees no GPU), and
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``: ``HALFCAST_CANCEL_GRACE_S`` rounded up, how long
@@ -104,7 +107,8 @@ def build_environment(
     env = {name: base[name] for name in PASSTHROUGH_ENV if name in base}
     env["PYTHONPATH"] = os.pathsep.join(_python_path(base))
     env["PYTHONUNBUFFERED"] = "1"
-    env["OMP_NUM_THREADS"] = str(max(1, _cpu_count() // spec.ranks_per_node))
+    env["OMP_NUM_THREADS"] = str(rank_threads(spec, settings.worker_concurrency))
+    env[RUN_NICE_ENV] = str(settings.run_nice)
     env["HALFCAST_DATA_ROOTS"] = _joined(settings.data_roots)
     env["HALFCAST_MODEL_ROOTS"] = _joined(settings.model_roots)
     env[SHUTDOWN_TIMEOUT_ENV] = str(math.ceil(settings.cancel_grace_s))
@@ -126,6 +130,15 @@ def _python_path(base: Mapping[str, str]) -> list[str]:
     entries = [str(project_root())]
     entries += [entry for entry in base.get("PYTHONPATH", "").split(os.pathsep) if entry and entry not in entries]
     return entries
+
+
+def rank_threads(spec: JobSpec, cpu_slots: int, cpus: int | None = None) -> int:
+    """Intra-op threads per rank: a CPU job's share of the host is one of the worker's ``cpu_slots`` (its
+    concurrency), so jobs side by side never ask for more threads than the host has cores; a GPU job's
+    ranks share every core (it holds no CPU slot). At least one."""
+    cpus = _cpu_count() if cpus is None else cpus
+    share = cpus // max(1, cpu_slots) if spec.gpus == 0 else cpus
+    return max(1, share // spec.ranks_per_node)
 
 
 def _cpu_count() -> int:
@@ -346,7 +359,8 @@ def start_run(command: list[str], run_dir: Path, env: Mapping[str, str], pass_fd
     stdout and stderr go to ``<run_dir>/logs/launcher.log`` (torchrun's own output;
     each rank's goes to its ``rank-<r>.log``, see :func:`build_command`). The
     descriptors ``pass_fds`` (the attempt's GPU locks) are inherited by the command, so
-    the locks outlive a worker that dies before its run does. The run's environment also
+    the locks outlive a worker that dies before its run does. The run starts at the niceness
+    its environment's :data:`RUN_NICE_ENV` adds (:mod:`worker.deathsig`). The run's environment also
     gets :data:`trainer.startup.LAUNCHED_AT_ENV`, the unix time of the launch (its start-up
     phases are timed from there). Raises ``OSError`` when the command cannot be started
     (its program is not found or not executable).
@@ -355,12 +369,22 @@ def start_run(command: list[str], run_dir: Path, env: Mapping[str, str], pass_fd
         raise FileNotFoundError(f"no executable {command[0]!r}")
     log_path = RunDir(run_dir).launcher_log
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    guarded = [sys.executable, "-m", "worker.deathsig", str(os.getpid()), "--", *command]
+    guarded = [*guard_command(_run_nice(env)), *command]
     env = {**env, LAUNCHED_AT_ENV: f"{time.time():.6f}"}
     with log_path.open("ab") as log_file:
         popen = _popen(guarded, run_dir, env, log_file, pass_fds)
     log.info("started run %d in %s: %s", popen.pid, run_dir, " ".join(command))
     return RunProcess(popen, log_path)
+
+
+def _run_nice(env: Mapping[str, str]) -> int:
+    value = env.get(RUN_NICE_ENV, "0")
+    return int(value) if value.isdigit() else 0
+
+
+def guard_command(nice: int = 0) -> list[str]:
+    """The prefix that starts a run's first process: :mod:`worker.deathsig` with this process's pid and ``nice``."""
+    return [sys.executable, "-m", "worker.deathsig", "--nice", str(nice), str(os.getpid()), "--"]
 
 
 def _popen(

@@ -121,7 +121,7 @@ class WorkerRuntime:
             return None
         with self._lock:
             if self._warm is None:
-                self._warm = WarmPool(self.settings.runs_dir, self.shutdown)
+                self._warm = WarmPool(self.settings.runs_dir, self.shutdown, nice=self.settings.run_nice)
             return self._warm
 
     def slots(self) -> Slots:

@@ -57,3 +57,19 @@ def test_the_run_dies_with_its_parent(tmp_path: Path) -> None:
 def test_the_wrapper_exits_when_its_parent_is_already_gone() -> None:
     result = subprocess.run([sys.executable, "-m", "worker.deathsig", "1", "--", "sleep", "300"], cwd=ROOT, timeout=30)
     assert result.returncode == PARENT_GONE_EXIT
+
+
+def test_nice_lowers_the_priority_of_the_command_and_what_it_starts() -> None:
+    """``--nice N`` adds N to the niceness before the exec: the run and every process it forks inherit it."""
+    code = "import os, subprocess, sys; print(os.nice(0)); sys.stdout.flush(); subprocess.run(['nice'])"
+    out = subprocess.run(
+        [sys.executable, "-m", "worker.deathsig", "--nice", "7", str(os.getpid()), "--", sys.executable, "-c", code],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.split()  # fmt: skip  # the keyword arguments on one line
+    assert out == [str(os.nice(0) + 7)] * 2
+
+
+@pytest.mark.parametrize("argv", [["--nice"], ["--nice", "x", "1", "--", "true"], ["--nice", "3", "--", "true"]])
+def test_a_malformed_command_line_is_refused_with_the_usage(argv: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "worker.deathsig", *argv], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and "usage: python -m worker.deathsig [--nice N]" in done.stderr

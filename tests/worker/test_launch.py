@@ -14,7 +14,15 @@ from worker_support import small_spec
 
 from server.settings import Settings
 from trainer.spec import JobSpec
-from worker.launch import build_command, build_environment, log_tail, read_proc, session_members, start_run
+from worker.launch import (
+    build_command,
+    build_environment,
+    log_tail,
+    rank_threads,
+    read_proc,
+    session_members,
+    start_run,
+)
 
 
 def test_command_runs_standalone_torchrun_with_one_rank_per_process(tmp_path: Path) -> None:
@@ -65,7 +73,37 @@ def test_environment_is_minimal_and_never_holds_service_urls(tmp_path: Path) -> 
     )
     assert env["HALFCAST_REGISTRY_DIR"] == str(tmp_path.resolve() / "registry")  # registered datasets and models
     cpus = len(os.sched_getaffinity(0))
-    assert env["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
+    assert env["OMP_NUM_THREADS"] == str(max(1, cpus // settings.worker_concurrency // 2))
+    assert env["HALFCAST_RUN_NICE"] == "10"  # the run yields the CPU to the API and the worker by default
+
+
+@pytest.mark.parametrize(
+    ("cpus", "cpu_slots", "gpus", "ranks", "threads"),
+    [
+        (16, 2, 0, 2, 4),  # a CPU job: its slot's share of the cores (8), over its 2 ranks
+        (16, 1, 0, 1, 16),  # one CPU slot: every core
+        (64, 4, 0, 1, 16),
+        (2, 3, 0, 1, 1),  # more slots than cores: still one thread
+        (2, 2, 0, 2, 1),
+        (16, 2, 2, 2, 8),  # a GPU job holds no CPU slot: its ranks share every core
+    ],
+)
+def test_a_cpu_job_s_threads_are_its_slot_s_share_of_the_cores(
+    cpus: int, cpu_slots: int, gpus: int, ranks: int, threads: int
+) -> None:
+    spec = JobSpec.model_validate(small_spec(processes=ranks, gpus=gpus))
+    assert rank_threads(spec, cpu_slots, cpus) == threads
+
+
+def test_a_run_starts_at_the_configured_niceness(tmp_path: Path) -> None:
+    """``HALFCAST_RUN_NICE`` in the run's environment (``Settings.run_nice``) lowers the run's priority, and
+    the worker's own stays as it was."""
+    before = os.nice(0)
+    env = {**build_environment(JobSpec.model_validate(small_spec()), Settings(data_dir=tmp_path, run_nice=5)), "X": ""}
+    process = start_run([sys.executable, "-c", "import os; print('nice', os.nice(0))"], tmp_path, env)
+    assert process.popen.wait(timeout=60) == 0
+    assert f"nice {before + 5}" in log_tail(tmp_path / "logs" / "launcher.log")
+    assert os.nice(0) == before
 
 
 def test_gpu_jobs_see_exactly_their_allocated_devices(tmp_path: Path) -> None:

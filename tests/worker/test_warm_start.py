@@ -29,13 +29,15 @@ from worker.warm.assignment import warm_command_parts
 from worker.warm.pool import WarmPool, standby_environment
 
 READY_WAIT_S = 180.0
+#: The pool's niceness (``Settings.run_nice``): the standby's, which its launchers and ranks inherit.
+RUN_NICE = 3
 RUN_WAIT_S = 180.0
 
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmPool]:
     shutdown = threading.Event()
-    warm = WarmPool(tmp_path_factory.mktemp("warm"), shutdown)
+    warm = WarmPool(tmp_path_factory.mktemp("warm"), shutdown, nice=RUN_NICE)
     warm.start()
     yield warm
     shutdown.set()
@@ -67,6 +69,12 @@ def _wait(process: RunProcess) -> int:
         assert time.monotonic() < deadline, "the run did not finish"
         time.sleep(0.05)
     return code
+
+
+def _niceness(pid: int) -> int:
+    """The niceness of ``pid`` (``/proc/<pid>/stat``, field 19)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
 
 
 def _steps(run_dir: Path) -> list[dict[str, Any]]:
@@ -132,6 +140,7 @@ def test_a_stopped_warm_run_checkpoints_and_leaves_no_process(tmp_path: Path, po
     titles = [Path(f"/proc/{info.pid}/cmdline").read_bytes() for info in process.members()]
     assert len(titles) == 3 and all(str(run_dir).encode() in title for title in titles), titles  # ps names the job
     assert sum(b"MASTER_PORT=" in title for title in titles) == 3
+    assert {_niceness(info.pid) for info in process.members()} == {os.nice(0) + RUN_NICE}  # the launcher, the ranks
     assert process.stop(grace_s=30.0)
     assert process.returncode == 128 + signal.SIGTERM
     assert list(RunDir(run_dir).checkpoints.glob("*")), "the stop wrote no checkpoint"
@@ -163,6 +172,7 @@ def test_one_standby_forks_runs_one_after_another_and_at_once(tmp_path: Path, po
     runs = [_launch(tmp_path / name, spec, 1, pool) for name in ("first", "second")]
     for _, process in runs:  # a launcher leads its own session before its pid is handed back: never the standby's
         assert standby.popen.pid not in {info.pid for info in process.members()}
+    assert _niceness(standby.popen.pid) == os.nice(0) + RUN_NICE  # the runs it forks inherit it (the stop test)
     failing = small_spec(processes=2, max_steps=100_000, faults={"kill_at_step": {"step": 2, "rank": 1}})
     assert [_wait(process) for _, process in runs] == [0, 0]
     runs.append(_launch(tmp_path / "third", failing, 1, pool))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from contracts.rundir import RunDir
 from trainer.startup import LAUNCHED_AT_ENV
-from worker.launch import PASSTHROUGH_ENV, RunProcess, project_root, start_run
+from worker.launch import PASSTHROUGH_ENV, RunProcess, guard_command, project_root, start_run
 from worker.warm.assignment import Assignment, LauncherReport, warm_command_parts
 from worker.warm.forked import ORPHANED_EXIT, ForkedLauncher
 from worker.warm.standby import READY
@@ -79,18 +79,9 @@ class Standby:
         self._launchers: dict[int, ForkedLauncher] = {}
 
     @classmethod
-    def start(cls, cwd: Path) -> Standby:
+    def start(cls, cwd: Path, nice: int = 0) -> Standby:
         """Start ``python -m worker.warm.standby`` in a session of its own, signalled when this thread's worker dies."""
-        command = [
-            sys.executable,
-            "-m",
-            "worker.deathsig",
-            str(os.getpid()),
-            "--",
-            sys.executable,
-            "-m",
-            STANDBY_MODULE,
-        ]
+        command = [*guard_command(nice), sys.executable, "-m", STANDBY_MODULE]
         popen = subprocess.Popen(
             command,
             cwd=cwd,
@@ -170,8 +161,9 @@ class Standby:
 class WarmPool:
     """Keeps one standby ready and gives it the next run it can take (see the module)."""
 
-    def __init__(self, cwd: Path, shutdown: threading.Event) -> None:
+    def __init__(self, cwd: Path, shutdown: threading.Event, nice: int = 0) -> None:
         self.cwd = cwd
+        self.nice = nice  # the standby's niceness, which its launchers and ranks inherit (``Settings.run_nice``)
         self.shutdown = shutdown
         self._cond = threading.Condition()
         self._ready: Standby | None = None
@@ -246,7 +238,7 @@ class WarmPool:
 
     def _start_one(self) -> Standby | None:
         try:
-            standby = Standby.start(self.cwd)
+            standby = Standby.start(self.cwd, self.nice)
         except OSError:
             log.exception("a warm standby could not be started")
             return None
