@@ -64,6 +64,15 @@ class SlowUpload:
         self.sock.close()
 
 
+def _wait_in_flight(server: LiveServer, owner: str, count: int, timeout_s: float = 30.0) -> None:
+    """Wait until the app's upload gate holds ``count`` uploads of ``owner``."""
+    gate = server.app.state.upload_gate  # type: ignore[attr-defined]  # the FastAPI app LiveServer serves
+    deadline = time.monotonic() + timeout_s
+    while gate.in_flight[owner] < count:
+        assert time.monotonic() < deadline, f"{owner} has {gate.in_flight[owner]} uploads in flight, not {count}"
+        time.sleep(0.02)
+
+
 @contextlib.contextmanager
 def _serving(settings: Settings, fake_queue: FakeQueue, **overrides: object) -> Iterator[LiveServer]:
     with LiveServer(create_app(settings.model_copy(update=overrides), fake_queue)) as server:
@@ -78,7 +87,7 @@ def test_reads_are_served_while_slow_uploads_are_in_flight(
     with _serving(settings, fake_queue, max_concurrent_uploads_per_owner=32) as server:
         slow = [SlowUpload(server.url, admin_token) for _ in range(20)]
         try:
-            time.sleep(1.0)  # every upload is in the app, reading its body
+            _wait_in_flight(server, "tester", 20)  # every upload is in the app, reading its body
             latencies = []
             with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {admin_token}"}) as client:
                 for path in ["/jobs", f"/jobs/{job_id}", f"/jobs/{job_id}/metrics", "/readyz"] * 10:
@@ -101,7 +110,7 @@ def test_an_owner_gets_two_uploads_in_flight_and_a_429_for_the_third(
     with _serving(settings, fake_queue) as server:
         mine = [SlowUpload(server.url, admin_token) for _ in range(2)]
         try:
-            time.sleep(0.5)
+            _wait_in_flight(server, "tester", 2)  # both hold their places before the third comes (not a sleep)
             third = SlowUpload(server.url, admin_token)
             assert third.status(10) == 429
             third.close()
