@@ -127,7 +127,8 @@ class Standby:
 
     def busy(self) -> bool:
         """Whether a launcher it forked has not yet been reported exited."""
-        return any(launcher.returncode is None for launcher in self._launchers.values())
+        # a copy: the reader thread pops a launcher when its exit is reported
+        return any(launcher.returncode is None for launcher in list(self._launchers.values()))
 
     def release(self) -> None:
         """Let the standby go: end of input ends it once its launchers have (SIGKILL if an idle one lingers)."""
