@@ -24,6 +24,11 @@ TEST_WORKERS ?= 3
 PYTEST_ARGS ?= -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 ARGS ?=
 
+# Python may cache bytecode (a PYTHONDONTWRITEBYTECODE=1 environment would make every pytest worker
+# rewrite the tests' asserts and compile them again: collection 13 s instead of 7.5 s per worker).
+# The caches go to __pycache__ folders, which git ignores.
+unexport PYTHONDONTWRITEBYTECODE
+
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 # Each written after a successful install; older than pyproject.toml means "install again".
