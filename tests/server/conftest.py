@@ -43,13 +43,25 @@ def migrated_postgres_url(postgres_url: str) -> str:
     return postgres_url
 
 
+#: Every sequence of the public schema back to its start (what ``TRUNCATE ... RESTART IDENTITY`` does).
+_RESTART_SEQUENCES = text(
+    "SELECT setval(oid::regclass, 1, false) FROM pg_class WHERE relkind = 'S' AND relnamespace = 'public'::regnamespace"
+)
+
+
 def _empty_postgres(url: str) -> None:
+    """Delete every row of the models' tables and restart their ids.
+
+    ``DELETE`` rather than ``TRUNCATE``: on a few rows it writes no new files and waits for no
+    checkpoint-sized flush (12 ms against 33 ms on a quiet machine, far more under the suite's
+    load, for each of some 750 PostgreSQL tests).
+    """
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            conn.execute(
-                text(f"TRUNCATE {', '.join(Base.metadata.tables)} RESTART IDENTITY")
-            )  # every table of the models
+            for table in reversed(Base.metadata.sorted_tables):  # children before parents
+                conn.execute(table.delete())
+            conn.execute(_RESTART_SEQUENCES)
     finally:
         engine.dispose()
 
