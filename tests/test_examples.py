@@ -21,7 +21,8 @@ DOCS = {
 }
 #: The job-spec reference: every field of the spec is named there.
 JOB_SPEC_DOC = (ROOT / "docs" / "job-spec.md").read_text()
-EXAMPLES = sorted((ROOT / "examples").iterdir())
+#: What examples/ holds, but Python's bytecode cache of its helper scripts (git ignores it; `make test` writes it).
+EXAMPLES = sorted(p for p in (ROOT / "examples").iterdir() if p.name != "__pycache__")
 #: What examples/ may hold besides job specs: helper scripts and the data folder they build.
 HELPERS = {"build_docstring_topics.py", "untrained_accuracy.py", "data"}
 SPECS = [p for p in EXAMPLES if p.name not in HELPERS]
