@@ -11,6 +11,14 @@ markdown table to stdout and, with ``--json``, every number to a file; it stops 
 itself (each request gives up after ``--timeout``) and drops the database.
 ``--api-root`` runs the API from another source tree, e.g. an older commit's
 ``git archive``, for a before/after on the same bench.
+
+``--training N`` (issue 31) measures the same scenarios a second time against a fresh stack
+where a real worker (:mod:`bench.load_training`) trains ``N`` fp16 digits jobs on this host,
+and the pollers poll those jobs: the API beside training that takes every core. Before each
+such scenario a quiet window of the same length (no pollers) measures the jobs' training rate,
+so each row says what the pollers cost the training (``train steps/s``, quiet then polled).
+``--worker-env HALFCAST_RUN_NICE=0`` runs the training at the API's priority, for a before/after.
+Both sets of rows are in the one table (``load``: simulated writers, or the training jobs).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import httpx
 
 from bench.load_clients import PollPlan, Tally, poll_share, probe, summary
 from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
+from bench.load_training import TrainingWindow, WorkerProcess, cancel_jobs, quiet_window, steps_of, submit_training
 from bench.load_writer import Writer, WriterConfig
 from common.quiet_logs import quiet_third_party_logs
 
@@ -45,6 +54,7 @@ MODES = ("plain", "conditional")
 #: Seconds to wait between two scenarios (the API drains what the last one left).
 PAUSE_S = 2.0
 COLUMNS = (
+    "load",
     "clients",
     "mode",
     "think s",
@@ -60,7 +70,10 @@ COLUMNS = (
     "API CPU ms/req",
     "client CPU ms/req",
     "load 1m",
+    "train steps/s quiet/polled",
 )
+#: How long the training jobs get to start (torch imported, first step recorded).
+TRAINING_START_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--api-workers", type=int, default=1, help="API processes (halfcast api --workers)")
     parser.add_argument("--api-env", action="append", default=[], metavar="NAME=VALUE", help="extra API setting")
+    parser.add_argument(
+        "--training", type=int, default=0, help="also measure beside this many real CPU training jobs (0: not)"
+    )
+    parser.add_argument(
+        "--worker-env", action="append", default=[], metavar="NAME=VALUE", help="extra worker setting (--training)"
+    )
     parser.add_argument(
         "--api-root",
         type=Path,
@@ -145,7 +164,7 @@ def wait_running(url: str, token: str, job_ids: Sequence[str], timeout_s: float 
             if all(job["status"] == "running" and job["step"] > 0 for job in jobs):
                 return
             time.sleep(0.2)
-    raise RuntimeError("the simulated jobs did not start running")
+    raise RuntimeError(f"the jobs did not start running within {timeout_s:.0f} s")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -217,6 +236,7 @@ def run_scenario(
     )
     cpu = cpu_seconds(api.popen.pid) - cpu_before
     result: dict[str, Any] = {
+        "load": "simulated",
         "scenario": asdict(scenario),
         "polls": summary(tally, args.duration),
         "probe": {name: summary(t, args.duration) for name, t in probed.items()},
@@ -228,8 +248,8 @@ def run_scenario(
     return result
 
 
-def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    """Set the stack up, run every scenario, tear it down; the result (see the module docstring)."""
+def _simulated_phase(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    """Every scenario against jobs whose step records a simulated writer writes; results, writer stats, API log."""
     low, high = (float(value) for value in args.step_interval.split(","))
     extra = dict(item.split("=", 1) for item in args.api_env)
     results: list[dict[str, Any]] = []
@@ -251,13 +271,65 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 elapsed = time.monotonic() - started
             api_log = api.log_tail(20)
     steps = sum(writer.steps.values())
-    return {
+    return results, {"steps": writer.steps, "steps_per_s": steps / elapsed if elapsed else 0.0}, api_log
+
+
+def _training_scenario(
+    pool: ProcessPoolExecutor,
+    args: argparse.Namespace,
+    scenario: Scenario,
+    api: ApiProcess,
+    token: str,
+    job_ids: Sequence[str],
+) -> dict[str, Any]:
+    """A quiet window (the jobs' rate with no poller), then the scenario polling the training jobs."""
+    quiet = quiet_window(api.url, token, job_ids, args.warmup + args.duration)
+    before, began = steps_of(api.url, token, job_ids), time.monotonic()
+    result = run_scenario(pool, args, scenario, api, token, job_ids)
+    polled = TrainingWindow(before, steps_of(api.url, token, job_ids), time.monotonic() - began)
+    result["load"] = f"{len(job_ids)} training job" + ("s" if len(job_ids) > 1 else "")
+    result["training"] = {"quiet": asdict(quiet), "polled": asdict(polled)}
+    result["training_steps_per_s"] = {"quiet": quiet.steps_per_s, "polled": polled.steps_per_s}
+    return result
+
+
+def _training_phase(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
+    """Every scenario against ``--training`` real jobs that a worker on this host trains; results, worker log."""
+    api_env = dict(item.split("=", 1) for item in args.api_env)
+    worker_env = dict(item.split("=", 1) for item in args.worker_env)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="halfcast-load-") as tmp, scratch_database(args.admin_url) as db_url:
+        token, data_dir = admin_token(db_url), Path(tmp) / "data"
+        with (
+            ApiProcess(db_url, data_dir, workers=args.api_workers, env=api_env, root=args.api_root) as api,
+            WorkerProcess(db_url, data_dir, concurrency=args.training, env=worker_env, root=args.api_root) as worker,
+            ProcessPoolExecutor(args.procs, mp_context=get_context("spawn")) as pool,
+        ):
+            job_ids = submit_training(api.url, token, args.training)
+            try:
+                wait_running(api.url, token, job_ids, TRAINING_START_S)
+                for scenario in scenarios(args):
+                    results.append(_training_scenario(pool, args, scenario, api, token, job_ids))
+            finally:
+                cancel_jobs(api.url, token, job_ids)
+            worker_log = worker.log_tail(20)
+    return results, worker_log
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Set each stack up, run every scenario, tear it down; the result (see the module docstring)."""
+    results, writer, api_log = _simulated_phase(args)
+    out: dict[str, Any] = {
         "settings": {key: str(value) for key, value in vars(args).items()},
         "results": results,
-        "writer": {"steps": writer.steps, "steps_per_s": steps / elapsed if elapsed else 0.0},
+        "writer": writer,
         "api_log_tail": api_log,
-        "machine": {"logical_cpus": os.cpu_count(), "load_avg": os.getloadavg()},
     }
+    if args.training > 0:
+        training_results, out["worker_log_tail"] = _training_phase(args)
+        results.extend(training_results)
+    out["machine"] = {"logical_cpus": os.cpu_count(), "load_avg": os.getloadavg()}
+    return out
 
 
 def _row(result: dict[str, Any]) -> list[str]:
@@ -269,7 +341,10 @@ def _row(result: dict[str, Any]) -> list[str]:
     cancel_text = f"{cancel['p50_ms']:.0f}/{cancel['max_ms']:.0f}" + (
         f" ({cancel_errors} err)" if cancel_errors else ""
     )
+    rates = result.get("training_steps_per_s")
+    training = f"{rates['quiet']:.1f}/{rates['polled']:.1f}" if rates else "-"
     return [
+        result.get("load", "simulated"),
         str(scenario["clients"]),
         scenario["mode"],
         f"{scenario['think_s']:g}",
@@ -285,6 +360,7 @@ def _row(result: dict[str, Any]) -> list[str]:
         f"{result['api_cpu_ms_per_request']:.2f}",
         f"{result['client_cpu_ms_per_request']:.2f}",
         "{:.1f}-{:.1f}".format(*result["load_avg_1m"]),
+        training,
     ]
 
 

@@ -45,6 +45,22 @@ def test_a_tiny_load_run_answers_every_poll_and_cleans_up(postgres_url: str, tmp
     assert sum(result["writer"]["steps"].values()) > 0
 
 
+def test_the_training_mode_polls_real_training_jobs_and_says_what_polling_cost_them(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """Issue 31 item 2: ``--training 1`` adds rows polled while a real worker trains a job, with its quiet and polled rates."""
+    out = tmp_path / "load.json"
+    argv = ["--clients", "2", "--modes", "plain", "--duration", "2", "--warmup", "0.5", "--jobs", "1", "--running", "1"]
+    argv += ["--training", "1", "--probe-interval", "1", "--admin-url", postgres_url, "--json", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert [run["load"] for run in result["results"]] == ["simulated", "1 training job"]
+    training = result["results"][1]
+    assert training["polls"]["requests"] > 0 and training["polls"]["errors"] == {}
+    assert training["training_steps_per_s"]["quiet"] > 0 and training["training_steps_per_s"]["polled"] > 0
+    assert training["training"]["polled"]["seconds"] >= 2
+
+
 def test_percentiles_and_summary() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 0.99) == 4.0
     tally = Tally()
