@@ -43,7 +43,7 @@ import httpx
 
 from bench.load_clients import PollPlan, Tally, poll_share, probe, summary
 from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
-from bench.load_training import TrainingWindow, WorkerProcess, cancel_jobs, quiet_window, steps_of, submit_training
+from bench.load_training import TrainingWindow, WorkerProcess, cancel_jobs, quiet_window, steps_of, training_spec
 from bench.load_writer import Writer, WriterConfig
 from common.quiet_logs import quiet_third_party_logs
 
@@ -144,12 +144,12 @@ def bench_spec() -> dict[str, Any]:
     return spec
 
 
-def submit_jobs(url: str, token: str, count: int) -> list[str]:
-    """Submit ``count`` jobs; their ids."""
+def submit_jobs(url: str, token: str, count: int, spec: dict[str, Any] | None = None) -> list[str]:
+    """Submit ``count`` jobs of ``spec`` (default :func:`bench_spec`); their ids."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
         ids = []
         for _ in range(count):
-            response = client.post("/jobs", json=bench_spec())
+            response = client.post("/jobs", json=spec or bench_spec())
             response.raise_for_status()
             ids.append(response.json()["id"])
         return ids
@@ -305,7 +305,7 @@ def _training_phase(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str
             WorkerProcess(db_url, data_dir, concurrency=args.training, env=worker_env, root=args.api_root) as worker,
             ProcessPoolExecutor(args.procs, mp_context=get_context("spawn")) as pool,
         ):
-            job_ids = submit_training(api.url, token, args.training)
+            job_ids = submit_jobs(api.url, token, args.training, training_spec())
             try:
                 wait_running(api.url, token, job_ids, TRAINING_START_S)
                 for scenario in scenarios(args):

@@ -150,20 +150,30 @@ class ApiProcess:
 
     def stop(self) -> None:
         """SIGTERM the API (uvicorn stops its workers); SIGKILL it after :data:`STOP_TIMEOUT_S`."""
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            log.warning("the API did not stop within %.0f s; killing it", STOP_TIMEOUT_S)
-            self.popen.kill()
-            self.popen.wait()
+        stop_process(self.popen, "the API", STOP_TIMEOUT_S)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the API's output."""
-        text_ = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text_.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
+
+
+def stop_process(popen: subprocess.Popen[bytes] | None, what: str, timeout_s: float) -> None:
+    """SIGTERM ``popen`` unless it has ended; SIGKILL it after ``timeout_s``."""
+    if popen is None or popen.poll() is not None:
+        return
+    popen.send_signal(signal.SIGTERM)
+    try:
+        popen.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        log.warning("%s did not stop within %.0f s; killing it", what, timeout_s)
+        popen.kill()
+        popen.wait()
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of the output file at ``path`` (empty if there is none yet)."""
+    text_ = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text_.splitlines()[-lines:])
 
 
 def process_environment(database_url: str, extra: Mapping[str, str], root: Path) -> dict[str, str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any, Self
 
 import httpx
 
-from bench.load_stack import ROOT, process_environment
+from bench.load_stack import ROOT, log_tail, process_environment, stop_process
 from server.db.models import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
@@ -98,35 +97,15 @@ class WorkerProcess:
 
     def stop(self) -> None:
         """SIGTERM the worker; SIGKILL it after :data:`STOP_TIMEOUT_S`."""
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            log.warning("the worker did not stop within %.0f s; killing it", STOP_TIMEOUT_S)
-            self.popen.kill()
-            self.popen.wait()
+        stop_process(self.popen, "the worker", STOP_TIMEOUT_S)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the worker's output."""
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
 
 def _client(url: str, token: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-
-
-def submit_training(url: str, token: str, count: int) -> list[str]:
-    """Submit ``count`` training jobs (:func:`training_spec`); their ids."""
-    with _client(url, token) as client:
-        ids = []
-        for _ in range(count):
-            response = client.post("/jobs", json=training_spec())
-            response.raise_for_status()
-            ids.append(response.json()["id"])
-        return ids
 
 
 def steps_of(url: str, token: str, job_ids: Sequence[str]) -> int:
