@@ -40,9 +40,12 @@ schemathesis generates as strings and bytes (:func:`_raw_bytes` serializes the t
 refused upload must leave no row and no file under the registry directory.
 
 Authentication: each operation is fuzzed as ``admin`` (an admin token: sees every
-job), ``user`` (a plain token owning the seeded jobs) and ``anonymous`` (no token:
-401 JSON with ``WWW-Authenticate: Bearer`` everywhere but ``/healthz`` and
-``/readyz``). :func:`caller_headers` is the one place that turns a caller into headers.
+job), ``user`` (a plain token owning the seeded jobs) and ``anonymous`` (no token or
+whatever ``Authorization`` schemathesis makes of the security scheme: 401 JSON with
+``WWW-Authenticate: Bearer`` everywhere but ``/healthz`` and ``/readyz``).
+:func:`caller_headers` is the one place that turns a caller into headers. The
+``admin`` and ``user`` requests differ only in their token: each is generated once,
+with the admin's token fixed, and sent by both (:data:`CALLER_GROUPS`).
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ FUZZ_EXAMPLES = int(os.environ.get("HALFCAST_FUZZ_EXAMPLES", "25"))
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 #: Operations whose answer may be an endless stream for a job that is not terminal.
 STREAMING_PATHS = frozenset({"/jobs/{job_id}/events", "/jobs/{job_id}/logs"})
+#: The callers of a fuzz test, by the headers its requests are generated with: the admin's token fixed
+#: (each request also sent with the user's), or none fixed (schemathesis' own ``Authorization``, if any).
+CALLER_GROUPS = {"token": ("admin", "user"), "anonymous": ("anonymous",)}
 #: Schemathesis checks left out, and why.
 EXCLUDED_CHECKS = (
     # It re-sends the case without credentials through schemathesis' own ASGI transport (a
@@ -133,6 +139,16 @@ class FuzzTarget:
     registry: Path
     examples: Counter[str] = field(default_factory=Counter)
     statuses: dict[str, Counter[int]] = field(default_factory=dict)
+    #: The database's :func:`fingerprint` after the last request that was not a 4xx.
+    snapshot: tuple[Any, ...] = ()
+
+    def expect_unchanged(self, label: str, status_code: int) -> None:
+        """After a 4xx: the database is as it was before the request (as :attr:`snapshot` holds)."""
+        assert fingerprint(self.sessions) == self.snapshot, f"{label} answered {status_code} but changed the database"
+
+    def take_snapshot(self) -> None:
+        """Note the database's state: a request that may have written leaves a new one."""
+        self.snapshot = fingerprint(self.sessions)
 
     def tally(self, label: str, status_code: int) -> None:
         """Count one request of operation ``label`` answered with ``status_code``."""
@@ -223,19 +239,53 @@ def caller_headers(target: FuzzTarget, caller: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _fuzz_params() -> list[Any]:
-    """``(label, mode)`` for every operation of the app's schema (read without starting the app).
+#: Keywords of a parameter schema that constrain nothing.
+_ANNOTATIONS = frozenset({"title", "description"})
 
-    Operations without parameters or body have no invalid input: positive mode only.
+
+def _any_string(schema: dict[str, Any]) -> bool:
+    """Whether ``schema`` takes every string (``{"type": "string"}``, optionally or null, with annotations only)."""
+    if set(schema) - _ANNOTATIONS == {"type"}:
+        return bool(schema["type"] == "string")
+    if set(schema) - _ANNOTATIONS == {"anyOf"}:
+        kinds = [option.get("type") for option in schema["anyOf"]]
+        return "string" in kinds and all(
+            len(option) == 1 and option.get("type") in ("string", "null") for option in schema["anyOf"]
+        )
+    return False
+
+
+def _has_invalid_input(spec: dict[str, Any], *, authorization_fixed: bool) -> bool:
+    """Whether an operation (its OpenAPI ``spec``) can be sent an invalid request.
+
+    Not without parameters and body. Nor, with ``Authorization`` fixed (never negated), where its only
+    inputs are path and header parameters that take any string: HTTP sends those as strings, so nothing
+    is invalid (schemathesis would try some 460 cases before giving up, 20-35 s on this machine).
+    """
+    parameters = spec.get("parameters", [])
+    if not parameters and not spec.get("requestBody"):
+        return False
+    if not authorization_fixed or spec.get("requestBody"):
+        return True
+    return not all(param["in"] in ("path", "header") and _any_string(param["schema"]) for param in parameters)
+
+
+def _fuzz_params() -> list[Any]:
+    """``(label, mode, callers)`` for every operation of the app's schema (read without starting the app).
+
+    Negative mode only where an invalid request exists (:func:`_has_invalid_input`).
     """
     paths = create_app(Settings(data_dir=Path("/nonexistent"), broker_url=None)).openapi()["paths"]
     params = []
     for path, methods in paths.items():
         for method, spec in methods.items():
             label = f"{method.upper()} {path}"
-            params.append(pytest.param(label, GenerationMode.POSITIVE, id=f"{label}-positive"))
-            if spec.get("parameters") or spec.get("requestBody"):
-                params.append(pytest.param(label, GenerationMode.NEGATIVE, id=f"{label}-negative"))
+            for callers in CALLER_GROUPS:
+                params.append(pytest.param(label, GenerationMode.POSITIVE, callers, id=f"{label}-positive-{callers}"))
+                if _has_invalid_input(spec, authorization_fixed=callers == "token"):
+                    params.append(
+                        pytest.param(label, GenerationMode.NEGATIVE, callers, id=f"{label}-negative-{callers}")
+                    )
     return params
 
 
@@ -268,10 +318,11 @@ def _strategy(operation: Any, mode: GenerationMode, seeded: Seeded, headers: dic
     return generated.map(_without_null_headers)
 
 
-def _check_response(target: FuzzTarget, label: str, caller: str, response: Any, before: tuple[Any, ...]) -> None:
+def _check_response(target: FuzzTarget, label: str, caller: str, response: Any) -> None:
     """The Halfcast-specific checks: no 5xx; no token, no access; a 4xx is JSON naming the problem and writes nothing.
 
-    A HEAD answer has no body to check (the GET of the same path checks the JSON).
+    A HEAD answer has no body to check (the GET of the same path checks the JSON). The database is compared
+    with the target's snapshot (taken after the last request that could write): one query per request.
     """
     status_code = response.status_code
     assert status_code < 500, f"{label} answered {status_code}: {response.text[:2000]}"
@@ -281,7 +332,9 @@ def _check_response(target: FuzzTarget, label: str, caller: str, response: Any, 
     if 400 <= status_code < 500 and not label.startswith("HEAD "):
         check_error_body(status_code, response.headers.get("content-type", ""), response.json())
     if 400 <= status_code < 500:
-        assert fingerprint(target.sessions) == before, f"{label} answered {status_code} but changed the database"
+        target.expect_unchanged(label, status_code)
+    else:
+        target.take_snapshot()
 
 
 def _request_kwargs(case: schemathesis.Case) -> dict[str, Any]:
@@ -328,15 +381,28 @@ def _send(targets: FuzzTargets, target: FuzzTarget, kwargs: dict[str, Any]) -> A
     return target.client.request(**_aliased(kwargs, targets.aliases(target)))
 
 
-@pytest.mark.parametrize("caller", ["admin", "user", "anonymous"])
-@pytest.mark.parametrize(("label", "mode"), _fuzz_params())
+def _as_caller(kwargs: dict[str, Any], generated_by: str, caller: str, primary: FuzzTarget) -> dict[str, Any]:
+    """The request ``kwargs`` generated with ``generated_by``'s token, sent with ``caller``'s instead."""
+    if caller == generated_by:
+        return kwargs
+    headers = {**kwargs.get("headers", {}), **caller_headers(primary, caller)}
+    return {**kwargs, "headers": headers}
+
+
+@pytest.mark.parametrize(("label", "mode", "callers"), _fuzz_params())
 def test_fuzz_operation(
-    label: str, mode: GenerationMode, caller: str, fuzz_targets: FuzzTargets, fuzz_schema: schemathesis.BaseSchema
+    label: str, mode: GenerationMode, callers: str, fuzz_targets: FuzzTargets, fuzz_schema: schemathesis.BaseSchema
 ) -> None:
-    """Every generated request gets a non-5xx, schema-conformant answer on each backend; a 4xx is JSON and writes nothing."""
+    """Every generated request gets a non-5xx, schema-conformant answer on each backend; a 4xx is JSON and writes nothing.
+
+    Each request is sent by every caller of the group ``callers`` (:data:`CALLER_GROUPS`), to every backend.
+    """
     method, path = label.split(" ", 1)
     operation = fuzz_schema[path][method]
     primary = fuzz_targets.primary
+    generated_by, *_ = CALLER_GROUPS[callers]
+    for target in fuzz_targets.targets:
+        target.take_snapshot()
 
     @settings(
         max_examples=FUZZ_EXAMPLES,
@@ -345,20 +411,21 @@ def test_fuzz_operation(
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(case=_strategy(operation, mode, primary.seeded, caller_headers(primary, caller)))
+    @given(case=_strategy(operation, mode, primary.seeded, caller_headers(primary, generated_by)))
     def run(case: schemathesis.Case) -> None:
-        kwargs = _request_kwargs(case)
-        for target in fuzz_targets.targets:
-            before = fingerprint(target.sessions)
-            response = _send(fuzz_targets, target, kwargs)
-            target.tally(f"{label} ({caller})", response.status_code)
-            _check_response(target, label, caller, response, before)
-            case.validate_response(response, excluded_checks=list(EXCLUDED_CHECKS))
+        generated = _request_kwargs(case)
+        for caller in CALLER_GROUPS[callers]:
+            kwargs = _as_caller(generated, generated_by, caller, primary)
+            for target in fuzz_targets.targets:
+                response = _send(fuzz_targets, target, kwargs)
+                target.tally(f"{label} ({caller})", response.status_code)
+                _check_response(target, label, caller, response)
+                case.validate_response(response, excluded_checks=list(EXCLUDED_CHECKS))
 
     try:
         run()
-    except Unsatisfiable:  # e.g. only a path string and fixed headers: nothing can be made invalid
-        pytest.skip(f"{label}: no invalid request can be generated")
+    except Unsatisfiable:
+        pytest.fail(f"{label} ({callers}): no invalid request can be generated; _has_invalid_input must say why")
 
 
 def _json_body_operations() -> list[str]:
