@@ -32,6 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -50,6 +51,10 @@ LOCALHOST = "127.0.0.1"
 FAILED_EXIT = 1
 #: Seconds between two checks of the ranks while waiting for them to stop.
 STOP_POLL_S = 0.02
+#: Seconds a rank already exiting when another failed is waited for, to learn how it ended.
+EXITING_WAIT_S = 5.0
+#: The kernel's task flag of a process inside ``exit`` (``PF_EXITING``, ``/proc/<pid>/stat`` field 9).
+PF_EXITING = 0x4
 
 
 class Stopped(Exception):
@@ -245,9 +250,11 @@ def _exitcode(status: int) -> int:
 def _wait_all(ranks: dict[int, int]) -> RankExit | None:
     """Wait for every rank; the first that failed (the rest still running), or ``None`` when all exited 0.
 
-    When the first failure reaped is found with other ranks already dead beside it (the agent was not
-    scheduled between their deaths), ``waitpid`` gives no order: a rank killed by a signal (a fault, the OOM
-    killer) is then the cause, and a rank that exited with an error after losing its peer is not.
+    When the first failure reaped is found with other ranks dead or dying beside it, the order ``waitpid``
+    gives is not the order they failed in: a rank killed by a signal (a fault, the OOM killer) closes its
+    sockets before its parent can reap it, and under load a peer may exit with an error and be reaped in
+    that gap. A rank killed by a signal is then the cause, not one that exited with an error after losing
+    its peer; a rank still inside ``exit`` is waited for (:func:`_exiting_failures`) to learn which it was.
     """
     left = dict(ranks)
     while left:
@@ -257,6 +264,8 @@ def _wait_all(ranks: dict[int, int]) -> RankExit | None:
         ended = RankExit(left.pop(pid), pid, _exitcode(status), time.time())
         if ended.exitcode != 0:
             failures = [ended, *_failed_already(left)]
+            if ended.exitcode > 0:
+                failures += _exiting_failures(left, EXITING_WAIT_S)
             ranks.clear()
             ranks.update(left)
             return next((failure for failure in failures if failure.exitcode < 0), ended)
@@ -277,6 +286,31 @@ def _failed_already(left: dict[int, int]) -> list[RankExit]:
         if pid in left:
             ended = RankExit(left.pop(pid), pid, _exitcode(status), time.time())
             failed += [ended] if ended.exitcode != 0 else []
+    return failed
+
+
+def _is_exiting(pid: int) -> bool:
+    """Whether process ``pid`` is inside ``exit`` (a zombie, or tearing down after a signal); False if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp session tty tpgid flags ...
+    return bool(int(fields[6]) & PF_EXITING)
+
+
+def _exiting_failures(left: dict[int, int], timeout_s: float) -> list[RankExit]:
+    """Reap the ranks of ``left`` already inside ``exit``, waiting up to ``timeout_s`` for each; those that failed."""
+    failed = []
+    deadline = time.monotonic() + timeout_s
+    for pid in [pid for pid in left if _is_exiting(pid)]:
+        while time.monotonic() < deadline:
+            reaped, status = os.waitpid(pid, os.WNOHANG)
+            if reaped == pid:
+                ended = RankExit(left.pop(pid), pid, _exitcode(status), time.time())
+                failed += [ended] if ended.exitcode != 0 else []
+                break
+            time.sleep(STOP_POLL_S)
     return failed
 
 
