@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
+from parallel_support import free_port
 
 log = logging.getLogger("e2e")
 
@@ -38,13 +38,6 @@ EXAMPLES = ROOT / "examples"
 TERMINAL = {"succeeded", "failed", "cancelled"}
 #: Seconds to wait for the API to answer after start.
 START_TIMEOUT_S = 90.0
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def load_example(name: str, **overrides: Any) -> dict[str, Any]:

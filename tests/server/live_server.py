@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from typing import Any, Self
 
 import httpx
 import uvicorn
+from parallel_support import free_port
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -41,13 +41,6 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
             return True
         time.sleep(0.01)
     return False
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class AsgiSpec24:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -55,13 +54,6 @@ def torchrun_trainer(
     ]  # fmt: skip  # each flag beside its value
     done = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=timeout_s)
     return done, run_dir
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for a gloo rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 #: Collective and store timeout of the test ranks: a rank stuck in a mismatched collective fails the test instead of hanging it.
