@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -69,11 +70,22 @@ def admin_token(database_url: str, owner: str = "bench") -> str:
         engine.dispose()
 
 
+#: The ports a bench's servers take: below the kernel's ephemeral range (32768-60999 by default), where
+#: outgoing connections take their local ports, so no client connection takes one between the check and
+#: the server's own bind ("address already in use", seen when the suite runs the benches beside others).
+BENCH_PORTS = range(10000, 20000)
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback TCP port nobody listens on right now, drawn from :data:`BENCH_PORTS`."""
+    for port in random.sample(BENCH_PORTS, 100):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {BENCH_PORTS.start}-{BENCH_PORTS.stop - 1}")
 
 
 class ApiProcess:
