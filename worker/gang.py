@@ -23,12 +23,10 @@ from enum import StrEnum
 from contracts.status import FailureReason, JobStatus, MemberStatus
 from server.db.members import Member, Members
 from server.db.models import utcnow
+from worker.lease import RenewedLease
 from worker.outcomes import Outcome
 
 log = logging.getLogger(__name__)
-
-#: Membership renewals per lease length (as :data:`worker.lease.RENEWALS_PER_TTL`).
-RENEWALS_PER_TTL = 5
 
 
 class GangEnd(StrEnum):
@@ -41,44 +39,21 @@ class GangEnd(StrEnum):
     LOST = "lost"
 
 
-class MemberLease:
-    """The lease of one open membership, renewed every ``ttl / RENEWALS_PER_TTL``.
-
-    Self-fencing as :class:`worker.lease.Lease` is.
-    """
+class MemberLease(RenewedLease):
+    """The lease of one open membership (``job_members.lease_expires_at``), self-fencing as the job's is."""
 
     def __init__(
         self, members: Members, member_id: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.members, self.member_id, self.ttl_s, self.clock = members, member_id, ttl_s, clock
-        now = clock()
-        self.valid_until = now + ttl_s
-        self.next_renewal = now + ttl_s / RENEWALS_PER_TTL
-        self.lost_reason: str | None = None
-
-    @property
-    def lost(self) -> bool:
-        """Whether the membership is closed or could not be renewed before it expired."""
-        return self.lost_reason is not None
-
-    def renew_if_due(self) -> bool:
-        """Renew when due; whether the membership is still held."""
-        now = self.clock()
-        if self.lost or now < self.next_renewal:
-            return not self.lost
-        try:
-            renewed = self.members.renew(self.member_id, self.ttl_s)
-        except Exception as exc:  # noqa: BLE001  # the database is unreachable: retry soon, give up at expiry
-            log.warning("membership %d: renewal failed: %s", self.member_id, exc)
-            if self.clock() >= self.valid_until:
-                self.lost_reason = f"the membership could not be renewed before it expired ({exc})"
-            self.next_renewal = now + min(1.0, self.ttl_s / RENEWALS_PER_TTL)
-            return not self.lost
-        if not renewed:
-            self.lost_reason = "the membership was closed elsewhere"
-            return False
-        self.valid_until, self.next_renewal = now + self.ttl_s, now + self.ttl_s / RENEWALS_PER_TTL
-        return True
+        self.members, self.member_id = members, member_id
+        super().__init__(
+            lambda: members.renew(member_id, ttl_s),
+            ttl_s,
+            holder=f"membership {member_id}",
+            noun="membership",
+            taken_over="the membership was closed elsewhere",
+            clock=clock,
+        )
 
 
 @dataclass

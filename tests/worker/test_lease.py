@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker.gang import MemberLease
 from worker.lease import RENEWALS_PER_TTL, Lease
 from worker.store import Fence
 
@@ -72,3 +73,33 @@ def test_a_renewal_after_errors_restores_the_lease() -> None:
     assert lease.renew_if_due()
     clock.now += 1.0
     assert lease.renew_if_due() and lease.valid_until == clock.now + 10.0
+
+
+class FakeMembers:
+    """Answers membership renewals with the queued results, as :class:`FakeStore` does."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.store = FakeStore(*answers)
+
+    def renew(self, member_id: int, ttl_s: float) -> bool:
+        return self.store.renew_lease(FENCE, ttl_s)
+
+
+def test_a_membership_lease_renews_and_is_lost_when_closed_elsewhere() -> None:
+    clock, members = Clock(), FakeMembers(True, False)
+    lease = MemberLease(members, 7, ttl_s=10.0, clock=clock)  # type: ignore[arg-type]  # a fake Members
+    clock.now += 2.0
+    assert lease.renew_if_due() and lease.valid_until == clock.now + 10.0
+    clock.now += 2.0
+    assert lease.renew_if_due() is False and lease.lost_reason == "the membership was closed elsewhere"
+
+
+def test_a_membership_lease_self_fences_when_it_cannot_be_renewed_before_it_expires() -> None:
+    clock = Clock()
+    lease = MemberLease(FakeMembers(*[ConnectionError("down")] * 50), 7, ttl_s=10.0, clock=clock)  # type: ignore[arg-type]  # a fake Members
+    while clock.now < 109.0:
+        clock.now += 0.5
+        assert lease.renew_if_due() is True
+    clock.now = 110.0
+    assert lease.renew_if_due() is False
+    assert lease.lost_reason == "the membership could not be renewed before it expired (down)"
