@@ -144,3 +144,52 @@ def test_the_picture_numbers_the_path_of_a_job_once_each() -> None:
     labels = [m.group(1) for line in picture() if (m := re.search(r'==>\|"([^"]*)"\|', line))]
     steps = sorted(int(number) for label in labels for number in re.findall(r"(?:^|<br/>)(\d+)\. ", label))
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 10
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Each first-party module's first-party imports (inside functions too), as module names.
+
+    ``from a.b import c`` counts as importing ``a.b.c`` where that is a module, else ``a.b``.
+    """
+    files = {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+
+    def module_of(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for importer, path in files.items():
+        names: list[str] = []
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names += [f"{node.module}.{alias.name}" for alias in node.names]
+        graph[importer] = {found for name in names if (found := module_of(name)) not in (None, importer)}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph``: each set of two or more modules that import one another, however far round."""
+    reach = {module: set(imports) for module, imports in graph.items()}
+    changed = True
+    while changed:  # transitive closure (a few hundred modules: quick enough)
+        changed = False
+        for reached in reach.values():
+            more = set().union(*(reach.get(other, set()) for other in reached)) - reached
+            if more:
+                reached |= more
+                changed = True
+    circles = {frozenset(m for m in reach[module] if module in reach.get(m, set())) | {module} for module in reach}
+    return sorted(sorted(circle) for circle in circles if len(circle) > 1)
+
+
+def test_no_modules_import_one_another_in_a_circle() -> None:
+    """E.g. ``trainer.components`` → ``trainer.models`` → ``trainer.hf.build`` → ``trainer.components`` (issue 30)."""
+    assert import_circles(module_imports()) == []
+
+
+def test_a_circle_is_found_however_far_round() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"]]

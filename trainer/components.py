@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ from trainer.optim import build_lr_scheduler, build_optimizer
 from trainer.parallel import wrap_model
 from trainer.precision import PrecisionPolicy, build_precision
 from trainer.records import RecordSink
+from trainer.rng import seed_everything
 from trainer.schedule import DeviceLRSchedule
 from trainer.spec import JobSpec
 from trainer.telemetry import StepLog
@@ -54,12 +54,6 @@ class Components:
     def training_state(self) -> TrainingState:
         """What a checkpoint captures."""
         return TrainingState(self.model, self.optimizer, self.lr_scheduler, self.precision)  # type: ignore[arg-type]
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's and torch's generators (CPU and every CUDA device)."""
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def build_components(

@@ -1,4 +1,4 @@
-"""Random-number-generator state of one rank: captured into checkpoints, restored on resume.
+"""Random-number generators of one rank: seeded from the spec, captured into checkpoints, restored on resume.
 
 Covers Python's ``random``, torch's CPU generator and, where CUDA is in use, every
 CUDA device's generator (dropout and any other in-model randomness). Data order
@@ -12,6 +12,12 @@ import random
 from typing import Any
 
 import torch
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's and torch's generators (CPU and every CUDA device)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def capture_rng_state() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from trainer.data.base import DataInfo
 from trainer.hf.adapters import apply_lora, cast_frozen, check_trainable
 from trainer.hf.loading import hf_config, load_base_model
 from trainer.hf.wrapper import HFModule
+from trainer.rng import seed_everything
 from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,6 @@ def rebuild_hf_model(
     the exports merge into; the adapter was trained on them rounded to ``compute_dtype``). The
     caller's RNG state is left as it was.
     """
-    from trainer.components import seed_everything
-
     with torch.random.fork_rng(devices=[]):
         seed_everything(spec.seed)
         model = build_hf_model(spec, info, tokenizer, compute_dtype, base_as_stored=base_as_stored)
