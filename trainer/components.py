@@ -19,7 +19,7 @@ from trainer.guard import DivergenceGuard
 from trainer.loss_scale import DynamicLossScaler
 from trainer.losses import LossFn, task_loss
 from trainer.models import build_job_model
-from trainer.optim import build_lr_scheduler, build_optimizer
+from trainer.optim.build import build_lr_scheduler, build_optimizer
 from trainer.parallel import wrap_model
 from trainer.precision import PrecisionPolicy, build_precision
 from trainer.records import RecordSink

@@ -26,7 +26,7 @@ gradient is never applied, in any precision. Overflow forensics and underflow sa
 are optional observers called at defined points (:mod:`trainer.observers`).
 
 Everything stays on the device: the overflow flag, the skip decision (the optimizer
-receives ``found_inf`` and skips itself, see :mod:`trainer.optimizers`), the scale and
+receives ``found_inf`` and skips itself, see :mod:`trainer.optim.skipping`), the scale and
 its trackers, and the skipped-step counter. A steady-state step makes no host
 synchronisation; :class:`StepOutcome` carries 0-d tensors that the loop gathers into
 its step-record buffer (:mod:`trainer.telemetry`) and copies to the host once per
@@ -54,7 +54,7 @@ from trainer.loss_scale import (
     StaticLossScaler,
 )
 from trainer.observers import NO_OBSERVERS, Gradients, StepObservers
-from trainer.optimizers import DeviceSkipOptimizer
+from trainer.optim.skipping import DeviceSkipOptimizer
 from trainer.overflow import agree_across_ranks, is_distributed, nonfinite_flag, nonfinite_kinds
 from trainer.sharded import GradNorms, clip_grads_, grad_norms, local_tensors
 from trainer.spec import JobSpec, LossScaleSpec, Precision
@@ -197,7 +197,7 @@ class PrecisionPolicy(ABC):
         """Unscale and check, agree across ranks, clip, apply or skip on the device, update the scale.
 
         No host synchronisation for optimizers that follow PyTorch's AMP protocol
-        (``_step_supports_amp_scaling``: Halfcast's :mod:`trainer.optimizers`, PyTorch's
+        (``_step_supports_amp_scaling``: Halfcast's :mod:`trainer.optim.skipping`, PyTorch's
         fused ones): they get ``found_inf`` and skip on the device. Any other optimizer
         is stepped after one host read of the flag. The caller zeroes the gradients
         afterwards and advances the LR schedule by ``outcome.applied``.

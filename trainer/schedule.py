@@ -5,7 +5,7 @@ optimizer steps so far: a skipped step never advances the schedule (docs/trainer
 "Numerics of one optimizer step"; pytorch/pytorch#44511). The count ``n`` is a 0-d
 int64 tensor on the device, advanced by the step's ``applied`` flag, and the next
 step's learning rate is computed from it with tensor ops and written into each
-``param_group["lr"]`` (a 0-d tensor, see :mod:`trainer.optimizers`): the host never
+``param_group["lr"]`` (a 0-d tensor, see :mod:`trainer.optim.skipping`): the host never
 reads either.
 
 The multiplier ``m`` (:class:`LRMultiplier` is the host closed form, the reference):
@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from trainer.optimizers import lr_dtype
+from trainer.optim.skipping import lr_dtype
 from trainer.spec import LRSchedulerSpec
 
 
@@ -180,7 +180,7 @@ class DeviceLRSchedule:
 
     Args:
         multiplier: the schedule's closed form.
-        optimizer: an optimizer from :mod:`trainer.optimizers` (groups hold ``initial_lr``
+        optimizer: an optimizer from :mod:`trainer.optim.skipping` (groups hold ``initial_lr``
             and a 0-d ``lr`` tensor).
 
     ``applied`` (0-d int64, on the device of the first group's ``lr``) counts applied steps; the host

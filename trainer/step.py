@@ -22,7 +22,7 @@ from trainer.data import Batch
 from trainer.distributed import DistContext, all_reduce_sum
 from trainer.faults import FaultInjector
 from trainer.losses import LossFn
-from trainer.optimizers import DeviceSkipOptimizer
+from trainer.optim.skipping import DeviceSkipOptimizer
 from trainer.overflow import is_distributed
 from trainer.parallel import grad_sync
 from trainer.precision import PrecisionPolicy

@@ -18,7 +18,7 @@ from bench.gpu.syncs import SyncGuard
 from bench.gpu.workloads import attention_shape, job_spec, preload
 from trainer.components import Components, build_components
 from trainer.distributed import DistContext
-from trainer.optim import resolve_implementation
+from trainer.optim.build import resolve_implementation
 from trainer.precision import PrecisionUnsupportedError
 from trainer.step import record_step, train_step
 from trainer.telemetry import StepLog, StepRow
@@ -81,7 +81,7 @@ def _measurement(
     n_layer, seq_len, d_model = attention_shape(model, settings)
     flops = count_flops(parts.model, n_layer, seq_len, d_model)
     tokens_per_s = counts.steps * batch * seq_len / seconds
-    # parts.parameters holds Parameters typed as Tensor (trainer.optim asks for Parameter)
+    # parts.parameters holds Parameters typed as Tensor (trainer.optim.build asks for Parameter)
     implementation = resolve_implementation(settings.implementation, parts.parameters)  # type: ignore[arg-type]
     return Measurement(
         steady_steps=counts.steps,

@@ -23,7 +23,7 @@ from trainer.components import build_components, build_record_flusher, divergenc
 from trainer.data import Batch
 from trainer.distributed import DistContext
 from trainer.loss_scale import DynamicLossScaler
-from trainer.optim import resolve_implementation
+from trainer.optim.build import resolve_implementation
 from trainer.records import RECORDS_FILE, RecordSink
 from trainer.spec import JobSpec
 from trainer.step import record_step, train_step
@@ -54,14 +54,14 @@ class HalfcastRunner:
         self.flusher = build_record_flusher(self.spec, self.parts, self._sink, CPU)  # as a real job's
         self._step = 0
         self._probe = ActivationProbe(self.parts.model)
-        # parts.parameters holds Parameters typed as Tensor (trainer.optim asks for Parameter)
+        # parts.parameters holds Parameters typed as Tensor (trainer.optim.build asks for Parameter)
         used = resolve_implementation(implementation, self.parts.parameters)  # type: ignore[arg-type]
         scaler = self.parts.precision.scaler
         self.info = PeerInfo(
             label="Halfcast",
             requested=spec.precision,
             loss_scaling="dynamic (on device)" if isinstance(scaler, DynamicLossScaler) else "none",
-            optimizer=f"trainer.optimizers.AdamW({used})",
+            optimizer=f"trainer.optim.skipping.AdamW({used})",
             lr_on_skip="not advanced (on device)",
             version="halfcast (this checkout)",
         )

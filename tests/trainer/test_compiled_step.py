@@ -12,7 +12,7 @@ from torch import nn
 
 from trainer.compiled_step import check_and_clip, compilable, compile_check
 from trainer.loss_scale import DynamicLossScaler
-from trainer.optimizers import AdamW
+from trainer.optim.skipping import AdamW
 from trainer.precision import Fp16Precision
 from trainer.step_outcome import HostStepOutcome
 

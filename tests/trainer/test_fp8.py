@@ -289,7 +289,7 @@ def test_gpt_plan_respects_the_rules() -> None:
 
 
 def test_fp8_policy_converts_reports_and_skips_on_an_fp8_overflow() -> None:
-    from trainer.optim import build_optimizer
+    from trainer.optim.build import build_optimizer
     from trainer.precision import Fp8Precision
     from trainer.spec import OptimizerSpec
 

@@ -241,12 +241,12 @@ def test_fsdp_gpt_with_tied_embedding_runs_in_bf16(runs: dict[str, Any]) -> None
 # ----------------------------------------------------------------------------- fp16 overflow on one rank's shard
 
 
-#: Every optimizer path of trainer.optimizers, each run on its own FSDP2 model in one spawn.
+#: Every optimizer path of trainer.optim.skipping, each run on its own FSDP2 model in one spawn.
 OPTIMIZER_PATHS = [(name, impl) for name in ("adamw", "sgd") for impl in ("plain", "foreach", "fused", "auto")]
 
 
 def _overflow_run(rank: int, ctx: DistContext, name: str, implementation: str) -> list[dict[str, Any]]:
-    from trainer.optim import build_optimizer
+    from trainer.optim.build import build_optimizer
     from trainer.spec import OptimizerSpec
 
     model = wrap_model(_mlp(), ctx, "fsdp", "fp16")

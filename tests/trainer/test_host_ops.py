@@ -86,7 +86,7 @@ def test_a_steady_step_and_its_row_stay_within_their_op_budget(
 def test_a_fused_step_runs_its_hooks_once_when_plain_torch_optimizers_exist() -> None:
     """A plain ``torch.optim.AdamW`` instance makes PyTorch wrap that class's ``step``; Halfcast's fused
     step calls it unwrapped (its own ``step`` is wrapped already), so a step hook runs once."""
-    from trainer.optimizers import AdamW
+    from trainer.optim.skipping import AdamW
 
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # wraps torch.optim.AdamW.step
     param = torch.nn.Parameter(torch.ones(2))

@@ -34,8 +34,8 @@ from trainer.errors import TrainerError
 from trainer.loop import train
 from trainer.loss_scale import DynamicLossScaler, StaticLossScaler
 from trainer.losses import task_loss
-from trainer.optim import build_lr_scheduler, build_optimizer
-from trainer.optimizers import DeviceSkipOptimizer
+from trainer.optim.build import build_lr_scheduler, build_optimizer
+from trainer.optim.skipping import DeviceSkipOptimizer
 from trainer.parallel import grad_sync, unwrap_model, wrap_model
 from trainer.precision import build_precision, build_scaler
 from trainer.records import read_records
@@ -45,7 +45,7 @@ from trainer.step import StepResult, accumulate_window, train_step
 log = logging.getLogger(__name__)
 
 CPU = torch.device("cpu")
-#: Every optimizer path of trainer.optimizers (all six run on CPU).
+#: Every optimizer path of trainer.optim.skipping (all six run on CPU).
 PATHS = [(name, impl) for name in ("sgd", "adamw") for impl in ("plain", "foreach", "fused")]
 #: Record fields that depend on wall time, not on the numerics.
 TIMING_FIELDS = ("time", "samples_per_second", "tokens_per_second")

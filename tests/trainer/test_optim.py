@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.optim import LRMultiplier, build_lr_scheduler, build_optimizer
+from trainer.optim.build import LRMultiplier, build_lr_scheduler, build_optimizer
 from trainer.spec import LRSchedulerSpec, OptimizerSpec
 
 

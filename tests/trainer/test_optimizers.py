@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from trainer.optim import build_lr_scheduler
-from trainer.optimizers import SGD, AdamW, fused_supported
+from trainer.optim.build import build_lr_scheduler
+from trainer.optim.skipping import SGD, AdamW, fused_supported
 from trainer.precision import build_precision
 from trainer.spec import JobSpec, LRSchedulerSpec
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer.optim import build_lr_scheduler, build_optimizer
+from trainer.optim.build import build_lr_scheduler, build_optimizer
 from trainer.schedule import LRMultiplier
 from trainer.spec import LRSchedulerSpec, OptimizerSpec
 

@@ -1,7 +1,7 @@
 """Optimizer and learning-rate schedule from the job spec.
 
 The optimizers are Halfcast's device-skipping ``AdamW`` / ``SGD``
-(:mod:`trainer.optimizers`); the schedule is a device-side function of the count of
+(:mod:`trainer.optim.skipping`); the schedule is a device-side function of the count of
 *applied* steps (:mod:`trainer.schedule`), advanced by the step's ``applied`` flag,
 so a skipped step never moves it (docs/trainer.md, "Numerics of one optimizer step";
 pytorch#44511).
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
-from trainer.optimizers import SGD, AdamW, Implementation, fused_supported
+from trainer.optim.skipping import SGD, AdamW, Implementation, fused_supported
 from trainer.schedule import DeviceLRSchedule, LRMultiplier, build_lr_schedule
 from trainer.spec import LRSchedulerSpec, OptimizerSpec
 
