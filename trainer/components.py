@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 from trainer.checkpoint import TrainingState
-from trainer.compilation import compile_model, warm_up
 from trainer.data import Batch, Dataset, build_dataset
 from trainer.distributed import DistContext
 from trainer.flushing import RecordFlusher, RunTotals
 from trainer.guard import DivergenceGuard
 from trainer.loss_scale import DynamicLossScaler
 from trainer.losses import LossFn, task_loss
+from trainer.model_compile import compile_model, warm_up
 from trainer.models import build_job_model
 from trainer.optim.build import build_lr_scheduler, build_optimizer
 from trainer.parallel import wrap_model
@@ -83,7 +83,7 @@ def build_components(
         train_model = compile_model(train_model)
         if (
             dist_ctx.device.type == "cuda"
-        ):  # on a CPU the compiled check costs more than it saves (trainer.compiled_step)
+        ):  # on a CPU the compiled check costs more than it saves (trainer.compiled_clip)
             precision.compile_step()
         compile_s = warm_up(train_model, _first_batch(dataset, spec, dist_ctx), precision, loss_fn)
     return Components(

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from trainer.compiled_step import CheckFn, compilable, compile_check
+from trainer.compiled_clip import CheckFn, compilable, compile_check
 from trainer.forensics import OverflowForensics
 from trainer.fp8 import Fp8LayerReport, Fp8Recipe, convert_to_fp8
 from trainer.loss_scale import (
@@ -169,7 +169,7 @@ class PrecisionPolicy(ABC):
         """Context for the forward pass."""
 
     def compile_step(self, backend: str = "inductor") -> None:
-        """Run a one-process step's check and clip as one compiled graph (:mod:`trainer.compiled_step`:
+        """Run a one-process step's check and clip as one compiled graph (:mod:`trainer.compiled_clip`:
         ``compile: true`` on CUDA); compiled at the first step that uses it."""
         self._compiled_check = compile_check(backend)
 

@@ -259,7 +259,7 @@ class JobSpec(_Strict):
     ``nodes``: hosts the job spans (default 1), each running ``gpus`` (or ``processes``) ranks;
     ``distributed``: the process group's and the gang's timeouts (:class:`DistributedSpec`).
     ``compile`` (default false): ``torch.compile`` of the model, compiled before the first step
-    (:mod:`trainer.compilation`; the ``start`` record's ``compile_s``); not with ``parallelism:
+    (:mod:`trainer.model_compile`; the ``start`` record's ``compile_s``); not with ``parallelism:
     fsdp`` or ``precision: fp8`` (a 422 naming ``compile``).
 
     Job-server limits (read by the worker, not the trainer): ``max_attempts`` launches

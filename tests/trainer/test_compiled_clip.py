@@ -1,4 +1,4 @@
-"""``compile: true``'s compiled check and clip (trainer/compiled_step.py): one whole graph, the eager step's decisions.
+"""``compile: true``'s compiled check and clip (trainer/compiled_clip.py): one whole graph, the eager step's decisions.
 
 On the CPU the graph is traced with ``aot_eager`` (the same aten ops, no code generation: cheap, and a graph
 break fails it as Inductor would); the CUDA case with Inductor is marked ``gpu``.
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.compiled_step import check_and_clip, compilable, compile_check
+from trainer.compiled_clip import check_and_clip, compilable, compile_check
 from trainer.loss_scale import DynamicLossScaler
 from trainer.optim.skipping import AdamW
 from trainer.precision import Fp16Precision
