@@ -1,4 +1,4 @@
-"""Response bodies of ``GET /workers`` (the worker registry)."""
+"""Response bodies of ``GET /workers`` (the worker roster)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class WorkerPublic(BaseModel):
 
     @classmethod
     def from_state(cls, state: WorkerState) -> WorkerPublic:
-        """Build from a registry row and what the API derived from it."""
+        """Build from a roster row and what the API derived from it."""
         row = state.row
         return cls(
             id=row.id,

@@ -7,10 +7,10 @@ its visibility timeout (an hour by default), and the job would wait ``queued`` t
 long although other workers are free.
 
 So the task records its hold on the job row first (``jobs.held_by``: its worker id
-``<hostname>/<pid>``, the same id as its registry row and its leases;
+``<hostname>/<pid>``, the same id as its roster row and its leases;
 ``jobs.held_at``), and the claim (or the hand-back of the message) clears it. Every
 worker's reaper looks for queued jobs held by a worker that is not live (no
-registry row, or a heartbeat older than ``HALFCAST_WORKER_LIVE_S``) since longer than
+roster row, or a heartbeat older than ``HALFCAST_WORKER_LIVE_S``) since longer than
 that same window, clears the hold with a compare-and-set (so one reaper wins) and
 sends a new message. A duplicate message (the old one delivered again after all) is
 dropped by the claim's compare-and-set.

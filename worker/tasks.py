@@ -14,7 +14,7 @@ CPU slot, or exactly ``gpus`` of the worker's GPUs (:mod:`worker.gpus`,
 message goes back to the queue (a retry with no delay), the job still ``queued``.
 
 When the worker is ready it starts the reaper (:mod:`worker.reaper`) and registers
-itself with a heartbeat (:mod:`worker.registry`); a warm shutdown stops them and the
+itself with a heartbeat (:mod:`worker.roster`); a warm shutdown stops them and the
 running attempts, and deregisters the worker.
 """
 
@@ -46,7 +46,7 @@ from worker.message_audit import MessageAudit, unowned_queued_job_ids
 from worker.placement import Placer, SlotUnavailable
 from worker.reaper import Reaper
 from worker.recovery import Recovery
-from worker.registry import Heartbeat, WorkerInfo, WorkerRegistry
+from worker.roster import Heartbeat, WorkerInfo, WorkerRoster
 from worker.runner import RunnerContext, run_job
 from worker.slots import Placement, Slots
 from worker.store import JobStore
@@ -147,7 +147,7 @@ class WorkerRuntime:
         )
 
     def heartbeat(self, hostname: str | None) -> Heartbeat:
-        """The registry heartbeat of this worker (created once)."""
+        """The roster heartbeat of this worker (created once)."""
         slots, store = self.slots(), self.store
         with self._lock:
             if self._heartbeat is None:
@@ -160,8 +160,8 @@ class WorkerRuntime:
                     model_roots=[str(root) for root in self.settings.model_roots],
                     data_roots=[str(root) for root in self.settings.data_roots],
                 )
-                registry = WorkerRegistry(store.engine, info, self.settings.worker_forget_s)
-                self._heartbeat = Heartbeat(registry, self.settings.worker_heartbeat_s, self.shutdown)
+                roster = WorkerRoster(store.engine, info, self.settings.worker_forget_s)
+                self._heartbeat = Heartbeat(roster, self.settings.worker_heartbeat_s, self.shutdown)
             return self._heartbeat
 
     def gangs(self) -> GangEntry:
@@ -223,7 +223,7 @@ class WorkerRuntime:
         """Celery ``worker_shutdown`` receiver (after a warm shutdown): wait for the worker's deregistration."""
         self.shutdown.set()
         if self._heartbeat is not None and not self._heartbeat.join(DEREGISTER_WAIT_S):
-            log.warning("worker registry: deregistration did not finish in %.0f s", DEREGISTER_WAIT_S)
+            log.warning("worker roster: deregistration did not finish in %.0f s", DEREGISTER_WAIT_S)
 
 
 def register_tasks(app: Celery) -> Task:

@@ -1,4 +1,4 @@
-"""API-side reads of the worker registry (``workers``, written by ``worker/registry.py``)."""
+"""API-side reads of the worker roster (``workers``, written by ``worker/roster.py``)."""
 
 from __future__ import annotations
 

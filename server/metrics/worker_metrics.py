@@ -1,4 +1,4 @@
-"""Prometheus series of the worker registry, built at scrape time (``GET /metrics``).
+"""Prometheus series of the worker roster, built at scrape time (``GET /metrics``).
 
 Per registered worker (heard from within ``HALFCAST_WORKER_FORGET_S``, so cardinality is
 bounded by the workers of the last few minutes):

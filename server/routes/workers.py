@@ -1,4 +1,4 @@
-"""``/workers``: the worker registry (who is there, with which GPUs, running what, heard from when).
+"""``/workers``: the worker roster (who is there, with which GPUs, running what, heard from when).
 
 Any token may read it; ``running_jobs`` names only the caller's jobs unless the caller is an admin.
 """

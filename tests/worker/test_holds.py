@@ -54,7 +54,7 @@ def test_the_claim_clears_the_hold(db: Engine, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("registered_age_s", "hold_age_s", "stranded"),
     [
-        (None, LIVE_S + 1, True),  # the holder has no registry row (gone, or forgotten)
+        (None, LIVE_S + 1, True),  # the holder has no roster row (gone, or forgotten)
         (LIVE_S + 1, LIVE_S + 1, True),  # its heartbeat is too old: not live
         (0.0, LIVE_S + 60, False),  # live: a long wait for a slot is its own business
         (None, 1.0, False),  # too recent: the holder may not have registered yet

@@ -1,4 +1,4 @@
-"""The worker registry: each worker's row in ``workers``, kept fresh by a heartbeat thread.
+"""The worker roster: each worker's row in ``workers``, kept fresh by a heartbeat thread.
 
 On ``worker_ready`` a worker upserts its row (id = its lease owner id
 ``<hostname>/<pid>``, host, pid, GPUs, CPU concurrency, start time, model and data roots) and a daemon
@@ -42,7 +42,7 @@ class WorkerInfo:
     data_roots: Sequence[str] = ()
 
 
-class WorkerRegistry:
+class WorkerRoster:
     """One worker's row in ``workers``: register, heartbeat, deregister; prune the dead."""
 
     def __init__(self, engine: Engine, info: WorkerInfo, forget_s: float) -> None:
@@ -63,7 +63,7 @@ class WorkerRegistry:
         with self._begin() as conn:
             pruned = conn.execute(delete(Worker).where(Worker.heartbeat_at < cutoff, Worker.id != self.info.id))
         if pruned.rowcount:
-            log.info("worker registry: forgot %d worker(s) silent for over %.0f s", pruned.rowcount, self.forget_s)
+            log.info("worker roster: forgot %d worker(s) silent for over %.0f s", pruned.rowcount, self.forget_s)
         return pruned.rowcount or 0
 
     def deregister(self) -> None:
@@ -99,8 +99,8 @@ class Heartbeat:
     :meth:`join` waits for it (a clean shutdown calls it before the process exits).
     """
 
-    def __init__(self, registry: WorkerRegistry, interval_s: float, stop: threading.Event) -> None:
-        self.registry = registry
+    def __init__(self, roster: WorkerRoster, interval_s: float, stop: threading.Event) -> None:
+        self.roster = roster
         self.interval_s = interval_s
         self.stop = stop
         self.thread: threading.Thread | None = None
@@ -108,9 +108,9 @@ class Heartbeat:
     def beat(self) -> bool:
         """One heartbeat; ``False`` (logged, never raised) when the database could not be reached."""
         try:
-            self.registry.heartbeat()
+            self.roster.heartbeat()
         except Exception:
-            log.exception("worker registry: heartbeat of %s failed", self.registry.info.id)
+            log.exception("worker roster: heartbeat of %s failed", self.roster.info.id)
             return False
         return True
 
@@ -137,7 +137,7 @@ class Heartbeat:
 
     def _deregister(self) -> None:
         try:
-            self.registry.deregister()
-            log.info("worker registry: %s deregistered", self.registry.info.id)
+            self.roster.deregister()
+            log.info("worker roster: %s deregistered", self.roster.info.id)
         except Exception:
-            log.exception("worker registry: could not deregister %s", self.registry.info.id)
+            log.exception("worker roster: could not deregister %s", self.roster.info.id)

@@ -1,4 +1,4 @@
-"""The worker registry on SQLite and PostgreSQL: register (upsert), heartbeat, prune the dead, deregister."""
+"""The worker roster on SQLite and PostgreSQL: register (upsert), heartbeat, prune the dead, deregister."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sqlalchemy import Engine, select, update
 
 from common.timeutil import as_utc
 from server.db.models import Worker, utcnow
-from worker.registry import Heartbeat, WorkerInfo, WorkerRegistry
+from worker.roster import Heartbeat, WorkerInfo, WorkerRoster
 
 
 def _rows(engine: Engine) -> dict[str, Worker]:
@@ -25,7 +25,7 @@ def _age(engine: Engine, worker_id: str, seconds: float) -> None:
         )
 
 
-def _registry(engine: Engine, worker_id: str = "halfcast@a/11", gpus: tuple[int, ...] = (0, 1)) -> WorkerRegistry:
+def _roster(engine: Engine, worker_id: str = "halfcast@a/11", gpus: tuple[int, ...] = (0, 1)) -> WorkerRoster:
     info = WorkerInfo(
         worker_id,
         "host-a",
@@ -36,26 +36,26 @@ def _registry(engine: Engine, worker_id: str = "halfcast@a/11", gpus: tuple[int,
         model_roots=["/srv/models"],
         data_roots=["/srv/data", "/mnt/data"],
     )
-    return WorkerRegistry(engine, info, forget_s=60.0)
+    return WorkerRoster(engine, info, forget_s=60.0)
 
 
 def test_register_is_an_upsert_and_heartbeat_moves_the_clock(db: Engine) -> None:
-    registry = _registry(db)
-    registry.register()
-    registry.register()  # again (a restart of the heartbeat): still one row
+    roster = _roster(db)
+    roster.register()
+    roster.register()  # again (a restart of the heartbeat): still one row
     row = _rows(db)["halfcast@a/11"]
     assert (row.hostname, row.pid, row.gpus, row.concurrency) == ("host-a", 11, [0, 1], 3)
     assert (row.model_roots, row.data_roots) == (["/srv/models"], ["/srv/data", "/mnt/data"])  # the API judges paths
     assert as_utc(row.started_at) == datetime(2030, 1, 1, tzinfo=utcnow().tzinfo)
     _age(db, "halfcast@a/11", 30)
-    registry.heartbeat()
+    roster.heartbeat()
     assert utcnow() - as_utc(_rows(db)["halfcast@a/11"].heartbeat_at) < timedelta(seconds=5)
 
 
 def test_heartbeat_prunes_long_silent_workers_and_re_registers_itself(db: Engine) -> None:
-    alive, dead, quiet = _registry(db), _registry(db, "halfcast@b/22", ()), _registry(db, "halfcast@c/33", (0,))
-    for registry in (alive, dead, quiet):
-        registry.register()
+    alive, dead, quiet = _roster(db), _roster(db, "halfcast@b/22", ()), _roster(db, "halfcast@c/33", (0,))
+    for roster in (alive, dead, quiet):
+        roster.register()
     _age(db, "halfcast@b/22", 61)  # past forget_s
     _age(db, "halfcast@c/33", 30)  # not live any more, but not forgotten
     with db.begin() as conn:
@@ -68,7 +68,7 @@ def test_heartbeat_prunes_long_silent_workers_and_re_registers_itself(db: Engine
 
 def test_the_heartbeat_thread_registers_beats_and_deregisters_on_stop(db: Engine) -> None:
     stop = threading.Event()
-    heartbeat = Heartbeat(_registry(db), 0.05, stop)
+    heartbeat = Heartbeat(_roster(db), 0.05, stop)
     heartbeat.start()
     assert "halfcast@a/11" in _rows(db)  # registered before start() returns
     first = as_utc(_rows(db)["halfcast@a/11"].heartbeat_at)
@@ -82,16 +82,16 @@ def test_the_heartbeat_thread_registers_beats_and_deregisters_on_stop(db: Engine
 
 
 def test_a_database_error_never_kills_the_heartbeat(db: Engine, monkeypatch) -> None:
-    registry = _registry(db)
+    roster = _roster(db)
     calls: list[int] = []
 
     def down() -> int:
         calls.append(1)
         raise ConnectionError("database down")
 
-    monkeypatch.setattr(registry, "heartbeat", down)
+    monkeypatch.setattr(roster, "heartbeat", down)
     stop = threading.Event()
-    heartbeat = Heartbeat(registry, 0.02, stop)
+    heartbeat = Heartbeat(roster, 0.02, stop)
     heartbeat.start()
     time.sleep(0.2)
     assert heartbeat.thread is not None and heartbeat.thread.is_alive() and len(calls) >= 2
