@@ -8,24 +8,21 @@ progress, outcome) lives in ``worker/store.py``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from common.timeutil import as_utc
 from contracts.status import FailureReason, JobStatus
 from server.db import audit, quota_check
 from server.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, EvalRecord, Job, StepRecord, utcnow
+from server.db.paging import newest_first
 from server.db.quota_check import begin_owner_transaction
 from server.db.quotas import UNLIMITED, QuotaLimits
 from server.db.transitions import Expected, compare_and_set
@@ -45,10 +42,6 @@ class JobConflict(RuntimeError):
     def __init__(self, job: Job, message: str) -> None:
         super().__init__(message)
         self.job = job
-
-
-class InvalidCursor(ValueError):
-    """A list cursor that this server did not produce."""
 
 
 @dataclass(frozen=True)
@@ -257,25 +250,6 @@ def get_job(session: Session, job_id: str) -> Job:
     return job
 
 
-def encode_cursor(job: Job) -> str:
-    """An opaque cursor pointing just after ``job`` in newest-first order."""
-    created = as_utc(job.created_at).isoformat()
-    raw = json.dumps([created, job.id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """``(created_at, id)`` of a cursor from :func:`encode_cursor`. Raises :class:`InvalidCursor`."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created, job_id = json.loads(raw)
-        if not isinstance(job_id, str) or "\x00" in job_id:  # PostgreSQL cannot compare text with NUL
-            raise ValueError("the cursor's job id is not an id")
-        return datetime.fromisoformat(created), job_id
-    except (binascii.Error, ValueError, TypeError) as exc:
-        raise InvalidCursor(f"invalid cursor {cursor!r}") from exc
-
-
 def list_jobs(
     session: Session, *, status: str | None = None, limit: int = 50, cursor: str | None = None, owner: str | None = None
 ) -> JobPage:
@@ -284,18 +258,13 @@ def list_jobs(
     ``owner=None`` lists every owner's jobs (an admin's view). Raises
     :class:`InvalidCursor` for a malformed cursor.
     """
-    query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    query = select(Job)
     if owner is not None:
         query = query.where(Job.owner == owner)
     if status is not None:
         query = query.where(Job.status == status)
-    if cursor is not None:
-        created, job_id = decode_cursor(cursor)
-        query = query.where(or_(Job.created_at < created, and_(Job.created_at == created, Job.id < job_id)))
-    jobs = list(session.scalars(query))
-    if len(jobs) <= limit:
-        return JobPage(jobs, None)
-    return JobPage(jobs[:limit], encode_cursor(jobs[limit - 1]))
+    jobs, next_cursor = newest_first(session, query, Job, limit=limit, cursor=cursor)
+    return JobPage(list(jobs), next_cursor)
 
 
 def list_step_records(session: Session, job_id: str, *, after_step: int = 0, limit: int = 1000) -> list[StepRecord]:

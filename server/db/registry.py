@@ -23,14 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from server.db import audit
-from server.db.jobs import InvalidCursor, decode_cursor, encode_cursor
 from server.db.models import ACTIVE_STATUSES, Job, RegisteredDataset, RegisteredModel
+from server.db.paging import InvalidCursor, newest_first
 from server.db.quota_check import begin_owner_transaction, enforce_storage
 from server.db.quotas import QuotaLimits
 from server.registry.layout import RegistryLayout, remove_path
@@ -144,16 +144,11 @@ def list_rows(
 
     Raises :class:`InvalidCursor` for a cursor this server did not produce.
     """
-    query = select(table).order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
+    query = select(table)
     if owner is not None:
         query = query.where(table.owner == owner)
-    if cursor is not None:
-        created, last_id = decode_cursor(cursor)
-        query = query.where(or_(table.created_at < created, and_(table.created_at == created, table.id < last_id)))
-    rows = list(session.scalars(query))
-    if len(rows) <= limit:
-        return RegisteredPage(rows, None)
-    return RegisteredPage(rows[:limit], encode_cursor(cast(Job, rows[limit - 1])))
+    rows, next_cursor = newest_first(session, query, table, limit=limit, cursor=cursor)
+    return RegisteredPage(rows, next_cursor)
 
 
 def _jobs_using(session: Session, column: Any, item_id: str) -> list[str]:

@@ -8,6 +8,7 @@ from server.access import visible_registered_or_404
 from server.auth import Principal
 from server.db import registry as repo
 from server.db.models import RegisteredDataset, RegisteredModel
+from server.db.paging import InvalidCursor
 from server.http.errors import ApiError
 from server.registry.layout import RegistryLayout
 from server.registry.request_checks import invalid
@@ -21,7 +22,7 @@ def visible_page(
     owner = None if principal.admin else principal.owner
     try:
         return repo.list_rows(session, table, owner=owner, limit=limit, cursor=cursor)
-    except repo.InvalidCursor as exc:
+    except InvalidCursor as exc:
         raise invalid(("query", "cursor"), str(exc), cursor) from None
 
 

@@ -23,6 +23,7 @@ from server.capacity import check_gpu_capacity
 from server.db import audit, pending_cancels, requeue
 from server.db import jobs as repo
 from server.db.models import Job
+from server.db.paging import InvalidCursor
 from server.db.quota_check import QuotaExceeded
 from server.db.quotas import QuotaLimits
 from server.deps import QueueDep, SessionDep, SettingsDep
@@ -187,7 +188,7 @@ def list_jobs(
     owner = None if principal.admin else principal.owner
     try:
         page = repo.list_jobs(session, status=status, limit=limit, cursor=cursor, owner=owner)
-    except repo.InvalidCursor as exc:
+    except InvalidCursor as exc:
         raise RequestValidationError(
             [{"type": "value_error", "loc": ("query", "cursor"), "msg": str(exc), "input": cursor}]
         ) from None
