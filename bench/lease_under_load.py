@@ -192,6 +192,7 @@ def render(report: LeaseReport) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench; 0 when no deadline was missed, 1 otherwise."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request of the steps' reads
     args = parse_args(argv)
     report = run_bench(args)
     if args.json:
