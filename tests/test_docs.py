@@ -295,3 +295,39 @@ def test_the_documented_compose_token_commands_work() -> None:
             pytest.fail(f"`{shlex.join(argv)}` is not a halfcast command (exit {exc.code})")
         if argv in first_token:
             assert args.admin and args.file is None, "the first token is an admin token, printed"
+
+
+def _backticked_words(text: str) -> set[str]:
+    """Every word inside backticks in ``text`` (split at spaces, commas, brackets, slashes and colons), and each whole span."""
+    spans = set(re.findall(r"`([^`]+)`", text))
+    return spans | {word for span in spans for word in re.split(r"[\s,()/:]+", span) if word}
+
+
+def modules_not_named(package: str, doc: Path) -> list[str]:
+    """The modules of ``package`` that ``doc`` names nowhere (dotted, as a path, or by their own name, in backticks)."""
+    text = doc.read_text(encoding="utf-8")
+    named = _backticked_words(text)
+    missing = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT / package).with_suffix("").parts)
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if not parts:  # the package itself
+            continue
+        dotted, as_path = ".".join(parts), f"{package}/{path.relative_to(ROOT / package)}"
+        if not ({dotted, parts[-1], f"{'/'.join(parts)}/"} & named or as_path in text):
+            missing.append(dotted)
+    return missing
+
+
+@pytest.mark.parametrize("package", ["trainer", "worker"])
+def test_the_package_doc_names_every_module(package: str) -> None:
+    """docs/trainer.md and docs/worker.md name every module of their package (issue 30, item 5)."""
+    assert modules_not_named(package, ROOT / "docs" / f"{package}.md") == []
+
+
+def test_a_module_the_doc_does_not_name_is_found(tmp_path: Path) -> None:
+    page = tmp_path / "page.txt"
+    page.write_text("`loop`, `hf/` and `data.jsonl.rows`\n")
+    missing = modules_not_named("trainer", page)
+    assert "loop" not in missing and "hf" not in missing and "data.jsonl.rows" not in missing
+    assert "step" in missing and "hf.build" in missing and "data.jsonl.chat" in missing
