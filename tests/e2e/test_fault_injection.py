@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,7 +73,10 @@ def _wait_gone(job_id: str, timeout_s: float = 10) -> int:
 
 
 def _claims(stack: Stack, job_id: str) -> int:
-    return sum(stack.log_tail(name, 100_000).count(f"job {job_id}: attempt") for name in stack.worker_names)
+    """How many times a worker claimed the job (its log line per claim, ``worker/runner.py``); other lines of
+    the attempt (a lease renewal that failed, a resume) are not claims."""
+    claimed = re.compile(rf"job {job_id}: attempt \d+ claimed by ")
+    return sum(len(claimed.findall(stack.log_tail(name, 100_000))) for name in stack.worker_names)
 
 
 def test_a_long_job_runs_exactly_once(stack: Stack) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -87,8 +88,8 @@ def _outcome(job: dict[str, Any]) -> str:
 
 
 def _claims(stack: Stack, job_id: str) -> int:
-    """How many times a worker claimed the job (its log line per claim)."""
-    return stack.log_tail("worker", 1_000_000).count(f"job {job_id}: attempt")
+    """How many times a worker claimed the job (its log line per claim, ``worker/runner.py``)."""
+    return len(re.findall(rf"job {job_id}: attempt \d+ claimed by ", stack.log_tail("worker", 1_000_000)))
 
 
 def _assert_ran_once(stack: Stack, job: dict[str, Any], steps: int) -> None:
