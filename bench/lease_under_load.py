@@ -137,6 +137,7 @@ def run_bench(args: argparse.Namespace) -> LeaseReport:
     with tempfile.TemporaryDirectory(prefix="halfcast-lease-") as tmp, scratch_database(args.admin_url) as db_url:
         token, data_dir = admin_token(db_url), Path(tmp) / "data"
         engine = make_engine(db_url)
+        sessions = make_session_factory(engine)
         try:
             with (
                 ApiProcess(db_url, data_dir) as api,
@@ -146,7 +147,7 @@ def run_bench(args: argparse.Namespace) -> LeaseReport:
                 try:
                     wait_running(api.url, token, job_ids, START_TIMEOUT_S)
                     steps_before, began = steps_of(api.url, token, job_ids), time.monotonic()
-                    watch(make_session_factory(engine), report.deadlines, args.duration, args.interval)
+                    watch(sessions, report.deadlines, args.duration, args.interval)
                     report.steps_per_s = (steps_of(api.url, token, job_ids) - steps_before) / (time.monotonic() - began)
                     report.jobs_running_at_end = args.jobs
                 except RuntimeError as exc:  # a job no longer running: the report says so
@@ -155,7 +156,7 @@ def run_bench(args: argparse.Namespace) -> LeaseReport:
                     cancel_jobs(api.url, token, job_ids)
                 lines = worker.log_path.read_text(errors="replace").splitlines()
                 report.lease_lost_lines = [line for line in lines if LEASE_LOST_LINE in line]
-            report.worker_lost_attempts = worker_lost_attempts(make_session_factory(engine))
+            report.worker_lost_attempts = worker_lost_attempts(sessions)
         finally:
             engine.dispose()
     return report
