@@ -29,8 +29,8 @@ import httpx
 
 from bench.job_start import job_spec, wait_for_worker, worker_process
 from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
-from common.quiet_logs import quiet_third_party_logs
-from server.client import parse_sse
+from halfcast.client import parse_sse
+from halfcast.common.quiet_logs import quiet_third_party_logs
 
 log = logging.getLogger("bench.event_latency")
 

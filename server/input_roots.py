@@ -25,8 +25,8 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Worker, utcnow
-from server.settings import Settings
+from halfcast.core.db.models import Worker, utcnow
+from halfcast.core.settings import Settings
 from trainer.spec import JobSpec
 
 RootKind = Literal["model", "data"]

@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from contracts.rundir import BEST_CHECKPOINT, RunDir
+from halfcast.contracts.rundir import BEST_CHECKPOINT, RunDir
 
 log = logging.getLogger(__name__)
 
 
 def best_path(run_dir: Path) -> Path:
-    """``<run_dir>/checkpoints/best.pt`` (:class:`contracts.rundir.RunDir`)."""
+    """``<run_dir>/checkpoints/best.pt`` (:class:`halfcast.contracts.rundir.RunDir`)."""
     return RunDir(run_dir).best_checkpoint
 
 

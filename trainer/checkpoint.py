@@ -26,19 +26,19 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
-from contracts.rundir import RunDir
+from halfcast.contracts.rundir import RunDir
 from trainer.precision import PrecisionPolicy
 from trainer.sharded import load_state_dicts
 from trainer.spec import JobSpec
 
 
 def step_path(run_dir: Path, step: int) -> Path:
-    """``<run_dir>/checkpoints/step-<step>.pt`` (:class:`contracts.rundir.RunDir`)."""
+    """``<run_dir>/checkpoints/step-<step>.pt`` (:class:`halfcast.contracts.rundir.RunDir`)."""
     return RunDir(run_dir).step_checkpoint(step)
 
 
 def final_path(run_dir: Path) -> Path:
-    """``<run_dir>/checkpoints/final.pt`` (:class:`contracts.rundir.RunDir`)."""
+    """``<run_dir>/checkpoints/final.pt`` (:class:`halfcast.contracts.rundir.RunDir`)."""
     return RunDir(run_dir).final_checkpoint
 
 

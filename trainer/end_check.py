@@ -25,7 +25,7 @@ like the guard's, so ``on_divergence: "fallback_bf16"`` answers it (:mod:`traine
 
 from __future__ import annotations
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.errors import DivergenceError
 from trainer.guard import DivergenceGuard
 

@@ -8,9 +8,9 @@ training loop answers it with the bf16 fallback when the job opts in (:mod:`trai
 
 from __future__ import annotations
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 
-#: The typed failure reasons a trainer rank may report (of :class:`contracts.status.FailureReason`).
+#: The typed failure reasons a trainer rank may report (of :class:`halfcast.contracts.status.FailureReason`).
 REASONS: frozenset[FailureReason] = frozenset(
     {
         FailureReason.SPEC_INVALID,
@@ -40,7 +40,7 @@ DIVERGENCE_REASONS: frozenset[FailureReason] = frozenset(
 class TrainerError(Exception):
     """A failure with a typed ``reason`` (one of :data:`REASONS`) and a human ``message``.
 
-    Every raise site names its reason as a :class:`~contracts.status.FailureReason` member
+    Every raise site names its reason as a :class:`~halfcast.contracts.status.FailureReason` member
     (``tests/contracts/test_contracts_status.py`` refuses a string). Raises ``ValueError``
     when constructed with a reason a trainer may not report, so none reaches the worker.
     """

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.rundir import RunDir
+from halfcast.contracts.rundir import RunDir
 from trainer.checkpoint import load_checkpoint, step_path
 from trainer.errors import DivergenceError
 from trainer.guard import DivergenceGuard

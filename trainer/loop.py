@@ -51,7 +51,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from contracts.records import ExportCheck
+from halfcast.contracts.records import ExportCheck
 from trainer.batching import plan_batches, windows
 from trainer.best import best_model_state, best_path, carry_best
 from trainer.checkpoint import checkpointed_model_state, final_path, restore_state, save_checkpoint, step_path

@@ -402,7 +402,7 @@ class JobSpec(_Strict):
         if self.early_stopping is None:
             return
         task, metric = dataset_task(self.dataset), self.early_stopping.metric
-        if task is None:  # a registered dataset's format: checked once resolved (server.registry.refs)
+        if task is None:  # a registered dataset's format: checked once resolved (halfcast.core.registry.refs)
             return
         if metric not in TASK_METRICS[task]:
             allowed = ", ".join(sorted(TASK_METRICS[task]))

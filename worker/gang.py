@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from contracts.status import FailureReason, JobStatus, MemberStatus
-from server.db.members import Member, Members
-from server.db.models import utcnow
+from halfcast.contracts.status import FailureReason, JobStatus, MemberStatus
+from halfcast.core.db.members import Member, Members
+from halfcast.core.db.models import utcnow
 from worker.lease import RenewedLease
 from worker.outcomes import Outcome
 

@@ -24,10 +24,10 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from contracts.status import JobStatus, MemberStatus
-from server.db.members import GatheringJob, Members, spec_nodes
-from server.db.models import Job
-from server.settings import Settings
+from halfcast.contracts.status import JobStatus, MemberStatus
+from halfcast.core.db.members import GatheringJob, Members, spec_nodes
+from halfcast.core.db.models import Job
+from halfcast.core.settings import Settings
 from worker.gang_attempt import Node0Attempt
 from worker.gang_launch import free_port, route_address
 from worker.gang_member import MemberRun

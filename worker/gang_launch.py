@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from contracts.rundir import RunDir
+from halfcast.contracts.rundir import RunDir
 from trainer.spec import JobSpec
 from worker.launch import LAUNCHER, RANK_WRAPPER
 

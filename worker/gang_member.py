@@ -21,10 +21,10 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 
-from contracts.rundir import RunDir
-from contracts.status import JobStatus, MemberStatus
-from server.db.members import Member, Members
-from server.db.models import Job, utcnow
+from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.status import JobStatus, MemberStatus
+from halfcast.core.db.members import Member, Members
+from halfcast.core.db.models import Job, utcnow
 from trainer.spec import JobSpec
 from worker.gang import MemberLease
 from worker.gang_launch import NodePlan, gang_command, node_environment

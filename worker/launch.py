@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from contracts.rundir import RunDir
-from server.settings import Settings
+from halfcast.contracts.rundir import RunDir
+from halfcast.core.settings import Settings
 from trainer.registered import REGISTRY_DIR_ENV
 from trainer.spec import JobSpec
 from trainer.startup import LAUNCHED_AT_ENV
@@ -68,7 +68,7 @@ def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "
 
     torchrun runs through :mod:`worker.torchrun` (torchrun's arguments, torchrun's
     ``main``). Each rank runs ``module`` through :mod:`worker.rank_output`, which keeps the
-    rank's stdout and stderr in ``<run_dir>/logs/rank-<r>.log`` (:mod:`contracts.rundir`).
+    rank's stdout and stderr in ``<run_dir>/logs/rank-<r>.log`` (:mod:`halfcast.contracts.rundir`).
     """
     return [
         sys.executable, "-m", LAUNCHER,

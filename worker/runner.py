@@ -32,10 +32,10 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 
-from contracts.records import EndRecord
-from contracts.rundir import RunDir
-from contracts.status import FailureReason, JobStatus
-from server.settings import Settings
+from halfcast.contracts.records import EndRecord
+from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.status import FailureReason, JobStatus
+from halfcast.core.settings import Settings
 from trainer.spec import JobSpec
 from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
 from worker.deadline import Deadline

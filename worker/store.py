@@ -14,7 +14,7 @@ someone else) writes nothing, step records included. Step records are inserted
 with insert-or-ignore on ``(job_id, step)``, so re-reading records never duplicates
 or fails; a precision switch first deletes the records of the steps it trains again
 (:class:`Progress`). Each write is one short transaction that starts with ``BEGIN IMMEDIATE``
-on SQLite (see :mod:`server.db.engine`).
+on SQLite (see :mod:`halfcast.core.db.engine`).
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Insert, delete, insert, select, update
 
-from common.timeutil import as_utc
-from contracts import records
-from contracts.rundir import JobRuns
-from contracts.status import LIVE_STATUSES as LIVE_JOB_STATUSES
-from contracts.status import JobStatus
-from server.db import models, pending_cancels
-from server.db.engine import WRITE_TRANSACTION
-from server.db.models import TERMINAL_STATUSES, Attempt, Job, utcnow
-from server.db.transitions import Expected, Fence, compare_and_set, write_progress
+from halfcast.common.timeutil import as_utc
+from halfcast.contracts import records
+from halfcast.contracts.rundir import JobRuns
+from halfcast.contracts.status import LIVE_STATUSES as LIVE_JOB_STATUSES
+from halfcast.contracts.status import JobStatus
+from halfcast.core.db import models, pending_cancels
+from halfcast.core.db.engine import WRITE_TRANSACTION
+from halfcast.core.db.models import TERMINAL_STATUSES, Attempt, Job, utcnow
+from halfcast.core.db.transitions import Expected, Fence, compare_and_set, write_progress
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 BATCH_SIZE = 500
 #: Longest ``error_reason`` the schema stores.
 MAX_REASON_CHARS = 64
-#: Statuses in which the claimed attempt may still write progress (:data:`contracts.status.LIVE_STATUSES`).
+#: Statuses in which the claimed attempt may still write progress (:data:`halfcast.contracts.status.LIVE_STATUSES`).
 LIVE_STATUSES: tuple[str, ...] = tuple(member.value for member in LIVE_JOB_STATUSES)
 
 
@@ -244,7 +244,7 @@ class JobStore:
 
     def cancel_requested(self, job_id: str) -> bool:
         """Whether the API asked to cancel the job: its status is ``cancelling``, or a cancel is recorded that
-        waited on the job's locked row (:mod:`server.db.pending_cancels`)."""
+        waited on the job's locked row (:mod:`halfcast.core.db.pending_cancels`)."""
         query = select(Job.status, pending_cancels.pending_clause(job_id)).where(Job.id == job_id)
         with self.engine.connect() as conn:  # one round trip: it runs every poll of a running job
             row = conn.execute(query).one_or_none()

@@ -32,10 +32,10 @@ from celery import Celery, Task
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from sqlalchemy.exc import DBAPIError
 
-from broker.celery_app import RUN_JOB_TASK
-from server.db.engine import make_engine
-from server.db.members import GatheringJob, Members
-from server.settings import Settings
+from halfcast.core.broker.celery_app import RUN_JOB_TASK
+from halfcast.core.db.engine import make_engine
+from halfcast.core.db.members import GatheringJob, Members
+from halfcast.core.settings import Settings
 from worker.acks import acknowledge
 from worker.broker_watch import BrokerWatch, queued_job_ids, redis_marker_store
 from worker.gang_entry import HAND_BACK_PAUSE_S, GangEntry

@@ -21,10 +21,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import FileResponse
 
-from contracts.artifacts import CheckpointList, CheckpointPublic
+from halfcast.contracts.artifacts import CheckpointList, CheckpointPublic
+from halfcast.core.db.models import Job
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
-from server.db.models import Job
 from server.files.checkpoint_files import CHECKPOINT_NAME, CheckpointFile, final_step, find_checkpoint, list_checkpoints
 from server.http.conditional import etag_matches, not_modified
 from server.http.errors import ApiError

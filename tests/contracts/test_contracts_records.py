@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from contracts.records import (
+from halfcast.contracts.records import (
     EndRecord,
     EvalRecord,
     PhaseRecord,
@@ -17,7 +17,7 @@ from contracts.records import (
     StepRecord,
     parse_record,
 )
-from contracts.rundir import RunDir
+from halfcast.contracts.rundir import RunDir
 from trainer.records import RecordSink
 from worker.ingest import end_info, ingest, parse_lines
 from worker.tail import RecordTail

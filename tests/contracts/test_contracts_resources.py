@@ -1,5 +1,5 @@
 """The API's resources are the contracts models: the routes answer them, their JSON is the stored JSON, and the
-event streams' payloads validate as the models :mod:`contracts.events` names (what the client reads them as)."""
+event streams' payloads validate as the models :mod:`halfcast.contracts.events` names (what the client reads them as)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import Any
 import anyio
 import pytest
 
-from contracts import access, artifacts, registry, resources
-from contracts.events import JOB_EVENTS, LOG_EVENTS, LogChunk, Rewind
-from contracts.records import StartupTimes, StepRecord
-from contracts.rundir import JobRuns
-from contracts.stored import StoredEval, StoredStep, StoredSwitch
-from server.client import Event, _typed, parse_sse
-from server.db.models import Job
+from halfcast.client import Event, _typed, parse_sse
+from halfcast.contracts import access, artifacts, registry, resources
+from halfcast.contracts.events import JOB_EVENTS, LOG_EVENTS, LogChunk, Rewind
+from halfcast.contracts.records import StartupTimes, StepRecord
+from halfcast.contracts.rundir import JobRuns
+from halfcast.contracts.stored import StoredEval, StoredStep, StoredSwitch
+from halfcast.core.db.models import Job
 from server.routes import audit, checkpoints, datasets, exports, job_resource, models, session
 from server.schemas import job_public
 from server.streams.events import Snapshot, job_events
@@ -164,11 +164,11 @@ def test_startup_times_is_defined_once() -> None:
 
     defined = [
         f"{path.relative_to(ROOT)}"
-        for package in ("contracts", "trainer", "worker", "server")
+        for package in ("halfcast", "trainer", "worker", "server")
         for path in sorted((ROOT / package).rglob("*.py"))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.ClassDef) and node.name in ("StartupTimes", "StartupPublic")
     ]
-    assert defined == ["contracts/records.py"]
+    assert defined == ["halfcast/contracts/records.py"]
     assert startup.StartupTimes is StartupTimes
     assert resources.JobPublic.model_fields["startup"].annotation == StartupTimes | None

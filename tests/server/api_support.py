@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.engine import make_engine, make_session_factory
-from server.db.models import Job, StepRecord
-from server.db.tokens import create_token
+from halfcast.core.db.engine import make_engine, make_session_factory
+from halfcast.core.db.models import Job, StepRecord
+from halfcast.core.db.tokens import create_token
 
 #: A small valid job spec (the digits example, shortened).
 VALID_SPEC: dict[str, Any] = {

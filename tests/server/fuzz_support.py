@@ -27,10 +27,11 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.rundir import JobRuns
-from server.db import tokens
-from server.db.jobs import spec_hash
-from server.db.models import (
+from halfcast.common.strict_json import JsonPath
+from halfcast.contracts.rundir import JobRuns
+from halfcast.core.db import tokens
+from halfcast.core.db.jobs import spec_hash
+from halfcast.core.db.models import (
     STATUSES,
     TERMINAL_STATUSES,
     Attempt,
@@ -40,8 +41,7 @@ from server.db.models import (
     StepRecord,
     Worker,
 )
-from server.http.strict_json import JsonPath
-from server.registry.layout import RegistryLayout
+from halfcast.core.registry.layout import RegistryLayout
 from server.schemas import job_public
 from trainer.spec import JobSpec
 

@@ -23,7 +23,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.db.models import Job, StepRecord, utcnow
+from halfcast.core.db.models import Job, StepRecord, utcnow
 
 
 def sqlite_copy(data_dir: Path, template: Path) -> str:

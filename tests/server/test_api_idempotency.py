@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db import jobs as repo
-from server.db.models import Attempt, Job, utcnow
+from halfcast.core.db import jobs as repo
+from halfcast.core.db.models import Attempt, Job, utcnow
 from trainer.spec import JobSpec
 
 

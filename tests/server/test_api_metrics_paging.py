@@ -101,7 +101,7 @@ def test_bad_paging_parameters_are_422(
 def test_step_and_time_come_from_the_columns_when_the_record_lacks_them(
     client: TestClient, sessions: sessionmaker[Session]
 ) -> None:
-    from server.db.models import StepRecord
+    from halfcast.core.db.models import StepRecord
 
     job_id = insert_job(sessions, status="running")
     with sessions() as session:

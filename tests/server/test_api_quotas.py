@@ -18,12 +18,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.client import QuotaExceeded, _raise_for
+from halfcast.core.db.models import AuditEvent
+from halfcast.core.db.quotas import set_quota
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.client import QuotaExceeded, _raise_for
-from server.db.models import AuditEvent
-from server.db.quotas import set_quota
 from server.quotas import QUOTA_RETRY_AFTER_S
-from server.settings import Settings
 
 Post = Callable[..., Any]
 

@@ -30,10 +30,10 @@ from live_server import LiveServer
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.records import StepRecord as StepLine
+from halfcast.contracts.records import StepRecord as StepLine
+from halfcast.core.db.models import Job, StepRecord
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.models import Job, StepRecord
-from server.settings import Settings
 from worker.store import Fence, JobStore, Progress
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from contracts.records import EndRecord
+from halfcast.contracts.records import EndRecord
 from trainer.checkpoint import final_path, step_path
 from trainer.distributed import DistContext
 from trainer.end_check import check_updates_applied, final_stretch_limit

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.distributed import DistContext
 from trainer.end_check import check_updates_applied
 from trainer.errors import DIVERGENCE_REASONS, DivergenceError, TrainerError

@@ -20,11 +20,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from worker_support import insert_job, small_spec
 
+from halfcast.core.db.engine import make_engine
+from halfcast.core.db.migrate import upgrade_database
+from halfcast.core.db.models import Job, StepRecord
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.engine import make_engine
-from server.db.migrate import upgrade_database
-from server.db.models import Job, StepRecord
-from server.settings import Settings
 from worker.store import Fence, JobStore
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,10 @@ from celery.exceptions import Retry
 from sqlalchemy import Engine
 from worker_support import insert_job, small_spec
 
-from broker.celery_app import create_celery_app
-from contracts.status import JobStatus
-from server.db.members import Members
-from server.settings import Settings
+from halfcast.contracts.status import JobStatus
+from halfcast.core.broker.celery_app import create_celery_app
+from halfcast.core.db.members import Members
+from halfcast.core.settings import Settings
 from worker.gang_entry import GangEntry
 from worker.runner import RunnerContext
 from worker.slots import Placement

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from worker_support import small_spec
 
-from server.settings import Settings
+from halfcast.core.settings import Settings
 from trainer.spec import JobSpec
 from worker.launch import (
     build_command,

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 from worker_support import insert_job
 
-from server.db.models import Job, StepRecord
+from halfcast.core.db.models import Job, StepRecord
 from worker.runner import Attempt
 from worker.store import Claim, JobStore, Progress
 

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import Engine, insert, select, update
 from worker_support import MakeJob, fake_command, small_spec
 
-from server.db.models import Attempt, CancelRequest, Job, StepRecord, utcnow
-from server.settings import Settings
+from halfcast.core.db.models import Attempt, CancelRequest, Job, StepRecord, utcnow
+from halfcast.core.settings import Settings
 from trainer.spec import JobSpec
 from worker.launch import RunProcess, session_members
 from worker.recovery import Recovery

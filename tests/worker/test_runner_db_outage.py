@@ -19,8 +19,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import OperationalError
 from worker_support import MakeJob, fake_command, small_spec
 
-from server.db.models import Attempt, Job, StepRecord
-from server.settings import Settings
+from halfcast.core.db.models import Attempt, Job, StepRecord
+from halfcast.core.settings import Settings
 from worker.launch import session_members
 from worker.runner import Outcome, RunnerContext, run_job
 from worker.store import JobStore

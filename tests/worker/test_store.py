@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import Engine, select
 from worker_support import insert_job, small_spec
 
-from common.timeutil import as_utc
-from contracts.records import EvalRecord as EvalLine
-from contracts.records import StepRecord as StepLine
-from server.db.models import Attempt, EvalRecord, Job, StepRecord, utcnow
+from halfcast.common.timeutil import as_utc
+from halfcast.contracts.records import EvalRecord as EvalLine
+from halfcast.contracts.records import StepRecord as StepLine
+from halfcast.core.db.models import Attempt, EvalRecord, Job, StepRecord, utcnow
 from worker.store import Fence, JobStore, Progress
 
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from worker_support import small_spec
 
-from contracts.rundir import JobRuns, RunDir
-from server.settings import Settings
+from halfcast.contracts.rundir import JobRuns, RunDir
+from halfcast.core.settings import Settings
 from trainer.spec import JobSpec
 from worker.failure_logs import root_cause
 from worker.launch import RunProcess, build_command, build_environment, start_run

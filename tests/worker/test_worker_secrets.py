@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import Engine, select
 from worker_support import insert_job, small_spec
 
-from server.db.models import Job
-from server.settings import Settings
+from halfcast.core.db.models import Job
+from halfcast.core.settings import Settings
 from trainer.spec import JobSpec
 from worker.launch import build_environment
 from worker.recovery import Recovery

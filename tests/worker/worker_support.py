@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Engine, insert
 
-from server.db.models import Job
+from halfcast.core.db.models import Job
 from trainer.spec import JobSpec
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")

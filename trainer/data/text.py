@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.catalog import TextConfig
 from trainer.data.base import Batch, DataInfo, Task, epoch_generator, token_batch
 from trainer.data.epochs import batches_per_rank, sharded_epochs

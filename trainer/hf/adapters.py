@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.catalog import HFConfig
 from trainer.errors import TrainerError
 from trainer.spec import AdapterSpec

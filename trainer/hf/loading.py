@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.catalog import HFConfig
 from trainer.data.base import DataInfo, Task
 from trainer.errors import TrainerError

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.catalog import GPTConfig, MLPConfig, ModelSpec
 from trainer.data.base import DataInfo
 from trainer.errors import TrainerError

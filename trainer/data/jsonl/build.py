@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from contracts.records import HELD_OUT_MINIMUM
-from contracts.status import FailureReason
+from halfcast.contracts.records import HELD_OUT_MINIMUM
+from halfcast.contracts.status import FailureReason
 from trainer.catalog import JsonlConfig
 from trainer.data.base import DataInfo, Task
 from trainer.data.jsonl.batches import Sample, TokenFileDataset

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.catalog import JsonlConfig
 from trainer.data.sources import open_bounded, resolve_data_file
 from trainer.errors import TrainerError
