@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from halfcast.client import Event, _typed, parse_sse
+from halfcast.sse import Event, parse_sse, typed_events
 from halfcast.contracts import access, artifacts, registry, resources
 from halfcast.contracts.events import JOB_EVENTS, LOG_EVENTS, LogChunk, Rewind
 from halfcast.contracts.records import StartupTimes, StepRecord
@@ -135,7 +135,7 @@ def test_the_job_streams_payloads_are_the_models_of_their_names() -> None:
     ]
     raw = list(parse_sse(iter(_job_stream(snapshots).split("\n"))))
     assert {event.event for event in raw} == {"status", "step", "eval", "precision_switch", "rewind"} <= set(JOB_EVENTS)
-    typed = list(_typed(iter(raw), JOB_EVENTS))
+    typed = list(typed_events(iter(raw), JOB_EVENTS))
     assert [type(event.data) for event in typed] == [JOB_EVENTS[event.event] for event in raw]
     assert [e.data.model_dump(mode="json") for e in typed] == [e.data for e in raw]  # read back, the same JSON
     assert any(isinstance(event.data, Rewind) and event.data.step == 2 for event in typed)
@@ -148,7 +148,7 @@ def test_the_log_streams_payloads_are_the_models_of_their_names(tmp_path: Path) 
     frames = _LogFrames(LogTarget("j", 0, tmp_path)).step(JobState("succeeded", 1))
     raw = list(parse_sse(iter("".join(frames).split("\n"))))
     assert [event.event for event in raw] == ["attempt", "lines", "end"]
-    typed = list(_typed(iter(raw), LOG_EVENTS))
+    typed = list(typed_events(iter(raw), LOG_EVENTS))
     assert [type(event.data) for event in typed] == [LOG_EVENTS[event.event] for event in raw]
     assert isinstance(typed[1].data, LogChunk) and typed[1].data.lines == ["one", "two"]
     assert [e.data.model_dump(mode="json") for e in typed] == [e.data for e in raw]
@@ -156,7 +156,7 @@ def test_the_log_streams_payloads_are_the_models_of_their_names(tmp_path: Path) 
 
 def test_an_event_the_client_does_not_know_is_skipped() -> None:
     raw = [Event("news", None, {"a": 1}), Event("rewind", "3", {"step": 3})]
-    assert [(e.event, e.data) for e in _typed(iter(raw), JOB_EVENTS)] == [("rewind", Rewind(step=3))]
+    assert [(e.event, e.data) for e in typed_events(iter(raw), JOB_EVENTS)] == [("rewind", Rewind(step=3))]
 
 
 def test_startup_times_is_defined_once() -> None:
