@@ -13,13 +13,13 @@ from typing import Any
 import anyio
 import pytest
 
-from halfcast.sse import Event, parse_sse, typed_events
 from halfcast.contracts import access, artifacts, registry, resources
 from halfcast.contracts.events import JOB_EVENTS, LOG_EVENTS, LogChunk, Rewind
 from halfcast.contracts.records import StartupTimes, StepRecord
 from halfcast.contracts.rundir import JobRuns
 from halfcast.contracts.stored import StoredEval, StoredStep, StoredSwitch
 from halfcast.core.db.models import Job
+from halfcast.sse import Event, parse_sse, typed_events
 from server.routes import audit, checkpoints, datasets, exports, job_resource, models, session
 from server.schemas import job_public
 from server.streams.events import Snapshot, job_events

@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from halfcast.errors import QuotaExceeded, raise_for_status
 from halfcast.core.db.models import AuditEvent
 from halfcast.core.db.quotas import set_quota
 from halfcast.core.settings import Settings
+from halfcast.errors import QuotaExceeded, raise_for_status
 from server.app import create_app
 from server.quotas import QUOTA_RETRY_AFTER_S
 

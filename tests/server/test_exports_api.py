@@ -20,11 +20,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from halfcast.core.settings import Settings
+from halfcast.files import export_files
 from halfcast.files.export_files import ExportKind, find_export, list_exports
 from halfcast.files.export_tar import ExportChanged, archive_size, stream_archive
 from server.app import create_app
 from server.auth import SESSION_COOKIE
-from server.files import export_files
 
 ADAPTER = {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": bytes(range(256)) * 9}
 MODEL = {
