@@ -18,10 +18,10 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import nn
 
+from halfcast.contracts.spec import JobSpec
 from trainer.data import Batch, build_dataset
 from trainer.models.mlp import build_mlp
 from trainer.schedule import LRMultiplier
-from trainer.spec import JobSpec
 
 BenchPrecision = Literal["fp16", "bf16", "fp32"]
 

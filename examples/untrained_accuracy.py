@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
+from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components
 from trainer.data.base import Task
 from trainer.distributed import DistContext
 from trainer.evaluate import evaluate
-from trainer.spec import JobSpec
 
 log = logging.getLogger("untrained_accuracy")
 

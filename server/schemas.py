@@ -2,7 +2,7 @@
 
 The job resource and its pages are :mod:`halfcast.contracts.resources` (the client reads them too); this
 module builds them from the rows (:func:`job_public`) and adds the error bodies. Request bodies are
-``trainer.spec.JobSpec``.
+``halfcast.contracts.spec.JobSpec``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from halfcast.contracts.resources import (
 )
 from halfcast.contracts.status import AttemptStatus, JobStatus
 from halfcast.core.db.job_reads import AttemptView, JobView, MemberView
-from halfcast.core.db.models import Attempt, Job, JobMember, StepRecord
+from halfcast.core.db.models import Attempt, Job, JobMember, StepRow
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ def step_counts(latest: dict[str, Any] | None) -> tuple[int, int]:
     return step - skipped, skipped
 
 
-def step_point(record: StepRecord) -> dict[str, Any]:
+def step_point(record: StepRow) -> dict[str, Any]:
     """A stored step record as the API returns it (``step`` and ``time`` always present)."""
     point = dict(record.data)
     point.setdefault("step", record.step)

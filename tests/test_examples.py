@@ -1,4 +1,4 @@
-"""The examples and the docs agree with the job spec (trainer/spec.py); the MiniLM examples' data and model."""
+"""The examples and the docs agree with the job spec (halfcast/contracts/spec.py); the MiniLM examples' data and model."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 #: README.md and docs/*.md: where examples are named.

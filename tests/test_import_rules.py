@@ -43,28 +43,24 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "trainer": ("halfcast.contracts", "halfcast.common"),
     # the client and the CLI's job commands: the data directory's token file, and the settings' type only
     "halfcast": ("halfcast.core.data_dir", "halfcast.core.settings", "halfcast.contracts", "halfcast.common"),
-    # the shared core (settings, database, data directory, Celery app): the trainer's torch-free job spec and
-    # registry layout, which it stores and names
-    "halfcast.core": ("trainer.spec", "trainer.registered", "halfcast.contracts", "halfcast.common"),
-    # the shared core, and the trainer's torch-free contract (the spec, the record file, the start-up phases)
+    # the shared core (settings, database, data directory, Celery app): the trainer's registry file names
+    "halfcast.core": ("trainer.registered", "halfcast.contracts", "halfcast.common"),
+    # the shared core, and the trainer's torch-free contract (the record file, the start-up phases, the registry)
     "worker": (
         "halfcast.core",
-        "trainer.spec",
         "trainer.records",
         "trainer.startup",
         "trainer.registered",
         "halfcast.contracts",
         "halfcast.common",
     ),
-    # the shared core; the client's export files and token file; the spec to validate a job, and the trainer's
-    # torch-free input rules (row parser, model-directory safety, supported model types, registry layout), so
-    # an upload the API accepts is one the trainer reads
+    # the shared core; the client's export files and token file; the trainer's torch-free input rules (row
+    # parser, model-directory safety, supported model types, registry layout), so an upload the API accepts
+    # is one the trainer reads
     "server": (
         "halfcast.core",
         "halfcast.files",
         "halfcast.cli.credentials",
-        "trainer.spec",
-        "trainer.catalog",
         "trainer.errors",
         "trainer.data.jsonl.formats",
         "trainer.data.jsonl.rows",

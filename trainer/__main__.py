@@ -28,13 +28,13 @@ from pydantic import ValidationError
 
 from halfcast.contracts.error_file import ErrorFile
 from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason
 from trainer.distributed import distributed_session
 from trainer.errors import TrainerError
 from trainer.loop import train
 from trainer.precision import PrecisionUnsupportedError
 from trainer.preemption import STOPPED_EXIT, StopRequested, StopSignal, exit_now
-from trainer.spec import JobSpec
 
 log = logging.getLogger("trainer")
 

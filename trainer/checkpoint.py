@@ -27,9 +27,9 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.spec import JobSpec
 from trainer.precision import PrecisionPolicy
 from trainer.sharded import load_state_dicts
-from trainer.spec import JobSpec
 
 
 def step_path(run_dir: Path, step: int) -> Path:

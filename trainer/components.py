@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from halfcast.contracts.spec import JobSpec
 from trainer.checkpoint import TrainingState
 from trainer.data import Batch, Dataset, build_dataset
 from trainer.distributed import DistContext
@@ -25,7 +26,6 @@ from trainer.precision import PrecisionPolicy, build_precision
 from trainer.records import RecordSink
 from trainer.rng import seed_everything
 from trainer.schedule import DeviceLRSchedule
-from trainer.spec import JobSpec
 from trainer.telemetry import StepLog
 
 

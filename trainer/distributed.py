@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
-from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

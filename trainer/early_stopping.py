@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
 
 #: Checkpoint entry holding the tracker's state.
 TRACKER_KEY = "best_evaluation"

@@ -23,7 +23,7 @@ import torch
 from pydantic import TypeAdapter
 from torch import nn
 
-from trainer.catalog import DatasetSpec, ModelSpec
+from halfcast.contracts.catalog import DatasetSpec, ModelSpec
 from trainer.data import build_dataset
 from trainer.data.base import DataInfo, Task
 from trainer.models import build_model
@@ -70,10 +70,10 @@ def _hf_model(payload: Mapping[str, Any], map_location: str | torch.device) -> n
     """An ``hf`` job's :class:`trainer.hf.wrapper.HFModule`: the base rebuilt from the spec exactly as
     the job built it (seeded; frozen weights in the job's compute dtype for ``base_dtype`` ``compute``),
     the checkpoint's trainable state loaded, then everything cast to float32."""
+    from halfcast.contracts.spec import JobSpec
     from trainer.hf.build import rebuild_hf_model
     from trainer.hf.loading import hf_config, load_tokenizer
     from trainer.precision import COMPUTE_DTYPES
-    from trainer.spec import JobSpec
 
     spec = JobSpec.model_validate(payload["spec"])
     precision = payload.get("precision_switch", {}).get("to", spec.precision)

@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from halfcast.contracts.records import PrecisionSwitch
 from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.spec import JobSpec
 from trainer.checkpoint import load_checkpoint, step_path
 from trainer.errors import DivergenceError
 from trainer.guard import DivergenceGuard
@@ -48,7 +49,6 @@ from trainer.inputs import INPUTS_KEY, check_inputs_unchanged
 from trainer.loss_scale import NoOpLossScaler
 from trainer.records import RecordSink
 from trainer.resume import PRECISION_SWITCH_KEY, check_resumable
-from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -66,50 +66,6 @@ class Checkpoint:
     def step(self) -> int:
         """Attempted steps done when it was written."""
         return int(self.payload["step"])
-
-
-@dataclass(frozen=True)
-class PrecisionSwitch:
-    """The one switch of a job from fp16 to bf16: where the guard tripped, why, and where training went on.
-
-    ``step``: the step the divergence was found at; ``source``/``target``: the precisions
-    (``from``/``to`` in records); ``reason``, ``message``: the divergence's;
-    ``rewound_to_step``: the checkpoint's step (0: the start); ``time``: unix seconds.
-    """
-
-    step: int
-    source: str
-    target: str
-    reason: str
-    message: str
-    rewound_to_step: int
-    time: float | None = None
-
-    def as_record(self) -> dict[str, Any]:
-        """The switch as records and checkpoints hold it: ``step``, ``from``, ``to``, ``reason``, ``message``,
-        ``rewound_to_step``, ``time``."""
-        record = {
-            "step": self.step,
-            "from": self.source,
-            "to": self.target,
-            "reason": self.reason,
-            "message": self.message,
-            "rewound_to_step": self.rewound_to_step,
-        }
-        return record | ({"time": self.time} if self.time is not None else {})
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> PrecisionSwitch:
-        """The switch a checkpoint holds (:meth:`as_record`'s form)."""
-        return cls(
-            step=int(record["step"]),
-            source=str(record["from"]),
-            target=str(record["to"]),
-            reason=str(record["reason"]),
-            message=str(record["message"]),
-            rewound_to_step=int(record["rewound_to_step"]),
-            time=float(record["time"]) if record.get("time") is not None else None,
-        )
 
 
 @dataclass(frozen=True)
@@ -165,8 +121,8 @@ class PrecisionFallback:
         if record is None:
             return RunStart(self.job_spec, self.resumed)
         self.switched = True
-        switch = PrecisionSwitch.from_record(record)
-        log.info("resuming in %s: the job switched precision at step %s", switch.target, switch.step)
+        switch = PrecisionSwitch.model_validate(record)
+        log.info("resuming in %s: the job switched precision at step %s", switch.to, switch.step)
         return RunStart(bf16_spec(self.job_spec), self.resumed, switch)
 
     def fall_back(self, divergence: DivergenceError, guard: DivergenceGuard, records: RecordSink) -> RunStart | None:
@@ -181,8 +137,8 @@ class PrecisionFallback:
         checkpoint = self._healthy_checkpoint(guard.failing_run_start)
         switch = PrecisionSwitch(
             step=guard.last_step,
-            source=self.job_spec.precision,
-            target=FALLBACK_PRECISION,
+            from_=self.job_spec.precision,
+            to=FALLBACK_PRECISION,
             reason=divergence.reason.value,  # a plain string: checkpoints are loaded with weights_only
             message=divergence.message,
             rewound_to_step=0 if checkpoint is None else checkpoint.step,
@@ -195,7 +151,7 @@ class PrecisionFallback:
             switch.rewound_to_step,
             FALLBACK_PRECISION,
         )
-        records.precision_switch(switch.as_record())
+        records.precision_switch(switch.body())
         if self.main:
             self._delete_checkpoints_after(switch.rewound_to_step)
         self.switched = True

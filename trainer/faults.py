@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 import torch
 
+from halfcast.contracts.spec import FaultsSpec
 from trainer.sharded import local_tensor
-from trainer.spec import FaultsSpec
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from halfcast.contracts.records import ExportCheck
+from halfcast.contracts.records import ExportCheck, PrecisionSwitch
+from halfcast.contracts.spec import JobSpec
 from trainer.batching import plan_batches, windows
 from trainer.best import best_model_state, best_path, carry_best
 from trainer.checkpoint import checkpointed_model_state, final_path, restore_state, save_checkpoint, step_path
@@ -63,7 +64,7 @@ from trainer.end_check import check_updates_applied
 from trainer.errors import DivergenceError
 from trainer.evaluate import evaluate
 from trainer.export import DATA_INFO_KEY, data_info_entry
-from trainer.fallback import Checkpoint, PrecisionFallback, PrecisionSwitch, RunStart
+from trainer.fallback import Checkpoint, PrecisionFallback, RunStart
 from trainer.faults import FaultInjector
 from trainer.flushing import RecordFlusher, RunTotals
 from trainer.guard import DivergenceGuard
@@ -74,7 +75,6 @@ from trainer.records import RECORDS_FILE, RecordSink
 from trainer.resume import PRECISION_SWITCH_KEY
 from trainer.rng import capture_rng_state, restore_rng_state
 from trainer.sharded import gather_model_state, gather_state_dicts
-from trainer.spec import JobSpec
 from trainer.startup import StartupClock
 from trainer.step import record_step, train_step
 from trainer.throughput import Rates
@@ -394,7 +394,7 @@ def _checkpoint(path: Path, run: RunState, step: int, job_spec: JobSpec, dist_ct
     if dist_ctx.is_main:
         extra = {DATA_INFO_KEY: data_info_entry(run.parts.dataset.info), INPUTS_KEY: dict(run.inputs)}
         if run.precision_switch is not None:
-            extra[PRECISION_SWITCH_KEY] = run.precision_switch.as_record()
+            extra[PRECISION_SWITCH_KEY] = run.precision_switch.body()
         extra[TRACKER_KEY] = run.tracker.state_dict()
         counters = {**run.guard.state_dict(), **run.totals.as_counters()}
         save_checkpoint(
@@ -547,7 +547,7 @@ def _start_fields(run: RunState, dist_ctx: DistContext) -> dict[str, object]:
     """The ``start`` record's fields, from the effective spec (a resumed switched job starts in bf16)."""
     spec, parts = run.effective_spec, run.parts
     plan = plan_batches(spec)
-    switch = {PRECISION_SWITCH_KEY: run.precision_switch.as_record()} if run.precision_switch else {}
+    switch = {PRECISION_SWITCH_KEY: run.precision_switch.body()} if run.precision_switch else {}
     return {
         **switch,
         "world_size": dist_ctx.world_size,

@@ -17,7 +17,7 @@ Dynamic loss scaling follows Micikevicius et al., "Mixed Precision Training"
   overflows back off);
 * the scale is always clamped to ``[min_scale, max_scale]``, so it is never 0,
   subnormal or infinite. The scale is float32, so the bounds are first rounded
-  *inward* to float32 (:mod:`trainer.scale_bounds`): a bound float32 cannot hold is
+  *inward* to float32 (:mod:`halfcast.contracts.scale_bounds`): a bound float32 cannot hold is
   never crossed by rounding (``max_scale = 2**24 + 3`` holds the scale at ``2**24 + 2``);
 * a step that measured nothing (``hold``: a window without loss-bearing elements)
   leaves the scale and both trackers as they are.
@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from trainer.scale_bounds import FLOAT32_MAX, float32_bounds
+from halfcast.contracts.scale_bounds import FLOAT32_MAX, float32_bounds
 
 
 class LossScaler(Protocol):

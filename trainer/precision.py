@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from halfcast.contracts.spec import JobSpec, LossScaleSpec, Precision
 from trainer.compiled_clip import CheckFn, compilable, compile_check
 from trainer.forensics import OverflowForensics
 from trainer.fp8 import Fp8LayerReport, Fp8Recipe, convert_to_fp8
@@ -57,7 +58,6 @@ from trainer.observers import NO_OBSERVERS, Gradients, StepObservers
 from trainer.optim.skipping import DeviceSkipOptimizer
 from trainer.overflow import agree_across_ranks, is_distributed, nonfinite_flag, nonfinite_kinds
 from trainer.sharded import GradNorms, clip_grads_, grad_norms, local_tensors
-from trainer.spec import JobSpec, LossScaleSpec, Precision
 from trainer.step_outcome import HostStepOutcome, StepOutcome
 from trainer.underflow import UnderflowSampler
 

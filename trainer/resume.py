@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
-from trainer.spec import JobSpec
 
 #: Spec fields that may differ between the checkpointed run and the resumed one; any
 #: other difference would change the trajectory, so it is refused.

@@ -36,8 +36,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from halfcast.contracts.spec import LRSchedulerSpec
 from trainer.optim.skipping import lr_dtype
-from trainer.spec import LRSchedulerSpec
 
 
 class Decay(ABC):

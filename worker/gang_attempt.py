@@ -19,9 +19,9 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason, JobStatus, MemberStatus
 from halfcast.core.db.members import Member, Members
-from trainer.spec import JobSpec
 from worker.gang import GangEnd, Gathering, MemberLease, all_exited, peer_verdict, settled
 from worker.gang_launch import NodePlan, gang_command, node_environment
 from worker.gang_plan import write_plan

@@ -24,7 +24,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from halfcast.contracts.rundir import RunDir
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
 from worker.launch import LAUNCHER, RANK_WRAPPER
 
 #: ``ioctl`` request for an interface's IPv4 address (Linux ``SIOCGIFADDR``).

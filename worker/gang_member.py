@@ -22,10 +22,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 
 from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import JobStatus, MemberStatus
 from halfcast.core.db.members import Member, Members
 from halfcast.core.db.models import Job, utcnow
-from trainer.spec import JobSpec
 from worker.gang import MemberLease
 from worker.gang_launch import NodePlan, gang_command, node_environment
 from worker.gang_plan import read_plan

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.spec import JobSpec
 from halfcast.core.settings import Settings
 from trainer.registered import REGISTRY_DIR_ENV
-from trainer.spec import JobSpec
 from trainer.startup import LAUNCHED_AT_ENV
 from worker.exits import wait_for_exit
 

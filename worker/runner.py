@@ -34,9 +34,9 @@ from sqlalchemy.exc import DBAPIError
 
 from halfcast.contracts.records import EndRecord
 from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason, JobStatus
 from halfcast.core.settings import Settings
-from trainer.spec import JobSpec
 from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
 from worker.deadline import Deadline
 from worker.finished_attempt import finished_attempt

@@ -198,7 +198,7 @@ class JobStore:
             if progress.switches or progress.known_switches:
                 _record_switches(conn, fence.job_id, progress)
                 write_progress(conn, fence.job_id, **values)
-            for table, written in ((models.StepRecord, progress.steps), (models.EvalRecord, progress.evals)):
+            for table, written in ((models.StepRow, progress.steps), (models.EvalRow, progress.evals)):
                 for start in range(0, len(written), BATCH_SIZE):
                     rows = [_record_row(fence.job_id, record) for record in written[start : start + BATCH_SIZE]]
                     if (statement := _insert_ignore(conn, table, rows)) is not None:
@@ -305,7 +305,7 @@ def _rewind_job(conn: Connection, job_id: str, step: int) -> None:
     ``eval`` becomes the newest evaluation at or before ``step`` (``None`` if none).
     Runs inside a transaction whose fenced update already matched the job's row.
     """
-    steps, evals = models.StepRecord, models.EvalRecord
+    steps, evals = models.StepRow, models.EvalRow
     latest = conn.execute(select(steps.data).where(steps.job_id == job_id, steps.step == step)).scalar_one_or_none()
     conn.execute(delete(steps).where(steps.job_id == job_id, steps.step > step))
     conn.execute(delete(evals).where(evals.job_id == job_id, evals.step > step))
@@ -314,7 +314,7 @@ def _rewind_job(conn: Connection, job_id: str, step: int) -> None:
 
 def _newest_eval(job_id: str) -> Any:
     """The stored evaluation of ``job_id`` with the highest step, as a scalar subquery (NULL if none)."""
-    evals = models.EvalRecord
+    evals = models.EvalRow
     query = select(evals.data).where(evals.job_id == job_id).order_by(evals.step.desc()).limit(1)
     return query.scalar_subquery()
 
@@ -329,7 +329,7 @@ def _record_switches(conn: Connection, job_id: str, progress: Progress) -> None:
         _rewind_job(conn, job_id, switch.rewound_to_step)
     stored = list(conn.execute(select(Job.precision_switches).where(Job.id == job_id)).scalar_one_or_none() or [])
     known = {tuple(item.get(key) for key in SWITCH_KEYS) for item in stored}
-    candidates: list[records.PrecisionSwitch | records.PrecisionSwitchRecord] = [
+    candidates: list[records.PrecisionSwitch] = [
         *progress.known_switches,
         *progress.switches,
     ]
@@ -371,7 +371,7 @@ def _record_row(job_id: str, record: records.StepRecord | records.EvalRecord) ->
 
 
 def _insert_ignore(
-    conn: Connection, table: type[models.StepRecord] | type[models.EvalRecord], rows: list[dict[str, Any]]
+    conn: Connection, table: type[models.StepRow] | type[models.EvalRow], rows: list[dict[str, Any]]
 ) -> Insert | None:
     """INSERT of ``rows`` into ``table`` that skips steps already stored (``None``: nothing to insert)."""
     if not rows:

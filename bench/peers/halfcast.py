@@ -19,13 +19,13 @@ import torch
 
 from bench.peers.base import PeerInfo
 from bench.workload import ActivationProbe, Workload, job_spec
+from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components, build_record_flusher, divergence_guard
 from trainer.data import Batch
 from trainer.distributed import DistContext
 from trainer.loss_scale import DynamicLossScaler
 from trainer.optim.build import resolve_implementation
 from trainer.records import RECORDS_FILE, RecordSink
-from trainer.spec import JobSpec
 from trainer.step import record_step, train_step
 
 CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

@@ -102,10 +102,13 @@ class PhaseRecord(RecordBase):
 
 
 class PrecisionSwitch(BaseModel):
-    """One switch from fp16 to bf16 (``on_divergence: "fallback_bf16"``), as a ``start`` record repeats it.
+    """One switch from fp16 to bf16 (``on_divergence: "fallback_bf16"``): the one model of it, whoever holds it.
 
-    ``step``: where the divergence guard tripped; ``reason`` its typed reason; ``rewound_to_step``: the
-    checkpoint step training went on from (0: the start).
+    The trainer decides it (:mod:`trainer.fallback`) and keeps it in its checkpoints (:meth:`body`), a
+    ``start`` record repeats it, its own line is a :class:`PrecisionSwitchRecord`, and the API serves it
+    (:class:`~halfcast.contracts.stored.StoredSwitch`). ``step``: where the divergence guard tripped;
+    ``from``/``to``: the precisions; ``reason`` the divergence's typed reason and ``message`` its text;
+    ``rewound_to_step``: the checkpoint step training went on from (0: the start); ``time``: unix seconds.
     """
 
     model_config = _OPEN
@@ -241,19 +244,11 @@ class EvalRecord(RecordBase):
     perplexity: float | None = None
 
 
-class PrecisionSwitchRecord(RecordBase):
-    """The fp16 job switched to bf16 at ``step`` and goes on from the checkpoint at ``rewound_to_step``.
-
-    See :class:`PrecisionSwitch`.
-    """
+class PrecisionSwitchRecord(RecordBase, PrecisionSwitch):
+    """The ``precision_switch`` line: the fp16 job switched to bf16 at ``step`` and goes on from the checkpoint at
+    ``rewound_to_step`` (a :class:`PrecisionSwitch` as a record of its own)."""
 
     type: Literal["precision_switch"] = "precision_switch"
-    step: Step | None = None
-    from_: str | None = Field(default=None, alias="from")
-    to: str | None = None
-    reason: str | None = None
-    message: str | None = None
-    rewound_to_step: Count
 
 
 class StoppedEarly(BaseModel):

@@ -19,7 +19,7 @@ from halfcast.contracts.status import AttemptStatus, JobStatus, MemberStatus
 from halfcast.contracts.stored import StoredEval, StoredStep, StoredSwitch
 
 #: How a job's spec scales its loss: fp16's ``loss_scale.mode`` (default ``dynamic``); ``none`` for
-#: fp32, bf16 and fp8, whose step records carry ``loss_scale`` 1 (``trainer.spec.JobSpec.effective_loss_scale``).
+#: fp32, bf16 and fp8, whose step records carry ``loss_scale`` 1 (``halfcast.contracts.spec.JobSpec.effective_loss_scale``).
 LossScaling = Literal["dynamic", "static", "none"]
 #: What a starting job is doing (the resource's ``phase``).
 StartupPhase = Literal["launching", "loading data", "building model", "first step"]

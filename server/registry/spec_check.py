@@ -15,10 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from halfcast.contracts.spec import JobSpec
 from halfcast.core.registry.refs import RefError, names_registered_inputs, resolve_refs
 from server.access import owner_visible
 from server.auth import Principal
-from trainer.spec import JobSpec
 
 
 def _body_errors(exc: ValidationError) -> RequestValidationError:

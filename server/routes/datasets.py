@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from halfcast.contracts.catalog import JsonlFormat
 from halfcast.core.db import registry as repo
 from halfcast.core.db.models import RegisteredDataset, utcnow
 from halfcast.core.db.quota_check import QuotaExceeded
@@ -47,7 +48,6 @@ from server.registry.schemas import DatasetList, DatasetPublic, dataset_public
 from server.registry.upload import QuotaBound, Received, receive_to_file
 from server.registry.upload_gate import upload_pace
 from server.schemas import ErrorBody
-from trainer.catalog import JsonlFormat
 
 log = logging.getLogger(__name__)
 

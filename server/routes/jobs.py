@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import JobStatus
 from halfcast.core.db import audit, pending_cancels, requeue
 from halfcast.core.db import jobs as repo
@@ -35,7 +36,6 @@ from server.queue import JobQueue
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.spec_check import registered_inputs_check
 from server.schemas import MAX_STEP_NUMBER, ErrorBody, EvalList, JobList, JobPublic, MetricsPage, job_public, step_point
-from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

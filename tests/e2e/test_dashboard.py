@@ -36,10 +36,10 @@ from e2e_support import ROOT, Stack, load_example
 from fastapi.encoders import jsonable_encoder
 from pydantic import ValidationError
 
+from halfcast.contracts.spec import JobSpec
 from server.http.field_paths import with_field
 from server.routes.dashboard import static_dir
 from server.schemas import JobPublic
-from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.e2e
 

@@ -30,7 +30,7 @@ from halfcast.contracts.records import EvalRecord as EvalLine
 from halfcast.contracts.records import StepRecord
 from halfcast.contracts.resources import JobPublic
 from halfcast.contracts.status import JobStatus
-from halfcast.core.db.models import EvalRecord
+from halfcast.core.db.models import EvalRow
 from halfcast.core.settings import Settings
 from server.app import create_app
 from server.streams.stats import EventStreamSettings, StreamStats
@@ -174,7 +174,7 @@ def test_evals_are_the_jobs_validation_curve_in_step_order(
     assert halfcast.evals(job_id) == []
     evaluations = [{"step": step, "time": float(step), "loss": 1.0 / step, "accuracy": step / 10} for step in (6, 3, 9)]
     with sessions() as session:
-        session.add_all(EvalRecord(job_id=job_id, step=e["step"], time=e["time"], data=e) for e in evaluations)
+        session.add_all(EvalRow(job_id=job_id, step=e["step"], time=e["time"], data=e) for e in evaluations)
         session.commit()
     found = halfcast.evals(job_id)
     assert [e.step for e in found] == [3, 6, 9] and all(isinstance(e, EvalLine) for e in found)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
+from halfcast.contracts.spec import JobSpec
 from trainer.distributed import DistContext
-from trainer.spec import JobSpec
 
 
 @pytest.fixture(autouse=True)

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from halfcast.contracts.spec import JobSpec
 from trainer.distributed import DistContext
 from trainer.loop import train
 from trainer.precision import PrecisionUnsupportedError
-from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.gpu
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from halfcast.contracts.records import EndRecord
+from halfcast.contracts.spec import JobSpec
 from trainer.checkpoint import final_path, step_path
 from trainer.distributed import DistContext
 from trainer.end_check import check_updates_applied, final_stretch_limit
@@ -24,7 +25,6 @@ from trainer.errors import TrainerError
 from trainer.guard import DivergenceGuard
 from trainer.loop import train
 from trainer.records import RecordSink, read_records
-from trainer.spec import JobSpec
 from trainer.telemetry import StepRow
 
 SpecFactory = Callable[..., JobSpec]

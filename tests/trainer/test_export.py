@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import torch
 
+from halfcast.contracts.spec import JobSpec
 from trainer.checkpoint import final_path
 from trainer.data.base import DataInfo, Task
 from trainer.distributed import DistContext
 from trainer.export import DATA_INFO_KEY, checkpoint_data_info, data_info_entry, load_trained_model
 from trainer.loop import train
-from trainer.spec import JobSpec
 
 
 def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:

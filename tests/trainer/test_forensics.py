@@ -9,13 +9,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from halfcast.contracts.spec import JobSpec
 from trainer.distributed import DistContext
 from trainer.forensics import MAX_NAMED_PARAMETERS, describe_overflow
 from trainer.loop import train
 from trainer.overflow import nonfinite_kinds
 from trainer.precision import build_precision
 from trainer.records import read_records
-from trainer.spec import JobSpec
 from trainer.underflow import underflow_fraction
 
 CPU = torch.device("cpu")

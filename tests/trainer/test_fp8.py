@@ -12,6 +12,7 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
+from halfcast.contracts.spec import JobSpec
 from trainer.fp8 import (
     E4M3,
     E5M2,
@@ -27,7 +28,6 @@ from trainer.fp8 import (
     quantize_with_scale,
     scale_from_amax,
 )
-from trainer.spec import JobSpec
 
 #: Relative rounding error of a normal value: half an ulp, 2^-(mantissa bits + 1).
 REL_ERROR = {E4M3: 2.0**-4, E5M2: 2.0**-3}
@@ -289,9 +289,9 @@ def test_gpt_plan_respects_the_rules() -> None:
 
 
 def test_fp8_policy_converts_reports_and_skips_on_an_fp8_overflow() -> None:
+    from halfcast.contracts.spec import OptimizerSpec
     from trainer.optim.build import build_optimizer
     from trainer.precision import Fp8Precision
-    from trainer.spec import OptimizerSpec
 
     cpu = torch.device("cpu")
     policy = Fp8Precision(cpu, recipe="rowwise")

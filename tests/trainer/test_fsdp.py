@@ -20,6 +20,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from trainer_support import spawn_ranks
 
+from halfcast.contracts.spec import JobSpec
 from trainer.distributed import DistContext
 from trainer.models.gpt import GPT
 from trainer.parallel import (
@@ -39,7 +40,6 @@ from trainer.sharded import (
     local_tensor,
     local_tensors,
 )
-from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks: not in make check
 
@@ -246,8 +246,8 @@ OPTIMIZER_PATHS = [(name, impl) for name in ("adamw", "sgd") for impl in ("plain
 
 
 def _overflow_run(rank: int, ctx: DistContext, name: str, implementation: str) -> list[dict[str, Any]]:
+    from halfcast.contracts.spec import OptimizerSpec
     from trainer.optim.build import build_optimizer
-    from trainer.spec import OptimizerSpec
 
     model = wrap_model(_mlp(), ctx, "fsdp", "fp16")
     params = list(model.parameters())

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason
 from trainer.distributed import DistContext
 from trainer.end_check import check_updates_applied
@@ -20,7 +21,6 @@ from trainer.errors import DIVERGENCE_REASONS, DivergenceError, TrainerError
 from trainer.guard import DivergenceGuard
 from trainer.loop import train
 from trainer.records import read_records
-from trainer.spec import JobSpec
 from trainer.telemetry import StepRow
 
 INF, NAN = 1.0, 2.0

@@ -11,11 +11,11 @@ import pytest
 import torch
 from hf_support import lora_spec
 
+from halfcast.contracts.spec import JobSpec
 from trainer import loop, precision
 from trainer.distributed import DistContext
 from trainer.fp8 import Float8EmulatedLinear
 from trainer.records import read_records
-from trainer.spec import JobSpec
 
 
 def _fp8_job(tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> Any:

@@ -12,8 +12,9 @@ from hf_support import lora_spec
 from test_syncs import _count_loop
 from trainer_support import lm_micro_batch
 
+from halfcast.contracts.catalog import HFConfig
+from halfcast.contracts.spec import AdapterSpec, JobSpec
 from trainer import loop
-from trainer.catalog import HFConfig
 from trainer.components import build_components
 from trainer.data.base import Batch, DataInfo, Task
 from trainer.distributed import DistContext
@@ -23,7 +24,6 @@ from trainer.hf.loading import load_base_model, load_tokenizer
 from trainer.hf.wrapper import HFModule
 from trainer.losses import task_loss
 from trainer.records import read_records
-from trainer.spec import AdapterSpec, JobSpec
 from trainer.step import accumulate_window
 from trainer.sync_counter import HostSyncCounter
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from halfcast.contracts.spec import JobSpec
 from trainer.checkpoint import load_checkpoint, step_path
 from trainer.distributed import DistContext
 from trainer.errors import TrainerError
 from trainer.loop import train
 from trainer.records import RECORDS_FILE
-from trainer.spec import JobSpec
 
 
 def test_nan_gradients_every_step_fail_the_job_long_before_the_end(

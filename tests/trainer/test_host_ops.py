@@ -10,11 +10,11 @@ import torch
 
 import trainer.precision as precision_module
 from bench.op_counter import OpCounter
+from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components, build_record_flusher
 from trainer.distributed import DistContext
 from trainer.loss_scale import DynamicLossScaler
 from trainer.records import RecordSink
-from trainer.spec import JobSpec
 from trainer.step import record_step, train_step
 
 

@@ -14,7 +14,7 @@ import torch
 from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401 (the hf_tokenizer fixture)
 from jsonl_support import DataRoot, trained_spans
 
-from trainer.catalog import TextConfig
+from halfcast.contracts.catalog import TextConfig
 from trainer.data import IGNORE_INDEX, Batch, Task
 from trainer.data.jsonl.batches import collate
 from trainer.data.text import build_text

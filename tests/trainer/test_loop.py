@@ -15,6 +15,7 @@ import pytest
 import torch
 from trainer_support import lm_micro_batch, tiny_lm
 
+from halfcast.contracts.spec import JobSpec
 from trainer.batching import windows
 from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.components import build_components
@@ -26,7 +27,6 @@ from trainer.loop import train
 from trainer.losses import task_loss
 from trainer.precision import build_precision
 from trainer.records import read_records
-from trainer.spec import JobSpec
 from trainer.step import accumulate_window, train_step
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -8,8 +8,8 @@ import math
 import torch
 from torch import nn
 
+from halfcast.contracts.spec import JobSpec
 from trainer.precision import build_precision
-from trainer.spec import JobSpec
 
 CPU = torch.device("cpu")
 

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from trainer_support import lm_micro_batch, spawn_ranks, tiny_lm
 
+from halfcast.contracts.spec import JobSpec, LossScaleSpec, OptimizerSpec
 from trainer import loop
 from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.components import Components, build_components
@@ -39,7 +40,6 @@ from trainer.optim.skipping import DeviceSkipOptimizer
 from trainer.parallel import grad_sync, unwrap_model, wrap_model
 from trainer.precision import build_precision, build_scaler
 from trainer.records import read_records
-from trainer.spec import JobSpec, LossScaleSpec, OptimizerSpec
 from trainer.step import StepResult, accumulate_window, train_step
 
 log = logging.getLogger(__name__)

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from trainer_support import spawn_ranks
 
+from halfcast.contracts.spec import JobSpec
 from trainer.data import IGNORE_INDEX, Batch, Task
 from trainer.data.base import token_batch
 from trainer.distributed import DistContext
@@ -16,7 +17,6 @@ from trainer.losses import task_loss
 from trainer.models.gpt import GPT
 from trainer.parallel import unwrap_model, wrap_model
 from trainer.precision import build_precision
-from trainer.spec import JobSpec
 from trainer.step import accumulate_window
 
 WORLD_SIZE = 2

@@ -17,13 +17,13 @@ import torch
 from pydantic import ValidationError
 from trainer_support import torchrun_trainer
 
+from halfcast.contracts.spec import JobSpec
 from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.distributed import DistContext
 from trainer.errors import TrainerError
 from trainer.loop import TrainResult, train
 from trainer.records import read_records
 from trainer.resume import check_resumable
-from trainer.spec import JobSpec
 
 SpecFactory = Callable[..., JobSpec]
 CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from halfcast.contracts.spec import JobSpec
 from trainer import precision
 from trainer.forensics import OverflowForensics
 from trainer.loss_scale import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
@@ -19,7 +20,6 @@ from trainer.precision import (
     build_precision,
     build_scaler,
 )
-from trainer.spec import JobSpec
 from trainer.underflow import UnderflowSampler
 
 CPU = torch.device("cpu")

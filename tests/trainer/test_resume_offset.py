@@ -13,8 +13,9 @@ import pytest
 import torch
 from hf_support import lora_spec
 
+from halfcast.contracts.catalog import SyntheticConfig
+from halfcast.contracts.spec import JobSpec
 from trainer import loop
-from trainer.catalog import SyntheticConfig
 from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.data import Batch, Dataset
 from trainer.data.base import DataInfo, Task
@@ -23,7 +24,6 @@ from trainer.data.jsonl.batches import Sample, TokenFileDataset
 from trainer.data.synthetic import build_synthetic
 from trainer.data.text import ByteTextDataset
 from trainer.distributed import DistContext
-from trainer.spec import JobSpec
 
 
 def _same(a: Batch, b: Batch) -> bool:

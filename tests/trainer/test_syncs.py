@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
+from halfcast.contracts.spec import JobSpec
 from trainer import loop
 from trainer.components import build_components
 from trainer.distributed import DistContext
 from trainer.precision import build_precision
-from trainer.spec import JobSpec
 from trainer.step import record_step, train_step
 from trainer.sync_counter import HostSyncCounter as HostReads
 from trainer.telemetry import StepLog

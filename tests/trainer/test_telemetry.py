@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
+from halfcast.contracts.spec import JobSpec
 from trainer.distributed import DistContext
 from trainer.flushing import RecordFlusher, RunTotals
 from trainer.loop import train
 from trainer.records import RecordSink, read_records
-from trainer.spec import JobSpec
 from trainer.telemetry import FIELDS, StepLog, StepMetrics
 
 CPU = torch.device("cpu")

@@ -9,11 +9,11 @@ from pathlib import Path
 from sqlalchemy import Engine, select, update
 from worker_support import MakeJob, small_spec
 
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason, JobStatus, MemberStatus
 from halfcast.core.db.members import Members
 from halfcast.core.db.models import Attempt, Job, JobMember, utcnow
 from halfcast.core.settings import Settings
-from trainer.spec import JobSpec
 from worker.gang import GangEnd, Gathering, peer_verdict
 from worker.gang_entry import GangEntry
 from worker.gang_launch import NodePlan, gang_command

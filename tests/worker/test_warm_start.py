@@ -20,8 +20,8 @@ import pytest
 from worker_support import small_spec
 
 from halfcast.contracts.rundir import JobRuns, RunDir
+from halfcast.contracts.spec import JobSpec
 from halfcast.core.settings import Settings
-from trainer.spec import JobSpec
 from worker.failure_logs import root_cause
 from worker.launch import RunProcess, build_command, build_environment, start_run
 from worker.warm.agent import rank_environment

@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import Engine, insert
 
+from halfcast.contracts.spec import JobSpec
 from halfcast.core.db.models import Job
-from trainer.spec import JobSpec
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
 

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
+from halfcast.contracts.spec import LRSchedulerSpec, OptimizerSpec
 from trainer.optim.skipping import SGD, AdamW, Implementation, fused_supported
 from trainer.schedule import DeviceLRSchedule, LRMultiplier, build_lr_schedule
-from trainer.spec import LRSchedulerSpec, OptimizerSpec
 
 __all__ = ["LRMultiplier", "build_lr_scheduler", "build_optimizer", "resolve_implementation"]
 

@@ -19,14 +19,14 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason, JobStatus
 from halfcast.core.db import audit, quota_check
-from halfcast.core.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, EvalRecord, Job, StepRecord, utcnow
+from halfcast.core.db.models import ACTIVE_STATUSES, STATUSES, TERMINAL_STATUSES, EvalRow, Job, StepRow, utcnow
 from halfcast.core.db.paging import newest_first
 from halfcast.core.db.quota_check import begin_owner_transaction
 from halfcast.core.db.quotas import UNLIMITED, QuotaLimits
 from halfcast.core.db.transitions import Expected, compare_and_set
-from trainer.spec import JobSpec
 
 #: Statuses a cancel request moves to ``cancelling`` (the worker then stops the run, or node 0 its forming gang).
 _CANCEL_RUNNING_FROM = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.GATHERING})
@@ -267,7 +267,7 @@ def list_jobs(
     return JobPage(list(jobs), next_cursor)
 
 
-def list_step_records(session: Session, job_id: str, *, after_step: int = 0, limit: int = 1000) -> list[StepRecord]:
+def list_step_records(session: Session, job_id: str, *, after_step: int = 0, limit: int = 1000) -> list[StepRow]:
     """Step records of a job with ``step > after_step``, in step order, at most ``limit``.
 
     Raises :class:`JobNotFound` for an unknown job.
@@ -275,22 +275,19 @@ def list_step_records(session: Session, job_id: str, *, after_step: int = 0, lim
     if session.get(Job, job_id) is None:
         raise JobNotFound(job_id)
     query = (
-        select(StepRecord)
-        .where(StepRecord.job_id == job_id, StepRecord.step > after_step)
-        .order_by(StepRecord.step)
-        .limit(limit)
+        select(StepRow).where(StepRow.job_id == job_id, StepRow.step > after_step).order_by(StepRow.step).limit(limit)
     )
     return list(session.scalars(query))
 
 
-def list_eval_records(session: Session, job_id: str) -> list[EvalRecord]:
+def list_eval_records(session: Session, job_id: str) -> list[EvalRow]:
     """Every evaluation record of a job, in step order (a few per job: one per ``eval_interval`` steps and the last).
 
     Raises :class:`JobNotFound` for an unknown job.
     """
     if session.get(Job, job_id) is None:
         raise JobNotFound(job_id)
-    return list(session.scalars(select(EvalRecord).where(EvalRecord.job_id == job_id).order_by(EvalRecord.step)))
+    return list(session.scalars(select(EvalRow).where(EvalRow.job_id == job_id).order_by(EvalRow.step)))
 
 
 def count_by_status(session: Session) -> dict[str, int]:

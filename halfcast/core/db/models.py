@@ -170,8 +170,9 @@ class JobMember(Base):
     )
 
 
-class StepRecord(Base):
-    """One step record (docs/results.md, "Step records") of a job; ``data`` holds the whole record."""
+class StepRow(Base):
+    """The row of one step record (docs/results.md, "Step records"; the record's model is
+    :class:`halfcast.contracts.records.StepRecord`) of a job; ``data`` holds the whole record."""
 
     __tablename__ = "step_records"
 
@@ -181,8 +182,8 @@ class StepRecord(Base):
     data: Mapped[dict[str, Any]]
 
 
-class EvalRecord(Base):
-    """One evaluation record (``{"step", "time", "loss", "accuracy"|"perplexity"}``) of a job, in ``data``.
+class EvalRow(Base):
+    """The row of one evaluation record (``{"step", "time", "loss", "accuracy"|"perplexity"}``) of a job, in ``data``.
 
     Every evaluation the job ran, so its validation curve survives; ``jobs.eval`` holds the newest.
     """

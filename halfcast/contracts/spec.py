@@ -11,8 +11,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from trainer.catalog import MODEL_DATASETS, TASK_METRICS, DatasetSpec, ModelSpec, dataset_task, field_error
-from trainer.scale_bounds import float32_bounds
+from halfcast.contracts.catalog import MODEL_DATASETS, TASK_METRICS, DatasetSpec, ModelSpec, dataset_task, field_error
+from halfcast.contracts.scale_bounds import float32_bounds
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 #: Largest allowed loss scale; the scale is held in float32, so any finite bound works,

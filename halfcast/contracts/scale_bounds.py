@@ -18,11 +18,13 @@ FLOAT32_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 
 def _float32_bits(value: float) -> int:
     """The IEEE bits of ``value`` rounded to the nearest float32 (``value`` finite, 0 < value <= FLOAT32_MAX)."""
-    return struct.unpack("<I", struct.pack("<f", value))[0]
+    bits: int = struct.unpack("<I", struct.pack("<f", value))[0]
+    return bits
 
 
 def _from_bits(bits: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
+    value: float = struct.unpack("<f", struct.pack("<I", bits))[0]
+    return value
 
 
 def float32_at_least(value: float) -> float:

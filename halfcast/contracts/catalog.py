@@ -1,7 +1,7 @@
 """Torch-free catalogue of the models and datasets a job spec may name.
 
 Each entry is a pydantic model ``{"name": <literal>, "config": <typed config>}``;
-:mod:`trainer.spec` joins them into discriminated unions, so an unknown name or a
+:mod:`halfcast.contracts.spec` joins them into discriminated unions, so an unknown name or a
 bad config value is a validation error that names the field (HTTP 422 in the API).
 The torch code that builds each entry lives in :mod:`trainer.models` and
 :mod:`trainer.data`; this module must never import torch.
