@@ -64,7 +64,7 @@ WAIT_STEP_S = 0.25
 def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "trainer") -> list[str]:
     """The torchrun command line for one attempt (``ranks_per_node`` ranks on this host; a one-node job's world).
 
-    A node of a multi-node job launches :func:`worker.gang_launch.gang_command` instead.
+    A node of a multi-node job launches :func:`worker.gang.launch.gang_command` instead.
 
     torchrun runs through :mod:`worker.torchrun` (torchrun's arguments, torchrun's
     ``main``). Each rank runs ``module`` through :mod:`worker.rank_output`, which keeps the

@@ -290,7 +290,7 @@ class Attempt:
                 )
             self.context.shutdown.wait(poll_s)
 
-    # Hooks of a multi-node job's node 0 (worker.gang_attempt.Node0Attempt); a one-node attempt has no peers.
+    # Hooks of a multi-node job's node 0 (worker.gang.attempt.Node0Attempt); a one-node attempt has no peers.
 
     def _before_launch(self) -> Outcome | None:
         """Called once the run is prepared, right before its launch: an outcome ends the attempt there."""

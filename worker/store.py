@@ -124,7 +124,7 @@ class JobStore:
         was given; null when empty). ``runtime_used_s`` sums the running time of the
         job's earlier attempts (for ``max_runtime_s``). The job's ``startup`` is cleared: the
         new attempt reports its own start-up phases. ``status``: ``gathering`` for node 0 of a
-        multi-node job (:mod:`worker.gang`).
+        multi-node job (:mod:`worker.gang.formation`).
         """
         now = utcnow()
         with self.begin() as conn:

@@ -38,7 +38,7 @@ from halfcast.core.db.members import GatheringJob, Members
 from halfcast.core.settings import Settings
 from worker.acks import acknowledge
 from worker.broker_watch import BrokerWatch, queued_job_ids, redis_marker_store
-from worker.gang_entry import HAND_BACK_PAUSE_S, GangEntry
+from worker.gang.entry import HAND_BACK_PAUSE_S, GangEntry
 from worker.gpu_locks import GpuLocks
 from worker.gpus import discover_gpus
 from worker.holds import MessageHolds
@@ -165,7 +165,7 @@ class WorkerRuntime:
             return self._heartbeat
 
     def gangs(self) -> GangEntry:
-        """The multi-node paths of this worker's tasks (:mod:`worker.gang_entry`), created once."""
+        """The multi-node paths of this worker's tasks (:mod:`worker.gang.entry`), created once."""
         slots, store = self.slots(), self.store
         with self._lock:
             if self._gangs is None:

@@ -125,7 +125,7 @@ RANKED_MEMBERSHIP = text("status <> 'released'")
 
 
 class JobMember(Base):
-    """One node of a multi-node job's gang in one attempt (``worker/gang.py``, migration 0012).
+    """One node of a multi-node job's gang in one attempt (``worker/gang/formation.py``, migration 0012).
 
     ``status`` is a :class:`halfcast.contracts.status.MemberStatus`. A worker holds at most one open
     (``joined``/``running``) membership, and an attempt's node rank belongs to one membership that was

@@ -1,9 +1,9 @@
 """A node other than node 0 of a multi-node job: wait for the gang, run its torchrun, end with the attempt.
 
-The member renews its membership (:class:`worker.gang.MemberLease`) from the moment it joined.
+The member renews its membership (:class:`worker.gang.formation.MemberLease`) from the moment it joined.
 It launches once node 0 has moved the job to ``starting`` for its attempt, with the rendezvous
 endpoint of node 0's membership and the checkpoint of node 0's launch file
-(:mod:`worker.gang_plan`). Its torchrun's output goes to ``<run_dir>/nodes/node-<k>/logs/launcher.log``
+(:mod:`worker.gang.plan`). Its torchrun's output goes to ``<run_dir>/nodes/node-<k>/logs/launcher.log``
 (each rank's to the shared ``logs/rank-<r>.log``). It stops its run at once when the job is
 cancelling, ended, or no longer this attempt's, when node 0's membership failed or is lost, when
 its own membership can no longer be renewed (self-fencing, as a job lease), or when its worker
@@ -26,9 +26,9 @@ from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import JobStatus, MemberStatus
 from halfcast.core.db.members import Member, Members
 from halfcast.core.db.models import Job, utcnow
-from worker.gang import MemberLease
-from worker.gang_launch import NodePlan, gang_command, node_environment
-from worker.gang_plan import read_plan
+from worker.gang.formation import MemberLease
+from worker.gang.launch import NodePlan, gang_command, node_environment
+from worker.gang.plan import read_plan
 from worker.launch import RunProcess, build_environment, start_run
 from worker.runner import RunnerContext
 

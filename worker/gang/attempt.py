@@ -1,10 +1,10 @@
 """Node 0's attempt of a multi-node job: the one-node attempt (:class:`worker.runner.Attempt`) plus its gang.
 
 Node 0 prepares the run directory as any attempt does, then, right before its launch, waits
-for its gang (:class:`worker.gang.Gathering`) and writes the launch file the other nodes read
-(:mod:`worker.gang_plan`: the checkpoint every node resumes from). While the run goes on, every
+for its gang (:class:`worker.gang.formation.Gathering`) and writes the launch file the other nodes read
+(:mod:`worker.gang.plan`: the checkpoint every node resumes from). While the run goes on, every
 poll also reads the other nodes' memberships: a lost or failed node stops the run at once
-(:func:`worker.gang.peer_verdict`). When its own torchrun has ended, node 0 closes its own
+(:func:`worker.gang.formation.peer_verdict`). When its own torchrun has ended, node 0 closes its own
 membership (the other nodes stop on a failure) and waits, at most a lease length and the
 cancel grace, until every other node has ended or is lost. ``succeeded`` needs the trainer's
 ``end`` record (global rank 0, in the shared run directory) and every node's torchrun exiting
@@ -22,9 +22,9 @@ from pathlib import Path
 from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason, JobStatus, MemberStatus
 from halfcast.core.db.members import Member, Members
-from worker.gang import GangEnd, Gathering, MemberLease, all_exited, peer_verdict, settled
-from worker.gang_launch import NodePlan, gang_command, node_environment
-from worker.gang_plan import write_plan
+from worker.gang.formation import GangEnd, Gathering, MemberLease, all_exited, peer_verdict, settled
+from worker.gang.launch import NodePlan, gang_command, node_environment
+from worker.gang.plan import write_plan
 from worker.launch import RunProcess
 from worker.outcomes import Outcome
 from worker.runner import Attempt, RunnerContext

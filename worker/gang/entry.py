@@ -28,9 +28,9 @@ from halfcast.contracts.status import JobStatus, MemberStatus
 from halfcast.core.db.members import GatheringJob, Members, spec_nodes
 from halfcast.core.db.models import Job
 from halfcast.core.settings import Settings
-from worker.gang_attempt import Node0Attempt
-from worker.gang_launch import free_port, route_address
-from worker.gang_member import MemberRun
+from worker.gang.attempt import Node0Attempt
+from worker.gang.launch import free_port, route_address
+from worker.gang.member import MemberRun
 from worker.outcomes import Outcome
 from worker.runner import RunnerContext, run_job
 from worker.slots import Placement
