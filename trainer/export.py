@@ -1,6 +1,6 @@
 """The trained model of a checkpoint, rebuilt for inference: ``load_trained_model("final.pt")``.
 
-A checkpoint (:mod:`trainer.checkpoint`) holds the job's ``spec`` and, since this
+A checkpoint (:mod:`trainer.run.checkpoint`) holds the job's ``spec`` and, since this
 module exists, ``data_info`` (the dataset sizes the model was built for: task, outputs,
 input width or context length). The model is rebuilt from the spec's ``model`` entry
 and those sizes (:func:`trainer.models.build_model`), in float32, and the checkpoint's
@@ -73,7 +73,7 @@ def _hf_model(payload: Mapping[str, Any], map_location: str | torch.device) -> n
     from halfcast.contracts.spec import JobSpec
     from trainer.hf.build import rebuild_hf_model
     from trainer.hf.loading import hf_config, load_tokenizer
-    from trainer.precision import COMPUTE_DTYPES
+    from trainer.numerics.precision import COMPUTE_DTYPES
 
     spec = JobSpec.model_validate(payload["spec"])
     precision = payload.get("precision_switch", {}).get("to", spec.precision)

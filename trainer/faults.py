@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 
 from halfcast.contracts.spec import FaultsSpec
-from trainer.sharded import local_tensor
+from trainer.parallel.sharded import local_tensor
 
 log = logging.getLogger(__name__)
 

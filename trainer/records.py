@@ -3,7 +3,7 @@
 Every line is a record of :mod:`halfcast.contracts.records` (the run-directory contract of
 docs/architecture.md), built and validated here and written as :meth:`~halfcast.contracts.records.RecordBase.line`
 gives it. Lines are flushed as soon as they are written (step lines in one batch per logging
-interval, see :mod:`trainer.telemetry`), so the worker can tail the file while training runs.
+interval, see :mod:`trainer.run.telemetry`), so the worker can tail the file while training runs.
 JSON has no NaN or infinity: a non-finite float is written as ``null``.
 """
 
@@ -97,11 +97,11 @@ class RecordSink:
         return record.model_copy(update={**self.step_fields, "time": when})
 
     def eval(self, step: int, metrics: Mapping[str, float | None]) -> None:
-        """An ``eval`` line: ``step`` and ``loss`` plus ``accuracy`` or ``perplexity`` (:mod:`trainer.evaluate`)."""
+        """An ``eval`` line: ``step`` and ``loss`` plus ``accuracy`` or ``perplexity`` (:mod:`trainer.run.evaluate`)."""
         self.write(EvalRecord.model_validate({**metrics, "step": step}))
 
     def precision_switch(self, switch: Mapping[str, Any]) -> None:
-        """A ``precision_switch`` line (``on_divergence: "fallback_bf16"``, see :mod:`trainer.fallback`).
+        """A ``precision_switch`` line (``on_divergence: "fallback_bf16"``, see :mod:`trainer.run.fallback`).
 
         ``switch``: ``step`` (where the divergence guard tripped), ``from``, ``to``,
         ``reason`` (the guard's typed reason), ``message``, ``rewound_to_step`` (the

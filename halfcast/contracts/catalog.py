@@ -408,7 +408,7 @@ MODEL_DATASETS: dict[str, frozenset[str]] = {
 }
 
 
-#: The evaluation metrics each dataset task reports (``loss`` always): see :mod:`trainer.evaluate`.
+#: The evaluation metrics each dataset task reports (``loss`` always): see :mod:`trainer.run.evaluate`.
 TASK_METRICS: dict[str, frozenset[str]] = {
     "classification": frozenset({"loss", "accuracy"}),
     "regression": frozenset({"loss"}),

@@ -104,7 +104,7 @@ class PhaseRecord(RecordBase):
 class PrecisionSwitch(BaseModel):
     """One switch from fp16 to bf16 (``on_divergence: "fallback_bf16"``): the one model of it, whoever holds it.
 
-    The trainer decides it (:mod:`trainer.fallback`) and keeps it in its checkpoints (:meth:`body`), a
+    The trainer decides it (:mod:`trainer.run.fallback`) and keeps it in its checkpoints (:meth:`body`), a
     ``start`` record repeats it, its own line is a :class:`PrecisionSwitchRecord`, and the API serves it
     (:class:`~halfcast.contracts.stored.StoredSwitch`). ``step``: where the divergence guard tripped;
     ``from``/``to``: the precisions; ``reason`` the divergence's typed reason and ``message`` its text;

@@ -168,7 +168,7 @@ class EarlyStoppingSpec(_Strict):
     LM, ``accuracy`` for classification); ``min`` is better for loss and perplexity, ``max``
     for accuracy (:attr:`mode`). An evaluation improves when it beats the best so far by more
     than ``min_delta``; after ``patience`` evaluations in a row without improvement the job stops
-    at that evaluation's step (:mod:`trainer.early_stopping`).
+    at that evaluation's step (:mod:`trainer.run.early_stopping`).
     """
 
     metric: EvalMetric = "loss"
@@ -253,7 +253,7 @@ class JobSpec(_Strict):
     sat at ``min_scale`` and the skipped steps had only infinities (no NaN).
     ``on_divergence`` (fp16 only for ``fallback_bf16``): ``fail`` (default) fails the job
     then; ``fallback_bf16`` instead rewinds once to the last healthy checkpoint (or step
-    0) and continues in bf16 without loss scaling (:mod:`trainer.fallback`); a guard
+    0) and continues in bf16 without loss scaling (:mod:`trainer.run.fallback`); a guard
     failure in bf16 then fails the job as usual.
 
     ``nodes``: hosts the job spans (default 1), each running ``gpus`` (or ``processes``) ranks;

@@ -2,7 +2,7 @@
 
 The trainer writes ``<runs_dir>/<job_id>/attempt-<n>/checkpoints/step-<N>.pt`` every
 ``checkpoint_interval`` steps and when it stops early (cancel, preemption), and
-``final.pt`` when it reaches ``max_steps`` (:mod:`trainer.checkpoint`). Each file is
+``final.pt`` when it reaches ``max_steps`` (:mod:`trainer.run.checkpoint`). Each file is
 written to a hidden temporary name and moved into place, so a file listed here is
 complete. Only names matching :data:`halfcast.contracts.rundir.CHECKPOINT_NAME` are ever listed or
 served, and only from the job's own attempt directories: a request cannot reach another path.

@@ -1,7 +1,7 @@
 """``GET /jobs/{id}/checkpoints`` (list) and ``GET``/``HEAD /jobs/{id}/checkpoints/{name}`` (download): a job's trained weights.
 
 A checkpoint is a ``torch.save`` dict (``model``, ``optimizer``, ``lr_scheduler``,
-``precision``, ``step``, ``rng``, ``spec``, …; :mod:`trainer.checkpoint`) that loads
+``precision``, ``step``, ``rng``, ``spec``, …; :mod:`trainer.run.checkpoint`) that loads
 with ``torch.load(path, weights_only=True)``; its ``model`` entry is the plain model
 state dict. Files come from the API's runs directory (:mod:`server.files.checkpoint_files`);
 the same isolation as every job route applies (another owner's job is a 404).

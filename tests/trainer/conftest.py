@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from halfcast.contracts.spec import JobSpec
-from trainer.distributed import DistContext
+from trainer.parallel.distributed import DistContext
 
 
 @pytest.fixture(autouse=True)

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from halfcast.contracts.spec import JobSpec
-from trainer import checkpoint
-from trainer.checkpoint import final_path, load_checkpoint, save_checkpoint, step_path
 from trainer.components import build_components
-from trainer.distributed import DistContext
-from trainer.loop import train
+from trainer.parallel.distributed import DistContext
+from trainer.run import checkpoint
+from trainer.run.checkpoint import final_path, load_checkpoint, save_checkpoint, step_path
+from trainer.run.loop import train
 
 
 def test_final_checkpoint_holds_everything_to_resume(cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec) -> None:

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from halfcast.contracts.spec import JobSpec
-from trainer.distributed import DistContext
-from trainer.loop import train
-from trainer.precision import PrecisionUnsupportedError
+from trainer.numerics.precision import PrecisionUnsupportedError
+from trainer.parallel.distributed import DistContext
+from trainer.run.loop import train
 
 pytestmark = pytest.mark.gpu
 

@@ -9,8 +9,8 @@ import torch
 from trainer_support import TORCHRUN_ENV, torchrun_trainer
 
 from halfcast.contracts.spec import JobSpec
-from trainer.distributed import distributed_session, env_ranks, init_distributed, select_device
 from trainer.errors import TrainerError
+from trainer.parallel.distributed import distributed_session, env_ranks, init_distributed, select_device
 from trainer.records import read_records
 
 

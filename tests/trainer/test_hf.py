@@ -12,14 +12,14 @@ import torch
 from hf_support import TINY_LLAMA, lora_spec
 
 from halfcast.contracts.spec import JobSpec
-from trainer.checkpoint import final_path, step_path
 from trainer.components import build_components
-from trainer.distributed import DistContext
 from trainer.errors import TrainerError
 from trainer.export import load_trained_model
 from trainer.hf.export import write_exports
-from trainer.loop import TrainResult, train
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
+from trainer.run.checkpoint import final_path, step_path
+from trainer.run.loop import TrainResult, train
 
 TOKENS = torch.tensor([[5, 17, 200, 33, 9, 101, 7, 64], [1, 2, 3, 4, 250, 251, 252, 253]])
 

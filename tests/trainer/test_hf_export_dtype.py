@@ -19,9 +19,9 @@ import torch
 from hf_support import lora_spec
 
 from halfcast.contracts.spec import JobSpec
-from trainer.distributed import DistContext
 from trainer.hf.export_dtype import EXPORT_DTYPES, stored_dtype
-from trainer.loop import train
+from trainer.parallel.distributed import DistContext
+from trainer.run.loop import train
 
 pytestmark = pytest.mark.slow  # eleven LoRA jobs (half-precision matmuls emulated): not in make check
 

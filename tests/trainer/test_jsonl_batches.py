@@ -18,13 +18,13 @@ from halfcast.contracts.catalog import TextConfig
 from trainer.data import IGNORE_INDEX, Batch, Task
 from trainer.data.jsonl.batches import collate
 from trainer.data.text import build_text
-from trainer.distributed import DistContext
 from trainer.errors import TrainerError
-from trainer.loop import _data_report
 from trainer.losses import task_loss
 from trainer.models.gpt import GPT
-from trainer.precision import build_precision
-from trainer.step import accumulate_window
+from trainer.numerics.precision import build_precision
+from trainer.parallel.distributed import DistContext
+from trainer.run.loop import _data_report
+from trainer.run.step import accumulate_window
 
 
 @pytest.fixture

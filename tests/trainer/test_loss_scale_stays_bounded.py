@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from halfcast.contracts.spec import JobSpec
-from trainer.precision import build_precision
+from trainer.numerics.precision import build_precision
 
 CPU = torch.device("cpu")
 

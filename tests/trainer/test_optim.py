@@ -1,4 +1,4 @@
-"""Optimizers from the spec and the learning-rate schedules over applied steps (device-side, trainer/schedule.py)."""
+"""Optimizers from the spec and the learning-rate schedules over applied steps (device-side, trainer/optim/schedule.py)."""
 
 from __future__ import annotations
 

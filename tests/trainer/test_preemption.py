@@ -10,11 +10,11 @@ import torch
 from trainer_support import torchrun_trainer
 
 from halfcast.contracts.spec import JobSpec
-from trainer.checkpoint import step_path
-from trainer.distributed import DistContext
-from trainer.loop import train
+from trainer.parallel.distributed import DistContext
 from trainer.preemption import StopRequested, StopSignal
 from trainer.records import read_records
+from trainer.run.checkpoint import step_path
+from trainer.run.loop import train
 
 
 @pytest.fixture

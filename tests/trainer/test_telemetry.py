@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from halfcast.contracts.spec import JobSpec
-from trainer.distributed import DistContext
-from trainer.flushing import RecordFlusher, RunTotals
-from trainer.loop import train
+from trainer.parallel.distributed import DistContext
 from trainer.records import RecordSink, read_records
-from trainer.telemetry import FIELDS, StepLog, StepMetrics
+from trainer.run.flushing import RecordFlusher, RunTotals
+from trainer.run.loop import train
+from trainer.run.telemetry import FIELDS, StepLog, StepMetrics
 
 CPU = torch.device("cpu")
 

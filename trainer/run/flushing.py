@@ -1,6 +1,6 @@
 """From device step rows to step records: one flush per logging interval.
 
-:class:`RecordFlusher` drains the loop's :class:`trainer.telemetry.StepLog` (one
+:class:`RecordFlusher` drains the loop's :class:`trainer.run.telemetry.StepLog` (one
 device-to-host copy), writes one step record per attempted step (rank 0), logs
 progress, and hands the rows back: the loop then lets the divergence guard check them
 (every rank, so all ranks stop at the same flush). :class:`RunTotals` counts the samples
@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.forensics import describe_overflow
+from trainer.numerics.forensics import describe_overflow
 from trainer.records import RecordSink, StepRecord
-from trainer.telemetry import StepLog, StepRow
+from trainer.run.telemetry import StepLog, StepRow
 from trainer.throughput import Rates, ThroughputMeter
 
 log = logging.getLogger(__name__)

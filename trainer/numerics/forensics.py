@@ -1,14 +1,14 @@
 """Overflow forensics: which parameters had non-finite gradients, and on which rank.
 
-:class:`OverflowForensics` is a step observer (:mod:`trainer.observers`). On every step
+:class:`OverflowForensics` is a step observer (:mod:`trainer.numerics.observers`). On every step
 the precision step already computes each gradient's local L2 norm (one ``_foreach_norm``,
 reused for the global norm and clipping), and from it each gradient's kind (0 finite, 1
-infinite, 2 NaN; :func:`trainer.overflow.nonfinite_kinds`). The observer lays those kinds
+infinite, 2 NaN; :func:`trainer.numerics.overflow.nonfinite_kinds`). The observer lays those kinds
 out by parameter (``P`` floats, 0 for a parameter without a gradient) and they ride in the
-cross-rank reduction the step makes anyway (:func:`trainer.overflow.agree_across_ranks`:
+cross-rank reduction the step makes anyway (:func:`trainer.numerics.overflow.agree_across_ranks`:
 ``W + P`` floats instead of ``W``), then into the device step log. One process makes no
 kinds on the device: the norms themselves are laid out and logged, and the host tells
-their kinds when it reads the rows (:mod:`trainer.telemetry`). Names are decoded on
+their kinds when it reads the rows (:mod:`trainer.run.telemetry`). Names are decoded on
 the host only for the overflow rows of a flush (:func:`describe_overflow`), so a clean step
 pays a few microseconds and no synchronisation.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer.observers import Gradients
+from trainer.numerics.observers import Gradients
 
 #: Parameters named per overflow step record (the count gives the rest).
 MAX_NAMED_PARAMETERS = 8

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from trainer.overflow import kinds_from_flag, nonfinite_kinds
+from trainer.numerics.overflow import kinds_from_flag, nonfinite_kinds
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class StepOutcome(NamedTuple):
 
     A named tuple (built once per step, cheaper than a frozen dataclass). The step makes only
     what the step log needs; the kinds (0 finite, 1 only infinities, 2 a NaN) are told from
-    them by the host (:mod:`trainer.telemetry`), or on the device by the properties below,
+    them by the host (:mod:`trainer.run.telemetry`), or on the device by the properties below,
     which tests and tools read.
 
     Attributes:
@@ -41,18 +41,18 @@ class StepOutcome(NamedTuple):
             overflow source fired) and the update was skipped, else 0.0.
         applied: bool, true if the optimizer applied the update: ``not overflow``, and false
             for a window without loss-bearing elements (see
-            :meth:`trainer.precision.PrecisionPolicy.step`).
+            :meth:`trainer.numerics.precision.PrecisionPolicy.step`).
         loss_scale: float32, the scale used for this step's backward passes (1.0 without scaling).
         grad_norm: float32, global L2 norm of the unscaled gradients before clipping;
             non-finite on an overflow step of the gradients: NaN when some gradient held a NaN
             on some rank, infinite when only infinities (or squares past float32).
         skipped_steps: float64 (an exact count), skipped steps so far, this one included.
         underflow_fraction: float32, fraction of gradient values zero or subnormal in
-            fp16 before unscaling (:mod:`trainer.underflow`); NaN on steps not sampled.
+            fp16 before unscaling (:mod:`trainer.numerics.underflow`); NaN on steps not sampled.
         agreed_rank_kinds: float32 ``[world size]``, per rank the worst kind its gradients held,
-            from the cross-rank agreement (:mod:`trainer.overflow`); ``None`` for one process,
+            from the cross-rank agreement (:mod:`trainer.numerics.overflow`); ``None`` for one process,
             whose one kind is the step's.
-        param_evidence: float32 ``[P]``, per trainable parameter (model order, :mod:`trainer.forensics`):
+        param_evidence: float32 ``[P]``, per trainable parameter (model order, :mod:`trainer.numerics.forensics`):
             the worst kind over ranks from the agreement, or, for one process, the gradient's
             norm, whose NaN or infinity is its kind (no device op to turn it into one); empty
             without forensics.

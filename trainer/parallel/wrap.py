@@ -37,7 +37,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.distributed import DistContext
+from trainer.parallel.distributed import DistContext
 
 log = logging.getLogger(__name__)
 

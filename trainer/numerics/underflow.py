@@ -10,7 +10,7 @@ embedding rows) count as well, so read the fraction as a trend: it rising while 
 scale falls means the scale is too low (Micikevicius et al., "Mixed Precision
 Training", ICLR 2018, §3.2 on gradient values lost to underflow).
 
-:class:`UnderflowSampler` is a step observer (:mod:`trainer.observers`) that the fp16
+:class:`UnderflowSampler` is a step observer (:mod:`trainer.numerics.observers`) that the fp16
 policy is built with: it samples every ``loss_scale.underflow_sample_interval`` steps,
 which keeps the cost off the other steps; a sampled step does one comparison pass over
 the gradients and no host synchronisation.
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from trainer.sharded import is_sharded, local_tensor
+from trainer.parallel.sharded import is_sharded, local_tensor
 
 #: Smallest positive normal float16 (2**-14): values below it are subnormal or zero in fp16.
 FP16_MIN_NORMAL = torch.finfo(torch.float16).tiny

@@ -1,16 +1,16 @@
 """The optional observers of a precision step: they watch at defined points and never decide.
 
-:meth:`trainer.precision.PrecisionPolicy.step` calls them at two points:
+:meth:`trainer.numerics.precision.PrecisionPolicy.step` calls them at two points:
 
 1. **before unscaling**, :class:`UnderflowObserver`: the accumulated gradients, still
    multiplied by the loss scale, as the low-precision backward left them
-   (:class:`trainer.underflow.UnderflowSampler`: the fraction of values fp16 cannot hold);
+   (:class:`trainer.numerics.underflow.UnderflowSampler`: the fraction of values fp16 cannot hold);
 2. **at the cross-rank agreement**, :class:`ForensicsObserver`: evidence that rides in the
    step's one MAX ``all_reduce`` and comes back agreed over the ranks
-   (:class:`trainer.forensics.OverflowForensics`: the kind of every parameter's gradient).
+   (:class:`trainer.numerics.forensics.OverflowForensics`: the kind of every parameter's gradient).
 
 An observer changes no gradient and no decision: a step without observers skips, clips,
-steps and scales exactly as one with them, only its :class:`trainer.step_outcome.StepOutcome`
+steps and scales exactly as one with them, only its :class:`trainer.numerics.step_outcome.StepOutcome`
 lacks their findings (``underflow_fraction`` NaN, ``param_evidence`` empty). Both observe on
 the device and read nothing on the host.
 """
@@ -67,7 +67,7 @@ class ForensicsObserver(Protocol):
 
         ``values``: float32 ``[len(grads.tensors)]``, per existing gradient on this rank, its kind (0 finite,
         1 infinite, 2 NaN) when several ranks agree, or its norm from one process (whose NaN or
-        infinity is the kind: the host tells it, :mod:`trainer.telemetry`).
+        infinity is the kind: the host tells it, :mod:`trainer.run.telemetry`).
         """
         ...
 

@@ -6,7 +6,7 @@ cells taken once): the window loss, the loss scale used, the overflow
 flag, the cumulative skipped steps, the raw gradient norm, the learning rate used, the
 sampled underflow fraction, the global sample and token counts (:class:`StepMetrics`; counts a
 single process knows on the host stay there, beside the row), then the step's
-overflow evidence (:mod:`trainer.forensics`: the kind per rank, then per parameter; from one
+overflow evidence (:mod:`trainer.numerics.forensics`: the kind per rank, then per parameter; from one
 process, the per-parameter gradient norms alone, whose NaN or infinity is the kind).
 Nothing is read on the host while rows accumulate. :meth:`StepLog.drain` copies the
 filled rows with one ``tolist()`` (the interval's only device-to-host
@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from trainer.overflow import kind_of_norm, kind_of_step
+from trainer.numerics.overflow import kind_of_norm, kind_of_step
 
 
 class StepMetrics(NamedTuple):
@@ -116,7 +116,7 @@ class StepLog:
         num_ranks, num_params: widths of the overflow evidence kept per row (0: none). With
             ``num_ranks`` 1 (one process) the row keeps no rank column (the one rank's kind is
             the step's) and its parameter columns hold the gradient norms
-            (:attr:`trainer.step_outcome.StepOutcome.param_evidence`); with more ranks, the
+            (:attr:`trainer.numerics.step_outcome.StepOutcome.param_evidence`); with more ranks, the
             agreed kinds per rank and per parameter.
 
     Raises:
@@ -175,7 +175,7 @@ class StepLog:
         device would: one process's window mean costs the step no op).
 
         ``evidence``: tensors of :attr:`evidence_widths` (see the class): ``(param_norms,)`` from one
-        process, ``(rank_kinds, param_kinds)`` from several (:class:`trainer.step_outcome.StepOutcome`).
+        process, ``(rank_kinds, param_kinds)`` from several (:class:`trainer.numerics.step_outcome.StepOutcome`).
 
         Raises:
             RuntimeError: the buffer is full (drain it first).

@@ -6,9 +6,9 @@ adapter job only its trainable parameters, see :func:`checkpointed_model_state`)
 counter, from ``PrecisionPolicy.state_dict()``), ``step`` (attempted steps done),
 ``counters`` (divergence-guard counters), ``rng`` (every rank's generator states,
 by rank), ``spec`` (the job spec as JSON data, as the user gave it), ``best_evaluation``
-(the best evaluation so far and the evaluations since, :mod:`trainer.early_stopping`) and, once a job
+(the best evaluation so far and the evaluations since, :mod:`trainer.run.early_stopping`) and, once a job
 fell back from fp16 to bf16, ``precision_switch`` (the switch; the other parts are then
-bf16's, see :mod:`trainer.fallback`).
+bf16's, see :mod:`trainer.run.fallback`).
 It is written to a temporary file in the same directory, fsynced, then moved into
 place with ``os.replace``, so a reader never sees a partial file.
 """
@@ -28,8 +28,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from halfcast.contracts.rundir import RunDir
 from halfcast.contracts.spec import JobSpec
-from trainer.precision import PrecisionPolicy
-from trainer.sharded import load_state_dicts
+from trainer.numerics.precision import PrecisionPolicy
+from trainer.parallel.sharded import load_state_dicts
 
 
 def step_path(run_dir: Path, step: int) -> Path:
@@ -68,8 +68,8 @@ def save_checkpoint(
 
     ``rng`` holds every rank's generator states, indexed by rank (see :mod:`trainer.rng`).
     ``model_state`` / ``optimizer_state``: state dicts gathered beforehand by every rank
-    (:func:`trainer.sharded.gather_state_dicts`, needed under FSDP2); default: ``state``'s own.
-    ``extra``: more top-level entries (e.g. ``precision_switch``, see :mod:`trainer.fallback`).
+    (:func:`trainer.parallel.sharded.gather_state_dicts`, needed under FSDP2); default: ``state``'s own.
+    ``extra``: more top-level entries (e.g. ``precision_switch``, see :mod:`trainer.run.fallback`).
     """
     payload: dict[str, Any] = {
         "rng": [dict(r) for r in rng],

@@ -4,13 +4,13 @@ A job is built from its spec (:mod:`trainer.components`). Each attempted step, o
 
 1. **get the window**: the next K micro-batches (K = accumulation steps) of this rank's
    stream, on the device;
-2. **accumulate and step** (:func:`trainer.step.train_step`): count and all-reduce the
+2. **accumulate and step** (:func:`trainer.run.step.train_step`): count and all-reduce the
    window's loss-bearing elements, backpropagate each micro-batch's SUM loss divided by
    that global count (times the world size: DDP averages), gradients synchronised on the
    last micro-batch only; inject test faults if the spec asks; then ``precision.step``
    unscales once, agrees on overflow across ranks, clips and steps or skips on the device,
    and the LR schedule advances by the step's ``applied`` flag (pytorch#44511);
-3. **record** the step's row into the device step log (:mod:`trainer.telemetry`);
+3. **record** the step's row into the device step log (:mod:`trainer.run.telemetry`);
 4. **flush** every ``log_interval`` steps, before each evaluation and checkpoint, after
    the process's first step and at the end: the pending rows are copied to the host at
    once and rank 0 writes one step record per attempted step (in between, rank 0 also
@@ -18,15 +18,15 @@ A job is built from its spec (:mod:`trainer.components`). Each attempted step, o
 5. **check for divergence**: every rank's guard reads the flushed rows (all ranks see the
    same values, so they stop together) and raises a :class:`trainer.errors.DivergenceError`;
 6. maybe **evaluate** (every ``eval_interval`` steps; early stopping can end the run there,
-   ``keep_best`` keeps the best state: :mod:`trainer.early_stopping`, :mod:`trainer.best`)
+   ``keep_best`` keeps the best state: :mod:`trainer.run.early_stopping`, :mod:`trainer.run.best`)
    and maybe **checkpoint** (every ``checkpoint_interval`` steps; rank 0 writes);
 7. on SIGTERM agreed by every rank: flush, checkpoint, stop (:mod:`trainer.preemption`).
 
 No step reads a device value on the host. After the last step the end check
-(:mod:`trainer.end_check`) fails a run that applied no update, or ended inside a long
+(:mod:`trainer.run.end_check`) fails a run that applied no update, or ended inside a long
 stretch of skipped steps, before anything final is written. A divergence of an fp16 job
 with ``on_divergence: "fallback_bf16"`` is caught once: the job rewinds to a healthy
-checkpoint and goes on in bf16 (:mod:`trainer.fallback`). Then the final evaluation,
+checkpoint and goes on in bf16 (:mod:`trainer.run.fallback`). Then the final evaluation,
 ``final.pt``, an ``hf`` job's exports (:mod:`trainer.hf.export`) and the ``end`` record.
 
 Two specs are at work: the **job spec** (``job_spec``: what the user submitted; it decides
@@ -54,29 +54,29 @@ from torch.distributed.fsdp import FSDPModule
 from halfcast.contracts.records import ExportCheck, PrecisionSwitch
 from halfcast.contracts.spec import JobSpec
 from trainer.batching import plan_batches, windows
-from trainer.best import best_model_state, best_path, carry_best
-from trainer.checkpoint import checkpointed_model_state, final_path, restore_state, save_checkpoint, step_path
 from trainer.components import Components, build_components, build_record_flusher, divergence_guard
 from trainer.data import Batch, Dataset
-from trainer.distributed import DistContext, barrier, broadcast_from_main, gather_to_main
-from trainer.early_stopping import TRACKER_KEY, BestTracker, Decision
-from trainer.end_check import check_updates_applied
 from trainer.errors import DivergenceError
-from trainer.evaluate import evaluate
 from trainer.export import DATA_INFO_KEY, data_info_entry
-from trainer.fallback import Checkpoint, PrecisionFallback, RunStart
 from trainer.faults import FaultInjector
-from trainer.flushing import RecordFlusher, RunTotals
-from trainer.guard import DivergenceGuard
 from trainer.inputs import INPUTS_KEY, input_fingerprints
 from trainer.models import model_summary
+from trainer.parallel.distributed import DistContext, barrier, broadcast_from_main, gather_to_main
+from trainer.parallel.sharded import gather_model_state, gather_state_dicts
 from trainer.preemption import StopRequested, StopSignal
 from trainer.records import RECORDS_FILE, RecordSink
-from trainer.resume import PRECISION_SWITCH_KEY
 from trainer.rng import capture_rng_state, restore_rng_state
-from trainer.sharded import gather_model_state, gather_state_dicts
+from trainer.run.best import best_model_state, best_path, carry_best
+from trainer.run.checkpoint import checkpointed_model_state, final_path, restore_state, save_checkpoint, step_path
+from trainer.run.early_stopping import TRACKER_KEY, BestTracker, Decision
+from trainer.run.end_check import check_updates_applied
+from trainer.run.evaluate import evaluate
+from trainer.run.fallback import Checkpoint, PrecisionFallback, RunStart
+from trainer.run.flushing import RecordFlusher, RunTotals
+from trainer.run.guard import DivergenceGuard
+from trainer.run.resume import PRECISION_SWITCH_KEY
+from trainer.run.step import record_step, train_step
 from trainer.startup import StartupClock
-from trainer.step import record_step, train_step
 from trainer.throughput import Rates
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class RunState:
     ``effective_spec``: the job's spec, or its bf16 copy after a precision switch;
     ``window_stream``: this rank's accumulation windows from step ``done + 1`` on; ``done``:
     the attempted steps when the run started; ``precision_switch``: the switch once the job
-    has switched (:mod:`trainer.fallback`).
+    has switched (:mod:`trainer.run.fallback`).
     """
 
     effective_spec: JobSpec
@@ -134,7 +134,7 @@ class TrainResult:
 
     @property
     def applied_steps(self) -> int:
-        """Attempted steps that applied an update (at least 1: :mod:`trainer.end_check`)."""
+        """Attempted steps that applied an update (at least 1: :mod:`trainer.run.end_check`)."""
         return self.steps - self.skipped_steps - self.empty_windows
 
 
@@ -169,7 +169,7 @@ def train(
     (``data_unavailable``, ``spec_invalid``, ...), its :class:`trainer.errors.DivergenceError`
     (``nonfinite_gradients``, ``loss_scale_collapsed``, ``nonfinite_loss``,
     ``no_update_applied``; after the last step, before the final checkpoint and the ``end``
-    record, when the run learned nothing: :mod:`trainer.end_check`) unless the bf16 fallback
+    record, when the run learned nothing: :mod:`trainer.run.end_check`) unless the bf16 fallback
     answers it, ``PrecisionUnsupportedError``, and ``RuntimeError`` from an injected
     ``raise_at_step`` fault; the records of the steps attempted before a failure are written
     first. With ``stop`` (SIGTERM trapped, :mod:`trainer.preemption`), once every rank has
@@ -238,7 +238,7 @@ def start_run(
 
     The data stream starts at the checkpoint's step, by offset (no earlier window is built). The
     best-evaluation tracker comes back from the checkpoint too; with ``keep_best``, rank 0 carries
-    the resumed checkpoint's ``best.pt`` into ``run_dir`` (:func:`trainer.best.carry_best`).
+    the resumed checkpoint's ``best.pt`` into ``run_dir`` (:func:`trainer.run.best.carry_best`).
     With ``startup`` (the process's first run), its ``model`` phase begins once the dataset is built.
     """
     spec, checkpoint = start.effective_spec, start.checkpoint
@@ -460,7 +460,7 @@ def _due(step: int, interval: int | None) -> bool:
 
 
 def _evaluate(parts: Components, spec: JobSpec, dist_ctx: DistContext) -> dict[str, float | None]:
-    """Every rank evaluates its share of the held-out set; the sums are all-reduced (:mod:`trainer.evaluate`).
+    """Every rank evaluates its share of the held-out set; the sums are all-reduced (:mod:`trainer.run.evaluate`).
 
     A sharded (FSDP2) model needs every rank in its forward passes (parameter all-gathers),
     so then every rank evaluates the whole set.

@@ -1,7 +1,7 @@
 """``on_divergence: "fallback_bf16"``: an fp16 job whose divergence guard trips goes on in bf16 once.
 
-When the guard (:mod:`trainer.guard`), or the end check after the last step
-(:mod:`trainer.end_check`: no update applied, or a final stretch of skipped steps), raises
+When the guard (:mod:`trainer.run.guard`), or the end check after the last step
+(:mod:`trainer.run.end_check`: no update applied, or a final stretch of skipped steps), raises
 a :class:`trainer.errors.DivergenceError` in an fp16 job that opted in, the loop catches it
 and asks :meth:`PrecisionFallback.fall_back` where to start again instead of failing:
 
@@ -42,13 +42,13 @@ from typing import Any
 from halfcast.contracts.records import PrecisionSwitch
 from halfcast.contracts.rundir import RunDir
 from halfcast.contracts.spec import JobSpec
-from trainer.checkpoint import load_checkpoint, step_path
 from trainer.errors import DivergenceError
-from trainer.guard import DivergenceGuard
 from trainer.inputs import INPUTS_KEY, check_inputs_unchanged
-from trainer.loss_scale import NoOpLossScaler
+from trainer.numerics.loss_scale import NoOpLossScaler
 from trainer.records import RecordSink
-from trainer.resume import PRECISION_SWITCH_KEY, check_resumable
+from trainer.run.checkpoint import load_checkpoint, step_path
+from trainer.run.guard import DivergenceGuard
+from trainer.run.resume import PRECISION_SWITCH_KEY, check_resumable
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ FALLBACK_PRECISION = "bf16"
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A checkpoint read from ``path`` (``payload``: what :func:`trainer.checkpoint.load_checkpoint` returns)."""
+    """A checkpoint read from ``path`` (``payload``: what :func:`trainer.run.checkpoint.load_checkpoint` returns)."""
 
     path: Path
     payload: dict[str, Any]
@@ -108,7 +108,7 @@ class PrecisionFallback:
         """Where training starts: scratch, or ``resume_from`` (checked), in bf16 if it was written after a switch.
 
         Raises:
-            TrainerError: ``spec_invalid`` from :func:`trainer.resume.check_resumable`; ``model_unavailable``
+            TrainerError: ``spec_invalid`` from :func:`trainer.run.resume.check_resumable`; ``model_unavailable``
                 or ``data_unavailable`` when an input file changed (:mod:`trainer.inputs`).
             FileNotFoundError: no file at ``resume_from``.
         """

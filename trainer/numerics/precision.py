@@ -9,8 +9,8 @@ step. Each precision is a small policy class that owns what only it needs:
 policy                 precisions   owns
 =====================  ===========  ==========================================================
 :class:`PlainPrecision`  fp32, bf16   nothing more: bf16 autocasts, fp32 runs as it is
-:class:`Fp16Precision`   fp16         the loss scaler (static or dynamic, :mod:`trainer.loss_scale`)
-:class:`Fp8Precision`    fp8          the model conversion to fp8 Linears (:mod:`trainer.fp8`)
+:class:`Fp16Precision`   fp16         the loss scaler (static or dynamic, :mod:`trainer.numerics.loss_scale`)
+:class:`Fp8Precision`    fp8          the model conversion to fp8 Linears (:mod:`trainer.numerics.fp8`)
 =====================  ===========  ==========================================================
 
 Master weights, gradients and optimizer state stay float32 in every precision; autocast
@@ -19,17 +19,17 @@ runs eligible ops in the compute dtype. :func:`build_precision` is the factory.
 A step, at the accumulation boundary, runs five phases (:meth:`PrecisionPolicy.step`):
 **unscale and check** (the scaler's fused unscale kernel, any extra overflow source, and
 each gradient's norm, whose NaN or infinity marks a non-finite gradient), **agree across
-ranks** (one MAX ``all_reduce`` of every rank's verdict, :mod:`trainer.overflow`),
+ranks** (one MAX ``all_reduce`` of every rank's verdict, :mod:`trainer.numerics.overflow`),
 **clip** the *unscaled* gradients, **apply** (step the optimizer, or skip it on the
 device) and **update** (the skipped-step counter and the loss scale). A non-finite
 gradient is never applied, in any precision. Overflow forensics and underflow sampling
-are optional observers called at defined points (:mod:`trainer.observers`).
+are optional observers called at defined points (:mod:`trainer.numerics.observers`).
 
 Everything stays on the device: the overflow flag, the skip decision (the optimizer
 receives ``found_inf`` and skips itself, see :mod:`trainer.optim.skipping`), the scale and
 its trackers, and the skipped-step counter. A steady-state step makes no host
 synchronisation; :class:`StepOutcome` carries 0-d tensors that the loop gathers into
-its step-record buffer (:mod:`trainer.telemetry`) and copies to the host once per
+its step-record buffer (:mod:`trainer.run.telemetry`) and copies to the host once per
 logging interval.
 """
 
@@ -46,20 +46,20 @@ from torch import Tensor, nn
 
 from halfcast.contracts.spec import JobSpec, LossScaleSpec, Precision
 from trainer.compiled_clip import CheckFn, compilable, compile_check
-from trainer.forensics import OverflowForensics
-from trainer.fp8 import Fp8LayerReport, Fp8Recipe, convert_to_fp8
-from trainer.loss_scale import (
+from trainer.numerics.forensics import OverflowForensics
+from trainer.numerics.fp8 import Fp8LayerReport, Fp8Recipe, convert_to_fp8
+from trainer.numerics.loss_scale import (
     DynamicLossScaler,
     LossScaler,
     NoOpLossScaler,
     StaticLossScaler,
 )
-from trainer.observers import NO_OBSERVERS, Gradients, StepObservers
+from trainer.numerics.observers import NO_OBSERVERS, Gradients, StepObservers
+from trainer.numerics.overflow import agree_across_ranks, is_distributed, nonfinite_flag, nonfinite_kinds
+from trainer.numerics.step_outcome import HostStepOutcome, StepOutcome
+from trainer.numerics.underflow import UnderflowSampler
 from trainer.optim.skipping import DeviceSkipOptimizer
-from trainer.overflow import agree_across_ranks, is_distributed, nonfinite_flag, nonfinite_kinds
-from trainer.sharded import GradNorms, clip_grads_, grad_norms, local_tensors
-from trainer.step_outcome import HostStepOutcome, StepOutcome
-from trainer.underflow import UnderflowSampler
+from trainer.parallel.sharded import GradNorms, clip_grads_, grad_norms, local_tensors
 
 __all__ = [
     "COMPUTE_DTYPES",
@@ -125,7 +125,7 @@ class PrecisionPolicy(ABC):
         name: the precision (``fp32``, ``bf16``, ``fp16``, ``fp8``), saved in checkpoints.
         device: the device the model and gradients live on.
         scaler: the loss scaler (the no-op one for every policy but fp16's).
-        observers: the step's optional observers (:mod:`trainer.observers`).
+        observers: the step's optional observers (:mod:`trainer.numerics.observers`).
     """
 
     def __init__(
@@ -204,9 +204,9 @@ class PrecisionPolicy(ABC):
 
         ``step`` (the attempted step, 1-based, the same on every rank) is what the
         observers see: the underflow sampler samples on its multiples of its interval
-        (:mod:`trainer.underflow`); before unscaling, so it sees the values fp16 held. The
+        (:mod:`trainer.numerics.underflow`); before unscaling, so it sees the values fp16 held. The
         per-parameter overflow evidence travels in the one cross-rank reduction
-        (:mod:`trainer.forensics`).
+        (:mod:`trainer.numerics.forensics`).
 
         ``no_data`` (0-d bool, the same on every rank): the window held no loss-bearing
         element on any rank, so its (zero) gradient carries nothing to learn. The optimizer
@@ -305,7 +305,7 @@ class PrecisionPolicy(ABC):
         gradient holds a NaN and infinite when any holds an infinity (or the squares overflow): its
         non-finiteness, with the overflow sources, is the step's overflow flag (the scaler's flag is
         implied by it: a gradient holding an infinity or NaN before unscaling still holds one after).
-        The kinds are told later from the norms (:class:`trainer.step_outcome.StepOutcome`): the
+        The kinds are told later from the norms (:class:`trainer.numerics.step_outcome.StepOutcome`): the
         forensics' evidence is the per-parameter norms themselves. With :meth:`compile_step`, the norms,
         the flag and the clip are one compiled graph (then ``True`` comes back: the gradients are clipped)."""
         found = self.scaler.unscale_(local_tensors(grads.tensors))
@@ -445,7 +445,7 @@ class Fp8Precision(PrecisionPolicy):
         return {"fp8_layers": self._report}
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
-        """Swap the eligible Linears for fp8 ones (:func:`trainer.fp8.convert_to_fp8`).
+        """Swap the eligible Linears for fp8 ones (:func:`trainer.numerics.fp8.convert_to_fp8`).
 
         torchao on CUDA, the emulated Linear elsewhere (for tests: jobs are rejected off CUDA by
         :func:`check_supported`); an emulated fp8 overflow skips the step like a gradient overflow.

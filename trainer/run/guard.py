@@ -1,10 +1,10 @@
 """Divergence guard: a job that cannot learn fails with a typed reason instead of running on.
 
 The guard reads the step rows that the loop copies from the device once per logging
-interval (:mod:`trainer.telemetry`), so it costs the training step nothing; a job
+interval (:mod:`trainer.run.telemetry`), so it costs the training step nothing; a job
 therefore fails at the first flush at or after the step where a limit is reached
 (at most ``log_interval - 1`` steps later), and the error names that step. A run too short
-to reach a limit is judged after its last step by :mod:`trainer.end_check`, from the same
+to reach a limit is judged after its last step by :mod:`trainer.run.end_check`, from the same
 counters.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 from halfcast.contracts.status import FailureReason
 from trainer.errors import DivergenceError
-from trainer.telemetry import StepRow
+from trainer.run.telemetry import StepRow
 
 
 class DivergenceGuard:

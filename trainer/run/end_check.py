@@ -1,6 +1,6 @@
 """The end check: a run that attempted every step but learned nothing fails instead of succeeding.
 
-The divergence guard (:mod:`trainer.guard`) stops a run once ``max_consecutive_skips``
+The divergence guard (:mod:`trainer.run.guard`) stops a run once ``max_consecutive_skips``
 skipped steps (or ``max_consecutive_nonfinite_losses`` non-finite losses) follow each
 other, but a run shorter than those limits never reaches them: a 10-step fp16 job whose
 every step overflowed would end ``succeeded`` with its initial weights. After the last
@@ -20,14 +20,14 @@ so the check costs the training step nothing. It fails the run with:
   each growth, ``hysteresis`` steps at most) still succeeds.
 
 Every rank holds the same counters, so every rank fails alike; the failure is a divergence
-like the guard's, so ``on_divergence: "fallback_bf16"`` answers it (:mod:`trainer.fallback`).
+like the guard's, so ``on_divergence: "fallback_bf16"`` answers it (:mod:`trainer.run.fallback`).
 """
 
 from __future__ import annotations
 
 from halfcast.contracts.status import FailureReason
 from trainer.errors import DivergenceError
-from trainer.guard import DivergenceGuard
+from trainer.run.guard import DivergenceGuard
 
 #: A final stretch shorter than this never fails a run (unless the guard's own limit is lower).
 MIN_FINAL_STRETCH = 3

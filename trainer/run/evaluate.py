@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from trainer.data.base import Batch, Dataset, Task
-from trainer.distributed import all_reduce_sum
 from trainer.losses import model_outputs, sum_loss
-from trainer.precision import PrecisionPolicy
+from trainer.numerics.precision import PrecisionPolicy
+from trainer.parallel.distributed import all_reduce_sum
 
 #: Largest loss whose perplexity is reported (``exp(709)`` is near float64's maximum).
 MAX_EXP_LOSS = 709.0

@@ -141,7 +141,7 @@ class NoOpLossScaler(_FixedScaler):
     ``unscale_`` returns a clean flag without reading the gradients: the precision step
     takes every gradient's norm anyway (for the global norm and clipping), and an inf or
     NaN element makes its tensor's norm inf or NaN, which skips the step
-    (:meth:`trainer.precision.PrecisionPolicy.step`). So a NaN gradient is still never
+    (:meth:`trainer.numerics.precision.PrecisionPolicy.step`). So a NaN gradient is still never
     applied in any precision, and fp32/bf16 steps save a read and a write of every
     gradient (the unscale-by-1.0 pass).
     """

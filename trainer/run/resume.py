@@ -28,7 +28,7 @@ MAY_CHANGE = frozenset(
         "on_divergence",
     }
 )
-#: Checkpoint entry of a job that fell back from fp16 to bf16 (:mod:`trainer.fallback`).
+#: Checkpoint entry of a job that fell back from fp16 to bf16 (:mod:`trainer.run.fallback`).
 PRECISION_SWITCH_KEY = "precision_switch"
 
 

@@ -1,7 +1,7 @@
 """``keep_best``: the best evaluated state in ``checkpoints/best.pt``, and exports made from it.
 
-Rank 0 writes ``best.pt`` (a full checkpoint, atomically, like every other: :mod:`trainer.checkpoint`)
-at each evaluation that improves on the best so far (:mod:`trainer.early_stopping`); a file, not a
+Rank 0 writes ``best.pt`` (a full checkpoint, atomically, like every other: :mod:`trainer.run.checkpoint`)
+at each evaluation that improves on the best so far (:mod:`trainer.run.early_stopping`); a file, not a
 copy in memory, so a full fine-tune costs no host memory and the best state survives a restart.
 On a resume the run starts in a new run directory, so the ``best.pt`` beside the resumed checkpoint
 is copied over when it holds the step the checkpoint's tracker names (:func:`carry_best`). At the

@@ -7,7 +7,7 @@ tell each gradient's *kind* (0 finite, 1 infinite, 2 NaN) in one elementwise pas
 Every rank writes its worst kind into its own slot of a ``[W]`` vector and the ranks
 max-reduce it in one ``all_reduce``: every rank then holds every rank's kind, and makes
 the same step-or-skip decision. Evidence from the step's observers (the per-parameter
-kinds of :mod:`trainer.forensics`) rides in the same reduction, appended to the slots, so
+kinds of :mod:`trainer.numerics.forensics`) rides in the same reduction, appended to the slots, so
 watching costs no second collective.
 """
 

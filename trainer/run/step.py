@@ -6,7 +6,7 @@ so each micro-batch's SUM loss is divided by the global count (times the world s
 as DDP averages); gradients are synchronised on the last micro-batch only; then
 ``precision.step`` unscales, checks, agrees across ranks, clips and steps or skips on
 the device, and the LR schedule advances by the step's ``applied`` flag. Nothing is
-read on the host (see :mod:`trainer.loop` for the whole job).
+read on the host (see :mod:`trainer.run.loop` for the whole job).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from torch import Tensor, nn
 
 from trainer.components import Components
 from trainer.data import Batch
-from trainer.distributed import DistContext, all_reduce_sum
 from trainer.faults import FaultInjector
 from trainer.losses import LossFn
+from trainer.numerics.overflow import is_distributed
+from trainer.numerics.precision import PrecisionPolicy
+from trainer.numerics.step_outcome import StepOutcome
 from trainer.optim.skipping import DeviceSkipOptimizer
-from trainer.overflow import is_distributed
-from trainer.parallel import grad_sync
-from trainer.precision import PrecisionPolicy
-from trainer.step_outcome import StepOutcome
-from trainer.telemetry import StepLog, StepMetrics
+from trainer.parallel.distributed import DistContext, all_reduce_sum
+from trainer.parallel.wrap import grad_sync
+from trainer.run.telemetry import StepLog, StepMetrics
 
 
 class WindowStats(NamedTuple):
@@ -35,7 +35,7 @@ class WindowStats(NamedTuple):
 
     ``loss_total``: the window's loss over all ranks, divided by ``loss_count`` (a host integer)
     to give the float64 mean loss per loss-bearing element (:attr:`loss`): one process leaves the
-    division to the host, which reads the step row in float64 anyway (:mod:`trainer.telemetry`:
+    division to the host, which reads the step row in float64 anyway (:mod:`trainer.run.telemetry`:
     the same IEEE division, no device op); several ranks divide on the device (``loss_count`` 1).
     ``num_elements``, ``num_samples``, ``num_tokens``: int64, or python ints when one process
     trained (the batches' metadata are then the global counts, no device op needed);
@@ -204,7 +204,7 @@ def train_step(
 
 
 def record_step(step_log: StepLog, step: int, result: StepResult) -> None:
-    """Write ``result`` into the next row of ``step_log`` as :class:`trainer.telemetry.StepMetrics` (device ops only)."""
+    """Write ``result`` into the next row of ``step_log`` as :class:`trainer.run.telemetry.StepMetrics` (device ops only)."""
     window, outcome = result.window, result.outcome
     tokens = window.num_tokens
     metrics = StepMetrics(
@@ -223,7 +223,7 @@ def record_step(step_log: StepLog, step: int, result: StepResult) -> None:
 
 
 def _evidence(step_log: StepLog, outcome: StepOutcome) -> tuple[Tensor, ...]:
-    """The step's overflow evidence in ``step_log``'s layout (:attr:`trainer.telemetry.StepLog.evidence_widths`).
+    """The step's overflow evidence in ``step_log``'s layout (:attr:`trainer.run.telemetry.StepLog.evidence_widths`).
 
     Raises:
         ValueError: a log laid out for one process given a step agreed across ranks, or the reverse.
