@@ -11,10 +11,8 @@ RUN pip install ${TORCH_SPEC}
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY common ./common
-COPY contracts ./contracts
+COPY halfcast ./halfcast
 COPY server ./server
-COPY broker ./broker
 COPY worker ./worker
 COPY trainer ./trainer
 COPY migrations ./migrations

@@ -45,7 +45,7 @@ from bench.load_clients import PollPlan, Tally, poll_share, probe, summary
 from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
 from bench.load_training import TrainingWindow, WorkerProcess, cancel_jobs, quiet_window, steps_of, training_spec
 from bench.load_writer import Writer, WriterConfig
-from common.quiet_logs import quiet_third_party_logs
+from halfcast.common.quiet_logs import quiet_third_party_logs
 
 log = logging.getLogger(__name__)
 

@@ -111,7 +111,7 @@ def stack_environment(args: argparse.Namespace, data_dir: Path, database_url: st
 def running_stack(env: dict[str, str], data_dir: Path) -> Iterator[httpx.Client]:
     """``halfcast up`` on a free port; yields an authenticated client; SIGTERM (then SIGKILL) on exit."""
     port = free_port()
-    command = [sys.executable, "-m", "server.cli", "up", "--port", str(port), "--data-dir", str(data_dir)]
+    command = [sys.executable, "-m", "halfcast.cli", "up", "--port", str(port), "--data-dir", str(data_dir)]
     data_dir.mkdir(parents=True, exist_ok=True)
     with (data_dir / "up.log").open("ab") as out:
         up = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)

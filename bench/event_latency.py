@@ -29,14 +29,14 @@ import httpx
 
 from bench.job_start import job_spec, wait_for_worker, worker_process
 from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
-from common.quiet_logs import quiet_third_party_logs
-from server.client import parse_sse
+from halfcast.client import parse_sse
+from halfcast.common.quiet_logs import quiet_third_party_logs
 
 log = logging.getLogger("bench.event_latency")
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/11"
-#: The trainer's default ``log_interval`` (trainer/spec.py): records are flushed every this many steps.
+#: The trainer's default ``log_interval`` (halfcast/contracts/spec.py): records are flushed every this many steps.
 LOG_INTERVAL = 10
 #: Seconds one followed job may take.
 JOB_TIMEOUT_S = 600.0

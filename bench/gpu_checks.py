@@ -9,7 +9,7 @@ For each model (``gpt``: :class:`trainer.models.gpt.GPT`, 12 layers x 768, seq 1
 ``hf-lora``: a random-init Llama built from its config, 16 layers x 1024, about 200M
 parameters, seq 1024, batch 8, PEFT LoRA r 16 on every Linear but the head), each precision
 (fp16, bf16, fp8: torchao on compute capability >= 8.9, else ``skipped`` with the reason) and
-each path (``halfcast``: :func:`trainer.step.train_step` on ``build_components``; ``hand``: a
+each path (``halfcast``: :func:`trainer.run.step.train_step` on ``build_components``; ``hand``: a
 plain ``torch.autocast`` + ``torch.amp.GradScaler`` + fused AdamW loop on the same model and
 batches, :mod:`bench.gpu.hand_path`), it takes warm-up steps, then times the steady steps:
 
@@ -59,7 +59,7 @@ from bench.gpu.settings import (
     StepCounts,
 )
 from bench.gpu.targets import evaluate_targets
-from trainer.distributed import DistContext
+from trainer.parallel.distributed import DistContext
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from bench.load_stack import ROOT, ApiProcess, admin_token, process_environment
-from common.quiet_logs import quiet_third_party_logs
+from halfcast.common.quiet_logs import quiet_third_party_logs
 
 log = logging.getLogger("bench.job_start")
 
@@ -95,7 +95,7 @@ def migrate(database_url: str, root: Path) -> None:
     """``halfcast db upgrade`` of ``root`` on ``database_url`` (its own migrations: an older tree stops at its head)."""
     env = process_environment(database_url, {}, root)
     subprocess.run(
-        [sys.executable, "-m", "server.cli", "db", "upgrade"], env=env, cwd=root, check=True, capture_output=True
+        [sys.executable, "-m", "halfcast.cli", "db", "upgrade"], env=env, cwd=root, check=True, capture_output=True
     )
 
 

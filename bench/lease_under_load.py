@@ -30,9 +30,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from bench.api_load import DEFAULT_ADMIN_URL, submit_jobs, wait_running
 from bench.load_stack import ApiProcess, admin_token, scratch_database
 from bench.load_training import WorkerProcess, cancel_jobs, steps_of, training_spec
-from server.db.engine import make_engine, make_session_factory
-from server.db.models import Attempt, Job, Worker, utcnow
-from server.settings import Settings
+from halfcast.core.db.engine import make_engine, make_session_factory
+from halfcast.core.db.models import Attempt, Job, Worker, utcnow
+from halfcast.core.settings import Settings
 
 log = logging.getLogger("bench.lease_under_load")
 

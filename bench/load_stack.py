@@ -2,7 +2,7 @@
 
 :func:`scratch_database` creates a database of its own on the server of an admin URL
 and drops it afterwards (``WITH (FORCE)``, so a leftover connection cannot keep it).
-:class:`ApiProcess` runs ``python -m server.cli api`` (what the ``halfcast api``
+:class:`ApiProcess` runs ``python -m halfcast.cli api`` (what the ``halfcast api``
 entry point runs) as a subprocess on that database, with a data directory of its own
 (embedded filesystem broker), waits for ``/healthz`` and stops it with SIGTERM.
 :func:`admin_token` makes a token straight in the database, as ``halfcast tokens create`` does.
@@ -28,9 +28,9 @@ from typing import Self
 import httpx
 from sqlalchemy import create_engine, text
 
-from server.db.engine import make_engine, make_session_factory
-from server.db.migrate import upgrade_database
-from server.db.tokens import create_token
+from halfcast.core.db.engine import make_engine, make_session_factory
+from halfcast.core.db.migrate import upgrade_database
+from halfcast.core.db.tokens import create_token
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class ApiProcess:
         self.command = [
             sys.executable,
             "-m",
-            "server.cli",
+            "halfcast.cli",
             "--log-level",
             "WARNING",
             "api",

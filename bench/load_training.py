@@ -1,6 +1,6 @@
 """Real training beside the API load bench's pollers (issue 31): a worker, CPU jobs and their training rate.
 
-:class:`WorkerProcess` runs ``python -m server.cli worker`` (what ``halfcast worker`` runs) on the
+:class:`WorkerProcess` runs ``python -m halfcast.cli worker`` (what ``halfcast worker`` runs) on the
 API's data directory (the embedded filesystem broker) and database, so the jobs submitted through
 the API train for real, on this host, at the worker's run priority (``HALFCAST_RUN_NICE``, default
 10). :func:`training_spec` is the fp16 digits example with a step budget no bench reaches (the jobs
@@ -24,7 +24,7 @@ from typing import Any, Self
 import httpx
 
 from bench.load_stack import ROOT, log_tail, process_environment, stop_process
-from server.db.models import TERMINAL_STATUSES
+from halfcast.core.db.models import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class WorkerProcess:
         self.command = [
             sys.executable,
             "-m",
-            "server.cli",
+            "halfcast.cli",
             "--log-level",
             "WARNING",
             "worker",

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.records import EvalRecord, StepRecord
-from server.db.engine import make_engine
+from halfcast.contracts.records import EvalRecord, StepRecord
+from halfcast.core.db.engine import make_engine
 from worker.store import Fence, JobStore, Progress
 
 log = logging.getLogger(__name__)

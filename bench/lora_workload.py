@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from halfcast.contracts.spec import JobSpec
 from trainer.data import Batch, build_dataset
 from trainer.data.base import IGNORE_INDEX
-from trainer.spec import JobSpec
 
 LoraPrecision = Literal["fp16", "bf16", "fp32"]
 #: Directory of the tiny model inside the temporary model root.

@@ -44,10 +44,10 @@ import httpx
 from bench.event_latency import DEFAULT_ADMIN_URL, DEFAULT_REDIS_URL, percentile
 from bench.load_stack import ApiProcess, scratch_database
 from bench.trust_workers import WorkerAttacks, replay
-from common.quiet_logs import quiet_third_party_logs
-from server.db.engine import make_engine, make_session_factory
-from server.db.quotas import set_quota
-from server.db.tokens import create_token
+from halfcast.common.quiet_logs import quiet_third_party_logs
+from halfcast.core.db.engine import make_engine, make_session_factory
+from halfcast.core.db.quotas import set_quota
+from halfcast.core.db.tokens import create_token
 
 log = logging.getLogger("bench.trust_attacks")
 

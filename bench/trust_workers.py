@@ -28,7 +28,7 @@ from sqlalchemy import text
 
 from bench.job_start import worker_process
 from bench.load_stack import ROOT
-from server.db.engine import make_engine
+from halfcast.core.db.engine import make_engine
 
 log = logging.getLogger("bench.trust_workers")
 

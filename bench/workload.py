@@ -4,7 +4,7 @@ Every path trains the same thing: ``Linear(in, h1) -> ReLU -> ... -> Linear(h_k,
 (:func:`trainer.models.mlp.build_mlp`) initialised from the same seed, on the same
 in-memory micro-batches (Halfcast's seeded synthetic classification data, float32
 ``[B, in_features]`` inputs and int64 ``[B]`` targets), with AdamW, the same LR schedule
-(:class:`trainer.schedule.LRMultiplier`, cosine with linear warm-up) and gradient
+(:class:`trainer.optim.schedule.LRMultiplier`, cosine with linear warm-up) and gradient
 clipping of the unscaled gradients to ``max_grad_norm``.
 """
 
@@ -18,10 +18,10 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import nn
 
+from halfcast.contracts.spec import JobSpec
 from trainer.data import Batch, build_dataset
 from trainer.models.mlp import build_mlp
-from trainer.schedule import LRMultiplier
-from trainer.spec import JobSpec
+from trainer.optim.schedule import LRMultiplier
 
 BenchPrecision = Literal["fp16", "bf16", "fp32"]
 

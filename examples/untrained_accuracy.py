@@ -3,7 +3,7 @@
 Builds the job's components exactly as the trainer does (same tokenizer, data split and
 seed, so the same freshly initialised classification head and untrained LoRA adapter),
 evaluates them on the held-out set under the job's precision with the trainer's own
-:func:`trainer.evaluate.evaluate`, and logs the loss and accuracy beside the majority-class
+:func:`trainer.run.evaluate.evaluate`, and logs the loss and accuracy beside the majority-class
 accuracy of that held-out set. Reads the same ``HALFCAST_MODEL_ROOTS`` and
 ``HALFCAST_DATA_ROOTS`` as the trainer.
 
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
+from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components
 from trainer.data.base import Task
-from trainer.distributed import DistContext
-from trainer.evaluate import evaluate
-from trainer.spec import JobSpec
+from trainer.parallel.distributed import DistContext
+from trainer.run.evaluate import evaluate
 
 log = logging.getLogger("untrained_accuracy")
 

@@ -3,8 +3,8 @@
 The database URL is, in order: a connection handed over in
 ``config.attributes["connection"]`` (programmatic use), ``-x url=...`` on the
 command line, ``sqlalchemy.url`` in the config, else
-``server.settings.Settings().effective_database_url`` (``HALFCAST_*`` environment).
-The target metadata is :data:`server.db.models.Base.metadata`; SQLite gets batch
+``halfcast.core.settings.Settings().effective_database_url`` (``HALFCAST_*`` environment).
+The target metadata is :data:`halfcast.core.db.models.Base.metadata`; SQLite gets batch
 mode so ``ALTER`` operations work there.
 """
 
@@ -16,10 +16,10 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from server.db.engine import NO_TIMEOUTS, make_engine
-from server.db.migrate import ensure_sqlite_folder
-from server.db.models import Base
-from server.settings import Settings
+from halfcast.core.db.engine import NO_TIMEOUTS, make_engine
+from halfcast.core.db.migrate import ensure_sqlite_folder
+from halfcast.core.db.models import Base
+from halfcast.core.settings import Settings
 
 config = context.config
 log = logging.getLogger("alembic.env")

@@ -7,9 +7,9 @@ from typing import TypeVar
 from fastapi import Request
 from sqlalchemy.orm import Session
 
+from halfcast.core.db import jobs as repo
+from halfcast.core.db.models import Job, RegisteredDataset, RegisteredModel
 from server.auth import Principal, can_see
-from server.db import jobs as repo
-from server.db.models import Job, RegisteredDataset, RegisteredModel
 from server.http.errors import ApiError
 
 

@@ -3,7 +3,7 @@
 Nothing is built at import time: the lifespan creates the engine, the session
 factory, the job queue and the Prometheus registry and keeps them on ``app.state``.
 The schema is not created here; apply the migrations first
-(``server.db.migrate.upgrade_database``); ``/readyz`` reports a database that is behind.
+(``halfcast.core.db.migrate.upgrade_database``); ``/readyz`` reports a database that is behind.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from common.redact import install_log_redaction
+from halfcast.common.redact import install_log_redaction
+from halfcast.core.db.engine import API_PING_AFTER_IDLE_S, PoolLimits, make_engine, make_session_factory
+from halfcast.core.db.job_readers import job_reads_for
+from halfcast.core.settings import Settings
 from server.auth import check_exposure
-from server.db.engine import API_PING_AFTER_IDLE_S, PoolLimits, make_engine, make_session_factory
-from server.db.job_readers import job_reads_for
 from server.http.admission import AdmissionCollector, AdmissionMiddleware, Limiter
 from server.http.body_errors import install_body_error_handlers
 from server.http.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
@@ -47,7 +48,6 @@ from server.routes import (
     session,
     workers,
 )
-from server.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from server.db import tokens
-from server.db.job_reads import JobView, TokenView
-from server.db.models import Job
+from halfcast.core.db import tokens
+from halfcast.core.db.job_reads import JobView, TokenView
+from halfcast.core.db.models import Job
+from halfcast.core.settings import Settings
 from server.http.errors import ApiError
-from server.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def presented_token_hash(request: Request, credentials: HTTPAuthorizationCredent
 
 
 def principal_of(token: TokenView | None, token_hash: str | None) -> Principal:
-    """The caller whose token :mod:`server.db.job_reads` found for ``token_hash`` (``None``: authentication off).
+    """The caller whose token :mod:`halfcast.core.db.job_reads` found for ``token_hash`` (``None``: authentication off).
 
     Raises ``ApiError`` 401 for an unknown or revoked token.
     """

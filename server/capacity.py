@@ -15,12 +15,12 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.db.models import Job, utcnow
+from halfcast.core.db.workers import largest_gpu_count
+from halfcast.core.settings import Settings
 from server.chat_template_check import chat_template_errors
-from server.db.models import Job, utcnow
-from server.db.workers import largest_gpu_count
 from server.input_roots import input_root_errors, reported_roots, rooted_paths
-from server.settings import Settings
-from trainer.spec import JobSpec
 
 
 def check_gpu_capacity(

@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from halfcast.core.settings import Settings
 from server.queue import JobQueue
-from server.settings import Settings
 
 
 def get_settings(request: Request) -> Settings:

@@ -25,9 +25,9 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server.db.models import Worker, utcnow
-from server.settings import Settings
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.db.models import Worker, utcnow
+from halfcast.core.settings import Settings
 
 RootKind = Literal["model", "data"]
 

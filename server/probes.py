@@ -13,8 +13,8 @@ from alembic.runtime.migration import MigrationContext
 from kombu import Connection
 from sqlalchemy import Engine, text
 
-from server.db.migrate import head_revision
-from server.settings import Settings
+from halfcast.core.db.migrate import head_revision
+from halfcast.core.settings import Settings
 
 #: Seconds a probe waits for a server before calling it down.
 PROBE_TIMEOUT_S = 2.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from broker.celery_app import RUN_JOB_TASK, create_celery_app
-from server.settings import Settings
+from halfcast.core.broker.celery_app import RUN_JOB_TASK, create_celery_app
+from halfcast.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Submission quotas, the API side: the server's default limits and the ``429`` answer.
 
-The limits and their enforcement live in :mod:`server.db.quotas` and
-:mod:`server.db.quota_check`; this module turns settings into default limits and a
-:class:`~server.db.quota_check.QuotaExceeded` into
+The limits and their enforcement live in :mod:`halfcast.core.db.quotas` and
+:mod:`halfcast.core.db.quota_check`; this module turns settings into default limits and a
+:class:`~halfcast.core.db.quota_check.QuotaExceeded` into
 ``429 {"detail", "limit", "value"}`` with ``Retry-After``.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.db.quota_check import QuotaExceeded
-from server.db.quotas import QuotaLimits
+from halfcast.core.db.quota_check import QuotaExceeded
+from halfcast.core.db.quotas import QuotaLimits
+from halfcast.core.settings import Settings
 from server.http.errors import ApiError
 from server.schemas import QuotaErrorBody
-from server.settings import Settings
 
 #: ``Retry-After`` of a 429 (seconds): quota frees up when the owner's jobs start or end, which takes a while.
 QUOTA_RETRY_AFTER_S = 30

@@ -1,8 +1,8 @@
 """Response bodies of the HTTP API (docs/api.md, docs/results.md), and the job resource built from its database rows.
 
-The job resource and its pages are :mod:`contracts.resources` (the client reads them too); this
+The job resource and its pages are :mod:`halfcast.contracts.resources` (the client reads them too); this
 module builds them from the rows (:func:`job_public`) and adds the error bodies. Request bodies are
-``trainer.spec.JobSpec``.
+``halfcast.contracts.spec.JobSpec``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from common.timeutil import as_utc, as_utc_or_none
-from contracts.records import DataReport, StartupTimes
-from contracts.resources import (
+from halfcast.common.timeutil import as_utc, as_utc_or_none
+from halfcast.contracts.records import DataReport, StartupTimes
+from halfcast.contracts.resources import (
     AttemptPublic,
     EvalList,
     JobError,
@@ -28,9 +28,9 @@ from contracts.resources import (
     StoppedEarlyPublic,
     ThroughputPublic,
 )
-from contracts.status import AttemptStatus, JobStatus
-from server.db.job_reads import AttemptView, JobView, MemberView
-from server.db.models import Attempt, Job, JobMember, StepRecord
+from halfcast.contracts.status import AttemptStatus, JobStatus
+from halfcast.core.db.job_reads import AttemptView, JobView, MemberView
+from halfcast.core.db.models import Attempt, Job, JobMember, StepRow
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def current_phase(status: str, startup: dict[str, Any] | None) -> StartupPhase |
 
 
 def job_public(job: Job | JobView) -> JobPublic:
-    """The resource of a ``jobs`` row (an ORM object, or the columns :mod:`server.db.job_reads` reads)."""
+    """The resource of a ``jobs`` row (an ORM object, or the columns :mod:`halfcast.core.db.job_reads` reads)."""
     applied, skipped = step_counts(job.latest)
     ended = _count_or_none((job.end_info or {}).get("applied_steps"))
     applied = applied if ended is None else min(applied, ended)  # the end record also leaves out empty windows
@@ -234,7 +234,7 @@ def step_counts(latest: dict[str, Any] | None) -> tuple[int, int]:
     return step - skipped, skipped
 
 
-def step_point(record: StepRecord) -> dict[str, Any]:
+def step_point(record: StepRow) -> dict[str, Any]:
     """A stored step record as the API returns it (``step`` and ``time`` always present)."""
     point = dict(record.data)
     point.setdefault("step", record.step)

@@ -6,8 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from common.timeutil import as_utc
-from server.db.workers import WorkerState
+from halfcast.common.timeutil import as_utc
+from halfcast.core.db.workers import WorkerState
 
 
 class WorkerPublic(BaseModel):

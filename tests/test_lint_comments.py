@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("bench", "broker", "common", "contracts", "examples", "migrations", "server", "tests", "trainer", "worker")
+PACKAGES = ("bench", "examples", "halfcast", "migrations", "server", "tests", "trainer", "worker")
 
 FMT_SKIP = re.compile(r"#\s*fmt:\s*skip\b(?P<rest>.*)$")
 TYPE_IGNORE = re.compile(r"#\s*type:\s*ignore(?P<codes>\[[^\]]*\])?(?P<rest>.*)$")

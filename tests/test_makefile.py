@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from packaging_support import own_requirements, resolved
 
-from server.cli import COMMANDS
-from server.cli.extras import expand
+from halfcast.cli import COMMANDS
+from halfcast.cli.extras import expand
 
 MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
 #: What ``make up`` installs after torch.

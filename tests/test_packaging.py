@@ -1,7 +1,7 @@
 """pyproject.toml's install paths: the client alone, then the extras, as the CLI and the Dockerfile expect them.
 
 ``pip install halfcast`` brings the client's own dependencies only; the ``server``,
-``worker`` and ``trainer`` extras the rest. :mod:`server.cli.extras` knows each
+``worker`` and ``trainer`` extras the rest. :mod:`halfcast.cli.extras` knows each
 extra's modules (to stop a command whose extra is missing): here they are checked
 against the requirements of pyproject.toml, through the distributions installed in
 this environment (which has every extra). That a client-only install runs the job
@@ -24,15 +24,20 @@ from packaging_support import (
     resolved,
 )
 
-from server.cli import COMMANDS
-from server.cli.extras import EXTRA_INCLUDES, EXTRA_MODULES, expand
+from halfcast.cli import COMMANDS
+from halfcast.cli.extras import EXTRA_INCLUDES, EXTRA_MODULES, expand
 
 #: The packages the wheel ships (the benchmarks and the tests stay in the repository).
-SHIPPED = {"common", "contracts", "server", "broker", "worker", "trainer", "migrations"}
+SHIPPED = {"halfcast", "server", "worker", "trainer", "migrations"}
 
 
 def test_the_client_brings_only_its_own_dependencies() -> None:
-    assert client_requirements() == {"httpx", "pydantic", "pyyaml", "rich"}  # pydantic: the typed answers (contracts/)
+    assert client_requirements() == {
+        "httpx",
+        "pydantic",
+        "pyyaml",
+        "rich",
+    }  # pydantic: the typed answers (halfcast/contracts/)
 
 
 def test_all_is_every_extra_and_test_has_all() -> None:

@@ -26,15 +26,15 @@ from pathlib import Path
 import torch
 from pydantic import ValidationError
 
-from contracts.error_file import ErrorFile
-from contracts.rundir import RunDir
-from contracts.status import FailureReason
-from trainer.distributed import distributed_session
+from halfcast.contracts.error_file import ErrorFile
+from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.spec import JobSpec
+from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
-from trainer.loop import train
-from trainer.precision import PrecisionUnsupportedError
+from trainer.numerics.precision import PrecisionUnsupportedError
+from trainer.parallel.distributed import distributed_session
 from trainer.preemption import STOPPED_EXIT, StopRequested, StopSignal, exit_now
-from trainer.spec import JobSpec
+from trainer.run.loop import train
 
 log = logging.getLogger("trainer")
 
@@ -69,7 +69,8 @@ def load_spec(path: Path) -> JobSpec:
 
 
 def write_error(run_dir: Path, reason: FailureReason, message: str, rank: int) -> None:
-    """Write ``error.json`` (:class:`~contracts.error_file.ErrorFile`) atomically (ranks failing together never tear it)."""
+    """Write ``error.json`` (:class:`~halfcast.contracts.error_file.ErrorFile`) atomically (ranks failing together never tear
+    it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = RunDir(run_dir).error
     tmp = path.with_name(f".{path.name}.rank{rank}.tmp")

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
 
 T = TypeVar("T")
 

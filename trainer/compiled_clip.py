@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from trainer.overflow import nonfinite_flag
-from trainer.sharded import CLIP_EPS
+from trainer.numerics.overflow import nonfinite_flag
+from trainer.parallel.sharded import CLIP_EPS
 
 
 class CheckedNorms(NamedTuple):
@@ -39,8 +39,8 @@ class CheckedNorms(NamedTuple):
 def check_and_clip(grads: list[Tensor], max_grad_norm: float | None) -> CheckedNorms:
     """Per-tensor and global L2 norms of ``grads`` (float32, one device), the overflow flag, and ``grads``
     scaled in place by ``min(1, max_grad_norm / (norm + 1e-6))`` when ``max_grad_norm`` is given (the same
-    ops, in the same order, as the eager step: :func:`trainer.sharded.grad_norms`, :func:`nonfinite_flag`,
-    :func:`trainer.sharded.clip_grads_`)."""
+    ops, in the same order, as the eager step: :func:`trainer.parallel.sharded.grad_norms`, :func:`nonfinite_flag`,
+    :func:`trainer.parallel.sharded.clip_grads_`)."""
     per_tensor = torch.stack(torch._foreach_norm(grads, 2.0))
     total = torch.linalg.vector_norm(per_tensor, 2.0)
     flag = nonfinite_flag(total)

@@ -10,23 +10,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.checkpoint import TrainingState
+from halfcast.contracts.spec import JobSpec
 from trainer.data import Batch, Dataset, build_dataset
-from trainer.distributed import DistContext
-from trainer.flushing import RecordFlusher, RunTotals
-from trainer.guard import DivergenceGuard
-from trainer.loss_scale import DynamicLossScaler
 from trainer.losses import LossFn, task_loss
 from trainer.model_compile import compile_model, warm_up
 from trainer.models import build_job_model
+from trainer.numerics.loss_scale import DynamicLossScaler
+from trainer.numerics.precision import PrecisionPolicy, build_precision
 from trainer.optim.build import build_lr_scheduler, build_optimizer
-from trainer.parallel import wrap_model
-from trainer.precision import PrecisionPolicy, build_precision
+from trainer.optim.schedule import DeviceLRSchedule
+from trainer.parallel.distributed import DistContext
+from trainer.parallel.wrap import wrap_model
 from trainer.records import RecordSink
 from trainer.rng import seed_everything
-from trainer.schedule import DeviceLRSchedule
-from trainer.spec import JobSpec
-from trainer.telemetry import StepLog
+from trainer.run.checkpoint import TrainingState
+from trainer.run.flushing import RecordFlusher, RunTotals
+from trainer.run.guard import DivergenceGuard
+from trainer.run.telemetry import StepLog
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,14 @@
 A :class:`TrainerError` carries one of :data:`REASONS`; ``python -m trainer`` turns it
 into ``<run_dir>/error.json`` and exit status 3, and the worker records the reason. A
 :class:`DivergenceError` is the kind the divergence guard and the end check raise: the
-training loop answers it with the bf16 fallback when the job opts in (:mod:`trainer.fallback`).
+training loop answers it with the bf16 fallback when the job opts in (:mod:`trainer.run.fallback`).
 """
 
 from __future__ import annotations
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 
-#: The typed failure reasons a trainer rank may report (of :class:`contracts.status.FailureReason`).
+#: The typed failure reasons a trainer rank may report (of :class:`halfcast.contracts.status.FailureReason`).
 REASONS: frozenset[FailureReason] = frozenset(
     {
         FailureReason.SPEC_INVALID,
@@ -26,7 +26,7 @@ REASONS: frozenset[FailureReason] = frozenset(
         FailureReason.EXPORT_FAILED,
     }
 )
-#: The reasons of a run that diverged (:mod:`trainer.guard`, :mod:`trainer.end_check`).
+#: The reasons of a run that diverged (:mod:`trainer.run.guard`, :mod:`trainer.run.end_check`).
 DIVERGENCE_REASONS: frozenset[FailureReason] = frozenset(
     {
         FailureReason.NONFINITE_LOSS,
@@ -40,7 +40,7 @@ DIVERGENCE_REASONS: frozenset[FailureReason] = frozenset(
 class TrainerError(Exception):
     """A failure with a typed ``reason`` (one of :data:`REASONS`) and a human ``message``.
 
-    Every raise site names its reason as a :class:`~contracts.status.FailureReason` member
+    Every raise site names its reason as a :class:`~halfcast.contracts.status.FailureReason` member
     (``tests/contracts/test_contracts_status.py`` refuses a string). Raises ``ValueError``
     when constructed with a reason a trainer may not report, so none reaches the worker.
     """

@@ -1,6 +1,6 @@
 """The trained model of a checkpoint, rebuilt for inference: ``load_trained_model("final.pt")``.
 
-A checkpoint (:mod:`trainer.checkpoint`) holds the job's ``spec`` and, since this
+A checkpoint (:mod:`trainer.run.checkpoint`) holds the job's ``spec`` and, since this
 module exists, ``data_info`` (the dataset sizes the model was built for: task, outputs,
 input width or context length). The model is rebuilt from the spec's ``model`` entry
 and those sizes (:func:`trainer.models.build_model`), in float32, and the checkpoint's
@@ -23,7 +23,7 @@ import torch
 from pydantic import TypeAdapter
 from torch import nn
 
-from trainer.catalog import DatasetSpec, ModelSpec
+from halfcast.contracts.catalog import DatasetSpec, ModelSpec
 from trainer.data import build_dataset
 from trainer.data.base import DataInfo, Task
 from trainer.models import build_model
@@ -70,10 +70,10 @@ def _hf_model(payload: Mapping[str, Any], map_location: str | torch.device) -> n
     """An ``hf`` job's :class:`trainer.hf.wrapper.HFModule`: the base rebuilt from the spec exactly as
     the job built it (seeded; frozen weights in the job's compute dtype for ``base_dtype`` ``compute``),
     the checkpoint's trainable state loaded, then everything cast to float32."""
+    from halfcast.contracts.spec import JobSpec
     from trainer.hf.build import rebuild_hf_model
     from trainer.hf.loading import hf_config, load_tokenizer
-    from trainer.precision import COMPUTE_DTYPES
-    from trainer.spec import JobSpec
+    from trainer.numerics.precision import COMPUTE_DTYPES
 
     spec = JobSpec.model_validate(payload["spec"])
     precision = payload.get("precision_switch", {}).get("to", spec.precision)

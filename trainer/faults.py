@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 import torch
 
-from trainer.sharded import local_tensor
-from trainer.spec import FaultsSpec
+from halfcast.contracts.spec import FaultsSpec
+from trainer.parallel.sharded import local_tensor
 
 log = logging.getLogger(__name__)
 

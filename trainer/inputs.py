@@ -21,9 +21,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from contracts.status import FailureReason
+from halfcast.contracts.spec import JobSpec
+from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
-from trainer.spec import JobSpec
 
 #: Checkpoint entry holding :func:`input_fingerprints`.
 INPUTS_KEY = "inputs"

@@ -26,7 +26,7 @@ from torch import nn
 
 from trainer.data import Batch
 from trainer.losses import LossFn
-from trainer.precision import PrecisionPolicy
+from trainer.numerics.precision import PrecisionPolicy
 
 log = logging.getLogger(__name__)
 

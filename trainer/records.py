@@ -1,9 +1,9 @@
 """The records sink: rank 0 appends JSON lines to ``<run_dir>/records.jsonl``.
 
-Every line is a record of :mod:`contracts.records` (the run-directory contract of
-docs/architecture.md), built and validated here and written as :meth:`~contracts.records.RecordBase.line`
+Every line is a record of :mod:`halfcast.contracts.records` (the run-directory contract of
+docs/architecture.md), built and validated here and written as :meth:`~halfcast.contracts.records.RecordBase.line`
 gives it. Lines are flushed as soon as they are written (step lines in one batch per logging
-interval, see :mod:`trainer.telemetry`), so the worker can tail the file while training runs.
+interval, see :mod:`trainer.run.telemetry`), so the worker can tail the file while training runs.
 JSON has no NaN or infinity: a non-finite float is written as ``null``.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, Self
 
-from contracts.records import (
+from halfcast.contracts.records import (
     EndRecord,
     EvalRecord,
     PhaseRecord,
@@ -24,7 +24,7 @@ from contracts.records import (
     StartRecord,
     StepRecord,
 )
-from contracts.rundir import RECORDS_FILE, RunDir
+from halfcast.contracts.rundir import RECORDS_FILE, RunDir
 
 __all__ = ["RECORDS_FILE", "RecordSink", "StepRecord", "read_records"]
 
@@ -97,11 +97,11 @@ class RecordSink:
         return record.model_copy(update={**self.step_fields, "time": when})
 
     def eval(self, step: int, metrics: Mapping[str, float | None]) -> None:
-        """An ``eval`` line: ``step`` and ``loss`` plus ``accuracy`` or ``perplexity`` (:mod:`trainer.evaluate`)."""
+        """An ``eval`` line: ``step`` and ``loss`` plus ``accuracy`` or ``perplexity`` (:mod:`trainer.run.evaluate`)."""
         self.write(EvalRecord.model_validate({**metrics, "step": step}))
 
     def precision_switch(self, switch: Mapping[str, Any]) -> None:
-        """A ``precision_switch`` line (``on_divergence: "fallback_bf16"``, see :mod:`trainer.fallback`).
+        """A ``precision_switch`` line (``on_divergence: "fallback_bf16"``, see :mod:`trainer.run.fallback`).
 
         ``switch``: ``step`` (where the divergence guard tripped), ``from``, ``to``,
         ``reason`` (the guard's typed reason), ``message``, ``rewound_to_step`` (the

@@ -24,7 +24,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
 
 #: The variable the worker sets to the registry directory for the run.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Literal
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
 
 Kind = Literal["file", "dir"]

@@ -20,7 +20,7 @@ rank's start in :data:`RANK_STARTED_AT_ENV` (unix seconds); without them (a plai
 
 As ``data``, ``model`` and ``first_step`` begin, and once the first step is done
 (``training``), rank 0 logs a line and writes a ``phase`` record ``{"type": "phase",
-"time", "phase", "startup"}``: ``startup`` holds :class:`~contracts.records.StartupTimes`, the seconds of the
+"time", "phase", "startup"}``: ``startup`` holds :class:`~halfcast.contracts.records.StartupTimes`, the seconds of the
 phases ended so far (``None`` for the rest). The ``start`` record, written right after the
 ``first_step`` one, repeats them as its ``startup``.
 """
@@ -33,7 +33,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
-from contracts.records import PhaseName, StartupTimes
+from halfcast.contracts.records import PhaseName, StartupTimes
 from trainer.records import RecordSink
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ RANK_STARTED_AT_ENV = "HALFCAST_RANK_STARTED_AT"
 #: The phase a ``phase`` record says begins; ``training``: start-up is over.
 Phase = PhaseName
 
-#: The field of :class:`~contracts.records.StartupTimes` that the beginning of each phase ends.
+#: The field of :class:`~halfcast.contracts.records.StartupTimes` that the beginning of each phase ends.
 _ENDED_BY: dict[Phase, str] = {"model": "data_s", "first_step": "model_s", "training": "first_step_s"}
 
 #: What the log line of each phase says.

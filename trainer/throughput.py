@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from trainer.telemetry import StepRow
+from trainer.run.telemetry import StepRow
 
 #: The shortest trailing window a step record's rate is measured over, in seconds of training time.
 MIN_WINDOW_S = 1.0

@@ -13,10 +13,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from broker.celery_app import create_celery_app
-from common.quiet_logs import quiet_third_party_logs
-from common.redact import install_log_redaction
-from server.settings import Settings
+from halfcast.common.quiet_logs import quiet_third_party_logs
+from halfcast.common.redact import install_log_redaction
+from halfcast.core.broker.celery_app import create_celery_app
+from halfcast.core.settings import Settings
 from worker.tasks import register_tasks
 
 

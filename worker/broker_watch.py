@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy import Engine, select
 
-from server.db.models import Job
+from halfcast.core.db.models import Job
 
 if TYPE_CHECKING:
     import redis

@@ -5,7 +5,8 @@ A job id means its newest checkpoint: ``final.pt`` of the newest attempt that ha
 one, else that attempt's highest ``step-<N>.pt``. A file path, ``<job id>/<path>``,
 must resolve (symbolic links followed) inside that job's directory, so a spec cannot
 make the trainer read an arbitrary file or another job's; which jobs a spec may name
-at all is checked for its owner first (:mod:`server.registry.refs`). A retry (:func:`retry_checkpoint`) resumes from the highest
+at all is checked for its owner first (:mod:`halfcast.core.registry.refs`). A retry
+(:func:`retry_checkpoint`) resumes from the highest
 ``step-<N>.pt`` below ``max_steps`` of the job's earlier attempts (the trainer writes
 each checkpoint atomically, so a file under that name is complete).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from contracts.rundir import JobRuns, RunDir
+from halfcast.contracts.rundir import JobRuns, RunDir
 
 
 class CheckpointUnavailable(Exception):

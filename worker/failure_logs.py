@@ -4,7 +4,7 @@ The failing rank comes from ``error.json`` (the trainer writes its rank there) o
 without one, from torchrun's failure summary in ``launcher.log`` ("Root Cause (first
 observed failure)" … ``rank : <r>``). Known causes (out of memory, collective
 timeouts) are searched in the launcher log and in every rank's log, since each
-rank's output now lives in its own file (:mod:`contracts.rundir`).
+rank's output now lives in its own file (:mod:`halfcast.contracts.rundir`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.rundir import RunDir
+from halfcast.contracts.rundir import RunDir
 from worker.launch import log_tail
 
 #: torchrun's report of the first rank that failed, under "Root Cause": ``rank : 1 (local_rank: 1)``,

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.records import EndRecord, parse_record
-from contracts.rundir import JobRuns, RunDir
-from contracts.status import JobStatus
+from halfcast.contracts.records import EndRecord, parse_record
+from halfcast.contracts.rundir import JobRuns, RunDir
+from halfcast.contracts.status import JobStatus
 from worker.outcomes import ended_outcome
 from worker.tail import RecordTail
 

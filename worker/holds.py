@@ -25,10 +25,10 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, or_, select
 
-from contracts.status import JobStatus
-from server.db.engine import WRITE_TRANSACTION
-from server.db.models import Job, Worker, utcnow
-from server.db.transitions import Expected, compare_and_set
+from halfcast.contracts.status import JobStatus
+from halfcast.core.db.engine import WRITE_TRANSACTION
+from halfcast.core.db.models import Job, Worker, utcnow
+from halfcast.core.db.transitions import Expected, compare_and_set
 
 log = logging.getLogger(__name__)
 

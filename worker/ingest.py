@@ -1,4 +1,4 @@
-"""What the worker makes of a run's records (:mod:`contracts.records`): progress to store, the end, the job row's copies.
+"""What the worker makes of a run's records (:mod:`halfcast.contracts.records`): progress to store, the end, the job row's copies.
 
 The records of one poll arrive in file order. Step and evaluation records are stored as
 the trainer wrote them; a ``precision_switch`` drops the poll's records after its
@@ -7,7 +7,7 @@ the world size, and the switch a resumed run repeats; the newest ``phase`` recor
 attempt's start-up so far (``jobs.startup``, migration 0009: :func:`startup_summary`); the
 ``end`` record's counts decide the outcome (:mod:`worker.outcomes`) and, for a succeeded
 run, are kept in ``jobs.end_info`` (migration 0008: :func:`end_info`). A line that is no
-known record, or does not validate, is skipped (:func:`contracts.records.parse_record`).
+known record, or does not validate, is skipped (:func:`halfcast.contracts.records.parse_record`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from contracts.records import (
+from halfcast.contracts.records import (
     EndRecord,
     EvalRecord,
     PhaseRecord,

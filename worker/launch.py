@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from contracts.rundir import RunDir
-from server.settings import Settings
+from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.settings import Settings
 from trainer.registered import REGISTRY_DIR_ENV
-from trainer.spec import JobSpec
 from trainer.startup import LAUNCHED_AT_ENV
 from worker.exits import wait_for_exit
 
@@ -64,11 +64,11 @@ WAIT_STEP_S = 0.25
 def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "trainer") -> list[str]:
     """The torchrun command line for one attempt (``ranks_per_node`` ranks on this host; a one-node job's world).
 
-    A node of a multi-node job launches :func:`worker.gang_launch.gang_command` instead.
+    A node of a multi-node job launches :func:`worker.gang.launch.gang_command` instead.
 
     torchrun runs through :mod:`worker.torchrun` (torchrun's arguments, torchrun's
     ``main``). Each rank runs ``module`` through :mod:`worker.rank_output`, which keeps the
-    rank's stdout and stderr in ``<run_dir>/logs/rank-<r>.log`` (:mod:`contracts.rundir`).
+    rank's stdout and stderr in ``<run_dir>/logs/rank-<r>.log`` (:mod:`halfcast.contracts.rundir`).
     """
     return [
         sys.executable, "-m", LAUNCHER,

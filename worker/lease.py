@@ -1,7 +1,7 @@
 """The leases a worker holds, renewed by its supervising thread: an attempt's on its job, a node's on its gang membership.
 
 :class:`RenewedLease` is the self-fencing renewal both share; :class:`Lease` is the job's
-(:class:`worker.gang.MemberLease` the membership's).
+(:class:`worker.gang.formation.MemberLease` the membership's).
 
 The claim takes the lease (``worker.store.JobStore.claim``). :meth:`Lease.renew_if_due`
 is called from the supervision loop (and while a run is being stopped); every

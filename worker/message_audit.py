@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine, select
 
-from server.db.models import Job
+from halfcast.core.db.models import Job
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from contracts.error_file import ErrorFile
-from contracts.records import EndRecord
-from contracts.rundir import RunDir
-from contracts.status import FailureReason, JobStatus
+from halfcast.contracts.error_file import ErrorFile
+from halfcast.contracts.records import EndRecord
+from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.status import FailureReason, JobStatus
 from worker.failure_logs import failure_log, root_cause, scan_text
 from worker.launch import log_tail
 
@@ -123,7 +123,7 @@ def exit_outcome(
 
 
 def read_error(path: Path) -> tuple[str, str, int | None] | None:
-    """``(reason, message, rank)`` from a rank's ``error.json`` (:class:`~contracts.error_file.ErrorFile`);
+    """``(reason, message, rank)`` from a rank's ``error.json`` (:class:`~halfcast.contracts.error_file.ErrorFile`);
     ``None`` if absent, unreadable or without a reason."""
     try:
         data = json.loads(path.read_text())

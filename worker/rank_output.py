@@ -6,7 +6,7 @@ appending, puts it on file descriptors 1 and 2, and replaces itself with
 ``python -u -m MODULE ARGS...`` (as torchrun would run MODULE; same pid, same
 environment), so torchrun supervises and signals the rank exactly as if it had
 started it directly, and the rank's output, stdout and stderr interleaved in the
-order written, lands in one file per rank (:mod:`contracts.rundir` names it).
+order written, lands in one file per rank (:mod:`halfcast.contracts.rundir` names it).
 Before the exec it writes the log's first line (the rank is starting, as the
 trainer's imports take seconds) and puts the time in ``HALFCAST_RANK_STARTED_AT``
 (the trainer's start-up clock, :mod:`trainer.startup`).
@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from contracts.rundir import rank_log_name
+from halfcast.contracts.rundir import rank_log_name
 from trainer.startup import RANK_STARTED_AT_ENV
 
 #: Exit status for a bad command line or a missing ``RANK``.

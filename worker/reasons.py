@@ -1,6 +1,6 @@
 """The typed failure reasons of a ``failed`` job and whether a failure with each is retried.
 
-The reasons are :class:`contracts.status.FailureReason`; docs/architecture.md and
+The reasons are :class:`halfcast.contracts.status.FailureReason`; docs/architecture.md and
 docs/results.md list the same (a test checks it). Only a lost worker is retried (from the attempt's last
 checkpoint, up to the spec's ``max_attempts``), and a worker's graceful shutdown
 (``worker_shutdown``: the run was stopped and checkpointed on purpose), which does not
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 
 #: The reasons an attempt is retried with (up to ``max_attempts``); every other one is final.
 RETRIED_REASONS: frozenset[FailureReason] = frozenset({FailureReason.WORKER_LOST, FailureReason.WORKER_SHUTDOWN})

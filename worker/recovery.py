@@ -31,11 +31,11 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, func, or_, select
 
-from common.timeutil import as_utc
-from contracts.status import AttemptStatus, FailureReason, JobStatus
-from server.db.members import close_expired_members
-from server.db.models import Attempt, Job, utcnow
-from server.db.transitions import Expected, Owner, compare_and_set
+from halfcast.common.timeutil import as_utc
+from halfcast.contracts.status import AttemptStatus, FailureReason, JobStatus
+from halfcast.core.db.members import close_expired_members
+from halfcast.core.db.models import Attempt, Job, utcnow
+from halfcast.core.db.transitions import Expected, Owner, compare_and_set
 from worker.reasons import UNCOUNTED_REASONS, should_retry
 from worker.store import LIVE_STATUSES, MAX_REASON_CHARS, Fence, JobStore, end_attempt
 

@@ -2,13 +2,13 @@
 
 The stored spec keeps what was submitted (``dataset_id``, ``model_id``, ``resume_from``); the copy
 the worker writes as ``spec.json`` gets the registered dataset's ``format``, ``file_format`` and
-``sha256`` (:func:`server.registry.refs.resolve_refs`), which the trainer needs to find the file
+``sha256`` (:func:`halfcast.core.registry.refs.resolve_refs`), which the trainer needs to find the file
 and check it. The API checked at submission that the caller may read every reference; the worker
 checks again, before it opens anything, with the rights of the job's owner: what it owns, or
 anything when it holds an unrevoked admin token (an admin's job may name other owners' inputs,
 docs/api.md). A reference deleted since the submission, or no longer the owner's to read, fails
 the attempt with ``data_unavailable``, ``model_unavailable`` or ``checkpoint_unavailable``
-(:class:`~server.registry.refs.RefError`'s ``reason``).
+(:class:`~halfcast.core.registry.refs.RefError`'s ``reason``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, exists, select
 
-from server.db.engine import read_connection
-from server.db.models import ApiToken, Job
-from server.registry.refs import RefError, Visible, names_registered_inputs, resolve_refs
+from halfcast.core.db.engine import read_connection
+from halfcast.core.db.models import ApiToken, Job
+from halfcast.core.registry.refs import RefError, Visible, names_registered_inputs, resolve_refs
 
 __all__ = ["RefError", "resolve_inputs"]
 

@@ -21,8 +21,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, Update, delete, insert, update
 
-from server.db.engine import WRITE_TRANSACTION
-from server.db.models import Worker, utcnow
+from halfcast.core.db.engine import WRITE_TRANSACTION
+from halfcast.core.db.models import Worker, utcnow
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 
-from contracts.records import EndRecord
-from contracts.rundir import RunDir
-from contracts.status import FailureReason, JobStatus
-from server.settings import Settings
-from trainer.spec import JobSpec
+from halfcast.contracts.records import EndRecord
+from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.spec import JobSpec
+from halfcast.contracts.status import FailureReason, JobStatus
+from halfcast.core.settings import Settings
 from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
 from worker.deadline import Deadline
 from worker.finished_attempt import finished_attempt
@@ -290,7 +290,7 @@ class Attempt:
                 )
             self.context.shutdown.wait(poll_s)
 
-    # Hooks of a multi-node job's node 0 (worker.gang_attempt.Node0Attempt); a one-node attempt has no peers.
+    # Hooks of a multi-node job's node 0 (worker.gang.attempt.Node0Attempt); a one-node attempt has no peers.
 
     def _before_launch(self) -> Outcome | None:
         """Called once the run is prepared, right before its launch: an outcome ends the attempt there."""

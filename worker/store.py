@@ -14,7 +14,7 @@ someone else) writes nothing, step records included. Step records are inserted
 with insert-or-ignore on ``(job_id, step)``, so re-reading records never duplicates
 or fails; a precision switch first deletes the records of the steps it trains again
 (:class:`Progress`). Each write is one short transaction that starts with ``BEGIN IMMEDIATE``
-on SQLite (see :mod:`server.db.engine`).
+on SQLite (see :mod:`halfcast.core.db.engine`).
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Insert, delete, insert, select, update
 
-from common.timeutil import as_utc
-from contracts import records
-from contracts.rundir import JobRuns
-from contracts.status import LIVE_STATUSES as LIVE_JOB_STATUSES
-from contracts.status import JobStatus
-from server.db import models, pending_cancels
-from server.db.engine import WRITE_TRANSACTION
-from server.db.models import TERMINAL_STATUSES, Attempt, Job, utcnow
-from server.db.transitions import Expected, Fence, compare_and_set, write_progress
+from halfcast.common.timeutil import as_utc
+from halfcast.contracts import records
+from halfcast.contracts.rundir import JobRuns
+from halfcast.contracts.status import LIVE_STATUSES as LIVE_JOB_STATUSES
+from halfcast.contracts.status import JobStatus
+from halfcast.core.db import models, pending_cancels
+from halfcast.core.db.engine import WRITE_TRANSACTION
+from halfcast.core.db.models import TERMINAL_STATUSES, Attempt, Job, utcnow
+from halfcast.core.db.transitions import Expected, Fence, compare_and_set, write_progress
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 BATCH_SIZE = 500
 #: Longest ``error_reason`` the schema stores.
 MAX_REASON_CHARS = 64
-#: Statuses in which the claimed attempt may still write progress (:data:`contracts.status.LIVE_STATUSES`).
+#: Statuses in which the claimed attempt may still write progress (:data:`halfcast.contracts.status.LIVE_STATUSES`).
 LIVE_STATUSES: tuple[str, ...] = tuple(member.value for member in LIVE_JOB_STATUSES)
 
 
@@ -124,7 +124,7 @@ class JobStore:
         was given; null when empty). ``runtime_used_s`` sums the running time of the
         job's earlier attempts (for ``max_runtime_s``). The job's ``startup`` is cleared: the
         new attempt reports its own start-up phases. ``status``: ``gathering`` for node 0 of a
-        multi-node job (:mod:`worker.gang`).
+        multi-node job (:mod:`worker.gang.formation`).
         """
         now = utcnow()
         with self.begin() as conn:
@@ -198,7 +198,7 @@ class JobStore:
             if progress.switches or progress.known_switches:
                 _record_switches(conn, fence.job_id, progress)
                 write_progress(conn, fence.job_id, **values)
-            for table, written in ((models.StepRecord, progress.steps), (models.EvalRecord, progress.evals)):
+            for table, written in ((models.StepRow, progress.steps), (models.EvalRow, progress.evals)):
                 for start in range(0, len(written), BATCH_SIZE):
                     rows = [_record_row(fence.job_id, record) for record in written[start : start + BATCH_SIZE]]
                     if (statement := _insert_ignore(conn, table, rows)) is not None:
@@ -244,7 +244,7 @@ class JobStore:
 
     def cancel_requested(self, job_id: str) -> bool:
         """Whether the API asked to cancel the job: its status is ``cancelling``, or a cancel is recorded that
-        waited on the job's locked row (:mod:`server.db.pending_cancels`)."""
+        waited on the job's locked row (:mod:`halfcast.core.db.pending_cancels`)."""
         query = select(Job.status, pending_cancels.pending_clause(job_id)).where(Job.id == job_id)
         with self.engine.connect() as conn:  # one round trip: it runs every poll of a running job
             row = conn.execute(query).one_or_none()
@@ -305,7 +305,7 @@ def _rewind_job(conn: Connection, job_id: str, step: int) -> None:
     ``eval`` becomes the newest evaluation at or before ``step`` (``None`` if none).
     Runs inside a transaction whose fenced update already matched the job's row.
     """
-    steps, evals = models.StepRecord, models.EvalRecord
+    steps, evals = models.StepRow, models.EvalRow
     latest = conn.execute(select(steps.data).where(steps.job_id == job_id, steps.step == step)).scalar_one_or_none()
     conn.execute(delete(steps).where(steps.job_id == job_id, steps.step > step))
     conn.execute(delete(evals).where(evals.job_id == job_id, evals.step > step))
@@ -314,7 +314,7 @@ def _rewind_job(conn: Connection, job_id: str, step: int) -> None:
 
 def _newest_eval(job_id: str) -> Any:
     """The stored evaluation of ``job_id`` with the highest step, as a scalar subquery (NULL if none)."""
-    evals = models.EvalRecord
+    evals = models.EvalRow
     query = select(evals.data).where(evals.job_id == job_id).order_by(evals.step.desc()).limit(1)
     return query.scalar_subquery()
 
@@ -329,7 +329,7 @@ def _record_switches(conn: Connection, job_id: str, progress: Progress) -> None:
         _rewind_job(conn, job_id, switch.rewound_to_step)
     stored = list(conn.execute(select(Job.precision_switches).where(Job.id == job_id)).scalar_one_or_none() or [])
     known = {tuple(item.get(key) for key in SWITCH_KEYS) for item in stored}
-    candidates: list[records.PrecisionSwitch | records.PrecisionSwitchRecord] = [
+    candidates: list[records.PrecisionSwitch] = [
         *progress.known_switches,
         *progress.switches,
     ]
@@ -371,7 +371,7 @@ def _record_row(job_id: str, record: records.StepRecord | records.EvalRecord) ->
 
 
 def _insert_ignore(
-    conn: Connection, table: type[models.StepRecord] | type[models.EvalRecord], rows: list[dict[str, Any]]
+    conn: Connection, table: type[models.StepRow] | type[models.EvalRow], rows: list[dict[str, Any]]
 ) -> Insert | None:
     """INSERT of ``rows`` into ``table`` that skips steps already stored (``None``: nothing to insert)."""
     if not rows:

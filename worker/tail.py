@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from contracts.records import StepRecord, parse_record
+from halfcast.contracts.records import StepRecord, parse_record
 
 log = logging.getLogger(__name__)
 

@@ -32,13 +32,13 @@ from celery import Celery, Task
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from sqlalchemy.exc import DBAPIError
 
-from broker.celery_app import RUN_JOB_TASK
-from server.db.engine import make_engine
-from server.db.members import GatheringJob, Members
-from server.settings import Settings
+from halfcast.core.broker.celery_app import RUN_JOB_TASK
+from halfcast.core.db.engine import make_engine
+from halfcast.core.db.members import GatheringJob, Members
+from halfcast.core.settings import Settings
 from worker.acks import acknowledge
 from worker.broker_watch import BrokerWatch, queued_job_ids, redis_marker_store
-from worker.gang_entry import HAND_BACK_PAUSE_S, GangEntry
+from worker.gang.entry import HAND_BACK_PAUSE_S, GangEntry
 from worker.gpu_locks import GpuLocks
 from worker.gpus import discover_gpus
 from worker.holds import MessageHolds
@@ -165,7 +165,7 @@ class WorkerRuntime:
             return self._heartbeat
 
     def gangs(self) -> GangEntry:
-        """The multi-node paths of this worker's tasks (:mod:`worker.gang_entry`), created once."""
+        """The multi-node paths of this worker's tasks (:mod:`worker.gang.entry`), created once."""
         slots, store = self.slots(), self.store
         with self._lock:
             if self._gangs is None:

@@ -22,7 +22,7 @@ from pydantic import TypeAdapter
 from bench.gpu.matrix import run_matrix
 from bench.gpu.results import DdpReport, PathResult, RowStatus
 from bench.gpu.settings import CheckSettings
-from trainer.distributed import DistContext
+from trainer.parallel.distributed import DistContext
 
 #: Ranks of a dry run's gloo DDP.
 DRY_RUN_WORLD = 2

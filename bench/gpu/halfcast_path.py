@@ -1,4 +1,4 @@
-"""Halfcast's path: ``build_components`` on the job spec, then :func:`trainer.step.train_step` per step.
+"""Halfcast's path: ``build_components`` on the job spec, then :func:`trainer.run.step.train_step` per step.
 
 The step and its telemetry row run inside the strict sync guard; the log's drain (the loop's
 one intended copy, every ``log_interval`` steps) runs outside it, inside the timed span.
@@ -17,11 +17,11 @@ from bench.gpu.steady import timed_steady_steps
 from bench.gpu.syncs import SyncGuard
 from bench.gpu.workloads import attention_shape, job_spec, preload
 from trainer.components import Components, build_components
-from trainer.distributed import DistContext
+from trainer.numerics.precision import PrecisionUnsupportedError
 from trainer.optim.build import resolve_implementation
-from trainer.precision import PrecisionUnsupportedError
-from trainer.step import record_step, train_step
-from trainer.telemetry import StepLog, StepRow
+from trainer.parallel.distributed import DistContext
+from trainer.run.step import record_step, train_step
+from trainer.run.telemetry import StepLog, StepRow
 
 
 def run_halfcast(model: ModelKind, precision: CheckPrecision, settings: CheckSettings, ctx: DistContext) -> PathResult:

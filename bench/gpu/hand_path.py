@@ -32,10 +32,10 @@ from bench.gpu.workloads import (
     preload,
 )
 from trainer.data import Batch
-from trainer.distributed import DistContext
-from trainer.fp8 import plan_fp8_layers
-from trainer.precision import PrecisionUnsupportedError, check_supported
-from trainer.schedule import LRMultiplier
+from trainer.numerics.fp8 import plan_fp8_layers
+from trainer.numerics.precision import PrecisionUnsupportedError, check_supported
+from trainer.optim.schedule import LRMultiplier
+from trainer.parallel.distributed import DistContext
 
 
 def convert_fp8(model: nn.Module) -> int:

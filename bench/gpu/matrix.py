@@ -9,7 +9,7 @@ from bench.gpu.halfcast_path import run_halfcast
 from bench.gpu.hand_path import run_hand
 from bench.gpu.results import PathResult, RowStatus
 from bench.gpu.settings import CheckPrecision, CheckSettings, ModelKind, PathKind
-from trainer.distributed import DistContext
+from trainer.parallel.distributed import DistContext
 
 log = logging.getLogger(__name__)
 

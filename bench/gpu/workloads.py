@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from bench.gpu.settings import CheckSettings, GptSize, LlamaSize, ModelKind
+from halfcast.contracts.spec import JobSpec
 from trainer.data import Batch, build_dataset
 from trainer.data.base import IGNORE_INDEX
 from trainer.models.gpt import GPT
-from trainer.spec import JobSpec
 
 #: Byte-level vocabulary of the ``text`` data.
 BYTE_VOCAB = 256

@@ -1,12 +1,12 @@
 """Halfcast's own step, through the trainer's public pieces, with its telemetry as in the real loop.
 
-Per step: :func:`trainer.step.train_step` (forward and backward under the precision's
+Per step: :func:`trainer.run.step.train_step` (forward and backward under the precision's
 autocast and loss scale, sync-free unscale, overflow check, clip, device-side
-skip, LR schedule advanced by the ``applied`` flag) and :func:`trainer.step.record_step`
-into a :class:`trainer.telemetry.StepLog`. Every ``log_interval`` steps a
-:class:`trainer.flushing.RecordFlusher` copies the rows to the host, writes the step
+skip, LR schedule advanced by the ``applied`` flag) and :func:`trainer.run.step.record_step`
+into a :class:`trainer.run.telemetry.StepLog`. Every ``log_interval`` steps a
+:class:`trainer.run.flushing.RecordFlusher` copies the rows to the host, writes the step
 records to a temporary ``records.jsonl``, then the divergence guard checks the rows, exactly like
-:func:`trainer.loop.train`, so its cost is part of the measured time.
+:func:`trainer.run.loop.train`, so its cost is part of the measured time.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import torch
 
 from bench.peers.base import PeerInfo
 from bench.workload import ActivationProbe, Workload, job_spec
+from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components, build_record_flusher, divergence_guard
 from trainer.data import Batch
-from trainer.distributed import DistContext
-from trainer.loss_scale import DynamicLossScaler
+from trainer.numerics.loss_scale import DynamicLossScaler
 from trainer.optim.build import resolve_implementation
+from trainer.parallel.distributed import DistContext
 from trainer.records import RECORDS_FILE, RecordSink
-from trainer.spec import JobSpec
-from trainer.step import record_step, train_step
+from trainer.run.step import record_step, train_step
 
 CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -76,7 +76,7 @@ class HalfcastRunner:
 
     def maybe_flush(self) -> bool:
         """Flush every ``log_interval`` steps, else when the oldest record waited ``log_interval_s``,
-        like ``trainer.loop.train``; True when a flush copied anything."""
+        like ``trainer.run.loop.train``; True when a flush copied anything."""
         if self.flusher.step_log.full:
             self.guard.observe(self.flusher.flush())  # write the records, then check them
             return True

@@ -19,7 +19,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    """Create ``jobs`` and ``step_records`` (mirrors ``server.db.models``)."""
+    """Create ``jobs`` and ``step_records`` (mirrors ``halfcast.core.db.models``)."""
     op.create_table(
         "jobs",
         sa.Column("id", sa.String(length=36), nullable=False),

@@ -11,8 +11,8 @@ from __future__ import annotations
 import getpass
 import logging
 
-from server.cli.credentials import token_path, write_token_file
-from server.settings import Settings
+from halfcast.cli.credentials import token_path, write_token_file
+from halfcast.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +30,9 @@ def ensure_first_token(settings: Settings) -> str | None:
 
     Raises ``OSError`` when the token file cannot be written (the token is created first).
     """
+    from halfcast.core.db.engine import begin_write, make_engine, make_session_factory
+    from halfcast.core.db.tokens import count_tokens, create_token
     from server.cli.tokens import cli_actor
-    from server.db.engine import begin_write, make_engine, make_session_factory
-    from server.db.tokens import count_tokens, create_token
 
     if not settings.auth:
         return None

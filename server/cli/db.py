@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from common.redact import redact_urls
-from server.settings import Settings
+from halfcast.common.redact import redact_urls
+from halfcast.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def run_upgrade(_args: argparse.Namespace) -> int:
     Returns 1 with a one-line error (the URL's password masked) when the database
     cannot be reached or the URL is malformed.
     """
-    from server.db.migrate import head_revision, upgrade_database
+    from halfcast.core.db.migrate import head_revision, upgrade_database
 
     url = Settings().effective_database_url
     try:
@@ -48,7 +48,7 @@ def run_upgrade(_args: argparse.Namespace) -> int:
 @contextmanager
 def operator_session() -> Iterator[Session]:
     """A session on ``HALFCAST_DATABASE_URL`` (or the embedded default) for operator commands; disposed after."""
-    from server.db.engine import make_engine, make_session_factory
+    from halfcast.core.db.engine import make_engine, make_session_factory
 
     engine = make_engine(Settings().effective_database_url)
     try:

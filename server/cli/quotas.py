@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from halfcast.core.settings import Settings
 from server.cli.db import operator_session
 from server.cli.tokens import cli_actor
-from server.settings import Settings
 
 #: Exit status of a bad argument (bad owner, no limit given).
 EXIT_INVALID = 2
@@ -69,7 +69,7 @@ def _shown(value: int | None, default: int | None) -> str:
 
 def run_set(args: argparse.Namespace) -> int:
     """Set the given limits of an owner; 2 for a bad owner or when no limit is given."""
-    from server.db.quotas import set_quota
+    from halfcast.core.db.quotas import set_quota
 
     values = {name: getattr(args, name) for name in OPTIONS if hasattr(args, name)}
     if not values:
@@ -90,7 +90,7 @@ def run_set(args: argparse.Namespace) -> int:
 
 def run_list(_args: argparse.Namespace) -> int:
     """Print the server defaults, then one row per owner with an override."""
-    from server.db.quotas import list_overrides
+    from halfcast.core.db.quotas import list_overrides
     from server.quotas import default_limits
 
     defaults = default_limits(Settings())
@@ -113,7 +113,7 @@ def run_list(_args: argparse.Namespace) -> int:
 
 def run_clear(args: argparse.Namespace) -> int:
     """Drop an owner's overrides (0 also when it had none)."""
-    from server.db.quotas import clear_quota
+    from halfcast.core.db.quotas import clear_quota
 
     with operator_session() as session:
         cleared = clear_quota(session, args.owner, actor=cli_actor())

@@ -1,4 +1,4 @@
-"""Service commands: ``halfcast up`` (API + worker together), ``halfcast api``, ``halfcast worker``.
+"""Service commands: ``halfcast up`` (API + worker together) and ``halfcast api`` (``halfcast worker``: :mod:`worker.cli`).
 
 Settings come from ``HALFCAST_*`` environment variables; ``--host``, ``--port``,
 ``--data-dir`` and ``--workers`` override them by setting those variables, so every
@@ -19,9 +19,9 @@ import sys
 import threading
 from pathlib import Path
 
+from halfcast.core.settings import Settings, settings_with_overrides
 from server.cli.ready import announce_when_ready, client_url
 from server.cli.supervisor import Child, RestartPolicy, Supervisor
-from server.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +34,13 @@ EXIT_REFUSED = 2
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``up``, ``api`` and ``worker``."""
+    """Add ``up`` and ``api``."""
     up = subparsers.add_parser("up", help="migrate, then run the API and a worker (embedded defaults)")
     _add_server_options(up)
     up.set_defaults(handler=run_up)
     api = subparsers.add_parser("api", help="run the HTTP API (uvicorn)")
     _add_server_options(api)
     api.set_defaults(handler=run_api)
-    worker = subparsers.add_parser("worker", help="run a Celery worker; extra arguments go to Celery")
-    worker.add_argument("--data-dir", type=Path, help="data directory (HALFCAST_DATA_DIR)")
-    worker.add_argument("celery_args", nargs=argparse.REMAINDER, help="arguments passed on to `celery worker`")
-    worker.set_defaults(handler=run_worker)
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
@@ -76,8 +72,8 @@ def _refused(settings: Settings) -> bool:
 
 def _announce_token(settings: Settings) -> None:
     """Create the first admin token if there is none yet, and say where the token is."""
+    from halfcast.cli.credentials import token_path
     from server.cli.bootstrap import ensure_first_token
-    from server.cli.credentials import token_path
 
     if not settings.auth:
         sys.stdout.write("Authentication is OFF (HALFCAST_AUTH=off): anyone on this machine can use the API\n")
@@ -91,18 +87,15 @@ def _announce_token(settings: Settings) -> None:
 
 def apply_overrides(args: argparse.Namespace) -> Settings:
     """Write the command-line overrides into ``HALFCAST_*`` variables; return the resulting settings."""
-    overrides = {
-        "HALFCAST_HOST": getattr(args, "host", None),
-        "HALFCAST_PORT": getattr(args, "port", None),
-        "HALFCAST_DATA_DIR": getattr(args, "data_dir", None) and Path(args.data_dir).expanduser().resolve(),
-        "HALFCAST_API_WORKERS": getattr(args, "workers", None),
-    }
-    for name, value in overrides.items():
-        if value is not None:
-            os.environ[name] = str(value)
-    settings = Settings()
-    os.environ.setdefault("HALFCAST_DATA_DIR", str(settings.resolved_data_dir))
-    return settings
+    data_dir = getattr(args, "data_dir", None)
+    return settings_with_overrides(
+        {
+            "HALFCAST_HOST": getattr(args, "host", None),
+            "HALFCAST_PORT": getattr(args, "port", None),
+            "HALFCAST_DATA_DIR": data_dir and Path(data_dir).expanduser().resolve(),
+            "HALFCAST_API_WORKERS": getattr(args, "workers", None),
+        }
+    )
 
 
 def child_environment() -> dict[str, str]:
@@ -149,7 +142,7 @@ def api_command(settings: Settings, log_level: str = "INFO") -> list[str]:
 
 def run_up(args: argparse.Namespace) -> int:
     """Migrate the database, then run the API and a worker until Ctrl-C or SIGTERM."""
-    from server.db.migrate import upgrade_database
+    from halfcast.core.db.migrate import upgrade_database
 
     settings = apply_overrides(args)
     if _refused(settings):
@@ -191,14 +184,4 @@ def run_api(args: argparse.Namespace) -> int:
         workers=settings.api_workers,
         log_level=uvicorn_log_level(getattr(args, "log_level", "INFO")),
     )
-    return 0
-
-
-def run_worker(args: argparse.Namespace) -> int:
-    """Run a Celery worker in this process (``python -m worker``)."""
-    from worker.__main__ import main as worker_main
-
-    apply_overrides(args)
-    extra = [arg for arg in args.celery_args if arg != "--"]
-    worker_main(extra)
     return 0

@@ -53,8 +53,8 @@ def cli_actor() -> str:
 
 def run_create(args: argparse.Namespace) -> int:
     """Create a token; print it (or write ``--file``); 2 for an invalid owner."""
-    from server.cli.credentials import write_token_file
-    from server.db.tokens import create_token
+    from halfcast.cli.credentials import write_token_file
+    from halfcast.core.db.tokens import create_token
 
     if args.if_missing and args.file is not None and args.file.exists():
         sys.stderr.write(f"{args.file} exists; no token created\n")
@@ -81,7 +81,7 @@ def _when(value: object) -> str:
 
 def run_list(_args: argparse.Namespace) -> int:
     """Print a table of every token (no secrets, no hashes)."""
-    from server.db.tokens import list_tokens
+    from halfcast.core.db.tokens import list_tokens
 
     with operator_session() as session:
         rows = [("ID", "OWNER", "ADMIN", "CREATED", "LAST USED", "REVOKED")]
@@ -104,7 +104,7 @@ def run_list(_args: argparse.Namespace) -> int:
 
 def run_revoke(args: argparse.Namespace) -> int:
     """Revoke a token; 2 for an unknown id."""
-    from server.db.tokens import TokenNotFound, revoke_token
+    from halfcast.core.db.tokens import TokenNotFound, revoke_token
 
     try:
         with operator_session() as session:

@@ -1,6 +1,3 @@
-"""Files of a job's run directories, served and fetched: checkpoints, exports (listing, tar, extraction), and
-the client's whole-or-absent download.
-
-Nothing is imported here: the client uses :mod:`server.files.download` and the export modules without the server's
-dependencies.
+"""Files of a job's run directories as the API serves them: checkpoints (:mod:`.checkpoint_files`) and an export's
+checks (:mod:`.export_check`); the export files the client reads too are :mod:`halfcast.files`.
 """

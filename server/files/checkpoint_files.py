@@ -2,9 +2,9 @@
 
 The trainer writes ``<runs_dir>/<job_id>/attempt-<n>/checkpoints/step-<N>.pt`` every
 ``checkpoint_interval`` steps and when it stops early (cancel, preemption), and
-``final.pt`` when it reaches ``max_steps`` (:mod:`trainer.checkpoint`). Each file is
+``final.pt`` when it reaches ``max_steps`` (:mod:`trainer.run.checkpoint`). Each file is
 written to a hidden temporary name and moved into place, so a file listed here is
-complete. Only names matching :data:`contracts.rundir.CHECKPOINT_NAME` are ever listed or
+complete. Only names matching :data:`halfcast.contracts.rundir.CHECKPOINT_NAME` are ever listed or
 served, and only from the job's own attempt directories: a request cannot reach another path.
 
 As with logs, the API reads *its* ``runs_dir``; with the API and the workers on
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from contracts.rundir import CHECKPOINT_NAME, FINAL_CHECKPOINT, JobRuns, checkpoint_step
+from halfcast.contracts.rundir import CHECKPOINT_NAME, FINAL_CHECKPOINT, JobRuns, checkpoint_step
 
 __all__ = ["CHECKPOINT_NAME", "CheckpointFile", "final_step", "find_checkpoint", "list_checkpoints"]
 

@@ -12,8 +12,8 @@ import logging
 
 from pydantic import ValidationError
 
-from contracts.records import ExportCheck
-from server.files.export_files import Export
+from halfcast.contracts.records import ExportCheck
+from halfcast.files.export_files import Export
 
 log = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ from fastapi.security import HTTPAuthorizationCredentials
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from halfcast.common.strict_json import NONFINITE_MESSAGE, NonFiniteNumbers
 from server.auth import authenticate
 from server.http.errors import ApiError, error_response
 from server.http.field_paths import body_schema, with_field
 from server.http.openapi_errors import dependency_calls
-from server.http.strict_json import NONFINITE_MESSAGE, NonFiniteNumbers
 
 #: FastAPI's ``detail`` when it cannot read a body for a reason other than JSON syntax.
 BODY_PARSE_DETAIL = "There was an error parsing the body"

@@ -6,11 +6,12 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: the CLI reads MAX_BODY_BYTES without importing starlette
+from halfcast.contracts.limits import MAX_BODY_BYTES
+
+if TYPE_CHECKING:  # annotations only
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-#: Largest accepted request body (a job spec is a few KiB).
-MAX_BODY_BYTES = 1 << 20
+__all__ = ["MAX_BODY_BYTES", "BodySizeLimitMiddleware"]
 
 
 class BodySizeLimitMiddleware:

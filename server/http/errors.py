@@ -5,7 +5,7 @@ An unreachable database and a pool with no connection free within
 waits longer than that for a connection. Both pools answer alike: SQLAlchemy's
 (``OperationalError``/``InterfaceError``, ``sqlalchemy.exc.TimeoutError``) and the async
 one of ``GET /jobs/{id}`` on PostgreSQL (psycopg's ``OperationalError``/``InterfaceError``,
-:class:`server.db.async_pool.PoolBusy`).
+:class:`halfcast.core.db.async_pool.PoolBusy`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from common.redact import redact_urls
-from server.db.async_pool import PoolBusy
+from halfcast.common.redact import redact_urls
+from halfcast.core.db.async_pool import PoolBusy
 from server.schemas import ErrorBody
 
 log = logging.getLogger(__name__)

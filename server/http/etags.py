@@ -1,7 +1,7 @@
 """Strong entity tags of the job resource, and ``If-None-Match`` (RFC 9110 §8.8.3, §13.1.2).
 
 A job's tag is a hash of everything its resource is built from: the columns and
-attempts of :class:`server.db.job_reads.JobView` (status, step, ``latest``, ``eval``,
+attempts of :class:`halfcast.core.db.job_reads.JobView` (status, step, ``latest``, ``eval``,
 error, timestamps, precision switches, every attempt, the spec...), plus the
 resource's JSON schema and :data:`REPRESENTATION`, so the same tag always means the
 same bytes and any change to any field, or to how the resource is written, gives a
@@ -29,7 +29,7 @@ from functools import cache
 from operator import attrgetter
 from typing import Any
 
-from server.db.job_reads import AttemptView, JobView, MemberView
+from halfcast.core.db.job_reads import AttemptView, JobView, MemberView
 from server.schemas import JobPublic
 
 #: Changed whenever the same row would be rendered to different JSON (the schema hash covers new fields).

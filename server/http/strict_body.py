@@ -1,11 +1,11 @@
-"""Request bodies parsed as strict JSON (:mod:`server.http.strict_json`) on every route of a router that asks for it.
+"""Request bodies parsed as strict JSON (:mod:`halfcast.common.strict_json`) on every route of a router that asks for it.
 
 FastAPI reads a JSON body with ``Request.json()``, which is Python's lenient
 :func:`json.loads`: ``NaN``, ``Infinity``, ``-Infinity`` and ``1e309`` came through as
 floats, and the 422 echoing them could not be rendered (a 500). A router built with
 ``APIRouter(route_class=StrictJSONRoute)`` hands its handlers a
 :class:`StrictJSONRequest` instead, whose ``json()`` raises
-:class:`server.http.strict_json.NonFiniteNumbers`; FastAPI turns that into its body-parsing
+:class:`halfcast.common.strict_json.NonFiniteNumbers`; FastAPI turns that into its body-parsing
 400, which :mod:`server.http.body_errors` answers as a 422 at each number's field.
 
 The body is UTF-8 JSON and nothing else: a ``charset`` other than UTF-8 in ``Content-Type``
@@ -29,8 +29,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
 
+from halfcast.common.strict_json import loads_strict
 from server.http.errors import ApiError
-from server.http.strict_json import loads_strict
 
 #: The only character encoding a JSON body may declare (RFC 8259 section 8.1).
 UTF8_NAMES = frozenset({"utf-8", "utf8"})
@@ -53,7 +53,7 @@ def check_charset(request: Request) -> None:
 
 
 class StrictJSONRequest(Request):
-    """A request whose ``json()`` refuses non-finite numbers (:func:`server.http.strict_json.loads_strict`)."""
+    """A request whose ``json()`` refuses non-finite numbers (:func:`halfcast.common.strict_json.loads_strict`)."""
 
     async def json(self) -> Any:
         """The body parsed as strict JSON (cached, like Starlette's)."""

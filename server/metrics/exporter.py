@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db import jobs as repo
+from halfcast.core.db import jobs as repo
 
 #: (metric name, kind, step-record field, help) of the per-job series.
 _JOB_SERIES: tuple[tuple[str, str, str, str], ...] = (

@@ -19,8 +19,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
-from common.timeutil import as_utc
-from server.db.workers import WorkerState, list_workers
+from halfcast.common.timeutil import as_utc
+from halfcast.core.db.workers import WorkerState, list_workers
 
 
 def worker_families(workers: Iterable[WorkerState]) -> Iterator[Metric]:

@@ -1,6 +1,6 @@
 """A job's exported model directory copied into the registry's staging area, to be registered as a model.
 
-Each file of the export (as :func:`server.files.export_files.find_export` listed it: regular files only,
+Each file of the export (as :func:`halfcast.files.export_files.find_export` listed it: regular files only,
 walked without following links) is hard-linked when the registry shares the runs directory's
 filesystem (no copy of multi-GB weights; a run never changes its export once written), else copied,
 opened with ``O_NOFOLLOW``. The copy is checked again as an upload is (:mod:`.model_check`).
@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from server.files.export_files import Export
+from halfcast.files.export_files import Export
 
 
 def _copy_file(source: Path, target: Path) -> None:

@@ -6,7 +6,7 @@ twice. What the request sent is hashed (its parameters and the body's SHA-256): 
 another upload is a ``422`` at ``["header", "Idempotency-Key"]``. The body of a replay is still
 read (bounded by ``HALFCAST_MAX_UPLOAD_BYTES``, not by the storage quota, since it stores nothing)
 so that its hash can be compared; it is neither checked nor extracted again. Two concurrent first
-uploads with one key are settled under the owner's lock (:func:`server.db.registry.create_dataset`).
+uploads with one key are settled under the owner's lock (:func:`halfcast.core.db.registry.create_dataset`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import hashlib
 from fastapi import Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from server.db import registry as repo
-from server.db.registry import Row, UploadKey, UploadKeyMismatch
+from halfcast.core.db import registry as repo
+from halfcast.core.db.registry import Row, UploadKey, UploadKeyMismatch
 from server.http.idempotency import key_mismatch
 
 

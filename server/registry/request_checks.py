@@ -9,8 +9,8 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
-from server.db.quota_check import QuotaExceeded, storage_in_use
-from server.db.quotas import QuotaLimits, effective_limits
+from halfcast.core.db.quota_check import QuotaExceeded, storage_in_use
+from halfcast.core.db.quotas import QuotaLimits, effective_limits
 from server.http.errors import ApiError
 from server.quotas import QuotaApiError
 from server.registry.upload import declared_length

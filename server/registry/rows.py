@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from halfcast.core.db import registry as repo
+from halfcast.core.db.models import RegisteredDataset, RegisteredModel
+from halfcast.core.db.paging import InvalidCursor
+from halfcast.core.registry.layout import RegistryLayout
+from halfcast.core.settings import Settings
 from server.access import visible_registered_or_404
 from server.auth import Principal
-from server.db import registry as repo
-from server.db.models import RegisteredDataset, RegisteredModel
-from server.db.paging import InvalidCursor
 from server.http.errors import ApiError
-from server.registry.layout import RegistryLayout
 from server.registry.request_checks import invalid
-from server.settings import Settings
 
 
 def visible_page(

@@ -1,10 +1,10 @@
-"""The registry routes' resources built from their rows (the models themselves are :mod:`contracts.registry`)."""
+"""The registry routes' resources built from their rows (the models themselves are :mod:`halfcast.contracts.registry`)."""
 
 from __future__ import annotations
 
-from common.timeutil import as_utc
-from contracts.registry import DatasetList, DatasetPublic, ModelList, ModelPublic
-from server.db.models import RegisteredDataset, RegisteredModel
+from halfcast.common.timeutil import as_utc
+from halfcast.contracts.registry import DatasetList, DatasetPublic, ModelList, ModelPublic
+from halfcast.core.db.models import RegisteredDataset, RegisteredModel
 
 __all__ = ["DatasetList", "DatasetPublic", "ModelList", "ModelPublic", "dataset_public", "model_public"]
 

@@ -1,10 +1,10 @@
 """``POST /jobs``: the registered datasets and models a spec names, checked for the caller (422 at the field).
 
 The spec is checked again with the registered dataset's ``format``, ``file_format`` and
-``sha256`` filled in (:func:`server.registry.refs.resolve_refs`), so the cross-field rules that
+``sha256`` filled in (:func:`halfcast.core.registry.refs.resolve_refs`), so the cross-field rules that
 need the format (masking, column map, early stopping's metric) apply; the job stores the spec
 as submitted. The check runs inside the submission's transaction, under the owner's lock
-(:func:`server.db.jobs.create_job`), so a dataset cannot be deleted between it and the INSERT.
+(:func:`halfcast.core.db.jobs.create_job`), so a dataset cannot be deleted between it and the INSERT.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.registry.refs import RefError, names_registered_inputs, resolve_refs
 from server.access import owner_visible
 from server.auth import Principal
-from server.registry.refs import RefError, names_registered_inputs, resolve_refs
-from trainer.spec import JobSpec
 
 
 def _body_errors(exc: ValidationError) -> RequestValidationError:

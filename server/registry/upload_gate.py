@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from halfcast.core.settings import Settings
 from server.http.errors import BUSY_RETRY_AFTER_S, ApiError
-from server.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from fastapi.exceptions import RequestValidationError
 
-from common.timeutil import as_utc
-from contracts.access import AuditAction, AuditEventPublic, AuditList
+from halfcast.common.timeutil import as_utc
+from halfcast.contracts.access import AuditAction, AuditEventPublic, AuditList
+from halfcast.core.db import audit
+from halfcast.core.db.models import AuditEvent
 from server.auth import require_admin
-from server.db import audit
-from server.db.models import AuditEvent
 from server.deps import SessionDep
 
 router = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(require_admin)])

@@ -1,7 +1,7 @@
 """``GET /jobs/{id}/checkpoints`` (list) and ``GET``/``HEAD /jobs/{id}/checkpoints/{name}`` (download): a job's trained weights.
 
 A checkpoint is a ``torch.save`` dict (``model``, ``optimizer``, ``lr_scheduler``,
-``precision``, ``step``, ``rng``, ``spec``, …; :mod:`trainer.checkpoint`) that loads
+``precision``, ``step``, ``rng``, ``spec``, …; :mod:`trainer.run.checkpoint`) that loads
 with ``torch.load(path, weights_only=True)``; its ``model`` entry is the plain model
 state dict. Files come from the API's runs directory (:mod:`server.files.checkpoint_files`);
 the same isolation as every job route applies (another owner's job is a 404).
@@ -21,10 +21,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import FileResponse
 
-from contracts.artifacts import CheckpointList, CheckpointPublic
+from halfcast.contracts.artifacts import CheckpointList, CheckpointPublic
+from halfcast.core.db.models import Job
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
-from server.db.models import Job
 from server.files.checkpoint_files import CHECKPOINT_NAME, CheckpointFile, final_step, find_checkpoint, list_checkpoints
 from server.http.conditional import etag_matches, not_modified
 from server.http.errors import ApiError

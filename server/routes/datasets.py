@@ -5,7 +5,7 @@
 is hashed (never held in memory whole; at most ``HALFCAST_MAX_UPLOAD_BYTES``, else 413).
 Every row is checked against ``format`` by the trainer's own parser (:mod:`server.registry.dataset_check`):
 the first bad one is a 422 naming its line and field, and nothing is stored. An accepted file
-is stored under its SHA-256 (:mod:`server.db.registry`). A job names it with
+is stored under its SHA-256 (:mod:`halfcast.core.db.registry`). A job names it with
 ``dataset: {"name": "jsonl", "config": {"dataset_id": ...}}``. Owner isolation is that of jobs
 (another owner's dataset is a 404; admins see all); uploads and deletions are audited; the
 owner's storage quota is checked (429).
@@ -21,18 +21,20 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from halfcast.contracts.catalog import JsonlFormat
+from halfcast.core.db import registry as repo
+from halfcast.core.db.models import RegisteredDataset, utcnow
+from halfcast.core.db.quota_check import QuotaExceeded
+from halfcast.core.db.registry import UploadKey, UploadKeyMismatch
+from halfcast.core.registry.layout import RegistryLayout, remove_path
+from halfcast.core.settings import Settings
 from server.access import visible_dataset_or_404
 from server.auth import PrincipalDep, authenticate
-from server.db import registry as repo
-from server.db.models import RegisteredDataset, utcnow
-from server.db.quota_check import QuotaExceeded
-from server.db.registry import UploadKey, UploadKeyMismatch
 from server.deps import SessionDep, SettingsDep
 from server.http.idempotency import IdempotencyKey, key_mismatch
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.dataset_check import DatasetRejected, check_dataset_file
 from server.registry.idempotent_upload import earlier_upload, replay, upload_key
-from server.registry.layout import RegistryLayout, remove_path
 from server.registry.request_checks import (
     REGISTRY_ID_PATTERN,
     checked_name,
@@ -46,8 +48,6 @@ from server.registry.schemas import DatasetList, DatasetPublic, dataset_public
 from server.registry.upload import QuotaBound, Received, receive_to_file
 from server.registry.upload_gate import upload_pace
 from server.schemas import ErrorBody
-from server.settings import Settings
-from trainer.catalog import JsonlFormat
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """``GET /jobs/{id}/exports`` (list) and ``GET /jobs/{id}/exports/{kind}`` (download): a job's exported model.
 
 An export is a directory the trainer writes for a successful job: ``adapter`` (a PEFT
-adapter) or ``model`` (a merged Hugging Face model directory) (:mod:`server.files.export_files`).
-A download is that directory as an uncompressed tar, streamed (:mod:`server.files.export_tar`)
+adapter) or ``model`` (a merged Hugging Face model directory) (:mod:`halfcast.files.export_files`).
+A download is that directory as an uncompressed tar, streamed (:mod:`halfcast.files.export_tar`)
 with an exact ``Content-Length``; ``HEAD`` answers the same headers without reading a file.
 The same isolation as every job route applies (another owner's job is a 404).
 """
@@ -14,12 +14,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from contracts.artifacts import ExportFilePublic, ExportList, ExportPublic
+from halfcast.contracts.artifacts import ExportFilePublic, ExportList, ExportPublic
+from halfcast.files.export_files import Export, ExportKind, find_export, list_exports
+from halfcast.files.export_tar import archive_size, stream_archive
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
 from server.files.export_check import recorded_check
-from server.files.export_files import Export, ExportKind, find_export, list_exports
-from server.files.export_tar import archive_size, stream_archive
 from server.http.errors import ApiError
 from server.schemas import ErrorBody
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from common.redact import redact_urls
+from halfcast.common.redact import redact_urls
 from server.probes import check_broker, check_database
 
 log = logging.getLogger(__name__)

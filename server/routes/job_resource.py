@@ -1,7 +1,7 @@
 """``GET /jobs/{id}``: the job resource, made cheap to poll.
 
 Dashboards, Grafana and scripts poll this route, so it reads with one statement (the
-token, the job row and its attempts: ``app.state.job_reads``, :mod:`server.db.job_readers`;
+token, the job row and its attempts: ``app.state.job_reads``, :mod:`halfcast.core.db.job_readers`;
 in the event loop on PostgreSQL, in one trip to a worker thread on SQLite), instead of a
 token lookup, a job read and an attempts read in sessions of their own, and a ``GET``
 skips FastAPI's routing and dependency solving (:mod:`server.routes.job_poll`; both
@@ -26,8 +26,8 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
 
+from halfcast.core.db.job_reads import JobView
 from server.auth import bearer, can_see, presented_token_hash, principal_of
-from server.db.job_reads import JobView
 from server.http.errors import ApiError
 from server.http.etags import job_etag, none_match
 from server.schemas import ErrorBody, JobPublic, job_public

@@ -16,16 +16,18 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from contracts.status import JobStatus
+from halfcast.contracts.spec import JobSpec
+from halfcast.contracts.status import JobStatus
+from halfcast.core.db import audit, pending_cancels, requeue
+from halfcast.core.db import jobs as repo
+from halfcast.core.db.models import Job
+from halfcast.core.db.paging import InvalidCursor
+from halfcast.core.db.quota_check import QuotaExceeded
+from halfcast.core.db.quotas import QuotaLimits
+from halfcast.core.settings import Settings
 from server.access import visible_job_or_404
 from server.auth import PrincipalDep, authenticate
 from server.capacity import check_gpu_capacity
-from server.db import audit, pending_cancels, requeue
-from server.db import jobs as repo
-from server.db.models import Job
-from server.db.paging import InvalidCursor
-from server.db.quota_check import QuotaExceeded
-from server.db.quotas import QuotaLimits
 from server.deps import QueueDep, SessionDep, SettingsDep
 from server.http.errors import ApiError
 from server.http.idempotency import IdempotencyKey, key_mismatch
@@ -34,8 +36,6 @@ from server.queue import JobQueue
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.spec_check import registered_inputs_check
 from server.schemas import MAX_STEP_NUMBER, ErrorBody, EvalList, JobList, JobPublic, MetricsPage, job_public, step_point
-from server.settings import Settings
-from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ router = APIRouter(
 )
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown job"}}
-#: The ``status`` query parameter: a :class:`~contracts.status.JobStatus` value, as a ``Literal`` of the values so
+#: The ``status`` query parameter: a :class:`~halfcast.contracts.status.JobStatus` value, as a ``Literal`` of the values so
 #: that a bad one is the 422 it always was (``literal_error``) and the parameter's schema stays inline.
 if TYPE_CHECKING:  # mypy cannot evaluate a Literal built at run time: to it, the parameter is a str
     StatusQuery = str
@@ -102,7 +102,7 @@ def submit_job(
     The job belongs to the caller; idempotency keys are per owner. A job that would take
     the caller over a quota limit is 429 (:mod:`server.quotas`; a replay is not counted).
     A replay of a job whose message never reached the broker (``failed``/``enqueue_failed``,
-    never claimed) puts it back to ``queued`` and sends it again (:mod:`server.db.requeue`).
+    never claimed) puts it back to ``queued`` and sends it again (:mod:`halfcast.core.db.requeue`).
     A ``dataset_id`` or ``model_id`` the caller cannot see is a 422 at that field, as is a spec
     that does not validate once the registered dataset's format is filled in
     (:mod:`server.registry.spec_check`).
@@ -238,7 +238,7 @@ def cancel_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> Job
 
     Each accepted request is audited (``job.cancel`` by the caller). When another session holds the
     job's row over a second (PostgreSQL), the request is recorded and answered at once, the job as
-    it reads now; the worker applies it (:mod:`server.db.pending_cancels`).
+    it reads now; the worker applies it (:mod:`halfcast.core.db.pending_cancels`).
     """
     owner = visible_job_or_404(session, job_id, principal).owner
     session.commit()  # end the read before the compare-and-set writes (SQLite)

@@ -1,6 +1,6 @@
 """``GET /jobs/{id}/logs``: the last lines of one rank's log of one attempt, or a live follow of it.
 
-The files are read from the API's own runs directory (:mod:`contracts.rundir`); with
+The files are read from the API's own runs directory (:mod:`halfcast.contracts.rundir`); with
 the API and the workers on different hosts that directory must be shared (the
 docker-compose file mounts one volume in both). Without ``follow`` the answer is
 JSON (:class:`LogLines`); with ``follow=true`` it is a Server-Sent Events stream
@@ -15,10 +15,10 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 
-from contracts.resources import LogLines
+from halfcast.contracts.resources import LogLines
+from halfcast.core.db.models import TERMINAL_STATUSES, Job
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
-from server.db.models import TERMINAL_STATUSES, Job
 from server.http.errors import ApiError
 from server.schemas import ErrorBody
 from server.streams.logstream import LogTarget, database_state_poller, follow_log

@@ -22,20 +22,21 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from halfcast.core.db import registry as repo
+from halfcast.core.db.models import RegisteredModel, utcnow
+from halfcast.core.db.quota_check import QuotaExceeded
+from halfcast.core.db.registry import UploadKey, UploadKeyMismatch
+from halfcast.core.registry.layout import RegistryLayout, remove_path
+from halfcast.core.settings import Settings
+from halfcast.files.export_files import ExportKind, find_export
 from server.access import visible_job_or_404, visible_model_or_404
 from server.auth import PrincipalDep, authenticate
-from server.db import registry as repo
-from server.db.models import RegisteredModel, utcnow
-from server.db.quota_check import QuotaExceeded
-from server.db.registry import UploadKey, UploadKeyMismatch
 from server.deps import SessionDep, SettingsDep
-from server.files.export_files import ExportKind, find_export
 from server.http.errors import ApiError
 from server.http.idempotency import IdempotencyKey, key_mismatch
 from server.quotas import QUOTA_RESPONSE, QuotaApiError, default_limits
 from server.registry.export_copy import copy_export
 from server.registry.idempotent_upload import earlier_upload, replay, upload_key
-from server.registry.layout import RegistryLayout, remove_path
 from server.registry.model_archive import (
     TAR_OVERHEAD_BYTES,
     ArchiveOverQuota,
@@ -57,7 +58,6 @@ from server.registry.schemas import ModelList, ModelPublic, model_public
 from server.registry.upload import QuotaBound, receive_to_file
 from server.registry.upload_gate import upload_pace
 from server.schemas import ErrorBody
-from server.settings import Settings
 
 log = logging.getLogger(__name__)
 

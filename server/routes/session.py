@@ -15,7 +15,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.security.utils import get_authorization_scheme_param
 
-from contracts.access import SessionPublic
+from halfcast.contracts.access import SessionPublic
 from server.auth import SESSION_COOKIE, PrincipalDep, authenticate
 
 router = APIRouter(prefix="/session", tags=["session"], dependencies=[Depends(authenticate)])

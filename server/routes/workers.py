@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
+from halfcast.core.db.models import utcnow
+from halfcast.core.db.workers import list_workers
 from server.auth import PrincipalDep, authenticate
-from server.db.models import utcnow
-from server.db.workers import list_workers
 from server.deps import SessionDep, SettingsDep
 from server.worker_schemas import WorkerList, WorkerPublic
 

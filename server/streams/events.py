@@ -45,8 +45,8 @@ from typing import Any
 import anyio
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db import jobs as repo
-from server.db.models import TERMINAL_STATUSES
+from halfcast.core.db import jobs as repo
+from halfcast.core.db.models import TERMINAL_STATUSES
 from server.schemas import current_phase, job_public, step_point
 from server.streams.shared_reads import SharedReads, StreamReads
 from server.streams.sse import Tick, frame, poll_stream

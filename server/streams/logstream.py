@@ -34,8 +34,8 @@ import anyio
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.rundir import JobRuns
-from server.db.models import TERMINAL_STATUSES, Job
+from halfcast.contracts.rundir import JobRuns
+from halfcast.core.db.models import TERMINAL_STATUSES, Job
 from server.streams.logtail import LineFollower, read_tail
 from server.streams.shared_reads import SharedReads, StreamReads
 from server.streams.sse import Tick, frame, poll_stream

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from contracts.records import (
+from halfcast.contracts.records import (
     EndRecord,
     EvalRecord,
     PhaseRecord,
+    PrecisionSwitch,
     PrecisionSwitchRecord,
     StartRecord,
     StepRecord,
     parse_record,
 )
-from contracts.rundir import RunDir
+from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.stored import StoredSwitch
 from trainer.records import RecordSink
 from worker.ingest import end_info, ingest, parse_lines
 from worker.tail import RecordTail
@@ -171,3 +174,51 @@ def test_an_older_trainers_lines_still_read_and_keep_only_what_they_said() -> No
 )  # fmt: skip  # a case table, laid out by hand
 def test_a_line_that_is_no_valid_record_is_skipped(line: dict[str, Any]) -> None:
     assert parse_record(line) is None
+
+
+def test_a_precision_switch_has_one_model_from_the_trainer_to_the_api() -> None:
+    """Issue 30 item 3: the trainer's switch, its record line and the API's are one model (were three classes)."""
+    root = Path(__file__).resolve().parents[2]
+    defined = [
+        str(path.relative_to(root))
+        for package in ("halfcast", "trainer", "worker", "server")
+        for path in sorted((root / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef) and node.name == "PrecisionSwitch"
+    ]
+    assert defined == ["halfcast/contracts/records.py"]
+    assert issubclass(PrecisionSwitchRecord, PrecisionSwitch) and issubclass(StoredSwitch, PrecisionSwitch)
+
+
+def test_a_switch_kept_in_a_checkpoint_reads_back_as_the_same_switch() -> None:
+    """What the trainer stores in a checkpoint (``body()``, plain JSON for ``weights_only`` loads) and its line."""
+    switch = PrecisionSwitch(
+        step=7, from_="fp16", to="bf16", reason="loss_diverged", message="x", rewound_to_step=5, time=1.5
+    )
+    body = switch.body()
+    assert body == {
+        "step": 7,
+        "from": "fp16",
+        "to": "bf16",
+        "reason": "loss_diverged",
+        "message": "x",
+        "rewound_to_step": 5,
+        "time": 1.5,
+    }
+    assert PrecisionSwitch.model_validate(body) == switch
+    assert PrecisionSwitchRecord.model_validate(body).line() == {"type": "precision_switch", **body}
+
+
+def test_database_rows_and_contract_models_are_named_apart() -> None:
+    """Issue 30 item 3: ``StepRecord`` is the record's model, ``StepRow`` its row (both were ``StepRecord``)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def classes(folder: Path) -> set[str]:
+        return {
+            node.name
+            for path in folder.rglob("*.py")
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ClassDef)
+        }
+
+    assert classes(root / "halfcast" / "core" / "db") & classes(root / "halfcast" / "contracts") == set()

@@ -1,5 +1,5 @@
 """The API's resources are the contracts models: the routes answer them, their JSON is the stored JSON, and the
-event streams' payloads validate as the models :mod:`contracts.events` names (what the client reads them as)."""
+event streams' payloads validate as the models :mod:`halfcast.contracts.events` names (what the client reads them as)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import Any
 import anyio
 import pytest
 
-from contracts import access, artifacts, registry, resources
-from contracts.events import JOB_EVENTS, LOG_EVENTS, LogChunk, Rewind
-from contracts.records import StartupTimes, StepRecord
-from contracts.rundir import JobRuns
-from contracts.stored import StoredEval, StoredStep, StoredSwitch
-from server.client import Event, _typed, parse_sse
-from server.db.models import Job
+from halfcast.contracts import access, artifacts, registry, resources
+from halfcast.contracts.events import JOB_EVENTS, LOG_EVENTS, LogChunk, Rewind
+from halfcast.contracts.records import StartupTimes, StepRecord
+from halfcast.contracts.rundir import JobRuns
+from halfcast.contracts.stored import StoredEval, StoredStep, StoredSwitch
+from halfcast.core.db.models import Job
+from halfcast.sse import Event, parse_sse, typed_events
 from server.routes import audit, checkpoints, datasets, exports, job_resource, models, session
 from server.schemas import job_public
 from server.streams.events import Snapshot, job_events
@@ -135,7 +135,7 @@ def test_the_job_streams_payloads_are_the_models_of_their_names() -> None:
     ]
     raw = list(parse_sse(iter(_job_stream(snapshots).split("\n"))))
     assert {event.event for event in raw} == {"status", "step", "eval", "precision_switch", "rewind"} <= set(JOB_EVENTS)
-    typed = list(_typed(iter(raw), JOB_EVENTS))
+    typed = list(typed_events(iter(raw), JOB_EVENTS))
     assert [type(event.data) for event in typed] == [JOB_EVENTS[event.event] for event in raw]
     assert [e.data.model_dump(mode="json") for e in typed] == [e.data for e in raw]  # read back, the same JSON
     assert any(isinstance(event.data, Rewind) and event.data.step == 2 for event in typed)
@@ -148,7 +148,7 @@ def test_the_log_streams_payloads_are_the_models_of_their_names(tmp_path: Path) 
     frames = _LogFrames(LogTarget("j", 0, tmp_path)).step(JobState("succeeded", 1))
     raw = list(parse_sse(iter("".join(frames).split("\n"))))
     assert [event.event for event in raw] == ["attempt", "lines", "end"]
-    typed = list(_typed(iter(raw), LOG_EVENTS))
+    typed = list(typed_events(iter(raw), LOG_EVENTS))
     assert [type(event.data) for event in typed] == [LOG_EVENTS[event.event] for event in raw]
     assert isinstance(typed[1].data, LogChunk) and typed[1].data.lines == ["one", "two"]
     assert [e.data.model_dump(mode="json") for e in typed] == [e.data for e in raw]
@@ -156,7 +156,7 @@ def test_the_log_streams_payloads_are_the_models_of_their_names(tmp_path: Path) 
 
 def test_an_event_the_client_does_not_know_is_skipped() -> None:
     raw = [Event("news", None, {"a": 1}), Event("rewind", "3", {"step": 3})]
-    assert [(e.event, e.data) for e in _typed(iter(raw), JOB_EVENTS)] == [("rewind", Rewind(step=3))]
+    assert [(e.event, e.data) for e in typed_events(iter(raw), JOB_EVENTS)] == [("rewind", Rewind(step=3))]
 
 
 def test_startup_times_is_defined_once() -> None:
@@ -164,11 +164,11 @@ def test_startup_times_is_defined_once() -> None:
 
     defined = [
         f"{path.relative_to(ROOT)}"
-        for package in ("contracts", "trainer", "worker", "server")
+        for package in ("halfcast", "trainer", "worker", "server")
         for path in sorted((ROOT / package).rglob("*.py"))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.ClassDef) and node.name in ("StartupTimes", "StartupPublic")
     ]
-    assert defined == ["contracts/records.py"]
+    assert defined == ["halfcast/contracts/records.py"]
     assert startup.StartupTimes is StartupTimes
     assert resources.JobPublic.model_fields["startup"].annotation == StartupTimes | None

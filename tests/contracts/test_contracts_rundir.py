@@ -1,4 +1,4 @@
-"""The run directory's paths (``contracts.rundir``): the layout docs/architecture.md describes."""
+"""The run directory's paths (``halfcast.contracts.rundir``): the layout docs/architecture.md describes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.rundir import CHECKPOINT_NAME, FINAL_CHECKPOINT, ExportKind, JobRuns, RunDir, checkpoint_step
+from halfcast.contracts.rundir import CHECKPOINT_NAME, FINAL_CHECKPOINT, ExportKind, JobRuns, RunDir, checkpoint_step
 
 
 def test_every_path_of_an_attempt(tmp_path: Path) -> None:

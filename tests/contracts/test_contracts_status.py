@@ -1,4 +1,4 @@
-"""Statuses and failure reasons are the enums of ``contracts.status``: every reason the code reports is one of them.
+"""Statuses and failure reasons are the enums of ``halfcast.contracts.status``: every reason the code reports is one of them.
 
 The reasons are found in the source (``ast``) of ``trainer/``, ``worker/`` and ``server/``: the first
 argument of ``TrainerError(...)`` (and ``DivergenceError(...)``), the reason of ``Outcome(status, reason, ...)``,
@@ -6,7 +6,7 @@ every ``reason=``
 and ``error_reason=`` keyword, and what is assigned to a name ``reason`` or to a constant whose name
 holds ``REASON`` or ``CAUSES`` (strings, ``FailureReason.X``, either side of a conditional, the
 items of a tuple, set or dict). Every one must be a ``FailureReason`` member, never a string; and no
-string literal of those packages (``contracts.status`` aside) may spell a reason, wherever it is passed.
+string literal of those packages (``halfcast.contracts.status`` aside) may spell a reason, wherever it is passed.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from contracts.status import TERMINAL_STATUSES, AttemptStatus, FailureReason, JobStatus
+from halfcast.contracts.status import TERMINAL_STATUSES, AttemptStatus, FailureReason, JobStatus
 from trainer.errors import REASONS
 from worker.reasons import FAILURE_REASONS, RETRY_POLICY
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("trainer", "worker", "server")
+PACKAGES = ("trainer", "worker", "server", "halfcast/core", "halfcast/cli", "halfcast/files")
 REASON_KEYWORDS = frozenset({"reason", "error_reason"})
 #: The typed errors whose first argument is a reason (``DivergenceError``: the guard's, where the code has it).
 REASON_ERRORS = frozenset({"TrainerError", "DivergenceError"})
@@ -137,7 +137,7 @@ def test_the_scan_finds_reported_reasons(source: str, reasons: list[str]) -> Non
 def test_every_reason_the_code_reports_is_a_failure_reason_member() -> None:
     reported = _every_reported_reason()
     unknown = [f"{where}: {reason!r}" for where, reason in reported if not _is_known(reason)]
-    assert unknown == [], "not a contracts.status.FailureReason:\n" + "\n".join(unknown)
+    assert unknown == [], "not a halfcast.contracts.status.FailureReason:\n" + "\n".join(unknown)
     strings = [f"{where}: {reason!r}" for where, reason in reported if not reason.startswith("FailureReason.")]
     assert strings == [], "a reason spelled as a string (use its FailureReason member):\n" + "\n".join(strings)
     named = {reason.removeprefix("FailureReason.").lower() for _, reason in reported}

@@ -1,4 +1,4 @@
-"""Only ``contracts/rundir.py`` spells the run directory's names; trainer, worker and server take them from it.
+"""Only ``halfcast/contracts/rundir.py`` spells the run directory's names; trainer, worker and server take them from it.
 
 The check reads the source (``ast``) of every module of ``trainer/``, ``worker/`` and ``server/`` and
 flags, outside docstrings:
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from contracts import rundir
+from halfcast.contracts import rundir
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("trainer", "worker", "server")
+PACKAGES = ("trainer", "worker", "server", "halfcast/core", "halfcast/cli", "halfcast/files")
 FILE_NAMES = frozenset(
     {
         rundir.SPEC_FILE,
@@ -126,4 +126,4 @@ def test_no_module_outside_contracts_spells_a_run_directory_name() -> None:
         for path in _modules()
         for line, text in spelled_names(path.read_text(encoding="utf-8"))
     ]
-    assert offenders == [], "take these names from contracts.rundir:\n" + "\n".join(offenders)
+    assert offenders == [], "take these names from halfcast.contracts.rundir:\n" + "\n".join(offenders)

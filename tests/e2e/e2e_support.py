@@ -2,7 +2,7 @@
 
 All processes get the same ``HALFCAST_*`` environment (data directory in tmp, a
 unique queue name, optionally Postgres and Redis). The database is migrated first
-with ``python -m server.cli db upgrade``; then an admin token is made with
+with ``python -m halfcast.cli db upgrade``; then an admin token is made with
 ``halfcast tokens create`` (:attr:`Stack.token`): the stack's client sends it, and
 ``HALFCAST_TOKEN`` in the stack's environment hands it to CLI subprocesses (a stack
 started with ``auth="off"`` has none). A stack may run several workers
@@ -80,7 +80,7 @@ class Stack:
     def start(self) -> Stack:
         """Migrate the database, start the worker and the API, wait until the API answers."""
         subprocess.run(
-            [sys.executable, "-m", "server.cli", "db", "upgrade"],
+            [sys.executable, "-m", "halfcast.cli", "db", "upgrade"],
             env=self.env,
             cwd=ROOT,
             check=True,
@@ -109,7 +109,16 @@ class Stack:
     def _cli_token(self, owner: str, *, admin: bool = False) -> str:
         """A new token of ``owner`` made with ``halfcast tokens create``; its secret."""
         made = subprocess.run(
-            [sys.executable, "-m", "server.cli", "tokens", "create", "--owner", owner, *(["--admin"] if admin else [])],
+            [
+                sys.executable,
+                "-m",
+                "halfcast.cli",
+                "tokens",
+                "create",
+                "--owner",
+                owner,
+                *(["--admin"] if admin else []),
+            ],
             env=self.env,
             cwd=ROOT,
             check=True,

@@ -31,7 +31,7 @@ def no_stray_runs(tmp_path: Path) -> Iterator[None]:
 def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[bytes], httpx.Client]:
     env = stack_environment(data_dir)
     log = (data_dir.parent / "up.log").open("ab")
-    command = [sys.executable, "-m", "server.cli", "up", "--port", str(port), "--data-dir", str(data_dir)]
+    command = [sys.executable, "-m", "halfcast.cli", "up", "--port", str(port), "--data-dir", str(data_dir)]
     up = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     deadline = time.monotonic() + 90

@@ -36,10 +36,10 @@ from e2e_support import ROOT, Stack, load_example
 from fastapi.encoders import jsonable_encoder
 from pydantic import ValidationError
 
+from halfcast.contracts.spec import JobSpec
 from server.http.field_paths import with_field
 from server.routes.dashboard import static_dir
 from server.schemas import JobPublic
-from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.e2e
 
@@ -920,7 +920,7 @@ def _upload_requests(site: StaticSite, path: str) -> list[dict[str, Any]]:
 def test_the_datasets_page_sends_the_type_its_extension_names_and_shows_each_refusal_whole(site: StaticSite) -> None:
     from playwright.sync_api import expect
 
-    from server.db.registry import RegisteredInUse
+    from halfcast.core.db.registry import RegisteredInUse
     from server.registry.request_checks import unsupported_media_type
 
     dataset = _registered("dataset", "ds-1")

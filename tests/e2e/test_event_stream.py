@@ -125,7 +125,7 @@ def test_the_cli_submits_a_yaml_spec_and_watches_it_to_the_end(embedded_stack: S
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     env = {**embedded_stack.env, "HALFCAST_URL": str(embedded_stack.client.base_url)}
     result = subprocess.run(
-        [sys.executable, "-m", "server.cli", "submit", str(tmp_path / "spec.yaml"), "--watch"],
+        [sys.executable, "-m", "halfcast.cli", "submit", str(tmp_path / "spec.yaml"), "--watch"],
         env=env,
         cwd=ROOT,
         capture_output=True,

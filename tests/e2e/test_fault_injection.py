@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from e2e_support import Stack, load_example, run_processes
 
-from broker.celery_app import RUN_JOB_TASK, create_celery_app
 from conftest import make_stack
-from server.settings import Settings
+from halfcast.core.broker.celery_app import RUN_JOB_TASK, create_celery_app
+from halfcast.core.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 

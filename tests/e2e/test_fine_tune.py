@@ -20,7 +20,7 @@ import torch
 from e2e_support import Stack
 
 from conftest import make_stack
-from server.client import HalfcastClient
+from halfcast.client import HalfcastClient
 from tests.trainer.hf_tokenizer_support import save_chat_llama
 
 pytestmark = pytest.mark.e2e

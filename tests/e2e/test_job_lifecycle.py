@@ -9,7 +9,7 @@ import pytest
 import torch
 from e2e_support import Stack, load_example, run_processes, session_alive
 
-from server.client import HalfcastClient
+from halfcast.client import HalfcastClient
 from trainer.export import load_trained_model
 
 pytestmark = pytest.mark.e2e

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from e2e_support import Stack, load_example
 
-from contracts.events import LogAttempt, LogChunk, LogEnd
-from contracts.status import JobStatus
-from server.client import HalfcastClient
+from halfcast.client import HalfcastClient
+from halfcast.contracts.events import LogAttempt, LogChunk, LogEnd
+from halfcast.contracts.status import JobStatus
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ import pytest
 from e2e_support import Stack
 
 from conftest import make_stack
-from server.client import Conflict, HalfcastClient
+from halfcast.client import Conflict, HalfcastClient
 from tests.trainer.hf_tokenizer_support import save_chat_llama
 
 pytestmark = pytest.mark.e2e

@@ -135,7 +135,7 @@ def test_no_canary_leaks_anywhere(canary_stack: Stack) -> None:
     names = {p.name for p in stack.data_dir.rglob("*") if p.is_file()}
     assert {"worker.log", "api.log", "spec.json", "launcher.log", "rank-0.log"} <= names, names
     banner = (stack.data_dir / "worker.log").read_text(errors="replace")
-    # the transport is named by its class path (broker.redis_transport:Transport://...), the password masked
+    # the transport is named by its class path (halfcast.core.broker.redis_transport:Transport://...), the password masked
     assert re.search(r"transport:\s+\S*[Tt]ransport://:\*+@127\.0\.0\.1", banner), (
         "Celery's banner shows the masked broker URL"
     )

@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.engine import make_engine, make_session_factory
-from server.db.models import Job, StepRecord
-from server.db.tokens import create_token
+from halfcast.core.db.engine import make_engine, make_session_factory
+from halfcast.core.db.models import Job, StepRow
+from halfcast.core.db.tokens import create_token
 
 #: A small valid job spec (the digits example, shortened).
 VALID_SPEC: dict[str, Any] = {
@@ -66,7 +66,7 @@ def make_token(database_url: str, owner: str, *, admin: bool = False) -> str:
         return create_token(session, owner, admin=admin, actor="cli:test").secret
 
 
-def count_rows(sessions: sessionmaker[Session], model: type[Job] | type[StepRecord] = Job) -> int:
+def count_rows(sessions: sessionmaker[Session], model: type[Job] | type[StepRow] = Job) -> int:
     """Number of rows in ``model``'s table."""
     with sessions() as session:
         return session.scalar(select(func.count()).select_from(model)) or 0
@@ -126,5 +126,5 @@ def insert_steps(sessions: sessionmaker[Session], job_id: str, steps: range) -> 
                 "samples_per_second": 500.0,
                 "tokens_per_second": None,
             }
-            session.add(StepRecord(job_id=job_id, step=step, time=1000.0 + step, data=data))
+            session.add(StepRow(job_id=job_id, step=step, time=1000.0 + step, data=data))
         session.commit()

@@ -16,8 +16,8 @@ import pytest
 from api_support import FakeQueue
 from live_server import LiveServer, sqlite_copy
 
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 
 
 @pytest.fixture(name="database_url")

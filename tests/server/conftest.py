@@ -21,11 +21,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.db.engine import make_engine, make_session_factory
+from halfcast.core.db.migrate import upgrade_database
+from halfcast.core.db.models import Base
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.engine import make_engine, make_session_factory
-from server.db.migrate import upgrade_database
-from server.db.models import Base
-from server.settings import Settings
 
 
 @pytest.fixture(scope="session")

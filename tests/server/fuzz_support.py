@@ -27,23 +27,23 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.rundir import JobRuns
-from server.db import tokens
-from server.db.jobs import spec_hash
-from server.db.models import (
+from halfcast.common.strict_json import JsonPath
+from halfcast.contracts.rundir import JobRuns
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.db import tokens
+from halfcast.core.db.jobs import spec_hash
+from halfcast.core.db.models import (
     STATUSES,
     TERMINAL_STATUSES,
     Attempt,
     Job,
     RegisteredDataset,
     RegisteredModel,
-    StepRecord,
+    StepRow,
     Worker,
 )
-from server.http.strict_json import JsonPath
-from server.registry.layout import RegistryLayout
+from halfcast.core.registry.layout import RegistryLayout
 from server.schemas import job_public
-from trainer.spec import JobSpec
 
 #: Numbers Python's JSON parser reads but JSON does not have (the last two overflow a double).
 NONFINITE_LITERALS = ("NaN", "Infinity", "-Infinity", "1e309", "-1e309")
@@ -132,7 +132,7 @@ def _add_history(session: Session, job: Job, runs_dir: Path) -> None:
         )
     )
     for step in (1, 2, 3):
-        session.add(StepRecord(job_id=job.id, step=step, time=1000.0 + step, data=_step_data(step)))
+        session.add(StepRow(job_id=job.id, step=step, time=1000.0 + step, data=_step_data(step)))
     job.step, job.latest = 3, _step_data(3)
     log_path = JobRuns.of(runs_dir, job.id).attempt(1).rank_log(0)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +204,7 @@ def check_error_body(status_code: int, content_type: str, body: Any) -> None:
 
 
 #: The tables the API writes (a request answered 4xx must leave each one's row count as it was).
-_WRITTEN_TABLES = (Job, Attempt, StepRecord, Worker, RegisteredDataset, RegisteredModel)
+_WRITTEN_TABLES = (Job, Attempt, StepRow, Worker, RegisteredDataset, RegisteredModel)
 
 
 def fingerprint(sessions: sessionmaker[Session]) -> tuple[Any, ...]:
@@ -253,7 +253,7 @@ def _status_problems(job: Job) -> list[str]:
 
 def _orphan_problems(session: Session) -> list[str]:
     job_ids = select(Job.id)
-    orphans = session.scalar(select(func.count()).select_from(StepRecord).where(StepRecord.job_id.not_in(job_ids)))
+    orphans = session.scalar(select(func.count()).select_from(StepRow).where(StepRow.job_id.not_in(job_ids)))
     lost = session.scalar(select(func.count()).select_from(Attempt).where(Attempt.job_id.not_in(job_ids)))
     return [f"{n} {what} of missing jobs" for n, what in ((orphans, "step records"), (lost, "attempts")) if n]
 

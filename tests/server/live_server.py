@@ -23,7 +23,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.db.models import Job, StepRecord, utcnow
+from halfcast.core.db.models import Job, StepRow, utcnow
 
 
 def sqlite_copy(data_dir: Path, template: Path) -> str:
@@ -139,7 +139,7 @@ def add_steps(sessions: sessionmaker[Session], job_id: str, records: list[dict[s
     """Insert step records and move the job's ``step``/``latest`` in one transaction, as the worker does."""
     with sessions() as session:
         for record in records:
-            session.add(StepRecord(job_id=job_id, step=record["step"], time=record["time"], data=record))
+            session.add(StepRow(job_id=job_id, step=record["step"], time=record["time"], data=record))
         session.execute(
             update(Job)
             .where(Job.id == job_id)

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.models import AuditEvent, RegisteredDataset, RegisteredModel
+from halfcast.core.db.models import AuditEvent, RegisteredDataset, RegisteredModel
 
 CHAT_ROWS = [
     {"messages": [{"role": "user", "content": f"What is {n} plus 1?"}, {"role": "assistant", "content": f"{n + 1}."}]}

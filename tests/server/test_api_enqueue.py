@@ -14,9 +14,9 @@ import redis
 from api_support import VALID_SPEC
 from fastapi.testclient import TestClient
 
-from broker.celery_app import RUN_JOB_TASK
+from halfcast.core.broker.celery_app import RUN_JOB_TASK
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 
 
 def task_of(message: dict[str, Any]) -> tuple[str, list[Any]]:

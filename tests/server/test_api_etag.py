@@ -21,8 +21,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.job_reads import AttemptView, JobView, MemberView
-from server.db.models import Attempt, Job
+from halfcast.core.db.job_reads import AttemptView, JobView, MemberView
+from halfcast.core.db.models import Attempt, Job
 from server.http.etags import job_etag
 from server.routes.job_resource import RenderedBodies
 

@@ -22,14 +22,14 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.common.strict_json import NONFINITE_MESSAGE, loads_strict
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.db.models import AuditEvent
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.models import AuditEvent
 from server.http import openapi_errors
 from server.http.body_errors import AsciiJSONResponse, install_body_error_handlers
 from server.http.strict_body import StrictJSONRoute
-from server.http.strict_json import NONFINITE_MESSAGE, loads_strict
-from server.settings import Settings
-from trainer.spec import JobSpec
 
 JSON = {"content-type": "application/json"}
 

@@ -8,9 +8,9 @@ import pytest
 from api_support import VALID_SPEC, FakeQueue
 from fastapi.testclient import TestClient
 
+from halfcast.core.db.migrate import head_revision
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.migrate import head_revision
-from server.settings import Settings
 
 
 def readyz(settings: Settings) -> tuple[int, dict[str, object]]:

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db import jobs as repo
-from server.db.models import Attempt, Job, utcnow
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.db import jobs as repo
+from halfcast.core.db.models import Attempt, Job, utcnow
 
 
 def test_the_same_key_returns_the_same_job(

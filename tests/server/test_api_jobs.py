@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.models import Job
+from halfcast.core.db.models import Job
 
 
 def spec_with(**changes: Any) -> dict[str, Any]:

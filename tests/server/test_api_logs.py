@@ -9,8 +9,8 @@ from fastapi.testclient import TestClient
 from live_server import set_status
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.rundir import JobRuns
-from server.settings import Settings
+from halfcast.contracts.rundir import JobRuns
+from halfcast.core.settings import Settings
 
 
 def write_log(settings: Settings, job_id: str, attempt: int, rank: int, text: str) -> Path:

@@ -9,8 +9,8 @@ import pytest
 from api_support import VALID_SPEC
 from fastapi.testclient import TestClient
 
+from halfcast.contracts.spec import JobSpec
 from server.schemas import loss_scaling
-from trainer.spec import JobSpec
 
 
 def _spec(**changes: Any) -> dict[str, Any]:

@@ -101,11 +101,11 @@ def test_bad_paging_parameters_are_422(
 def test_step_and_time_come_from_the_columns_when_the_record_lacks_them(
     client: TestClient, sessions: sessionmaker[Session]
 ) -> None:
-    from server.db.models import StepRecord
+    from halfcast.core.db.models import StepRow
 
     job_id = insert_job(sessions, status="running")
     with sessions() as session:
-        session.add(StepRecord(job_id=job_id, step=4, time=1234.5, data={"loss": 0.5}))
+        session.add(StepRow(job_id=job_id, step=4, time=1234.5, data={"loss": 0.5}))
         session.commit()
 
     points = client.get(f"/jobs/{job_id}/metrics").json()["points"]

@@ -2,7 +2,7 @@
 
 The pool tests hold the app's only database connection (``HALFCAST_DB_POOL_SIZE=1``,
 no overflow), and on PostgreSQL the only one of ``GET /jobs/{id}``'s own pool too
-(:mod:`server.db.async_pool`, the same limits), so every request's checkout times out; the admission tests take every
+(:mod:`halfcast.core.db.async_pool`, the same limits), so every request's checkout times out; the admission tests take every
 place of the app's limiter, as requests in flight would. Probes and cancels are exempt
 from admission. :class:`server.http.admission.Limiter` itself is tested on its own at the end.
 """
@@ -20,10 +20,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Message, Receive, Scope, Send
 
+from halfcast.core.db.job_reads_async import AsyncJobReads
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.job_reads_async import AsyncJobReads
 from server.http.admission import AdmissionMiddleware, Limiter, Shed
-from server.settings import Settings
 
 
 def _client(settings: Settings, queue: FakeQueue, headers: dict[str, str], **changes: Any) -> TestClient:

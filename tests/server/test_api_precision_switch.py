@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.models import Job
+from halfcast.core.db.models import Job
 from server.streams.events import Snapshot, job_events
 from server.streams.stats import EventStreamSettings, StreamStats
 

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.models import STATUSES, Job
+from halfcast.core.db.models import STATUSES, Job
 
 PER_JOB = {
     "halfcast_loss_scale": "loss_scale",

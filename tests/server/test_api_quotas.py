@@ -18,12 +18,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.db.models import AuditEvent
+from halfcast.core.db.quotas import set_quota
+from halfcast.core.settings import Settings
+from halfcast.errors import QuotaExceeded, raise_for_status
 from server.app import create_app
-from server.client import QuotaExceeded, _raise_for
-from server.db.models import AuditEvent
-from server.db.quotas import set_quota
 from server.quotas import QUOTA_RETRY_AFTER_S
-from server.settings import Settings
 
 Post = Callable[..., Any]
 
@@ -199,7 +199,7 @@ def test_the_client_raises_quota_exceeded_with_the_limit(
     response = httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
 
     with pytest.raises(QuotaExceeded) as raised:
-        _raise_for(response)
+        raise_for_status(response)
 
     assert (raised.value.status_code, raised.value.limit, raised.value.value) == (429, "max_queued_jobs", 0)
     assert raised.value.retry_after == QUOTA_RETRY_AFTER_S and "max_queued_jobs" in str(raised.value)

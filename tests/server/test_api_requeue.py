@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.models import AuditEvent, Job
+from halfcast.core.db.models import AuditEvent, Job
 
 KEY = {"Idempotency-Key": "order-1"}
 

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.models import Job
+from halfcast.core.db.models import Job
 from server.streams.events import read_snapshot
 
 TIMES = {"launch_s": 1.5, "imports_s": 6.0, "data_s": 0.25, "model_s": None, "first_step_s": None}

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.records import EndRecord, PrecisionSwitchRecord, StepRecord
-from server.db.models import Job
+from halfcast.contracts.records import EndRecord, PrecisionSwitchRecord, StepRecord
+from halfcast.core.db.models import Job
 from worker.ingest import end_info
 from worker.store import JobStore, Progress
 

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.models import Job, Worker, utcnow
+from halfcast.core.db.models import Job, Worker, utcnow
 
 
 def _worker(sessions: sessionmaker[Session], worker_id: str, gpus: list[int], age_s: float = 0.0) -> None:
@@ -113,7 +113,7 @@ def test_a_repeated_idempotent_request_answers_with_its_job_even_if_capacity_shr
 
 
 def test_the_job_resource_shows_each_attempts_gpus(client: TestClient, sessions: sessionmaker[Session]) -> None:
-    from server.db.models import Attempt
+    from halfcast.core.db.models import Attempt
 
     job_id = insert_job(sessions, status="running")
     with sessions() as session:

@@ -27,11 +27,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.routing import Mount, Route
 
+from halfcast.core.db.models import Job, RegisteredDataset, RegisteredModel, utcnow
+from halfcast.core.db.tokens import revoke_token
+from halfcast.core.settings import Settings
 from server.app import create_app
 from server.auth import SESSION_COOKIE
-from server.db.models import Job, RegisteredDataset, RegisteredModel, utcnow
-from server.db.tokens import revoke_token
-from server.settings import Settings
 
 #: Methods the session cookie authenticates (docs/api.md, "Authentication"): reads only, never a change.
 COOKIE_READS = frozenset({"GET", "HEAD"})

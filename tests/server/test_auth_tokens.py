@@ -12,13 +12,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.cli import main
+from halfcast.cli.credentials import resolve_token
+from halfcast.core.db.models import ApiToken, Worker, utcnow
+from halfcast.core.settings import Settings
 from server.app import create_app
 from server.auth import SESSION_COOKIE, ExposureError, is_loopback
-from server.cli import main
 from server.cli.bootstrap import ensure_first_token
-from server.cli.credentials import resolve_token
-from server.db.models import ApiToken, Worker, utcnow
-from server.settings import Settings
 
 
 @pytest.fixture

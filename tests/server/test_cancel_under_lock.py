@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.engine import NO_TIMEOUTS, make_engine
-from server.db.models import AuditEvent, CancelRequest
+from halfcast.core.db.engine import NO_TIMEOUTS, make_engine
+from halfcast.core.db.models import AuditEvent, CancelRequest
 from worker.store import JobStore
 
 

@@ -15,9 +15,9 @@ from api_support import insert_job
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.settings import Settings
 from server.files.checkpoint_files import find_checkpoint, list_checkpoints
 from server.http.conditional import etag_matches
-from server.settings import Settings
 
 
 def _write(settings: Settings, job_id: str, attempt: int, name: str, data: bytes) -> Path:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import build_parser, main
+from halfcast.cli import build_parser, main
+from halfcast.core.db.migrate import current_revision, head_revision
+from halfcast.core.settings import Settings
 from server.cli.services import api_command, apply_overrides
 from server.cli.supervisor import Child, RestartPolicy, Supervisor
-from server.db.migrate import current_revision, head_revision
-from server.settings import Settings
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 

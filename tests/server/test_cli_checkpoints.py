@@ -11,11 +11,11 @@ from api_support import insert_job
 from cli_live_support import database_url_fixture, url_fixture  # noqa: F401 (the database_url and url fixtures)
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.cli import main
-from server.cli.checkpoints import format_size
-from server.client import HalfcastClient, NotFound, ServerUnavailable
-from server.files.download import IncompleteDownload, save_response
-from server.settings import Settings
+from halfcast.cli import main
+from halfcast.cli.checkpoints import format_size
+from halfcast.client import HalfcastClient, NotFound, ServerUnavailable
+from halfcast.core.settings import Settings
+from halfcast.files.download import IncompleteDownload, save_response
 
 FINAL = bytes(range(256)) * 4096  # 1 MiB
 
@@ -107,7 +107,7 @@ def test_the_client_reports_a_short_download_as_server_unavailable(
     def short(response: httpx.Response, destination: Path) -> int:
         raise IncompleteDownload("got 1 of 2 bytes")
 
-    monkeypatch.setattr("server.client.save_response", short)
+    monkeypatch.setattr("halfcast.client.save_response", short)
     with HalfcastClient(url, token=admin_token) as client, pytest.raises(ServerUnavailable, match="got 1 of 2 bytes"):
         client.download_checkpoint(job_id, tmp_path)
 

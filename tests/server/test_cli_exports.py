@@ -17,9 +17,9 @@ from cli_live_support import database_url_fixture, url_fixture  # noqa: F401 (th
 from live_server import free_port
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.cli import main
-from server.client import HalfcastClient, HalfcastError, NotFound, ServerUnavailable
-from server.settings import Settings
+from halfcast.cli import main
+from halfcast.client import HalfcastClient, HalfcastError, NotFound, ServerUnavailable
+from halfcast.core.settings import Settings
 
 ADAPTER = {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": bytes(range(256)) * 4096}  # 1 MiB
 MODEL = {"config.json": b"{}", "model.safetensors": b"\x07" * 3000, "tokenizer/vocab.json": b'{"a": 1}'}

@@ -5,7 +5,7 @@ already imported does not hide an import. The job commands run against a closed 
 they get as far as the connection error (exit 3), which is every import they make.
 A client-only install (``pip install halfcast``) is played by an import hook that
 answers every server-side package as missing: the client and the job commands run,
-and each command of an extra says which one to install (:mod:`server.cli.extras`).
+and each command of an extra says which one to install (:mod:`halfcast.cli.extras`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import COMMANDS, EXIT_MISSING_EXTRA, build_parser, command_name
-from server.data_dir import DEFAULT_DATA_DIR, data_dir_from_environment
-from server.settings import Settings
+from halfcast.cli import COMMANDS, EXIT_MISSING_EXTRA, build_parser, command_name
+from halfcast.core.data_dir import DEFAULT_DATA_DIR, data_dir_from_environment
+from halfcast.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "digits-fp16.json"
@@ -46,7 +46,9 @@ SERVER_SIDE = (
     "sklearn",
     "safetensors",
     "tokenizers",
-    "broker",
+    "halfcast.core.db",
+    "halfcast.core.settings",
+    "halfcast.core.broker",
     "worker",
     "trainer",
     "server.app",
@@ -80,7 +82,7 @@ JOB_COMMANDS = (
 #: Runs each command of argv (a JSON list of argument lists) with main(); prints the exit statuses and the modules loaded.
 PROBE = """
 import json, sys
-from server.cli import main
+from halfcast.cli import main
 statuses = [main(argv) for argv in json.loads(sys.argv[1])]
 print(json.dumps({"statuses": statuses, "modules": sorted(sys.modules)}))
 """
@@ -106,8 +108,8 @@ class Missing(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Missing())
-from server.cli import main
-from server.client import HalfcastClient
+from halfcast.cli import main
+from halfcast.client import HalfcastClient
 HalfcastClient("http://127.0.0.1:1", token="hc_test").close()
 statuses = []
 for argv in json.loads(sys.argv[1]):
@@ -193,7 +195,7 @@ def test_a_server_install_runs_the_server_commands_and_names_the_worker_extra(tm
 def test_the_dispatcher_imports_only_the_group_of_the_command(tmp_path: Path) -> None:
     _, modules, _ = probe([["list"]], tmp_path)
     groups = {command.module for command in COMMANDS.values()}
-    assert sorted(g for g in groups if f"server.cli.{g}" in modules) == ["jobs"]
+    assert sorted(g for g in groups if g in modules) == ["halfcast.cli.jobs"]
 
 
 def test_top_level_help_lists_every_command_as_its_module_registers_it() -> None:

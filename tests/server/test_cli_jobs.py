@@ -27,20 +27,20 @@ from live_server import (
 from sqlalchemy.orm import Session, sessionmaker
 from terminal_support import FakeTerminal, Screen
 
-from contracts.resources import JobPublic
-from contracts.stored import StoredEval, StoredStep
-from server.app import create_app
-from server.cli import EXIT_BROKEN_PIPE, main
-from server.cli.watch import (
+from halfcast.cli import EXIT_BROKEN_PIPE, main
+from halfcast.cli.watch import (
     WatchView,
     format_duration,
     format_scale,
     progress_bar,
     watch_output,
 )
-from server.client import Event, HalfcastClient, JobEvent
-from server.http.strict_json import NONFINITE_MESSAGE
-from server.settings import Settings
+from halfcast.client import Event, HalfcastClient, JobEvent
+from halfcast.common.strict_json import NONFINITE_MESSAGE
+from halfcast.contracts.resources import JobPublic
+from halfcast.contracts.stored import StoredEval, StoredStep
+from halfcast.core.settings import Settings
+from server.app import create_app
 from server.streams.stats import EventStreamSettings, StreamStats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def test_submit_quiet_prints_only_the_id(url: str, tmp_path: Path, capsys: pytes
 def test_a_closed_pipe_ends_the_command_quietly(url: str) -> None:
     """``halfcast list | head -1``: the reader leaves early; no traceback, exit 141 (128 + SIGPIPE)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "list"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "halfcast.cli", "list"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     assert process.stdout is not None
     process.stdout.close()  # the reader is gone before the command writes its first line
@@ -333,7 +333,7 @@ def _step(record: dict[str, Any]) -> StoredStep:
 
 def _listed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], jobs: list[JobPublic]) -> list[str]:
     """The lines ``halfcast list`` prints for a server that lists ``jobs``."""
-    from server.cli import jobs as cli_jobs
+    from halfcast.cli import jobs as cli_jobs
 
     class Client:
         def __enter__(self) -> Client:
@@ -351,7 +351,7 @@ def _listed(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 
 
 def test_status_names_a_precision_switch() -> None:
-    from server.cli.jobs import describe
+    from halfcast.cli.jobs import describe
 
     job = _job(step=12, precision_switches=[])
     assert ("precision", "fp16") in describe(job)
@@ -373,7 +373,7 @@ def test_status_names_a_precision_switch() -> None:
 
 
 def test_status_shows_applied_and_skipped_steps() -> None:
-    from server.cli.jobs import describe
+    from halfcast.cli.jobs import describe
 
     latest = {"step": 10, "loss": 2.3, "loss_scale": 1.0, "skipped_steps": 10, "samples_per_second": 100.0}
     job = _job(status="failed", step=10, max_steps=10, latest=latest, applied_steps=0, skipped_steps=10)
@@ -384,7 +384,7 @@ def test_status_shows_applied_and_skipped_steps() -> None:
 
 def test_status_shows_the_whole_run_rate_once_succeeded() -> None:
     """Issue 25 item 9: a running job shows its latest trailing window, a succeeded one the whole run's rate."""
-    from server.cli.jobs import describe
+    from halfcast.cli.jobs import describe
 
     latest = {"step": 10, "loss": 2.3, "loss_scale": 1.0, "skipped_steps": 0, "samples_per_second": 55182.0}
     assert ("samples/s", "55182") in describe(_job(status="running", step=10, max_steps=10, latest=latest))
@@ -394,7 +394,7 @@ def test_status_shows_the_whole_run_rate_once_succeeded() -> None:
 
 def test_status_shows_what_the_job_read_and_chose() -> None:
     """Issue 25 item 6: rows, splits after drops, rows dropped per split, the pad token."""
-    from server.cli.jobs import describe
+    from halfcast.cli.jobs import describe
 
     data = {
         "rows": 36,
@@ -411,7 +411,7 @@ def test_status_shows_what_the_job_read_and_chose() -> None:
 
 
 def test_status_shows_the_start_up_phase_and_its_times() -> None:
-    from server.cli.jobs import describe
+    from halfcast.cli.jobs import describe
 
     startup = {"launch_s": 1.52, "imports_s": 6.0, "data_s": 0.25, "model_s": None, "first_step_s": None}
     lines = describe(_job(phase="building model", startup=startup))
@@ -424,7 +424,7 @@ def test_status_and_list_show_no_loss_scale_for_a_job_that_does_no_scaling(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A bf16 job's scale is always 1: ``status`` and ``list`` say ``none`` (the resource's ``loss_scaling``)."""
-    from server.cli.jobs import describe
+    from halfcast.cli.jobs import describe
 
     latest = {"step": 4, "loss": 0.5, "loss_scale": 1.0, "skipped_steps": 0, "samples_per_second": 10.0}
     bf16 = _job(id="b", step=4, max_steps=8, spec={"precision": "bf16"}, latest=latest, loss_scaling="none", name="b")
@@ -447,7 +447,7 @@ def test_status_and_list_show_start_finish_duration_and_the_latest_eval(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 25 item 12: neither said when a job ran or how it evaluated last (``list``)."""
-    from server.cli.jobs import describe, duration_text
+    from halfcast.cli.jobs import describe, duration_text
 
     done = _job(
         id="d",

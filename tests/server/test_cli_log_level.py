@@ -18,9 +18,9 @@ import httpx
 import pytest
 from live_server import free_port, wait_until
 
-from server.cli import build_parser, main
+from halfcast.cli import build_parser, main
+from halfcast.core.db.migrate import upgrade_database
 from server.cli.services import api_command, apply_overrides
-from server.db.migrate import upgrade_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def test_no_access_lines_at_warning(tmp_path: Path) -> None:
         "HALFCAST_AUTH": "off",
         "PYTHONPATH": str(ROOT),
     }
-    command = [sys.executable, "-m", "server.cli", "--log-level", "WARNING", "api", "--port", str(port)]
+    command = [sys.executable, "-m", "halfcast.cli", "--log-level", "WARNING", "api", "--port", str(port)]
     command += ["--data-dir", str(data)]
     log_path = tmp_path / "api.log"
     with log_path.open("wb") as out:

@@ -12,10 +12,10 @@ from api_support import FakeQueue, insert_job
 from live_server import LiveServer, free_port, set_status, sqlite_copy
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.rundir import JobRuns
+from halfcast.cli import main
+from halfcast.contracts.rundir import JobRuns
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.cli import main
-from server.settings import Settings
 from server.streams.stats import EventStreamSettings, StreamStats
 
 
@@ -132,5 +132,5 @@ def test_ctrl_c_while_following_exits_130_without_a_traceback(
         raise KeyboardInterrupt
         yield  # a generator, like the real one
 
-    monkeypatch.setattr("server.client.HalfcastClient.follow_logs", interrupted)
+    monkeypatch.setattr("halfcast.client.HalfcastClient.follow_logs", interrupted)
     assert _run(capsys, "logs", job_id, "-f") == (130, "", "\ninterrupted\n")

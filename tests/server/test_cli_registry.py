@@ -14,11 +14,11 @@ from cli_live_support import database_url_fixture, url_fixture  # noqa: F401 (th
 from registry_support import CHAT_ROWS, jsonl, model_files, safetensors_bytes, write_model_dir
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.rundir import JobRuns
-from server.cli import main
-from server.cli.progress import MIN_BYTES, UploadProgress
-from server.client import HalfcastClient, ValidationFailed
-from server.settings import Settings
+from halfcast.cli import main
+from halfcast.cli.progress import MIN_BYTES, UploadProgress
+from halfcast.client import HalfcastClient, ValidationFailed
+from halfcast.contracts.rundir import JobRuns
+from halfcast.core.settings import Settings
 
 
 def _out(capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from live_server import free_port
 
-from server.cli import main as cli_main
-from server.cli.jobs import SpecFileError, load_spec
-from server.cli.spec_limits import MAX_SPEC_BYTES
+from halfcast.cli import main as cli_main
+from halfcast.cli.jobs import SpecFileError, load_spec
+from halfcast.cli.spec_limits import MAX_SPEC_BYTES
 
 #: Seconds a refused spec may take at most (a billion laughs expanded would take hours and all memory).
 FAST_S = 10.0

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from live_server import free_port, wait_until
 
-from server.cli import build_parser, main
+from halfcast.cli import build_parser, main
+from halfcast.core.db.migrate import upgrade_database
 from server.cli.services import api_command, apply_overrides
-from server.db.migrate import upgrade_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,7 +84,7 @@ def test_two_workers_serve_the_api_and_stop_together(tmp_path: Path) -> None:
     command = [
         sys.executable,
         "-m",
-        "server.cli",
+        "halfcast.cli",
         "api",
         "--workers",
         "2",

@@ -1,4 +1,4 @@
-"""``server.client.HalfcastClient`` against a live API (uvicorn in a thread, SQLite)."""
+"""``halfcast.client.HalfcastClient`` against a live API (uvicorn in a thread, SQLite)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,7 @@ from api_support import VALID_SPEC, FakeQueue, insert_job, insert_steps
 from live_server import LiveServer, add_steps, free_port, set_status, sqlite_copy, step_record
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.records import EvalRecord as EvalLine
-from contracts.records import StepRecord
-from contracts.resources import JobPublic
-from contracts.status import JobStatus
-from server.app import create_app
-from server.client import (
+from halfcast.client import (
     Conflict,
     FieldError,
     HalfcastClient,
@@ -30,9 +25,14 @@ from server.client import (
     ValidationFailed,
     parse_sse,
 )
-from server.db.models import EvalRecord
-from server.http.strict_json import NONFINITE_MESSAGE
-from server.settings import Settings
+from halfcast.common.strict_json import NONFINITE_MESSAGE
+from halfcast.contracts.records import EvalRecord as EvalLine
+from halfcast.contracts.records import StepRecord
+from halfcast.contracts.resources import JobPublic
+from halfcast.contracts.status import JobStatus
+from halfcast.core.db.models import EvalRow
+from halfcast.core.settings import Settings
+from server.app import create_app
 from server.streams.stats import EventStreamSettings, StreamStats
 
 
@@ -174,7 +174,7 @@ def test_evals_are_the_jobs_validation_curve_in_step_order(
     assert halfcast.evals(job_id) == []
     evaluations = [{"step": step, "time": float(step), "loss": 1.0 / step, "accuracy": step / 10} for step in (6, 3, 9)]
     with sessions() as session:
-        session.add_all(EvalRecord(job_id=job_id, step=e["step"], time=e["time"], data=e) for e in evaluations)
+        session.add_all(EvalRow(job_id=job_id, step=e["step"], time=e["time"], data=e) for e in evaluations)
         session.commit()
     found = halfcast.evals(job_id)
     assert [e.step for e in found] == [3, 6, 9] and all(isinstance(e, EvalLine) for e in found)

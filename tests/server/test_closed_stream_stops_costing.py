@@ -20,8 +20,8 @@ from api_support import FakeQueue, insert_job
 from live_server import AsgiSpec24, LiveServer, add_steps, iter_events, step_record, wait_until
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 from server.streams.stats import EventStreamSettings, StreamStats
 
 pytestmark = pytest.mark.slow  # live uvicorn servers, streams timed until they stop: not in make check

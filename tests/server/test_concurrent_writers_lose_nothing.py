@@ -30,10 +30,10 @@ from live_server import LiveServer
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.records import StepRecord as StepLine
+from halfcast.contracts.records import StepRecord as StepLine
+from halfcast.core.db.models import Job, StepRow
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.models import Job, StepRecord
-from server.settings import Settings
 from worker.store import Fence, JobStore, Progress
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ def test_writers_of_several_jobs_cancels_and_paged_reads(
     _check_passes(outcome.passes)
     assert final == [list(range(1, STEPS + 1))] * JOBS
     with sessions() as session:
-        assert session.scalar(select(func.count()).select_from(StepRecord)) == JOBS * STEPS
+        assert session.scalar(select(func.count()).select_from(StepRow)) == JOBS * STEPS
         rows = {row.id: (row.status, row.step) for row in session.scalars(select(Job))}
     assert {rows[job_id] for job_id in job_ids[::2]} == {("cancelling", STEPS)}
     assert {rows[job_id] for job_id in job_ids[1::2]} == {("running", STEPS)}

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from server.db.engine import NO_TIMEOUTS, StatementTimeouts, make_engine
-from server.settings import Settings
+from halfcast.core.db.engine import NO_TIMEOUTS, StatementTimeouts, make_engine
+from halfcast.core.settings import Settings
 
 pytestmark = pytest.mark.postgres
 

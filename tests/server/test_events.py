@@ -22,8 +22,8 @@ from live_server import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 from server.streams.events import Snapshot, job_events
 from server.streams.stats import EventStreamSettings, StreamStats
 

@@ -42,9 +42,9 @@ from live_server import (
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.rundir import JobRuns
+from halfcast.contracts.rundir import JobRuns
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 from server.streams.stats import EventStreamSettings, StreamStats
 
 pytestmark = pytest.mark.slow  # live uvicorn servers, streams timed until they stop: not in make check

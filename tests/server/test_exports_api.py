@@ -19,12 +19,12 @@ from api_support import FakeQueue, insert_job, make_token
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.settings import Settings
+from halfcast.files import export_files
+from halfcast.files.export_files import ExportKind, find_export, list_exports
+from halfcast.files.export_tar import ExportChanged, archive_size, stream_archive
 from server.app import create_app
 from server.auth import SESSION_COOKIE
-from server.files import export_files
-from server.files.export_files import ExportKind, find_export, list_exports
-from server.files.export_tar import ExportChanged, archive_size, stream_archive
-from server.settings import Settings
 
 ADAPTER = {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": bytes(range(256)) * 9}
 MODEL = {
@@ -353,7 +353,7 @@ def test_a_file_that_changes_before_it_is_sent_aborts_the_archive(
 def test_a_file_that_shrinks_while_it_is_read_aborts_the_archive(
     job_id: str, settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("server.files.export_tar.CHUNK_BYTES", 128)
+    monkeypatch.setattr("halfcast.files.export_tar.CHUNK_BYTES", 128)
     export = find_export(settings.runs_dir, job_id, ExportKind.MODEL)
     assert export is not None
     chunks = stream_archive(export)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from halfcast.contracts.spec import JobSpec
 from server.http.field_paths import field_path
-from trainer.spec import JobSpec
 
 SPEC: dict[str, Any] = {
     "model": {"name": "mlp", "config": {"hidden_sizes": [8]}},

@@ -85,10 +85,10 @@ from schemathesis.specs.openapi.checks import ignored_auth, positive_data_accept
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.db.engine import make_engine, make_session_factory
+from halfcast.core.db.models import Base
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.engine import make_engine, make_session_factory
-from server.db.models import Base
-from server.settings import Settings
 
 pytestmark = pytest.mark.slow  # hundreds of generated requests per operation: not in make check
 

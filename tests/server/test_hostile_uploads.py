@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from registry_support import Entry, model_files, model_tar, registry_counts, stored_files
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.settings import Settings
+from halfcast.core.settings import Settings
 
 TAR = {"content-type": "application/x-tar"}
 JSONL = {"content-type": "application/jsonl"}

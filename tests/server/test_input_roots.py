@@ -16,7 +16,7 @@ from api_support import FakeQueue, count_rows
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.db.models import Worker, utcnow
+from halfcast.core.db.models import Worker, utcnow
 
 HF_TEXT = {"model": {"name": "hf", "config": {"path": "llama"}}, "dataset": {"name": "text"}, "max_steps": 2}
 JSONL = {

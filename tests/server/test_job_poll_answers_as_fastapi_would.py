@@ -17,10 +17,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.settings import Settings
 from server.app import create_app
 from server.auth import SESSION_COOKIE
 from server.routes import job_poll
-from server.settings import Settings
 
 #: name -> (path under /jobs/, headers, cookies); ``{job}``/``{other}``/``{token}``/``{alice}``/``{etag}`` filled in.
 REQUESTS: dict[str, tuple[str, dict[str, str], dict[str, str]]] = {

@@ -1,6 +1,6 @@
-"""``GET /jobs/{id}``'s read in the event loop on PostgreSQL (:mod:`server.db.job_reads_async`), and the SQLite path.
+"""``GET /jobs/{id}``'s read in the event loop on PostgreSQL (:mod:`halfcast.core.db.job_reads_async`), and the SQLite path.
 
-The async read must find what :func:`server.db.job_reads.read_job` finds, view for
+The async read must find what :func:`halfcast.core.db.job_reads.read_job` finds, view for
 view; refresh a stale token's ``last_used_at``; replace a dead connection once (and
 only once); and answer 503 when the database cannot be reached. On SQLite the read
 stays :func:`read_job` in a worker thread.
@@ -22,15 +22,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.db.async_pool import AsyncPool, DeadConnection, PoolBusy, connector
+from halfcast.core.db.engine import PoolLimits, make_engine, make_session_factory
+from halfcast.core.db.job_readers import ThreadedJobReads, job_reads_for
+from halfcast.core.db.job_reads import JobRead, read_job
+from halfcast.core.db.job_reads_async import AsyncJobReads
+from halfcast.core.db.models import ApiToken, Attempt, Job, JobMember, utcnow
+from halfcast.core.db.tokens import hash_token
+from halfcast.core.settings import Settings
 from server.app import create_app, poll_pool_limits
-from server.db.async_pool import AsyncPool, DeadConnection, PoolBusy, connector
-from server.db.engine import PoolLimits, make_engine, make_session_factory
-from server.db.job_readers import ThreadedJobReads, job_reads_for
-from server.db.job_reads import JobRead, read_job
-from server.db.job_reads_async import AsyncJobReads
-from server.db.models import ApiToken, Attempt, Job, JobMember, utcnow
-from server.db.tokens import hash_token
-from server.settings import Settings
 
 T = TypeVar("T")
 LIMITS = PoolLimits(size=2, max_overflow=0, timeout_s=0.2)

@@ -25,9 +25,9 @@ from live_server import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.rundir import JobRuns
+from halfcast.contracts.rundir import JobRuns
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 from server.streams.stats import EventStreamSettings, StreamStats
 
 #: Seconds within which a server-side stream must end after its client disconnected (field case C24).

@@ -15,10 +15,10 @@ from alembic.runtime.migration import MigrationContext
 from database_support import fresh_database
 from sqlalchemy import inspect, text
 
-from contracts.status import AttemptStatus, JobStatus
-from server.db.engine import make_engine
-from server.db.migrate import alembic_config, current_revision, head_revision, upgrade_database
-from server.db.models import ATTEMPT_STATUSES, STATUSES, Base
+from halfcast.contracts.status import AttemptStatus, JobStatus
+from halfcast.core.db.engine import make_engine
+from halfcast.core.db.migrate import alembic_config, current_revision, head_revision, upgrade_database
+from halfcast.core.db.models import ATTEMPT_STATUSES, STATUSES, Base
 
 REPO = Path(__file__).resolve().parents[2]
 

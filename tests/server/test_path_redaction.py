@@ -1,8 +1,8 @@
-"""Issue 24 item 1: no error message a client reads holds a server path (:func:`common.redact.redact_paths`).
+"""Issue 24 item 1: no error message a client reads holds a server path (:func:`halfcast.common.redact.redact_paths`).
 
 A path into a run directory is shown run-relative, the form ``resume_from`` takes; any other
 absolute path is cut to its last part. The ``jobs.error_message`` column applies it on every
-write (:class:`server.db.redacted.RedactedText`), on SQLite and PostgreSQL.
+write (:class:`halfcast.core.db.redacted.RedactedText`), on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from api_support import insert_job
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from common.redact import redact_for_client, redact_paths
-from server.db.models import Job
+from halfcast.common.redact import redact_for_client, redact_paths
+from halfcast.core.db.models import Job
 
 JOB = "3f2a9c1e-0b7d-4e55-9a1c-2d4e6f8a0b1c"
 

@@ -10,9 +10,9 @@ import pytest
 from api_support import insert_job, make_token
 from sqlalchemy import Engine, event, text
 
-from server.db.engine import make_engine, make_session_factory
-from server.db.job_reads import read_job
-from server.db.tokens import hash_token
+from halfcast.core.db.engine import make_engine, make_session_factory
+from halfcast.core.db.job_reads import read_job
+from halfcast.core.db.tokens import hash_token
 
 pytestmark = pytest.mark.postgres
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.quiet_logs import DROPPED_MESSAGES, QUIET_LOGGERS, quiet_third_party_logs
+from halfcast.common.quiet_logs import DROPPED_MESSAGES, QUIET_LOGGERS, quiet_third_party_logs
 
 
 @pytest.fixture(autouse=True)

@@ -21,9 +21,9 @@ from registry_support import model_files, model_tar, registry_counts, stored_fil
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.requests import Request
 
+from halfcast.core.settings import Settings
 from server.app import create_app
 from server.registry.model_archive import TAR_OVERHEAD_BYTES
-from server.settings import Settings
 
 TAR = {"content-type": "application/x-tar"}
 JSONL = {"content-type": "application/jsonl"}

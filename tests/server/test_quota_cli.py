@@ -7,9 +7,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.cli import main
-from server.db.models import AuditEvent, OwnerQuota
-from server.db.quotas import QuotaLimits, get_override, set_quota
+from halfcast.cli import main
+from halfcast.core.db.models import AuditEvent, OwnerQuota
+from halfcast.core.db.quotas import QuotaLimits, get_override, set_quota
 
 
 @pytest.fixture

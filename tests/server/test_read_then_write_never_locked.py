@@ -27,12 +27,12 @@ from live_server import add_steps, step_record
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.db import audit, tokens
+from halfcast.core.db.models import ApiToken, AuditEvent, StepRow
+from halfcast.core.db.quotas import clear_quota, set_quota
+from halfcast.core.db.tokens import create_token, revoke_token
+from halfcast.core.settings import Settings
 from server.cli.bootstrap import ensure_first_token
-from server.db import audit, tokens
-from server.db.models import ApiToken, AuditEvent, StepRecord
-from server.db.quotas import clear_quota, set_quota
-from server.db.tokens import create_token, revoke_token
-from server.settings import Settings
 
 
 class Interjection:
@@ -76,7 +76,7 @@ class Interjection:
             thread.join(timeout=60)
         assert self.errors == []
         with sessions() as session:
-            return session.scalar(select(func.count()).select_from(StepRecord)) or 0
+            return session.scalar(select(func.count()).select_from(StepRow)) or 0
 
 
 @pytest.fixture

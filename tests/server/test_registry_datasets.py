@@ -26,10 +26,10 @@ from registry_support import (
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.db.models import Job
+from halfcast.core.db.quotas import set_quota
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.models import Job
-from server.db.quotas import set_quota
-from server.settings import Settings
 
 JSONL = {"content-type": "application/jsonl"}
 CSV = {"content-type": "text/csv"}

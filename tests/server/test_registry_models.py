@@ -29,10 +29,10 @@ from registry_support import (
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.rundir import JobRuns
+from halfcast.contracts.rundir import JobRuns
+from halfcast.core.db.models import Job
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.models import Job
-from server.settings import Settings
 
 TAR = {"content-type": "application/x-tar"}
 

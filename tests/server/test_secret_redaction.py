@@ -12,11 +12,11 @@ from api_support import FakeQueue
 from fastapi.testclient import TestClient
 from live_server import free_port
 
-from common.redact import RedactingFilter, install_log_redaction, redact_urls
+from halfcast.cli import main as cli_main
+from halfcast.common.redact import RedactingFilter, install_log_redaction, redact_urls
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.cli import main as cli_main
 from server.http.errors import ApiError
-from server.settings import Settings
 
 CANARY = "CANARY-server-51c9"
 

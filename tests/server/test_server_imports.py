@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, sys
 import server.app
-from broker.celery_app import create_celery_app
+from halfcast.core.broker.celery_app import create_celery_app
 from server.queue import CeleryJobQueue
-from server.settings import Settings
+from halfcast.core.settings import Settings
 queue = CeleryJobQueue(Settings(data_dir=sys.argv[1]))
 queue.enqueue("job-1")
 queue.close()
@@ -36,7 +36,10 @@ def test_the_api_and_its_broker_setup_import_no_worker_and_no_torch(tmp_path: Pa
     )
     report = json.loads(result.stdout.splitlines()[-1])
     modules = set(report["modules"])
-    assert report["transport"] == "broker.redis_transport"
-    assert {"broker.fs_transport", "server.app"} <= modules  # it did publish, through the atomic transport
+    assert report["transport"] == "halfcast.core.broker.redis_transport"
+    assert {
+        "halfcast.core.broker.fs_transport",
+        "server.app",
+    } <= modules  # it did publish, through the atomic transport
     assert sorted(m for m in modules if m.split(".")[0] in ("worker", "torch")) == []
     assert list((tmp_path / "broker" / "in").glob("*.msg"))  # the message is there for a worker

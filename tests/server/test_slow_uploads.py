@@ -20,8 +20,8 @@ from api_support import FakeQueue, insert_job, make_token
 from live_server import LiveServer
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 
 
 class SlowUpload:

@@ -16,8 +16,8 @@ from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job, make_toke
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 
 
 def _client(settings: Settings, fake_queue: FakeQueue, token: str) -> Iterator[TestClient]:

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from server.db.engine import WRITE_TRANSACTION, make_engine
+from halfcast.core.db.engine import WRITE_TRANSACTION, make_engine
 
 
 def _read_then_write(url: str, immediate: bool) -> list[str]:

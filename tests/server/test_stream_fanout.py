@@ -19,9 +19,9 @@ from live_server import LiveServer, add_steps, iter_events, set_status, step_rec
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
-from contracts.rundir import JobRuns
+from halfcast.contracts.rundir import JobRuns
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 from server.streams.stats import EventStreamSettings, StreamStats
 
 pytestmark = pytest.mark.slow  # a live uvicorn server and 20 streams: not in make check

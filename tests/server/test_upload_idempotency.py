@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from registry_support import model_files, model_tar, registry_counts
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.settings import Settings
 
 ROWS = b'{"text": "one"}\n{"text": "two"}\n'
 OTHER_ROWS = b'{"text": "three"}\n'

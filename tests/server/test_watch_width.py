@@ -12,11 +12,11 @@ import pytest
 from live_server import step_record
 from terminal_support import FakeTerminal, Screen
 
-from contracts.resources import JobPublic
-from contracts.stored import StoredEval, StoredStep
-from server.cli.jobs import watch_job
-from server.cli.watch import Part, WatchView, fit
-from server.client import Event, JobEvent
+from halfcast.cli.jobs import watch_job
+from halfcast.cli.watch import Part, WatchView, fit
+from halfcast.client import Event, JobEvent
+from halfcast.contracts.resources import JobPublic
+from halfcast.contracts.stored import StoredEval, StoredStep
 
 
 def _job(**fields: Any) -> JobPublic:

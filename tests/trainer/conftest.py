@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.distributed import DistContext
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from trainer.parallel.distributed import DistContext
 
 
 @pytest.fixture(autouse=True)

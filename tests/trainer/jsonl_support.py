@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.catalog import JsonlDataset
+from halfcast.contracts.catalog import JsonlDataset
 from trainer.data import IGNORE_INDEX, build_dataset
 from trainer.data.jsonl import TokenFileDataset
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from halfcast.contracts.spec import JobSpec
 from trainer.batching import plan_batches, windows
-from trainer.spec import JobSpec
 
 BASE = {"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}}
 

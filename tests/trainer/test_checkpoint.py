@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint
-from trainer.checkpoint import final_path, load_checkpoint, save_checkpoint, step_path
+from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components
-from trainer.distributed import DistContext
-from trainer.loop import train
-from trainer.spec import JobSpec
+from trainer.parallel.distributed import DistContext
+from trainer.run import checkpoint
+from trainer.run.checkpoint import final_path, load_checkpoint, save_checkpoint, step_path
+from trainer.run.loop import train
 
 
 def test_final_checkpoint_holds_everything_to_resume(cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec) -> None:

@@ -11,13 +11,13 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
+from halfcast.contracts.spec import JobSpec
 from trainer.data.base import Batch
-from trainer.distributed import DistContext
-from trainer.loop import train
 from trainer.model_compile import warm_up
-from trainer.precision import PlainPrecision
+from trainer.numerics.precision import PlainPrecision
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.spec import JobSpec
+from trainer.run.loop import train
 
 
 @pytest.mark.slow

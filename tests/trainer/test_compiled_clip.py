@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from trainer.compiled_clip import check_and_clip, compilable, compile_check
-from trainer.loss_scale import DynamicLossScaler
+from trainer.numerics.loss_scale import DynamicLossScaler
+from trainer.numerics.precision import Fp16Precision
+from trainer.numerics.step_outcome import HostStepOutcome
 from trainer.optim.skipping import AdamW
-from trainer.precision import Fp16Precision
-from trainer.step_outcome import HostStepOutcome
 
 CPU = torch.device("cpu")
 

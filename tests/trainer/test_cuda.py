@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.distributed import DistContext
-from trainer.loop import train
-from trainer.precision import PrecisionUnsupportedError
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from trainer.numerics.precision import PrecisionUnsupportedError
+from trainer.parallel.distributed import DistContext
+from trainer.run.loop import train
 
 pytestmark = pytest.mark.gpu
 

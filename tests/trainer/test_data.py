@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trainer.catalog import DigitsDataset, SyntheticDataset, TextConfig, TextDataset
+from halfcast.contracts.catalog import DigitsDataset, SyntheticDataset, TextConfig, TextDataset
 from trainer.data import IGNORE_INDEX, Batch, Task, build_dataset
 from trainer.data.base import shard_indices, token_batch
 from trainer.data.sources import resolve_data_file

@@ -8,10 +8,10 @@ import pytest
 import torch
 from trainer_support import TORCHRUN_ENV, torchrun_trainer
 
-from trainer.distributed import distributed_session, env_ranks, init_distributed, select_device
+from halfcast.contracts.spec import JobSpec
 from trainer.errors import TrainerError
+from trainer.parallel.distributed import distributed_session, env_ranks, init_distributed, select_device
 from trainer.records import read_records
-from trainer.spec import JobSpec
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ from hf_support import lora_spec
 from pydantic import ValidationError
 from trainer_support import spawn_ranks
 
-from trainer.best import best_path
-from trainer.checkpoint import final_path, load_checkpoint, step_path
-from trainer.distributed import DistContext
-from trainer.early_stopping import BestTracker
-from trainer.loop import train
+from halfcast.contracts.spec import JobSpec
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.spec import JobSpec
+from trainer.run.best import best_path
+from trainer.run.checkpoint import final_path, load_checkpoint, step_path
+from trainer.run.early_stopping import BestTracker
+from trainer.run.loop import train
 
 MLP = {
     "model": {"name": "mlp", "config": {"hidden_sizes": [8]}},

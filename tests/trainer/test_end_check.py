@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from contracts.records import EndRecord
-from trainer.checkpoint import final_path, step_path
-from trainer.distributed import DistContext
-from trainer.end_check import check_updates_applied, final_stretch_limit
+from halfcast.contracts.records import EndRecord
+from halfcast.contracts.spec import JobSpec
 from trainer.errors import TrainerError
-from trainer.guard import DivergenceGuard
-from trainer.loop import train
+from trainer.parallel.distributed import DistContext
 from trainer.records import RecordSink, read_records
-from trainer.spec import JobSpec
-from trainer.telemetry import StepRow
+from trainer.run.checkpoint import final_path, step_path
+from trainer.run.end_check import check_updates_applied, final_stretch_limit
+from trainer.run.guard import DivergenceGuard
+from trainer.run.loop import train
+from trainer.run.telemetry import StepRow
 
 SpecFactory = Callable[..., JobSpec]
 INF, NAN = 1.0, 2.0

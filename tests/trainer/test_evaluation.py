@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 from trainer_support import lm_micro_batch, spawn_ranks, tiny_lm
 
+from halfcast.contracts.spec import JobSpec
 from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Task, feature_batch, token_batch
-from trainer.distributed import DistContext
-from trainer.evaluate import MAX_EXP_LOSS, evaluate, perplexity
-from trainer.precision import PrecisionPolicy, build_precision
-from trainer.spec import JobSpec
+from trainer.numerics.precision import PrecisionPolicy, build_precision
+from trainer.parallel.distributed import DistContext
+from trainer.run.evaluate import MAX_EXP_LOSS, evaluate, perplexity
 
 MLP_SPEC = {"model": {"name": "mlp", "config": {"hidden_sizes": [4]}}, "dataset": {"name": "synthetic"}}
 

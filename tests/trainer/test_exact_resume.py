@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.records import RECORDS_FILE
+from trainer.run.checkpoint import final_path, load_checkpoint, step_path
 
 pytestmark = pytest.mark.slow  # runs the trainer in fresh interpreters: not in make check
 

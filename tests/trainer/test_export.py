@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.checkpoint import final_path
+from halfcast.contracts.spec import JobSpec
 from trainer.data.base import DataInfo, Task
-from trainer.distributed import DistContext
 from trainer.export import DATA_INFO_KEY, checkpoint_data_info, data_info_entry, load_trained_model
-from trainer.loop import train
-from trainer.spec import JobSpec
+from trainer.parallel.distributed import DistContext
+from trainer.run.checkpoint import final_path
+from trainer.run.loop import train
 
 
 def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:

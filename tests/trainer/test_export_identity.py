@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from halfcast.contracts.spec import JobSpec
 from trainer.hf.export_identity import METADATA_FILE, BaseIdentity, base_identity, make_portable
-from trainer.spec import JobSpec
 
 
 def _export(tmp_path: Path, local: Path) -> Path:

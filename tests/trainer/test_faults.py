@@ -8,9 +8,9 @@ import signal
 import pytest
 import torch
 
+from halfcast.contracts.spec import FaultsSpec
 from trainer import faults as faults_module
 from trainer.faults import FaultInjector
-from trainer.spec import FaultsSpec
 
 
 def _params() -> list[torch.nn.Parameter]:

@@ -9,14 +9,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer.distributed import DistContext
-from trainer.forensics import MAX_NAMED_PARAMETERS, describe_overflow
-from trainer.loop import train
-from trainer.overflow import nonfinite_kinds
-from trainer.precision import build_precision
+from halfcast.contracts.spec import JobSpec
+from trainer.numerics.forensics import MAX_NAMED_PARAMETERS, describe_overflow
+from trainer.numerics.overflow import nonfinite_kinds
+from trainer.numerics.precision import build_precision
+from trainer.numerics.underflow import underflow_fraction
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.spec import JobSpec
-from trainer.underflow import underflow_fraction
+from trainer.run.loop import train
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""fp8 quantisation primitives, the emulated fp8 Linear and layer selection (trainer/fp8.py), on CPU.
+"""fp8 quantisation primitives, the emulated fp8 Linear and layer selection (trainer/numerics/fp8.py), on CPU.
 
 torchao's conversion on a capable GPU is checked by the ``gpu``-marked tests at the end.
 """
@@ -12,7 +12,8 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from trainer.fp8 import (
+from halfcast.contracts.spec import JobSpec
+from trainer.numerics.fp8 import (
     E4M3,
     E5M2,
     Float8EmulatedLinear,
@@ -27,7 +28,6 @@ from trainer.fp8 import (
     quantize_with_scale,
     scale_from_amax,
 )
-from trainer.spec import JobSpec
 
 #: Relative rounding error of a normal value: half an ulp, 2^-(mantissa bits + 1).
 REL_ERROR = {E4M3: 2.0**-4, E5M2: 2.0**-3}
@@ -289,9 +289,9 @@ def test_gpt_plan_respects_the_rules() -> None:
 
 
 def test_fp8_policy_converts_reports_and_skips_on_an_fp8_overflow() -> None:
+    from halfcast.contracts.spec import OptimizerSpec
+    from trainer.numerics.precision import Fp8Precision
     from trainer.optim.build import build_optimizer
-    from trainer.precision import Fp8Precision
-    from trainer.spec import OptimizerSpec
 
     cpu = torch.device("cpu")
     policy = Fp8Precision(cpu, recipe="rowwise")

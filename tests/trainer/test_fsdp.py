@@ -1,4 +1,4 @@
-"""FSDP2 (``parallelism: "fsdp"``) on CPU with two gloo ranks: trainer/parallel.py and trainer/sharded.py.
+"""FSDP2 (``parallelism: "fsdp"``) on CPU with two gloo ranks: trainer/parallel/wrap.py and trainer/parallel/sharded.py.
 
 One spawn trains a small MLP for a few steps (two micro-batches per step) under DDP and
 FSDP2 in fp32, bf16 and fp16 (fixed loss scale), with a step built from the sharded
@@ -20,17 +20,11 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from trainer_support import spawn_ranks
 
-from trainer.distributed import DistContext
+from halfcast.contracts.spec import JobSpec
 from trainer.models.gpt import GPT
-from trainer.parallel import (
-    fsdp_mixed_precision,
-    grad_sync,
-    shard_units,
-    unwrap_model,
-    wrap_model,
-)
-from trainer.precision import build_precision
-from trainer.sharded import (
+from trainer.numerics.precision import build_precision
+from trainer.parallel.distributed import DistContext
+from trainer.parallel.sharded import (
     clip_grads_,
     gather_state_dicts,
     global_grad_norm,
@@ -39,7 +33,13 @@ from trainer.sharded import (
     local_tensor,
     local_tensors,
 )
-from trainer.spec import JobSpec
+from trainer.parallel.wrap import (
+    fsdp_mixed_precision,
+    grad_sync,
+    shard_units,
+    unwrap_model,
+    wrap_model,
+)
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks: not in make check
 
@@ -246,8 +246,8 @@ OPTIMIZER_PATHS = [(name, impl) for name in ("adamw", "sgd") for impl in ("plain
 
 
 def _overflow_run(rank: int, ctx: DistContext, name: str, implementation: str) -> list[dict[str, Any]]:
+    from halfcast.contracts.spec import OptimizerSpec
     from trainer.optim.build import build_optimizer
-    from trainer.spec import OptimizerSpec
 
     model = wrap_model(_mlp(), ctx, "fsdp", "fp16")
     params = list(model.parameters())
@@ -403,7 +403,7 @@ def _job_spec(parallelism: str) -> JobSpec:
 
 
 def _job_worker(ctx: DistContext, out_dir: str) -> None:
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     out: dict[str, Any] = {}
     runs = [

@@ -16,9 +16,9 @@ import pytest
 import torch
 from hf_tokenizer_support import EOS, IM_END, save_chat_llama
 
-from trainer.distributed import DistContext
-from trainer.loop import train
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from trainer.parallel.distributed import DistContext
+from trainer.run.loop import train
 
 pytestmark = pytest.mark.slow  # overfits a model for 80 steps: not in make check
 

@@ -1,6 +1,6 @@
 """Divergence guard: consecutive skipped steps and non-finite losses end the job with a typed reason.
 
-The guard reads host rows of the device step log (trainer/telemetry.py): reasons
+The guard reads host rows of the device step log (trainer/run/telemetry.py): reasons
 ``nonfinite_gradients``, ``loss_scale_collapsed`` (scale at min_scale, infinities only)
 and ``nonfinite_loss``; a real fp16 run reaches ``loss_scale_collapsed``.
 """
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from contracts.status import FailureReason
-from trainer.distributed import DistContext
-from trainer.end_check import check_updates_applied
+from halfcast.contracts.spec import JobSpec
+from halfcast.contracts.status import FailureReason
 from trainer.errors import DIVERGENCE_REASONS, DivergenceError, TrainerError
-from trainer.guard import DivergenceGuard
-from trainer.loop import train
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.spec import JobSpec
-from trainer.telemetry import StepRow
+from trainer.run.end_check import check_updates_applied
+from trainer.run.guard import DivergenceGuard
+from trainer.run.loop import train
+from trainer.run.telemetry import StepRow
 
 INF, NAN = 1.0, 2.0
 
@@ -102,7 +102,7 @@ def test_unknown_reasons_are_refused() -> None:
 
 
 def test_the_guard_and_the_end_check_raise_divergence_errors() -> None:
-    """The bf16 fallback catches exactly these (trainer.loop.train), by type."""
+    """The bf16 fallback catches exactly these (trainer.run.loop.train), by type."""
     failures = []
     for rows, limits in ([[_row(1, INF), _row(2, INF)], (2, 10)], [[_row(1, loss=math.nan)], (10, 1)]):
         with pytest.raises(DivergenceError) as failure:

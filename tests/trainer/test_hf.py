@@ -11,15 +11,15 @@ import pytest
 import torch
 from hf_support import TINY_LLAMA, lora_spec
 
-from trainer.checkpoint import final_path, step_path
+from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components
-from trainer.distributed import DistContext
 from trainer.errors import TrainerError
 from trainer.export import load_trained_model
 from trainer.hf.export import write_exports
-from trainer.loop import TrainResult, train
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.spec import JobSpec
+from trainer.run.checkpoint import final_path, step_path
+from trainer.run.loop import TrainResult, train
 
 TOKENS = torch.tensor([[5, 17, 200, 33, 9, 101, 7, 64], [1, 2, 3, 4, 250, 251, 252, 253]])
 
@@ -303,7 +303,7 @@ def test_exports_carry_the_tokenizer_of_a_tokenized_job(
 def test_a_tokenizer_larger_than_the_embedding_is_refused_before_training(model_roots: Path, task: str) -> None:
     """Tokens added to a tokenizer without resizing the model would index past its embedding (on CUDA a
     device-side assert at the first such token): refused up front, naming both sizes, for every task."""
-    from trainer.catalog import HFConfig
+    from halfcast.contracts.catalog import HFConfig
     from trainer.data.base import DataInfo, Task
     from trainer.errors import TrainerError
     from trainer.hf.loading import load_base_model, load_tokenizer

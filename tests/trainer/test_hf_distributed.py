@@ -12,11 +12,11 @@ import torch
 from hf_support import lora_spec
 from trainer_support import spawn_ranks
 
-from trainer.checkpoint import step_path
-from trainer.distributed import DistContext
-from trainer.loop import train
+from halfcast.contracts.spec import JobSpec
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.spec import JobSpec
+from trainer.run.checkpoint import step_path
+from trainer.run.loop import train
 
 #: fp16 with an injected overflow on rank 1 at step 2, two micro-batches per step, a checkpoint every 2 steps.
 _FIELDS: dict[str, Any] = {

@@ -11,12 +11,12 @@ import pytest
 import torch
 from bert_support import CORPUS, save_tiny_bert
 
+from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components
-from trainer.distributed import DistContext
 from trainer.hf.wrapper import HFModule
-from trainer.loop import train
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.spec import JobSpec
+from trainer.run.loop import train
 
 SHORT = "the event loop runs tasks"
 LONG = "an email message has headers and a payload and the http client sends a request"

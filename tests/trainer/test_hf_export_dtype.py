@@ -18,10 +18,10 @@ import pytest
 import torch
 from hf_support import lora_spec
 
-from trainer.distributed import DistContext
+from halfcast.contracts.spec import JobSpec
 from trainer.hf.export_dtype import EXPORT_DTYPES, stored_dtype
-from trainer.loop import train
-from trainer.spec import JobSpec
+from trainer.parallel.distributed import DistContext
+from trainer.run.loop import train
 
 pytestmark = pytest.mark.slow  # eleven LoRA jobs (half-precision matmuls emulated): not in make check
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 from hf_support import lora_spec
 
-from trainer import loop, precision
-from trainer.distributed import DistContext
-from trainer.fp8 import Float8EmulatedLinear
+from halfcast.contracts.spec import JobSpec
+from trainer.numerics import precision
+from trainer.numerics.fp8 import Float8EmulatedLinear
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.spec import JobSpec
+from trainer.run import loop
 
 
 def _fp8_job(tmp_path: Path, cpu_ctx: DistContext, monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> Any:

@@ -12,19 +12,19 @@ from hf_support import lora_spec
 from test_syncs import _count_loop
 from trainer_support import lm_micro_batch
 
-from trainer import loop
-from trainer.catalog import HFConfig
+from halfcast.contracts.catalog import HFConfig
+from halfcast.contracts.spec import AdapterSpec, JobSpec
 from trainer.components import build_components
 from trainer.data.base import Batch, DataInfo, Task
-from trainer.distributed import DistContext
 from trainer.hf.adapters import apply_lora
 from trainer.hf.export import merged_copy
 from trainer.hf.loading import load_base_model, load_tokenizer
 from trainer.hf.wrapper import HFModule
 from trainer.losses import task_loss
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.spec import AdapterSpec, JobSpec
-from trainer.step import accumulate_window
+from trainer.run import loop
+from trainer.run.step import accumulate_window
 from trainer.sync_counter import HostSyncCounter
 
 

@@ -10,7 +10,7 @@ import pytest
 from hf_support import TINY_LLAMA, lora_spec
 from pydantic import ValidationError
 
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
 
 
 def _locs(fields: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -78,7 +78,7 @@ def test_impossible_combinations_are_422_at_the_field(change: dict[str, Any], lo
 
 def test_validating_a_spec_imports_neither_torch_nor_transformers() -> None:
     code = (
-        f"import sys, trainer.spec as s; s.JobSpec.model_validate({lora_spec()!r}); "
+        f"import sys, halfcast.contracts.spec as s; s.JobSpec.model_validate({lora_spec()!r}); "
         "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

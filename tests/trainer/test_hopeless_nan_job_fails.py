@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import load_checkpoint, step_path
-from trainer.distributed import DistContext
+from halfcast.contracts.spec import JobSpec
 from trainer.errors import TrainerError
-from trainer.loop import train
+from trainer.parallel.distributed import DistContext
 from trainer.records import RECORDS_FILE
-from trainer.spec import JobSpec
+from trainer.run.checkpoint import load_checkpoint, step_path
+from trainer.run.loop import train
 
 
 def test_nan_gradients_every_step_fail_the_job_long_before_the_end(
@@ -42,7 +42,7 @@ def test_nan_gradients_every_step_fail_the_job_long_before_the_end(
 
 def test_weights_never_receive_nan(tiny_mlp_spec: Callable[..., JobSpec], cpu_ctx: DistContext, tmp_path: Path) -> None:
     """C11: 12 NaN steps under a guard limit of 1000: the weights of step 12's checkpoint are finite; the job,
-    having applied no update, fails ``no_update_applied`` (trainer/end_check.py) instead of succeeding."""
+    having applied no update, fails ``no_update_applied`` (trainer/run/end_check.py) instead of succeeding."""
     spec = tiny_mlp_spec(
         precision="fp16",
         max_steps=12,

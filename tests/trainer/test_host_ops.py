@@ -8,14 +8,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
-import trainer.precision as precision_module
+import trainer.numerics.precision as precision_module
 from bench.op_counter import OpCounter
+from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components, build_record_flusher
-from trainer.distributed import DistContext
-from trainer.loss_scale import DynamicLossScaler
+from trainer.numerics.loss_scale import DynamicLossScaler
+from trainer.parallel.distributed import DistContext
 from trainer.records import RecordSink
-from trainer.spec import JobSpec
-from trainer.step import record_step, train_step
+from trainer.run.step import record_step, train_step
 
 
 @pytest.mark.parametrize("consecutive", [False, True])

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from hf_support import lora_spec
 
+from halfcast.contracts.spec import JobSpec
 from trainer.errors import TrainerError
 from trainer.inputs import EDGE_BYTES, WHOLE_FILE_BYTES, check_inputs_unchanged, file_fingerprint, input_fingerprints
-from trainer.spec import JobSpec
 
 
 @pytest.fixture

@@ -14,17 +14,17 @@ import torch
 from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401 (the hf_tokenizer fixture)
 from jsonl_support import DataRoot, trained_spans
 
-from trainer.catalog import TextConfig
+from halfcast.contracts.catalog import TextConfig
 from trainer.data import IGNORE_INDEX, Batch, Task
 from trainer.data.jsonl.batches import collate
 from trainer.data.text import build_text
-from trainer.distributed import DistContext
 from trainer.errors import TrainerError
-from trainer.loop import _data_report
 from trainer.losses import task_loss
 from trainer.models.gpt import GPT
-from trainer.precision import build_precision
-from trainer.step import accumulate_window
+from trainer.numerics.precision import build_precision
+from trainer.parallel.distributed import DistContext
+from trainer.run.loop import _data_report
+from trainer.run.step import accumulate_window
 
 
 @pytest.fixture

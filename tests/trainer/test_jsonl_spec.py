@@ -13,9 +13,9 @@ from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401 (the hf_toke
 from jsonl_support import DataRoot
 from pydantic import ValidationError
 
-from trainer.catalog import MODEL_DATASETS, JsonlDataset
+from halfcast.contracts.catalog import MODEL_DATASETS, JsonlDataset
+from halfcast.contracts.spec import JobSpec
 from trainer.errors import TrainerError
-from trainer.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,8 +83,8 @@ def test_existing_models_cannot_train_on_jsonl() -> None:
 
 def test_the_spec_modules_import_neither_torch_nor_transformers() -> None:
     code = (
-        "import sys, trainer.catalog, trainer.spec\n"
-        "trainer.catalog.JsonlDataset(name='jsonl', config={'path': 'd.jsonl', 'format': 'chat'})\n"
+        "import sys, halfcast.contracts.catalog, halfcast.contracts.spec\n"
+        "halfcast.contracts.catalog.JsonlDataset(name='jsonl', config={'path': 'd.jsonl', 'format': 'chat'})\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported'\n"
         "import trainer.data\n"
         "assert 'transformers' not in sys.modules, 'trainer.data imports transformers'\n"

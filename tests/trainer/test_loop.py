@@ -15,19 +15,19 @@ import pytest
 import torch
 from trainer_support import lm_micro_batch, tiny_lm
 
+from halfcast.contracts.spec import JobSpec
 from trainer.batching import windows
-from trainer.checkpoint import final_path, load_checkpoint, step_path
 from trainer.components import build_components
 from trainer.data import Task
 from trainer.data.base import feature_batch, token_batch
-from trainer.distributed import DistContext
 from trainer.errors import TrainerError
-from trainer.loop import train
 from trainer.losses import task_loss
-from trainer.precision import build_precision
+from trainer.numerics.precision import build_precision
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.spec import JobSpec
-from trainer.step import accumulate_window, train_step
+from trainer.run.checkpoint import final_path, load_checkpoint, step_path
+from trainer.run.loop import train
+from trainer.run.step import accumulate_window, train_step
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -142,7 +142,7 @@ def test_accumulation_unscales_and_clips_once_per_step(
     called"); the clip norm is that of the full accumulated gradient and equals the
     fp32 reference within 1e-3 relative.
     """
-    from trainer.precision import PrecisionPolicy
+    from trainer.numerics.precision import PrecisionPolicy
 
     spec = tiny_mlp_spec(
         precision="fp16",
@@ -247,7 +247,7 @@ def test_nonfinite_loss_fails_with_a_reason(
 ) -> None:
     """A NaN weight makes every loss NaN: the job stops with nonfinite_loss at the first flush of step
     records after max_consecutive_nonfinite_losses (step 3), i.e. at log_interval (10), naming step 3."""
-    from trainer import loop
+    from trainer.run import loop
 
     spec = tiny_mlp_spec(max_steps=20, max_consecutive_nonfinite_losses=3)
     parts = build_components(spec, cpu_ctx)

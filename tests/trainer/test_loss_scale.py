@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.loss_scale import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
+from trainer.numerics.loss_scale import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
 
 INF = torch.tensor(1.0)
 CLEAN = torch.tensor(0.0)

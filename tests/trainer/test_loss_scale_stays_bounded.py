@@ -8,8 +8,8 @@ import math
 import torch
 from torch import nn
 
-from trainer.precision import build_precision
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from trainer.numerics.precision import build_precision
 
 CPU = torch.device("cpu")
 

@@ -12,7 +12,7 @@ import pytest
 
 from trainer import components
 from trainer.__main__ import main
-from trainer.precision import PrecisionUnsupportedError
+from trainer.numerics.precision import PrecisionUnsupportedError
 
 pytestmark = pytest.mark.slow  # runs python -m trainer in fresh interpreters: not in make check
 

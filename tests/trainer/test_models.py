@@ -7,7 +7,7 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from trainer.catalog import GPTModel, MLPModel
+from halfcast.contracts.catalog import GPTModel, MLPModel
 from trainer.data import DataInfo, Task
 from trainer.errors import TrainerError
 from trainer.models import build_model

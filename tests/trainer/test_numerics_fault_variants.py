@@ -24,23 +24,23 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from trainer_support import lm_micro_batch, spawn_ranks, tiny_lm
 
-from trainer import loop
-from trainer.checkpoint import final_path, load_checkpoint, step_path
+from halfcast.contracts.spec import JobSpec, LossScaleSpec, OptimizerSpec
 from trainer.components import Components, build_components
 from trainer.data import Batch, Task
 from trainer.data.base import feature_batch, token_batch
-from trainer.distributed import DistContext
 from trainer.errors import TrainerError
-from trainer.loop import train
-from trainer.loss_scale import DynamicLossScaler, StaticLossScaler
 from trainer.losses import task_loss
+from trainer.numerics.loss_scale import DynamicLossScaler, StaticLossScaler
+from trainer.numerics.precision import build_precision, build_scaler
 from trainer.optim.build import build_lr_scheduler, build_optimizer
 from trainer.optim.skipping import DeviceSkipOptimizer
-from trainer.parallel import grad_sync, unwrap_model, wrap_model
-from trainer.precision import build_precision, build_scaler
+from trainer.parallel.distributed import DistContext
+from trainer.parallel.wrap import grad_sync, unwrap_model, wrap_model
 from trainer.records import read_records
-from trainer.spec import JobSpec, LossScaleSpec, OptimizerSpec
-from trainer.step import StepResult, accumulate_window, train_step
+from trainer.run import loop
+from trainer.run.checkpoint import final_path, load_checkpoint, step_path
+from trainer.run.loop import train
+from trainer.run.step import StepResult, accumulate_window, train_step
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def assert_bit_identical(a: Any, b: Any, where: str = "") -> None:
 
 @contextlib.contextmanager
 def captured_components() -> Iterator[list[Components]]:
-    """Every :class:`Components` that :func:`trainer.loop.train` builds while the context is open."""
+    """Every :class:`Components` that :func:`trainer.run.loop.train` builds while the context is open."""
     built: list[Components] = []
     original = loop.build_components
 

@@ -1,4 +1,4 @@
-"""Optimizers from the spec and the learning-rate schedules over applied steps (device-side, trainer/schedule.py)."""
+"""Optimizers from the spec and the learning-rate schedules over applied steps (device-side, trainer/optim/schedule.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from halfcast.contracts.spec import LRSchedulerSpec, OptimizerSpec
 from trainer.optim.build import LRMultiplier, build_lr_scheduler, build_optimizer
-from trainer.spec import LRSchedulerSpec, OptimizerSpec
 
 
 def _params() -> list[torch.nn.Parameter]:

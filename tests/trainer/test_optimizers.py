@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from halfcast.contracts.spec import JobSpec, LRSchedulerSpec
+from trainer.numerics.precision import build_precision
 from trainer.optim.build import build_lr_scheduler
 from trainer.optim.skipping import SGD, AdamW, fused_supported
-from trainer.precision import build_precision
-from trainer.spec import JobSpec, LRSchedulerSpec
 
 CPU = torch.device("cpu")
 SHAPES = [(32, 16), (32,), (4, 32), (4,), (7, 5, 3), (1000,)]

@@ -9,15 +9,15 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from trainer_support import spawn_ranks
 
+from halfcast.contracts.spec import JobSpec
 from trainer.data import IGNORE_INDEX, Batch, Task
 from trainer.data.base import token_batch
-from trainer.distributed import DistContext
 from trainer.losses import task_loss
 from trainer.models.gpt import GPT
-from trainer.parallel import unwrap_model, wrap_model
-from trainer.precision import build_precision
-from trainer.spec import JobSpec
-from trainer.step import accumulate_window
+from trainer.numerics.precision import build_precision
+from trainer.parallel.distributed import DistContext
+from trainer.parallel.wrap import unwrap_model, wrap_model
+from trainer.run.step import accumulate_window
 
 WORLD_SIZE = 2
 #: (valid tokens, seed) of each micro-batch, per rank: K=2 windows of unequal token counts.

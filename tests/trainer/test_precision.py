@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from trainer_support import spawn_ranks
 
-from trainer.distributed import DistContext
-from trainer.precision import PrecisionPolicy, PrecisionUnsupportedError, build_precision, build_scaler
-from trainer.spec import JobSpec, LossScaleSpec
+from halfcast.contracts.spec import JobSpec, LossScaleSpec
+from trainer.numerics.precision import PrecisionPolicy, PrecisionUnsupportedError, build_precision, build_scaler
+from trainer.parallel.distributed import DistContext
 
 CPU = torch.device("cpu")
 

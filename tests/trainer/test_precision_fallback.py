@@ -17,13 +17,13 @@ import torch
 from pydantic import ValidationError
 from trainer_support import torchrun_trainer
 
-from trainer.checkpoint import final_path, load_checkpoint, step_path
-from trainer.distributed import DistContext
+from halfcast.contracts.spec import JobSpec
 from trainer.errors import TrainerError
-from trainer.loop import TrainResult, train
+from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
-from trainer.resume import check_resumable
-from trainer.spec import JobSpec
+from trainer.run.checkpoint import final_path, load_checkpoint, step_path
+from trainer.run.loop import TrainResult, train
+from trainer.run.resume import check_resumable
 
 SpecFactory = Callable[..., JobSpec]
 CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
@@ -262,8 +262,8 @@ def test_two_ranks_fall_back_in_lockstep(tmp_path: Path) -> None:
 
 
 def test_the_guard_knows_where_the_failing_run_began() -> None:
-    from trainer.guard import DivergenceGuard
-    from trainer.telemetry import StepRow
+    from trainer.run.guard import DivergenceGuard
+    from trainer.run.telemetry import StepRow
 
     def row(step: int, overflow: bool, loss: float = 1.0) -> StepRow:
         return StepRow(

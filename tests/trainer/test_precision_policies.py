@@ -8,19 +8,19 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from trainer import precision
-from trainer.forensics import OverflowForensics
-from trainer.loss_scale import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
-from trainer.observers import Gradients, StepObservers
-from trainer.precision import (
+from halfcast.contracts.spec import JobSpec
+from trainer.numerics import precision
+from trainer.numerics.forensics import OverflowForensics
+from trainer.numerics.loss_scale import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
+from trainer.numerics.observers import Gradients, StepObservers
+from trainer.numerics.precision import (
     Fp8Precision,
     Fp16Precision,
     PlainPrecision,
     build_precision,
     build_scaler,
 )
-from trainer.spec import JobSpec
-from trainer.underflow import UnderflowSampler
+from trainer.numerics.underflow import UnderflowSampler
 
 CPU = torch.device("cpu")
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 from trainer_support import torchrun_trainer
 
-from trainer.checkpoint import step_path
-from trainer.distributed import DistContext
-from trainer.loop import train
+from halfcast.contracts.spec import JobSpec
+from trainer.parallel.distributed import DistContext
 from trainer.preemption import StopRequested, StopSignal
 from trainer.records import read_records
-from trainer.spec import JobSpec
+from trainer.run.checkpoint import step_path
+from trainer.run.loop import train
 
 
 @pytest.fixture

@@ -18,14 +18,14 @@ import pytest
 from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401 (the hf_tokenizer fixture)
 from pydantic import ValidationError
 
-from trainer.catalog import HFConfig, JsonlConfig, JsonlDataset
+from halfcast.contracts.catalog import HFConfig, JsonlConfig, JsonlDataset
+from halfcast.contracts.spec import JobSpec
 from trainer.data import build_dataset
 from trainer.data.jsonl.source import dataset_path
 from trainer.errors import TrainerError
 from trainer.hf.loading import model_dir, tokenizer_dir
 from trainer.inputs import input_fingerprints
 from trainer.registered import REGISTRY_DIR_ENV
-from trainer.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = b"".join(json.dumps({"text": f"row number {n} of the registered file"}).encode() + b"\n" for n in range(12))

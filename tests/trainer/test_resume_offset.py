@@ -13,17 +13,17 @@ import pytest
 import torch
 from hf_support import lora_spec
 
-from trainer import loop
-from trainer.catalog import SyntheticConfig
-from trainer.checkpoint import final_path, load_checkpoint, step_path
+from halfcast.contracts.catalog import SyntheticConfig
+from halfcast.contracts.spec import JobSpec
 from trainer.data import Batch, Dataset
 from trainer.data.base import DataInfo, Task
 from trainer.data.epochs import EpochPosition, epoch_position
 from trainer.data.jsonl.batches import Sample, TokenFileDataset
 from trainer.data.synthetic import build_synthetic
 from trainer.data.text import ByteTextDataset
-from trainer.distributed import DistContext
-from trainer.spec import JobSpec
+from trainer.parallel.distributed import DistContext
+from trainer.run import loop
+from trainer.run.checkpoint import final_path, load_checkpoint, step_path
 
 
 def _same(a: Batch, b: Batch) -> bool:

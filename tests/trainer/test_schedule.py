@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from halfcast.contracts.spec import LRSchedulerSpec, OptimizerSpec
 from trainer.optim.build import build_lr_scheduler, build_optimizer
-from trainer.schedule import LRMultiplier
-from trainer.spec import LRSchedulerSpec, OptimizerSpec
+from trainer.optim.schedule import LRMultiplier
 
 SCHEDULES = [
     LRMultiplier("constant", total_steps=50),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from trainer.catalog import TextConfig
+from halfcast.contracts.catalog import TextConfig
 from trainer.data.sources import read_data_file, read_stdlib, resolve_data_file, stdlib_python_files
 from trainer.errors import TrainerError
 

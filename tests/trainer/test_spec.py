@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
 
 BASE: dict[str, Any] = {"model": {"name": "mlp"}, "dataset": {"name": "digits"}}
 
@@ -21,7 +21,7 @@ def _locs(spec: dict[str, Any]) -> list[tuple[Any, ...]]:
 
 
 def test_importing_the_spec_does_not_import_torch() -> None:
-    code = "import sys, trainer.spec, trainer.catalog; sys.exit('torch' in sys.modules)"
+    code = "import sys, halfcast.contracts.spec, halfcast.contracts.catalog; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

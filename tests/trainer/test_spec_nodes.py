@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trainer.spec import MAX_RANKS, JobSpec
+from halfcast.contracts.spec import MAX_RANKS, JobSpec
 
 BASE: dict[str, Any] = {"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}}
 

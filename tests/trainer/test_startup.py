@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.distributed import DistContext
-from trainer.loop import train
+from halfcast.contracts.spec import JobSpec
+from trainer.parallel.distributed import DistContext
 from trainer.records import RECORDS_FILE, RecordSink, read_records
-from trainer.spec import JobSpec
+from trainer.run.loop import train
 from trainer.startup import (
     LAUNCHED_AT_ENV,
     RANK_STARTED_AT_ENV,

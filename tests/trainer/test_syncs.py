@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 import torch
 
-from trainer import loop
+from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components
-from trainer.distributed import DistContext
-from trainer.precision import build_precision
-from trainer.spec import JobSpec
-from trainer.step import record_step, train_step
+from trainer.numerics.precision import build_precision
+from trainer.parallel.distributed import DistContext
+from trainer.run import loop
+from trainer.run.step import record_step, train_step
+from trainer.run.telemetry import StepLog
 from trainer.sync_counter import HostSyncCounter as HostReads
-from trainer.telemetry import StepLog
 
 PATHS = [(name, impl) for name in ("adamw", "sgd") for impl in ("plain", "foreach", "fused")]
 

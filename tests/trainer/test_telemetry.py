@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.distributed import DistContext
-from trainer.flushing import RecordFlusher, RunTotals
-from trainer.loop import train
+from halfcast.contracts.spec import JobSpec
+from trainer.parallel.distributed import DistContext
 from trainer.records import RecordSink, read_records
-from trainer.spec import JobSpec
-from trainer.telemetry import FIELDS, StepLog, StepMetrics
+from trainer.run.flushing import RecordFlusher, RunTotals
+from trainer.run.loop import train
+from trainer.run.telemetry import FIELDS, StepLog, StepMetrics
 
 CPU = torch.device("cpu")
 

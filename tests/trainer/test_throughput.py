@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.telemetry import StepRow
+from trainer.run.telemetry import StepRow
 from trainer.throughput import MIN_WINDOW_S, Rates, ThroughputMeter
 
 SAMPLES, TOKENS, COMPUTE_S, WRITE_S, EVAL_S, STARTUP_S = 64, 16, 0.001, 0.025, 2.0, 3.0

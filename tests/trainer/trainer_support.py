@@ -18,8 +18,8 @@ import torch.multiprocessing as mp
 
 from trainer.data import IGNORE_INDEX, Batch
 from trainer.data.base import token_batch
-from trainer.distributed import DistContext, barrier, leave_together
 from trainer.models.gpt import GPT
+from trainer.parallel.distributed import DistContext, barrier, leave_together
 from trainer.preemption import exit_now
 
 CPU = torch.device("cpu")
@@ -69,7 +69,7 @@ def spawn_ranks(body: RankBody, *args: Any, world_size: int = 2) -> None:
     This process hosts the ranks' store, as torchrun's agent does (on a port the OS picks, so
     parallel test workers never race for one). After ``body`` returns, each rank frees what it
     left (FSDP's and DDP's reference cycles hold the process group), meets the others at a
-    barrier and then in the store (:func:`trainer.distributed.leave_together`), leaves the group
+    barrier and then in the store (:func:`trainer.parallel.distributed.leave_together`), leaves the group
     and exits without the interpreter's teardown (:func:`trainer.preemption.exit_now`), as a
     job's ranks do. A rank that tore gloo down while its peer was still in its last exchange,
     or whose group was freed by the garbage collector during interpreter teardown, aborted

@@ -13,8 +13,8 @@ import time
 import traceback
 from pathlib import Path
 
-from contracts.records import StepRecord
-from server.db.engine import make_engine
+from halfcast.contracts.records import StepRecord
+from halfcast.core.db.engine import make_engine
 from worker.store import Fence, JobStore, Progress
 
 STEPS = 200

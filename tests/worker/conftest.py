@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import Engine, create_engine, event, text
 from worker_support import MakeJob, insert_job
 
-from server.db.engine import make_engine
-from server.db.models import Base
-from server.settings import Settings
+from halfcast.core.db.engine import make_engine
+from halfcast.core.db.models import Base
+from halfcast.core.settings import Settings
 from worker.launch import RunProcess
 from worker.store import JobStore
 

@@ -20,11 +20,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from worker_support import insert_job, small_spec
 
+from halfcast.core.db.engine import make_engine
+from halfcast.core.db.migrate import upgrade_database
+from halfcast.core.db.models import Job, StepRow
+from halfcast.core.settings import Settings
 from server.app import create_app
-from server.db.engine import make_engine
-from server.db.migrate import upgrade_database
-from server.db.models import Job, StepRecord
-from server.settings import Settings
 from worker.store import Fence, JobStore
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def test_concurrent_sqlite_writers_lose_nothing(data_dir: Path, tmp_path: Path) 
     assert polls and all(code == 200 for code in polls), sorted(set(polls))
     assert len(polls) >= 5  # the API kept answering while the writers ran
     with engine.connect() as conn:
-        assert conn.execute(select(func.count()).select_from(StepRecord)).scalar_one() == 8 * STEPS
+        assert conn.execute(select(func.count()).select_from(StepRow)).scalar_one() == 8 * STEPS
         steps = dict(conn.execute(select(Job.id, Job.step)).all())
     assert all(steps[fence.job_id] == STEPS for fence in fences)
     engine.dispose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from contracts.rundir import RunDir
+from halfcast.contracts.rundir import RunDir
 from worker.failure_logs import RootCause, failure_log, root_cause
 from worker.outcomes import TYPED_TAIL_LINES, exit_outcome
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from kombu import Connection
 
-from broker.celery_app import broker_transport_options, create_celery_app
-from broker.fs_transport import TRANSPORT_PATH, Transport
-from server.settings import Settings
+from halfcast.core.broker.celery_app import broker_transport_options, create_celery_app
+from halfcast.core.broker.fs_transport import TRANSPORT_PATH, Transport
+from halfcast.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = 400
@@ -18,8 +18,8 @@ MESSAGES = 400
 PUBLISHER = """
 import sys
 from kombu import Connection
-from server.settings import Settings
-from broker.celery_app import broker_transport_options
+from halfcast.core.settings import Settings
+from halfcast.core.broker.celery_app import broker_transport_options
 options = {**broker_transport_options(Settings(data_dir=sys.argv[1])), "polling_interval": 0.0}
 with Connection("filesystem://", transport=sys.argv[2], transport_options=options) as conn:
     queue = conn.SimpleQueue("race")

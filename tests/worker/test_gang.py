@@ -1,4 +1,4 @@
-"""Gang formation by compare-and-set (server/db/members.py, worker/gang.py, worker/gang_entry.py) on SQLite."""
+"""Gang formation by compare-and-set (halfcast/core/db/members.py, worker/gang/formation.py, worker/gang/entry.py) on SQLite."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 from sqlalchemy import Engine, select, update
 from worker_support import MakeJob, small_spec
 
-from contracts.status import FailureReason, JobStatus, MemberStatus
-from server.db.members import Members
-from server.db.models import Attempt, Job, JobMember, utcnow
-from server.settings import Settings
-from trainer.spec import JobSpec
-from worker.gang import GangEnd, Gathering, peer_verdict
-from worker.gang_entry import GangEntry
-from worker.gang_launch import NodePlan, gang_command
+from halfcast.contracts.spec import JobSpec
+from halfcast.contracts.status import FailureReason, JobStatus, MemberStatus
+from halfcast.core.db.members import Members
+from halfcast.core.db.models import Attempt, Job, JobMember, utcnow
+from halfcast.core.settings import Settings
+from worker.gang.entry import GangEntry
+from worker.gang.formation import GangEnd, Gathering, peer_verdict
+from worker.gang.launch import NodePlan, gang_command
 from worker.reaper import Reaper
 from worker.recovery import Recovery
 from worker.store import JobStore

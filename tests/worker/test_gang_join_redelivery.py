@@ -17,11 +17,11 @@ from celery.exceptions import Retry
 from sqlalchemy import Engine
 from worker_support import insert_job, small_spec
 
-from broker.celery_app import create_celery_app
-from contracts.status import JobStatus
-from server.db.members import Members
-from server.settings import Settings
-from worker.gang_entry import GangEntry
+from halfcast.contracts.status import JobStatus
+from halfcast.core.broker.celery_app import create_celery_app
+from halfcast.core.db.members import Members
+from halfcast.core.settings import Settings
+from worker.gang.entry import GangEntry
 from worker.runner import RunnerContext
 from worker.slots import Placement
 from worker.store import JobStore
@@ -54,7 +54,7 @@ def task(settings: Settings, db: Engine, monkeypatch: pytest.MonkeyPatch) -> Tas
     task = register_tasks(create_celery_app(settings))
     monkeypatch.setattr(task.halfcast_runtime, "_store", JobStore(db))
     monkeypatch.setattr("worker.tasks.HAND_BACK_PAUSE_S", 0.0)
-    monkeypatch.setattr("worker.gang_entry.MemberRun.run", _must_not_join)
+    monkeypatch.setattr("worker.gang.entry.MemberRun.run", _must_not_join)
     return task
 
 

@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import Engine, select
 from worker_support import MakeJob, small_spec
 
-from server.db.models import Attempt, Job
-from server.settings import Settings
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.db.models import Attempt, Job
+from halfcast.core.settings import Settings
 from worker.gpu_locks import GpuLocks
 from worker.placement import Placer, SlotUnavailable
 from worker.runner import RunnerContext, run_job

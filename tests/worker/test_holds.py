@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine, insert, select, update
 from worker_support import insert_job
 
-from server.db.models import Job, Worker, utcnow
+from halfcast.core.db.models import Job, Worker, utcnow
 from worker.holds import MessageHolds
 from worker.store import JobStore
 

@@ -1,4 +1,4 @@
-"""``server.db.transitions``: the job state machine, and the one fenced compare-and-set, on SQLite and PostgreSQL."""
+"""``halfcast.core.db.transitions``: the job state machine, and the one fenced compare-and-set, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import Engine, select
 from worker_support import insert_job
 
-from contracts.status import JobStatus
-from server.db.engine import WRITE_TRANSACTION
-from server.db.models import Job
-from server.db.transitions import (
+from halfcast.contracts.status import JobStatus
+from halfcast.core.db.engine import WRITE_TRANSACTION
+from halfcast.core.db.models import Job
+from halfcast.core.db.transitions import (
     TRANSITIONS,
     Expected,
     Fence,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from worker_support import small_spec
 
-from server.settings import Settings
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.settings import Settings
 from worker.launch import (
     build_command,
     build_environment,

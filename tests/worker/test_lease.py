@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.gang import MemberLease
+from worker.gang.formation import MemberLease
 from worker.lease import RENEWALS_PER_TTL, Lease
 from worker.store import Fence
 

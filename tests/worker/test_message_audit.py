@@ -19,9 +19,9 @@ import redis
 from sqlalchemy import Engine, update
 from worker_support import insert_job, small_spec
 
-from server.db.models import Job
+from halfcast.core.db.models import Job
+from halfcast.core.settings import Settings
 from server.queue import CeleryJobQueue
-from server.settings import Settings
 from worker.message_audit import UNACKED_KEY, MessageAudit, message_job_id, unowned_queued_job_ids
 from worker.reaper import Reaper
 from worker.recovery import Recovery

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.records import EndRecord, parse_record
+from halfcast.contracts.records import EndRecord, parse_record
 from trainer.records import read_records
 from worker.outcomes import exit_outcome
 

@@ -14,7 +14,7 @@ from sqlalchemy import Engine, event, update
 from sqlalchemy.orm import Session
 from worker_support import insert_job
 
-from server.db.models import Job
+from halfcast.core.db.models import Job
 from worker.runner import Attempt
 from worker.store import JobStore, Progress
 

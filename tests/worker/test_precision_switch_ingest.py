@@ -16,7 +16,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 from worker_support import insert_job
 
-from server.db.models import Job, StepRecord
+from halfcast.core.db.models import Job, StepRow
 from worker.runner import Attempt
 from worker.store import Claim, JobStore, Progress
 
@@ -56,9 +56,7 @@ def _claimed(db: Engine, tmp_path: Path) -> tuple[JobStore, Claim]:
 
 def _stored(db: Engine, job_id: str) -> tuple[list[tuple[int, str, float]], Job]:
     with db.connect() as conn:
-        rows = conn.execute(
-            select(StepRecord.step, StepRecord.data).where(StepRecord.job_id == job_id).order_by(StepRecord.step)
-        )
+        rows = conn.execute(select(StepRow.step, StepRow.data).where(StepRow.job_id == job_id).order_by(StepRow.step))
         steps = [(step, data.get("precision", "fp16"), data["loss"]) for step, data in rows]
     with Session(db) as session:
         job = session.get_one(Job, job_id)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from worker_support import small_spec
 
-from contracts.rundir import JobRuns, RunDir
-from server.settings import Settings
-from trainer.spec import JobSpec
+from halfcast.contracts.rundir import JobRuns, RunDir
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.settings import Settings
 from worker.launch import build_command, build_environment, start_run
 from worker.outcomes import exit_outcome
 from worker.rank_output import USAGE_EXIT, main

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, select, update
 from worker_support import insert_job, small_spec
 
-from server.db.models import Attempt, Job, utcnow
+from halfcast.core.db.models import Attempt, Job, utcnow
 from worker.reaper import Reaper
 from worker.reasons import RETRY_POLICY, should_retry
 from worker.recovery import Recovery, Resolution, attempt_status

@@ -1,4 +1,4 @@
-"""broker/redis_transport.py: closing a collected connection that holds unacknowledged messages does not raise.
+"""halfcast/core/broker/redis_transport.py: closing a collected connection that holds unacknowledged messages does not raise.
 
 When the Redis connection drops, Celery's consumer runs ``connection.collect()``, then
 ``connection.close()`` (``on_connection_error_after_connected``). The collect's own
@@ -21,7 +21,7 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Message, Queue
 
-from broker.redis_transport import TRANSPORT_PATH
+from halfcast.core.broker.redis_transport import TRANSPORT_PATH
 
 pytestmark = pytest.mark.redis
 

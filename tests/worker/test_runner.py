@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import Engine, insert, select, update
 from worker_support import MakeJob, fake_command, small_spec
 
-from server.db.models import Attempt, CancelRequest, Job, StepRecord, utcnow
-from server.settings import Settings
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.db.models import Attempt, CancelRequest, Job, StepRow, utcnow
+from halfcast.core.settings import Settings
 from worker.launch import RunProcess, session_members
 from worker.recovery import Recovery
 from worker.runner import Outcome, RunnerContext, run_job
@@ -32,7 +32,7 @@ def _row(engine: Engine, job_id: str) -> Job:
 
 def _steps(engine: Engine, job_id: str) -> list[int]:
     with engine.connect() as conn:
-        query = select(StepRecord.step).where(StepRecord.job_id == job_id).order_by(StepRecord.step)
+        query = select(StepRow.step).where(StepRow.job_id == job_id).order_by(StepRow.step)
         return list(conn.execute(query).scalars())
 
 
@@ -343,7 +343,7 @@ def test_a_finished_attempt_whose_outcome_was_dropped_is_recorded_not_trained_ag
             .where(Job.id == job_id)
             .values(status="queued", worker_id=None, finished_at=None, step=6, end_info=None, lease_expires_at=None)
         )
-        conn.execute(StepRecord.__table__.delete().where(StepRecord.job_id == job_id, StepRecord.step > 6))
+        conn.execute(StepRow.__table__.delete().where(StepRow.job_id == job_id, StepRow.step > 6))
         conn.execute(update(Attempt).where(Attempt.job_id == job_id).values(status="requeued", reason="worker_lost"))
     outcome = run_job(job_id, _context(settings, store))
     assert outcome is not None and outcome.status == "succeeded", outcome

@@ -19,8 +19,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import OperationalError
 from worker_support import MakeJob, fake_command, small_spec
 
-from server.db.models import Attempt, Job, StepRecord
-from server.settings import Settings
+from halfcast.core.db.models import Attempt, Job, StepRow
+from halfcast.core.settings import Settings
 from worker.launch import session_members
 from worker.runner import Outcome, RunnerContext, run_job
 from worker.store import JobStore
@@ -55,9 +55,7 @@ def _row(engine: Engine, job_id: str) -> Any:
 
 def _steps(engine: Engine, job_id: str) -> list[int]:
     with engine.connect() as conn:
-        return list(
-            conn.execute(select(StepRecord.step).where(StepRecord.job_id == job_id).order_by(StepRecord.step)).scalars()
-        )
+        return list(conn.execute(select(StepRow.step).where(StepRow.job_id == job_id).order_by(StepRow.step)).scalars())
 
 
 def _attempts(engine: Engine, job_id: str) -> list[tuple[int, str | None]]:

@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import Engine, select
 from worker_support import insert_job, small_spec
 
-from common.timeutil import as_utc
-from contracts.records import EvalRecord as EvalLine
-from contracts.records import StepRecord as StepLine
-from server.db.models import Attempt, EvalRecord, Job, StepRecord, utcnow
+from halfcast.common.timeutil import as_utc
+from halfcast.contracts.records import EvalRecord as EvalLine
+from halfcast.contracts.records import StepRecord as StepLine
+from halfcast.core.db.models import Attempt, EvalRow, Job, StepRow, utcnow
 from worker.store import Fence, JobStore, Progress
 
 
@@ -26,7 +26,7 @@ def _job(engine: Engine, job_id: str) -> Job:
         return conn.execute(select(Job).where(Job.id == job_id)).one()  # type: ignore[return-value]
 
 
-def _steps(engine: Engine, job_id: str, table: type[StepRecord] | type[EvalRecord] = StepRecord) -> list[int]:
+def _steps(engine: Engine, job_id: str, table: type[StepRow] | type[EvalRow] = StepRow) -> list[int]:
     """The steps of the job's stored records in ``table`` (step records by default), in order."""
     with engine.connect() as conn:
         return list(conn.execute(select(table.step).where(table.job_id == job_id).order_by(table.step)).scalars())
@@ -217,11 +217,11 @@ def test_every_evaluation_is_kept_and_a_rewind_restores_the_one_before(db: Engin
     store.record_progress(claim.fence, Progress(steps=records[:5], evals=evals[:1]))
     store.record_progress(claim.fence, Progress(steps=records[5:], evals=evals[1:]))
     store.record_progress(claim.fence, Progress(evals=evals[1:2]))  # replayed after a lost write: ignored
-    assert _steps(db, job_id, EvalRecord) == [3, 6, 9] and _job(db, job_id).eval["step"] == 9
+    assert _steps(db, job_id, EvalRow) == [3, 6, 9] and _job(db, job_id).eval["step"] == 9
     assert store.rewind(claim.fence, 7) is True
-    assert _steps(db, job_id, EvalRecord) == [3, 6] and _job(db, job_id).eval == evals[1].body()
+    assert _steps(db, job_id, EvalRow) == [3, 6] and _job(db, job_id).eval == evals[1].body()
     assert store.rewind(claim.fence, 2) is True
-    assert _steps(db, job_id, EvalRecord) == [] and _job(db, job_id).eval is None
+    assert _steps(db, job_id, EvalRow) == [] and _job(db, job_id).eval is None
 
 
 def test_runtime_used_sums_the_ended_attempts(db: Engine, tmp_path: Path) -> None:

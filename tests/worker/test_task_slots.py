@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import Engine, select
 from worker_support import insert_job, small_spec
 
-from broker.celery_app import create_celery_app
-from server.db.engine import make_engine
-from server.db.models import Attempt, Base, Job, Worker
-from server.settings import Settings
+from halfcast.core.broker.celery_app import create_celery_app
+from halfcast.core.db.engine import make_engine
+from halfcast.core.db.models import Attempt, Base, Job, Worker
+from halfcast.core.settings import Settings
 from worker.__main__ import worker_argv
 from worker.gpu_locks import GpuLocks
 from worker.tasks import register_tasks

@@ -9,10 +9,10 @@ from pathlib import Path
 from sqlalchemy import select
 from worker_support import insert_job, small_spec
 
-from broker.celery_app import RUN_JOB_TASK, create_celery_app
-from server.db.engine import make_engine
-from server.db.models import Base, Job
-from server.settings import Settings
+from halfcast.core.broker.celery_app import RUN_JOB_TASK, create_celery_app
+from halfcast.core.db.engine import make_engine
+from halfcast.core.db.models import Base, Job
+from halfcast.core.settings import Settings
 from worker.__main__ import worker_argv
 from worker.store import JobStore
 from worker.tasks import register_tasks
@@ -69,9 +69,9 @@ def test_worker_arguments_follow_the_settings() -> None:
 def test_the_celery_process_never_imports_torch(data_dir: Path) -> None:
     code = (
         "import sys\n"
-        "from server.settings import Settings\n"
+        "from halfcast.core.settings import Settings\n"
         "import worker.__main__, worker.tasks, worker.runner, worker.launch, worker.store, worker.tail\n"
-        "from broker.celery_app import create_celery_app\n"
+        "from halfcast.core.broker.celery_app import create_celery_app\n"
         "from worker.tasks import register_tasks\n"
         f"register_tasks(create_celery_app(Settings(data_dir={str(data_dir)!r})))\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from worker_support import small_spec
 
-from contracts.rundir import JobRuns, RunDir
-from server.settings import Settings
-from trainer.spec import JobSpec
+from halfcast.contracts.rundir import JobRuns, RunDir
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.settings import Settings
 from worker.failure_logs import root_cause
 from worker.launch import RunProcess, build_command, build_environment, start_run
 from worker.warm.agent import rank_environment

@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import Engine, insert, select
 from worker_support import fake_command, insert_job
 
-from server.db.engine import make_session_factory
-from server.db.models import Job, RegisteredDataset, RegisteredModel, utcnow
-from server.db.tokens import create_token
-from server.settings import Settings
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.db.engine import make_session_factory
+from halfcast.core.db.models import Job, RegisteredDataset, RegisteredModel, utcnow
+from halfcast.core.db.tokens import create_token
+from halfcast.core.settings import Settings
 from worker.runner import RunnerContext, run_job
 from worker.store import JobStore
 

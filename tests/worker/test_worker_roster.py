@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, select, update
 
-from common.timeutil import as_utc
-from server.db.models import Worker, utcnow
+from halfcast.common.timeutil import as_utc
+from halfcast.core.db.models import Worker, utcnow
 from worker.roster import Heartbeat, WorkerInfo, WorkerRoster
 
 

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import Engine, select
 from worker_support import insert_job, small_spec
 
-from server.db.models import Job
-from server.settings import Settings
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.db.models import Job
+from halfcast.core.settings import Settings
 from worker.launch import build_environment
 from worker.recovery import Recovery
 from worker.store import Fence, JobStore

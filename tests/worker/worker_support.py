@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import Engine, insert
 
-from server.db.models import Job
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
+from halfcast.core.db.models import Job
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.data.base import Batch, DataInfo, epoch_generator, feature_batch
 from trainer.data.epochs import batches_per_rank, sharded_epochs
 from trainer.errors import TrainerError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainer.catalog import DatasetSpec
+from halfcast.contracts.catalog import DatasetSpec
 from trainer.data.base import Dataset
 from trainer.data.digits import build_digits
 from trainer.data.jsonl.build import build_jsonl
@@ -41,7 +41,7 @@ DATASETS: dict[str, Builder] = {
 
 
 def build_dataset(spec: DatasetSpec, tokenizer: PreTrainedTokenizerBase | None = None) -> Dataset:
-    """The dataset named by ``spec`` (``{"name", "config"}`` from :mod:`trainer.catalog`).
+    """The dataset named by ``spec`` (``{"name", "config"}`` from :mod:`halfcast.contracts.catalog`).
 
     ``tokenizer``: the model's tokenizer, for token datasets read from files (``jsonl``
     requires one; the others ignore it). Raises ``KeyError`` for a name without a

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.catalog import DigitsConfig
+from halfcast.contracts.catalog import DigitsConfig
 from trainer.data.arrays import ArrayDataset
 from trainer.data.base import DataInfo, Task
 

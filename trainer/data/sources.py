@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
 from trainer.roots import DATA_ROOTS
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from trainer.catalog import SyntheticConfig
+from halfcast.contracts.catalog import SyntheticConfig
 from trainer.data.arrays import ArrayDataset
 from trainer.data.base import DataInfo, Task
 

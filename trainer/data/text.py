@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.status import FailureReason
-from trainer.catalog import TextConfig
+from halfcast.contracts.catalog import TextConfig
+from halfcast.contracts.status import FailureReason
 from trainer.data.base import Batch, DataInfo, Task, epoch_generator, token_batch
 from trainer.data.epochs import batches_per_rank, sharded_epochs
 from trainer.data.sources import read_data_file, read_stdlib

@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from contracts.status import FailureReason
-from trainer.catalog import HFConfig
+from halfcast.contracts.catalog import HFConfig
+from halfcast.contracts.spec import AdapterSpec
+from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
-from trainer.spec import AdapterSpec
 
 ALL_LINEAR = "all-linear"
 

@@ -9,12 +9,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from halfcast.contracts.spec import JobSpec
 from trainer.data.base import DataInfo
 from trainer.hf.adapters import apply_lora, cast_frozen, check_trainable
 from trainer.hf.loading import hf_config, load_base_model
 from trainer.hf.wrapper import HFModule
 from trainer.rng import seed_everything
-from trainer.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
-from contracts.records import ExportCheck
-from contracts.rundir import ExportKind, RunDir
+from halfcast.contracts.records import ExportCheck
+from halfcast.contracts.rundir import ExportKind, RunDir
 from trainer.data.base import Batch
 from trainer.hf.export_check import check_merged, logits_of
 from trainer.hf.export_identity import METADATA_FILE

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from contracts.records import ExportCheck
-from contracts.status import FailureReason
+from halfcast.contracts.records import ExportCheck
+from halfcast.contracts.status import FailureReason
 from trainer.data.base import Batch
 from trainer.errors import TrainerError
 from trainer.hf.wrapper import HFModule

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
 
 #: ``export.dtype`` values.
 EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

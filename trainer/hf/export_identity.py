@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from trainer.spec import JobSpec
+from halfcast.contracts.spec import JobSpec
 
 #: The metadata file of each export directory.
 METADATA_FILE = "halfcast_export.json"

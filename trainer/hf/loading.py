@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from contracts.status import FailureReason
-from trainer.catalog import HFConfig
+from halfcast.contracts.catalog import HFConfig
+from halfcast.contracts.status import FailureReason
 from trainer.data.base import DataInfo, Task
 from trainer.errors import TrainerError
 from trainer.hf.safety import check_model_dir, check_tokenizer_dir
@@ -24,7 +24,7 @@ from trainer.registered import registered_model_dir
 from trainer.roots import MODEL_ROOTS
 
 if TYPE_CHECKING:
-    from trainer.spec import JobSpec
+    from halfcast.contracts.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

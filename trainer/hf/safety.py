@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path, PurePath
 from typing import Any
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
 
 #: Weight files that ``torch.load`` would unpickle (arbitrary code); never read.

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from contracts.status import FailureReason
-from trainer.catalog import GPTConfig, MLPConfig, ModelSpec
+from halfcast.contracts.catalog import GPTConfig, MLPConfig, ModelSpec
+from halfcast.contracts.status import FailureReason
 from trainer.data.base import DataInfo
 from trainer.errors import TrainerError
 from trainer.models.gpt import GPT
 from trainer.models.mlp import build_mlp
 
 if TYPE_CHECKING:
-    from trainer.spec import JobSpec
+    from halfcast.contracts.spec import JobSpec
 
 __all__ = ["MODELS", "build_job_model", "build_model", "model_summary"]
 

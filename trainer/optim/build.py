@@ -2,7 +2,7 @@
 
 The optimizers are Halfcast's device-skipping ``AdamW`` / ``SGD``
 (:mod:`trainer.optim.skipping`); the schedule is a device-side function of the count of
-*applied* steps (:mod:`trainer.schedule`), advanced by the step's ``applied`` flag,
+*applied* steps (:mod:`trainer.optim.schedule`), advanced by the step's ``applied`` flag,
 so a skipped step never moves it (docs/trainer.md, "Numerics of one optimizer step";
 pytorch#44511).
 """
@@ -14,9 +14,9 @@ from collections.abc import Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
+from halfcast.contracts.spec import LRSchedulerSpec, OptimizerSpec
+from trainer.optim.schedule import DeviceLRSchedule, LRMultiplier, build_lr_schedule
 from trainer.optim.skipping import SGD, AdamW, Implementation, fused_supported
-from trainer.schedule import DeviceLRSchedule, LRMultiplier, build_lr_schedule
-from trainer.spec import LRSchedulerSpec, OptimizerSpec
 
 __all__ = ["LRMultiplier", "build_lr_scheduler", "build_optimizer", "resolve_implementation"]
 

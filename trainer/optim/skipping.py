@@ -36,7 +36,7 @@ momentum a ``momentum_buffer`` of ``-0.0`` (so the first applied step gives
 step needs no special case (PyTorch's fused SGD would otherwise keep an uninitialised
 ``torch.empty`` momentum buffer after a skipped first step). The learning rate of each
 group is a 0-d tensor on the device (float64 on CPU, float32 elsewhere, as fused CUDA
-kernels read it), written by :class:`trainer.schedule.DeviceLRSchedule`; the base rate
+kernels read it), written by :class:`trainer.optim.schedule.DeviceLRSchedule`; the base rate
 stays in ``group["initial_lr"]``.
 
 Algorithms: AdamW, Loshchilov & Hutter, "Decoupled Weight Decay Regularization"
@@ -56,7 +56,7 @@ from typing import Any, Literal, cast
 import torch
 from torch import Tensor
 
-from trainer.sharded import local_tensors
+from trainer.parallel.sharded import local_tensors
 
 Implementation = Literal["plain", "foreach", "fused"]
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from contracts.rundir import RunDir
+from halfcast.contracts.rundir import RunDir
 from trainer.startup import LAUNCHED_AT_ENV
 from worker.launch import PASSTHROUGH_ENV, RunProcess, guard_command, project_root, start_run
 from worker.warm.assignment import Assignment, LauncherReport, warm_command_parts

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.data.base import IGNORE_INDEX, Batch, DataInfo, Task, epoch_generator
 from trainer.data.epochs import batches_per_rank, sharded_epochs
 from trainer.errors import TrainerError

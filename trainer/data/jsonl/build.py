@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from contracts.records import HELD_OUT_MINIMUM
-from contracts.status import FailureReason
-from trainer.catalog import JsonlConfig
+from halfcast.contracts.catalog import JsonlConfig
+from halfcast.contracts.records import HELD_OUT_MINIMUM
+from halfcast.contracts.status import FailureReason
 from trainer.data.base import DataInfo, Task
 from trainer.data.jsonl.batches import Sample, TokenFileDataset
 from trainer.data.jsonl.chat import chat_tokens, check_chat_template

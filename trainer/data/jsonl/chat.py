@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.data.jsonl.chat_marked import has_generation_blocks, marked_trainable
 from trainer.data.jsonl.formats import ChatExample
 from trainer.data.jsonl.rows import row_error

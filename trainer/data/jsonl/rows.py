@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.data.sources import open_data_file
 from trainer.errors import TrainerError
 

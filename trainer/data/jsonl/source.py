@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO
 
-from contracts.status import FailureReason
-from trainer.catalog import JsonlConfig
+from halfcast.contracts.catalog import JsonlConfig
+from halfcast.contracts.status import FailureReason
 from trainer.data.sources import open_bounded, resolve_data_file
 from trainer.errors import TrainerError
 from trainer.registered import check_sha256, registered_dataset_file

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from contracts.status import FailureReason
+from halfcast.contracts.status import FailureReason
 from trainer.data.jsonl.formats import InstructionExample, TextExample
 from trainer.errors import TrainerError
 

@@ -1,0 +1,125 @@
+"""Checkpoints: everything needed to resume a job exactly, written atomically by rank 0.
+
+A checkpoint is a ``torch.save`` dict with ``model`` (unwrapped state dict; for an ``hf``
+adapter job only its trainable parameters, see :func:`checkpointed_model_state`),
+``optimizer``, ``lr_scheduler``, ``precision`` (loss-scaler state and skipped-step
+counter, from ``PrecisionPolicy.state_dict()``), ``step`` (attempted steps done),
+``counters`` (divergence-guard counters), ``rng`` (every rank's generator states,
+by rank), ``spec`` (the job spec as JSON data, as the user gave it), ``best_evaluation``
+(the best evaluation so far and the evaluations since, :mod:`trainer.run.early_stopping`) and, once a job
+fell back from fp16 to bf16, ``precision_switch`` (the switch; the other parts are then
+bf16's, see :mod:`trainer.run.fallback`).
+It is written to a temporary file in the same directory, fsynced, then moved into
+place with ``os.replace``, so a reader never sees a partial file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
+
+from halfcast.contracts.rundir import RunDir
+from halfcast.contracts.spec import JobSpec
+from trainer.numerics.precision import PrecisionPolicy
+from trainer.parallel.sharded import load_state_dicts
+
+
+def step_path(run_dir: Path, step: int) -> Path:
+    """``<run_dir>/checkpoints/step-<step>.pt`` (:class:`halfcast.contracts.rundir.RunDir`)."""
+    return RunDir(run_dir).step_checkpoint(step)
+
+
+def final_path(run_dir: Path) -> Path:
+    """``<run_dir>/checkpoints/final.pt`` (:class:`halfcast.contracts.rundir.RunDir`)."""
+    return RunDir(run_dir).final_checkpoint
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """The objects a checkpoint captures (``model`` unwrapped, not DDP)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: LRScheduler
+    precision: PrecisionPolicy
+
+
+def save_checkpoint(
+    path: Path,
+    state: TrainingState,
+    *,
+    step: int,
+    counters: Mapping[str, int],
+    spec: JobSpec,
+    rng: Sequence[Mapping[str, Any]] = (),
+    model_state: Mapping[str, Any] | None = None,
+    optimizer_state: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Write ``state`` at attempted step ``step`` to ``path`` atomically. ``OSError`` propagates.
+
+    ``rng`` holds every rank's generator states, indexed by rank (see :mod:`trainer.rng`).
+    ``model_state`` / ``optimizer_state``: state dicts gathered beforehand by every rank
+    (:func:`trainer.parallel.sharded.gather_state_dicts`, needed under FSDP2); default: ``state``'s own.
+    ``extra``: more top-level entries (e.g. ``precision_switch``, see :mod:`trainer.run.fallback`).
+    """
+    payload: dict[str, Any] = {
+        "rng": [dict(r) for r in rng],
+        "model": checkpointed_model_state(
+            state.model, state.model.state_dict() if model_state is None else model_state
+        ),
+        "optimizer": state.optimizer.state_dict() if optimizer_state is None else dict(optimizer_state),
+        "lr_scheduler": state.lr_scheduler.state_dict(),
+        "precision": state.precision.state_dict(),
+        "step": step,
+        "counters": dict(counters),
+        "spec": spec.model_dump(mode="json"),
+        **(extra or {}),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(payload, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def checkpointed_model_state(model: nn.Module, full: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of ``full`` a checkpoint keeps: all of it, or only the keys of ``model.checkpoint_keys()``
+    when the model has one (an adapter job keeps its trainable state; the base is rebuilt from the spec)."""
+    keys_of = getattr(model, "checkpoint_keys", None)
+    keys = keys_of() if callable(keys_of) else None
+    return dict(full) if keys is None else {k: v for k, v in full.items() if k in keys}
+
+
+def load_checkpoint(path: Path, state: TrainingState | None = None) -> dict[str, Any]:
+    """Read a checkpoint (on CPU) and, if ``state`` is given, restore every part of it in place.
+
+    Returns the raw checkpoint dict (``step``, ``counters`` and ``spec`` included).
+    Raises ``FileNotFoundError`` for a missing file, and whatever ``load_state_dict``
+    raises for a mismatching model, optimizer, scheduler or precision.
+    """
+    payload: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    if state is not None:
+        restore_state(payload, state)
+    return payload
+
+
+def restore_state(payload: Mapping[str, Any], state: TrainingState) -> None:
+    """Load a checkpoint's model, optimizer, scheduler and precision parts into ``state`` in place."""
+    load_state_dicts(state.model, state.optimizer, payload["model"], payload["optimizer"])  # collective under FSDP2
+    state.lr_scheduler.load_state_dict(payload["lr_scheduler"])
+    state.precision.load_state_dict(payload["precision"])
