@@ -23,6 +23,7 @@ from server.auth import check_exposure
 from server.http.admission import AdmissionCollector, AdmissionMiddleware, Limiter
 from server.http.body_errors import install_body_error_handlers
 from server.http.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
+from server.http.built_routes import add_built_routes
 from server.http.errors import install_error_handlers
 from server.http.openapi_errors import declare_error_responses
 from server.http.request_metrics import RequestMetricsMiddleware, request_histogram
@@ -147,17 +148,17 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     app.add_middleware(RequestMetricsMiddleware, histogram=app.state.request_histogram)
     install_error_handlers(app)
     install_body_error_handlers(app)
-    app.include_router(job_resource.router)
-    app.include_router(jobs.router)
-    app.include_router(checkpoints.router)
-    app.include_router(exports.router)
-    app.include_router(datasets.router)
-    app.include_router(models.router)
-    app.include_router(health.router)
-    app.include_router(metrics.router)
-    app.include_router(workers.router)
-    app.include_router(audit.router)
-    app.include_router(session.router)
+    add_built_routes(app, job_resource.router)
+    add_built_routes(app, jobs.router)
+    add_built_routes(app, checkpoints.router)
+    add_built_routes(app, exports.router)
+    add_built_routes(app, datasets.router)
+    add_built_routes(app, models.router)
+    add_built_routes(app, health.router)
+    add_built_routes(app, metrics.router)
+    add_built_routes(app, workers.router)
+    add_built_routes(app, audit.router)
+    add_built_routes(app, session.router)
     events.install(app)
     logs.install(app)
     dashboard.install(app)

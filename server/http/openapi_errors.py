@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, routing
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
+from fastapi.utils import create_model_field
 
 from server.auth import authenticate, require_admin
 from server.deps import get_session
@@ -101,7 +102,19 @@ def _add_error_responses(app: FastAPI) -> None:
     for route in _api_routes(app):
         for status_code, declaration in _extra_responses(route).items():
             if status_code not in route.responses and str(status_code) not in route.responses:
-                route.responses[status_code] = declaration
+                _declare(route, status_code, declaration)
+
+
+def _declare(route: Any, status_code: int, declaration: dict[str, Any]) -> None:
+    """Add one answer to ``route`` as FastAPI does for a declared ``responses=`` entry: with its body's model field.
+
+    Routes are declared once per process and shared by its apps (:mod:`server.http.built_routes`), so the
+    first app's description adds them and later apps find them there.
+    """
+    route.responses[status_code] = declaration
+    route.response_fields[status_code] = create_model_field(
+        name=f"Response_{status_code}_{route.unique_id}", type_=declaration["model"], mode="serialization"
+    )
 
 
 def _with_field_property(schema: dict[str, Any]) -> dict[str, Any]:

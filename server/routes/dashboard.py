@@ -15,6 +15,8 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from server.http.built_routes import add_built_routes
+
 router = APIRouter(tags=["dashboard"])
 
 
@@ -31,5 +33,5 @@ def index() -> FileResponse:
 
 def install(app: FastAPI) -> None:
     """Serve the dashboard at ``/`` and its assets under ``/static``."""
-    app.include_router(router)
+    add_built_routes(app, router)
     app.mount("/static", StaticFiles(directory=static_dir()), name="static")

@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from server.access import visible_job_or_404
 from server.auth import PrincipalDep, authenticate
+from server.http.built_routes import add_built_routes
 from server.schemas import MAX_STEP_NUMBER, ErrorBody
 from server.streams.events import database_poller, job_events
 from server.streams.sse import sse_response
@@ -26,7 +27,7 @@ router = APIRouter(prefix="/jobs", tags=["events"], dependencies=[Depends(authen
 def install(app: FastAPI, settings: EventStreamSettings | None = None) -> None:
     """Add the events route to ``app`` and its stream bookkeeping (``app.state.event_streams``)."""
     app.state.event_streams = StreamStats(settings or EventStreamSettings())
-    app.include_router(router)
+    add_built_routes(app, router)
 
 
 def _stream_stats(request: Request) -> StreamStats:

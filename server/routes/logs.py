@@ -19,6 +19,7 @@ from halfcast.contracts.resources import LogLines
 from halfcast.core.db.models import TERMINAL_STATUSES, Job
 from server.access import visible_job_for_files
 from server.auth import PrincipalDep, authenticate
+from server.http.built_routes import add_built_routes
 from server.http.errors import ApiError
 from server.schemas import ErrorBody
 from server.streams.logstream import LogTarget, database_state_poller, follow_log
@@ -37,7 +38,7 @@ DEFAULT_TAIL = 200
 def install(app: FastAPI, settings: EventStreamSettings | None = None) -> None:
     """Add the logs route to ``app`` and the bookkeeping of its follow streams (``app.state.log_streams``)."""
     app.state.log_streams = StreamStats(settings or EventStreamSettings())
-    app.include_router(router)
+    add_built_routes(app, router)
 
 
 def _query_error(name: str, message: str, value: object) -> RequestValidationError:
