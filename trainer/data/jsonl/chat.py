@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from halfcast.contracts.status import FailureReason
 from trainer.data.jsonl.chat_marked import has_generation_blocks, marked_trainable
+from trainer.data.jsonl.control_tokens import control_tokens, first_control_token
 from trainer.data.jsonl.formats import ChatExample
 from trainer.data.jsonl.rows import row_error
 from trainer.data.jsonl.tokens import TokenExample, encode
@@ -54,6 +55,7 @@ def chat_tokens(example: ChatExample, tokenizer: PreTrainedTokenizerBase, maskin
     tokenize as prefixes of the whole conversation.
     """
     messages = list(example.messages)
+    _check_no_control_tokens(example, tokenizer, file)
     full = _render(tokenizer, messages, example.line, file, generation_prompt=False)
     trainable = [masking == "none"] * len(full)
     if masking == "none":
@@ -78,6 +80,24 @@ def chat_tokens(example: ChatExample, tokenizer: PreTrainedTokenizerBase, maskin
             )
         trainable[start:end] = [True] * (end - start)
     return TokenExample(example.line, full, trainable)
+
+
+def _check_no_control_tokens(example: ChatExample, tokenizer: PreTrainedTokenizerBase, file: str) -> None:
+    """``data_unavailable`` naming the first message whose content holds one of the tokenizer's control tokens.
+
+    The template's text is tokenized with its control tokens read as such, so one written by a message
+    would end or open a turn the conversation does not have (:mod:`trainer.data.jsonl.control_tokens`).
+    """
+    controls = control_tokens(tokenizer)
+    for index, message in enumerate(example.messages):
+        content = message.get("content")
+        token = first_control_token(content, controls) if isinstance(content, str) else None
+        if token is not None:
+            what = (
+                f"holds {token!r}, one of the tokenizer's control tokens: the chat template's text would read it as"
+                " a turn marker, not as text; remove it from the data or write it another way"
+            )
+            raise row_error(file, example.line, f"messages[{index}].content", what)
 
 
 def _turn_start(

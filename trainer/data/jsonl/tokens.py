@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from halfcast.contracts.status import FailureReason
+from trainer.data.jsonl.control_tokens import encode_as_text
 from trainer.data.jsonl.formats import InstructionExample, TextExample
 from trainer.errors import TrainerError
 
@@ -85,9 +86,13 @@ def instruction_prompt(example: InstructionExample) -> str:
 def instruction_tokens(
     example: InstructionExample, tokenizer: PreTrainedTokenizerBase, prefix: list[int], masking: str
 ) -> TokenExample:
-    """``prefix + prompt + output + eos``; masking ``output`` trains ``output + eos`` only, ``none`` everything."""
-    prompt = prefix + encode(tokenizer, instruction_prompt(example))
-    answer = [*encode(tokenizer, example.output), eos_id(tokenizer)]
+    """``prefix + prompt + output + eos``; masking ``output`` trains ``output + eos`` only, ``none`` everything.
+
+    The row's text is tokenized as text: a control token's string in it is trained as its characters
+    (:mod:`trainer.data.jsonl.control_tokens`).
+    """
+    prompt = prefix + encode_as_text(tokenizer, instruction_prompt(example))
+    answer = [*encode_as_text(tokenizer, example.output), eos_id(tokenizer)]
     trainable = [masking == "none"] * len(prompt) + [True] * len(answer)
     return TokenExample(example.line, prompt + answer, trainable)
 
