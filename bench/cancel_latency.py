@@ -57,7 +57,8 @@ JOB_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 120.0
 #: Interval between polls of the job resource while the cancel is timed.
 POLL_S = 0.02
-#: What the worker logs when a run outlived its grace period and is SIGKILLed (:meth:`worker.launch.RunProcess.stop`).
+#: What the worker logs when a run outlived its grace period and is SIGKILLed
+#: (:meth:`worker.launch.process_tree.RunProcess.stop`).
 KILLED_MARK = "grace period; killing it"
 
 

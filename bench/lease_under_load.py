@@ -38,7 +38,7 @@ log = logging.getLogger("bench.lease_under_load")
 
 #: Seconds the jobs get to start (torch imported, first step recorded).
 START_TIMEOUT_S = 120.0
-#: What the worker logs when an attempt loses its lease (``worker/lease.py``).
+#: What the worker logs when an attempt loses its lease (``worker/lifecycle/lease.py``).
 LEASE_LOST_LINE = "lost its lease"
 
 

@@ -76,7 +76,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 }
 #: The imports outside :data:`ALLOWED`: (importing module, imported module) -> why.
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("worker.torchrun", "trainer.preemption"): "torchrun's own process (it imports torch), never the Celery worker",
+    (
+        "worker.launch.torchrun",
+        "trainer.preemption",
+    ): "torchrun's own process (it imports torch), never the Celery worker",
     (
         "worker.warm.standby",
         "trainer.__main__",
@@ -224,3 +227,49 @@ def test_no_packages_import_one_another_in_a_circle() -> None:
     for importer, name in first_party_imports():
         graph.setdefault(node(importer), set()).add(node(name))
     assert import_circles(graph) == []
+
+
+#: worker/'s parts by layer, lowest first (docs/worker.md): a part imports its own modules and lower layers' only.
+#: A part is a folder (``launch``) or a top-level module (``runner``).
+WORKER_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("resources", "messages", "launch", "store", "roster"),
+    ("warm", "records"),
+    ("lifecycle",),
+    ("runner",),
+    ("gang",),
+    ("tasks",),
+    ("__main__",),
+    ("cli",),
+)
+
+
+def layer_breaks(graph: dict[str, set[str]], package: str, layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """``importer -> imported`` for each import inside ``package`` of a part in the same or a higher layer."""
+    layer = {part: n for n, parts in enumerate(layers) for part in parts}
+
+    def part(module: str) -> str | None:
+        rest = module.removeprefix(package + ".")
+        return None if rest == module else rest.split(".")[0]
+
+    breaks = []
+    for importer, imported in sorted(graph.items()):
+        for name in sorted(imported):
+            low, high = part(importer), part(name)
+            if low is None or high is None or low == high:
+                continue
+            if layer.get(high, len(layers)) >= layer.get(low, -1):
+                breaks.append(f"{importer} -> {name}")
+    return breaks
+
+
+def test_the_worker_imports_down_its_layers_only() -> None:
+    graph = {module: imports for module, imports in module_imports().items() if module.startswith("worker.")}
+    parts = {module.split(".")[1] for module in graph}
+    assert parts == {part for parts_ in WORKER_LAYERS for part in parts_}, "place every worker part in a layer"
+    assert layer_breaks(graph, "worker", WORKER_LAYERS) == []
+
+
+def test_an_import_up_or_across_a_layer_is_found() -> None:
+    graph = {"w.a.x": {"w.b.y", "w.a.z"}, "w.b.y": {"w.c"}, "w.c": {"w.a.x"}}
+    layers = (("a",), ("b", "c"))
+    assert layer_breaks(graph, "w", layers) == ["w.a.x -> w.b.y", "w.b.y -> w.c"]

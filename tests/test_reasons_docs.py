@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.reasons import FAILURE_REASONS
+from worker.lifecycle.reasons import FAILURE_REASONS
 
 ROOT = Path(__file__).resolve().parents[1]
 

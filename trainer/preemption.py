@@ -1,7 +1,7 @@
 """A graceful stop on SIGTERM: every rank agrees, then the loop checkpoints and exits.
 
 The worker stops a run (cancel, deadline, worker shutdown) by sending SIGTERM to
-torchrun, which passes it on to every rank (:meth:`worker.launch.RunProcess.stop`),
+torchrun, which passes it on to every rank (:meth:`worker.launch.process_tree.RunProcess.stop`),
 and sends SIGKILL after ``HALFCAST_CANCEL_GRACE_S``. The trainer uses that grace
 period: the signal handler only sets a flag; the loop checks it after every optimizer
 step and, once the ranks agree, writes the pending records and a checkpoint of that

@@ -2,8 +2,8 @@
 
 A job's start-up is timed in five phases, each ending where the next begins:
 
-- ``launch``: the worker starts torchrun → this rank's wrapper (``worker.rank_output``)
-  execs the trainer's Python (``worker.deathsig``, torchrun's own start-up and
+- ``launch``: the worker starts torchrun → this rank's wrapper (``worker.launch.rank_output``)
+  execs the trainer's Python (``worker.launch.deathsig``, torchrun's own start-up and
   rendezvous, the wrapper);
 - ``imports``: → the training loop is entered (that Python's start-up, the torch and
   trainer imports, the spec, the process group);
@@ -14,7 +14,7 @@ A job's start-up is timed in five phases, each ending where the next begins:
 - ``first_step``: → the first step's record is written (the run's first step is always
   flushed at once).
 
-The worker passes its launch time in :data:`LAUNCHED_AT_ENV` and ``worker.rank_output`` the
+The worker passes its launch time in :data:`LAUNCHED_AT_ENV` and ``worker.launch.rank_output`` the
 rank's start in :data:`RANK_STARTED_AT_ENV` (unix seconds); without them (a plain
 ``python -m trainer``) ``launch_s`` and ``imports_s`` are ``None``.
 
@@ -38,9 +38,9 @@ from trainer.records import RecordSink
 
 log = logging.getLogger(__name__)
 
-#: Unix time at which the worker started the run (set by ``worker.launch.start_run``).
+#: Unix time at which the worker started the run (set by ``worker.launch.process_tree.start_run``).
 LAUNCHED_AT_ENV = "HALFCAST_LAUNCHED_AT"
-#: Unix time at which this rank's trainer Python was started (set by ``worker.rank_output`` just before its exec).
+#: Unix time at which this rank's trainer Python was started (set by ``worker.launch.rank_output`` just before its exec).
 RANK_STARTED_AT_ENV = "HALFCAST_RANK_STARTED_AT"
 
 #: The phase a ``phase`` record says begins; ``training``: start-up is over.

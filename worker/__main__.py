@@ -2,7 +2,7 @@
 
 Runs the thread pool (the training runs in torchrun subprocesses, so threads only
 supervise) on ``settings.queue_name`` with one thread per slot:
-``settings.worker_concurrency`` CPU jobs plus one per GPU (:mod:`worker.slots`). Extra command-line arguments
+``settings.worker_concurrency`` CPU jobs plus one per GPU (:mod:`worker.resources.slots`). Extra command-line arguments
 go to Celery after the defaults, so they override them (e.g. ``--hostname other@%h``). This process never
 imports torch.
 """

@@ -15,7 +15,7 @@ Every claimed attempt ends in a terminal status or hands the job back: the
 supervision runs under ``try``/``finally``, and anything unexpected stops the run
 and fails the job with reason ``worker_error``. A message whose claim fails
 (redelivered, duplicate, or the job was cancelled while queued) is logged and
-dropped. The loop renews the attempt's lease (:mod:`worker.lease`); every write is
+dropped. The loop renews the attempt's lease (:mod:`worker.lifecycle.lease`); every write is
 fenced by attempt and owner (:mod:`worker.store`).
 """
 
@@ -37,19 +37,19 @@ from halfcast.contracts.rundir import RunDir
 from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason, JobStatus
 from halfcast.core.settings import Settings
-from worker.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
-from worker.deadline import Deadline
-from worker.finished_attempt import finished_attempt
-from worker.ingest import end_info, ingest, parse_lines
-from worker.launch import RunProcess, build_command, build_environment, start_run
-from worker.lease import Lease
-from worker.oomwatch import oom_kill_count
-from worker.outcomes import Outcome, ended_outcome, exit_outcome
-from worker.reasons import RETRY_POLICY
-from worker.recovery import Enqueue, Recovery
-from worker.registered_inputs import RefError, resolve_inputs
+from worker.launch.oomwatch import oom_kill_count
+from worker.launch.process_tree import RunProcess, build_command, build_environment, start_run
+from worker.lifecycle.checkpoints import CheckpointUnavailable, resolve_resume, retry_checkpoint
+from worker.lifecycle.deadline import Deadline
+from worker.lifecycle.finished_attempt import finished_attempt
+from worker.lifecycle.lease import Lease
+from worker.lifecycle.outcomes import Outcome, ended_outcome, exit_outcome
+from worker.lifecycle.reasons import RETRY_POLICY
+from worker.lifecycle.recovery import Enqueue, Recovery
+from worker.lifecycle.registered_inputs import RefError, resolve_inputs
+from worker.records.ingest import end_info, ingest, parse_lines
+from worker.records.tail import RecordTail, step_records_up_to
 from worker.store import Claim, JobStore, Progress
-from worker.tail import RecordTail, step_records_up_to
 from worker.warm.pool import WarmPool
 
 __all__ = ["Attempt", "Outcome", "RunnerContext", "run_job"]
@@ -78,7 +78,7 @@ class RunnerContext:
     retried); ``on_claimed`` is called right after a successful claim (the task
     acknowledges its message there); ``gpus`` are the host GPU indices the task
     allocated for the attempt (empty for a CPU job) and ``gpu_lock_fds`` the locked
-    descriptors of their lock files, which the run inherits (:mod:`worker.gpu_locks`).
+    descriptors of their lock files, which the run inherits (:mod:`worker.resources.gpu_locks`).
     """
 
     settings: Settings
@@ -232,7 +232,7 @@ class Attempt:
     def _finished_before(self) -> Outcome | None:
         """An earlier attempt's success whose outcome was never recorded, recorded now instead of training again.
 
-        Its step records are backfilled and its ``end`` record's counts kept (:mod:`worker.finished_attempt`).
+        Its step records are backfilled and its ``end`` record's counts kept (:mod:`worker.lifecycle.finished_attempt`).
         """
         if self.claim.attempt <= 1:
             return None
@@ -297,7 +297,7 @@ class Attempt:
         return None
 
     def _environment(self, spec: JobSpec) -> dict[str, str]:
-        """The run's environment (:func:`worker.launch.build_environment`)."""
+        """The run's environment (:func:`worker.launch.process_tree.build_environment`)."""
         return build_environment(spec, self.context.settings, gpus=self.context.gpus)
 
     def _peer_outcome(self) -> Outcome | None:
@@ -394,7 +394,9 @@ class Attempt:
         self.pending = []  # stored (kept on an error above, to be written again: insert-or-ignore)
 
     def _progress(self, lines: list[dict[str, Any]]) -> Progress:
-        """The progress of the record lines ``lines`` in file order (:func:`worker.ingest.ingest`); keeps their ``end`` record."""
+        """The progress of the record lines ``lines`` in file order (:func:`worker.records.ingest.ingest`).
+
+        Keeps their ``end`` record."""
         ingested = ingest(parse_lines(lines))
         self.end = ingested.end if ingested.end is not None else self.end
         return ingested.progress

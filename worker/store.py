@@ -68,7 +68,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Progress:
-    """What one poll of the step records adds to a job (the records as :mod:`worker.ingest` read them).
+    """What one poll of the step records adds to a job (the records as :mod:`worker.records.ingest` read them).
 
     ``switches``: the poll's ``precision_switch`` records (``on_divergence:
     "fallback_bf16"``), in order; each first forgets the job's step records after its
@@ -78,7 +78,7 @@ class Progress:
     is rewound). Both are appended to ``jobs.precision_switches`` unless already there.
     ``evals``: the poll's evaluation records (each stored in ``eval_records``; the newest
     stored one, by step, becomes ``jobs.eval``), under the same rule as ``steps``.
-    ``startup``: the newest start-up phase the poll read (:func:`worker.ingest.startup_summary`),
+    ``startup``: the newest start-up phase the poll read (:func:`worker.records.ingest.startup_summary`),
     kept in ``jobs.startup``; ``None`` leaves it as it is. ``data``: the ``start`` record's data report
     (kept in ``jobs.data_report``; ``None`` leaves it as it is).
     """
@@ -115,7 +115,7 @@ class JobStore:
     ) -> Claim | None:
         """Move a ``queued`` job to ``starting`` for ``worker_id`` with a lease; ``None`` if it is not queued.
 
-        The claim also clears the job's message hold (:mod:`worker.holds`): the message is
+        The claim also clears the job's message hold (:mod:`worker.messages.holds`): the message is
         acknowledged right after it.
 
         The new attempt is ``attempt + 1``; its run directory is
@@ -261,7 +261,7 @@ class JobStore:
         """Give the attempt its terminal ``status`` and typed error; ``False`` if it no longer owns the job.
 
         A ``cancelled`` job keeps no error (``error`` is null in the resource). ``end_info``:
-        what the run's ``end`` record said (:func:`worker.ingest.end_info`), kept in
+        what the run's ``end`` record said (:func:`worker.records.ingest.end_info`), kept in
         ``jobs.end_info`` when given.
         """
         if status not in TERMINAL_STATUSES:

@@ -4,16 +4,16 @@
 :func:`worker.runner.run_job`, which claims the job with a compare-and-set before
 doing anything, so a redelivered or duplicate message is a logged no-op
 (celery#5935); the message is acknowledged right after the claim
-(:mod:`worker.acks`). If the database cannot be reached for the claim, the task is
+(:mod:`worker.messages.acks`). If the database cannot be reached for the claim, the task is
 retried later rather than dropped. The training itself runs in a torchrun
 subprocess; this process never imports torch (celery#6036).
 
-Before the claim, the task takes a slot for the job (:mod:`worker.placement`): a
-CPU slot, or exactly ``gpus`` of the worker's GPUs (:mod:`worker.gpus`,
-:mod:`worker.gpu_locks`), held until the attempt ends. If none frees up in time the
+Before the claim, the task takes a slot for the job (:mod:`worker.resources.placement`): a
+CPU slot, or exactly ``gpus`` of the worker's GPUs (:mod:`worker.resources.gpus`,
+:mod:`worker.resources.gpu_locks`), held until the attempt ends. If none frees up in time the
 message goes back to the queue (a retry with no delay), the job still ``queued``.
 
-When the worker is ready it starts the reaper (:mod:`worker.reaper`) and registers
+When the worker is ready it starts the reaper (:mod:`worker.lifecycle.reaper`) and registers
 itself with a heartbeat (:mod:`worker.roster`); a warm shutdown stops them and the
 running attempts, and deregisters the worker.
 """
@@ -36,19 +36,19 @@ from halfcast.core.broker.celery_app import RUN_JOB_TASK
 from halfcast.core.db.engine import make_engine
 from halfcast.core.db.members import GatheringJob, Members
 from halfcast.core.settings import Settings
-from worker.acks import acknowledge
-from worker.broker_watch import BrokerWatch, queued_job_ids, redis_marker_store
 from worker.gang.entry import HAND_BACK_PAUSE_S, GangEntry
-from worker.gpu_locks import GpuLocks
-from worker.gpus import discover_gpus
-from worker.holds import MessageHolds
-from worker.message_audit import MessageAudit, unowned_queued_job_ids
-from worker.placement import Placer, SlotUnavailable
-from worker.reaper import Reaper
-from worker.recovery import Recovery
+from worker.lifecycle.reaper import Reaper
+from worker.lifecycle.recovery import Recovery
+from worker.messages.acks import acknowledge
+from worker.messages.broker_watch import BrokerWatch, queued_job_ids, redis_marker_store
+from worker.messages.holds import MessageHolds
+from worker.messages.message_audit import MessageAudit, unowned_queued_job_ids
+from worker.resources.gpu_locks import GpuLocks
+from worker.resources.gpus import discover_gpus
+from worker.resources.placement import Placer, SlotUnavailable
+from worker.resources.slots import Placement, Slots
 from worker.roster import Heartbeat, WorkerInfo, WorkerRoster
 from worker.runner import RunnerContext, run_job
-from worker.slots import Placement, Slots
 from worker.store import JobStore
 from worker.warm.pool import WarmPool
 
@@ -188,7 +188,7 @@ class WorkerRuntime:
             return self._reaper
 
     def _recover_holds(self) -> list[str]:
-        """Send again the messages of queued jobs held by workers that are not live (:mod:`worker.holds`)."""
+        """Send again the messages of queued jobs held by workers that are not live (:mod:`worker.messages.holds`)."""
         return self.holds.recover(self.settings.worker_live_s, self.enqueue)
 
     def _broker_watch(self, store: JobStore) -> BrokerWatch | None:
@@ -199,7 +199,7 @@ class WorkerRuntime:
         return BrokerWatch(redis, self.settings.queue_name, partial(queued_job_ids, store.engine), self.enqueue)
 
     def _message_audit(self, store: JobStore) -> Callable[[], list[str]] | None:
-        """Re-sends the messages a frozen worker took (:mod:`worker.message_audit`); ``None`` unless Redis."""
+        """Re-sends the messages a frozen worker took (:mod:`worker.messages.message_audit`); ``None`` unless Redis."""
         redis = redis_marker_store(self.settings.effective_broker_url)
         if redis is None:
             return None
@@ -238,7 +238,7 @@ def register_tasks(app: Celery) -> Task:
     def run_job_task(self: Task, job_id: str) -> str | None:
         """Run one attempt of ``job_id`` in a free slot (a no-op unless the job is ``queued``).
 
-        The task first records that this worker holds the job's message (:mod:`worker.holds`);
+        The task first records that this worker holds the job's message (:mod:`worker.messages.holds`);
         the claim clears the hold, and so does handing the message back.
         """
         job_id, worker_id = str(job_id), runtime.worker_id(self.request.hostname)

@@ -3,7 +3,7 @@
 ``{"reason", "message", "rank"}``: ``reason`` is one of :class:`halfcast.contracts.status.FailureReason`
 (kept a string here, so a reason the reader does not know still reads), ``message`` a human
 explanation, ``rank`` the global rank that failed. The trainer writes it (``trainer.__main__``),
-the worker reads it (:mod:`worker.outcomes`).
+the worker reads it (:mod:`worker.lifecycle.outcomes`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The worker gives each attempt of a job its own directory, ``<runs_dir>/<job_id>/
 - ``export/adapter/`` and ``export/model/`` (a successful ``hf`` job's exports).
 
 Only this module spells these names; the trainer, the worker and the API take their paths from
-it. Torch-free and import-light: the rank wrapper (:mod:`worker.rank_output`) imports it in every
+it. Torch-free and import-light: the rank wrapper (:mod:`worker.launch.rank_output`) imports it in every
 rank.
 """
 

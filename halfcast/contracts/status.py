@@ -3,7 +3,7 @@
 The values are the strings the database stores, the API serves and ``error.json`` carries
 (docs/results.md, "Statuses" and "Failure reasons"). The members are ``str`` (``StrEnum``), so
 a member equals its value and either may be used where a status or a reason is expected.
-Which reasons are retried is the worker's policy (:mod:`worker.reasons`), which reasons a
+Which reasons are retried is the worker's policy (:mod:`worker.lifecycle.reasons`), which reasons a
 trainer may report the trainer's (:mod:`trainer.errors`).
 """
 

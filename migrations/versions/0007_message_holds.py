@@ -3,7 +3,7 @@
 Adds ``jobs.held_by`` (the worker id ``<hostname>/<pid>`` whose task took the job's
 message and has not yet claimed the job or handed the message back) and
 ``jobs.held_at`` (when it took it). A queued job whose holder stopped heartbeating
-is sent again by the reapers (``worker/holds.py``), instead of waiting for Redis's
+is sent again by the reapers (``worker/messages/holds.py``), instead of waiting for Redis's
 visibility timeout.
 
 Revision ID: 0007

@@ -22,8 +22,8 @@ from halfcast.contracts.records import (
 from halfcast.contracts.rundir import RunDir
 from halfcast.contracts.stored import StoredSwitch
 from trainer.records import RecordSink
-from worker.ingest import end_info, ingest, parse_lines
-from worker.tail import RecordTail
+from worker.records.ingest import end_info, ingest, parse_lines
+from worker.records.tail import RecordTail
 
 STEP = StepRecord(
     step=3,

@@ -18,7 +18,7 @@ import pytest
 
 from halfcast.contracts.status import TERMINAL_STATUSES, AttemptStatus, FailureReason, JobStatus
 from trainer.errors import REASONS
-from worker.reasons import FAILURE_REASONS, RETRY_POLICY
+from worker.lifecycle.reasons import FAILURE_REASONS, RETRY_POLICY
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("trainer", "worker", "server", "halfcast/core", "halfcast/cli", "halfcast/files")

@@ -202,7 +202,9 @@ def test_a_killed_node_is_worker_lost_and_the_job_resumes_on_a_new_gang(
 def test_a_killed_peer_agent_never_succeeds(stack: NamespaceStack) -> None:
     job_id = stack.submit(gang(faults={"sleep_per_step_s": 0.5}))["id"]
     wait_step(stack, job_id, 2)
-    agents = [pid for pid in stack.run_pids(1) if b"worker.torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    agents = [
+        pid for pid in stack.run_pids(1) if b"worker.launch.torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
     assert agents
     os.kill(agents[0], signal.SIGKILL)
     job = stack.wait_terminal(job_id, 120)

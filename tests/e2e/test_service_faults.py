@@ -152,7 +152,7 @@ def test_queued_jobs_survive_a_redis_restart_while_no_worker_runs(stack: Stack, 
 
     The messages are gone with Redis's data; the rows are not. The worker's broker
     watch finds the marker gone and sends one message per queued job again
-    (:mod:`worker.broker_watch`), so each job runs, once.
+    (:mod:`worker.messages.broker_watch`), so each job runs, once.
     """
     stack.kill_worker("worker")
     job_ids = [stack.submit(_spec(max_steps=5))["id"] for _ in range(2)]

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from halfcast.contracts.records import EndRecord, PrecisionSwitchRecord, StepRecord
 from halfcast.core.db.models import Job
-from worker.ingest import end_info
+from worker.records.ingest import end_info
 from worker.store import JobStore, Progress
 
 

@@ -17,7 +17,7 @@ from worker_support import MakeJob, insert_job
 from halfcast.core.db.engine import make_engine
 from halfcast.core.db.models import Base
 from halfcast.core.settings import Settings
-from worker.launch import RunProcess
+from worker.launch.process_tree import RunProcess
 from worker.store import JobStore
 
 

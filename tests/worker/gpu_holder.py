@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from worker.gpu_locks import GpuLocks
+from worker.resources.gpu_locks import GpuLocks
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """A broker that lost its data (Redis restarted without persistence, or flushed) gets the queued jobs' messages again.
 
-Unit tests drive :class:`worker.broker_watch.BrokerWatch` with an in-memory marker
+Unit tests drive :class:`worker.messages.broker_watch.BrokerWatch` with an in-memory marker
 store and the job tables on SQLite and PostgreSQL; one test uses the real Redis.
 The whole path (worker down, Redis restarted, worker back: the job runs once) is in
 ``tests/e2e/test_service_faults.py``.
@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import Engine
 from worker_support import insert_job, small_spec
 
-from worker.broker_watch import BrokerWatch, marker_key, queued_job_ids, redis_marker_store
-from worker.reaper import Reaper
-from worker.recovery import Recovery
+from worker.lifecycle.reaper import Reaper
+from worker.lifecycle.recovery import Recovery
+from worker.messages.broker_watch import BrokerWatch, marker_key, queued_job_ids, redis_marker_store
 from worker.store import JobStore
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.checkpoints import CheckpointUnavailable, resolve_resume
+from worker.lifecycle.checkpoints import CheckpointUnavailable, resolve_resume
 
 
 def _touch(path: Path) -> Path:

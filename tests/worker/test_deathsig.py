@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.deathsig import PARENT_GONE_EXIT
-from worker.launch import read_proc
+from worker.launch.deathsig import PARENT_GONE_EXIT
+from worker.launch.process_tree import read_proc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_the_run_dies_with_its_parent(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     parent_code = (
         "import os, subprocess, sys, time\n"
-        "p = subprocess.Popen([sys.executable, '-m', 'worker.deathsig', str(os.getpid()), '--', "
+        "p = subprocess.Popen([sys.executable, '-m', 'worker.launch.deathsig', str(os.getpid()), '--', "
         "'sleep', '300'], start_new_session=True)\n"
         f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
         "time.sleep(300)\n"
@@ -55,7 +55,9 @@ def test_the_run_dies_with_its_parent(tmp_path: Path) -> None:
 
 
 def test_the_wrapper_exits_when_its_parent_is_already_gone() -> None:
-    result = subprocess.run([sys.executable, "-m", "worker.deathsig", "1", "--", "sleep", "300"], cwd=ROOT, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "worker.launch.deathsig", "1", "--", "sleep", "300"], cwd=ROOT, timeout=30
+    )
     assert result.returncode == PARENT_GONE_EXIT
 
 
@@ -63,7 +65,7 @@ def test_nice_lowers_the_priority_of_the_command_and_what_it_starts() -> None:
     """``--nice N`` adds N to the niceness before the exec: the run and every process it forks inherit it."""
     code = "import os, subprocess, sys; print(os.nice(0)); sys.stdout.flush(); subprocess.run(['nice'])"
     out = subprocess.run(
-        [sys.executable, "-m", "worker.deathsig", "--nice", "7", str(os.getpid()), "--", sys.executable, "-c", code],
+        [sys.executable, "-m", "worker.launch.deathsig", "--nice", "7", str(os.getpid()), "--", sys.executable, "-c", code],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
     ).stdout.split()  # fmt: skip  # the keyword arguments on one line
     assert out == [str(os.nice(0) + 7)] * 2
@@ -71,5 +73,7 @@ def test_nice_lowers_the_priority_of_the_command_and_what_it_starts() -> None:
 
 @pytest.mark.parametrize("argv", [["--nice"], ["--nice", "x", "1", "--", "true"], ["--nice", "3", "--", "true"]])
 def test_a_malformed_command_line_is_refused_with_the_usage(argv: list[str]) -> None:
-    done = subprocess.run([sys.executable, "-m", "worker.deathsig", *argv], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 2 and "usage: python -m worker.deathsig [--nice N]" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.launch.deathsig", *argv], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "usage: python -m worker.launch.deathsig [--nice N]" in done.stderr

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from worker.exits import POLL_S, wait_for_exit
+from worker.launch.exits import POLL_S, wait_for_exit
 
 
 def _sleeper(seconds: float) -> subprocess.Popen[bytes]:

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 from halfcast.contracts.rundir import RunDir
-from worker.failure_logs import RootCause, failure_log, root_cause
-from worker.outcomes import TYPED_TAIL_LINES, exit_outcome
+from worker.lifecycle.failure_logs import RootCause, failure_log, root_cause
+from worker.lifecycle.outcomes import TYPED_TAIL_LINES, exit_outcome
 
 #: torchrun 2.13's report when rank 1 failed first and rank 0 was then stopped (as printed into launcher.log).
 TORCHRUN_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-worker.rank_output FAILED
+worker.launch.rank_output FAILED
 ------------------------------------------------------------
 Failures:
 [1]:

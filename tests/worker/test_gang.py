@@ -17,8 +17,8 @@ from halfcast.core.settings import Settings
 from worker.gang.entry import GangEntry
 from worker.gang.formation import GangEnd, Gathering, peer_verdict
 from worker.gang.launch import NodePlan, gang_command
-from worker.reaper import Reaper
-from worker.recovery import Recovery
+from worker.lifecycle.reaper import Reaper
+from worker.lifecycle.recovery import Recovery
 from worker.store import JobStore
 
 TTL = 30.0

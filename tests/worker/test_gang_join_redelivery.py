@@ -22,8 +22,8 @@ from halfcast.core.broker.celery_app import create_celery_app
 from halfcast.core.db.members import Members
 from halfcast.core.settings import Settings
 from worker.gang.entry import GangEntry
+from worker.resources.slots import Placement
 from worker.runner import RunnerContext
-from worker.slots import Placement
 from worker.store import JobStore
 from worker.tasks import register_tasks
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.gpus import discover_gpus, nvidia_smi_gpus, parse_gpu_list
+from worker.resources.gpus import discover_gpus, nvidia_smi_gpus, parse_gpu_list
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_a_failing_nvidia_smi_is_no_answer(tmp_path: Path, monkeypatch: pytest.M
 def test_torch_probe_is_skipped_on_a_host_without_gpu_driver_nodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from worker import gpus
+    from worker.resources import gpus
 
     def no_subprocess(*args: object, **kwargs: object) -> None:
         raise AssertionError("torch was imported in a subprocess on a host without GPU drivers")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.gpu_locks import GpuLocks
-from worker.launch import start_run
+from worker.launch.process_tree import start_run
+from worker.resources.gpu_locks import GpuLocks
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = Path(__file__).with_name("gpu_holder.py")
@@ -131,7 +131,7 @@ def test_a_process_cannot_take_what_this_one_holds(tmp_path: Path) -> None:
 def test_a_run_inheriting_the_locks_keeps_its_devices_after_the_worker_died(tmp_path: Path) -> None:
     """The worker dies (its descriptors close without an unlock) while its run still lives: the GPU stays taken.
 
-    The run is started as the worker starts it (:func:`worker.launch.start_run`, through the
+    The run is started as the worker starts it (:func:`worker.launch.process_tree.start_run`, through the
     death-signal wrapper's ``exec``); only when the run is gone is the device free again.
     """
     locks = GpuLocks(tmp_path / "locks", [0])

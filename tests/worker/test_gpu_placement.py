@@ -14,10 +14,10 @@ from worker_support import MakeJob, small_spec
 from halfcast.contracts.spec import JobSpec
 from halfcast.core.db.models import Attempt, Job
 from halfcast.core.settings import Settings
-from worker.gpu_locks import GpuLocks
-from worker.placement import Placer, SlotUnavailable
+from worker.resources.gpu_locks import GpuLocks
+from worker.resources.placement import Placer, SlotUnavailable
+from worker.resources.slots import Slots
 from worker.runner import RunnerContext, run_job
-from worker.slots import Slots
 from worker.store import JobStore
 
 

@@ -1,4 +1,4 @@
-"""Message holds (worker/holds.py): a queued job whose message a dead worker holds is sent again, once."""
+"""Message holds (worker/messages/holds.py): a queued job whose message a dead worker holds is sent again, once."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sqlalchemy import Engine, insert, select, update
 from worker_support import insert_job
 
 from halfcast.core.db.models import Job, Worker, utcnow
-from worker.holds import MessageHolds
+from worker.messages.holds import MessageHolds
 from worker.store import JobStore
 
 LIVE_S = 15.0

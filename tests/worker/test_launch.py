@@ -14,7 +14,7 @@ from worker_support import small_spec
 
 from halfcast.contracts.spec import JobSpec
 from halfcast.core.settings import Settings
-from worker.launch import (
+from worker.launch.process_tree import (
     build_command,
     build_environment,
     log_tail,
@@ -28,13 +28,17 @@ from worker.launch import (
 def test_command_runs_standalone_torchrun_with_one_rank_per_process(tmp_path: Path) -> None:
     spec = JobSpec.model_validate(small_spec(processes=3))
     command = build_command(spec, tmp_path / "spec.json", tmp_path)
-    assert command[:3] == [sys.executable, "-m", "worker.torchrun"]  # torchrun's main, stopped without a crash report
+    assert command[:3] == [
+        sys.executable,
+        "-m",
+        "worker.launch.torchrun",
+    ]  # torchrun's main, stopped without a crash report
     assert "--standalone" in command
     assert command[command.index("--nproc-per-node") + 1] == "3"
     assert command[command.index("--nnodes") + 1] == "1"
     assert command[-5:] == ["trainer", "--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path)]
     wrapper = command.index("-m", 3)  # each rank runs the trainer through the per-rank log wrapper
-    assert command[wrapper + 1 : wrapper + 4] == ["worker.rank_output", str(tmp_path / "logs"), "trainer"]
+    assert command[wrapper + 1 : wrapper + 4] == ["worker.launch.rank_output", str(tmp_path / "logs"), "trainer"]
     assert not any("rdzv-endpoint" in part or "master-port" in part for part in command)
 
 
@@ -224,10 +228,10 @@ def test_the_ranks_of_a_launcher_that_does_not_pass_sigterm_on_get_it_from_the_w
 def test_torchrun_stopped_by_a_signal_exits_128_plus_it_and_other_endings_are_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """worker.torchrun: torchrun's ``SignalException`` (its ranks already stopped) is a stop, not a crash."""
+    """worker.launch.torchrun: torchrun's ``SignalException`` (its ranks already stopped) is a stop, not a crash."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    import worker.torchrun
+    import worker.launch.torchrun
 
     def stopped(argv: list[str]) -> None:
         raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
@@ -236,13 +240,15 @@ def test_torchrun_stopped_by_a_signal_exits_128_plus_it_and_other_endings_are_it
         raise RuntimeError("a rank failed")
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(worker.torchrun, "torchrun_main", seen.append)
-    assert worker.torchrun.run(["--standalone", "-m", "trainer"]) == 0 and seen == [["--standalone", "-m", "trainer"]]
-    monkeypatch.setattr(worker.torchrun, "torchrun_main", stopped)
-    assert worker.torchrun.run([]) == 143
-    monkeypatch.setattr(worker.torchrun, "torchrun_main", crashed)
+    monkeypatch.setattr(worker.launch.torchrun, "torchrun_main", seen.append)
+    assert worker.launch.torchrun.run(["--standalone", "-m", "trainer"]) == 0 and seen == [
+        ["--standalone", "-m", "trainer"]
+    ]
+    monkeypatch.setattr(worker.launch.torchrun, "torchrun_main", stopped)
+    assert worker.launch.torchrun.run([]) == 143
+    monkeypatch.setattr(worker.launch.torchrun, "torchrun_main", crashed)
     with pytest.raises(RuntimeError, match="a rank failed"):
-        worker.torchrun.run([])
+        worker.launch.torchrun.run([])
 
 
 def test_start_of_a_missing_program_raises_oserror(tmp_path: Path) -> None:

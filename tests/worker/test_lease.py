@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from worker.gang.formation import MemberLease
-from worker.lease import RENEWALS_PER_TTL, Lease
+from worker.lifecycle.lease import RENEWALS_PER_TTL, Lease
 from worker.store import Fence
 
 FENCE = Fence("job", 1, "w")

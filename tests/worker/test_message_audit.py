@@ -22,9 +22,9 @@ from worker_support import insert_job, small_spec
 from halfcast.core.db.models import Job
 from halfcast.core.settings import Settings
 from server.queue import CeleryJobQueue
-from worker.message_audit import UNACKED_KEY, MessageAudit, message_job_id, unowned_queued_job_ids
-from worker.reaper import Reaper
-from worker.recovery import Recovery
+from worker.lifecycle.reaper import Reaper
+from worker.lifecycle.recovery import Recovery
+from worker.messages.message_audit import UNACKED_KEY, MessageAudit, message_job_id, unowned_queued_job_ids
 from worker.store import JobStore
 
 pytestmark = pytest.mark.redis

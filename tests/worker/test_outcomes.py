@@ -10,7 +10,7 @@ import pytest
 
 from halfcast.contracts.records import EndRecord, parse_record
 from trainer.records import read_records
-from worker.outcomes import exit_outcome
+from worker.lifecycle.outcomes import exit_outcome
 
 #: torchrun's report when a rank died of SIGKILL (as torch 2.13 prints it).
 TORCHRUN_SIGKILL = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:

@@ -12,9 +12,9 @@ from worker_support import small_spec
 from halfcast.contracts.rundir import JobRuns, RunDir
 from halfcast.contracts.spec import JobSpec
 from halfcast.core.settings import Settings
-from worker.launch import build_command, build_environment, start_run
-from worker.outcomes import exit_outcome
-from worker.rank_output import USAGE_EXIT, main
+from worker.launch.process_tree import build_command, build_environment, start_run
+from worker.launch.rank_output import USAGE_EXIT, main
+from worker.lifecycle.outcomes import exit_outcome
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,7 +47,7 @@ def test_each_rank_keeps_its_own_stdout_and_stderr_per_attempt(tmp_path: Path) -
         for rank in (0, 1):
             note, text = RunDir(run_dir).rank_log(rank).read_text().split("\n", 1)
             assert note.endswith(
-                f" rank{rank} INFO worker.rank_output: start-up: starting python -m rank_echo (imports)"
+                f" rank{rank} INFO worker.launch.rank_output: start-up: starting python -m rank_echo (imports)"
             )
             assert text == _expected(rank)  # stdout and stderr interleaved, in order
         assert "rank 0 out" not in RunDir(run_dir).launcher_log.read_text()  # torchrun's own output only

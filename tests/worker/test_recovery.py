@@ -14,9 +14,9 @@ from sqlalchemy import Engine, select, update
 from worker_support import insert_job, small_spec
 
 from halfcast.core.db.models import Attempt, Job, utcnow
-from worker.reaper import Reaper
-from worker.reasons import RETRY_POLICY, should_retry
-from worker.recovery import Recovery, Resolution, attempt_status
+from worker.lifecycle.reaper import Reaper
+from worker.lifecycle.reasons import RETRY_POLICY, should_retry
+from worker.lifecycle.recovery import Recovery, Resolution, attempt_status
 from worker.store import Fence, JobStore
 
 

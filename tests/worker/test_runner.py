@@ -15,8 +15,8 @@ from worker_support import MakeJob, fake_command, small_spec
 from halfcast.contracts.spec import JobSpec
 from halfcast.core.db.models import Attempt, CancelRequest, Job, StepRow, utcnow
 from halfcast.core.settings import Settings
-from worker.launch import RunProcess, session_members
-from worker.recovery import Recovery
+from worker.launch.process_tree import RunProcess, session_members
+from worker.lifecycle.recovery import Recovery
 from worker.runner import Outcome, RunnerContext, run_job
 from worker.store import JobStore
 

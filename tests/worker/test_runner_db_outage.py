@@ -21,7 +21,7 @@ from worker_support import MakeJob, fake_command, small_spec
 
 from halfcast.core.db.models import Attempt, Job, StepRow
 from halfcast.core.settings import Settings
-from worker.launch import session_members
+from worker.launch.process_tree import session_members
 from worker.runner import Outcome, RunnerContext, run_job
 from worker.store import JobStore
 

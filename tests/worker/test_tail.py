@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from worker.tail import RecordTail
+from worker.records.tail import RecordTail
 
 
 def test_missing_file_reads_nothing(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_a_line_longer_than_the_chunk_is_still_read(tmp_path: Path) -> None:
 
 
 def test_step_records_up_to_keeps_the_last_occurrence_of_a_rerun_step(tmp_path: Path) -> None:
-    from worker.tail import step_records_up_to
+    from worker.records.tail import step_records_up_to
 
     lines = [
         {"type": "start"},

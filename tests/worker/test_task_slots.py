@@ -14,7 +14,7 @@ from halfcast.core.db.engine import make_engine
 from halfcast.core.db.models import Attempt, Base, Job, Worker
 from halfcast.core.settings import Settings
 from worker.__main__ import worker_argv
-from worker.gpu_locks import GpuLocks
+from worker.resources.gpu_locks import GpuLocks
 from worker.tasks import register_tasks
 
 

@@ -70,7 +70,7 @@ def test_the_celery_process_never_imports_torch(data_dir: Path) -> None:
     code = (
         "import sys\n"
         "from halfcast.core.settings import Settings\n"
-        "import worker.__main__, worker.tasks, worker.runner, worker.launch, worker.store, worker.tail\n"
+        "import worker.__main__, worker.tasks, worker.runner, worker.launch.process_tree, worker.store, worker.records.tail\n"
         "from halfcast.core.broker.celery_app import create_celery_app\n"
         "from worker.tasks import register_tasks\n"
         f"register_tasks(create_celery_app(Settings(data_dir={str(data_dir)!r})))\n"
@@ -99,7 +99,7 @@ def test_the_message_is_acknowledged_right_after_the_claim(data_dir: Path, monke
     """A claimed job's message must not wait for the end of the job (celery#5935): the lease protects the job."""
     from celery.worker import state
 
-    from worker.acks import acknowledge
+    from worker.messages.acks import acknowledge
 
     class FakeRequest:
         acknowledged = False

@@ -22,8 +22,8 @@ from worker_support import small_spec
 from halfcast.contracts.rundir import JobRuns, RunDir
 from halfcast.contracts.spec import JobSpec
 from halfcast.core.settings import Settings
-from worker.failure_logs import root_cause
-from worker.launch import RunProcess, build_command, build_environment, start_run
+from worker.launch.process_tree import RunProcess, build_command, build_environment, start_run
+from worker.lifecycle.failure_logs import root_cause
 from worker.warm.agent import rank_environment
 from worker.warm.assignment import warm_command_parts
 from worker.warm.pool import WarmPool, standby_environment

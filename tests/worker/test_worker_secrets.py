@@ -15,8 +15,8 @@ from worker_support import insert_job, small_spec
 from halfcast.contracts.spec import JobSpec
 from halfcast.core.db.models import Job
 from halfcast.core.settings import Settings
-from worker.launch import build_environment
-from worker.recovery import Recovery
+from worker.launch.process_tree import build_environment
+from worker.lifecycle.recovery import Recovery
 from worker.store import Fence, JobStore
 
 CANARY = "CANARY-worker-7f3a"
@@ -45,7 +45,7 @@ def test_a_failure_message_quoting_a_url_is_stored_masked(db: Engine, tmp_path: 
 
 
 def test_a_released_attempt_stores_its_message_masked(db: Engine, tmp_path: Path) -> None:
-    """The retry path (:class:`worker.recovery.Recovery`) writes through the same masked column."""
+    """The retry path (:class:`worker.lifecycle.recovery.Recovery`) writes through the same masked column."""
     store = JobStore(db)
     job_id = insert_job(db, small_spec(max_attempts=1))
     store.claim(job_id, "w", tmp_path)

@@ -25,8 +25,8 @@ from halfcast.core.db.members import Member, Members
 from worker.gang.formation import GangEnd, Gathering, MemberLease, all_exited, peer_verdict, settled
 from worker.gang.launch import NodePlan, gang_command, node_environment
 from worker.gang.plan import write_plan
-from worker.launch import RunProcess
-from worker.outcomes import Outcome
+from worker.launch.process_tree import RunProcess
+from worker.lifecycle.outcomes import Outcome
 from worker.runner import Attempt, RunnerContext
 from worker.store import Claim
 

@@ -31,9 +31,9 @@ from halfcast.core.settings import Settings
 from worker.gang.attempt import Node0Attempt
 from worker.gang.launch import free_port, route_address
 from worker.gang.member import MemberRun
-from worker.outcomes import Outcome
+from worker.lifecycle.outcomes import Outcome
+from worker.resources.slots import Placement
 from worker.runner import RunnerContext, run_job
-from worker.slots import Placement
 
 log = logging.getLogger(__name__)
 

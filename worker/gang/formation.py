@@ -23,8 +23,8 @@ from enum import StrEnum
 from halfcast.contracts.status import FailureReason, JobStatus, MemberStatus
 from halfcast.core.db.members import Member, Members
 from halfcast.core.db.models import utcnow
-from worker.lease import RenewedLease
-from worker.outcomes import Outcome
+from worker.lifecycle.lease import RenewedLease
+from worker.lifecycle.outcomes import Outcome
 
 log = logging.getLogger(__name__)
 

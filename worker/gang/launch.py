@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from halfcast.contracts.rundir import RunDir
 from halfcast.contracts.spec import JobSpec
-from worker.launch import LAUNCHER, RANK_WRAPPER
+from worker.launch.process_tree import LAUNCHER, RANK_WRAPPER
 
 #: ``ioctl`` request for an interface's IPv4 address (Linux ``SIOCGIFADDR``).
 SIOCGIFADDR = 0x8915

@@ -29,7 +29,7 @@ from halfcast.core.db.models import Job, utcnow
 from worker.gang.formation import MemberLease
 from worker.gang.launch import NodePlan, gang_command, node_environment
 from worker.gang.plan import read_plan
-from worker.launch import RunProcess, build_environment, start_run
+from worker.launch.process_tree import RunProcess, build_environment, start_run
 from worker.runner import RunnerContext
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The launch file node 0 writes for the other nodes of its gang: ``<run_dir>/gang.json``.
 
 Every rank of a resumed attempt must load the same checkpoint, and node 0 alone decides
-which (the newest of the earlier attempts, :func:`worker.checkpoints.retry_checkpoint`, or the
+which (the newest of the earlier attempts, :func:`worker.lifecycle.checkpoints.retry_checkpoint`, or the
 spec's ``resume_from``). It writes its choice here before the gang launches; the run
 directory is shared by the hosts, so each other node reads it before starting its torchrun.
 """

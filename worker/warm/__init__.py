@@ -3,7 +3,7 @@
 A cold launch pays for two interpreters that import torch one after the other (torchrun's,
 then each rank's: seconds each). The worker instead keeps one *standby* ready
 (:mod:`worker.warm.pool`): ``python -m worker.warm.standby``, started like any run (in a
-session of its own, through :mod:`worker.deathsig`), that has imported torch, the trainer
+session of its own, through :mod:`worker.launch.deathsig`), that has imported torch, the trainer
 and the libraries its datasets and models use, and then waits. A single-node CPU job is
 handed to it (:class:`~worker.warm.assignment.Assignment`); it forks a launcher for it
 (:mod:`worker.warm.forkserver`) and stays ready for the next. The launcher takes the job's

@@ -3,7 +3,7 @@
 Each rank is a fork of the launcher (a fork of the standby: torch and the trainer imported) in a session
 of its own, with torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_*``), its output in
-``logs/rank-<r>.log`` (:func:`worker.rank_output.redirect_output`), ``torch.set_num_threads``
+``logs/rank-<r>.log`` (:func:`worker.launch.rank_output.redirect_output`), ``torch.set_num_threads``
 from ``OMP_NUM_THREADS`` (read by OpenMP when the standby imported torch, before the job's
 value was known) and a process title naming the job's run directory (``ps`` shows which
 job a rank runs). As under torchrun, the launcher hosts the ``env://`` rendezvous store
@@ -15,9 +15,9 @@ torchrun's single-node rules:
 * every rank exits 0: the launcher exits 0;
 * a rank fails (non-zero exit or a signal): the others get SIGTERM, then SIGKILL after
   ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds; torchrun's "Root Cause" summary goes to
-  ``launcher.log`` (the worker reads it, :mod:`worker.failure_logs`) and the launcher exits 1;
+  ``launcher.log`` (the worker reads it, :mod:`worker.lifecycle.failure_logs`) and the launcher exits 1;
 * the launcher gets SIGTERM, SIGINT or SIGHUP: it passes it on to every rank's group, waits
-  for them as long (then SIGKILL) and exits 128 + the signal number, as :mod:`worker.torchrun` does.
+  for them as long (then SIGKILL) and exits 128 + the signal number, as :mod:`worker.launch.torchrun` does.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from worker.rank_output import redirect_output
+from worker.launch.rank_output import redirect_output
 from worker.warm.assignment import Assignment
 
 log = logging.getLogger("worker.warm.agent")
@@ -347,7 +347,7 @@ def _signal_group(pid: int, signum: signal.Signals) -> None:
 
 
 def root_cause_report(failure: RankExit) -> str:
-    """torchrun's failure summary for ``failure`` (the part :mod:`worker.failure_logs` reads)."""
+    """torchrun's failure summary for ``failure`` (the part :mod:`worker.lifecycle.failure_logs` reads)."""
     when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(failure.at))
     return (
         "Root Cause (first observed failure):\n"

@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 #: The only rank module a standby runs: the one it has imported.
 TRAINER_MODULE = "trainer"
-#: The rank wrapper of a cold command (:data:`worker.launch.RANK_WRAPPER`), whose arguments a standby takes over.
-RANK_WRAPPER = "worker.rank_output"
+#: The rank wrapper of a cold command (:data:`worker.launch.process_tree.RANK_WRAPPER`), whose arguments a standby takes over.
+RANK_WRAPPER = "worker.launch.rank_output"
 
 
 class Assignment(BaseModel):
@@ -29,8 +29,8 @@ class Assignment(BaseModel):
 def warm_command_parts(command: list[str]) -> tuple[int, Path, tuple[str, ...]] | None:
     """``(processes, logs_dir, trainer args)`` of a single-node torchrun command of the trainer, else ``None``.
 
-    The command is :func:`worker.launch.build_command`'s: ``... --nnodes 1 --nproc-per-node P
-    -m worker.rank_output LOGS trainer ARGS...``. Any other shape (another module, several
+    The command is :func:`worker.launch.process_tree.build_command`'s: ``... --nnodes 1 --nproc-per-node P
+    -m worker.launch.rank_output LOGS trainer ARGS...``. Any other shape (another module, several
     nodes, a command a test built) is left to the cold path.
     """
     try:

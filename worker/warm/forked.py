@@ -1,4 +1,4 @@
-"""A launcher a standby forked, seen from the worker: what :class:`worker.launch.RunProcess` needs of a ``Popen``.
+"""A launcher a standby forked, seen from the worker: what :class:`worker.launch.process_tree.RunProcess` needs of a ``Popen``.
 
 The launcher is the standby's child, not the worker's, so the worker cannot ``waitpid``
 it: its exit status comes from the standby's ``exited`` report
@@ -19,8 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from worker.deathsig import DEATH_SIGNAL
-from worker.launch import read_proc
+from worker.launch.deathsig import DEATH_SIGNAL
+from worker.launch.process_tree import read_proc
 
 #: The status of a launcher whose standby died before reporting its exit (what its death signal makes of it).
 ORPHANED_EXIT = 128 + int(DEATH_SIGNAL)

@@ -3,7 +3,7 @@
 The standby stays single-threaded and never runs a job itself. For each
 :class:`~worker.warm.assignment.Assignment` line on stdin it forks a child that leaves
 the standby's session (``setsid``: the run's processes are its own session and groups,
-as a cold run's are), asks for :data:`worker.deathsig.DEATH_SIGNAL` when the standby
+as a cold run's are), asks for :data:`worker.launch.deathsig.DEATH_SIGNAL` when the standby
 dies (so a worker killed with SIGKILL still stops the run: the standby has that request
 towards the worker), takes over the run's directory, environment and launcher log, and
 becomes its launcher (``launch``). The standby answers each assignment with a
@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-from worker.deathsig import DEATH_SIGNAL, PARENT_GONE_EXIT, request_death_signal
+from worker.launch.deathsig import DEATH_SIGNAL, PARENT_GONE_EXIT, request_death_signal
 from worker.warm.assignment import Assignment, LauncherReport
 
 log = logging.getLogger("worker.warm.forkserver")

@@ -1,12 +1,12 @@
 """The worker's warm standby: one per worker, forking a launcher for each single-node CPU run (:mod:`worker.warm`).
 
 :class:`WarmPool` keeps one standby ready. Its own thread starts each standby, so the
-standby's death signal (:mod:`worker.deathsig`: it fires when the *thread* that started the
+standby's death signal (:mod:`worker.launch.deathsig`: it fires when the *thread* that started the
 process ends) stays armed as long as the worker runs; that thread outlives the worker's
 shutdown until every standby it started has exited. :meth:`WarmPool.start_run` is
-:func:`worker.launch.start_run` with a warm path: when the command is the trainer's on one
+:func:`worker.launch.process_tree.start_run` with a warm path: when the command is the trainer's on one
 node, the job needs no GPU and a standby is ready, the standby forks the run's launcher
-(:mod:`worker.warm.forkserver`; the returned :class:`~worker.launch.RunProcess` supervises
+(:mod:`worker.warm.forkserver`; the returned :class:`~worker.launch.process_tree.RunProcess` supervises
 and stops it exactly as it does torchrun, its exit status read from the standby's report)
 and stays ready for the next run; otherwise the run starts cold. A standby that exits is
 replaced; one that fails to start is retried after :data:`RETRY_S`.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from halfcast.contracts.rundir import RunDir
 from trainer.startup import LAUNCHED_AT_ENV
-from worker.launch import PASSTHROUGH_ENV, RunProcess, guard_command, project_root, start_run
+from worker.launch.process_tree import PASSTHROUGH_ENV, RunProcess, guard_command, project_root, start_run
 from worker.warm.assignment import Assignment, LauncherReport, warm_command_parts
 from worker.warm.forked import ORPHANED_EXIT, ForkedLauncher
 from worker.warm.standby import READY
@@ -187,7 +187,7 @@ class WarmPool:
     def start_run(
         self, command: list[str], run_dir: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()
     ) -> RunProcess:
-        """:func:`worker.launch.start_run`, through the ready standby when the run can take one."""
+        """:func:`worker.launch.process_tree.start_run`, through the ready standby when the run can take one."""
         parts = warm_command_parts(command)
         if parts is None or pass_fds or env.get("CUDA_VISIBLE_DEVICES", "") != "":
             return start_run(command, run_dir, env, pass_fds)

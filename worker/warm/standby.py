@@ -1,7 +1,7 @@
 """``python -m worker.warm.standby``: a Python with torch and the trainer imported that forks each run's launcher.
 
 Started by :class:`worker.warm.pool.WarmPool` in a session of its own (through
-:mod:`worker.deathsig`) and with ``CUDA_VISIBLE_DEVICES`` empty: it only ever runs CPU
+:mod:`worker.launch.deathsig`) and with ``CUDA_VISIBLE_DEVICES`` empty: it only ever runs CPU
 jobs and never initialises CUDA, so forking it is safe. It imports what every rank
 imports (:data:`PRELOAD`; :data:`OPTIONAL_PRELOAD` where installed: the digits dataset's
 scikit-learn, transformers and PEFT for hf models), checks that it is still a single

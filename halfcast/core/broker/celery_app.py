@@ -4,7 +4,7 @@ Settings are chosen for long GPU jobs (docs/worker.md, "Delivery"):
 
 - late acks: a message is not acknowledged when it is received, so a worker that
   dies before it claims the job leaves the message to be delivered again; the task
-  acknowledges it as soon as the job is claimed (:mod:`worker.acks`), and from then
+  acknowledges it as soon as the job is claimed (:mod:`worker.messages.acks`), and from then
   on the database lease and the reaper look after the job, not the broker;
 - no prefetch on Redis (``worker_disable_prefetch``): a worker takes a message only
   when one of its threads is free to run it. A prefetch count alone is not enough

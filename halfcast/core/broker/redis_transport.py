@@ -20,7 +20,7 @@ already gone: :class:`QoS` skips the restore, the ack and the reject of a channe
 whose connection was torn down (and logs it) instead of raising. The messages stay
 where Redis keeps them: a Redis that kept its data delivers them again after the
 visibility timeout (a duplicate is dropped by the claim's compare-and-set), and a
-Redis that lost them is repaired from the database (:mod:`worker.broker_watch`).
+Redis that lost them is repaired from the database (:mod:`worker.messages.broker_watch`).
 Everything on a live connection is kombu's own.
 """
 

@@ -67,7 +67,7 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     #: The worker whose task took the queued job's broker message and has neither claimed the
-    #: job nor handed the message back, and since when (migration 0007; ``worker/holds.py``).
+    #: job nor handed the message back, and since when (migration 0007; ``worker/messages/holds.py``).
     held_by: Mapped[str | None] = mapped_column(String(255))
     held_at: Mapped[datetime | None]
     #: The succeeded run's ``end`` record: counts, ``stopped_early``, ``exported_step`` (migration 0008).

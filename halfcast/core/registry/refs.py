@@ -6,7 +6,7 @@ directory). The API checks them at submission (one the caller cannot see is a ``
 field, worded as for one that does not exist; a ``format``, ``file_format`` or ``sha256`` given
 with a ``dataset_id`` must be the registered dataset's) and stores the spec as submitted. The
 worker checks them again for the job's owner before each attempt, before it opens anything
-(:mod:`worker.registered_inputs`), and fills in the dataset's ``format``, ``file_format`` and
+(:mod:`worker.lifecycle.registered_inputs`), and fills in the dataset's ``format``, ``file_format`` and
 ``sha256`` (the trainer finds the file by them and checks its hash) in the copy it writes as
 the run's ``spec.json``; a model needs nothing filled in (its directory is named by its id).
 A reference added to the spec later belongs here too. Torch-free; works on a Session or a Connection.

@@ -2,7 +2,7 @@
 
 A task first reads the job: if it is no longer ``queued`` the message is dropped.
 Otherwise the task waits, polling every ``HALFCAST_WORKER_POLL_INTERVAL_S``, for
-the slot the job needs (:mod:`worker.slots`), while the job stays ``queued`` and
+the slot the job needs (:mod:`worker.resources.slots`), while the job stays ``queued`` and
 its message unacknowledged. If no slot frees up within
 ``HALFCAST_WORKER_SLOT_WAIT_S``, or the worker shuts down, it raises
 :class:`SlotUnavailable` and the task hands the message back to the queue (a new
@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from worker.slots import Placement, Slots
+from worker.resources.slots import Placement, Slots
 
 log = logging.getLogger(__name__)
 

@@ -2,17 +2,17 @@
 
 A job in ``starting``/``running``/``cancelling`` whose lease ran out has no live owner
 (its worker was killed, hung, or lost its host, kuberay#1489, dstack#1053); the
-reaper hands it to :class:`worker.recovery.Recovery`: requeued to resume from its
+reaper hands it to :class:`worker.lifecycle.recovery.Recovery`: requeued to resume from its
 last checkpoint, ``cancelled`` if it was being cancelled, or ``failed`` with
 ``worker_lost`` once ``max_attempts`` are used. It trusts only live leases, never a
 worker's word. It runs in every worker, once at start and then every
 ``HALFCAST_REAPER_INTERVAL_S``; each recovery is a compare-and-set, so reapers
 running at once recover each job once. Each pass also asks the optional
-:class:`worker.broker_watch.BrokerWatch` whether the broker lost the messages of
+:class:`worker.messages.broker_watch.BrokerWatch` whether the broker lost the messages of
 queued jobs, and re-sends them if it did, and runs the optional ``recover_holds``:
-sending again the messages that workers which are not live hold (:mod:`worker.holds`), and the
+sending again the messages that workers which are not live hold (:mod:`worker.messages.holds`), and the
 optional ``audit_messages``: sending again the messages of queued jobs that no broker queue
-holds (:mod:`worker.message_audit`).
+holds (:mod:`worker.messages.message_audit`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from worker.broker_watch import BrokerWatch
-from worker.recovery import Recovery, Resolution
+from worker.lifecycle.recovery import Recovery, Resolution
+from worker.messages.broker_watch import BrokerWatch
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,11 @@ class Reaper:
         return None if self.broker_watch is None else self.broker_watch.check()
 
     def resend_held(self) -> list[str] | None:
-        """Send again the messages of queued jobs that dead workers hold (see :mod:`worker.holds`)."""
+        """Send again the messages of queued jobs that dead workers hold (see :mod:`worker.messages.holds`)."""
         return None if self.recover_holds is None else self.recover_holds()
 
     def resend_lost(self) -> list[str] | None:
-        """Send again the messages no broker queue holds (see :mod:`worker.message_audit`)."""
+        """Send again the messages no broker queue holds (see :mod:`worker.messages.message_audit`)."""
         return None if self.audit_messages is None else self.audit_messages()
 
     def run(self) -> None:

@@ -2,7 +2,7 @@
 
 A CPU job (``gpus`` 0) takes one of ``concurrency`` CPU slots of this worker
 process; a GPU job takes exactly ``gpus`` of the worker's devices through the
-host-wide lock files of :mod:`worker.gpu_locks` and no CPU slot. A
+host-wide lock files of :mod:`worker.resources.gpu_locks` and no CPU slot. A
 :class:`Placement` holds what it took until :meth:`Placement.release`.
 """
 
@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Self
 
-from worker.gpu_locks import GpuLease, GpuLocks
+from worker.resources.gpu_locks import GpuLease, GpuLocks
 
 
 def _nothing() -> None:

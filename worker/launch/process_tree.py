@@ -8,10 +8,10 @@ descendant, and the sessions they lead), and :meth:`RunProcess.stop` stops all o
 torchrun, leaves ranks behind). It stops torchrun the way torchrun expects: SIGTERM
 to torchrun, which passes it on to its ranks and waits for them; the ranks' own
 groups get SIGTERM only when torchrun is gone or has not stopped them soon. torchrun
-runs through :mod:`worker.torchrun`, so such a stop ends it without a crash report.
+runs through :mod:`worker.launch.torchrun`, so such a stop ends it without a crash report.
 ``--standalone`` makes torchrun pick a free rendezvous port, so two runs on one host
 never collide (pytorch#126510). The child gets a minimal environment: never the
-database or broker URLs. The run is started through :mod:`worker.deathsig`, so it
+database or broker URLs. The run is started through :mod:`worker.launch.deathsig`, so it
 gets SIGTERM when the worker dies, even by SIGKILL.
 """
 
@@ -37,14 +37,14 @@ from halfcast.contracts.spec import JobSpec
 from halfcast.core.settings import Settings
 from trainer.registered import REGISTRY_DIR_ENV
 from trainer.startup import LAUNCHED_AT_ENV
-from worker.exits import wait_for_exit
+from worker.launch.exits import wait_for_exit
 
 log = logging.getLogger(__name__)
 
 #: The module torchrun runs as: torchrun's own ``main``, ended by a stop signal without a traceback.
-LAUNCHER = "worker.torchrun"
+LAUNCHER = "worker.launch.torchrun"
 #: The module each rank starts through: it puts the rank's output in its own log file.
-RANK_WRAPPER = "worker.rank_output"
+RANK_WRAPPER = "worker.launch.rank_output"
 #: torchrun's variable for how long, after passing a stop signal on, it waits for its ranks before SIGKILL.
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 #: Environment variables passed through to the run when the worker has them.
@@ -57,7 +57,7 @@ KILL_WAIT_S = 10.0
 #: period). A rank that gets SIGTERM from both sees one stop: the trainer's handler only sets a flag.
 FORWARD_WAIT_S = 1.0
 #: Longest wait between two scans of the run's processes while waiting for them to exit (a scan adopts
-#: processes started meanwhile; ``tick`` is called after each). An exit ends the wait at once (:mod:`worker.exits`).
+#: processes started meanwhile; ``tick`` is called after each). An exit ends the wait at once (:mod:`worker.launch.exits`).
 WAIT_STEP_S = 0.25
 
 
@@ -66,8 +66,8 @@ def build_command(spec: JobSpec, spec_path: Path, run_dir: Path, module: str = "
 
     A node of a multi-node job launches :func:`worker.gang.launch.gang_command` instead.
 
-    torchrun runs through :mod:`worker.torchrun` (torchrun's arguments, torchrun's
-    ``main``). Each rank runs ``module`` through :mod:`worker.rank_output`, which keeps the
+    torchrun runs through :mod:`worker.launch.torchrun` (torchrun's arguments, torchrun's
+    ``main``). Each rank runs ``module`` through :mod:`worker.launch.rank_output`, which keeps the
     rank's stdout and stderr in ``<run_dir>/logs/rank-<r>.log`` (:mod:`halfcast.contracts.rundir`).
     """
     return [
@@ -96,11 +96,11 @@ def build_environment(
     ``HALFCAST_REGISTRY_DIR`` (registered datasets and models: :mod:`trainer.registered`),
     :data:`RUN_NICE_ENV` (``HALFCAST_RUN_NICE``: the niceness :func:`start_run` gives the run) and
     ``CUDA_VISIBLE_DEVICES``: exactly ``gpus``, the host indices allocated to the
-    attempt (:mod:`worker.gpu_locks`), or empty for a CPU job (it sees no GPU), and
+    attempt (:mod:`worker.resources.gpu_locks`), or empty for a CPU job (it sees no GPU), and
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``: ``HALFCAST_CANCEL_GRACE_S`` rounded up, how long
     torchrun waits for its ranks after passing SIGTERM on before it SIGKILLs them (the
     worker's own SIGKILL comes at the grace; torchrun's matters once the worker is gone,
-    :mod:`worker.deathsig`). Never the database or broker URLs. Raises ``ValueError``
+    :mod:`worker.launch.deathsig`). Never the database or broker URLs. Raises ``ValueError``
     when ``gpus`` does not hold exactly ``spec.gpus`` distinct devices.
     """
     base = os.environ if base is None else base
@@ -273,7 +273,7 @@ class RunProcess:
         """Stop the whole run; return ``True`` once no process of it is left.
 
         1. SIGTERM to the leader alone: torchrun passes it on to every rank, waits for
-           them to checkpoint and exit, and exits (:mod:`worker.torchrun`).
+           them to checkpoint and exit, and exits (:mod:`worker.launch.torchrun`).
         2. Once the leader has exited with processes of the run left (orphaned ranks), or
            after :data:`FORWARD_WAIT_S` (at most ``grace_s``), SIGTERM to every other
            process of the run (by process group): the fallback for a launcher that died or
@@ -281,7 +281,7 @@ class RunProcess:
         3. ``grace_s`` after the first SIGTERM, SIGKILL likewise, then a check of
            ``/proc`` that nothing of the run is left (zombies aside).
 
-        Every wait ends the moment the last process of the run exits (:func:`worker.exits.wait_for_exit`).
+        Every wait ends the moment the last process of the run exits (:func:`worker.launch.exits.wait_for_exit`).
         ``tick`` is called at least every :data:`WAIT_STEP_S` while waiting (the runner renews its lease there).
         """
         started = time.monotonic()
@@ -360,7 +360,7 @@ def start_run(command: list[str], run_dir: Path, env: Mapping[str, str], pass_fd
     each rank's goes to its ``rank-<r>.log``, see :func:`build_command`). The
     descriptors ``pass_fds`` (the attempt's GPU locks) are inherited by the command, so
     the locks outlive a worker that dies before its run does. The run starts at the niceness
-    its environment's :data:`RUN_NICE_ENV` adds (:mod:`worker.deathsig`). The run's environment also
+    its environment's :data:`RUN_NICE_ENV` adds (:mod:`worker.launch.deathsig`). The run's environment also
     gets :data:`trainer.startup.LAUNCHED_AT_ENV`, the unix time of the launch (its start-up
     phases are timed from there). Raises ``OSError`` when the command cannot be started
     (its program is not found or not executable).
@@ -383,8 +383,8 @@ def _run_nice(env: Mapping[str, str]) -> int:
 
 
 def guard_command(nice: int = 0) -> list[str]:
-    """The prefix that starts a run's first process: :mod:`worker.deathsig` with this process's pid and ``nice``."""
-    return [sys.executable, "-m", "worker.deathsig", "--nice", str(nice), str(os.getpid()), "--"]
+    """The prefix that starts a run's first process: :mod:`worker.launch.deathsig` with this process's pid and ``nice``."""
+    return [sys.executable, "-m", "worker.launch.deathsig", "--nice", str(nice), str(os.getpid()), "--"]
 
 
 def _popen(

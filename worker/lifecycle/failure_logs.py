@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from halfcast.contracts.rundir import RunDir
-from worker.launch import log_tail
+from worker.launch.process_tree import log_tail
 
 #: torchrun's report of the first rank that failed, under "Root Cause": ``rank : 1 (local_rank: 1)``,
 #: then ``exitcode : -9 (pid: …)`` (negative: killed by that signal).

@@ -5,10 +5,10 @@ host) and by the runner itself (the worker is shutting down). The decision, take
 in one transaction on the job row, is:
 
 - a ``cancelling`` job becomes ``cancelled`` (its run is gone with its worker);
-- else, if the retry policy allows it (:mod:`worker.reasons`; ``worker_lost`` is
+- else, if the retry policy allows it (:mod:`worker.lifecycle.reasons`; ``worker_lost`` is
   retried up to the spec's ``max_attempts``), the job goes back to ``queued`` with no
   owner and a new message is sent; the next attempt resumes from the newest
-  checkpoint of the earlier ones (:func:`worker.checkpoints.retry_checkpoint`);
+  checkpoint of the earlier ones (:func:`worker.lifecycle.checkpoints.retry_checkpoint`);
 - else it ends ``failed`` with the reason.
 
 The attempt's own row says what became of it (:func:`attempt_status`): ``cancelled``,
@@ -36,7 +36,7 @@ from halfcast.contracts.status import AttemptStatus, FailureReason, JobStatus
 from halfcast.core.db.members import close_expired_members
 from halfcast.core.db.models import Attempt, Job, utcnow
 from halfcast.core.db.transitions import Expected, Owner, compare_and_set
-from worker.reasons import UNCOUNTED_REASONS, should_retry
+from worker.lifecycle.reasons import UNCOUNTED_REASONS, should_retry
 from worker.store import LIVE_STATUSES, MAX_REASON_CHARS, Fence, JobStore, end_attempt
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class Recovery:
 def attempt_status(resolution: Resolution, reason: str) -> AttemptStatus:
     """How the attempt that ended with ``reason`` is recorded when its job was ``resolution``.
 
-    ``requeued`` only for an uncounted reason (:data:`worker.reasons.UNCOUNTED_REASONS`: the
+    ``requeued`` only for an uncounted reason (:data:`worker.lifecycle.reasons.UNCOUNTED_REASONS`: the
     worker's graceful shutdown) whose job went back to the queue; without a broker to take
     it back the job failed, and so did the attempt.
     """

@@ -3,7 +3,7 @@
 A queued job waits on one broker message. A worker frozen (SIGSTOP, a paused VM, a swap
 storm) at the instant Redis answers its ``BRPOP`` takes that message off the queue before it
 has recorded anything: the message sits unread in the frozen process's socket, neither in
-the queue nor in kombu's unacknowledged hash, and no hold names it (:mod:`worker.holds`: the
+the queue nor in kombu's unacknowledged hash, and no hold names it (:mod:`worker.messages.holds`: the
 task never ran). The job would wait ``queued`` until that worker runs again, for ever if it
 never does. The same holds for a job whose message the API could not publish.
 

@@ -10,7 +10,7 @@ for a known cause (out of memory, a collective that timed out), and a rank kille
 SIGKILL while the kernel's OOM kill count rose is ``oom``; anything else is
 ``rank_failed``. Every failure message ends with the tail of the failing rank's own
 ``logs/rank-<r>.log`` when the rank is known (``error.json``, or torchrun's root-cause
-report), else of ``logs/launcher.log`` (:mod:`worker.failure_logs`).
+report), else of ``logs/launcher.log`` (:mod:`worker.lifecycle.failure_logs`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from halfcast.contracts.error_file import ErrorFile
 from halfcast.contracts.records import EndRecord
 from halfcast.contracts.rundir import RunDir
 from halfcast.contracts.status import FailureReason, JobStatus
-from worker.failure_logs import failure_log, root_cause, scan_text
-from worker.launch import log_tail
+from worker.launch.process_tree import log_tail
+from worker.lifecycle.failure_logs import failure_log, root_cause, scan_text
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def exit_outcome(
     """The outcome of a run whose launcher exited with ``code``.
 
     ``end``: the counts of the ``end`` record, if one was read (checked against ``max_steps``: :func:`ended_outcome`).
-    ``oom_killed``: the kernel's OOM kill count rose while the run lived (see :mod:`worker.oomwatch`).
+    ``oom_killed``: the kernel's OOM kill count rose while the run lived (see :mod:`worker.launch.oomwatch`).
     """
     if code == 0 and end is not None:
         return ended_outcome(end, max_steps)

@@ -5,7 +5,7 @@ server) can finish every step, write ``final.pt`` and its ``end`` record, and st
 lease: its ``succeeded`` is dropped and the reaper requeues the job. The next attempt must not
 train again. Before it launches, the runner looks through the job's earlier attempts, newest
 first, for one with ``final.pt`` and an ``end`` record whose outcome is ``succeeded``
-(:func:`worker.outcomes.ended_outcome`, against the spec's ``max_steps``): that attempt's
+(:func:`worker.lifecycle.outcomes.ended_outcome`, against the spec's ``max_steps``): that attempt's
 result is recorded instead (its step records backfilled, its ``end`` counts kept), and no step
 runs twice.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 from halfcast.contracts.records import EndRecord, parse_record
 from halfcast.contracts.rundir import JobRuns, RunDir
 from halfcast.contracts.status import JobStatus
-from worker.outcomes import ended_outcome
-from worker.tail import RecordTail
+from worker.lifecycle.outcomes import ended_outcome
+from worker.records.tail import RecordTail
 
 
 @dataclass(frozen=True)

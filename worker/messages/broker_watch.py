@@ -114,7 +114,7 @@ class BrokerWatch:
 
 def redis_marker_store(broker_url: str) -> redis.Redis | None:
     """A Redis client on the broker's own database, or ``None`` for a broker that is not Redis (the marker store
-    here, the queue reader of :mod:`worker.message_audit`)."""
+    here, the queue reader of :mod:`worker.messages.message_audit`)."""
     if not broker_url.startswith(REDIS_SCHEMES):
         return None
     import redis  # only a Redis deployment needs the client

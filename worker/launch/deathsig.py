@@ -1,4 +1,4 @@
-"""``python -m worker.deathsig [--nice N] PARENT_PID -- COMMAND...``: run COMMAND, signalled when its parent dies.
+"""``python -m worker.launch.deathsig [--nice N] PARENT_PID -- COMMAND...``: run COMMAND, signalled when its parent dies.
 
 The worker launches every run through this wrapper. It asks the kernel
 (``prctl(PR_SET_PDEATHSIG)``, Linux) to send it SIGTERM when the thread that
@@ -36,7 +36,7 @@ def request_death_signal(signum: int) -> bool:
     return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
 
 
-USAGE = "usage: python -m worker.deathsig [--nice N] PARENT_PID -- COMMAND...\n"
+USAGE = "usage: python -m worker.launch.deathsig [--nice N] PARENT_PID -- COMMAND...\n"
 
 
 def main(argv: Sequence[str]) -> int:

@@ -1,6 +1,6 @@
-"""Run one rank with its stdout and stderr in its own log file: ``python -m worker.rank_output LOGS_DIR MODULE [ARGS...]``.
+"""Run one rank with its stdout and stderr in its own log file: ``python -m worker.launch.rank_output LOGS_DIR MODULE [ARGS...]``.
 
-torchrun starts this module as each rank's entry point (``-m worker.rank_output``).
+torchrun starts this module as each rank's entry point (``-m worker.launch.rank_output``).
 It opens ``LOGS_DIR/rank-<RANK>.log`` (``RANK``: the global rank torchrun sets) for
 appending, puts it on file descriptors 1 and 2, and replaces itself with
 ``python -u -m MODULE ARGS...`` (as torchrun would run MODULE; same pid, same
@@ -48,7 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     rank = os.environ.get("RANK", "")
     if len(args) < 2 or not rank.isdigit():
-        sys.stderr.write("usage: RANK=<r> python -m worker.rank_output LOGS_DIR MODULE [ARGS...] (run by torchrun)\n")
+        sys.stderr.write(
+            "usage: RANK=<r> python -m worker.launch.rank_output LOGS_DIR MODULE [ARGS...] (run by torchrun)\n"
+        )
         return USAGE_EXIT
     logs_dir, module, rest = Path(args[0]), args[1], args[2:]
     redirect_output(logs_dir, int(rank))
@@ -62,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _note_start(rank: int, module: str, now: float) -> None:
     """The log's first line, in the trainer's log format: the rank is starting (importing ``module``)."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
-    sys.stderr.write(f"{stamp} rank{rank} INFO worker.rank_output: start-up: starting python -m {module} (imports)\n")
+    sys.stderr.write(
+        f"{stamp} rank{rank} INFO worker.launch.rank_output: start-up: starting python -m {module} (imports)\n"
+    )
     sys.stderr.flush()
 
 

@@ -1,6 +1,6 @@
-"""``python -m worker.torchrun ARGS...``: torchrun (``torch.distributed.run``), stopped by a signal without a crash report.
+"""``python -m worker.launch.torchrun ARGS...``: torchrun (``torch.distributed.run``), stopped by a signal without a crash report.
 
-The worker launches every run through this module (:func:`worker.launch.build_command`);
+The worker launches every run through this module (:func:`worker.launch.process_tree.build_command`);
 the arguments are torchrun's own. torchrun's elastic agent handles SIGTERM (and SIGINT,
 SIGHUP, SIGQUIT) by raising ``SignalException`` in its monitoring loop. It then passes
 the signal on to every rank (each rank's process group), waits for them up to its
@@ -16,7 +16,7 @@ ranks have already been stopped, so this module logs one line and exits at once 
 128 + the signal number. That is the status an untrapped signal gives, and the one the
 trainer's stop checkpoint ends with (:data:`trainer.preemption.STOPPED_EXIT`). Every
 other ending is left to torchrun: success, its error report and traceback when a rank
-fails (the worker reads them, :mod:`worker.failure_logs`), and its exit status.
+fails (the worker reads them, :mod:`worker.lifecycle.failure_logs`), and its exit status.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torch.distributed.run import main as torchrun_main
 
 from trainer.preemption import exit_now
 
-log = logging.getLogger("worker.torchrun")
+log = logging.getLogger("worker.launch.torchrun")
 
 #: Format of this module's own log line (torchrun's own lines keep torchrun's format).
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"

@@ -5,7 +5,7 @@ the trainer wrote them; a ``precision_switch`` drops the poll's records after it
 ``rewound_to_step`` (those steps are trained again and follow it); a ``start`` record gives
 the world size, and the switch a resumed run repeats; the newest ``phase`` record is the
 attempt's start-up so far (``jobs.startup``, migration 0009: :func:`startup_summary`); the
-``end`` record's counts decide the outcome (:mod:`worker.outcomes`) and, for a succeeded
+``end`` record's counts decide the outcome (:mod:`worker.lifecycle.outcomes`) and, for a succeeded
 run, are kept in ``jobs.end_info`` (migration 0008: :func:`end_info`). A line that is no
 known record, or does not validate, is skipped (:func:`halfcast.contracts.records.parse_record`).
 """
