@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from halfcast.common.redact import redact_urls
@@ -84,6 +84,16 @@ class Settings(BaseSettings):
         max_length=255,
         description="The address other workers reach this one at for multi-node jobs (default: this host's address "
         "on the route to the database)",
+    )
+    rendezvous_port_min: int = Field(
+        default=29_500,
+        ge=1024,
+        le=65_535,
+        description="Lowest port node 0 of a multi-node job may hold for its rendezvous: keep the range outside the "
+        "kernel's ephemeral ports (net.ipv4.ip_local_port_range), which a client connection may take",
+    )
+    rendezvous_port_max: int = Field(
+        default=29_999, ge=1024, le=65_535, description="Highest rendezvous port (see rendezvous_port_min)"
     )
     cancel_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0)
     queue_name: str = "halfcast"
@@ -191,6 +201,13 @@ class Settings(BaseSettings):
             self.db_lock_timeout_s or None,
             self.db_idle_in_transaction_timeout_s or None,
         )
+
+    @model_validator(mode="after")
+    def _rendezvous_range(self) -> Settings:
+        if self.rendezvous_port_min > self.rendezvous_port_max:
+            msg = f"rendezvous_port_min {self.rendezvous_port_min} is above rendezvous_port_max {self.rendezvous_port_max}"
+            raise ValueError(msg)
+        return self
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """pydantic's ``repr``/``str`` fields, with the passwords in the service URLs masked."""

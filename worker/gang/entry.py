@@ -1,7 +1,8 @@
 """Where a task's message leads for multi-node jobs: claim as node 0, join a gang, or neither.
 
 - A ``queued`` job with ``nodes`` > 1 is claimed as ``gathering`` (:meth:`GangEntry.run_queued`):
-  this worker becomes node 0, binds a rendezvous port on its address, opens rank 0 and sends the
+  this worker becomes node 0, holds a rendezvous port on its address for the attempt
+  (:mod:`worker.gang.ports`), opens rank 0 and sends the
   job's message ``nodes - 1`` more times; each message lets one more worker join.
 - A message of a ``gathering`` job that still needs nodes joins it (:meth:`GangEntry.join`). A
   worker that cannot join now (no free slot, or it already holds an open membership: node 0's own
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -29,8 +31,9 @@ from halfcast.core.db.members import GatheringJob, Members, spec_nodes
 from halfcast.core.db.models import Job
 from halfcast.core.settings import Settings
 from worker.gang.attempt import Node0Attempt
-from worker.gang.launch import free_port, route_address
+from worker.gang.launch import route_address
 from worker.gang.member import MemberRun
+from worker.gang.ports import NoRendezvousPortError, ephemeral_range, reserve_port, warn_if_ephemeral
 from worker.lifecycle.outcomes import Outcome
 from worker.resources.slots import Placement
 from worker.runner import RunnerContext, run_job
@@ -103,6 +106,20 @@ class GangEntry:
     def _run_node0(self, job_id: str, nodes: int, context: RunnerContext) -> Outcome | None:
         settings = context.settings
         host = self.address()
+        _check_port_range(settings.rendezvous_port_min, settings.rendezvous_port_max)
+        try:
+            port = reserve_port(
+                host, settings.rendezvous_port_min, settings.rendezvous_port_max, settings.resolved_gpu_lock_dir
+            )
+        except NoRendezvousPortError as exc:
+            log.warning("job %s: %s: its message goes back to the queue", job_id, exc)
+            self._send(context, job_id, 1)
+            return None
+        with port:
+            return self._node0_with_port(job_id, nodes, context, host, port.port)
+
+    def _node0_with_port(self, job_id: str, nodes: int, context: RunnerContext, host: str, port: int) -> Outcome | None:
+        settings = context.settings
         claim = context.store.claim(
             job_id,
             context.worker_id,
@@ -115,9 +132,7 @@ class GangEntry:
             log.info("job %s is not queued (redelivered, duplicate or cancelled): message dropped", job_id)
             return None
         context.on_claimed()
-        member = self.members.open_node0(
-            job_id, claim.attempt, context.worker_id, host, free_port(host), settings.lease_ttl_s
-        )
+        member = self.members.open_node0(job_id, claim.attempt, context.worker_id, host, port, settings.lease_ttl_s)
         if member is None:  # this worker took another gang's membership meanwhile
             self.members.disband(job_id, claim.attempt, context.worker_id)
             self._send(context, job_id, 1)
@@ -169,3 +184,9 @@ class GangEntry:
         )
         context.on_claimed()
         return MemberRun(member, context, gang.nodes).run()
+
+
+@functools.cache
+def _check_port_range(first: int, last: int) -> None:
+    """Warn once per process when the rendezvous ports overlap the kernel's ephemeral range."""
+    warn_if_ephemeral(first, last, ephemeral_range())

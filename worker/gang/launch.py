@@ -104,11 +104,3 @@ def route_address(database_url: str) -> str:
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect((host, parts.port or DEFAULT_DB_PORT))
         return str(probe.getsockname()[0])
-
-
-def free_port(address: str) -> int:
-    """A TCP port free on ``address`` now (bound and let go: torchrun binds it again moments later)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
