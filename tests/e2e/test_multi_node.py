@@ -161,6 +161,8 @@ def one_node_of_four(stack: NamespaceStack) -> list[tuple[Any, ...]]:
 
 
 def test_two_nodes_of_two_ranks_train_as_one_node_of_four(stack: NamespaceStack) -> None:
+    """About 45 s alone, up to 60 s beside other workers: a four-rank job on one node, then the same job as a gang
+    of two nodes (two torchruns, four ranks importing torch), compared bit for bit."""
     on_node_1 = {"nonfinite_grad_steps": [3], "ranks": [3]}  # inf in global rank 3's gradients only (C09/C10)
     alone = stack.wait_terminal(stack.submit({**FP16, "processes": 4, "faults": on_node_1})["id"], 240)
     pair = stack.wait_terminal(stack.submit(gang(faults=on_node_1))["id"], 240)
@@ -184,6 +186,8 @@ def test_two_nodes_of_two_ranks_train_as_one_node_of_four(stack: NamespaceStack)
 def test_a_killed_node_is_worker_lost_and_the_job_resumes_on_a_new_gang(
     stack: NamespaceStack, node_rank: int, one_node_of_four: list[tuple[Any, ...]]
 ) -> None:
+    """About 40 s alone, 60 s beside other workers: two gangs of two torchruns and four ranks each (the killed
+    one and the one it resumes on), a lease expiry to detect the lost node, and a worker restarted in a namespace."""
     job_id = stack.submit(gang(faults={"sleep_per_step_s": 0.5}))["id"]
     running = wait_step(stack, job_id, 3)
     address = next(m["host_address"] for m in running["members"] if m["node_rank"] == node_rank)
