@@ -181,3 +181,24 @@ def test_the_reaper_closes_the_membership_of_a_dead_node_0(store: JobStore, make
     by_rank = {m.node_rank: m.status for m in members.of_attempt(job_id, 1)}
     assert by_rank == {0: MemberStatus.LOST, 1: MemberStatus.JOINED}  # the live peer closes its own as it stops
     assert members.open_membership("w0/1") is None
+
+
+def test_with_every_rendezvous_port_held_node_0_claims_nothing_and_sends_the_message_back(
+    engine: Engine, store: JobStore, make_job: MakeJob, tmp_path: Path
+) -> None:
+    from worker.gang.ports import reserve_port
+    from worker.runner import RunnerContext
+
+    port = 29_650
+    settings = Settings(
+        data_dir=tmp_path, worker_host_address="127.0.0.1", rendezvous_port_min=port, rendezvous_port_max=port
+    )
+    job_id = make_job(gang_spec())
+    sent: list[str] = []
+    context = RunnerContext(settings=settings, store=store, worker_id="w0/1", enqueue=sent.append)
+    entry = GangEntry(settings, Members(engine), lambda gpus: True)
+
+    with reserve_port("127.0.0.1", port, port, settings.resolved_gpu_lock_dir):  # another gang's
+        assert entry.run_queued(job_id, context) is None
+    assert store.status(job_id) == "queued" and sent == [job_id]
+    assert Members(engine).of_attempt(job_id, 1) == []
