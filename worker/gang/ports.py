@@ -18,13 +18,14 @@ binding it before it is published.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import random
 import socket
 from pathlib import Path
 from typing import Self
+
+from worker.resources.gpu_locks import try_lock
 
 log = logging.getLogger(__name__)
 
@@ -89,23 +90,13 @@ def reserve_port(address: str, first: int, last: int, lock_dir: Path) -> PortRes
     ports = list(range(first, last + 1))
     start = random.randrange(len(ports))  # spreading, not security
     for port in ports[start:] + ports[:start]:
-        descriptor = _lock(lock_dir / f"rendezvous-{port}.lock")
+        descriptor = try_lock(lock_dir / f"rendezvous-{port}.lock")
         if descriptor is None:
             continue
         if _bindable(address, port):
             return PortReservation(port, descriptor)
         os.close(descriptor)
     raise NoRendezvousPortError(f"no free rendezvous port in {first}-{last} on {address}")
-
-
-def _lock(path: Path) -> int | None:
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(descriptor)
-        return None
-    return descriptor
 
 
 def _bindable(address: str, port: int) -> bool:

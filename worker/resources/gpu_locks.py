@@ -79,7 +79,7 @@ class GpuLocks:
         with self._allocating():
             held: list[tuple[int, int]] = []
             for gpu in self.gpus:
-                descriptor = _try_lock(self.path(gpu))
+                descriptor = try_lock(self.path(gpu))
                 if descriptor is not None:
                     held.append((gpu, descriptor))
                     if len(held) == count:
@@ -99,7 +99,7 @@ class GpuLocks:
             os.close(descriptor)  # closing the only descriptor drops the lock
 
 
-def _try_lock(path: Path) -> int | None:
+def try_lock(path: Path) -> int | None:
     """An open descriptor holding an exclusive lock on ``path``, or ``None`` if someone else holds it."""
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
