@@ -28,9 +28,11 @@ from halfcast.contracts.resources import (
     StoppedEarlyPublic,
     ThroughputPublic,
 )
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import AttemptStatus, JobStatus
 from halfcast.core.db.job_reads import AttemptView, JobView, MemberView
 from halfcast.core.db.models import Attempt, Job, JobMember, StepRow
+from halfcast.core.db.stored_spec import stored_spec
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,13 @@ def current_phase(status: str, startup: dict[str, Any] | None) -> StartupPhase |
 
 
 def job_public(job: Job | JobView) -> JobPublic:
-    """The resource of a ``jobs`` row (an ORM object, or the columns :mod:`halfcast.core.db.job_reads` reads)."""
+    """The resource of a ``jobs`` row (an ORM object, or the columns :mod:`halfcast.core.db.job_reads` reads).
+
+    ``spec`` is the stored dict as it is; ``nodes``, ``effective_precision`` and ``loss_scaling`` come from
+    it validated (:func:`halfcast.core.db.stored_spec.stored_spec`, cached), and take the resource's defaults
+    (1, the last switch's ``to`` else ``fp32``, ``none``) for a stored spec that no longer validates.
+    """
+    spec = stored_spec(job.id, job.spec)
     applied, skipped = step_counts(job.latest)
     ended = _count_or_none((job.end_info or {}).get("applied_steps"))
     applied = applied if ended is None else min(applied, ended)  # the end record also leaves out empty windows
@@ -124,15 +132,15 @@ def job_public(job: Job | JobView) -> JobPublic:
         step=job.step,
         max_steps=job.max_steps,
         world_size=job.world_size,
-        nodes=_nodes(job.spec),
+        nodes=spec.nodes if spec is not None else 1,
         members=members_public(job.members, job.attempt),
         latest=job.latest,
         eval=job.eval,
         attempt=job.attempt,
         attempts=[attempt_public(row) for row in job.attempts],
         precision_switches=list(job.precision_switches or []),
-        effective_precision=effective_precision(job),
-        loss_scaling=loss_scaling(job.spec),
+        effective_precision=effective_precision(spec, job.precision_switches),
+        loss_scaling=loss_scaling(spec),
         applied_steps=applied,
         skipped_steps=skipped,
         stopped_early=stopped_early(job.end_info),
@@ -159,11 +167,6 @@ def members_public(rows: Sequence[JobMember | MemberView], attempt: int) -> list
         )
         for row in current
     ]
-
-
-def _nodes(spec: dict[str, Any]) -> int:
-    nodes = spec.get("nodes", 1) if isinstance(spec, dict) else 1
-    return nodes if isinstance(nodes, int) and nodes >= 1 else 1
 
 
 def data_report(stored: dict[str, Any] | None) -> DataReport | None:
@@ -201,23 +204,18 @@ def _count_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def effective_precision(job: Job | JobView) -> str:
-    """The precision ``job`` computes in: its last precision switch's ``to``, else the spec's ``precision``."""
-    switches = job.precision_switches or []
+def effective_precision(spec: JobSpec | None, switches: Sequence[dict[str, Any]] | None) -> str:
+    """The precision the job computes in: its last precision switch's ``to``, else ``spec``'s ``precision``
+    (``fp32`` for a stored spec that does not validate, ``spec`` ``None``)."""
     if switches and isinstance(switches[-1].get("to"), str):
         return str(switches[-1]["to"])
-    return str(job.spec.get("precision") or "fp32")
+    return spec.precision if spec is not None else "fp32"
 
 
-def loss_scaling(spec: dict[str, Any]) -> LossScaling:
-    """How the stored ``spec`` scales its loss, as ``JobSpec.effective_loss_scale`` decides.
-
-    Read from the dict, not validated.
-    """
-    if (spec.get("precision") or "fp32") != "fp16":
-        return "none"
-    block = spec.get("loss_scale")
-    return "static" if isinstance(block, dict) and block.get("mode") == "static" else "dynamic"
+def loss_scaling(spec: JobSpec | None) -> LossScaling:
+    """How ``spec`` scales its loss: its ``effective_loss_scale``'s mode, ``none`` without one (or without a spec)."""
+    scale = spec.effective_loss_scale if spec is not None else None
+    return "none" if scale is None else scale.mode
 
 
 def step_counts(latest: dict[str, Any] | None) -> tuple[int, int]:

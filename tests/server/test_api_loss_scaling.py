@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import uuid
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from api_support import VALID_SPEC
 from fastapi.testclient import TestClient
 
 from halfcast.contracts.spec import JobSpec
+from halfcast.core.db.stored_spec import stored_spec
 from server.schemas import loss_scaling
 
 
@@ -38,6 +40,9 @@ def test_the_resource_says_how_the_job_scales_its_loss(client: TestClient, label
     "spec", [*SPECS.values(), _spec(precision="fp8", loss_scale=None, gpus=1)], ids=[*SPECS, "fp8"]
 )
 def test_loss_scaling_agrees_with_the_trainers_effective_loss_scale(spec: dict[str, Any]) -> None:
-    """The resource reads the stored dict; the trainer builds its scaler from ``effective_loss_scale`` (no-op when None)."""
-    effective = JobSpec.model_validate(spec).effective_loss_scale
-    assert loss_scaling(spec) == ("none" if effective is None else effective.mode)
+    """The resource reads the stored spec validated; the trainer builds its scaler from ``effective_loss_scale``
+    (a no-op when None)."""
+    validated = JobSpec.model_validate(spec)
+    effective = validated.effective_loss_scale
+    stored = validated.model_dump(mode="json")
+    assert loss_scaling(stored_spec(str(uuid.uuid4()), stored)) == ("none" if effective is None else effective.mode)
