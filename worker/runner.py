@@ -182,11 +182,15 @@ class Attempt:
         self.oom_kills_at_launch = oom_kill_count()
         try:
             environment = self._environment(spec)
-            launch = start_run if self.context.warm is None else self.context.warm.start_run
-            self.process = launch(command, self.run_dir, environment, pass_fds=self.context.gpu_lock_fds)
+            self.process = self._start_run(command, environment)
         except OSError as exc:
             return Outcome(JobStatus.FAILED, FailureReason.LAUNCH_FAILED, f"torchrun could not be started: {exc}")
         return self._supervise(self.process)
+
+    def _start_run(self, command: list[str], environment: dict[str, str]) -> RunProcess:
+        """Start the run: forked from the worker's warm standby where it can be (:mod:`worker.warm`), else torchrun."""
+        launch = start_run if self.context.warm is None else self.context.warm.start_run
+        return launch(command, self.run_dir, environment, pass_fds=self.context.gpu_lock_fds)
 
     def _prepare(self) -> JobSpec | Outcome:
         """Create the run directory and write the re-validated ``spec.json`` (registered inputs filled in)."""

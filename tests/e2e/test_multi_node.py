@@ -82,10 +82,22 @@ class NamespaceStack(Stack):
         self.processes[name] = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
         self._wait_ready([name])
 
+    def log_tail(self, name: str, lines: int = 60) -> str:
+        """A process's last log lines; ``worker`` (what a stuck wait shows) is every node's worker."""
+        if name != "worker":
+            return super().log_tail(name, lines)
+        return "\n".join(f"--- node{n}:\n{super().log_tail(f'node{n}', lines)}" for n in range(len(self.hosts)))
+
     def run_pids(self, n: int) -> list[int]:
         """Processes in host ``n`` other than its worker and the worker's idle warm standby (worker/warm/)."""
         worker = self.processes[f"node{n}"].pid
         return [pid for pid in self.hosts[n].pids() if pid != worker and not _idle_standby(pid)]
+
+
+def _is_launcher(pid: int) -> bool:
+    """Whether ``pid`` is a node's launcher: the warm one a standby forked, or torchrun's agent."""
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    return cmdline.startswith(b"halfcast-launcher") or b"worker.launch.torchrun" in cmdline
 
 
 def _idle_standby(pid: int) -> bool:
@@ -180,6 +192,7 @@ def test_two_nodes_of_two_ranks_train_as_one_node_of_four(stack: NamespaceStack)
         logs = stack.client.get(f"/jobs/{pair['id']}/logs", params={"rank": rank})
         assert logs.status_code == 200, logs.text
         assert f"rank={rank} world_size=4 node_rank={node_rank}" in logs.text
+        assert "forked from a warm standby" in logs.text  # each node's ranks, from its worker's standby
 
 
 @pytest.mark.parametrize("node_rank", [1, 0], ids=["peer", "node-0"])
@@ -206,9 +219,7 @@ def test_a_killed_node_is_worker_lost_and_the_job_resumes_on_a_new_gang(
 def test_a_killed_peer_agent_never_succeeds(stack: NamespaceStack) -> None:
     job_id = stack.submit(gang(faults={"sleep_per_step_s": 0.5}))["id"]
     wait_step(stack, job_id, 2)
-    agents = [
-        pid for pid in stack.run_pids(1) if b"worker.launch.torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
+    agents = [pid for pid in stack.run_pids(1) if _is_launcher(pid)]
     assert agents
     os.kill(agents[0], signal.SIGKILL)
     job = stack.wait_terminal(job_id, 120)

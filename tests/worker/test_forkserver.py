@@ -21,7 +21,7 @@ WAIT_S = 30.0
 def _assignment(tmp_path: Path, *args: str) -> Assignment:
     return Assignment(
         run_dir=tmp_path, logs_dir=tmp_path / "logs", launcher_log=tmp_path / "launcher.log",
-        world_size=1, trainer_args=args, env={},
+        processes=1, trainer_args=args, env={},
     )  # fmt: skip  # the run's paths on one line, the rest on the next
 
 

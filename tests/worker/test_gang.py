@@ -17,6 +17,7 @@ from halfcast.core.settings import Settings
 from worker.gang.entry import GangEntry
 from worker.gang.formation import GangEnd, Gathering, peer_verdict
 from worker.gang.launch import NodePlan, gang_command
+from worker.gang.plan import GANG_FILE, GangLauncher, GangPlanFile, read_plan, write_plan
 from worker.lifecycle.reaper import Reaper
 from worker.lifecycle.recovery import Recovery
 from worker.store import JobStore
@@ -166,6 +167,13 @@ def test_every_node_launches_torchrun_on_the_published_endpoint(tmp_path: Path) 
     assert arg(node0, "--rdzv-backend") == "static" and arg(node0, "--rdzv-id") == arg(node1, "--rdzv-id") == "j-2"
     assert arg(node0, "--rdzv-conf") == arg(node1, "--rdzv-conf") == "timeout=5"  # distributed.timeout_s
     assert "--standalone" not in node0
+
+
+def test_the_launch_file_names_the_gang_s_launcher_and_an_older_one_reads_as_torchrun(tmp_path: Path) -> None:
+    write_plan(tmp_path, "ckpt/step-4", GangLauncher.WARM)
+    assert read_plan(tmp_path) == GangPlanFile(resume_from="ckpt/step-4", launcher=GangLauncher.WARM)
+    (tmp_path / GANG_FILE).write_text('{"resume_from": null}')  # written before gangs could start warm
+    assert read_plan(tmp_path).launcher == GangLauncher.TORCHRUN
 
 
 def test_the_reaper_closes_the_membership_of_a_dead_node_0(store: JobStore, make_job: MakeJob, tmp_path: Path) -> None:

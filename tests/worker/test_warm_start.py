@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,21 +18,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from worker_support import small_spec
 
 from halfcast.contracts.rundir import JobRuns, RunDir
 from halfcast.contracts.spec import JobSpec
 from halfcast.core.settings import Settings
+from worker.gang.launch import NodePlan, gang_command, node_environment
+from worker.gang.plan import GangLauncher
 from worker.launch.process_tree import RunProcess, build_command, build_environment, start_run
 from worker.lifecycle.failure_logs import root_cause
 from worker.warm.agent import rank_environment
-from worker.warm.assignment import warm_command_parts
+from worker.warm.assignment import GangSeat, WarmCommand, warm_command_parts
 from worker.warm.pool import WarmPool, standby_environment
 
 READY_WAIT_S = 180.0
 #: The pool's niceness (``Settings.run_nice``): the standby's, which its launchers and ranks inherit.
 RUN_NICE = 3
 RUN_WAIT_S = 180.0
+LOOPBACK = "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +89,47 @@ def _steps(run_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def test_only_single_node_trainer_commands_take_the_warm_path(tmp_path: Path) -> None:
+def test_only_trainer_commands_take_the_warm_path(tmp_path: Path) -> None:
     job = JobSpec.model_validate(small_spec(processes=2))
     command = build_command(job, tmp_path / "spec.json", tmp_path)
-    processes, logs, args = warm_command_parts(command) or (0, None, ())
-    assert (processes, logs) == (2, RunDir(tmp_path).logs)
-    assert args == ("--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path))
+    parts = warm_command_parts(command)
+    assert parts == WarmCommand(
+        2, RunDir(tmp_path).logs, ("--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path))
+    )
     assert warm_command_parts(build_command(job, tmp_path / "spec.json", tmp_path, module="rank_echo")) is None
-    assert warm_command_parts([*command[:3], "--nnodes", "2", *command[5:]]) is None
+    assert warm_command_parts([*command[:3], "--nnodes", "2", *command[5:]]) is None  # no rendezvous: cold
     assert warm_command_parts(["python", "fake_trainer.py", "--spec", "s"]) is None
+
+
+def test_a_gang_node_s_command_takes_the_warm_path_with_its_seat(tmp_path: Path) -> None:
+    job = JobSpec.model_validate(small_spec(processes=2, nodes=3))
+    plan = NodePlan("job", 2, 1, 3, "fd00::1", 29555, "fd00::2")
+    parts = warm_command_parts(gang_command(job, tmp_path / "spec.json", tmp_path, plan))
+    seat = GangSeat(nodes=3, node_rank=1, endpoint_host="fd00::1", endpoint_port=29555, run_id="job-2")
+    assert parts == WarmCommand(
+        2, RunDir(tmp_path).logs, ("--spec", str(tmp_path / "spec.json"), "--run-dir", str(tmp_path)), seat
+    )
+    other = gang_command(job, tmp_path / "spec.json", tmp_path, plan)
+    other[other.index("--rdzv-backend") + 1] = "c10d"
+    assert warm_command_parts(other) is None  # only the static rendezvous (node 0 hosts the store) is warm
+    assert warm_command_parts(gang_command(job, tmp_path / "s", tmp_path, plan, module="rank_echo")) is None
+    with pytest.raises(ValidationError):
+        GangSeat(nodes=2, node_rank=2, endpoint_host="h", endpoint_port=1, run_id="r")
+
+
+def test_a_gang_node_s_ranks_get_torchrun_s_global_ranks_and_node_0_s_endpoint() -> None:
+    seat = GangSeat(nodes=2, node_rank=1, endpoint_host="10.0.0.1", endpoint_port=29555, run_id="job-2")
+    rank = rank_environment({}, 1, 3, "r", seat)
+    keys = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID")
+    assert {k: rank[k] for k in keys} == {
+        "RANK": "4",
+        "LOCAL_RANK": "1",
+        "GROUP_RANK": "1",
+        "WORLD_SIZE": "6",
+        "LOCAL_WORLD_SIZE": "3",
+        "MASTER_ADDR": "10.0.0.1",
+        "TORCHELASTIC_RUN_ID": "job-2",
+    }
 
 
 def test_the_standby_has_one_thread_no_gpu_and_ranks_get_torchrun_s_environment() -> None:
@@ -110,6 +147,56 @@ def test_the_standby_has_one_thread_no_gpu_and_ranks_get_torchrun_s_environment(
         "TORCHELASTIC_USE_AGENT_STORE": "True",
     }  # the launcher hosts the store: rank 0 does not bind a port of its own
     assert rank["OMP_NUM_THREADS"] == "4"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", list(GangLauncher))
+def test_a_gang_of_two_nodes_on_one_host_is_the_one_node_run_step_for_step(
+    tmp_path: Path, pool: WarmPool, launcher: GangLauncher
+) -> None:
+    """Node 0 and node 1 of a gang (one rank each) on the loopback address, launched as node 0 chose
+    (:mod:`worker.gang.plan`): both forked from the module's standby, node 0's launcher hosting the store at the
+    gang's endpoint, or both by torchrun's static rendezvous (cold: about 10 s). Against the warm run of the same
+    job on one node of two ranks: the same steps, bit for bit (on separate hosts: tests/e2e/test_multi_node.py)."""
+    spec = small_spec(processes=2, max_steps=4, log_interval=1, precision="fp16")
+    one_dir, one = _launch(tmp_path / "one", spec, 1, pool)
+    job = JobSpec.model_validate({**spec, "processes": 1, "nodes": 2})
+    run_dir = JobRuns.of(tmp_path / "gang", "job").attempt(1).path
+    run_dir.mkdir(parents=True)
+    RunDir(run_dir).spec.write_text(job.model_dump_json())
+    env = node_environment(build_environment(job, Settings(data_dir=tmp_path, allow_faults=True)), LOOPBACK)
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        port = probe.getsockname()[1]
+    nodes = []
+    for node_rank in (0, 1):
+        command = gang_command(
+            job, RunDir(run_dir).spec, run_dir, NodePlan("job", 1, node_rank, 2, LOOPBACK, port, LOOPBACK)
+        )
+        node_dir = run_dir / "nodes" / f"node-{node_rank}"
+        if launcher == GangLauncher.WARM:
+            nodes.append((node_dir, pool.start_run(command, node_dir, env, warm_only=True)))
+        else:
+            nodes.append((node_dir, start_run(command, node_dir, env)))
+    for node_dir, node in nodes:
+        assert _wait(node) == 0, RunDir(node_dir).launcher_log.read_text()
+    assert _wait(one) == 0, RunDir(one_dir).launcher_log.read_text()
+    assert len(_steps(run_dir)) == 4
+    assert _steps(run_dir) == _steps(one_dir)
+    for rank in (0, 1):
+        log_text = RunDir(run_dir).rank_log(rank).read_text()
+        assert f"rank={rank} world_size=2 node_rank={rank}" in log_text
+        assert ("forked from a warm standby" in log_text) == (launcher == GangLauncher.WARM)
+
+
+def test_a_run_that_must_start_warm_never_starts_cold(tmp_path: Path) -> None:
+    """A node of a warm gang (``warm_only``) with no standby ready: ``OSError``, no process started."""
+    job = JobSpec.model_validate(small_spec(processes=1, nodes=2))
+    command = gang_command(job, tmp_path / "spec.json", tmp_path, NodePlan("job", 1, 1, 2, LOOPBACK, 29999, LOOPBACK))
+    idle = WarmPool(tmp_path / "never-started", threading.Event())
+    with pytest.raises(OSError, match="must start warm"):
+        idle.start_run(command, tmp_path / "node-1", {}, warm_only=True)
+    assert idle.wait_ready(0.2, lambda: None) is None
 
 
 @pytest.mark.slow

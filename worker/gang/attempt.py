@@ -24,8 +24,8 @@ from halfcast.contracts.status import FailureReason, JobStatus, MemberStatus
 from halfcast.core.db.members import Member, Members
 from worker.gang.formation import GangEnd, Gathering, MemberLease, all_exited, peer_verdict, settled
 from worker.gang.launch import NodePlan, gang_command, node_environment
-from worker.gang.plan import write_plan
-from worker.launch.process_tree import RunProcess
+from worker.gang.plan import WARM_WAIT_S, GangLauncher, write_plan
+from worker.launch.process_tree import RunProcess, start_run
 from worker.lifecycle.outcomes import Outcome
 from worker.runner import Attempt, RunnerContext
 from worker.store import Claim
@@ -61,6 +61,7 @@ class Node0Attempt(Attempt):
         self.resume_from: str | None = None
         self.gang_timeout_s = 0.0
         self._next_peer_read = 0.0
+        self.launcher = GangLauncher.TORCHRUN
 
     def _command(self, spec: JobSpec) -> list[str]:
         command = super()._command(spec)
@@ -71,6 +72,25 @@ class Node0Attempt(Attempt):
 
     def _environment(self, spec: JobSpec) -> dict[str, str]:
         return node_environment(super()._environment(spec), self.plan.local_address)
+
+    def _choose_launcher(self) -> GangLauncher:
+        """Warm when this worker's standby is ready (waited for while it imports) and the job needs no GPU, else
+        torchrun; every node launches as node 0 chose (:mod:`worker.gang.plan`)."""
+        warm = self.context.warm
+        if warm is None or self.context.gpu_lock_fds:
+            return GangLauncher.TORCHRUN
+        ready = warm.wait_ready(WARM_WAIT_S, self._renew_leases)
+        return GangLauncher.WARM if ready is not None else GangLauncher.TORCHRUN
+
+    def _renew_leases(self) -> None:
+        self.lease.renew_if_due()
+        self.member_lease.renew_if_due()
+
+    def _start_run(self, command: list[str], environment: dict[str, str]) -> RunProcess:
+        if self.launcher == GangLauncher.WARM and self.context.warm is not None:
+            fds = self.context.gpu_lock_fds
+            return self.context.warm.start_run(command, self.run_dir, environment, pass_fds=fds, warm_only=True)
+        return start_run(command, self.run_dir, environment, pass_fds=self.context.gpu_lock_fds)
 
     def _before_launch(self) -> Outcome | None:
         """Wait for the gang; publish the launch file; ``None`` once every node may launch."""
@@ -87,7 +107,8 @@ class Node0Attempt(Attempt):
             lambda: self.store.status(self.claim.job_id),
             self.context.shutdown,
         )
-        write_plan(self.rundir.path, self.resume_from)
+        self.launcher = self._choose_launcher()
+        write_plan(self.rundir.path, self.resume_from, self.launcher)
         end = gathering.wait()
         log.info("job %s: attempt %d gathering ended: %s", self.claim.job_id, self.claim.attempt, end)
         if end == GangEnd.COMPLETE:

@@ -28,7 +28,7 @@ from halfcast.core.db.members import Member, Members
 from halfcast.core.db.models import Job, utcnow
 from worker.gang.formation import MemberLease
 from worker.gang.launch import NodePlan, gang_command, node_environment
-from worker.gang.plan import read_plan
+from worker.gang.plan import WARM_WAIT_S, GangLauncher, read_plan
 from worker.launch.process_tree import RunProcess, build_environment, start_run
 from worker.runner import RunnerContext
 
@@ -138,8 +138,27 @@ class MemberRun:
         )
         if not self.members.mark_running(self.member.id):
             return None
-        self.process = start_run(command, node_dir, environment, pass_fds=self.context.gpu_lock_fds)
+        self.process = self._start(command, node_dir, environment, plan_file.launcher)
         return self.process, run_dir
+
+    def _start(
+        self, command: list[str], node_dir: Path, environment: dict[str, str], launcher: GangLauncher
+    ) -> RunProcess:
+        """Start this node's run as node 0 chose (``OSError`` when it must be warm and cannot be)."""
+        fds = self.context.gpu_lock_fds
+        if launcher == GangLauncher.TORCHRUN:
+            return start_run(command, node_dir, environment, pass_fds=fds)
+        warm = self.context.warm
+        if warm is None:
+            raise OSError(
+                "node 0 launches this gang warm, but this worker's warm start is off (HALFCAST_WARM_START=0): "
+                "the workers of a gang need the same setting"
+            )
+        if warm.wait_ready(WARM_WAIT_S, self.lease.renew_if_due) is None:
+            raise OSError(
+                f"node 0 launches this gang warm, and this worker's standby was not ready in {WARM_WAIT_S:.0f} s"
+            )
+        return warm.start_run(command, node_dir, environment, pass_fds=fds, warm_only=True)
 
     def _supervise(self, process: RunProcess, run_dir: Path) -> tuple[MemberStatus, int | None]:
         poll_s = self.context.settings.worker_poll_interval_s

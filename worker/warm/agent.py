@@ -37,7 +37,7 @@ from types import FrameType
 from typing import Any
 
 from worker.launch.rank_output import redirect_output
-from worker.warm.assignment import Assignment
+from worker.warm.assignment import Assignment, GangSeat
 
 log = logging.getLogger("worker.warm.agent")
 
@@ -78,14 +78,25 @@ class RankExit:
 RankMain = Callable[[list[str]], int]
 
 
-def rank_environment(base: Mapping[str, str], rank: int, world_size: int, run_id: str) -> dict[str, str]:
-    """torchrun's environment for ``rank`` of a single-node run of ``world_size`` ranks (``MASTER_PORT`` comes later)."""
+def rank_environment(
+    base: Mapping[str, str], local_rank: int, processes: int, run_id: str, gang: GangSeat | None = None
+) -> dict[str, str]:
+    """torchrun's environment for local rank ``local_rank`` of ``processes`` on its node (``MASTER_PORT`` comes later).
+
+    On one node (``gang`` ``None``) the global rank is the local one and the ranks meet on the loopback
+    address; as node ``gang.node_rank`` of a gang, global ranks ``node_rank * processes`` onwards and the
+    ranks meet at node 0's rendezvous endpoint, as torchrun's static rendezvous gives them.
+    """
+    node_rank = gang.node_rank if gang else 0
+    world_size = str(processes * (gang.nodes if gang else 1))
+    rank = str(node_rank * processes + local_rank)
     return {
         **base,
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size), "ROLE_WORLD_SIZE": str(world_size),
-        "ROLE_NAME": "default", "MASTER_ADDR": LOCALHOST, "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "RANK": rank, "LOCAL_RANK": str(local_rank), "GROUP_RANK": str(node_rank), "ROLE_RANK": rank,
+        "WORLD_SIZE": world_size, "LOCAL_WORLD_SIZE": str(processes), "ROLE_WORLD_SIZE": world_size,
+        "ROLE_NAME": "default", "MASTER_ADDR": gang.endpoint_host if gang else LOCALHOST,
+        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": gang.run_id if gang else run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
     }  # fmt: skip  # one row per group of torchrun's variables
 
 
@@ -107,14 +118,11 @@ def run(assignment: Assignment, rank_main: RankMain) -> int:
     ports: list[int] = []
     failure: RankExit | None = None
     try:
-        for rank in range(assignment.world_size):
-            env = rank_environment(assignment.env, rank, assignment.world_size, run_id)
-            ports.append(_fork_rank(assignment, rank, env, rank_main, ranks))
-        store = _host_store(ports, assignment.world_size)
-        set_title(
-            f"halfcast-launcher (warm) --nproc-per-node {assignment.world_size} --run-dir {assignment.run_dir} "
-            f"MASTER_PORT={store.port}"
-        )
+        for local_rank in range(assignment.processes):
+            env = rank_environment(assignment.env, local_rank, assignment.processes, run_id, assignment.gang)
+            ports.append(_fork_rank(assignment, assignment.first_rank + local_rank, env, rank_main, ranks))
+        store = _rendezvous(ports, assignment)
+        set_title(f"halfcast-launcher (warm) {_launcher_flags(assignment)} MASTER_PORT={store.port}")
         failure = _wait_all(ranks)
     except Stopped:
         pass
@@ -126,7 +134,7 @@ def run(assignment: Assignment, rank_main: RankMain) -> int:
     if failure is None:
         return 0
     _stop_ranks(ranks, signal.SIGTERM, _shutdown_timeout(assignment.env))
-    sys.stderr.write(root_cause_report(failure))
+    sys.stderr.write(root_cause_report(failure, assignment.first_rank))
     return FAILED_EXIT
 
 
@@ -149,16 +157,48 @@ def _shutdown_timeout(env: Mapping[str, str]) -> float:
         return 30.0
 
 
-def _host_store(port_pipes: list[int], world_size: int) -> Any:
-    """The rendezvous store on a port of the kernel's choosing; its port written to every rank's pipe."""
-    from torch.distributed import TCPStore
+@dataclass(frozen=True)
+class Rendezvous:
+    """The port this node's ranks meet at, and the store the launcher hosts there (``None``: another node's)."""
 
-    store = TCPStore(LOCALHOST, 0, world_size, is_master=True, wait_for_workers=False)
+    port: int
+    store: Any = None
+
+
+def _rendezvous(port_pipes: list[int], assignment: Assignment) -> Rendezvous:
+    """Send every rank the rendezvous port (:func:`_host_store`'s, or node 0's endpoint on another node of a gang)."""
+    gang = assignment.gang
+    if gang is not None and gang.node_rank != 0:
+        meeting = Rendezvous(gang.endpoint_port)
+    else:
+        try:
+            meeting = _host_store(assignment)
+        except (RuntimeError, OSError) as exc:  # torch's DistNetworkError is a RuntimeError
+            log.error("the rendezvous store could not be started: %s", exc)
+            meeting = Rendezvous(0)
     for fd in port_pipes:
         with contextlib.suppress(OSError):  # that rank is gone already: its exit is seen by the wait
-            os.write(fd, f"{store.port}\n".encode())
+            if meeting.port:  # no port: the ranks read none and fail, and the launcher reports it
+                os.write(fd, f"{meeting.port}\n".encode())
         os.close(fd)
-    return store
+    return meeting
+
+
+def _host_store(assignment: Assignment) -> Rendezvous:
+    """The ``env://`` store: on one node, at a port the kernel picks; on node 0 of a gang, at the gang's endpoint."""
+    from torch.distributed import TCPStore
+
+    gang = assignment.gang
+    host, port = (gang.endpoint_host, gang.endpoint_port) if gang else (LOCALHOST, 0)
+    store = TCPStore(host, port, assignment.world_size, is_master=True, wait_for_workers=False)
+    return Rendezvous(store.port, store)
+
+
+def _launcher_flags(assignment: Assignment) -> str:
+    """torchrun's flags the launcher stands for, for its process title."""
+    gang = assignment.gang
+    nodes = f"--nnodes {gang.nodes} --node-rank {gang.node_rank} " if gang else ""
+    return f"{nodes}--nproc-per-node {assignment.processes} --run-dir {assignment.run_dir}"
 
 
 def _fork_rank(
@@ -346,7 +386,7 @@ def _signal_group(pid: int, signum: signal.Signals) -> None:
         os.killpg(pid, signum)
 
 
-def root_cause_report(failure: RankExit) -> str:
+def root_cause_report(failure: RankExit, first_rank: int = 0) -> str:
     """torchrun's failure summary for ``failure`` (the part :mod:`worker.lifecycle.failure_logs` reads)."""
     when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(failure.at))
     return (
@@ -354,6 +394,6 @@ def root_cause_report(failure: RankExit) -> str:
         "[0]:\n"
         f"  time      : {when}\n"
         f"  host      : {socket.gethostname()}\n"
-        f"  rank      : {failure.rank} (local_rank: {failure.rank})\n"
+        f"  rank      : {failure.rank} (local_rank: {failure.rank - first_rank})\n"
         f"  exitcode  : {failure.exitcode} (pid: {failure.pid})\n"
     )

@@ -1,14 +1,15 @@
-"""The worker's warm standby: one per worker, forking a launcher for each single-node CPU run (:mod:`worker.warm`).
+"""The worker's warm standby: one per worker, forking a launcher for each CPU run of the trainer (:mod:`worker.warm`).
 
 :class:`WarmPool` keeps one standby ready. Its own thread starts each standby, so the
 standby's death signal (:mod:`worker.launch.deathsig`: it fires when the *thread* that started the
 process ends) stays armed as long as the worker runs; that thread outlives the worker's
 shutdown until every standby it started has exited. :meth:`WarmPool.start_run` is
-:func:`worker.launch.process_tree.start_run` with a warm path: when the command is the trainer's on one
-node, the job needs no GPU and a standby is ready, the standby forks the run's launcher
-(:mod:`worker.warm.forkserver`; the returned :class:`~worker.launch.process_tree.RunProcess` supervises
-and stops it exactly as it does torchrun, its exit status read from the standby's report)
-and stays ready for the next run; otherwise the run starts cold. A standby that exits is
+:func:`worker.launch.process_tree.start_run` with a warm path: when the command is the trainer's (on one
+node, or one node's of a gang with the static rendezvous), the job needs no GPU and a standby is
+ready, the standby forks the run's launcher (:mod:`worker.warm.forkserver`; the returned
+:class:`~worker.launch.process_tree.RunProcess` supervises and stops it exactly as it does torchrun,
+its exit status read from the standby's report) and stays ready for the next run; otherwise the run
+starts cold (a node of a warm gang never does: :mod:`worker.gang.plan`). A standby that exits is
 replaced; one that fails to start is retried after :data:`RETRY_S`.
 """
 
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from halfcast.contracts.rundir import RunDir
@@ -42,6 +43,8 @@ RETRY_S = 30.0
 START_REPLY_S = 30.0
 #: Seconds a standby may take to import everything before it is given up.
 READY_TIMEOUT_S = 300.0
+#: Seconds between two looks at the standby while waiting for it to be ready.
+READY_POLL_S = 0.1
 
 
 def standby_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -184,35 +187,61 @@ class WarmPool:
             standby = self._ready
         return standby if standby is not None and standby.alive() else None
 
+    def wait_ready(self, timeout_s: float, tick: Callable[[], object]) -> Standby | None:
+        """The ready standby, waiting up to ``timeout_s`` while one imports (``tick`` is called on every poll)."""
+        deadline = time.monotonic() + timeout_s
+        while (standby := self.ready()) is None and time.monotonic() < deadline and not self.shutdown.is_set():
+            tick()
+            with self._cond:
+                self._cond.wait(timeout=READY_POLL_S)
+        return standby
+
     def start_run(
-        self, command: list[str], run_dir: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()
+        self,
+        command: list[str],
+        run_dir: Path,
+        env: Mapping[str, str],
+        pass_fds: Sequence[int] = (),
+        *,
+        warm_only: bool = False,
     ) -> RunProcess:
-        """:func:`worker.launch.process_tree.start_run`, through the ready standby when the run can take one."""
+        """:func:`worker.launch.process_tree.start_run`, through the ready standby when the run can take one.
+
+        ``warm_only`` (a node of a warm gang, :mod:`worker.gang.plan`): no cold start; ``OSError`` instead.
+        """
         parts = warm_command_parts(command)
         if parts is None or pass_fds or env.get("CUDA_VISIBLE_DEVICES", "") != "":
-            return start_run(command, run_dir, env, pass_fds)
+            return self._cold(command, run_dir, env, pass_fds, "not a CPU run of the trainer", warm_only)
         standby = self.ready()
         if standby is None:
-            log.info("no warm standby ready: starting %s cold", run_dir)
-            return start_run(command, run_dir, env, pass_fds)
-        processes, logs_dir, trainer_args = parts
-        rundir = RunDir(run_dir)
+            return self._cold(command, run_dir, env, pass_fds, "no warm standby ready", warm_only)
+        run_dir.mkdir(parents=True, exist_ok=True)  # a gang node's own directory is new (start_run makes it too)
         assignment = Assignment(
             run_dir=run_dir,
-            logs_dir=logs_dir,
-            launcher_log=rundir.launcher_log,
-            world_size=processes,
-            trainer_args=trainer_args,
+            logs_dir=parts.logs_dir,
+            launcher_log=RunDir(run_dir).launcher_log,
+            processes=parts.processes,
+            trainer_args=parts.trainer_args,
             env={**env, LAUNCHED_AT_ENV: f"{time.time():.6f}"},
+            gang=parts.gang,
         )
         launcher = standby.assign(assignment)
         if launcher is None:
-            log.warning("the warm standby %d did not take the run: starting %s cold", standby.popen.pid, run_dir)
-            return start_run(command, run_dir, env, pass_fds)
+            why = f"the warm standby {standby.popen.pid} did not take the run"
+            return self._cold(command, run_dir, env, pass_fds, why, warm_only)
         log.info(
             "started run %d in %s from warm standby %d: %s", launcher.pid, run_dir, standby.popen.pid, " ".join(command)
         )
-        return RunProcess(launcher, rundir.launcher_log)
+        return RunProcess(launcher, assignment.launcher_log)
+
+    @staticmethod
+    def _cold(
+        command: list[str], run_dir: Path, env: Mapping[str, str], pass_fds: Sequence[int], why: str, warm_only: bool
+    ) -> RunProcess:
+        if warm_only:
+            raise OSError(f"{why}, and this run must start warm (its gang launches warm)")
+        log.info("%s: starting %s cold", why, run_dir)
+        return start_run(command, run_dir, env, pass_fds)
 
     def _keep_ready(self) -> None:
         while not self.shutdown.is_set():
