@@ -67,7 +67,14 @@ from trainer.preemption import StopRequested, StopSignal
 from trainer.records import RECORDS_FILE, RecordSink
 from trainer.rng import capture_rng_state, restore_rng_state
 from trainer.run.best import best_model_state, best_path, carry_best
-from trainer.run.checkpoint import checkpointed_model_state, final_path, restore_state, save_checkpoint, step_path
+from trainer.run.checkpoint import (
+    CheckpointExtras,
+    checkpointed_model_state,
+    final_path,
+    restore_state,
+    save_checkpoint,
+    step_path,
+)
 from trainer.run.early_stopping import TRACKER_KEY, BestTracker, Decision
 from trainer.run.end_check import check_updates_applied
 from trainer.run.evaluate import evaluate
@@ -392,7 +399,7 @@ def _checkpoint(path: Path, run: RunState, step: int, job_spec: JobSpec, dist_ct
     rng_states = gather_to_main(capture_rng_state(), dist_ctx)
     model_state, optimizer_state = gather_state_dicts(run.parts.model, run.parts.optimizer)  # a collective under FSDP2
     if dist_ctx.is_main:
-        extra = {DATA_INFO_KEY: data_info_entry(run.parts.dataset.info), INPUTS_KEY: dict(run.inputs)}
+        extra: CheckpointExtras = {DATA_INFO_KEY: data_info_entry(run.parts.dataset.info), INPUTS_KEY: dict(run.inputs)}
         if run.precision_switch is not None:
             extra[PRECISION_SWITCH_KEY] = run.precision_switch.body()
         extra[TRACKER_KEY] = run.tracker.state_dict()
