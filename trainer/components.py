@@ -53,7 +53,7 @@ class Components:
     @property
     def training_state(self) -> TrainingState:
         """What a checkpoint captures."""
-        return TrainingState(self.model, self.optimizer, self.lr_scheduler, self.precision)  # type: ignore[arg-type]
+        return TrainingState(self.model, self.optimizer, self.lr_scheduler, self.precision)
 
 
 def build_components(

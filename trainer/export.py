@@ -15,9 +15,8 @@ readable here (``data_unavailable`` otherwise).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 from pydantic import TypeAdapter
@@ -25,16 +24,25 @@ from torch import nn
 
 from halfcast.contracts.catalog import DatasetSpec, ModelSpec
 from trainer.data import build_dataset
-from trainer.data.base import DataInfo, Task
+from trainer.data.base import DataInfo, DataInfoEntry, Task
 from trainer.models import build_model
 
+if TYPE_CHECKING:
+    from trainer.run.checkpoint import CheckpointPayload
+
 #: Key of the dataset sizes in a checkpoint.
-DATA_INFO_KEY = "data_info"
+DATA_INFO_KEY: Final = "data_info"
 
 
-def data_info_entry(info: DataInfo) -> dict[str, Any]:
+def data_info_entry(info: DataInfo) -> DataInfoEntry:
     """``info`` as plain data a ``weights_only`` load accepts (the task as its string value)."""
-    return {**asdict(info), "task": Task(info.task).value}
+    return {
+        "task": Task(info.task).value,
+        "num_outputs": info.num_outputs,
+        "in_features": info.in_features,
+        "seq_len": info.seq_len,
+        "label_names": info.label_names,
+    }
 
 
 def checkpoint_data_info(payload: Mapping[str, Any]) -> DataInfo:
@@ -57,7 +65,7 @@ def load_trained_model(path: str | Path, map_location: str | torch.device = "cpu
         RuntimeError: the weights do not fit the model the spec describes (``load_state_dict``).
         trainer.errors.TrainerError: an older checkpoint whose dataset cannot be read here.
     """
-    payload: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=True)
+    payload: CheckpointPayload = torch.load(path, map_location=map_location, weights_only=True)
     model_spec = TypeAdapter(ModelSpec).validate_python(payload["spec"]["model"])
     if model_spec.name == "hf":
         return _hf_model(payload, map_location)

@@ -20,13 +20,14 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Final
 
 from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
 
 #: Checkpoint entry holding :func:`input_fingerprints`.
-INPUTS_KEY = "inputs"
+INPUTS_KEY: Final = "inputs"
 #: Files up to this size are hashed whole.
 WHOLE_FILE_BYTES = 16 << 20
 #: Bytes hashed at each end of a larger file.

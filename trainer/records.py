@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, Self, TypedDict
 
 from halfcast.contracts.records import (
     EndRecord,
@@ -26,7 +26,13 @@ from halfcast.contracts.records import (
 )
 from halfcast.contracts.rundir import RECORDS_FILE, RunDir
 
-__all__ = ["RECORDS_FILE", "RecordSink", "StepRecord", "read_records"]
+__all__ = ["RECORDS_FILE", "RecordSink", "StepFields", "StepRecord", "read_records"]
+
+
+class StepFields(TypedDict, total=False):
+    """:attr:`RecordSink.step_fields`: what every later ``step`` line carries (``precision`` after a switch)."""
+
+    precision: str
 
 
 def step_line(record: StepRecord) -> str:
@@ -46,7 +52,7 @@ class RecordSink:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         #: Fields merged into every later ``step`` line (``{"precision": "bf16"}`` after a precision switch).
-        self.step_fields: dict[str, Any] = {}
+        self.step_fields: StepFields = {}
         self._file: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,8 +141,8 @@ class RecordSink:
         self.close()
 
 
-def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    """All complete lines of ``<run_dir>/records.jsonl`` as dicts (for tests and tools)."""
+def read_records(run_dir: Path) -> list[dict[str, object]]:
+    """All complete lines of ``<run_dir>/records.jsonl`` as dicts, JSON as read (for tests and tools)."""
     path = RunDir(run_dir).records
     lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
     return [json.loads(line) for line in lines if line.strip()]

@@ -9,9 +9,20 @@ does not depend on these: it is derived from the spec's seed and the epoch
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import torch
+from torch import Tensor
+
+
+class RngState(TypedDict):
+    """One rank's generator states, as a checkpoint's ``rng`` holds them (by rank)."""
+
+    #: ``random.getstate()`` (a ``torch.load`` round trip may give its tuples back as lists).
+    python: tuple[Any, ...] | list[Any]
+    torch: Tensor
+    #: Every CUDA device's generator state; only where CUDA was in use.
+    cuda: NotRequired[list[Tensor]]
 
 
 def seed_everything(seed: int) -> None:
@@ -20,15 +31,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def capture_rng_state() -> dict[str, Any]:
+def capture_rng_state() -> RngState:
     """This process's generator states (CPU tensors and Python objects; picklable)."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    state: RngState = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
+def restore_rng_state(state: RngState) -> None:
     """Restore what :func:`capture_rng_state` returned (CUDA states only where CUDA is in use)."""
     random.setstate(_as_python_state(state["python"]))
     torch.set_rng_state(state["torch"])

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
@@ -130,7 +130,7 @@ class Attempt:
         self.end: EndRecord | None = None
         self.max_steps: int | None = None  # the spec's, once validated
         #: Records read from ``records.jsonl`` but not stored yet (the database was unreachable).
-        self.pending: list[dict[str, Any]] = []
+        self.pending: list[dict[str, object]] = []  # JSON objects of record lines, parsed when stored
         self.database_error: str | None = None
 
     def run(self) -> Outcome:
@@ -397,7 +397,7 @@ class Attempt:
             self.lease.mark_lost("a progress write matched no row: the job is no longer this attempt's")
         self.pending = []  # stored (kept on an error above, to be written again: insert-or-ignore)
 
-    def _progress(self, lines: list[dict[str, Any]]) -> Progress:
+    def _progress(self, lines: list[dict[str, object]]) -> Progress:
         """The progress of the record lines ``lines`` in file order (:func:`worker.records.ingest.ingest`).
 
         Keeps their ``end`` record."""

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Connection, Engine, Insert, delete, insert, select, update
 
@@ -56,7 +56,8 @@ class Claim:
     job_id: str
     attempt: int
     run_dir: Path
-    spec: dict[str, Any]
+    #: The stored spec, JSON as the API kept it (validated as a ``JobSpec`` once its registered inputs are resolved).
+    spec: dict[str, object]
     owner: str
     runtime_used_s: float = 0.0
 
@@ -88,8 +89,8 @@ class Progress:
     world_size: int | None = None
     switches: Sequence[records.PrecisionSwitchRecord] = ()
     known_switches: Sequence[records.PrecisionSwitch] = ()
-    startup: dict[str, Any] | None = None
-    data: dict[str, Any] | None = None
+    startup: dict[str, str | float | None] | None = None
+    data: dict[str, object] | None = None
 
 
 class JobStore:
@@ -256,7 +257,7 @@ class JobStore:
         status: str,
         reason: str | None = None,
         message: str | None = None,
-        end_info: dict[str, Any] | None = None,
+        end_info: dict[str, object] | None = None,
     ) -> bool:
         """Give the attempt its terminal ``status`` and typed error; ``False`` if it no longer owns the job.
 
@@ -350,8 +351,28 @@ def _runtime_used(conn: Connection, job_id: str) -> float:
     )
 
 
-def _progress_values(progress: Progress) -> dict[str, Any]:
-    values: dict[str, Any] = {}
+class _ProgressValues(TypedDict, total=False):
+    """The job columns a poll's progress sets (``updated_at`` alone when it brings none of the others)."""
+
+    latest: dict[str, object]
+    step: int
+    world_size: int
+    startup: dict[str, str | float | None]
+    data_report: dict[str, object]
+    updated_at: datetime
+
+
+class _RecordRow(TypedDict):
+    """A ``step_records``/``eval_records`` row."""
+
+    job_id: str
+    step: int
+    time: float
+    data: dict[str, object]
+
+
+def _progress_values(progress: Progress) -> _ProgressValues:
+    values: _ProgressValues = {}
     if progress.steps:
         latest = max(progress.steps, key=lambda record: record.step)
         values["latest"] = latest.body()
@@ -365,13 +386,13 @@ def _progress_values(progress: Progress) -> dict[str, Any]:
     return values
 
 
-def _record_row(job_id: str, record: records.StepRecord | records.EvalRecord) -> dict[str, Any]:
+def _record_row(job_id: str, record: records.StepRecord | records.EvalRecord) -> _RecordRow:
     """A ``step_records``/``eval_records`` row: the record keyed by ``(job_id, step)``, whole in ``data``."""
     return {"job_id": job_id, "step": record.step, "time": float(record.time or 0.0), "data": record.body()}
 
 
 def _insert_ignore(
-    conn: Connection, table: type[models.StepRow] | type[models.EvalRow], rows: list[dict[str, Any]]
+    conn: Connection, table: type[models.StepRow] | type[models.EvalRow], rows: list[_RecordRow]
 ) -> Insert | None:
     """INSERT of ``rows`` into ``table`` that skips steps already stored (``None``: nothing to insert)."""
     if not rows:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 import torch
 
@@ -48,6 +48,17 @@ class DataInfo:
     def vocab_size(self) -> int:
         """Vocabulary size of token data (same as ``num_outputs``)."""
         return self.num_outputs
+
+
+class DataInfoEntry(TypedDict):
+    """A checkpoint's ``data_info`` entry (:func:`trainer.export.data_info_entry`): :class:`DataInfo`'s
+    fields, in its order, the task as its string value."""
+
+    task: str
+    num_outputs: int
+    in_features: int | None
+    seq_len: int | None
+    label_names: tuple[str, ...] | None
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,8 @@ directory fails with a clear ``model_unavailable`` message naming the reason.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePath
-from typing import Any
 
 from halfcast.contracts.status import FailureReason
 from trainer.errors import TrainerError
@@ -26,7 +25,7 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 REMOTE_CODE_KEYS = frozenset({"auto_map"})
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, object]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
@@ -36,7 +35,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def remote_code_problem(data: dict[str, Any], name: str) -> str | None:
+def remote_code_problem(data: Mapping[str, object], name: str) -> str | None:
     """Why the parsed config file ``name`` asks for remote code (a key of :data:`REMOTE_CODE_KEYS`), or ``None``."""
     found = sorted(REMOTE_CODE_KEYS & data.keys())
     if not found:

@@ -8,7 +8,7 @@ chooses the compute dtype.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
@@ -72,7 +72,14 @@ def build_job_model(spec: JobSpec, info: DataInfo, tokenizer: Any | None, comput
     return build_model(spec.model, info)
 
 
-def model_summary(model: nn.Module) -> dict[str, Any]:
+#: :func:`model_summary`: the ``start`` record's ``model`` (``class`` is a keyword, hence the functional form).
+ModelSummary = TypedDict(
+    "ModelSummary",
+    {"class": str, "parameters": int, "trainable_parameters": int, "parameter_bytes_by_dtype": dict[str, int]},
+)
+
+
+def model_summary(model: nn.Module) -> ModelSummary:
     """``{class, parameters, trainable_parameters, parameter_bytes_by_dtype}`` of ``model`` (shared tensors once)."""
     params = list({id(p): p for p in model.parameters()}.values())
     by_dtype: dict[str, int] = {}

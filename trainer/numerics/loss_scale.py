@@ -36,12 +36,39 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import torch
 from torch import Tensor
 
 from halfcast.contracts.scale_bounds import FLOAT32_MAX, float32_bounds
+
+
+class FixedScalerState(TypedDict):
+    """A static or no-op scaler's checkpointed state: its class name and its scale."""
+
+    kind: str
+    scale: float
+
+
+class DynamicScalerState(TypedDict):
+    """:class:`DynamicLossScaler`'s checkpointed state: scale and trackers, then its configuration."""
+
+    kind: str
+    scale: float
+    growth_tracker: int
+    hysteresis_tracker: int
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    hysteresis: int
+    min_scale: float
+    max_scale: float
+    consecutive_hysteresis: bool
+
+
+#: What a scaler's ``state_dict`` gives (the ``scaler`` part of a checkpoint's ``precision`` entry).
+ScalerState = FixedScalerState | DynamicScalerState
 
 
 class LossScaler(Protocol):
@@ -73,7 +100,7 @@ class LossScaler(Protocol):
         """
         ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> ScalerState: ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
@@ -123,7 +150,7 @@ class _FixedScaler:
     def update(self, found_inf: Tensor, hold: Tensor | None = None, clean: Tensor | None = None) -> None:
         """A fixed scale does not change."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> FixedScalerState:
         return {"kind": type(self).__name__, "scale": self._scale.item()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -303,7 +330,7 @@ class DynamicLossScaler:
         factor = torch.where(back_off, backoff, torch.where(grow, growth, one))
         return (self._scale.double() * factor).float()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> DynamicScalerState:
         """Exact state: scale, trackers and configuration (python scalars; syncs the host)."""
         return {
             "kind": "DynamicLossScaler",

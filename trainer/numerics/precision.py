@@ -39,7 +39,7 @@ import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -52,6 +52,7 @@ from trainer.numerics.loss_scale import (
     DynamicLossScaler,
     LossScaler,
     NoOpLossScaler,
+    ScalerState,
     StaticLossScaler,
 )
 from trainer.numerics.observers import NO_OBSERVERS, Gradients, StepObservers
@@ -91,6 +92,22 @@ COMPUTE_DTYPES: Mapping[str, torch.dtype] = {
 
 #: A 0-d float32 flag on the device (1.0 = overflow), read once per step.
 OverflowSource = Callable[[], Tensor]
+
+
+class PrecisionState(TypedDict):
+    """A policy's checkpointed state (a checkpoint's ``precision`` entry, :meth:`PrecisionPolicy.state_dict`)."""
+
+    precision: str
+    scaler: ScalerState
+    skipped_steps: int
+    #: Absent from older checkpoints (read as 0).
+    empty_windows: NotRequired[int]
+
+
+class PolicyStartFields(TypedDict, total=False):
+    """What a policy adds to the ``start`` record: ``fp8_layers`` (the fp8 policy's per-Linear report)."""
+
+    fp8_layers: list[Fp8LayerReport]
 
 
 class PrecisionUnsupportedError(RuntimeError):
@@ -156,7 +173,7 @@ class PrecisionPolicy(ABC):
         """Every Linear and whether it runs in fp8 (empty but for :class:`Fp8Precision`)."""
         return []
 
-    def start_fields(self) -> dict[str, Any]:
+    def start_fields(self) -> PolicyStartFields:
         """What the policy adds to the ``start`` record (nothing by default)."""
         return {}
 
@@ -258,7 +275,7 @@ class PrecisionPolicy(ABC):
         """The current loss scale (syncs the host; for logging and tests)."""
         return self.scaler.scale.item()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> PrecisionState:
         """Precision name, scaler state (scale and trackers), the skipped-step and empty-window counters (python
         scalars; syncs)."""
         return {
@@ -440,7 +457,7 @@ class Fp8Precision(PrecisionPolicy):
         """Names of the Linear layers converted to fp8."""
         return [row["module"] for row in self._report if row["fp8"]]
 
-    def start_fields(self) -> dict[str, Any]:
+    def start_fields(self) -> PolicyStartFields:
         """``fp8_layers``: the per-Linear report, for the ``start`` record."""
         return {"fp8_layers": self._report}
 

@@ -31,7 +31,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import torch
 from torch import Tensor
@@ -175,6 +175,13 @@ def tabulated(multiplier: LRMultiplier) -> bool:
     )
 
 
+class SchedulerState(TypedDict):
+    """:meth:`DeviceLRSchedule.state_dict`: ``LambdaLR``'s keys (a checkpoint's ``lr_scheduler`` entry)."""
+
+    last_epoch: int
+    _last_lr: list[float]
+
+
 class DeviceLRSchedule:
     """Writes ``initial_lr * m(applied)`` into every param group's ``lr`` tensor after each step.
 
@@ -238,7 +245,7 @@ class DeviceLRSchedule:
         """Applied steps so far (host read; for checkpoints and tests). The ``LambdaLR`` name."""
         return int(self.applied.item())
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> SchedulerState:
         """``last_epoch`` (applied steps) and ``_last_lr`` (the next step's rates), as python scalars (syncs).
 
         The keys are ``LambdaLR``'s, so checkpoints keep their format.

@@ -103,7 +103,7 @@ class DeviceSkipOptimizer:
     (:meth:`apply_update`)."""
 
     _step_supports_amp_scaling = True
-    param_groups: list[dict[str, Any]]
+    param_groups: list[dict[str, Any]]  # open mapping: torch.optim's param groups (its own type)
     state: Any
 
     def _device_setup(self) -> None:
@@ -115,7 +115,7 @@ class DeviceSkipOptimizer:
             for param in group["params"]:
                 self._init_state(group, param)
 
-    def _init_state(self, group: dict[str, Any], param: Tensor) -> None:
+    def _init_state(self, group: dict[str, Any], param: Tensor) -> None:  # open mapping: a param group
         raise NotImplementedError
 
     def apply_update(self, found_inf: Tensor, applied: Tensor | None = None) -> None:
@@ -201,6 +201,7 @@ class _AdamScalars:
     bias_correction2_sqrt: Tensor  # sqrt(1 - beta2 ** t)
 
 
+# open mapping: ``group`` is a torch.optim param group
 def _adam_scalars(found_inf: Tensor | None, step: Tensor, group: dict[str, Any]) -> tuple[Tensor, _AdamScalars]:
     """``skip`` and the masked scalars; ``step`` is the group's step count *before* this step."""
     device = step.device
@@ -270,6 +271,7 @@ def _adamw_fused(
     grads: list[Tensor],
     state: Sequence[dict[str, Tensor]],
     found_inf: Tensor | None,
+    # open mapping: a torch.optim param group
     group: dict[str, Any],
     applied: Tensor | None = None,
 ) -> None:
@@ -338,7 +340,7 @@ class AdamW(DeviceSkipOptimizer, torch.optim.AdamW):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **_flags(implementation))
         self._device_setup()
 
-    def _init_state(self, group: dict[str, Any], param: Tensor) -> None:
+    def _init_state(self, group: dict[str, Any], param: Tensor) -> None:  # open mapping: a param group
         state = self.state[param]
         state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
         state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
@@ -379,7 +381,7 @@ class AdamW(DeviceSkipOptimizer, torch.optim.AdamW):
                 group["eps"],
             )
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # open mapping: torch's optimizer state_dict
         """``torch.optim.AdamW.load_state_dict``, then step counters and lr tensors back on the device."""
         super().load_state_dict(state_dict)
         self._after_load()
@@ -393,6 +395,7 @@ def _sgd_update(
     grads: list[Tensor] | tuple[Tensor, ...],
     buffers: list[Tensor] | None,
     skip: Tensor,
+    # open mapping: a torch.optim param group
     group: dict[str, Any],
     foreach: bool,
 ) -> None:
@@ -443,7 +446,7 @@ class SGD(DeviceSkipOptimizer, torch.optim.SGD):
         super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay, **_flags(implementation))
         self._device_setup()
 
-    def _init_state(self, group: dict[str, Any], param: Tensor) -> None:
+    def _init_state(self, group: dict[str, Any], param: Tensor) -> None:  # open mapping: a param group
         if group["momentum"] != 0:
             buffer = torch.zeros_like(param, memory_format=torch.preserve_format)
             self.state[param]["momentum_buffer"] = buffer.fill_(-0.0)
@@ -485,7 +488,7 @@ class SGD(DeviceSkipOptimizer, torch.optim.SGD):
         if self.defaults["fused"]:
             _unhooked(torch.optim.SGD.step)(self)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # open mapping: torch's optimizer state_dict
         """``torch.optim.SGD.load_state_dict``, then lr tensors back on the device."""
         super().load_state_dict(state_dict)
         self._after_load()

@@ -146,7 +146,9 @@ def clip_grads_(grads: Sequence[Tensor], max_norm: float, total_norm: Tensor) ->
 # ----------------------------------------------------------------------------- checkpoint state
 
 
-def gather_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+def gather_state_dicts(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, Any]]:  # open mappings: torch's model and optimizer state_dicts
     """``(model state, optimizer state)`` for a checkpoint.
 
     FSDP2 (``model`` is an ``FSDPModule``): a **collective**, every rank must call it;
@@ -161,7 +163,7 @@ def gather_state_dicts(model: nn.Module, optimizer: torch.optim.Optimizer) -> tu
     return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
 
 
-def gather_model_state(model: nn.Module) -> dict[str, Any]:
+def gather_model_state(model: nn.Module) -> dict[str, Any]:  # open mapping: a torch state_dict
     """The model part of :func:`gather_state_dicts`: under FSDP2 a collective (full CPU tensors on
     rank 0, an empty dict elsewhere), otherwise ``model.state_dict()``."""
     if not isinstance(model, FSDPModule):

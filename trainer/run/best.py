@@ -13,11 +13,14 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from halfcast.contracts.rundir import BEST_CHECKPOINT, RunDir
+
+if TYPE_CHECKING:
+    from trainer.run.checkpoint import CheckpointPayload
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +48,17 @@ def carry_best(resumed: Path, run_dir: Path, best_step: int | None) -> None:
     log.info("best checkpoint (step %d) carried over from %s", best_step, source)
 
 
-def best_model_state(run_dir: Path, best_step: int | None, last_step: int) -> tuple[int, dict[str, Any] | None]:
+def best_model_state(
+    run_dir: Path, best_step: int | None, last_step: int
+) -> tuple[int, dict[str, Any] | None]:  # open mapping: a torch state_dict
     """``(step, model state)`` of ``best.pt`` when it holds ``best_step`` (not the last step), else
     ``(last_step, None)``: export the last state (logged when ``best.pt`` is missing or holds another step)."""
     path = best_path(run_dir)
     if best_step is None or best_step == last_step:
         return last_step, None
-    payload = torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
+    payload: CheckpointPayload | None = (
+        torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
+    )
     if payload is None or int(payload["step"]) != best_step:
         log.warning(
             "no best checkpoint of step %s in %s: exporting the last state (step %d)", best_step, path, last_step

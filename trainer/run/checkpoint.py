@@ -20,16 +20,51 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import LRScheduler
 
 from halfcast.contracts.rundir import RunDir
 from halfcast.contracts.spec import JobSpec
-from trainer.numerics.precision import PrecisionPolicy
+from trainer.numerics.precision import PrecisionPolicy, PrecisionState
+from trainer.optim.schedule import DeviceLRSchedule, SchedulerState
 from trainer.parallel.sharded import load_state_dicts
+from trainer.rng import RngState
+
+if TYPE_CHECKING:
+    from trainer.data.base import DataInfoEntry
+    from trainer.run.early_stopping import TrackerState
+
+
+class CheckpointExtras(TypedDict, total=False):
+    """The entries a checkpoint holds besides the training state, written in this order after ``spec``."""
+
+    #: The dataset sizes the model was built for (:data:`trainer.export.DATA_INFO_KEY`).
+    data_info: DataInfoEntry
+    #: The input files' fingerprints (:data:`trainer.inputs.INPUTS_KEY`).
+    inputs: dict[str, str]
+    #: The fp16-to-bf16 switch, once made (:data:`trainer.run.resume.PRECISION_SWITCH_KEY`): a
+    #: :class:`~halfcast.contracts.records.PrecisionSwitch`'s JSON data, validated where it is read.
+    precision_switch: dict[str, object]
+    #: The best evaluation so far (:data:`trainer.run.early_stopping.TRACKER_KEY`).
+    best_evaluation: TrackerState
+
+
+class CheckpointPayload(CheckpointExtras):
+    """What ``torch.save`` writes (see the module docstring); the extras are absent from older checkpoints."""
+
+    rng: list[RngState]
+    # open mapping: a torch state_dict (for an adapter job only its trainable part)
+    model: dict[str, Any]
+    # open mapping: a torch optimizer state_dict (parameter names as keys under FSDP2)
+    optimizer: dict[str, Any]
+    lr_scheduler: SchedulerState
+    precision: PrecisionState
+    step: int
+    counters: dict[str, int]
+    #: The job spec as JSON data, as the user gave it (validated as a ``JobSpec`` where it is read).
+    spec: dict[str, object]
 
 
 def step_path(run_dir: Path, step: int) -> Path:
@@ -48,7 +83,7 @@ class TrainingState:
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    lr_scheduler: LRScheduler
+    lr_scheduler: DeviceLRSchedule
     precision: PrecisionPolicy
 
 
@@ -59,10 +94,10 @@ def save_checkpoint(
     step: int,
     counters: Mapping[str, int],
     spec: JobSpec,
-    rng: Sequence[Mapping[str, Any]] = (),
+    rng: Sequence[RngState] = (),
     model_state: Mapping[str, Any] | None = None,
     optimizer_state: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
+    extra: CheckpointExtras | None = None,
 ) -> None:
     """Write ``state`` at attempted step ``step`` to ``path`` atomically. ``OSError`` propagates.
 
@@ -71,8 +106,8 @@ def save_checkpoint(
     (:func:`trainer.parallel.sharded.gather_state_dicts`, needed under FSDP2); default: ``state``'s own.
     ``extra``: more top-level entries (e.g. ``precision_switch``, see :mod:`trainer.run.fallback`).
     """
-    payload: dict[str, Any] = {
-        "rng": [dict(r) for r in rng],
+    payload: CheckpointPayload = {
+        "rng": [RngState(**r) for r in rng],
         "model": checkpointed_model_state(
             state.model, state.model.state_dict() if model_state is None else model_state
         ),
@@ -82,8 +117,9 @@ def save_checkpoint(
         "step": step,
         "counters": dict(counters),
         "spec": spec.model_dump(mode="json"),
-        **(extra or {}),
     }
+    if extra:
+        payload.update(extra)  # after ``spec``, in ``extra``'s order
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -97,7 +133,7 @@ def save_checkpoint(
         raise
 
 
-def checkpointed_model_state(model: nn.Module, full: Mapping[str, Any]) -> dict[str, Any]:
+def checkpointed_model_state(model: nn.Module, full: Mapping[str, Any]) -> dict[str, Any]:  # open mapping: state_dict
     """The part of ``full`` a checkpoint keeps: all of it, or only the keys of ``model.checkpoint_keys()``
     when the model has one (an adapter job keeps its trainable state; the base is rebuilt from the spec)."""
     keys_of = getattr(model, "checkpoint_keys", None)
@@ -105,14 +141,14 @@ def checkpointed_model_state(model: nn.Module, full: Mapping[str, Any]) -> dict[
     return dict(full) if keys is None else {k: v for k, v in full.items() if k in keys}
 
 
-def load_checkpoint(path: Path, state: TrainingState | None = None) -> dict[str, Any]:
+def load_checkpoint(path: Path, state: TrainingState | None = None) -> CheckpointPayload:
     """Read a checkpoint (on CPU) and, if ``state`` is given, restore every part of it in place.
 
     Returns the raw checkpoint dict (``step``, ``counters`` and ``spec`` included).
     Raises ``FileNotFoundError`` for a missing file, and whatever ``load_state_dict``
     raises for a mismatching model, optimizer, scheduler or precision.
     """
-    payload: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    payload: CheckpointPayload = torch.load(path, map_location="cpu", weights_only=True)
     if state is not None:
         restore_state(payload, state)
     return payload

@@ -18,12 +18,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, TypedDict
 
+from halfcast.contracts.records import StoppedEarly
 from halfcast.contracts.spec import JobSpec
 
 #: Checkpoint entry holding the tracker's state.
-TRACKER_KEY = "best_evaluation"
+TRACKER_KEY: Final = "best_evaluation"
+
+
+class TrackerState(TypedDict):
+    """The tracker's checkpoint entry (:data:`TRACKER_KEY`): the best evaluation and the evaluations since."""
+
+    best_step: int | None
+    best_value: float | None
+    stale: int
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ class BestTracker:
         gain = self.best_value - value if self.mode == "min" else value - self.best_value
         return gain > self.min_delta
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> TrackerState:
         """The state a checkpoint keeps."""
         return {"best_step": self.best_step, "best_value": self.best_value, "stale": self.stale}
 
@@ -78,6 +87,6 @@ class BestTracker:
         self.best_value = state.get("best_value")
         self.stale = int(state.get("stale", 0))
 
-    def stopped_early(self, step: int) -> dict[str, Any]:
-        """The end record's ``stopped_early``: ``{"step", "metric", "best_step", "best_value"}``."""
-        return {"step": step, "metric": self.metric, "best_step": self.best_step, "best_value": self.best_value}
+    def stopped_early(self, step: int) -> StoppedEarly:
+        """The end record's ``stopped_early``: ``step``, ``metric``, ``best_step`` and ``best_value`` (all four set)."""
+        return StoppedEarly(step=step, metric=self.metric, best_step=self.best_step, best_value=self.best_value)

@@ -37,7 +37,6 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from halfcast.contracts.records import PrecisionSwitch
 from halfcast.contracts.rundir import RunDir
@@ -45,8 +44,9 @@ from halfcast.contracts.spec import JobSpec
 from trainer.errors import DivergenceError
 from trainer.inputs import INPUTS_KEY, check_inputs_unchanged
 from trainer.numerics.loss_scale import NoOpLossScaler
+from trainer.numerics.precision import PrecisionState
 from trainer.records import RecordSink
-from trainer.run.checkpoint import load_checkpoint, step_path
+from trainer.run.checkpoint import CheckpointPayload, load_checkpoint, step_path
 from trainer.run.guard import DivergenceGuard
 from trainer.run.resume import PRECISION_SWITCH_KEY, check_resumable
 
@@ -60,7 +60,7 @@ class Checkpoint:
     """A checkpoint read from ``path`` (``payload``: what :func:`trainer.run.checkpoint.load_checkpoint` returns)."""
 
     path: Path
-    payload: dict[str, Any]
+    payload: CheckpointPayload
 
     @property
     def step(self) -> int:
@@ -186,8 +186,12 @@ class PrecisionFallback:
                 log.info("deleted %s (abandoned fp16 trajectory)", path)
 
 
-def _as_bf16(payload: dict[str, Any]) -> dict[str, Any]:
+def _as_bf16(payload: CheckpointPayload) -> CheckpointPayload:
     """``payload`` with its precision state replaced by bf16's: no scaler, the skipped-step count kept."""
     skipped = int(payload["precision"]["skipped_steps"])
-    precision = {"precision": FALLBACK_PRECISION, "scaler": NoOpLossScaler().state_dict(), "skipped_steps": skipped}
+    precision: PrecisionState = {
+        "precision": FALLBACK_PRECISION,
+        "scaler": NoOpLossScaler().state_dict(),
+        "skipped_steps": skipped,
+    }
     return {**payload, "precision": precision}

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from trainer.numerics.forensics import describe_overflow
 from trainer.records import RecordSink, StepRecord
@@ -142,7 +142,7 @@ class RecordFlusher:
         records = []
         for row in rows:
             totals.add(row)
-            extra = {
+            extra: _StepExtra = {
                 "samples_total": totals.samples,
                 "tokens_total": totals.tokens if row.tokens is not None else None,
                 **step_fields,
@@ -156,11 +156,20 @@ class RecordFlusher:
                 _log_progress(row, self.max_steps)
 
 
+class _StepExtra(TypedDict):
+    """A step record's fields from outside its row: the run's totals, the sink's step fields, its time."""
+
+    samples_total: int
+    tokens_total: int | None
+    precision: NotRequired[str]
+    time: float
+
+
 def _step_record(
     row: StepRow,
     rates: Rates | None,
     param_names: Sequence[str],
-    extra: dict[str, Any],
+    extra: _StepExtra,
 ) -> StepRecord:
     """The step record of ``row``, validated once with ``extra`` (totals, the sink's step fields, its time)."""
     report = (

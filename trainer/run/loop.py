@@ -45,13 +45,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from halfcast.contracts.records import ExportCheck, PrecisionSwitch
+from halfcast.contracts.records import ExportCheck, PrecisionSwitch, StoppedEarly
 from halfcast.contracts.spec import JobSpec
 from trainer.batching import plan_batches, windows
 from trainer.components import Components, build_components, build_record_flusher, divergence_guard
@@ -67,7 +67,14 @@ from trainer.preemption import StopRequested, StopSignal
 from trainer.records import RECORDS_FILE, RecordSink
 from trainer.rng import capture_rng_state, restore_rng_state
 from trainer.run.best import best_model_state, best_path, carry_best
-from trainer.run.checkpoint import checkpointed_model_state, final_path, restore_state, save_checkpoint, step_path
+from trainer.run.checkpoint import (
+    CheckpointExtras,
+    checkpointed_model_state,
+    final_path,
+    restore_state,
+    save_checkpoint,
+    step_path,
+)
 from trainer.run.early_stopping import TRACKER_KEY, BestTracker, Decision
 from trainer.run.end_check import check_updates_applied
 from trainer.run.evaluate import evaluate
@@ -219,16 +226,27 @@ def train(
     )
 
 
-def _end_fields(run: RunState, done: StepsDone, exported: int | None) -> dict[str, Any]:
+class _EndFields(TypedDict, total=False):
+    """The end record's fields beyond its step counts, each present only when it applies."""
+
+    stopped_early: StoppedEarly
+    samples_per_second: float
+    tokens_per_second: float | None
+    exported_step: int
+
+
+def _end_fields(run: RunState, done: StepsDone, exported: int | None) -> _EndFields:
     """The end record's ``stopped_early`` (early stops), ``exported_step`` (jobs with exports) and whole-run
     ``samples_per_second``/``tokens_per_second`` (when measured)."""
-    fields: dict[str, Any] = {"stopped_early": run.tracker.stopped_early(done.last_step)} if done.stopped_early else {}
+    fields: _EndFields = {}
+    if done.stopped_early:
+        fields["stopped_early"] = run.tracker.stopped_early(done.last_step)
     if done.throughput is not None:
-        fields |= {
-            "samples_per_second": done.throughput.samples_per_second,
-            "tokens_per_second": done.throughput.tokens_per_second,
-        }
-    return fields | ({"exported_step": exported} if exported is not None else {})
+        fields["samples_per_second"] = done.throughput.samples_per_second
+        fields["tokens_per_second"] = done.throughput.tokens_per_second
+    if exported is not None:
+        fields["exported_step"] = exported
+    return fields
 
 
 def start_run(
@@ -392,7 +410,7 @@ def _checkpoint(path: Path, run: RunState, step: int, job_spec: JobSpec, dist_ct
     rng_states = gather_to_main(capture_rng_state(), dist_ctx)
     model_state, optimizer_state = gather_state_dicts(run.parts.model, run.parts.optimizer)  # a collective under FSDP2
     if dist_ctx.is_main:
-        extra = {DATA_INFO_KEY: data_info_entry(run.parts.dataset.info), INPUTS_KEY: dict(run.inputs)}
+        extra: CheckpointExtras = {DATA_INFO_KEY: data_info_entry(run.parts.dataset.info), INPUTS_KEY: dict(run.inputs)}
         if run.precision_switch is not None:
             extra[PRECISION_SWITCH_KEY] = run.precision_switch.body()
         extra[TRACKER_KEY] = run.tracker.state_dict()

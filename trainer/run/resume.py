@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason
@@ -29,7 +29,7 @@ MAY_CHANGE = frozenset(
     }
 )
 #: Checkpoint entry of a job that fell back from fp16 to bf16 (:mod:`trainer.run.fallback`).
-PRECISION_SWITCH_KEY = "precision_switch"
+PRECISION_SWITCH_KEY: Final = "precision_switch"
 
 
 def check_resumable(payload: Mapping[str, Any], spec: JobSpec, path: Path) -> int:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
 
 class Deadline:
@@ -23,7 +22,7 @@ class Deadline:
         self.started = clock()
 
     @classmethod
-    def for_spec(cls, spec: dict[str, Any], used_s: float) -> Deadline:
+    def for_spec(cls, spec: Mapping[str, object], used_s: float) -> Deadline:
         """The deadline for a stored spec (its ``max_runtime_s``, if a positive number)."""
         value = spec.get("max_runtime_s")
         limit = float(value) if isinstance(value, (int, float)) and value > 0 else None

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from sqlalchemy import Connection, func, or_, select
 
@@ -165,9 +165,19 @@ def attempt_status(resolution: Resolution, reason: str) -> AttemptStatus:
     return AttemptStatus.REQUEUED if requeued else AttemptStatus.FAILED
 
 
-def _decide(status: str, reason: str, message: str, retry: bool, now: datetime) -> tuple[Resolution, dict[str, Any]]:
+class _Columns(TypedDict, total=False):
+    """The ``jobs`` columns :func:`_decide` sets besides the status."""
+
+    lease_expires_at: datetime | None
+    finished_at: datetime
+    worker_id: str | None
+    error_reason: str | None
+    error_message: str | None
+
+
+def _decide(status: str, reason: str, message: str, retry: bool, now: datetime) -> tuple[Resolution, _Columns]:
     """What becomes of a live job whose attempt ended with ``reason``, and the other column values for it."""
-    released: dict[str, Any] = {"lease_expires_at": None}
+    released: _Columns = {"lease_expires_at": None}
     if status == "cancelling":
         return "cancelled", {**released, "finished_at": now}
     if retry:

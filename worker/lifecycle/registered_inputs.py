@@ -13,8 +13,6 @@ the attempt with ``data_unavailable``, ``model_unavailable`` or ``checkpoint_una
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import Connection, Engine, exists, select
 
 from halfcast.core.db.engine import read_connection
@@ -37,7 +35,7 @@ def _job_owner_reads(conn: Connection, job_id: str) -> Visible:
     return lambda referenced: owner is not None and referenced == owner
 
 
-def resolve_inputs(engine: Engine, job_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+def resolve_inputs(engine: Engine, job_id: str, spec: dict[str, object]) -> dict[str, object]:
     """Job ``job_id``'s ``spec`` with its registered inputs filled in (itself when it holds no reference).
 
     Raises:

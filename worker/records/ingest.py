@@ -66,8 +66,8 @@ def ingest(records: Iterable[Record]) -> Ingested:
     switches: list[PrecisionSwitchRecord] = []
     known: list[PrecisionSwitch] = []
     world_size: int | None = None
-    startup: dict[str, Any] | None = None
-    data: dict[str, Any] | None = None
+    startup: dict[str, str | float | None] | None = None
+    data: dict[str, object] | None = None
     end: EndRecord | None = None
     for record in records:
         match record:
@@ -103,11 +103,11 @@ def _up_to(step: int, records: list[R]) -> list[R]:
     return [record for record in records if record.step <= step]
 
 
-def startup_summary(record: PhaseRecord) -> dict[str, Any]:
+def startup_summary(record: PhaseRecord) -> dict[str, str | float | None]:
     """What the job row keeps of a ``phase`` record (``jobs.startup``): the phase, then every time (``None`` included)."""
     return {"phase": record.phase, **record.startup.model_dump()}
 
 
-def end_info(record: EndRecord) -> dict[str, Any]:
+def end_info(record: EndRecord) -> dict[str, object]:
     """What the job row keeps of a succeeded run's ``end`` record (``jobs.end_info``): its counts, as plain JSON."""
     return record.model_dump(mode="json", include=set(END_INFO_FIELDS), exclude_none=True)

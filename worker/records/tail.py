@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from halfcast.contracts.records import StepRecord, parse_record
 
@@ -34,8 +33,8 @@ class RecordTail:
         self.max_bytes = max_bytes
         self.offset = 0
 
-    def read_new(self) -> list[dict[str, Any]]:
-        """Return the records of every complete line written since the last call.
+    def read_new(self) -> list[dict[str, object]]:
+        """Return the JSON objects of every complete line written since the last call (as read: not validated).
 
         Returns at most ``max_bytes`` worth of lines; call again until it returns
         ``[]`` to drain a backlog (see :meth:`drain`).
@@ -52,9 +51,9 @@ class RecordTail:
         self.offset += len(complete)
         return [record for line in complete.splitlines() if (record := _parse(line)) is not None]
 
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self) -> list[dict[str, object]]:
         """Return every complete record not read yet, however many calls that takes."""
-        records: list[dict[str, Any]] = []
+        records: list[dict[str, object]] = []
         while batch := self.read_new():
             records.extend(batch)
         return records
@@ -81,7 +80,7 @@ def step_records_up_to(path: Path, step: int) -> list[StepRecord]:
     return [latest[number] for number in sorted(latest)]
 
 
-def _parse(line: bytes) -> dict[str, Any] | None:
+def _parse(line: bytes) -> dict[str, object] | None:
     text = line.strip()
     if not text:
         return None
