@@ -89,3 +89,20 @@ def test_a_failed_save_leaves_no_file(
         save_checkpoint(target, parts.training_state, step=2, counters={}, spec=tiny_mlp_spec())
     assert target.read_bytes() == before
     assert [p.name for p in target.parent.iterdir()] == ["final.pt"]
+
+
+def test_a_checkpoint_from_before_empty_windows_were_counted_loads_with_none(
+    cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec
+) -> None:
+    """Older checkpoints' precision state has no ``empty_windows``: it loads (and restores) as 0, so the
+    bf16 fallback and a resume read every checkpoint alike."""
+    spec = tiny_mlp_spec(max_steps=2)
+    train(spec, tmp_path, cpu_ctx)
+    payload = torch.load(final_path(tmp_path), weights_only=True)
+    del payload["precision"]["empty_windows"]
+    older = tmp_path / "older.pt"
+    torch.save(payload, older)
+
+    fresh = build_components(spec, cpu_ctx)
+    assert load_checkpoint(older, fresh.training_state)["precision"]["empty_windows"] == 0
+    assert fresh.precision.state_dict()["empty_windows"] == 0

@@ -8,7 +8,8 @@ checkpoint with its precision state replaced by bf16's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,15 @@ from pydantic import ValidationError
 from trainer_support import torchrun_trainer
 
 from halfcast.contracts.spec import JobSpec
+from trainer.data.base import IGNORE_INDEX, Batch
 from trainer.errors import TrainerError
 from trainer.parallel.distributed import DistContext
 from trainer.records import read_records
+from trainer.run import loop
 from trainer.run.checkpoint import final_path, load_checkpoint, step_path
 from trainer.run.loop import TrainResult, train
 from trainer.run.resume import check_resumable
+from trainer.run.step import StepResult
 
 SpecFactory = Callable[..., JobSpec]
 CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
@@ -139,6 +143,42 @@ def test_the_continuation_equals_a_bf16_job_resumed_from_the_healthy_checkpoint(
     ours = [(s["step"], s["loss"], s["grad_norm"], s["lr"]) for s in _steps(read_records(run_dir))[-8:]]
     theirs = [(s["step"], s["loss"], s["grad_norm"], s["lr"]) for s in _steps(read_records(tmp_path / "reference"))]
     assert ours == theirs
+
+
+def test_empty_windows_before_the_switch_still_count_after_it(
+    tiny_mlp_spec: SpecFactory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The FALLBACK job on classification, with the windows of steps 3 and 6 (before the healthy step-8
+    checkpoint) and 15 (in bf16) holding no supervised target: the bf16 continuation restores the
+    empty-window count from step 8 with the skipped-step count, so the end record counts all three and
+    ``applied_steps`` is the schedule's applied-step count (``steps`` = applied + skipped + empty)."""
+    empty_steps = {3, 6, 15}
+    original = loop.train_step
+
+    def train_step(parts: Any, micro_batches: Sequence[Batch], *, step: int, **options: Any) -> StepResult:
+        if step in empty_steps:  # every target ignored: a window without a loss-bearing element
+            micro_batches = [
+                dataclasses.replace(b, targets=torch.full_like(b.targets, IGNORE_INDEX), num_elements=0)
+                for b in micro_batches
+            ]
+        return original(parts, micro_batches, step=step, **options)
+
+    monkeypatch.setattr(loop, "train_step", train_step)
+    dataset = {"name": "synthetic", "config": {"task": "classification", "num_samples": 256, "num_classes": 4}}
+    result = train(tiny_mlp_spec(**FALLBACK, dataset=dataset), tmp_path, CPU)
+
+    records = read_records(tmp_path)
+    [switch] = _switches(records)
+    assert (switch["step"], switch["rewound_to_step"]) == (12, 8)
+    end = records[-1]
+    assert end["type"] == "end"
+    assert (end["steps"], end["skipped_steps"], end.get("empty_windows"), end["applied_steps"]) == (16, 0, 3, 13)
+    assert (result.steps, result.skipped_steps, result.empty_windows, result.applied_steps) == (16, 0, 3, 13)
+    final = load_checkpoint(final_path(tmp_path))
+    assert end["applied_steps"] == final["lr_scheduler"]["last_epoch"]  # the schedule advanced on applied steps only
+    assert load_checkpoint(step_path(tmp_path, 8))["precision"]["empty_windows"] == 2  # steps 3 and 6, in fp16
+    assert load_checkpoint(step_path(tmp_path, 12))["precision"]["empty_windows"] == 2  # bf16, carried over
+    assert final["precision"]["empty_windows"] == 3
 
 
 def test_a_job_resumed_after_the_switch_continues_in_bf16(

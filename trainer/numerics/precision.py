@@ -39,7 +39,7 @@ import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, NotRequired, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -100,8 +100,9 @@ class PrecisionState(TypedDict):
     precision: str
     scaler: ScalerState
     skipped_steps: int
-    #: Absent from older checkpoints (read as 0).
-    empty_windows: NotRequired[int]
+    #: Absent from checkpoints written before it was counted: :func:`trainer.run.checkpoint.load_checkpoint`
+    #: reads it as 0.
+    empty_windows: int
 
 
 class PolicyStartFields(TypedDict, total=False):

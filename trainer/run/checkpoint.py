@@ -2,8 +2,9 @@
 
 A checkpoint is a ``torch.save`` dict with ``model`` (unwrapped state dict; for an ``hf``
 adapter job only its trainable parameters, see :func:`checkpointed_model_state`),
-``optimizer``, ``lr_scheduler``, ``precision`` (loss-scaler state and skipped-step
-counter, from ``PrecisionPolicy.state_dict()``), ``step`` (attempted steps done),
+``optimizer``, ``lr_scheduler``, ``precision`` (loss-scaler state, skipped-step and
+empty-window counters, from ``PrecisionPolicy.state_dict()``; a checkpoint written before
+empty windows were counted loads with 0 of them), ``step`` (attempted steps done),
 ``counters`` (divergence-guard counters), ``rng`` (every rank's generator states,
 by rank), ``spec`` (the job spec as JSON data, as the user gave it), ``best_evaluation``
 (the best evaluation so far and the evaluations since, :mod:`trainer.run.early_stopping`) and, once a job
@@ -144,11 +145,13 @@ def checkpointed_model_state(model: nn.Module, full: Mapping[str, Any]) -> dict[
 def load_checkpoint(path: Path, state: TrainingState | None = None) -> CheckpointPayload:
     """Read a checkpoint (on CPU) and, if ``state`` is given, restore every part of it in place.
 
-    Returns the raw checkpoint dict (``step``, ``counters`` and ``spec`` included).
+    Returns the raw checkpoint dict (``step``, ``counters`` and ``spec`` included; an older
+    checkpoint's precision state without ``empty_windows`` gets 0 of them).
     Raises ``FileNotFoundError`` for a missing file, and whatever ``load_state_dict``
     raises for a mismatching model, optimizer, scheduler or precision.
     """
     payload: CheckpointPayload = torch.load(path, map_location="cpu", weights_only=True)
+    payload["precision"].setdefault("empty_windows", 0)  # older checkpoints did not count them
     if state is not None:
         restore_state(payload, state)
     return payload

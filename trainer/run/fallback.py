@@ -18,8 +18,9 @@ and asks :meth:`PrecisionFallback.fall_back` where to start again instead of fai
    abandoned fp16 trajectory, and a retry must never resume from them);
 4. the loop rebuilds its components from a bf16 copy of the spec (no loss scaler) and
    restores the checkpoint's model, optimizer, LR schedule, guard counters, RNG and
-   data position (the stream starts at the checkpoint's offset; the skipped-step counter
-   carries over; the fp16 scaler state is dropped), then trains on to ``max_steps``.
+   data position (the stream starts at the checkpoint's offset; the skipped-step and
+   empty-window counters carry over; the fp16 scaler state is dropped), then trains on to
+   ``max_steps``.
 
 Every rank sees the same step rows, so every rank trips at the same flush and takes the
 same decision from the same numbers (no collective is needed to agree); the rebuild's
@@ -187,11 +188,13 @@ class PrecisionFallback:
 
 
 def _as_bf16(payload: CheckpointPayload) -> CheckpointPayload:
-    """``payload`` with its precision state replaced by bf16's: no scaler, the skipped-step count kept."""
-    skipped = int(payload["precision"]["skipped_steps"])
+    """``payload`` with its precision state replaced by bf16's: no scaler, the skipped-step and empty-window
+    counts kept (both count the job's trajectory up to the checkpoint, whatever precision computed it)."""
+    state = payload["precision"]
     precision: PrecisionState = {
         "precision": FALLBACK_PRECISION,
         "scaler": NoOpLossScaler().state_dict(),
-        "skipped_steps": skipped,
+        "skipped_steps": int(state["skipped_steps"]),
+        "empty_windows": int(state["empty_windows"]),
     }
     return {**payload, "precision": precision}
