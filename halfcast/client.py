@@ -233,7 +233,7 @@ class HalfcastClient:
         """Every job (of ``status``), newest first, fetched a page at a time."""
         cursor: str | None = None
         while True:
-            params: dict[str, Any] = {"limit": page_size}
+            params: dict[str, str | int] = {"limit": page_size}
             if status is not None:
                 params["status"] = status
             if cursor is not None:
@@ -351,7 +351,13 @@ class HalfcastClient:
         return dest
 
     def _save(
-        self, url: str, path: Path, accept: str, params: dict[str, Any] | None = None, *, require_length: bool = False
+        self,
+        url: str,
+        path: Path,
+        accept: str,
+        params: Mapping[str, str | int | None] | None = None,
+        *,
+        require_length: bool = False,
     ) -> None:
         """Stream ``url`` into ``path`` (:func:`halfcast.files.download.save_response`), with typed errors."""
         try:
@@ -444,7 +450,13 @@ class HalfcastClient:
         return parse_model(ModelPublic, self._upload("/models", chunks, size, "application/x-tar", params, timeout))
 
     def _upload(
-        self, path: str, chunks: Iterator[bytes], size: int, media_type: str, params: dict[str, Any], timeout: float
+        self,
+        path: str,
+        chunks: Iterator[bytes],
+        size: int,
+        media_type: str,
+        params: Mapping[str, str | int | None],
+        timeout: float,
     ) -> Any:
         headers = {"content-type": media_type, "content-length": str(size)}
         limits = httpx.Timeout(self._http.timeout.connect or 10.0, read=timeout, write=timeout, pool=timeout)
@@ -492,7 +504,7 @@ class HalfcastClient:
         """The pages of ``path`` as ``model``, following ``next_cursor`` to the last."""
         cursor: str | None = None
         while True:
-            params: dict[str, Any] = {"limit": page_size, **({"cursor": cursor} if cursor else {})}
+            params: dict[str, str | int] = {"limit": page_size, **({"cursor": cursor} if cursor else {})}
             page = parse_model(model, self._request("GET", path, params=params))
             yield page
             cursor = page.next_cursor
@@ -503,7 +515,7 @@ class HalfcastClient:
 
     def audit(self, *, limit: int = 50, action: str | None = None, cursor: str | None = None) -> AuditList:
         """One page of the audit log, newest first (``events``, ``next_cursor``). Raises :class:`Forbidden` for a non-admin."""
-        params: dict[str, Any] = {"limit": limit}
+        params: dict[str, str | int] = {"limit": limit}
         if action is not None:
             params["action"] = action
         if cursor is not None:
@@ -555,7 +567,7 @@ class HalfcastClient:
         :class:`Conflict` (not started yet), :class:`ValidationFailed` (a rank or
         attempt the job does not have).
         """
-        params: dict[str, Any] = {"rank": rank, "tail": tail}
+        params: dict[str, str | int] = {"rank": rank, "tail": tail}
         if attempt is not None:
             params["attempt"] = attempt
         return parse_model(LogLines, self._request("GET", f"/jobs/{job_id}/logs", params=params))
@@ -570,7 +582,7 @@ class HalfcastClient:
         ``attempt`` is given) and returns after ``end``. A dropped connection is not
         resumed: :class:`ServerUnavailable`.
         """
-        params: dict[str, Any] = {"rank": rank, "tail": tail, "follow": "true"}
+        params: dict[str, str | int] = {"rank": rank, "tail": tail, "follow": "true"}
         if attempt is not None:
             params["attempt"] = attempt
         try:
@@ -583,7 +595,7 @@ class HalfcastClient:
         raise ServerUnavailable(f"the log stream of job {job_id} ended early")
 
     def _sse(
-        self, path: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+        self, path: str, params: Mapping[str, str | int | None] | None = None, headers: dict[str, str] | None = None
     ) -> Iterator[Event[Any]]:
         """The events of one SSE answer from ``path`` (typed errors for an error status)."""
         timeout = httpx.Timeout(self._http.timeout.connect or 10.0, read=self.stream_timeout)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from halfcast.contracts.spec import JobSpec
+from server.http.errors import ErrorItem
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ MAX_TOKENIZER_CONFIG_BYTES = 4 << 20
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
-def chat_template_errors(spec: JobSpec, model_roots: list[str]) -> list[dict[str, Any]]:
+def chat_template_errors(spec: JobSpec, model_roots: list[str]) -> list[ErrorItem]:
     """A 422 item at ``dataset.config.format`` when ``spec`` trains chat rows on a tokenizer without a template."""
     dataset: Any = spec.dataset.config
     if spec.model.name != "hf" or spec.dataset.name != "jsonl" or dataset.format != "chat":

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from halfcast.contracts.spec import JobSpec
 from halfcast.core.db.models import Worker, utcnow
 from halfcast.core.settings import Settings
+from server.http.errors import ErrorItem
 
 RootKind = Literal["model", "data"]
 
@@ -68,14 +69,14 @@ def reported_roots(session: Session, settings: Settings) -> dict[RootKind, list[
     }
 
 
-def input_root_errors(spec: JobSpec, roots: dict[RootKind, list[str]] | None) -> list[dict[str, Any]]:
+def input_root_errors(spec: JobSpec, roots: dict[RootKind, list[str]] | None) -> list[ErrorItem]:
     """The 422 items of ``spec``'s paths none of the reported ``roots`` can hold (see the module docstring)."""
     if roots is None:
         return []
     return [error for rooted in rooted_paths(spec) if (error := _error(rooted, roots[rooted.kind])) is not None]
 
 
-def _error(rooted: RootedPath, roots: list[str]) -> dict[str, Any] | None:
+def _error(rooted: RootedPath, roots: list[str]) -> ErrorItem | None:
     variable = f"HALFCAST_{rooted.kind.upper()}_ROOTS"
     if not roots:
         msg = f"no worker has {rooted.kind} roots configured ({variable}), so no worker can read {rooted.path!r}"

@@ -8,8 +8,6 @@ The limits and their enforcement live in :mod:`halfcast.core.db.quotas` and
 
 from __future__ import annotations
 
-from typing import Any
-
 from halfcast.core.db.quota_check import QuotaExceeded
 from halfcast.core.db.quotas import QuotaLimits
 from halfcast.core.settings import Settings
@@ -20,7 +18,7 @@ from server.schemas import QuotaErrorBody
 QUOTA_RETRY_AFTER_S = 30
 
 #: OpenAPI declaration of the 429 of ``POST /jobs``.
-QUOTA_RESPONSE: dict[str, Any] = {
+QUOTA_RESPONSE: dict[str, object] = {
     "model": QuotaErrorBody,
     "description": "The job would take its owner over a quota limit (named in `limit`); nothing is stored",
     "headers": {"Retry-After": {"description": "Seconds to wait before trying again", "schema": {"type": "integer"}}},

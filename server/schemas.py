@@ -8,8 +8,8 @@ module builds them from the rows (:func:`job_public`) and adds the error bodies.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -89,7 +89,7 @@ def attempt_public(row: Attempt | AttemptView) -> AttemptPublic:
     )
 
 
-def startup_public(startup: dict[str, Any] | None) -> StartupTimes | None:
+def startup_public(startup: Mapping[str, object] | None) -> StartupTimes | None:
     """The times of a stored ``jobs.startup``; ``None`` when there is none (or it does not validate)."""
     try:
         return StartupTimes.model_validate(startup) if isinstance(startup, dict) else None
@@ -97,7 +97,7 @@ def startup_public(startup: dict[str, Any] | None) -> StartupTimes | None:
         return None
 
 
-def current_phase(status: str, startup: dict[str, Any] | None) -> StartupPhase | None:
+def current_phase(status: str, startup: Mapping[str, object] | None) -> StartupPhase | None:
     """What a starting job is doing: ``launching`` while ``starting`` (no trainer record yet), then while
     ``running`` the phase of its trainer's newest ``phase`` record until its first step is done; else ``None``."""
     if status == JobStatus.STARTING:
@@ -169,7 +169,7 @@ def members_public(rows: Sequence[JobMember | MemberView], attempt: int) -> list
     ]
 
 
-def data_report(stored: dict[str, Any] | None) -> DataReport | None:
+def data_report(stored: Mapping[str, object] | None) -> DataReport | None:
     """The job's stored data report (a stored one that no longer validates is shown as none, logged)."""
     if stored is None:
         return None
@@ -180,7 +180,7 @@ def data_report(stored: dict[str, Any] | None) -> DataReport | None:
         return None
 
 
-def throughput(end_info: dict[str, Any] | None) -> ThroughputPublic | None:
+def throughput(end_info: Mapping[str, object] | None) -> ThroughputPublic | None:
     """The end record's whole-run throughput, when the trainer measured it."""
     samples = (end_info or {}).get("samples_per_second")
     if not isinstance(samples, int | float):
@@ -191,7 +191,7 @@ def throughput(end_info: dict[str, Any] | None) -> ThroughputPublic | None:
     )
 
 
-def stopped_early(end_info: dict[str, Any] | None) -> StoppedEarlyPublic | None:
+def stopped_early(end_info: Mapping[str, object] | None) -> StoppedEarlyPublic | None:
     """The ``stopped_early`` of a succeeded run's stored ``end`` record, if it has a valid one."""
     found = (end_info or {}).get("stopped_early")
     try:
@@ -204,7 +204,7 @@ def _count_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def effective_precision(spec: JobSpec | None, switches: Sequence[dict[str, Any]] | None) -> str:
+def effective_precision(spec: JobSpec | None, switches: Sequence[Mapping[str, object]] | None) -> str:
     """The precision the job computes in: its last precision switch's ``to``, else ``spec``'s ``precision``
     (``fp32`` for a stored spec that does not validate, ``spec`` ``None``)."""
     if switches and isinstance(switches[-1].get("to"), str):
@@ -218,7 +218,7 @@ def loss_scaling(spec: JobSpec | None) -> LossScaling:
     return "none" if scale is None else scale.mode
 
 
-def step_counts(latest: dict[str, Any] | None) -> tuple[int, int]:
+def step_counts(latest: Mapping[str, object] | None) -> tuple[int, int]:
     """``(applied, skipped)`` steps of the job's trajectory up to its newest step record ``latest``.
 
     The record's ``skipped_steps`` is cumulative and the stored records are one trajectory
@@ -232,7 +232,7 @@ def step_counts(latest: dict[str, Any] | None) -> tuple[int, int]:
     return step - skipped, skipped
 
 
-def step_point(record: StepRow) -> dict[str, Any]:
+def step_point(record: StepRow) -> dict[str, object]:
     """A stored step record as the API returns it (``step`` and ``time`` always present)."""
     point = dict(record.data)
     point.setdefault("step", record.step)

@@ -121,7 +121,7 @@ class SpecFileError(ValueError):
     """The spec file cannot be read or is not a YAML/JSON mapping."""
 
 
-def load_spec(source: str) -> dict[str, Any]:
+def load_spec(source: str) -> dict[str, object]:
     """The spec in ``source`` (a path, or ``-`` for stdin): JSON for ``.json``, else YAML (``yaml.safe_load``).
 
     Bounded by :mod:`halfcast.cli.spec_limits` (file size, alias expansion, nesting depth).

@@ -7,7 +7,7 @@ The routes (:mod:`server.routes.session`, :mod:`server.routes.audit`) answer the
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -33,7 +33,7 @@ class AuditEventPublic(BaseModel):
     actor: str = Field(description="Owner of the token that acted, or `cli:<os user>` for operator commands")
     action: AuditAction
     subject: str = Field(description="The job id, the token id, or the owner (quota changes)")
-    details: dict[str, Any] | None = Field(description="e.g. the job's owner, the token's owner and admin flag")
+    details: dict[str, object] | None = Field(description="e.g. the job's owner, the token's owner and admin flag")
 
 
 class AuditList(BaseModel):

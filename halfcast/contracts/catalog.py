@@ -10,7 +10,7 @@ The torch code that builds each entry lives in :mod:`trainer.models` and
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -119,7 +119,7 @@ class HFConfig(_Strict):
 
     path: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     model_id: RegistryId | None = None
-    hf_config: dict[str, Any] | None = None
+    hf_config: dict[str, object] | None = None
     task: Literal["causal_lm", "sequence_classification"] = "causal_lm"
     num_labels: Annotated[int, Field(ge=2, le=65536)] | None = None
     tokenizer_path: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
@@ -150,7 +150,7 @@ class HFConfig(_Strict):
         return self.hf_config is not None and self.tokenizer_path is None
 
 
-def _check_hf_config(config: dict[str, Any]) -> None:
+def _check_hf_config(config: dict[str, object]) -> None:
     """``hf_config`` names a ``model_type``, stays small and bounded, and asks for no remote code."""
     try:
         size = len(json.dumps(config))

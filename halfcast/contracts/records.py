@@ -57,12 +57,14 @@ class RecordBase(BaseModel):
     type: str
     time: float | None = None
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         """The fields the record was given, without ``type``, as JSON data (non-finite floats as ``None``)."""
-        body: dict[str, Any] = finite(self.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"type"}))
+        body: dict[str, object] = finite(
+            self.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"type"})
+        )
         return body
 
-    def line(self) -> dict[str, Any]:
+    def line(self) -> dict[str, object]:
         """The JSON object of the record's line: ``type`` first, then :meth:`body`."""
         return {"type": self.type, **self.body()}
 
@@ -121,9 +123,9 @@ class PrecisionSwitch(BaseModel):
     rewound_to_step: Count
     time: float | None = None
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         """The fields the switch was given, as JSON data (``from`` by its name)."""
-        body: dict[str, Any] = finite(self.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        body: dict[str, object] = finite(self.model_dump(mode="json", by_alias=True, exclude_unset=True))
         return body
 
 
@@ -177,7 +179,8 @@ class StartRecord(RecordBase):
     log_interval: int | None = None
     task: str | None = None
     num_parameters: int | None = None
-    model: dict[str, Any] | None = None
+    #: The model's summary (the trainer's ``{class, parameters, trainable_parameters, parameter_bytes_by_dtype}``), JSON.
+    model: dict[str, object] | None = None
     parallelism: str | None = None
     #: Where a resumed run started (0: from scratch).
     resumed_from_step: int | None = None
@@ -228,7 +231,7 @@ class StepRecord(RecordBase):
     tokens_total: int | None = None
     precision: str | None = None
 
-    def line(self) -> dict[str, Any]:
+    def line(self) -> dict[str, object]:
         """The step line: every field (``null`` where it does not apply), ``precision`` only when set."""
         unset = {"type"} | ({"precision"} if "precision" not in self.model_fields_set else set())
         return {"type": self.type, **finite(self.model_dump(mode="json", by_alias=True, exclude=unset))}

@@ -10,7 +10,7 @@ the object the worker stored (the fields the trainer wrote, an older trainer's m
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -90,7 +90,7 @@ class JobPublic(BaseModel):
     id: str
     name: str | None
     status: JobStatus
-    spec: dict[str, Any]
+    spec: dict[str, object]
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

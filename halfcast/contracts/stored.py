@@ -48,11 +48,11 @@ class AsStored(BaseModel):
 
     @model_serializer(mode="wrap")
     def _as_stored(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]  # unannotated: the schema stays the model's
-        dumped: dict[str, Any] = handler(self)
+        dumped: dict[str, object] = handler(self)
         if list(dumped) == list(self._keys):  # the common case: every key given, in the fields' order
             return dumped
         names = _names_by_alias(type(self))
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for key in self._keys:
             found = key if key in dumped else names.get(key)
             if found is not None and found in dumped:

@@ -43,7 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from halfcast.common.strict_json import NONFINITE_MESSAGE, NonFiniteNumbers
 from server.auth import authenticate
-from server.http.errors import ApiError, error_response
+from server.http.errors import ApiError, ErrorItem, error_response
 from server.http.field_paths import body_schema, with_field
 from server.http.openapi_errors import dependency_calls
 
@@ -136,7 +136,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     )
 
 
-def _unreadable_body_errors(cause: BaseException) -> list[dict[str, Any]]:
+def _unreadable_body_errors(cause: BaseException) -> list[ErrorItem]:
     """The 422 items for a body that could not be parsed: one per non-finite number, else one at ``["body"]``."""
     if isinstance(cause, NonFiniteNumbers):
         return [

@@ -11,6 +11,8 @@ one of ``GET /jobs/{id}`` on PostgreSQL (psycopg's ``OperationalError``/``Interf
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import TypedDict
 
 import psycopg
 from fastapi import FastAPI, Request
@@ -23,6 +25,15 @@ from halfcast.core.db.async_pool import PoolBusy
 from server.schemas import ErrorBody
 
 log = logging.getLogger(__name__)
+
+
+class ErrorItem(TypedDict):
+    """One item of a 422's ``detail``, as FastAPI writes pydantic's: ``loc`` starts with the source (``body``...)."""
+
+    type: str
+    loc: Sequence[str | int]
+    msg: str
+    input: object
 
 
 class ApiError(Exception):

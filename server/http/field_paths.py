@@ -59,12 +59,14 @@ def body_schema(annotation: Any) -> Mapping[str, Any] | None:
         return None
 
 
-def with_field(item: dict[str, Any], schema: Mapping[str, Any] | None) -> dict[str, Any]:
+def with_field(item: Mapping[str, object], schema: Mapping[str, Any] | None) -> dict[str, object]:
     """The 422 ``item`` with ``field``: its ``loc`` without the source (``body``, ``query``...) nor union tags.
 
-    Union tags are only known for the body, through its ``schema``; other sources have none.
+    Union tags are only known for the body, through its ``schema``; other sources have none. The item's other
+    keys (``type``, ``msg``, ``input``, pydantic's ``ctx``...) are kept as they are.
     """
-    loc = list(item.get("loc") or ())
+    found = item.get("loc")
+    loc = list(found) if isinstance(found, list | tuple) else []
     source, inner = (loc[0], loc[1:]) if loc else (None, [])
     field = field_path(schema, inner) if source == "body" and schema is not None else tuple(inner)
     return {**item, "field": list(field)}

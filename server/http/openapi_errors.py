@@ -20,23 +20,32 @@ It also adds ``field`` to FastAPI's ``ValidationError`` schema: every 422 item h
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 from fastapi import FastAPI, routing
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from fastapi.utils import create_model_field
+from pydantic import BaseModel
 
 from server.auth import authenticate, require_admin
 from server.deps import get_session
 from server.schemas import ErrorBody
 
-_UNAUTHORIZED = {"model": ErrorBody, "description": "No token, or a malformed, unknown or revoked one"}
-_FORBIDDEN = {"model": ErrorBody, "description": "The token is not an admin's"}
-_TOO_LARGE = {"model": ErrorBody, "description": "The request body exceeds 1 MiB"}
-_UNAVAILABLE = {"model": ErrorBody, "description": "The database is unreachable (`database unavailable`)"}
+
+class _Declaration(TypedDict):
+    """A declared answer, as a route's ``responses=`` entry: its body's model and a description."""
+
+    model: type[BaseModel]
+    description: str
+
+
+_UNAUTHORIZED: _Declaration = {"model": ErrorBody, "description": "No token, or a malformed, unknown or revoked one"}
+_FORBIDDEN: _Declaration = {"model": ErrorBody, "description": "The token is not an admin's"}
+_TOO_LARGE: _Declaration = {"model": ErrorBody, "description": "The request body exceeds 1 MiB"}
+_UNAVAILABLE: _Declaration = {"model": ErrorBody, "description": "The database is unreachable (`database unavailable`)"}
 #: The ``field`` of a 422 item (:func:`server.http.field_paths.with_field`), as a property of ``ValidationError``.
-FIELD_PROPERTY: dict[str, Any] = {
+FIELD_PROPERTY: dict[str, object] = {
     "type": "array",
     "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
     "title": "Field",
@@ -64,9 +73,9 @@ def _api_routes(app: FastAPI) -> Iterator[Any]:
             yield context
 
 
-def _extra_responses(route: Any) -> dict[int, dict[str, Any]]:
+def _extra_responses(route: Any) -> dict[int, _Declaration]:
     calls = set(dependency_calls(route.dependant))
-    extra: dict[int, dict[str, Any]] = {}
+    extra: dict[int, _Declaration] = {}
     if authenticate in calls:
         extra[401] = _UNAUTHORIZED
     if require_admin in calls:
@@ -88,7 +97,7 @@ def declare_error_responses(app: FastAPI) -> None:
     """
     build = app.openapi
 
-    def openapi() -> dict[str, Any]:
+    def openapi() -> dict[str, object]:
         fresh = app.openapi_schema is None
         if fresh:
             _add_error_responses(app)
@@ -105,7 +114,7 @@ def _add_error_responses(app: FastAPI) -> None:
                 _declare(route, status_code, declaration)
 
 
-def _declare(route: Any, status_code: int, declaration: dict[str, Any]) -> None:
+def _declare(route: Any, status_code: int, declaration: _Declaration) -> None:
     """Add one answer to ``route`` as FastAPI does for a declared ``responses=`` entry: with its body's model field.
 
     Routes are declared once per process and shared by its apps (:mod:`server.http.built_routes`), so the
@@ -117,9 +126,11 @@ def _declare(route: Any, status_code: int, declaration: dict[str, Any]) -> None:
     )
 
 
-def _with_field_property(schema: dict[str, Any]) -> dict[str, Any]:
+def _with_field_property(schema: dict[str, object]) -> dict[str, object]:
     """``schema`` (the OpenAPI description, changed in place) with ``field`` in FastAPI's ``ValidationError``."""
-    item = schema.get("components", {}).get("schemas", {}).get("ValidationError")
+    components = schema.get("components")
+    schemas = components.get("schemas") if isinstance(components, dict) else None
+    item = schemas.get("ValidationError") if isinstance(schemas, dict) else None
     if isinstance(item, dict):
         item.setdefault("properties", {})["field"] = FIELD_PROPERTY
     return schema

@@ -22,7 +22,6 @@ step record yet has no per-job series):
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -46,7 +45,7 @@ _JOB_SERIES: tuple[tuple[str, str, str, str], ...] = (
     ("halfcast_train_loss", "gauge", "loss", "Training loss of the latest optimizer step"),
 )
 
-JobLatest = tuple[str, Mapping[str, Any] | None]
+JobLatest = tuple[str, Mapping[str, object] | None]
 
 
 def _number(value: object) -> float | None:

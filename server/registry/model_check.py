@@ -19,7 +19,6 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from server.registry.model_archive import (
     MAX_DEPTH,
@@ -79,7 +78,7 @@ def _files(directory: Path) -> dict[str, Path]:
     return found
 
 
-def _json_object(path: Path, name: str) -> dict[str, Any]:
+def _json_object(path: Path, name: str) -> dict[str, object]:
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise ArchiveRejected(f"{name} is over {MAX_CONFIG_BYTES} bytes", name)
     try:

@@ -51,7 +51,7 @@ class WeightsRejected(ValueError):
     """The file is not a well-formed safetensors file; the message says why."""
 
 
-def _read_header(path: Path) -> tuple[dict[str, Any], int]:
+def _read_header(path: Path) -> tuple[dict[str, object], int]:
     """The parsed header and the number of data bytes after it."""
     size = path.stat().st_size
     with path.open("rb") as handle:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import FileResponse
@@ -46,7 +46,7 @@ def checkpoint_public(job_id: str, file: CheckpointFile) -> CheckpointPublic:
     )
 
 
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+_NOT_FOUND: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorBody, "description": "Unknown job, or no such checkpoint"}
 }
 
@@ -59,7 +59,7 @@ def get_checkpoints(job_id: str, request: Request, principal: PrincipalDep) -> C
     return CheckpointList(job_id=job.id, checkpoints=[checkpoint_public(job.id, f) for f in files])
 
 
-_DOWNLOAD_RESPONSES: dict[int | str, dict[str, Any]] = {
+_DOWNLOAD_RESPONSES: dict[int | str, dict[str, object]] = {
     200: {"content": {"application/octet-stream": {}}, "description": "The checkpoint file (HEAD: its headers only)"},
     304: {"description": "`If-None-Match` names the file's `ETag`: the client's copy is current; no body"},
     **_NOT_FOUND,

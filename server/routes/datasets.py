@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import uuid
 from pathlib import Path as FilePath
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -71,7 +71,7 @@ _BODY = {
         "content": {kind: {"schema": {"type": "string"}} for kind in ("application/jsonl", "text/csv")},
     }
 }
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown dataset"}}
+_NOT_FOUND: dict[int | str, dict[str, object]] = {404: {"model": ErrorBody, "description": "Unknown dataset"}}
 DatasetId = Annotated[str, Path(max_length=64, pattern=REGISTRY_ID_PATTERN)]
 
 

@@ -9,7 +9,7 @@ The same isolation as every job route applies (another owner's job is a 404).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -44,7 +44,7 @@ def export_public(job_id: str, export: Export) -> ExportPublic:
     )
 
 
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+_NOT_FOUND: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorBody, "description": "Unknown job, or no such export"}
 }
 

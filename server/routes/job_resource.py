@@ -20,7 +20,7 @@ and only a new state is built and serialised again.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.routing import APIRoute
@@ -67,7 +67,7 @@ class RenderedBodies:
         return len(self._bodies)
 
 
-_RESPONSES: dict[int | str, dict[str, Any]] = {
+_RESPONSES: dict[int | str, dict[str, object]] = {
     200: {
         "headers": {"ETag": {"description": "Strong tag of this state of the resource", "schema": {"type": "string"}}}
     },

@@ -9,7 +9,7 @@ admin's: everyone's).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 from fastapi.exceptions import RequestValidationError
@@ -48,7 +48,7 @@ router = APIRouter(
     route_class=StrictJSONRoute,
 )
 
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown job"}}
+_NOT_FOUND: dict[int | str, dict[str, object]] = {404: {"model": ErrorBody, "description": "Unknown job"}}
 #: The ``status`` query parameter: a :class:`~halfcast.contracts.status.JobStatus` value, as a ``Literal`` of the values so
 #: that a bad one is the 422 it always was (``literal_error``) and the parameter's schema stays inline.
 if TYPE_CHECKING:  # mypy cannot evaluate a Literal built at run time: to it, the parameter is a str

@@ -9,7 +9,7 @@ JSON (:class:`LogLines`); with ``follow=true`` it is a Server-Sent Events stream
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -58,7 +58,7 @@ def _check(job: Job, rank: int, attempt: int | None, follow: bool) -> None:
         raise ApiError(409, f"job {job.id} has no logs yet: it is {job.status}", job_id=job.id)
 
 
-_RESPONSES: dict[int | str, dict[str, Any]] = {
+_RESPONSES: dict[int | str, dict[str, object]] = {
     200: {
         "content": {"text/event-stream": {}},
         "description": "`LogLines` JSON; with `follow=true`, SSE: `attempt`, `lines`, `end`",

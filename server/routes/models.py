@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import uuid
 from pathlib import Path as FilePath
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -75,8 +75,8 @@ _BODY = {
         "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
     }
 }
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Unknown model"}}
-_CREATED: dict[int | str, dict[str, Any]] = {429: QUOTA_RESPONSE}
+_NOT_FOUND: dict[int | str, dict[str, object]] = {404: {"model": ErrorBody, "description": "Unknown model"}}
+_CREATED: dict[int | str, dict[str, object]] = {429: QUOTA_RESPONSE}
 ModelId = Annotated[str, Path(max_length=64, pattern=REGISTRY_ID_PATTERN)]
 ModelName = Annotated[str | None, Query(min_length=1, max_length=200, description="default: model")]
 

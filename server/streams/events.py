@@ -38,7 +38,7 @@ every record committed before it (the worker stores records before the outcome).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,18 +64,20 @@ class Snapshot:
 
     status: str
     step: int
-    eval: dict[str, Any] | None
-    job: dict[str, Any] | None
-    records: list[dict[str, Any]]
+    eval: dict[str, object] | None
+    #: The job resource as JSON (``None``: its state did not change).
+    job: dict[str, object] | None
+    #: The step records after the cursor, as the API returns them (:func:`server.schemas.step_point`).
+    records: list[dict[str, object]]
     #: The record at the poll's ``after_step`` still exists (``True`` when ``after_step`` is 0).
     has_cursor_record: bool = True
     #: The job's precision switches, oldest first (``jobs.precision_switches``).
-    switches: list[dict[str, Any]] = field(default_factory=list)
+    switches: list[dict[str, object]] = field(default_factory=list)
     #: What a ``status`` event reports, :func:`job_state` (``None``: just ``status``).
     state: str | None = None
 
 
-def job_state(status: str, startup: dict[str, Any] | None) -> str:
+def job_state(status: str, startup: Mapping[str, object] | None) -> str:
     """``status``, with the start-up phase while there is one (``running: loading data``): a change sends ``status``."""
     phase = current_phase(status, startup)
     return f"{status}: {phase}" if phase is not None and status == "running" else status
@@ -111,7 +113,7 @@ class _Cursor:
     step: int
     #: The job state last sent (:func:`job_state`).
     status: str | None = None
-    eval: dict[str, Any] | None = None
+    eval: dict[str, object] | None = None
     #: The record at ``step`` was seen by this stream (sent, or found by a poll): its later absence means a rewind.
     confirmed: bool = False
     #: Precision switches known to this stream (``None`` before the first poll).
@@ -139,7 +141,7 @@ def _frames(snapshot: Snapshot, cursor: _Cursor) -> list[str]:
     elif snapshot.has_cursor_record:
         cursor.confirmed = True  # (a resume point the job has not reached yet stays unconfirmed: no rewind)
     for record in records:
-        step = int(record["step"])
+        step = _step_of(record)
         if step > cursor.step:
             out.append(frame("step", record, step))
             cursor.step, cursor.confirmed = step, True
@@ -152,11 +154,19 @@ def _frames(snapshot: Snapshot, cursor: _Cursor) -> list[str]:
     return out
 
 
+def _step_of(record: Mapping[str, object]) -> int:
+    """A step point's ``step`` as ``int()`` makes it (a number, a numeric string; any other JSON value: ``TypeError``)."""
+    value = record["step"]
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"a step record's step is {type(value).__name__}, not a number")
+
+
 def _new_switches(snapshot: Snapshot, cursor: _Cursor) -> tuple[list[str], int | None]:
     """Frames for the precision switches made since the last poll, and the earliest step they rewound to."""
     known, cursor.switches = cursor.switches, len(snapshot.switches)
     new = snapshot.switches[known:] if known is not None else []
-    rewound = [int(s["rewound_to_step"]) for s in new if isinstance(s.get("rewound_to_step"), int)]
+    rewound = [int(value) for s in new if isinstance(value := s.get("rewound_to_step"), int)]
     return [frame("precision_switch", s) for s in new], min(rewound, default=None)
 
 

@@ -136,6 +136,8 @@ def _scratch_config(config: HFConfig, info: DataInfo, tokenizer: Any | None) -> 
 
     fields = dict(config.hf_config or {})
     model_type = fields.pop("model_type")
+    if not isinstance(model_type, str):  # (HFConfig lets no other through)
+        raise TrainerError(FailureReason.SPEC_INVALID, "hf_config needs a model_type (e.g. 'llama')")
     if tokenizer is not None:
         fields.setdefault("vocab_size", len(tokenizer))
     elif info.task is Task.LM or config.byte_level:

@@ -145,7 +145,7 @@ async def _ping(conn: psycopg.AsyncConnection) -> bool:
     return True
 
 
-def connector(kwargs: dict[str, Any]) -> Connect:
+def connector(kwargs: dict[str, Any]) -> Connect:  # open mapping: psycopg's connect() keyword arguments
     """A :data:`Connect` for ``psycopg.AsyncConnection.connect(**kwargs)`` in autocommit mode."""
 
     async def connect() -> psycopg.AsyncConnection:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -45,7 +44,7 @@ class InvalidAuditCursor(ValueError):
 
 
 def add_event(
-    session: Session, actor: str, action: str, subject: str, details: dict[str, Any] | None = None
+    session: Session, actor: str, action: str, subject: str, details: dict[str, object] | None = None
 ) -> AuditEvent:
     """Add (not commit) an audit event stamped now (UTC). Raises ``ValueError`` for an unknown ``action``."""
     if action not in ACTIONS:
@@ -56,7 +55,7 @@ def add_event(
 
 
 def record(
-    session: Session, actor: str, action: str, subject: str, details: dict[str, Any] | None = None
+    session: Session, actor: str, action: str, subject: str, details: dict[str, object] | None = None
 ) -> AuditEvent:
     """Add an audit event and commit it (see :func:`add_event`)."""
     event = add_event(session, actor, action, subject, details)

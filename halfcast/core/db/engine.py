@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import DisconnectionError
@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 #: How long a SQLite writer waits for the lock before failing (milliseconds).
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: Execution options of a transaction that will write (``BEGIN IMMEDIATE`` on SQLite; no effect elsewhere).
-WRITE_TRANSACTION: dict[str, Any] = {"halfcast_write": True}
+WRITE_TRANSACTION: dict[str, bool] = {"halfcast_write": True}
 #: Seconds a connection of the API may sit in the pool and still be used without a ping first.
 API_PING_AFTER_IDLE_S = 1.0
 #: Where a pooled connection's record keeps the ``time.monotonic()`` of its last return to the pool.
@@ -79,6 +79,14 @@ class StatementTimeouts:
 NO_TIMEOUTS = StatementTimeouts(None, None, None)
 
 
+class PoolOptions(TypedDict, total=False):
+    """``create_engine``'s pool keyword arguments (none given: SQLAlchemy's defaults)."""
+
+    pool_size: int
+    max_overflow: int
+    pool_timeout: float
+
+
 @dataclass(frozen=True)
 class PoolLimits:
     """Connection pool of an engine: connections kept, extra ones allowed, seconds a checkout waits at most."""
@@ -87,7 +95,7 @@ class PoolLimits:
     max_overflow: int = 20
     timeout_s: float = 30.0
 
-    def options(self) -> dict[str, Any]:
+    def options(self) -> PoolOptions:
         """``create_engine`` keyword arguments."""
         return {"pool_size": self.size, "max_overflow": self.max_overflow, "pool_timeout": self.timeout_s}
 
@@ -145,7 +153,9 @@ def make_engine(
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     if url.startswith("sqlite"):
-        limits = pool.options() if pool is not None and url not in ("sqlite://", "sqlite:///:memory:") else {}
+        limits: PoolOptions = (
+            pool.options() if pool is not None and url not in ("sqlite://", "sqlite:///:memory:") else {}
+        )
         connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
         engine = create_engine(url, connect_args=connect_args, **limits)
         event.listen(engine, "connect", _configure_sqlite)

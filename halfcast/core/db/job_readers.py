@@ -52,7 +52,7 @@ def job_reads_for(engine: Engine, limits: PoolLimits, *, ping_after_idle_s: floa
     if dialect.name != "postgresql" or dialect.driver != "psycopg":
         return ThreadedJobReads(engine)
     args, kwargs = dialect.create_connect_args(engine.url)  # what SQLAlchemy connects with: host, dbname, adapters...
-    connect_kwargs: dict[str, Any] = dict(kwargs)
+    connect_kwargs: dict[str, Any] = dict(kwargs)  # open mapping: psycopg's connect() keyword arguments
     if args:
         connect_kwargs["conninfo"] = args[0]
     pool = AsyncPool(connector(connect_kwargs), limits, ping_after_idle_s=ping_after_idle_s)

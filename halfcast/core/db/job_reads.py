@@ -136,7 +136,7 @@ class JobView:
     owner: str | None
     name: str | None
     status: str
-    spec: dict[str, Any]
+    spec: dict[str, object]
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -145,13 +145,13 @@ class JobView:
     step: int
     max_steps: int
     world_size: int
-    latest: dict[str, Any] | None
-    eval: dict[str, Any] | None
+    latest: dict[str, object] | None
+    eval: dict[str, object] | None
     attempt: int
-    precision_switches: list[dict[str, Any]] | None
-    end_info: dict[str, Any] | None
-    startup: dict[str, Any] | None
-    data_report: dict[str, Any] | None
+    precision_switches: list[dict[str, object]] | None
+    end_info: dict[str, object] | None
+    startup: dict[str, object] | None
+    data_report: dict[str, object] | None
     # keyword-only: the row's columns fill the fields above, positionally
     attempts: tuple[AttemptView, ...] = field(default=(), kw_only=True)
     members: tuple[MemberView, ...] = field(default=(), kw_only=True)
@@ -166,13 +166,14 @@ class JobRead:
 
 
 @cache
-def read_statement(with_token: bool) -> Select[Any]:
+def read_statement(with_token: bool) -> Select[*tuple[Any, ...]]:
     """The read, built once (bound parameters ``job_id`` and, with the token, ``token_hash``).
 
     Both drivers run it: SQLAlchemy on a pooled connection (:func:`read_job`), and
     :mod:`halfcast.core.db.job_reads_async` compiled once to psycopg's SQL.
     """
     job_id: BindParameter[str] = bindparam("job_id")
+    query: Select[*tuple[Any, ...]]  # the row's columns differ with and without the token
     if not with_token:
         query = select(*JOB_COLUMNS, *ATTEMPT_COLUMNS).where(Job.id == job_id)
     else:
@@ -218,7 +219,7 @@ def token_view(rows: Sequence[Sequence[Any]]) -> TokenView | None:
     return TokenView(*rows[0][: len(TOKEN_COLUMNS)]) if rows else None
 
 
-def members_params(job: JobView | None) -> dict[str, Any] | None:
+def members_params(job: JobView | None) -> dict[str, str | int] | None:
     """The parameters of :func:`members_statement` for ``job``; ``None`` when it has none to read (not multi-node)."""
     if job is None or not _multi_node(job.spec):
         return None

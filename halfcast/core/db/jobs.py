@@ -13,7 +13,6 @@ import json
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
@@ -298,7 +297,7 @@ def count_by_status(session: Session) -> dict[str, int]:
     return counts
 
 
-def live_job_latest(session: Session) -> list[tuple[str, dict[str, Any] | None]]:
+def live_job_latest(session: Session) -> list[tuple[str, dict[str, object] | None]]:
     """``(id, latest step record)`` of every job not yet terminal, oldest first."""
     query = select(Job.id, Job.latest).where(Job.status.in_(sorted(ACTIVE_STATUSES))).order_by(Job.created_at)
     return [(job_id, latest) for job_id, latest in session.execute(query)]

@@ -28,8 +28,8 @@ def utcnow() -> datetime:
 
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {
-        dict[str, Any]: JSON,
-        list[dict[str, Any]]: JSON,
+        dict[str, object]: JSON,
+        list[dict[str, object]]: JSON,
         list[int]: JSON,
         list[str]: JSON,
         datetime: DateTime(timezone=True),
@@ -44,7 +44,7 @@ class Job(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     name: Mapped[str | None] = mapped_column(String(200))
     status: Mapped[str] = mapped_column(String(16), index=True)
-    spec: Mapped[dict[str, Any]]
+    spec: Mapped[dict[str, object]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
@@ -54,8 +54,8 @@ class Job(Base):
     step: Mapped[int] = mapped_column(Integer, default=0)
     max_steps: Mapped[int] = mapped_column(Integer)
     world_size: Mapped[int] = mapped_column(Integer)
-    latest: Mapped[dict[str, Any] | None]
-    eval: Mapped[dict[str, Any] | None]
+    latest: Mapped[dict[str, object] | None]
+    eval: Mapped[dict[str, object] | None]
     worker_id: Mapped[str | None] = mapped_column(String(255))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     run_dir: Mapped[str | None] = mapped_column(Text)
@@ -71,14 +71,14 @@ class Job(Base):
     held_by: Mapped[str | None] = mapped_column(String(255))
     held_at: Mapped[datetime | None]
     #: The succeeded run's ``end`` record: counts, ``stopped_early``, ``exported_step`` (migration 0008).
-    end_info: Mapped[dict[str, Any] | None]
+    end_info: Mapped[dict[str, object] | None]
     #: Precision switches the run made (``on_divergence: "fallback_bf16"``), oldest first; null when none.
-    precision_switches: Mapped[list[dict[str, Any]] | None]
+    precision_switches: Mapped[list[dict[str, object]] | None]
     #: The current attempt's start-up so far: its newest ``phase`` record (``worker/phase_record.py``,
     #: migration 0009); null until the trainer's first one, and cleared by each claim.
-    startup: Mapped[dict[str, Any] | None]
+    startup: Mapped[dict[str, object] | None]
     #: The ``start`` record's data report (a file dataset's rows, splits, drops, pad token); null until then.
-    data_report: Mapped[dict[str, Any] | None]
+    data_report: Mapped[dict[str, object] | None]
 
     attempts: Mapped[list[Attempt]] = relationship(order_by="Attempt.attempt", lazy="selectin", viewonly=True)
     #: The gang memberships of a multi-node job, every attempt's (migration 0012).
@@ -179,7 +179,7 @@ class StepRow(Base):
     job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     time: Mapped[float] = mapped_column(Float)
-    data: Mapped[dict[str, Any]]
+    data: Mapped[dict[str, object]]
 
 
 class EvalRow(Base):
@@ -193,7 +193,7 @@ class EvalRow(Base):
     job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     time: Mapped[float] = mapped_column(Float)
-    data: Mapped[dict[str, Any]]
+    data: Mapped[dict[str, object]]
 
 
 class Worker(Base):
@@ -243,7 +243,7 @@ class AuditEvent(Base):
     action: Mapped[str] = mapped_column(String(64), index=True)
     #: The job id or the token id acted on; the owner for ``quota.*``.
     subject: Mapped[str] = mapped_column(String(255))
-    details: Mapped[dict[str, Any] | None]
+    details: Mapped[dict[str, object] | None]
 
 
 class OwnerQuota(Base):

@@ -28,13 +28,13 @@ class CompiledStatement:
 
     sql: str
     #: Parameters the statement carries itself (literal values of the construct), by name.
-    literals: Mapping[str, Any]
+    literals: Mapping[str, object]
     #: Bind processors by parameter name (those that are not ``None`` only).
     binds: Mapping[str, Processor]
     #: Result processors by column position (those that are not ``None`` only).
     results: Mapping[int, Processor]
 
-    def params(self, values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def params(self, values: Mapping[str, object] | None = None) -> dict[str, object]:
         """The driver's parameters: the literals, ``values`` over them, each through its bind processor."""
         params = {**self.literals, **(values or {})}
         for name, process in self.binds.items():
@@ -58,7 +58,7 @@ def compile_for(statement: ClauseElement, dialect: Dialect) -> CompiledStatement
     if not isinstance(compiled, SQLCompiler):  # a DDL construct: nothing this module runs
         raise TypeError(f"not a SQL statement: {statement!r}")
     binds: dict[str, Processor] = {}
-    literals: dict[str, Any] = {}
+    literals: dict[str, object] = {}
     for bind, name in compiled.bind_names.items():  # each parameter under the name the SQL gives it
         process = bind.type.dialect_impl(dialect).bind_processor(dialect)
         if process is not None:

@@ -125,7 +125,7 @@ def _lock_file(session: Session, key: str) -> None:
         session.execute(select(func.pg_advisory_xact_lock(int.from_bytes(digest[:8], "big", signed=True))))
 
 
-def _details(row: RegisteredDataset | RegisteredModel, **extra: Any) -> dict[str, Any]:
+def _details(row: RegisteredDataset | RegisteredModel, **extra: object) -> dict[str, object]:
     return {"owner": row.owner, "name": row.name, "bytes": row.bytes, "sha256": row.sha256, **extra}
 
 

@@ -15,8 +15,7 @@ A reference added to the spec later belongs here too. Torch-free; works on a Ses
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -50,38 +49,41 @@ class RefError(Exception):
         self.reason = reason
 
 
-def _config(spec: dict[str, Any], block: str, name: str) -> dict[str, Any] | None:
+def _config(spec: Mapping[str, object], block: str, name: str) -> dict[str, object] | None:
+    """The ``config`` of the spec's ``block`` when that block is ``name``'s (the dict itself: filling it fills the spec)."""
     entry = spec.get(block)
-    if not isinstance(entry, dict) or entry.get("name") != name or not isinstance(entry.get("config"), dict):
+    if not isinstance(entry, dict) or entry.get("name") != name:
         return None
-    config: dict[str, Any] = entry["config"]
-    return config
+    config = entry.get("config")
+    return config if isinstance(config, dict) else None
 
 
-def dataset_id_of(spec: dict[str, Any]) -> str | None:
+def dataset_id_of(spec: Mapping[str, object]) -> str | None:
     """The ``dataset_id`` a (JSON) spec names, if any."""
     config = _config(spec, "dataset", "jsonl")
-    return config.get("dataset_id") if config is not None else None
+    found = config.get("dataset_id") if config is not None else None
+    return found if isinstance(found, str) else None  # (a validated spec's is a string)
 
 
-def model_id_of(spec: dict[str, Any]) -> str | None:
+def model_id_of(spec: Mapping[str, object]) -> str | None:
     """The ``model_id`` a (JSON) spec names, if any."""
     config = _config(spec, "model", "hf")
-    return config.get("model_id") if config is not None else None
+    found = config.get("model_id") if config is not None else None
+    return found if isinstance(found, str) else None  # (a validated spec's is a string)
 
 
-def resume_job_id_of(spec: dict[str, Any]) -> str | None:
+def resume_job_id_of(spec: Mapping[str, object]) -> str | None:
     """The job a (JSON) spec's ``resume_from`` names (its first part), if any."""
     resume_from = spec.get("resume_from")
     return resume_from.split("/", 1)[0] if isinstance(resume_from, str) else None
 
 
-def names_registered_inputs(spec: dict[str, Any]) -> bool:
+def names_registered_inputs(spec: Mapping[str, object]) -> bool:
     """Whether the spec holds a reference: a registered dataset or model, or a job to resume from."""
     return dataset_id_of(spec) is not None or model_id_of(spec) is not None or resume_job_id_of(spec) is not None
 
 
-def _fill_dataset(executor: Executor, config: dict[str, Any], visible: Visible) -> None:
+def _fill_dataset(executor: Executor, config: dict[str, object], visible: Visible) -> None:
     dataset_id = config["dataset_id"]
     columns = (
         RegisteredDataset.owner,
@@ -115,14 +117,14 @@ def _check_resume(executor: Executor, resume_from: str, job_id: str, visible: Vi
         raise RefError(RESUME_FROM, msg, resume_from, FailureReason.CHECKPOINT_UNAVAILABLE)
 
 
-def resolve_refs(executor: Executor, spec: dict[str, Any], visible: Visible) -> dict[str, Any]:
+def resolve_refs(executor: Executor, spec: dict[str, object], visible: Visible) -> dict[str, object]:
     """A copy of the JSON ``spec`` with its registered dataset's ``format``, ``file_format`` and ``sha256``
     filled in; :class:`RefError` for a reference that names nothing ``visible`` accepts, or a given value that is not the
     registered one. A spec holding no reference comes back equal."""
     resolved = copy.deepcopy(spec)
-    resume_job = resume_job_id_of(resolved)
-    if resume_job is not None:
-        _check_resume(executor, resolved["resume_from"], resume_job, visible)
+    resume_from = resolved.get("resume_from")
+    if isinstance(resume_from, str):  # (what resume_job_id_of finds)
+        _check_resume(executor, resume_from, resume_from.split("/", 1)[0], visible)
     dataset = _config(resolved, "dataset", "jsonl")
     if dataset is not None and dataset.get("dataset_id") is not None:
         _fill_dataset(executor, dataset, visible)
