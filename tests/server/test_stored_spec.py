@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from halfcast.contracts.spec import JobSpec
 from halfcast.core.db import stored_spec as stored_specs
+from halfcast.core.db.members import spec_gpus, spec_nodes
 from halfcast.core.db.models import Job
 from halfcast.core.db.stored_spec import StoredSpecs
 from server.schemas import job_public
@@ -125,3 +126,14 @@ def test_the_api_answers_a_job_whose_stored_spec_no_longer_validates(
     assert shown.status_code == 200 and shown.json()["spec"] == STALE_SPEC
     listed = client.get("/jobs")
     assert listed.status_code == 200 and [j["spec"] for j in listed.json()["jobs"] if j["id"] == job.id] == [STALE_SPEC]
+
+
+def test_the_gang_s_reads_of_nodes_and_gpus_are_the_validated_spec_s() -> None:
+    """What forms a gang (``halfcast.core.db.members``) reads ``nodes`` and ``gpus`` from the validated spec: its
+    defaults where the stored dict leaves them out, nothing derived from a spec that no longer validates."""
+    job_id = str(uuid.uuid4())
+    assert (spec_nodes(job_id, VALID_SPEC), spec_gpus(job_id, VALID_SPEC)) == (1, 0)
+    gang = {**VALID_SPEC, "nodes": 3}
+    assert spec_nodes(str(uuid.uuid4()), gang) == 3
+    stale = str(uuid.uuid4())
+    assert (spec_nodes(stale, STALE_SPEC), spec_gpus(stale, STALE_SPEC)) == (1, 0)  # it says nodes 2: not trusted

@@ -76,7 +76,7 @@ class GangEntry:
         """The job's status, nodes and creation time (``None``: no such job)."""
         with self.members.engine.connect() as conn:
             row = conn.execute(select(Job.status, Job.spec, Job.created_at).where(Job.id == job_id)).one_or_none()
-        return None if row is None else QueuedJob(row.status, spec_nodes(row.spec), row.created_at)
+        return None if row is None else QueuedJob(row.status, spec_nodes(job_id, row.spec), row.created_at)
 
     def gang_to_join(self, job_id: str, worker_id: str) -> GatheringJob | None:
         """The gang this message should make the worker join: its own job's, or an older one (fair ordering).

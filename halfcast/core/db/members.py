@@ -24,6 +24,7 @@ from halfcast.common.timeutil import as_utc
 from halfcast.contracts.status import OPEN_MEMBER_STATUSES, JobStatus, MemberStatus
 from halfcast.core.db.engine import WRITE_TRANSACTION
 from halfcast.core.db.models import Attempt, Job, JobMember, utcnow
+from halfcast.core.db.stored_spec import stored_spec
 from halfcast.core.db.transitions import Expected, compare_and_set
 
 #: The open statuses as the column stores them.
@@ -124,7 +125,7 @@ class Members:
             row = conn.execute(select(Job.status, Job.attempt, Job.spec).where(Job.id == job_id)).one_or_none()
         if row is None or row.status != JobStatus.GATHERING:
             return None
-        nodes = spec_nodes(row.spec)
+        nodes = spec_nodes(job_id, row.spec)
         for rank in range(1, nodes):
             if rank in self._ranks_taken(job_id, row.attempt):
                 continue
@@ -239,7 +240,14 @@ class Members:
         with self.engine.connect() as conn:
             rows = conn.execute(query.order_by(Job.created_at)).all()
         found = [
-            GatheringJob(row.id, row.attempt, spec_nodes(row.spec), int(row[3]), spec_gpus(row.spec), row.created_at)
+            GatheringJob(
+                row.id,
+                row.attempt,
+                spec_nodes(row.id, row.spec),
+                int(row[3]),
+                spec_gpus(row.id, row.spec),
+                row.created_at,
+            )
             for row in rows
         ]
         return [job for job in found if job.held < job.nodes]
@@ -319,13 +327,13 @@ def _still_gathering(conn: Connection, job_id: str, attempt: int) -> bool:
     return conn.execute(query).first() is not None
 
 
-def spec_nodes(spec: object) -> int:
-    """A stored spec's ``nodes`` (1 when absent or malformed)."""
-    nodes = spec.get("nodes", 1) if isinstance(spec, dict) else 1
-    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else 1
+def spec_nodes(job_id: str, spec: object) -> int:
+    """Job ``job_id``'s stored spec's ``nodes`` (its validated :class:`JobSpec`'s; 1 when it no longer validates)."""
+    typed = stored_spec(job_id, spec)
+    return typed.nodes if typed is not None else 1
 
 
-def spec_gpus(spec: object) -> int:
-    """A stored spec's ``gpus`` per node (0 when absent or malformed)."""
-    gpus = spec.get("gpus", 0) if isinstance(spec, dict) else 0
-    return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else 0
+def spec_gpus(job_id: str, spec: object) -> int:
+    """Job ``job_id``'s stored spec's ``gpus`` per node (its validated :class:`JobSpec`'s; 0 when it no longer validates)."""
+    typed = stored_spec(job_id, spec)
+    return typed.gpus if typed is not None else 0
