@@ -47,6 +47,7 @@ from halfcast.contracts.events import JOB_EVENTS, LOG_EVENTS
 from halfcast.contracts.records import StepRecord
 from halfcast.contracts.registry import DatasetList, DatasetPublic, ModelList, ModelPublic
 from halfcast.contracts.resources import EvalList, JobList, JobPublic, LogLines, MetricsPage
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.stored import StoredEval
 from halfcast.errors import (
     Conflict,
@@ -194,15 +195,19 @@ class HalfcastClient:
 
     # ------------------------------------------------------------------ jobs
 
-    def submit(self, spec: Mapping[str, Any], *, idempotency_key: str | None = None) -> JobPublic:
-        """POST a job spec; the new job resource. Raises :class:`ValidationFailed` for a bad spec.
+    def submit(self, spec: JobSpec | Mapping[str, Any], *, idempotency_key: str | None = None) -> JobPublic:
+        """POST a job spec (a :class:`JobSpec` or its JSON as a mapping); the new job resource.
+
+        Raises :class:`ValidationFailed` for a bad spec. A :class:`JobSpec` is sent as the fields it was
+        given (``exclude_unset``): the job is the one the same spec as a mapping makes.
 
         A spec JSON cannot carry (a NaN or infinite float, as YAML's ``.nan``/``.inf`` parse
         to; a YAML date) is refused here, field by field, as the API would, and never sent.
         """
-        _require_json(spec)
+        body = spec.model_dump(mode="json", exclude_unset=True) if isinstance(spec, JobSpec) else dict(spec)
+        _require_json(body)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return parse_model(JobPublic, self._request("POST", "/jobs", json=dict(spec), headers=headers))
+        return parse_model(JobPublic, self._request("POST", "/jobs", json=body, headers=headers))
 
     def get(self, job_id: str) -> JobPublic:
         """The job resource. Raises :class:`NotFound`.

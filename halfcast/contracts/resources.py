@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from halfcast.contracts.records import DataReport, StartupTimes
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import AttemptStatus, JobStatus, MemberStatus
 from halfcast.contracts.stored import StoredEval, StoredStep, StoredSwitch
 
@@ -155,6 +156,14 @@ class JobPublic(BaseModel):
         default=None,
         description="The current attempt's start-up phase times so far; null before its trainer reported one",
     )
+
+    def job_spec(self) -> JobSpec:
+        """``spec`` as the typed :class:`~halfcast.contracts.spec.JobSpec` (its defaults filled in).
+
+        Raises ``pydantic.ValidationError`` for a spec stored by an older Halfcast whose rules have since
+        been tightened (the resource still carries it as stored).
+        """
+        return JobSpec.model_validate(self.spec)
 
 
 class JobList(BaseModel):

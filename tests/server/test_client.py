@@ -29,6 +29,7 @@ from halfcast.common.strict_json import NONFINITE_MESSAGE
 from halfcast.contracts.records import EvalRecord as EvalLine
 from halfcast.contracts.records import StepRecord
 from halfcast.contracts.resources import JobPublic
+from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import JobStatus
 from halfcast.core.db.models import EvalRow
 from halfcast.core.settings import Settings
@@ -70,6 +71,14 @@ def test_submit_get_and_cancel(halfcast: HalfcastClient, queue: FakeQueue) -> No
         halfcast.cancel(job.id)
     again = halfcast.submit(VALID_SPEC, idempotency_key="k-1")
     assert halfcast.submit(VALID_SPEC, idempotency_key="k-1").id == again.id
+
+
+def test_a_typed_spec_is_submitted_as_written_and_read_back_typed(halfcast: HalfcastClient) -> None:
+    typed = JobSpec.model_validate(VALID_SPEC)
+    job = halfcast.submit(typed)
+    assert job.spec == halfcast.submit(VALID_SPEC).spec  # stored as the same spec sent as a mapping
+    assert isinstance(job.job_spec(), JobSpec) and job.job_spec() == typed
+    assert job.job_spec().effective_loss_scale == typed.effective_loss_scale
 
 
 def test_get_asks_again_with_the_etag_and_reuses_its_copy_on_304(
