@@ -59,7 +59,7 @@ test: $(TEST_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS) $(ARGS)
 
 # The test directories mypy checks after the product, one run each (see lint).
-MYPY_TEST_DIRS := tests tests/contracts tests/e2e tests/server
+MYPY_TEST_DIRS := tests tests/contracts tests/e2e tests/server tests/worker
 
 # ruff and mypy come with the test extra; what they check and how is in pyproject.toml. mypy checks the product
 # (pyproject.toml's files), then each test directory alone: its files import their support modules by bare name
