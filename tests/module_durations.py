@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 import xml.etree.ElementTree as ET
-from collections import Counter
 from pathlib import Path
 
 OUT = Path(__file__).with_name("module_durations.json")
@@ -22,10 +21,12 @@ MIN_S = 2.0
 
 def module_durations(report: Path) -> dict[str, int]:
     """Seconds per module path (``tests/e2e/test_x.py``) in ``report``, longest first, at least :data:`MIN_S`."""
-    seconds: Counter[str] = Counter()
+    seconds: dict[str, float] = {}
     for case in ET.parse(report).iter("testcase"):
-        seconds[case.get("classname", "").replace(".", "/") + ".py"] += float(case.get("time") or 0)
-    return {module: round(s) for module, s in seconds.most_common() if s >= MIN_S}
+        module = case.get("classname", "").replace(".", "/") + ".py"
+        seconds[module] = seconds.get(module, 0.0) + float(case.get("time") or 0)
+    longest_first = sorted(seconds.items(), key=lambda pair: -pair[1])  # stable: ties keep their report order
+    return {module: round(s) for module, s in longest_first if s >= MIN_S}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 #: Seconds per module (file path) of a measured run.
 MODULE_DURATIONS = Path(__file__).with_name("module_durations.json")
@@ -20,18 +20,24 @@ UNMEASURED_S = {"e2e": 60.0, "slow": 20.0}
 
 
 class Mark(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
 
 class Item(Protocol):
     """What the order reads of a collected test: its node id and its markers."""
 
-    nodeid: str
+    @property
+    def nodeid(self) -> str: ...
 
     def iter_markers(self) -> Iterable[Mark]: ...
 
 
-def order_longest_first(items: list[Item]) -> None:
+#: Any kind of collected test (pytest's items, a test's fakes): the list is sorted in place, so it keeps its type.
+ItemT = TypeVar("ItemT", bound=Item)
+
+
+def order_longest_first(items: list[ItemT]) -> None:
     """Sort ``items`` (a list, in place) longest module first."""
     measured: dict[str, float] = json.loads(MODULE_DURATIONS.read_text())
     weight: dict[str, float] = {}

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from halfcast.contracts.catalog import HFConfig, JsonlConfig
 from halfcast.contracts.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +78,7 @@ def _rows() -> list[dict[str, Any]]:
 def test_minilm_examples_fit_the_shipped_data(path: Path) -> None:
     spec = JobSpec.model_validate_json(path.read_text())
     config, data, adapter = spec.model.config, spec.dataset.config, spec.adapter
+    assert isinstance(config, HFConfig) and isinstance(data, JsonlConfig)
     assert (config.path, config.task, data.path, data.format) == (
         "model",
         "sequence_classification",
@@ -148,4 +150,6 @@ def test_minilm_example_runs_two_steps(path: Path, tmp_path: Path, monkeypatch: 
     finally:
         torch.set_num_threads(threads)
     evals = [r for r in read_records(tmp_path) if r["type"] == "eval"]
-    assert result.steps == 2 and [e["step"] for e in evals] == [1, 2] and 0.0 <= evals[-1]["accuracy"] <= 1.0
+    accuracy = evals[-1]["accuracy"]
+    assert isinstance(accuracy, float)
+    assert result.steps == 2 and [e["step"] for e in evals] == [1, 2] and 0.0 <= accuracy <= 1.0

@@ -145,6 +145,11 @@ def test_lint_on_a_fresh_clone_installs_the_test_extras_then_runs_ruff_and_mypy(
     assert pip_installs(lines) == ["torch==2.13.0", PRODUCT, "-e '.[test]'"]
     tools = [line.split("/bin/", 1)[1] for line in lines if "/bin/ruff " in line or line.endswith("/bin/mypy")]
     assert tools == ["ruff check .", "ruff format --check .", "mypy"]
+    # Then each test directory, its support modules found by bare name (MYPYPATH: the directory and tests/).
+    assert any(
+        line.strip().startswith("MYPYPATH=$dir:tests ") and "/bin/mypy --no-warn-unused-configs $dir/*.py" in line
+        for line in lines
+    )
 
 
 def test_ci_runs_its_timed_phases_in_order_lint_before_the_suite() -> None:

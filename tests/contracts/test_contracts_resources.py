@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: A stored step record: keys in the database's order (jsonb sorts them), a field the client does not know,
 #: fields an older trainer did not write absent, no ``type``.
 LATEST = {"lr": 0.01, "loss": 0.5, "step": 3, "time": 12.5, "extra": [1, 2], "loss_scale": 1024.0, "skipped_steps": 1}
-EVAL = {"loss": 0.25, "step": 3, "time": 13.0, "accuracy": 0.75}
+EVAL: dict[str, object] = {"loss": 0.25, "step": 3, "time": 13.0, "accuracy": 0.75}
 SWITCH = {
     "to": "bf16",
     "from": "fp16",

@@ -85,9 +85,16 @@ def reported_reasons(source: str) -> list[tuple[int, str]]:
             ]
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             found += _assigned(node)
-    return [
-        (item.lineno, item.value if isinstance(item, ast.Constant) else f"FailureReason.{item.attr}") for item in found
-    ]
+    return [(item.lineno, _reason(item)) for item in found]
+
+
+def _reason(node: ast.expr) -> str:
+    """A reason node (a constant or a ``FailureReason`` member, as :func:`_values` finds them) as text."""
+    if isinstance(node, ast.Constant):
+        assert isinstance(node.value, str), ast.dump(node)
+        return node.value
+    assert isinstance(node, ast.Attribute), ast.dump(node)
+    return f"FailureReason.{node.attr}"
 
 
 def _is_known(reason: str) -> bool:

@@ -96,7 +96,11 @@ def test_a_real_jobs_steps_stream_once_in_order_and_promptly(layout: str, reques
         "building model",
         "first step",
     }
-    steps = [(arrival, int(event_id), data) for arrival, kind, event_id, data in received if kind == "step"]  # type: ignore[arg-type]
+    steps: list[tuple[float, int, Any]] = []
+    for arrival, kind, event_id, data in received:
+        if kind == "step":
+            assert event_id is not None, "a step event's id is its step"
+            steps.append((arrival, int(event_id), data))
     assert [step for _, step, _ in steps] == list(range(1, 121))
     assert all(data["step"] == step for _, step, data in steps)
     assert received[-1][3]["eval"] is not None and "eval" in kinds

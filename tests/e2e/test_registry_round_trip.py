@@ -46,7 +46,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             "database_url": request.getfixturevalue("postgres_url"),
             "broker_url": request.getfixturevalue("redis_url"),
         }
-    yield from make_stack(tmp_path_factory.mktemp(f"registry-{request.param}"), **services)
+    yield from make_stack(tmp_path_factory.mktemp(f"registry-{request.param}"), 1, **services)
 
 
 def _spec(name: str, model_id: str, dataset_id: str, **fields: Any) -> dict[str, Any]:

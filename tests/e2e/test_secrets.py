@@ -129,8 +129,8 @@ def test_no_canary_leaks_anywhere(canary_stack: Stack) -> None:
 
     stack.stop()  # shutdown logs too
     scanned = 0
-    for path in sorted(p for p in stack.data_dir.rglob("*") if p.is_file()):
-        _assert_clean(str(path), path.read_bytes().decode("utf-8", errors="replace"))
+    for file in sorted(p for p in stack.data_dir.rglob("*") if p.is_file()):
+        _assert_clean(str(file), file.read_bytes().decode("utf-8", errors="replace"))
         scanned += 1
     names = {p.name for p in stack.data_dir.rglob("*") if p.is_file()}
     assert {"worker.log", "api.log", "spec.json", "launcher.log", "rank-0.log"} <= names, names

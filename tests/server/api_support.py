@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from anyio.from_thread import BlockingPortal
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.applications import Starlette
+from starlette.datastructures import State
+from starlette.testclient import TestClient
+from starlette.types import ASGIApp
 
 from halfcast.core.db.engine import make_engine, make_session_factory
 from halfcast.core.db.models import Job, StepRow
@@ -43,6 +48,25 @@ class FakeQueue:
         if self.error is not None:
             raise self.error
         self.sent.append(job_id)
+
+
+def app_state(app: ASGIApp) -> State:
+    """``app.state`` of the FastAPI app a ``TestClient`` or ``LiveServer`` serves (typed there as any ASGI app)."""
+    assert isinstance(app, Starlette), app
+    return app.state
+
+
+def record_step(record: Mapping[str, object]) -> int:
+    """The ``step`` of a step record as the API returns it."""
+    step = record["step"]
+    assert isinstance(step, int), record
+    return step
+
+
+def portal(client: TestClient) -> BlockingPortal:
+    """The portal into the event loop of an entered ``client`` (``with client:``; None before)."""
+    assert client.portal is not None, "the client is not entered"
+    return client.portal
 
 
 #: Engines :func:`make_token` keeps open, by URL (the last few: each SQLite test database is a file of its own).

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from halfcast.core.db.models import Job, StepRow, utcnow
+from server.streams.stats import StreamStats
 
 
 def sqlite_copy(data_dir: Path, template: Path) -> str:
@@ -93,6 +94,11 @@ class Event:
     data: Any
     id: str | None
 
+    def step(self) -> int:
+        """The step a ``step`` event carries as its id."""
+        assert self.event == "step" and self.id is not None, self
+        return int(self.id)
+
 
 def iter_events(lines: Iterator[str]) -> Iterator[Event]:
     """Parse SSE lines (as from ``httpx.Response.iter_lines``) into events; comments and ``retry`` are skipped."""
@@ -153,3 +159,15 @@ def set_status(sessions: sessionmaker[Session], job_id: str, status: str, **valu
     with sessions() as session:
         session.execute(update(Job).where(Job.id == job_id).values(status=status, updated_at=utcnow(), **values))
         session.commit()
+
+
+def closed_streams(stats: StreamStats, count: int) -> Callable[[], bool]:
+    """For :func:`wait_until`: whether ``stats`` has recorded ``count`` closed streams."""
+    return lambda: len(stats.closed) == count
+
+
+def last_closed_after(stats: StreamStats, since: float) -> float:
+    """Seconds from ``since`` (a ``time.monotonic()``) to when the last stream ``stats`` recorded closed."""
+    closed_at = stats.closed[-1].closed_at
+    assert closed_at is not None, "a stream is recorded closed with its time"
+    return closed_at - since

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from api_support import BASE_TIME, insert_job, make_token
+from api_support import BASE_TIME, app_state, insert_job, make_token
 from fastapi.testclient import TestClient
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -220,7 +220,7 @@ def test_a_value_marshal_cannot_write_still_gets_a_tag() -> None:
 
 def test_same_tag_same_bytes_and_a_kept_body_per_state(client: TestClient, sessions: sessionmaker[Session]) -> None:
     job_id = insert_job(sessions, status="running", latest={"step": 3, "loss": 0.3})
-    bodies = client.app.state.rendered_bodies  # type: ignore[attr-defined]
+    bodies = app_state(client.app).rendered_bodies
     first = client.get(f"/jobs/{job_id}")
     assert client.get(f"/jobs/{job_id}").content == first.content and len(bodies) == 1  # rendered once, kept
     _job(sessions, job_id, step=4, latest={"step": 4, "loss": 0.25})

@@ -181,7 +181,9 @@ def _body_routes(app: FastAPI) -> list[tuple[str, str, bool]]:
     for context in _route_contexts(app):
         route = getattr(context, "original_route", context)
         if isinstance(route, APIRoute) and route.body_field is not None:
-            found += [(method, context.path, isinstance(route, StrictJSONRoute)) for method in sorted(route.methods)]
+            found += [
+                (method, context.path, isinstance(route, StrictJSONRoute)) for method in sorted(route.methods or ())
+            ]
     return found
 
 
@@ -234,7 +236,7 @@ def test_a_422_holding_a_nonfinite_float_renders_it_as_a_string() -> None:
 
 def test_ascii_json_response_writes_nonfinite_floats_as_their_names() -> None:
     body = AsciiJSONResponse({"a": [float("nan"), float("inf"), -float("inf"), 1.5], "b": "\ud800"}).body
-    assert loads_strict(body) == {"a": ["NaN", "Infinity", "-Infinity", 1.5], "b": "\ud800"}
+    assert loads_strict(bytes(body)) == {"a": ["NaN", "Infinity", "-Infinity", 1.5], "b": "\ud800"}
 
 
 # ----------------------------------------------------------------------------- ids, cursors and step numbers
@@ -319,7 +321,12 @@ def test_the_error_declarations_wait_for_the_openapi_description(monkeypatch: py
     an app, 5 ms without; every API process and API test makes one): it happens once, with the description."""
     calls: list[FastAPI] = []
     declare = openapi_errors._add_error_responses
-    monkeypatch.setattr(openapi_errors, "_add_error_responses", lambda app: calls.append(app) or declare(app))
+
+    def counted(app: FastAPI) -> None:
+        calls.append(app)
+        declare(app)
+
+    monkeypatch.setattr(openapi_errors, "_add_error_responses", counted)
     app = create_app(Settings(data_dir=Path("/nonexistent"), broker_url=None))
     assert calls == []
     schema = app.openapi()

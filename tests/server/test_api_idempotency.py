@@ -62,7 +62,7 @@ def test_the_same_key_with_another_spec_is_422(
 
 @pytest.mark.parametrize("key", ["", "x" * 256, "has space", "naïve"])
 def test_a_malformed_key_is_422(client: TestClient, sessions: sessionmaker[Session], key: str) -> None:
-    response = client.post("/jobs", json=VALID_SPEC, headers={"Idempotency-Key": key.encode()})
+    response = client.post("/jobs", json=VALID_SPEC, headers={b"Idempotency-Key": key.encode()})
     assert response.status_code == 422, response.text
     assert response.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
     assert count_rows(sessions) == 0

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from api_support import VALID_SPEC, FakeQueue, count_rows, insert_job
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from halfcast.core.db.models import Job
@@ -256,7 +256,8 @@ def test_resource_reports_error_and_timestamps(client: TestClient, sessions: ses
     assert job["step"] == 7
     assert job["latest"]["loss_scale"] == 512.0
     assert job["created_at"].startswith("2030-01-01T00:00:00")
-    assert datetime.fromisoformat(job["created_at"]).utcoffset().total_seconds() == 0
+    offset = datetime.fromisoformat(job["created_at"]).utcoffset()
+    assert offset is not None and offset.total_seconds() == 0
 
 
 # ----------------------------------------------------------------------------- list
@@ -379,7 +380,8 @@ def test_cancel_live_job_asks_the_worker(client: TestClient, sessions: sessionma
     assert response.json()["status"] == "cancelling"
     assert response.json()["finished_at"] is None
     with sessions() as session:
-        assert session.get(Job, job_id).cancel_requested_at is not None  # type: ignore[union-attr]
+        job = session.get(Job, job_id)
+        assert job is not None and job.cancel_requested_at is not None
 
 
 def test_cancel_twice_while_cancelling_is_accepted(client: TestClient, sessions: sessionmaker[Session]) -> None:
@@ -411,9 +413,9 @@ def test_worker_claim_fails_after_a_queued_job_is_cancelled(
     client.post(f"/jobs/{job_id}/cancel")
 
     with sessions() as session:
-        claimed = session.execute(
-            update(Job).where(Job.id == job_id, Job.status == "queued").values(status="starting")
-        ).rowcount
+        result = session.execute(update(Job).where(Job.id == job_id, Job.status == "queued").values(status="starting"))
+        assert isinstance(result, CursorResult)  # an UPDATE's result counts its rows
+        claimed = result.rowcount
         session.commit()
 
     assert claimed == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from api_support import insert_job
 from fastapi.testclient import TestClient
@@ -70,9 +71,9 @@ def test_a_rank_that_wrote_nothing_yet_has_no_lines(client: TestClient, sessions
     assert client.get(f"/jobs/{job_id}/logs").json() == {"job_id": job_id, "attempt": 1, "rank": 0, "lines": []}
 
 
-def _error_loc(response: object) -> list[object]:
-    assert response.status_code == 422, response.text  # type: ignore[attr-defined]
-    return [error["loc"] for error in response.json()["detail"]]  # type: ignore[attr-defined]
+def _error_loc(response: Any) -> list[object]:  # a TestClient response
+    assert response.status_code == 422, response.text
+    return [error["loc"] for error in response.json()["detail"]]
 
 
 def test_bad_parameters_are_422_naming_them(

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from api_support import FakeQueue, insert_job
+from api_support import FakeQueue, app_state, insert_job, portal
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Message, Receive, Scope, Send
@@ -48,16 +48,16 @@ def _assert_busy(response: Any, words: str) -> None:
 @contextmanager
 def _every_connection_held(client: TestClient) -> Iterator[None]:
     """Hold the only connection of the app's engine and, on PostgreSQL, of the job resource's own pool."""
-    state = client.app.state  # type: ignore[attr-defined]
+    state = app_state(client.app)
     held = state.engine.connect()
     reads = state.job_reads
-    polls = client.portal.call(reads.pool.acquire) if isinstance(reads, AsyncJobReads) else None  # type: ignore[union-attr]  # entered client
+    polls = portal(client).call(reads.pool.acquire) if isinstance(reads, AsyncJobReads) else None
     try:
         yield
     finally:
         held.close()
         if polls is not None:
-            client.portal.call(reads.pool.release, polls)  # type: ignore[union-attr]  # entered client
+            portal(client).call(reads.pool.release, polls)
 
 
 def test_no_free_database_connection_is_503_not_a_hang(
@@ -81,7 +81,7 @@ def test_a_full_admission_line_is_503_but_probes_and_cancels_get_through(
     no_line: TestClient, sessions: sessionmaker[Session]
 ) -> None:
     job_id = insert_job(sessions)
-    limiter: Limiter = no_line.app.state.limiter  # type: ignore[attr-defined]
+    limiter: Limiter = app_state(no_line.app).limiter
     limiter.active = limiter.max_active  # every place taken, as by requests in flight
     try:
         _assert_busy(no_line.get(f"/jobs/{job_id}"), "HALFCAST_API_MAX_QUEUE")
@@ -100,7 +100,7 @@ def test_a_request_that_waits_too_long_for_admission_is_503(
 ) -> None:
     job_id = insert_job(sessions)
     with _client(settings, fake_queue, auth_headers, api_max_concurrency=1, api_queue_timeout_s=0.1) as client:
-        limiter: Limiter = client.app.state.limiter  # type: ignore[attr-defined]
+        limiter: Limiter = app_state(client.app).limiter
         limiter.active = 1
         try:
             _assert_busy(client.get(f"/jobs/{job_id}"), "HALFCAST_API_QUEUE_TIMEOUT_S")

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from api_support import VALID_SPEC
+from api_support import VALID_SPEC, record_step
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
@@ -65,7 +65,7 @@ def _stream(snapshots: list[Snapshot]) -> tuple[list[tuple[str, str | None]], li
     async def poll(_job_id: str, after: int, _known: str | None) -> Snapshot:
         polls.append(after)
         snap = snapshots[min(len(polls), len(snapshots)) - 1]
-        records = [r for r in snap.records if r["step"] > after]
+        records = [r for r in snap.records if record_step(r) > after]
         return Snapshot(snap.status, snap.step, None, snap.job, records, snap.has_cursor_record, snap.switches)
 
     async def collect() -> str:

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 import pytest
-from api_support import VALID_SPEC, FakeQueue, count_rows
+from api_support import VALID_SPEC, FakeQueue, app_state, count_rows
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -77,7 +77,7 @@ def test_other_failed_jobs_are_only_shown(
 def test_the_requeue_counts_against_the_quota(
     client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]
 ) -> None:
-    client.app.state.settings.quota_max_queued_jobs = 1  # type: ignore[attr-defined]
+    app_state(client.app).settings.quota_max_queued_jobs = 1
     job = refused(client, fake_queue)
     fake_queue.error = None
     assert client.post("/jobs", json=VALID_SPEC, headers={"Idempotency-Key": "order-2"}).status_code == 201
@@ -93,7 +93,7 @@ def test_racing_replays_send_the_job_once(
     client: TestClient, fake_queue: FakeQueue, sessions: sessionmaker[Session]
 ) -> None:
     """Even at a quota of one queued job, the replays that lose the race see the requeued job (200), not a 429."""
-    client.app.state.settings.quota_max_queued_jobs = 1  # type: ignore[attr-defined]
+    app_state(client.app).settings.quota_max_queued_jobs = 1
     job = refused(client, fake_queue)
     fake_queue.error = None
     barrier = threading.Barrier(6)

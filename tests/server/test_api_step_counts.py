@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from api_support import insert_job, insert_steps
+from api_support import app_state, insert_job, insert_steps
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -94,7 +94,7 @@ def test_an_early_stop_shows_on_the_resource_and_final_pt_holds_its_step(
     job = client.get(f"/jobs/{claim.job_id}").json()
     assert job["stopped_early"] == {"step": 30, "metric": "loss", "best_step": 20, "best_value": 0.5}
     assert job["exported_step"] == 20
-    runs_dir = client.app.state.settings.runs_dir  # type: ignore[attr-defined]
+    runs_dir = app_state(client.app).settings.runs_dir
     final = runs_dir / claim.job_id / "attempt-1" / "checkpoints" / "final.pt"
     final.parent.mkdir(parents=True)
     final.write_bytes(b"x")

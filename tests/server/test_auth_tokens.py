@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from server.cli.bootstrap import ensure_first_token
 
 
 @pytest.fixture
-def app_client(settings: Settings) -> TestClient:
+def app_client(settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings, FakeQueue())) as client:
         yield client
 

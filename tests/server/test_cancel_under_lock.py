@@ -40,7 +40,7 @@ def test_a_cancel_behind_a_locked_row_is_recorded_and_answered_at_once(
     with sessions() as session:
         assert session.scalars(select(CancelRequest.job_id)).all() == [job_id]
         actions = session.execute(select(AuditEvent.action, AuditEvent.details)).all()
-    assert [(action, details.get("pending")) for action, details in actions if action == "job.cancel"] == [
+    assert [(action, (details or {}).get("pending")) for action, details in actions if action == "job.cancel"] == [
         ("job.cancel", True)
     ]
     assert client.post(f"/jobs/{job_id}/cancel").json()["status"] == "cancelling"  # the row is free again

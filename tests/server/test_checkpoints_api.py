@@ -8,6 +8,7 @@ temporary names of a checkpoint being written next to them.
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -196,12 +197,12 @@ def test_listing_skips_a_file_removed_while_listing(
     real_stat = Path.stat
     seen: list[Path] = []
 
-    def stat(self: Path, *args: object, **kwargs: object) -> object:
+    def stat(self: Path, *, follow_symlinks: bool = True) -> os.stat_result:
         if self == doomed:
             seen.append(self)
             if len(seen) > 1:  # there when the folder was read and checked, gone at the stat that describes it
                 raise FileNotFoundError(errno.ENOENT, "gone", str(self))
-        return real_stat(self, *args, **kwargs)  # type: ignore[arg-type]
+        return real_stat(self, follow_symlinks=follow_symlinks)
 
     monkeypatch.setattr(Path, "stat", stat)
     listed = [(c.attempt, c.name) for c in list_checkpoints(settings.runs_dir, job_id, 50)]

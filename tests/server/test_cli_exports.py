@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from halfcast.cli import main
 from halfcast.client import HalfcastClient, HalfcastError, NotFound, ServerUnavailable
 from halfcast.core.settings import Settings
+from halfcast.files.export_files import Export
 
 ADAPTER = {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": bytes(range(256)) * 4096}  # 1 MiB
 MODEL = {"config.json": b"{}", "model.safetensors": b"\x07" * 3000, "tokenizer/vocab.json": b'{"a": 1}'}
@@ -154,8 +155,8 @@ def test_a_file_shrinking_mid_stream_drops_the_connection_and_leaves_nothing(
     real = route.stream_archive
     weights = settings.runs_dir / job_id / "attempt-2" / "export" / "adapter" / "adapter_model.safetensors"
 
-    def shrinking(export: object) -> Iterator[bytes]:
-        chunks = real(export)  # type: ignore[arg-type]
+    def shrinking(export: Export) -> Iterator[bytes]:
+        chunks = real(export)
         yield next(chunks)  # the first header
         os.truncate(weights, 1000)
         yield from chunks

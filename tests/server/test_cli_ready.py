@@ -29,13 +29,21 @@ def test_the_message_gives_the_url_and_the_line_to_export() -> None:
     assert lines[1].strip() == "export HALFCAST_URL=http://127.0.0.1:8123"
 
 
+class CountingServer(ThreadingHTTPServer):
+    """Counts the requests it has had; :class:`ReadyAfter` answers 503 to the first ``not_ready`` of them."""
+
+    requests = 0
+    not_ready = 0
+
+
 class ReadyAfter(BaseHTTPRequestHandler):
     """``/readyz`` answers 503 to the first ``server.not_ready`` requests, then 200."""
 
     def do_GET(self) -> None:  # http.server calls it by this name
         server = self.server
-        server.requests += 1  # type: ignore[attr-defined]
-        ready = self.path == "/readyz" and server.requests > server.not_ready  # type: ignore[attr-defined]
+        assert isinstance(server, CountingServer)
+        server.requests += 1
+        ready = self.path == "/readyz" and server.requests > server.not_ready
         self.send_response(200 if ready else 503)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -45,10 +53,10 @@ class ReadyAfter(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def api() -> Iterator[ThreadingHTTPServer]:
+def api() -> Iterator[CountingServer]:
     """A stand-in API on a free loopback port, ready from its third request on."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ReadyAfter)
-    server.requests, server.not_ready = 0, 2  # type: ignore[attr-defined]
+    server = CountingServer(("127.0.0.1", 0), ReadyAfter)
+    server.requests, server.not_ready = 0, 2
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -57,12 +65,14 @@ def api() -> Iterator[ThreadingHTTPServer]:
 
 
 def url_of(server: ThreadingHTTPServer) -> str:
-    return client_url(*server.server_address[:2])  # type: ignore[arg-type]
+    host, port = server.server_address[:2]
+    assert isinstance(host, str)
+    return client_url(host, port)
 
 
-def test_waits_through_not_ready_answers(api: ThreadingHTTPServer) -> None:
+def test_waits_through_not_ready_answers(api: CountingServer) -> None:
     assert wait_until_ready(url_of(api), threading.Event(), wait_s=10)
-    assert api.requests == 3  # type: ignore[attr-defined]
+    assert api.requests == 3
 
 
 def test_gives_up_on_an_api_that_never_listens() -> None:

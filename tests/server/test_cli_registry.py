@@ -94,7 +94,7 @@ def test_the_client_streams_uploads_and_reports_progress(url: str, admin_token: 
         dataset = client.upload_dataset(path, "text", progress=lambda sent, total: seen.append((sent, total)))
         assert [d.id for d in client.datasets()] == [dataset.id]
         model = client.upload_model(
-            write_model_dir(tmp_path / "m", model_files(**{"big.safetensors": safetensors_bytes(MIN_BYTES)}))
+            write_model_dir(tmp_path / "m", model_files(None, **{"big.safetensors": safetensors_bytes(MIN_BYTES)}))
         )
         assert client.model(model.id).files == 4
         with pytest.raises(ValidationFailed) as caught:

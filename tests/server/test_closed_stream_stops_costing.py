@@ -17,7 +17,16 @@ import time
 import httpx
 import pytest
 from api_support import FakeQueue, insert_job
-from live_server import AsgiSpec24, LiveServer, add_steps, iter_events, step_record, wait_until
+from live_server import (
+    AsgiSpec24,
+    LiveServer,
+    add_steps,
+    closed_streams,
+    iter_events,
+    last_closed_after,
+    step_record,
+    wait_until,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
 from halfcast.core.settings import Settings
@@ -66,8 +75,8 @@ def test_closed_streams_stop_within_two_seconds_and_stop_reading(
                 disconnected_at = time.monotonic()
                 assert received[0].event == "status" and received[0].data["status"] == "running"
                 assert received[1].event == "step"
-                assert wait_until(lambda n=n: len(stats.closed) == n + 1, END_WITHIN_S + 3), f"stream {n} still open"
-                end_delays.append(stats.closed[-1].closed_at - disconnected_at)  # type: ignore[operator]
+                assert wait_until(closed_streams(stats, n + 1), END_WITHIN_S + 3), f"stream {n} still open"
+                end_delays.append(last_closed_after(stats, disconnected_at))
             polls_after_close = stats.polls
             time.sleep(1.0)  # the job keeps writing; nobody listens
             assert stats.polls == polls_after_close, "closed streams still read the database"

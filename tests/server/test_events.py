@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from api_support import FakeQueue, insert_job, insert_steps
+from api_support import FakeQueue, app_state, insert_job, insert_steps, record_step
 from fastapi.testclient import TestClient
 from live_server import (
     LiveServer,
@@ -64,7 +64,7 @@ def _run(
                 snapshot.step,
                 snapshot.eval,
                 None,
-                [r for r in snapshot.records if r["step"] > after],
+                [r for r in snapshot.records if record_step(r) > after],
                 snapshot.has_cursor_record,
             )
         return snapshot
@@ -159,7 +159,7 @@ def test_a_rewind_is_announced_and_the_redone_steps_follow() -> None:
 def test_unknown_job_is_404_and_a_bad_last_event_id_422(client: TestClient) -> None:
     response = client.get("/jobs/nope/events")
     assert response.status_code == 404 and response.json()["job_id"] == "nope"
-    job_id = insert_job(client.app.state.session_factory, status="succeeded")  # type: ignore[attr-defined]
+    job_id = insert_job(app_state(client.app).session_factory, status="succeeded")
     response = client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": "x"})
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["header", "Last-Event-ID"]
 

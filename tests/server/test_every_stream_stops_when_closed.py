@@ -34,7 +34,9 @@ from live_server import (
     Event,
     LiveServer,
     add_steps,
+    closed_streams,
     iter_events,
+    last_closed_after,
     set_status,
     step_record,
     wait_until,
@@ -110,8 +112,8 @@ def test_disconnect_before_the_first_event_ends_the_stream(
                 assert response.status_code == 200
                 assert wait_until(lambda: stats.active == 1, 5), "the stream never started"
             gone_at = time.monotonic()
-            assert wait_until(lambda n=n: len(stats.closed) == n + 1, END_WITHIN_S + 3), f"stream {n} still open"
-            delays.append(stats.closed[-1].closed_at - gone_at)  # type: ignore[operator]
+            assert wait_until(closed_streams(stats, n + 1), END_WITHIN_S + 3), f"stream {n} still open"
+            delays.append(last_closed_after(stats, gone_at))
         polls = stats.polls
         time.sleep(0.5)
         assert stats.polls == polls, "closed streams still poll"
@@ -163,7 +165,7 @@ def test_a_job_that_ends_while_streamed_ends_its_stream(
     assert events and _is_final(kind, events[-1]), events[-3:]
     assert sum(_is_final(kind, e) for e in events) == 1
     if kind == "events":
-        assert [int(e.id) for e in events if e.event == "step"] == list(range(1, 11))
+        assert [e.step() for e in events if e.event == "step"] == list(range(1, 11))
     else:
         assert [line for e in events if e.event == "lines" for line in e.data["lines"]] == [
             f"line {n}" for n in range(1, 11)

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,14 @@ def job_id(settings: Settings, sessions: sessionmaker[Session]) -> str:
 def _untar(body: bytes) -> list[tuple[tarfile.TarInfo, bytes]]:
     """Every member of the archive ``body`` with its bytes."""
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:") as archive:
-        return [(m, archive.extractfile(m).read()) for m in archive.getmembers()]  # type: ignore[union-attr]
+        return [(m, _member_bytes(archive, m)) for m in archive.getmembers()]
+
+
+def _member_bytes(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    """A member's content (``extractfile`` gives None only for what is not a regular file or a link)."""
+    file = archive.extractfile(member)
+    assert file is not None, member.name
+    return file.read()
 
 
 def test_the_list_holds_each_kind_from_the_newest_attempt_that_has_it(client: TestClient, job_id: str) -> None:
@@ -336,13 +344,13 @@ def _replace_by_link(path: Path) -> None:
     ids=["shrinks", "grows", "vanishes", "becomes-a-link"],
 )  # fmt: skip  # a case table, laid out by hand
 def test_a_file_that_changes_before_it_is_sent_aborts_the_archive(
-    job_id: str, settings: Settings, caplog: pytest.LogCaptureFixture, change: object, message: str
+    job_id: str, settings: Settings, caplog: pytest.LogCaptureFixture, change: Callable[[Path], object], message: str
 ) -> None:
     export = find_export(settings.runs_dir, job_id, ExportKind.MODEL)
     assert export is not None
     chunks = stream_archive(export)
     sent = next(chunks) + next(chunks)  # the first header and file
-    change(export.path / "model-00002-of-00002.safetensors")  # type: ignore[operator]
+    change(export.path / "model-00002-of-00002.safetensors")
     with pytest.raises(ExportChanged, match=message), caplog.at_level(logging.ERROR):
         for chunk in chunks:
             sent += chunk

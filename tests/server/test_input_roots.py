@@ -67,7 +67,8 @@ def test_a_path_under_none_of_the_visible_roots_is_refused_and_one_under_a_root_
     client: TestClient, sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:
     models, data = tmp_path / "models", tmp_path / "data"
-    models.mkdir(), data.mkdir()
+    models.mkdir()
+    data.mkdir()
     _worker(sessions, "host", [str(models)], [str(data)])
     assert _errors(client, JSONL) == [
         (MODEL_PATH, "'llama' is under none of the workers' model roots (HALFCAST_MODEL_ROOTS)"),
@@ -123,7 +124,8 @@ def test_a_chat_dataset_on_a_tokenizer_without_a_chat_template_is_refused_at_its
 ) -> None:
     """Issue 25 item 12: it was accepted, then failed spec_invalid at run time."""
     models, data = tmp_path / "models", tmp_path / "data"
-    (models / "llama").mkdir(parents=True), data.mkdir()
+    (models / "llama").mkdir(parents=True)
+    data.mkdir()
     (data / "chat.jsonl").write_text("{}\n")
     for name, text in files.items():
         (models / "llama" / name).write_text(text)

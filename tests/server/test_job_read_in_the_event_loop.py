@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
-from api_support import BASE_TIME, FakeQueue, insert_job, make_token
+from api_support import BASE_TIME, FakeQueue, app_state, insert_job, make_token, portal
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -241,7 +241,7 @@ def test_an_unreachable_database_is_503_on_the_poll_as_on_the_other_routes(tmp_p
         data_dir=tmp_path, database_url="postgresql+psycopg://postgres@127.0.0.1:1/nowhere", broker_url=None
     )
     with TestClient(create_app(settings, FakeQueue()), headers={"Authorization": "Bearer hc_x"}) as client:
-        assert isinstance(client.app.state.job_reads, AsyncJobReads)  # type: ignore[attr-defined]  # started app
+        assert isinstance(app_state(client.app).job_reads, AsyncJobReads)
         poll, listing = client.get(f"/jobs/{uuid.uuid4()}"), client.get("/jobs")
     assert poll.status_code == listing.status_code == 503
     assert poll.json() == listing.json() == {"detail": "database unavailable"}
@@ -266,11 +266,11 @@ def test_on_sqlite_the_poll_reads_in_a_worker_thread(
         pytest.skip("the SQLite path")
     job_id = insert_job(sessions)
     with TestClient(create_app(settings, FakeQueue()), headers=auth_headers) as client:
-        state = client.app.state  # type: ignore[attr-defined]  # started app
+        state = app_state(client.app)
         assert isinstance(state.job_reads, ThreadedJobReads) and state.job_reads.engine is state.engine
         threads: list[int] = []
         event.listen(state.engine, "before_cursor_execute", lambda *_: threads.append(threading.get_ident()))
-        loop_thread = client.portal.call(threading.get_ident)  # type: ignore[union-attr]  # entered client
+        loop_thread = portal(client).call(threading.get_ident)
         assert client.get(f"/jobs/{job_id}").status_code == 200
     assert threads and loop_thread not in threads
 
@@ -284,7 +284,7 @@ def test_on_postgres_the_poll_runs_no_statement_on_the_engine(
     settings = Settings(data_dir=tmp_path, database_url=migrated_postgres_url, broker_url=None)
     with TestClient(create_app(settings, FakeQueue()), headers={"Authorization": f"Bearer {token}"}) as client:
         statements: list[str] = []
-        event.listen(client.app.state.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))  # type: ignore[attr-defined]  # started app
+        event.listen(app_state(client.app).engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
         for _ in range(3):
             assert client.get(f"/jobs/{job_id}").status_code == 200
     assert statements == []

@@ -18,12 +18,15 @@ from live_server import (
     AsgiSpec24,
     Event,
     LiveServer,
+    closed_streams,
     iter_events,
+    last_closed_after,
     set_status,
     sqlite_copy,
     wait_until,
 )
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp
 
 from halfcast.contracts.rundir import JobRuns
 from halfcast.core.settings import Settings
@@ -40,7 +43,7 @@ def database_url(data_dir: Path, sqlite_template: Path) -> str:
     return sqlite_copy(data_dir, sqlite_template)
 
 
-def _app_and_stats(settings: Settings, spec_24: bool = False) -> tuple[object, StreamStats]:
+def _app_and_stats(settings: Settings, spec_24: bool = False) -> tuple[ASGIApp, StreamStats]:
     settings.auth = False  # a stream test; authentication is tests/server/test_auth_routes.py's
     app = create_app(settings, FakeQueue())
     stats = app.state.log_streams = StreamStats(EventStreamSettings(poll_interval_s=0.05))
@@ -61,7 +64,7 @@ def _append(settings: Settings, job_id: str, attempt: int, text: str, rank: int 
         handle.write(text)
 
 
-def _follow(url: str, events: list[Event], params: dict[str, object] | None = None) -> threading.Thread:
+def _follow(url: str, events: list[Event], params: dict[str, int] | None = None) -> threading.Thread:
     """Read the whole stream in a thread, appending each event to ``events`` as it arrives."""
 
     def read() -> None:
@@ -180,8 +183,8 @@ def test_a_closed_follow_stream_stops_within_two_seconds_and_stops_polling(
                     assert next(events).event == "attempt" and next(events).event == "lines"
                     assert stats.active == 1
                 closed_at = time.monotonic()
-                assert wait_until(lambda n=n: len(stats.closed) == n + 1, END_WITHIN_S + 3), f"stream {n} still open"
-                delays.append(stats.closed[-1].closed_at - closed_at)  # type: ignore[operator]
+                assert wait_until(closed_streams(stats, n + 1), END_WITHIN_S + 3), f"stream {n} still open"
+                delays.append(last_closed_after(stats, closed_at))
             polls = stats.polls
             time.sleep(0.5)
             assert stats.polls == polls, "closed streams still poll"

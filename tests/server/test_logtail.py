@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,7 @@ def test_tail_reads_at_most_max_bytes(tmp_path: Path, monkeypatch: pytest.Monkey
     reads: list[int] = []
     real_open = Path.open
 
-    def counting_open(self: Path, *args: object, **kwargs: object):
+    def counting_open(self: Path, *args: Any, **kwargs: Any) -> Any:  # Path.open, any of its overloads
         handle = real_open(self, *args, **kwargs)
         real_read = handle.read
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from api_support import insert_job, make_token
 from sqlalchemy import Engine, event, text
+from sqlalchemy.engine.interfaces import DBAPIConnection
 
 from halfcast.core.db.engine import make_engine, make_session_factory
 from halfcast.core.db.job_reads import read_job
@@ -48,11 +49,11 @@ def _pings(engine: Engine) -> list[int]:
     dialect = engine.dialect
     original = dialect.do_ping
 
-    def counted(dbapi_connection: object) -> bool:
+    def counted(dbapi_connection: DBAPIConnection) -> bool:
         pings.append(1)
         return bool(original(dbapi_connection))
 
-    dialect.do_ping = counted  # type: ignore[method-assign]
+    dialect.do_ping = counted  # type: ignore[method-assign]  # counts this engine's pings; no monkeypatch here
     return pings
 
 

@@ -86,7 +86,7 @@ def test_an_owner_at_quota_is_refused_before_a_byte_is_read(
 ) -> None:
     _fill_quota(limited)
     app_read.clear()
-    body = CountedBody(model_tar(model_files(**{"big.safetensors": b"\0" * 3_000_000})))
+    body = CountedBody(model_tar(model_files(None, **{"big.safetensors": b"\0" * 3_000_000})))
     params: dict[str, Any] = {"format": "text"} if route == "/datasets" else {}
     answer = limited.post(route, params=params, content=body, headers=TAR if route == "/models" else JSONL)
     assert answer.status_code == 429, answer.text
@@ -154,7 +154,7 @@ def test_a_model_archive_is_never_read_or_extracted_past_the_quota(
     monkeypatch.setattr(tarfile.TarFile, "extractall", spy)
     # files of 250 kB in a small archive: read in full (within the tar allowance), refused before extraction
     over = limited.post(
-        "/models", content=CountedBody(model_tar(model_files(**{"w2.safetensors": b"\0" * 250_000}))), headers=TAR
+        "/models", content=CountedBody(model_tar(model_files(None, **{"w2.safetensors": b"\0" * 250_000}))), headers=TAR
     )
     assert over.status_code == 429, over.text
     assert extracted == []

@@ -52,9 +52,8 @@ def test_set_changes_only_the_limits_given_and_is_audited(
     )
     assert second[2] is not None and second[2]["set"] == {"max_queued_jobs": None, "max_active_jobs": 3}
     with sessions() as session:
-        assert (
-            session.scalars(select(AuditEvent.actor).where(AuditEvent.action == "quota.set")).first().startswith("cli:")
-        )
+        actor = session.scalars(select(AuditEvent.actor).where(AuditEvent.action == "quota.set")).first()
+        assert actor is not None and actor.startswith("cli:")
 
 
 @pytest.mark.parametrize("argv", [["quotas", "set", "alice"], ["quotas", "set", " ", "--max-gpus", "1"]])

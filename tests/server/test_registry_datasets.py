@@ -257,7 +257,9 @@ def test_a_job_spec_names_a_registered_dataset_and_is_stored_as_sent(
     assert answer.status_code == 201, answer.text
     with sessions() as session:
         stored = session.scalars(select(Job.spec)).one()
-    config = stored["dataset"]["config"]
+    stored_dataset = stored["dataset"]
+    assert isinstance(stored_dataset, dict)
+    config = stored_dataset["config"]
     assert (config["dataset_id"], config["format"], config["sha256"], config["path"]) == (
         dataset["id"],
         None,

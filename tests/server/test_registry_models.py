@@ -60,7 +60,7 @@ def alice(database_url: str, settings: Settings, fake_queue: FakeQueue) -> Itera
 def test_a_model_tar_is_checked_extracted_and_registered(
     client: TestClient, settings: Settings, sessions: sessionmaker[Session], prefix: str
 ) -> None:
-    files = model_files(**{"sub__vocab.txt": b"a\nb\n"})
+    files = model_files(None, **{"sub__vocab.txt": b"a\nb\n"})
     answer = upload(client, model_tar(files, prefix.rstrip("/") if prefix != "./" else "."), name="tiny")
     assert answer.status_code == 201, answer.text
     model = answer.json()
@@ -115,14 +115,14 @@ REFUSED = {
     "two-tops": (tar_of([Entry("a/config.json", b"{}"), Entry("b/model.safetensors", b"x")]), "config.json"),
     # issue 24 item 8: weights are what they claim (the header parsed at upload, no tensor loaded)
     "renamed-pickle": (
-        _refused(files=model_files(**{"model.safetensors": b"\x80\x04\x95" + b"pickled" * 20})),
+        _refused(files=model_files(None, **{"model.safetensors": b"\x80\x04\x95" + b"pickled" * 20})),
         "model.safetensors",
     ),
     "truncated-weights": (
-        _refused(files=model_files(**{"model.safetensors": safetensors_bytes()[:-1]})),
+        _refused(files=model_files(None, **{"model.safetensors": safetensors_bytes()[:-1]})),
         "tensors span",
     ),
-    "bad-nested-weights": (_refused(files=model_files(**{"sub__extra__w.safetensors": b"\0" * 12})), "sub/extra"),
+    "bad-nested-weights": (_refused(files=model_files(None, **{"sub__extra__w.safetensors": b"\0" * 12})), "sub/extra"),
     "not-a-tar": (b"this is not a tar archive" * 40, "tar"),
     "gzip": (b"\x1f\x8b\x08\x00" + b"\0" * 600, "tar"),
 }

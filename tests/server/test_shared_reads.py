@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 from server.streams.events import database_poller
 from server.streams.shared_reads import SharedReads, StreamReads, next_tick_delay
@@ -41,7 +42,7 @@ def test_callers_asking_the_same_key_at_once_share_one_read() -> None:
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             for n in range(20):
-                tg.start_soon(lambda n=n: _get(n))
+                tg.start_soon(_get, n)
 
     async def _get(n: int) -> None:
         results.append(await shared.get(("job", 3), _slow_read(reads, f"read by {n}")))
@@ -188,8 +189,9 @@ def test_a_streams_poller_never_goes_back_to_a_read_older_than_its_last(monkeypa
     shared: SharedReads[object] = SharedReads(fresh_s=10, clock=clock)
     versions = iter(range(1, 10))
     monkeypatch.setattr("server.streams.events.read_snapshot", lambda *_: f"v{next(versions)}")
-    stream_a = database_poller(None, 500, shared)  # type: ignore[arg-type]  # read_snapshot is replaced
-    stream_b = database_poller(None, 500, shared)  # type: ignore[arg-type]
+    never_opened: sessionmaker[Session] = sessionmaker()  # read_snapshot is replaced
+    stream_a = database_poller(never_opened, 500, shared)
+    stream_b = database_poller(never_opened, 500, shared)
 
     async def main() -> list[object]:
         a = await stream_a("job", 10, "running")

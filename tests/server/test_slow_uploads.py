@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from api_support import FakeQueue, insert_job, make_token
+from api_support import FakeQueue, app_state, insert_job, make_token
 from live_server import LiveServer
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -66,7 +66,7 @@ class SlowUpload:
 
 def _wait_in_flight(server: LiveServer, owner: str, count: int, timeout_s: float = 30.0) -> None:
     """Wait until the app's upload gate holds ``count`` uploads of ``owner``."""
-    gate = server.app.state.upload_gate  # type: ignore[attr-defined]  # the FastAPI app LiveServer serves
+    gate = app_state(server.app).upload_gate
     deadline = time.monotonic() + timeout_s
     while gate.in_flight[owner] < count:
         assert time.monotonic() < deadline, f"{owner} has {gate.in_flight[owner]} uploads in flight, not {count}"

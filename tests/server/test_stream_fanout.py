@@ -49,7 +49,7 @@ class _Viewer:
                 for ev in iter_events(response.iter_lines()):
                     self.last = ev.event
                     if ev.event == "step":
-                        self.steps.append(int(ev.id))
+                        self.steps.append(ev.step())
                     elif ev.event == "lines":
                         self.lines += ev.data["lines"]
         except Exception as exc:  # noqa: BLE001  # reported by the test

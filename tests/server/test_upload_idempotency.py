@@ -35,7 +35,7 @@ def _model(client: TestClient, body: bytes | None = None, key: str | None = "k-1
 
 UPLOADS = {
     "dataset": (_dataset, ROWS, OTHER_ROWS),
-    "model": (_model, model_tar(), model_tar(model_files(**{"x.txt": b"x"}))),
+    "model": (_model, model_tar(), model_tar(model_files(None, **{"x.txt": b"x"}))),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from trainer_support import grad_of
 
 from halfcast.contracts.spec import JobSpec
 from trainer.numerics.precision import build_precision
@@ -33,7 +34,7 @@ def _accumulate(precision: str) -> nn.Linear:
 def test_bf16_accumulated_gradient_keeps_small_contributions() -> None:
     """C15."""
     layer = _accumulate("bf16")
-    grad = layer.weight.grad
+    grad = grad_of(layer.weight)
     assert grad.dtype == torch.float32
     assert abs(grad.item() - 1.064) < 1e-4  # a bf16 buffer would stay at 1.0
     reference = _accumulate("fp32")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import IO
 
 import pytest
 import torch
@@ -80,8 +81,8 @@ def test_a_failed_save_leaves_no_file(
     save_checkpoint(target, parts.training_state, step=1, counters={}, spec=tiny_mlp_spec())
     before = target.read_bytes()
 
-    def broken_save(obj: object, handle: object) -> None:
-        handle.write(b"partial")  # type: ignore[attr-defined]
+    def broken_save(obj: object, handle: IO[bytes]) -> None:
+        handle.write(b"partial")
         raise OSError("disk full")
 
     monkeypatch.setattr(checkpoint.torch, "save", broken_save)

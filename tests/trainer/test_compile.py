@@ -10,13 +10,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 from torch import nn
+from trainer_support import json_records
 
 from halfcast.contracts.spec import JobSpec
 from trainer.data.base import Batch
 from trainer.model_compile import warm_up
 from trainer.numerics.precision import PlainPrecision
 from trainer.parallel.distributed import DistContext
-from trainer.records import read_records
 from trainer.run.loop import train
 
 
@@ -29,7 +29,7 @@ def test_compiled_training_matches_eager_and_reports_its_compile_time(
     for compiled in (False, True):
         run_dir = tmp_path / str(compiled)
         train(tiny_mlp_spec(precision="fp16", max_grad_norm=1.0, compile=compiled), run_dir, cpu_ctx)
-        runs[compiled] = read_records(run_dir)
+        runs[compiled] = json_records(run_dir)
     eager, compiled_run = ([r["loss"] for r in runs[c] if r["type"] == "step"] for c in (False, True))
     assert len(eager) == 4 and compiled_run == pytest.approx(eager, rel=1e-5, abs=1e-6)
     [start_eager] = [r for r in runs[False] if r["type"] == "start"]

@@ -11,10 +11,18 @@ from pydantic import ValidationError
 
 from halfcast.contracts.catalog import DigitsDataset, SyntheticDataset, TextConfig, TextDataset
 from trainer.data import IGNORE_INDEX, Batch, Task, build_dataset
+from trainer.data.arrays import ArrayDataset
 from trainer.data.base import shard_indices, token_batch
 from trainer.data.sources import resolve_data_file
 from trainer.data.text import ByteTextDataset, build_text
 from trainer.errors import TrainerError
+
+
+def _arrays(spec: DigitsDataset | SyntheticDataset) -> ArrayDataset:
+    """The tensors ``spec`` builds (digits and synthetic data are arrays)."""
+    data = build_dataset(spec)
+    assert isinstance(data, ArrayDataset), type(data)
+    return data
 
 
 def _epoch(batches: list[Batch]) -> torch.Tensor:
@@ -22,7 +30,7 @@ def _epoch(batches: list[Batch]) -> torch.Tensor:
 
 
 def test_digits_shapes_dtypes_and_stratified_split() -> None:
-    data = build_dataset(DigitsDataset(name="digits", config={"test_fraction": 0.2, "split_seed": 0}))
+    data = _arrays(DigitsDataset(name="digits", config={"test_fraction": 0.2, "split_seed": 0}))
     assert data.info.task is Task.CLASSIFICATION
     assert (data.info.in_features, data.info.num_outputs) == (64, 10)
     assert data.train_x.shape == (1437, 64) and data.eval_x.shape == (360, 64)
@@ -34,27 +42,27 @@ def test_digits_shapes_dtypes_and_stratified_split() -> None:
 
 
 def test_digits_split_depends_on_split_seed_only() -> None:
-    a = build_dataset(DigitsDataset(name="digits", config={"split_seed": 1}))
-    b = build_dataset(DigitsDataset(name="digits", config={"split_seed": 1}))
-    c = build_dataset(DigitsDataset(name="digits", config={"split_seed": 2}))
+    a = _arrays(DigitsDataset(name="digits", config={"split_seed": 1}))
+    b = _arrays(DigitsDataset(name="digits", config={"split_seed": 1}))
+    c = _arrays(DigitsDataset(name="digits", config={"split_seed": 2}))
     assert torch.equal(a.eval_x, b.eval_x)
     assert not torch.equal(a.eval_x, c.eval_x)
 
 
 def test_synthetic_regression_and_classification() -> None:
     config = {"in_features": 8, "out_features": 3, "num_samples": 50}
-    reg = build_dataset(SyntheticDataset(name="synthetic", config=config))
+    reg = _arrays(SyntheticDataset(name="synthetic", config=config))
     assert reg.info.task is Task.REGRESSION and reg.info.num_outputs == 3
     assert reg.train_x.shape == (50, 8) and reg.train_y.shape == (50, 3) and reg.eval_x.shape == (10, 8)
     assert reg.train_y.dtype == torch.float32
-    cls = build_dataset(SyntheticDataset(name="synthetic", config={"task": "classification", "num_classes": 4}))
+    cls = _arrays(SyntheticDataset(name="synthetic", config={"task": "classification", "num_classes": 4}))
     assert cls.info.task is Task.CLASSIFICATION and cls.info.num_outputs == 4
     assert cls.train_y.dtype == torch.int64 and set(cls.train_y.unique().tolist()) <= {0, 1, 2, 3}
 
 
 def test_synthetic_target_scale_scales_the_targets() -> None:
-    base = build_dataset(SyntheticDataset(name="synthetic", config={"seed": 5}))
-    scaled = build_dataset(SyntheticDataset(name="synthetic", config={"seed": 5, "target_scale": 1e-4}))
+    base = _arrays(SyntheticDataset(name="synthetic", config={"seed": 5}))
+    scaled = _arrays(SyntheticDataset(name="synthetic", config={"seed": 5, "target_scale": 1e-4}))
     assert torch.equal(base.train_x, scaled.train_x)
     assert torch.allclose(scaled.train_y, base.train_y * 1e-4)
 
@@ -151,6 +159,7 @@ def test_text_file_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     (root / "books" / "a.txt").write_bytes(b"hello world, " * 200)
     monkeypatch.setenv("HALFCAST_DATA_ROOTS", str(root))
     data = build_dataset(TextDataset(name="text", config={"source": "file", "path": "books/a.txt", "seq_len": 8}))
+    assert isinstance(data, ByteTextDataset)
     assert data.train.numel() + data.held_out.numel() == 2600
 
 

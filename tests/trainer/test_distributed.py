@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_support import TORCHRUN_ENV, torchrun_trainer
+from trainer_support import TORCHRUN_ENV, json_records, torchrun_trainer
 
 from halfcast.contracts.spec import JobSpec
 from trainer.errors import TrainerError
 from trainer.parallel.distributed import distributed_session, env_ranks, init_distributed, select_device
-from trainer.records import read_records
 
 
 @pytest.fixture
@@ -78,7 +77,7 @@ def test_two_rank_torchrun_job_keeps_ranks_identical(tmp_path: Path) -> None:
     done, run_dir = torchrun_trainer(spec, tmp_path, env={"HALFCAST_DUMP_PARAMS": "1"})
     assert done.returncode == 0, done.stderr[-4000:]
 
-    records = [r for r in read_records(run_dir) if r["type"] != "phase"]  # start-up phases: test_startup.py
+    records = [r for r in json_records(run_dir) if r["type"] != "phase"]  # start-up phases: test_startup.py
     assert [r["type"] for r in records] == ["start"] + ["step"] * 3 + ["eval"] + ["step"] * 3 + ["eval", "end"]
     assert records[0]["world_size"] == 2 and records[0]["global_batch_size"] == 32
     steps = [r for r in records if r["type"] == "step"]

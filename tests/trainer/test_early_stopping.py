@@ -9,11 +9,10 @@ import pytest
 import torch
 from hf_support import lora_spec
 from pydantic import ValidationError
-from trainer_support import spawn_ranks
+from trainer_support import json_records, spawn_ranks
 
 from halfcast.contracts.spec import JobSpec
 from trainer.parallel.distributed import DistContext
-from trainer.records import read_records
 from trainer.run.best import best_path
 from trainer.run.checkpoint import final_path, load_checkpoint, step_path
 from trainer.run.early_stopping import BestTracker
@@ -81,7 +80,7 @@ def test_the_tracker_counts_evaluations_without_an_improvement_above_min_delta()
 
 def test_early_stopping_ends_the_job_at_the_expected_evaluation(cpu_ctx: DistContext, tmp_path: Path) -> None:
     result = train(JobSpec.model_validate(FLAT), tmp_path, cpu_ctx)
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     evals = [r for r in records if r["type"] == "eval"]
     assert [e["step"] for e in evals] == [1, 2, 3]  # the first improves; 2 and 3 do not: patience 2
     assert result.steps == 3 and max(r["step"] for r in records if r["type"] == "step") == 3
@@ -96,7 +95,7 @@ def test_a_job_that_keeps_improving_runs_to_max_steps(cpu_ctx: DistContext, tmp_
         {**FLAT, "max_steps": 4, "optimizer": {"lr": 0.05}, "early_stopping": {"patience": 3}}
     )
     train(spec, tmp_path, cpu_ctx)
-    end = read_records(tmp_path)[-1]
+    end = json_records(tmp_path)[-1]
     assert end["steps"] == 4 and "stopped_early" not in end
 
 
@@ -110,7 +109,7 @@ def _stop_rank(ctx: DistContext, out: str) -> None:
 def test_two_ranks_stop_early_at_the_same_step(tmp_path: Path) -> None:
     spawn_ranks(_stop_rank, str(tmp_path))
     assert [torch.load(tmp_path / f"rank{r}.pt")["steps"] for r in range(2)] == [3, 3]
-    assert read_records(tmp_path / "run")[-1]["stopped_early"]["step"] == 3
+    assert json_records(tmp_path / "run")[-1]["stopped_early"]["step"] == 3
 
 
 # ----------------------------------------------------------------------------- keep_best
@@ -139,7 +138,7 @@ def _as_export_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def test_keep_best_exports_the_best_evaluated_weights(model_roots: Path, cpu_ctx: DistContext, tmp_path: Path) -> None:
     spec = JobSpec.model_validate(lora_spec(**WORSENING))
     train(spec, tmp_path, cpu_ctx)
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     losses = {r["step"]: r["loss"] for r in records if r["type"] == "eval"}
     best_step = min(losses, key=losses.__getitem__)
     assert best_step < 6  # the scenario made a later evaluation worse
@@ -157,8 +156,8 @@ def test_keep_best_survives_a_resume(model_roots: Path, cpu_ctx: DistContext, tm
     spec = JobSpec.model_validate(lora_spec(**WORSENING, checkpoint_interval=5))
     train(spec, first, cpu_ctx)
     train(spec, resumed, cpu_ctx, resume_from=step_path(first, 5))
-    end = read_records(resumed)[-1]
-    assert end["exported_step"] == read_records(first)[-1]["exported_step"] == 5
+    end = json_records(resumed)[-1]
+    assert end["exported_step"] == json_records(first)[-1]["exported_step"] == 5
     assert load_checkpoint(best_path(resumed))["step"] == 5
     exported, original = _exported_adapter(resumed), _exported_adapter(first)
     assert all(torch.equal(exported[k], original[k]) for k in original)

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trainer_support import json_records
 
 from halfcast.contracts.records import EndRecord
 from halfcast.contracts.spec import JobSpec
 from trainer.errors import TrainerError
 from trainer.parallel.distributed import DistContext
-from trainer.records import RecordSink, read_records
+from trainer.records import RecordSink
 from trainer.run.checkpoint import final_path, step_path
 from trainer.run.end_check import check_updates_applied, final_stretch_limit
 from trainer.run.guard import DivergenceGuard
@@ -33,11 +34,11 @@ INF, NAN = 1.0, 2.0
 
 def _types(run_dir: Path) -> list[str]:
     """The record types of ``run_dir``, start-up phases left out."""
-    return [r["type"] for r in read_records(run_dir) if r["type"] != "phase"]
+    return [r["type"] for r in json_records(run_dir) if r["type"] != "phase"]
 
 
 def _end(run_dir: Path) -> dict[str, Any]:
-    records = read_records(run_dir)
+    records = json_records(run_dir)
     assert records[-1]["type"] == "end", _types(run_dir)
     return records[-1]
 
@@ -165,7 +166,7 @@ def test_the_end_record_counts_empty_windows_apart(tmp_path: Path) -> None:
     with RecordSink(tmp_path / "records.jsonl") as records:
         records.end(steps=10, skipped_steps=2, empty_windows=3)
         records.end(steps=10, skipped_steps=2)
-    with_empty, without = [r for r in read_records(tmp_path) if r["type"] == "end"]
+    with_empty, without = [r for r in json_records(tmp_path) if r["type"] == "end"]
     assert (with_empty["applied_steps"], with_empty["empty_windows"]) == (5, 3)
     assert without["applied_steps"] == 8 and "empty_windows" not in without
     assert EndRecord.model_validate({"steps": 10, "skipped_steps": 2, "empty_windows": 3}).applied == 5
@@ -183,7 +184,7 @@ def test_fallback_bf16_answers_no_update_applied_from_step_0(
         faults={"nonfinite_grad_from_step": 1, "nonfinite_grad_precisions": ["fp16"]},
     )
     result = train(spec, tmp_path, cpu_ctx)
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     [switch] = [r for r in records if r["type"] == "precision_switch"]
     assert (switch["step"], switch["reason"], switch["rewound_to_step"]) == (6, "no_update_applied", 0)
     after = [r for r in records[records.index(switch) :] if r["type"] == "step"]
@@ -204,6 +205,6 @@ def test_fallback_bf16_answers_a_final_stretch_from_the_checkpoint_before_it(
         faults={"nonfinite_grad_from_step": 8, "nonfinite_grad_precisions": ["fp16"]},
     )
     result = train(spec, tmp_path, cpu_ctx)
-    [switch] = [r for r in read_records(tmp_path) if r["type"] == "precision_switch"]
+    [switch] = [r for r in json_records(tmp_path) if r["type"] == "precision_switch"]
     assert (switch["step"], switch["reason"], switch["rewound_to_step"]) == (10, "nonfinite_gradients", 5)
     assert (result.applied_steps, result.skipped_steps) == (10, 0)

@@ -75,7 +75,8 @@ def test_lm_eval_loss_is_the_mean_over_unmasked_tokens_only() -> None:
 def test_perplexity_is_exp_of_the_loss_and_null_when_huge() -> None:
     model, batches = tiny_lm(), _lm_batches()
     metrics = evaluate(model, HeldOut(DataInfo(Task.LM, 32, seq_len=8), batches), _fp32(), 2)
-    assert metrics["perplexity"] == pytest.approx(math.exp(metrics["loss"]), rel=1e-12)
+    loss = metrics["loss"]
+    assert loss is not None and metrics["perplexity"] == pytest.approx(math.exp(loss), rel=1e-12)
     assert perplexity(MAX_EXP_LOSS + 1) is None and perplexity(math.inf) is None and perplexity(math.nan) is None
     assert perplexity(2.0) == math.exp(2.0)
 

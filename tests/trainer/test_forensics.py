@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from trainer_support import grad_of, json_records
 
 from halfcast.contracts.spec import JobSpec
 from trainer.numerics.forensics import MAX_NAMED_PARAMETERS, describe_overflow
@@ -15,7 +16,6 @@ from trainer.numerics.overflow import nonfinite_kinds
 from trainer.numerics.precision import build_precision
 from trainer.numerics.underflow import underflow_fraction
 from trainer.parallel.distributed import DistContext
-from trainer.records import read_records
 from trainer.run.loop import train
 
 CPU = torch.device("cpu")
@@ -49,7 +49,7 @@ def test_step_names_the_parameter_without_a_gradient_as_clean(tiny_mlp_spec: Cal
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model(torch.ones(2, 3)).sum().backward()
     model[0].bias.grad = None  # no gradient: reported clean, the others keep their positions
-    model[1].weight.grad[0, 0] = float("inf")
+    grad_of(model[1].get_parameter("weight"))[0, 0] = float("inf")
     outcome = policy.step(optimizer, list(model.parameters()), None)
     assert bool(outcome.overflow)
     assert outcome.param_kinds.tolist() == [0.0, 0.0, 1.0, 0.0] and outcome.rank_kinds.tolist() == [1.0]
@@ -69,7 +69,7 @@ def test_overflow_records_name_parameter_kind_and_rank(
         precision="fp16", max_steps=6, log_interval=4, faults={"nonfinite_grad_steps": [2, 5], "nonfinite_value": "nan"}
     )
     train(spec, tmp_path, cpu_ctx)
-    steps = {r["step"]: r for r in read_records(tmp_path) if r["type"] == "step"}
+    steps = {r["step"]: r for r in json_records(tmp_path) if r["type"] == "step"}
     for step in (2, 5):
         assert steps[step]["overflow"] and steps[step]["overflow_ranks"] == [0]
         assert steps[step]["nonfinite_params"] == [{"name": _first_parameter(spec), "kind": "nan"}]
@@ -83,11 +83,11 @@ def test_underflow_is_sampled_every_interval_in_fp16_only(
 ) -> None:
     spec = tiny_mlp_spec(precision="fp16", max_steps=6, loss_scale={"init_scale": 1.0, "underflow_sample_interval": 2})
     train(spec, tmp_path / "fp16", cpu_ctx)
-    fractions = {r["step"]: r["underflow_fraction"] for r in read_records(tmp_path / "fp16") if r["type"] == "step"}
+    fractions = {r["step"]: r["underflow_fraction"] for r in json_records(tmp_path / "fp16") if r["type"] == "step"}
     assert all(fractions[s] is None for s in (1, 3, 5))
     assert all(fractions[s] is not None and 0.0 <= fractions[s] <= 1.0 for s in (2, 4, 6))
     train(tiny_mlp_spec(precision="bf16", max_steps=2), tmp_path / "bf16", cpu_ctx)
-    assert all(r.get("underflow_fraction") is None for r in read_records(tmp_path / "bf16") if r["type"] == "step")
+    assert all(r.get("underflow_fraction") is None for r in json_records(tmp_path / "bf16") if r["type"] == "step")
 
 
 def test_a_higher_scale_lowers_the_underflow_fraction(
@@ -100,7 +100,7 @@ def test_a_higher_scale_lowers_the_underflow_fraction(
         )
         train(spec, tmp_path / str(scale), cpu_ctx)
         fractions.append(
-            next(r for r in read_records(tmp_path / str(scale)) if r["type"] == "step")["underflow_fraction"]
+            next(r for r in json_records(tmp_path / str(scale)) if r["type"] == "step")["underflow_fraction"]
         )
     assert fractions[1] < fractions[0]
 

@@ -9,7 +9,7 @@ each other and with a single-process reference.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-from trainer_support import spawn_ranks
+from trainer_support import grad_of, spawn_ranks
 
 from halfcast.contracts.spec import JobSpec
 from trainer.models.gpt import GPT
@@ -34,6 +34,7 @@ from trainer.parallel.sharded import (
     local_tensors,
 )
 from trainer.parallel.wrap import (
+    Parallelism,
     fsdp_mixed_precision,
     grad_sync,
     shard_units,
@@ -72,7 +73,13 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.randn(STEPS, WORLD_SIZE, MICRO_BATCHES, MICRO_BATCH, 3, generator=g)
 
 
-def _sharded_step(params: list[torch.Tensor], optimizer: torch.optim.Optimizer, scale: float) -> tuple[float, bool]:
+def _full(param: torch.Tensor) -> torch.Tensor:
+    """The whole of a sharded (DTensor) parameter, gathered from every rank."""
+    assert isinstance(param, DTensor), type(param)
+    return param.full_tensor()
+
+
+def _sharded_step(params: list[nn.Parameter], optimizer: torch.optim.Optimizer, scale: float) -> tuple[float, bool]:
     """Unscale local shards, global norm, clip, agree on overflow, step or skip. Returns (norm, overflow)."""
     grads = [p.grad for p in params if p.grad is not None]
     found_inf = torch.zeros(())
@@ -98,7 +105,9 @@ def _train(model: nn.Module, precision: str, rank_batches: list[int], ctx: DistC
     xs, ys = _data()
     norms, losses, grad_none_after_first, overflows = [], [], [], []
     seen: list[str] = []  # the weight dtype a Linear computes with (FSDP2 all-gathers it in param_dtype)
-    unwrap_model(model)[2].register_forward_pre_hook(lambda module, args: seen.append(str(module.weight.dtype)))
+    layers = unwrap_model(model)
+    assert isinstance(layers, nn.Sequential)
+    layers[2].register_forward_pre_hook(lambda module, args: seen.append(str(module.weight.dtype)))
     for step in range(STEPS):
         micro = [(xs[step, r, m], ys[step, r, m]) for m in range(MICRO_BATCHES) for r in rank_batches]
         if ctx is None:  # single process: one micro-batch holding what every rank's m-th micro-batch held
@@ -157,8 +166,8 @@ def _rank_worker(ctx: DistContext, out_dir: str) -> None:
     logits.float().sum().backward()
     results["gpt"] = {
         "logits_dtype": str(logits.dtype),
-        "tied": gpt.head.weight is gpt.token_embedding.weight,
-        "grads_finite": all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in gpt.parameters()),
+        "tied": gpt.get_submodule("head").weight is gpt.get_submodule("token_embedding").weight,
+        "grads_finite": all(bool(torch.isfinite(local_tensor(grad_of(p))).all()) for p in gpt.parameters()),
     }
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
 
@@ -257,16 +266,16 @@ def _overflow_run(rank: int, ctx: DistContext, name: str, implementation: str) -
     xs, ys = _data()
     record = []
     for step in range(2):
-        before = [p.full_tensor() for p in params]
+        before = [_full(p) for p in params]
         with policy.autocast():
             out = model(xs[step, rank, 0])
         policy.backward(nn.functional.mse_loss(out.float(), ys[step, rank, 0]))
         if step == 0 and rank == 1:  # rank 1's local shard only: rank 0's gradients are finite
             with torch.no_grad():
-                local_tensor(params[0].grad).view(-1)[0] = float("inf")
+                local_tensor(grad_of(params[0])).view(-1)[0] = float("inf")
         outcome = policy.step(optimizer, params, MAX_GRAD_NORM)
         optimizer.zero_grad(set_to_none=True)
-        after = [p.full_tensor() for p in params]
+        after = [_full(p) for p in params]
         record.append(
             {
                 "overflow": bool(outcome.overflow),
@@ -347,7 +356,7 @@ def _resume_worker(ctx: DistContext, out_dir: str) -> None:
         assert model_state == {} and optimizer_state == {}
     dist.barrier()
     _adamw_steps(model, optimizer, rank, range(2, 4))
-    uninterrupted = [p.full_tensor() for p in model.parameters()]
+    uninterrupted = [_full(p) for p in model.parameters()]
 
     torch.manual_seed(123)  # a fresh model that starts elsewhere
     fresh = wrap_model(
@@ -360,7 +369,7 @@ def _resume_worker(ctx: DistContext, out_dir: str) -> None:
     payload = torch.load(path, weights_only=True)
     load_state_dicts(fresh, fresh_optimizer, payload["model"], payload["optimizer"])
     _adamw_steps(fresh, fresh_optimizer, rank, range(2, 4))
-    resumed = [p.full_tensor() for p in fresh.parameters()]
+    resumed = [_full(p) for p in fresh.parameters()]
     torch.save(
         {"uninterrupted": uninterrupted, "resumed": resumed, "saved": payload if rank == 0 else None},
         Path(out_dir) / f"rank{rank}.pt",
@@ -420,11 +429,11 @@ def _job_worker(ctx: DistContext, out_dir: str) -> None:
 
 
 def test_fsdp_fp16_job_with_a_fault_on_one_rank_matches_ddp_and_resumes_exactly(tmp_path: Path) -> None:
-    from trainer.records import read_records
+    from trainer_support import json_records
 
     spawn_ranks(_job_worker, str(tmp_path), world_size=WORLD_SIZE)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE)]
-    steps = {k: [r for r in read_records(tmp_path / k) if r["type"] == "step"] for k in ("ddp", "fsdp", "fsdp-resumed")}
+    steps = {k: [r for r in json_records(tmp_path / k) if r["type"] == "step"] for k in ("ddp", "fsdp", "fsdp-resumed")}
     assert [s["overflow"] for s in steps["fsdp"]] == [False, True, False, False]
     assert [s["loss_scale"] for s in steps["fsdp"]] == [65536.0, 65536.0, 32768.0, 32768.0]
     assert [s["loss"] for s in steps["fsdp"]] == pytest.approx([s["loss"] for s in steps["ddp"]], rel=1e-5)
@@ -466,13 +475,13 @@ def test_without_a_process_group_the_model_is_not_wrapped() -> None:
     model = _mlp()
     assert wrap_model(model, DistContext(0, 0, 1, CPU), "fsdp", "bf16") is model
     with pytest.raises(ValueError, match="parallelism"):
-        wrap_model(model, DistContext(0, 0, 1, CPU), "zero3", "bf16")  # type: ignore[arg-type]
+        wrap_model(model, DistContext(0, 0, 1, CPU), cast(Parallelism, "zero3"), "bf16")  # deliberately not one
 
 
 def test_plain_gradients_norm_and_clip_match_torch() -> None:
     model = _mlp()
     model(torch.randn(4, 8)).square().sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
+    grads = [grad_of(p).clone() for p in model.parameters()]
     expected = torch.nn.utils.get_total_norm(grads)
     assert torch.equal(global_grad_norm(grads, CPU), expected)
     clip_grads_(grads, 0.1, expected)

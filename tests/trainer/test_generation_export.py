@@ -53,11 +53,12 @@ def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_greedy_generation_from_the_export_reproduces_the_answer_and_stops(export: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BatchEncoding
 
     tokenizer = AutoTokenizer.from_pretrained(str(export), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(export), local_files_only=True).eval()
     prompt = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert isinstance(prompt, BatchEncoding)
     with torch.no_grad():
         out = model.generate(**prompt, max_new_tokens=24, do_sample=False)
     new = out[0, prompt["input_ids"].shape[1] :].tolist()

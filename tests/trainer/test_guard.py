@@ -10,14 +10,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
+from trainer_support import json_records
 
 from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason
 from trainer.errors import DIVERGENCE_REASONS, DivergenceError, TrainerError
 from trainer.parallel.distributed import DistContext
-from trainer.records import read_records
 from trainer.run.end_check import check_updates_applied
 from trainer.run.guard import DivergenceGuard
 from trainer.run.loop import train
@@ -96,7 +97,7 @@ def test_a_nan_earlier_in_the_run_survives_a_checkpoint() -> None:
 
 def test_unknown_reasons_are_refused() -> None:
     with pytest.raises(ValueError):
-        TrainerError("oops", "not a reason")
+        TrainerError(cast(FailureReason, "oops"), "not a reason")  # deliberately not a FailureReason
     with pytest.raises(ValueError):
         DivergenceError(FailureReason.DATA_UNAVAILABLE, "a trainer error, but no divergence")
 
@@ -104,7 +105,11 @@ def test_unknown_reasons_are_refused() -> None:
 def test_the_guard_and_the_end_check_raise_divergence_errors() -> None:
     """The bf16 fallback catches exactly these (trainer.run.loop.train), by type."""
     failures = []
-    for rows, limits in ([[_row(1, INF), _row(2, INF)], (2, 10)], [[_row(1, loss=math.nan)], (10, 1)]):
+    cases: list[tuple[list[StepRow], tuple[int, int]]] = [
+        ([_row(1, INF), _row(2, INF)], (2, 10)),
+        ([_row(1, loss=math.nan)], (10, 1)),
+    ]
+    for rows, limits in cases:
         with pytest.raises(DivergenceError) as failure:
             DivergenceGuard(*limits).observe(rows)
         failures.append(failure.value.reason)
@@ -130,6 +135,6 @@ def test_an_fp16_job_whose_gradients_overflow_at_min_scale_fails_as_collapsed(
     with pytest.raises(TrainerError) as info:
         train(spec, tmp_path, cpu_ctx)
     assert info.value.reason == "loss_scale_collapsed" and "at step 8" in info.value.message
-    steps = [r for r in read_records(tmp_path) if r["type"] == "step"]
+    steps = [r for r in json_records(tmp_path) if r["type"] == "step"]
     assert [s["loss_scale"] for s in steps] == [16.0, 8.0, 4.0, 2.0, 1.0, 1.0, 1.0, 1.0]
     assert all(s["overflow"] and s["grad_norm"] is None for s in steps)

@@ -10,14 +10,16 @@ from typing import Any
 import pytest
 import torch
 from hf_support import TINY_LLAMA, lora_spec
+from trainer_support import json_records
 
+from halfcast.contracts.catalog import HFConfig
 from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components
 from trainer.errors import TrainerError
 from trainer.export import load_trained_model
 from trainer.hf.export import write_exports
+from trainer.hf.wrapper import HFModule
 from trainer.parallel.distributed import DistContext
-from trainer.records import read_records
 from trainer.run.checkpoint import final_path, step_path
 from trainer.run.loop import TrainResult, train
 
@@ -27,7 +29,7 @@ TOKENS = torch.tensor([[5, 17, 200, 33, 9, 101, 7, 64], [1, 2, 3, 4, 250, 251, 2
 def _train(tmp: Path, ctx: DistContext, **overrides: Any) -> tuple[JobSpec, TrainResult, list[dict[str, Any]]]:
     spec = JobSpec.model_validate(lora_spec(**overrides))
     result = train(spec, tmp, ctx)
-    return spec, result, read_records(tmp)
+    return spec, result, json_records(tmp)
 
 
 def _logits(model: torch.nn.Module) -> torch.Tensor:
@@ -111,7 +113,9 @@ def test_hf_config_without_a_tokenizer_is_byte_level(cpu_ctx: DistContext) -> No
     config = {key: value for key, value in TINY_LLAMA.items() if key != "vocab_size"}
     spec = JobSpec.model_validate(lora_spec(model={"name": "hf", "config": {"hf_config": config}}, adapter=None))
     parts = build_components(spec, cpu_ctx)
-    assert parts.tokenizer is None and parts.model.base_model().config.vocab_size == 256
+    assert isinstance(parts.model, HFModule)
+    base: Any = parts.model.base_model()  # a transformers model: its config is not typed
+    assert parts.tokenizer is None and base.config.vocab_size == 256
     small = JobSpec.model_validate(
         lora_spec(model={"name": "hf", "config": {"hf_config": {**config, "vocab_size": 100}}})
     )
@@ -220,6 +224,7 @@ def test_a_wrong_merged_export_fails_and_nothing_is_published(
     from trainer.data.base import token_batch
 
     model = load_trained_model(final_path(lora_run["run_dir"]))
+    assert isinstance(model, HFModule)
     monkeypatch.setattr(export_module, "_merged", lambda m, adapter: m.unload().eval() if adapter else m.eval())
     rows = token_batch(TOKENS, TOKENS)
     for parameter in (p for n, p in model.named_parameters() if "lora_B" in n):
@@ -245,7 +250,7 @@ def test_resume_of_an_adapter_job_is_bit_identical(
     for (name, a), (_, b) in zip(straight.named_parameters(), resumed.model.named_parameters(), strict=True):
         assert torch.equal(a, b), name
     losses = [r["loss"] for r in lora_run["records"] if r["type"] == "step"]
-    assert [r["loss"] for r in read_records(tmp_path) if r["type"] == "step"] == losses[2:]
+    assert [r["loss"] for r in json_records(tmp_path) if r["type"] == "step"] == losses[2:]
 
 
 def test_a_resume_onto_a_replaced_base_model_is_refused(
@@ -279,6 +284,7 @@ def test_a_full_fine_tune_exports_the_model_only(model_roots: Path, tmp_path: Pa
     assert start["model"]["trainable_parameters"] == start["model"]["parameters"]
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["model"]
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "export" / "model"))
+    assert isinstance(result.model, HFModule)
     torch.testing.assert_close(_logits(merged), _logits(result.model.eval().model), rtol=0, atol=1e-5)
     assert set(torch.load(final_path(tmp_path), weights_only=True)["model"]) == set(result.model.state_dict())
 
@@ -292,7 +298,10 @@ def test_exports_carry_the_tokenizer_of_a_tokenized_job(
 
     spec = JobSpec.model_validate(lora_spec())
     parts = build_components(spec, cpu_ctx)
-    tokenizer = load_tokenizer(spec.model.config, "jsonl")  # as a tokenized dataset gets it
+    config = spec.model.config
+    assert isinstance(config, HFConfig) and isinstance(parts.model, HFModule)
+    tokenizer = load_tokenizer(config, "jsonl")  # as a tokenized dataset gets it
+    assert tokenizer is not None
     write_exports(parts.model, tokenizer, tmp_path)
     reloaded = AutoTokenizer.from_pretrained(str(tmp_path / "export" / "model"), local_files_only=True)
     assert reloaded("hello world")["input_ids"] == tokenizer("hello world")["input_ids"]
@@ -311,6 +320,7 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused_before_training(model_
     classify = task == "sequence_classification"
     config = HFConfig(path="llama", task=task, num_labels=3 if classify else None)
     tokenizer = load_tokenizer(config, "jsonl")
+    assert tokenizer is not None
     tokenizer.add_tokens(["<tool_call>", "</tool_call>"])
     info = DataInfo(task=Task.CLASSIFICATION if classify else Task.LM, num_outputs=3 if classify else 300, seq_len=8)
     with pytest.raises(TrainerError) as failure:

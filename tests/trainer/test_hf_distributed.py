@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 import torch
 from hf_support import lora_spec
-from trainer_support import spawn_ranks
+from trainer_support import json_records, spawn_ranks
 
 from halfcast.contracts.spec import JobSpec
 from trainer.parallel.distributed import DistContext
-from trainer.records import read_records
 from trainer.run.checkpoint import step_path
 from trainer.run.loop import train
 
@@ -63,7 +62,7 @@ def two_rank_runs(hf_model_root: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 def _steps(run_dir: Path) -> list[dict[str, Any]]:
-    return [r for r in read_records(run_dir) if r["type"] == "step"]
+    return [r for r in json_records(run_dir) if r["type"] == "step"]
 
 
 @pytest.mark.slow
@@ -135,5 +134,5 @@ def test_two_rank_merged_exports_are_the_base_as_stored_plus_the_delta(
         original = AutoModelForCausalLM.from_pretrained(str(hf_model_root / "llama"), dtype=torch.float32)
         adapter = PeftModel.from_pretrained(original, str(export / "adapter")).eval()(tokens).logits
     assert (merged - adapter).abs().max().item() <= 1e-5
-    end = read_records(two_rank_runs / parallelism)[-1]
+    end = json_records(two_rank_runs / parallelism)[-1]
     assert end["type"] == "end" and end["export_check"]["max_logit_difference"] <= 1e-5

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 import torch
 from bert_support import CORPUS, save_tiny_bert
+from trainer_support import json_records
 
 from halfcast.contracts.spec import JobSpec
 from trainer.components import build_components
+from trainer.data.jsonl.batches import TokenFileDataset
 from trainer.hf.wrapper import HFModule
 from trainer.parallel.distributed import DistContext
-from trainer.records import read_records
 from trainer.run.loop import train
 
 SHORT = "the event loop runs tasks"
@@ -114,7 +115,7 @@ def test_lora_wraps_the_encoder_and_trains_the_fresh_head_fully(roots: Path, tar
 def test_a_bf16_lora_classification_job_on_an_encoder_reports_accuracy(roots: Path, tmp_path: Path) -> None:
     spec = _spec(precision="bf16", eval_interval=2)
     result = train(spec, tmp_path / "run", DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")))
-    records = read_records(tmp_path / "run")
+    records = json_records(tmp_path / "run")
     start = next(r for r in records if r["type"] == "start")
     evals = [r for r in records if r["type"] == "eval"]
     assert result.steps == 3 and [e["step"] for e in evals] == [2, 3]
@@ -133,8 +134,10 @@ def test_truncation_keeps_the_encoders_closing_sep(roots: Path) -> None:
         }
     )
     parts = build_components(spec, DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")))
-    tokenizer, samples = parts.tokenizer, [*parts.dataset.train, *parts.dataset.held_out]
-    assert parts.dataset.report["truncated"] == len(samples) == 40
+    dataset, tokenizer = parts.dataset, parts.tokenizer
+    assert isinstance(dataset, TokenFileDataset) and tokenizer is not None
+    samples = [*dataset.train, *dataset.held_out]
+    assert dataset.report["truncated"] == len(samples) == 40
     for sample in samples:
         ids = sample.inputs.tolist()
         assert len(ids) == 4 and ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id

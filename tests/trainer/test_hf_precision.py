@@ -10,7 +10,7 @@ import pytest
 import torch
 from hf_support import lora_spec
 from test_syncs import _count_loop
-from trainer_support import lm_micro_batch
+from trainer_support import grad_of, json_records, lm_micro_batch
 
 from halfcast.contracts.catalog import HFConfig
 from halfcast.contracts.spec import AdapterSpec, JobSpec
@@ -22,7 +22,6 @@ from trainer.hf.loading import load_base_model, load_tokenizer
 from trainer.hf.wrapper import HFModule
 from trainer.losses import task_loss
 from trainer.parallel.distributed import DistContext
-from trainer.records import read_records
 from trainer.run import loop
 from trainer.run.step import accumulate_window
 from trainer.sync_counter import HostSyncCounter
@@ -57,7 +56,7 @@ def test_fp16_overflow_skips_keeps_adapter_weights_and_names_them(
     monkeypatch.setattr(loop, "build_components", capture)
     monkeypatch.setattr(loop, "record_step", snapshot)
     result = loop.train(spec, tmp_path, cpu_ctx)
-    steps = [r for r in read_records(tmp_path) if r["type"] == "step"]
+    steps = [r for r in json_records(tmp_path) if r["type"] == "step"]
     assert [s["overflow"] for s in steps] == [False, True, False] and result.skipped_steps == 1
     assert [s["loss_scale"] for s in steps] == [1024.0, 1024.0, 512.0]
     assert all(torch.equal(snapshots[0][n], snapshots[1][n]) for n in snapshots[0])  # skipped: untouched
@@ -72,7 +71,7 @@ def test_fp16_overflow_skips_keeps_adapter_weights_and_names_them(
 def test_bf16_trains_with_bf16_base_and_fp32_adapters(model_roots: Path, tmp_path: Path, cpu_ctx: DistContext) -> None:
     spec = _spec(precision="bf16", max_steps=3)
     loop.train(spec, tmp_path, cpu_ctx)
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     start = next(r for r in records if r["type"] == "start")
     assert set(start["model"]["parameter_bytes_by_dtype"]) == {"bfloat16", "float32"}
     assert start["compute_dtype"] == "bfloat16" and records[-1]["type"] == "end"
@@ -127,7 +126,7 @@ def test_accumulation_normalises_by_the_window_token_count(model_roots: Path, cp
     parts = build_components(_spec(), cpu_ctx)
     first, second = lm_micro_batch(valid=3, seed=1), lm_micro_batch(valid=13, seed=2)
     accumulate_window(parts.model, [first, second], parts.precision, parts.loss_fn, cpu_ctx)
-    accumulated = [p.grad.clone() for p in parts.parameters]
+    accumulated = [grad_of(p).clone() for p in parts.parameters]
     for p in parts.parameters:
         p.grad = None
     whole = Batch(torch.cat([first.inputs, second.inputs]), torch.cat([first.targets, second.targets]), 4, 16, 32)
@@ -144,7 +143,8 @@ def test_sequence_classification_lora_trains_the_head_and_exports(model_roots: P
     info = DataInfo(task=Task.CLASSIFICATION, num_outputs=3, seq_len=8)
     tokenizer = load_tokenizer(config, "jsonl")  # its pad token (id 0) is what the head pools up to
     torch.manual_seed(0)
-    base = load_base_model(config, info, tokenizer)
+    assert tokenizer is not None
+    base: Any = load_base_model(config, info, tokenizer)  # a transformers model: its config is not typed
     assert base.config.pad_token_id == tokenizer.pad_token_id == 0
     peft = apply_lora(base, AdapterSpec(r=4, target_modules=["q_proj"]), config)
     model = HFModule(peft, causal=True, adapter=True)
@@ -161,7 +161,7 @@ def test_sequence_classification_lora_trains_the_head_and_exports(model_roots: P
         optimizer.zero_grad()
     logits = model.eval()(inputs, mask)
     assert logits.shape == (2, 3)
-    merged = merged_copy(model)
+    merged: Any = merged_copy(model)  # a transformers model: save_pretrained is not typed
     merged.save_pretrained(str(tmp_path / "m"), safe_serialization=True)
     reloaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "m")).eval()
     with torch.no_grad():
@@ -190,7 +190,7 @@ def test_an_hf_lora_job_falls_back_to_bf16_like_a_bf16_job(
     result = loop.train(spec, tmp_path / "fallback", cpu_ctx)
     reference = loop.train(_spec(precision="bf16", **common), tmp_path / "bf16", cpu_ctx)
 
-    records = read_records(tmp_path / "fallback")
+    records = json_records(tmp_path / "fallback")
     [switch] = [r for r in records if r["type"] == "precision_switch"]
     assert (switch["from"], switch["to"], switch["rewound_to_step"]) == ("fp16", "bf16", 0)
     assert {p.dtype for p in result.model.parameters() if not p.requires_grad} == {torch.bfloat16}
@@ -212,7 +212,7 @@ def test_an_hf_lora_job_reports_the_underflow_fraction_of_its_adapter_gradients(
             log_interval=1,
         )
         loop.train(spec, tmp_path / str(scale), cpu_ctx)
-        steps = [r for r in read_records(tmp_path / str(scale)) if r["type"] == "step"]
+        steps = [r for r in json_records(tmp_path / str(scale)) if r["type"] == "step"]
         assert all(0.0 <= s["underflow_fraction"] <= 1.0 for s in steps)
         fractions.append(steps[0]["underflow_fraction"])
     assert fractions[1] < fractions[0]

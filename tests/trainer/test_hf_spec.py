@@ -10,6 +10,7 @@ import pytest
 from hf_support import TINY_LLAMA, lora_spec
 from pydantic import ValidationError
 
+from halfcast.contracts.catalog import HFConfig
 from halfcast.contracts.spec import JobSpec
 
 
@@ -27,7 +28,8 @@ def test_a_lora_job_validates_with_defaults() -> None:
     assert JobSpec.model_validate(lora_spec(processes=2, parallelism="fsdp")).parallelism == "fsdp"
     assert JobSpec.model_validate(lora_spec(precision="fp8", gpus=1)).effective_base_dtype == "compute"
     scratch = lora_spec(model={"name": "hf", "config": {"hf_config": TINY_LLAMA}})
-    assert JobSpec.model_validate(scratch).model.config.byte_level
+    config = JobSpec.model_validate(scratch).model.config
+    assert isinstance(config, HFConfig) and config.byte_level
 
 
 @pytest.mark.parametrize(

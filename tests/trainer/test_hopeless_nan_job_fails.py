@@ -36,6 +36,7 @@ def test_nan_gradients_every_step_fail_the_job_long_before_the_end(
     assert len(steps) == spec.max_consecutive_skips < 250
     assert all(s["overflow"] and s["grad_norm"] is None for s in steps)
     scales = [s["loss_scale"] for s in steps]
+    assert spec.effective_loss_scale is not None
     assert min(scales) == spec.effective_loss_scale.min_scale  # clamped, never 0 or subnormal
     assert scales[:3] == [65536.0, 32768.0, 16384.0]
 

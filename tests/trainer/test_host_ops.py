@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from trainer.run.step import record_step, train_step
 @pytest.mark.parametrize("consecutive", [False, True])
 def test_fused_scale_update_keeps_the_general_rules_state_bit_for_bit(consecutive: bool) -> None:
     """Scale, growth and hysteresis trackers after every step of a random pattern, with bounds reached."""
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "init_scale": 2.0**20,
         "growth_interval": 3,
         "backoff_factor": 0.25,

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hf_tokenizer_support import hf_tokenizer_fixture  # noqa: F401 (the hf_tokenizer fixture)
 from jsonl_support import DataRoot, trained_spans
+from trainer_support import grad_of
 
 from halfcast.contracts.catalog import TextConfig
 from trainer.data import IGNORE_INDEX, Batch, Task
@@ -63,7 +64,9 @@ def test_an_answer_cut_away_by_truncation_is_dropped_and_counted(hf_tokenizer, r
         test_fraction=0.2,
     )
     assert dataset.report["dropped_no_trainable_tokens"] == 2 and dataset.report["truncated"] == 2
-    assert dataset.report["train_examples"] + dataset.report["held_out_examples"] == 3
+    train_examples, held_out_examples = dataset.report["train_examples"], dataset.report["held_out_examples"]
+    assert isinstance(train_examples, int) and isinstance(held_out_examples, int)
+    assert train_examples + held_out_examples == 3
     dropped = cast(dict[str, int], dataset.report["dropped_rows"])  # issue 25 item 6: per split
     assert dropped["train"] + dropped["held_out"] == 2
     assert dataset.report["held_out_examples"] == 1 - dropped["held_out"]  # one row held out of five
@@ -138,7 +141,7 @@ def test_eval_batches_cover_the_held_out_set_once(hf_tokenizer, root: DataRoot) 
     dataset = root.build(hf_tokenizer, path, format="text", test_fraction=0.25)
     batches = list(dataset.eval_batches(2))
     assert [b.num_samples for b in batches] == [2, 2, 1]
-    pairs = [(row, m) for b in batches for row, m in zip(b.inputs, b.attention_mask, strict=True)]
+    pairs = [(row, m) for b in batches for row, m in zip(b.inputs, _mask(b), strict=True)]
     assert [row[m == 1].tolist() for row, m in pairs] == [s.inputs.tolist() for s in dataset.held_out]
 
 
@@ -235,6 +238,7 @@ def test_masked_chat_micro_batches_accumulate_to_the_full_batch_gradient(
     full = collate(samples, dataset.pad_id, Task.LM)
     counts = [b.num_elements for b in micro]
     assert counts[0] != counts[1] and sum(counts) == full.num_elements == dataset.report["trainable_tokens"]
+    assert full.attention_mask is not None
     real_targets = int(full.attention_mask.sum())  # one target per real input position
     assert full.num_elements < real_targets
 
@@ -244,7 +248,7 @@ def test_masked_chat_micro_batches_accumulate_to_the_full_batch_gradient(
     )
     loss_fn = task_loss(Task.LM)
     stats = accumulate_window(model, micro, build_precision(tiny_mlp_spec(), cpu_ctx.device), loss_fn, cpu_ctx)
-    got = [p.grad.detach().clone() for p in model.parameters()]
+    got = [grad_of(p).detach().clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     reference_loss = loss_fn(model, full) / full.num_elements
     reference = torch.autograd.grad(reference_loss, list(model.parameters()))
@@ -287,3 +291,9 @@ def test_with_the_eos_as_pad_token_the_eos_is_still_trained(hf_tokenizer, root: 
         last = int(sample.inputs.numel()) - 1
         assert batch.targets[row, last] == tokenizer.eos_token_id  # the example's own EOS: trained
         assert (batch.targets[row, last + 1 :] == IGNORE_INDEX).all()  # the EOS padding after it: not
+
+
+def _mask(batch: Batch) -> torch.Tensor:
+    """The attention mask of a padded batch (every jsonl batch has one)."""
+    assert batch.attention_mask is not None
+    return batch.attention_mask

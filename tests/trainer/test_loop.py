@@ -10,21 +10,22 @@ import json
 import math
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from trainer_support import lm_micro_batch, tiny_lm
+from trainer_support import grad_of, json_records, lm_micro_batch, tiny_lm
 
 from halfcast.contracts.spec import JobSpec
 from trainer.batching import windows
 from trainer.components import build_components
 from trainer.data import Task
+from trainer.data.arrays import ArrayDataset
 from trainer.data.base import feature_batch, token_batch
 from trainer.errors import TrainerError
 from trainer.losses import task_loss
 from trainer.numerics.precision import build_precision
 from trainer.parallel.distributed import DistContext
-from trainer.records import read_records
 from trainer.run.checkpoint import final_path, load_checkpoint, step_path
 from trainer.run.loop import train
 from trainer.run.step import accumulate_window, train_step
@@ -33,11 +34,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() for p in model.parameters()]
+    return [grad_of(p).detach().clone() for p in model.parameters()]
 
 
 def _steps(run_dir: Path) -> list[dict]:
-    return [r for r in read_records(run_dir) if r["type"] == "step"]
+    return [r for r in json_records(run_dir) if r["type"] == "step"]
 
 
 # ----------------------------------------------------------------------------- accumulation
@@ -46,6 +47,7 @@ def _steps(run_dir: Path) -> list[dict]:
 def test_window_gradient_equals_full_batch_for_unequal_micro_batches(cpu_ctx: DistContext, tiny_mlp_spec) -> None:
     """K=3 over micro-batches of 5, 3, 7 | 1, 4 samples (a short last window): fp32 gradient equals the full batch."""
     parts = build_components(tiny_mlp_spec(), cpu_ctx)
+    assert isinstance(parts.dataset, ArrayDataset)
     x, y = parts.dataset.train_x[:20], parts.dataset.train_y[:20]
     micro = [feature_batch(xs, ys) for xs, ys in zip(x.split([5, 3, 7, 1, 4]), y.split([5, 3, 7, 1, 4]), strict=True)]
     params = list(parts.model.parameters())
@@ -84,7 +86,7 @@ def test_token_losses_with_accumulation_equal_the_full_batch(cpu_ctx: DistContex
     assert stats.loss == pytest.approx(ref_loss.item(), abs=1e-6)
 
     # The per-micro-batch mean divided by K (the bug of transformers#34263) is far off:
-    naive = sum(loss_fn(model, b) / b.num_elements for b in micro) / len(micro)
+    naive = torch.stack([loss_fn(model, b) / b.num_elements for b in micro]).sum() / len(micro)
     naive_grads = torch.autograd.grad(naive, list(model.parameters()))
     assert max((n - r).abs().max().item() for n, r in zip(naive_grads, reference, strict=True)) > 1e-3
 
@@ -130,7 +132,7 @@ def test_skipped_step_does_not_advance_the_lr_schedule(cpu_ctx: DistContext, tmp
     assert final["lr_scheduler"]["_last_lr"] == pytest.approx([0.0125])
     assert final["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.0125)
     assert final["precision"]["scaler"]["scale"] == 32768.0
-    assert read_records(tmp_path)[-1] == {**read_records(tmp_path)[-1], "type": "end", "steps": 4, "skipped_steps": 1}
+    assert json_records(tmp_path)[-1] == {**json_records(tmp_path)[-1], "type": "end", "steps": 4, "skipped_steps": 1}
 
 
 def test_accumulation_unscales_and_clips_once_per_step(
@@ -156,7 +158,12 @@ def test_accumulation_unscales_and_clips_once_per_step(
     )
     calls: list[int] = []
     original_step = PrecisionPolicy.step
-    monkeypatch.setattr(PrecisionPolicy, "step", lambda self, *a, **k: calls.append(1) or original_step(self, *a, **k))
+
+    def counted_step(self: PrecisionPolicy, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(PrecisionPolicy, "step", counted_step)
     train(spec, tmp_path, cpu_ctx)
 
     steps = _steps(tmp_path)
@@ -170,7 +177,7 @@ def test_accumulation_unscales_and_clips_once_per_step(
         fp32.model.load_state_dict(weights)
         window = [next(stream) for _ in range(4)]
         accumulate_window(fp32.model, window, fp32.precision, fp32.loss_fn, cpu_ctx)
-        reference = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in fp32.model.parameters()])).item()
+        reference = torch.linalg.vector_norm(torch.stack([grad_of(p).norm() for p in fp32.model.parameters()])).item()
         fp32.optimizer.zero_grad(set_to_none=True)
         assert reference > 0.5  # clipping is active
         assert steps[index]["grad_norm"] == pytest.approx(reference, rel=1e-3)
@@ -267,15 +274,17 @@ def test_nonfinite_loss_fails_with_a_reason(
 def test_digits_fp16_example_backs_off_and_reaches_90_percent(cpu_ctx: DistContext, tmp_path: Path) -> None:
     """examples/digits-fp16.json: init scale 2**24 overflows first, backs off, and reaches >= 90% held-out accuracy."""
     spec = JobSpec.model_validate_json((EXAMPLES / "digits-fp16.json").read_text())
-    assert spec.precision == "fp16" and spec.effective_loss_scale.init_scale == 2**24
+    loss_scale = spec.effective_loss_scale
+    assert spec.precision == "fp16" and loss_scale is not None and loss_scale.init_scale == 2**24
     result = train(spec, tmp_path, cpu_ctx)
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     steps = [r for r in records if r["type"] == "step"]
     assert steps[0]["overflow"] and steps[0]["loss_scale"] == 2**24
     assert steps[-1]["loss_scale"] < 2**24 and not steps[-1]["overflow"]
     assert 0 < steps[-1]["skipped_steps"] < 20
     assert next(r["type"] for r in records if r["type"] != "phase") == "start" and records[-1]["type"] == "end"
     final_eval = [r for r in records if r["type"] == "eval"][-1]
+    assert result.final_eval is not None
     assert final_eval["step"] == spec.max_steps and final_eval == {**final_eval, **result.final_eval}
     assert final_eval["accuracy"] >= 0.90
     assert all(s["samples_per_second"] > 0 and s["tokens_per_second"] is None for s in steps)
@@ -303,7 +312,7 @@ def test_short_gpt_bf16_run_reports_tokens(cpu_ctx: DistContext, tmp_path: Path)
         }
     )
     train(spec, tmp_path, cpu_ctx)
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     start = next(r for r in records if r["type"] == "start")
     assert start["compute_dtype"] == "bfloat16" and start["task"] == "lm"
     steps = [r for r in records if r["type"] == "step"]
@@ -319,6 +328,6 @@ def test_short_gpt_bf16_run_reports_tokens(cpu_ctx: DistContext, tmp_path: Path)
 
 def test_eval_every_interval_and_at_the_end(cpu_ctx: DistContext, tmp_path: Path, tiny_mlp_spec) -> None:
     train(tiny_mlp_spec(max_steps=5, eval_interval=2), tmp_path, cpu_ctx)
-    evals = [r for r in read_records(tmp_path) if r["type"] == "eval"]
+    evals = [r for r in json_records(tmp_path) if r["type"] == "eval"]
     assert [e["step"] for e in evals] == [2, 4, 5]
     assert all(set(e) == {"type", "time", "step", "loss"} for e in evals)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from trainer_support import grad_of
 
 from trainer.numerics.loss_scale import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
 
@@ -89,17 +91,25 @@ def test_load_state_dict_rejects_foreign_or_unusable_state() -> None:
         scaler.load_state_dict(bad)
 
 
-def _grad_scaler_scales(pattern: list[bool], **kwargs: float) -> list[float]:
+def _grad_scaler_scales(
+    pattern: list[bool], *, init_scale: float, growth_interval: int, growth_factor: float, backoff_factor: float
+) -> list[float]:
     """torch.amp.GradScaler's scale after each step of ``pattern`` (True = an inf gradient)."""
     param = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.SGD([param], lr=0.0)
-    reference = torch.amp.GradScaler("cpu", **kwargs)  # type: ignore[arg-type]
+    reference = torch.amp.GradScaler(
+        "cpu",
+        init_scale=init_scale,
+        growth_interval=growth_interval,
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+    )
     theirs = []
     for overflow in pattern:
         optimizer.zero_grad()
         reference.scale(param.sum()).backward()
         if overflow:
-            param.grad[0] = float("inf")  # type: ignore[index]
+            grad_of(param)[0] = float("inf")
         reference.step(optimizer)
         reference.update()
         theirs.append(reference.get_scale())
@@ -115,9 +125,18 @@ def test_trajectory_equals_torch_grad_scaler_with_hysteresis_one(
     for bit, also with factors float32 cannot hold (GradScaler rounds ``scale * factor`` once)."""
     rng = random.Random(seed)
     pattern = [rng.random() < 0.15 for _ in range(300)]
-    factors = {"growth_factor": growth_factor, "backoff_factor": backoff_factor}
-    ours = DynamicLossScaler(init_scale=2.0**10, growth_interval=5, max_scale=2.0**120, min_scale=2.0**-120, **factors)
-    assert _run(ours, pattern) == _grad_scaler_scales(pattern, init_scale=2.0**10, growth_interval=5, **factors)
+    ours = DynamicLossScaler(
+        init_scale=2.0**10,
+        growth_interval=5,
+        max_scale=2.0**120,
+        min_scale=2.0**-120,
+        growth_factor=growth_factor,
+        backoff_factor=backoff_factor,
+    )
+    theirs = _grad_scaler_scales(
+        pattern, init_scale=2.0**10, growth_interval=5, growth_factor=growth_factor, backoff_factor=backoff_factor
+    )
+    assert _run(ours, pattern) == theirs
 
 
 def test_unscale_divides_and_flags_inf_and_nan() -> None:
@@ -159,9 +178,9 @@ def test_static_scaler_never_changes() -> None:
         {"hysteresis": 0},
     ],
 )
-def test_rejects_bad_arguments(kwargs: dict[str, float]) -> None:
+def test_rejects_bad_arguments(kwargs: dict[str, Any]) -> None:  # Any: each case one bad argument, by name
     with pytest.raises(ValueError, match=next(iter(kwargs))):
-        DynamicLossScaler(**kwargs)  # type: ignore[arg-type]
+        DynamicLossScaler(**kwargs)
 
 
 class _ScalarReads(TorchDispatchMode):

@@ -7,6 +7,7 @@ import math
 
 import torch
 from torch import nn
+from trainer_support import grad_of
 
 from halfcast.contracts.spec import JobSpec
 from trainer.numerics.precision import build_precision
@@ -17,7 +18,7 @@ CPU = torch.device("cpu")
 def _fp32_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
     reference = copy.deepcopy(model)
     nn.functional.mse_loss(reference(x), y).backward()
-    return [p.grad for p in reference.parameters()]
+    return [grad_of(p) for p in reference.parameters()]
 
 
 def test_tiny_loss_growth_interval_one_stays_bounded_and_matches_fp32() -> None:
@@ -36,6 +37,7 @@ def test_tiny_loss_growth_interval_one_stays_bounded_and_matches_fp32() -> None:
         }
     )
     policy = build_precision(spec, CPU)
+    assert spec.effective_loss_scale is not None
     max_scale = spec.effective_loss_scale.max_scale
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(64, 5)

@@ -14,7 +14,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -22,21 +22,20 @@ import torch.distributed as dist
 from pydantic import ValidationError
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
-from trainer_support import lm_micro_batch, spawn_ranks, tiny_lm
+from trainer_support import grad_of, json_records, lm_micro_batch, spawn_ranks, tiny_lm
 
 from halfcast.contracts.spec import JobSpec, LossScaleSpec, OptimizerSpec
 from trainer.components import Components, build_components
 from trainer.data import Batch, Task
-from trainer.data.base import feature_batch, token_batch
+from trainer.data.base import Dataset, feature_batch, token_batch
 from trainer.errors import TrainerError
 from trainer.losses import task_loss
-from trainer.numerics.loss_scale import DynamicLossScaler, StaticLossScaler
+from trainer.numerics.loss_scale import DynamicLossScaler, DynamicScalerState, StaticLossScaler
 from trainer.numerics.precision import build_precision, build_scaler
 from trainer.optim.build import build_lr_scheduler, build_optimizer
 from trainer.optim.skipping import DeviceSkipOptimizer
 from trainer.parallel.distributed import DistContext
 from trainer.parallel.wrap import grad_sync, unwrap_model, wrap_model
-from trainer.records import read_records
 from trainer.run import loop
 from trainer.run.checkpoint import final_path, load_checkpoint, step_path
 from trainer.run.loop import train
@@ -63,7 +62,7 @@ def _optimizer(name: str, implementation: str, lr: float = 0.05) -> dict[str, An
 
 
 def _steps(run_dir: Path) -> list[dict[str, Any]]:
-    return [r for r in read_records(run_dir) if r["type"] == "step"]
+    return [r for r in json_records(run_dir) if r["type"] == "step"]
 
 
 def _numerics(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -105,11 +104,9 @@ def captured_components() -> Iterator[list[Components]]:
         built.append(parts)
         return parts
 
-    loop.build_components = capture  # type: ignore[assignment]
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # undone on leaving, as the original is put back
+        patch.setattr(loop, "build_components", capture)
         yield built
-    finally:
-        loop.build_components = original
 
 
 def _full_params(model: nn.Module) -> list[Tensor]:
@@ -154,7 +151,7 @@ def _lm_parts(precision: str, ctx: DistContext, **spec_fields: Any) -> Component
     model = tiny_lm()
     optimizer = build_optimizer(spec.optimizer, model.parameters())
     return Components(
-        dataset=None,  # type: ignore[arg-type]  # train_step never reads it
+        dataset=cast(Dataset, None),  # train_step never reads it
         model=model,
         train_model=wrap_model(model, ctx),
         precision=build_precision(spec, ctx.device),
@@ -186,7 +183,7 @@ def _check_skips_hold_everything(spec: JobSpec, run_dir: Path, ctx: DistContext,
     """Run ``spec``; every overflow step leaves model, optimizer state (moments, step counters, momentum)
     and the LR schedule bit-identical; the schedule advances exactly once per applied step."""
     fresh = build_components(spec, ctx)
-    states = {
+    states: dict[int, Mapping[str, Any]] = {
         0: {
             "model": fresh.model.state_dict(),
             "optimizer": fresh.optimizer.state_dict(),
@@ -382,7 +379,7 @@ def _reference_clipped(
     """fp32 pre-clip norm of the window's gradient at ``weights``, and the clipped fp32 gradients."""
     reference.model.load_state_dict(weights)
     accumulate_window(reference.model, window, reference.precision, reference.loss_fn, ctx)
-    grads = [p.grad.detach().clone() for p in reference.model.parameters()]
+    grads = [grad_of(p).detach().clone() for p in reference.model.parameters()]
     reference.optimizer.zero_grad(set_to_none=True)
     norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
     return norm, [g * min(1.0, MAX_GRAD_NORM / (norm + 1e-6)) for g in grads]
@@ -534,7 +531,7 @@ def test_resume_mid_interval_is_bit_identical(
     whole = c08_whole[precision]
     saved = load_checkpoint(step_path(whole, at))
     if trackers is not None:
-        scaler = saved["precision"]["scaler"]
+        scaler = cast(DynamicScalerState, saved["precision"]["scaler"])  # trackers given: a dynamic scaler's run
         assert (scaler["growth_tracker"], scaler["hysteresis_tracker"]) == trackers
     assert saved["counters"]["consecutive_skips"] == int(_steps(whole)[at - 1]["overflow"])
     resumed = tmp_path / "resumed"
@@ -646,12 +643,9 @@ def test_nonfinite_loss_every_step_fails_with_nonfinite_loss(
             base = parts.loss_fn
             return dataclasses.replace(parts, loss_fn=lambda model, batch: nonfinite(base(model, batch)))
 
-        loop.build_components = poisoned  # type: ignore[assignment]
-        try:
-            with pytest.raises(TrainerError) as info:
-                train(spec, tmp_path, cpu_ctx)
-        finally:
-            loop.build_components = original
+        with pytest.MonkeyPatch.context() as patch, pytest.raises(TrainerError) as info:
+            patch.setattr(loop, "build_components", poisoned)
+            train(spec, tmp_path, cpu_ctx)
     assert info.value.reason == "nonfinite_loss"
     steps = _steps(tmp_path)
     assert len(steps) == spec.max_consecutive_nonfinite_losses
@@ -677,7 +671,7 @@ def _accumulate_scalar(precision: str, init_scale: float | None, micro_batches: 
         with policy.autocast():
             out = layer(x)
         policy.backward(out.float().sum())
-    assert layer.weight.grad.dtype == torch.float32
+    assert grad_of(layer.weight).dtype == torch.float32
     optimizer = build_optimizer(OptimizerSpec(name="sgd", lr=1.0), layer.parameters())
     received = _record_optimizer_inputs(optimizer)
     outcome = policy.step(optimizer, list(layer.parameters()), None).to_host()
@@ -705,16 +699,16 @@ def test_k64_window_gradient_is_the_fp32_sum_of_micro_batch_gradients(
     stream = parts.dataset.train_batches(1, rank=0, world_size=1, seed=0)
     window = [next(stream) for _ in range(64)]
     accumulate_window(parts.model, window, parts.precision, parts.loss_fn, cpu_ctx)
-    assert all(p.grad.dtype == torch.float32 for p in parts.model.parameters())
+    assert all(grad_of(p).dtype == torch.float32 for p in parts.model.parameters())
     scale = parts.precision.loss_scale
-    window_grads = [p.grad.double() / scale for p in parts.model.parameters()]
+    window_grads = [grad_of(p).double() / scale for p in parts.model.parameters()]
     parts.optimizer.zero_grad(set_to_none=True)
 
     total = [torch.zeros_like(g) for g in window_grads]
     for batch in window:
         accumulate_window(parts.model, [batch], parts.precision, parts.loss_fn, cpu_ctx)
         for t, p in zip(total, parts.model.parameters(), strict=True):
-            t += p.grad.double() / scale / 64  # each micro-batch alone is normalised by 1, in the window by 64
+            t += grad_of(p).double() / scale / 64  # each micro-batch alone is normalised by 1, in the window by 64
         parts.optimizer.zero_grad(set_to_none=True)
     for got, expected in zip(window_grads, total, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
@@ -753,7 +747,7 @@ def test_zero_token_micro_batches_in_a_window(valid: tuple[int, ...], cpu_ctx: D
     parts = _lm_parts("fp32", cpu_ctx)
     micro = [lm_micro_batch(v, seed=10 + i) for i, v in enumerate(valid)]
     stats = accumulate_window(parts.model, micro, parts.precision, parts.loss_fn, cpu_ctx)
-    got = [p.grad.clone() for p in parts.model.parameters()]
+    got = [grad_of(p).clone() for p in parts.model.parameters()]
     full = _full_batch(micro)
     assert int(stats.num_elements) == full.num_elements == sum(valid)
     ref_loss = parts.loss_fn(parts.model, full) / sum(valid)
@@ -867,7 +861,7 @@ def _c17_scenario(ctx: DistContext, out: Path) -> dict[str, Any]:
         results[name] = {
             "loss": float(stats.loss),
             "elements": int(stats.num_elements),
-            "grads": [p.grad.detach().clone() for p in parts.model.parameters()],
+            "grads": [grad_of(p).detach().clone() for p in parts.model.parameters()],
         }
         parts.optimizer.zero_grad(set_to_none=True)
     dist.barrier()
@@ -903,10 +897,16 @@ def _c17_fsdp_scenario(ctx: DistContext, out: Path) -> dict[str, Any]:
     for name, per_rank in C17_WINDOWS.items():
         micro = [lm_micro_batch(valid, seed=seed) for valid, seed in per_rank[ctx.rank]]
         stats = accumulate_window(model, micro, precision, task_loss(Task.LM), ctx)
-        grads = [p.grad.full_tensor() for p in model.parameters()]
+        grads = [_gathered(grad_of(p)) for p in model.parameters()]
         results[name] = {"loss": float(stats.loss), "elements": int(stats.num_elements), "grads": grads}
         model.zero_grad(set_to_none=True)
     return results
+
+
+def _gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole of a sharded (DTensor) tensor, gathered from every rank."""
+    assert isinstance(tensor, DTensor), type(tensor)
+    return tensor.full_tensor()
 
 
 def _c15_scenario(ctx: DistContext, out: Path) -> dict[str, Any]:
@@ -926,7 +926,7 @@ def _c15_scenario(ctx: DistContext, out: Path) -> dict[str, Any]:
                 with policy.autocast():
                     out_ = model(x)
                 policy.backward(out_.float().sum())
-        grad = unwrap_model(model).weight.grad
+        grad = grad_of(unwrap_model(model).get_parameter("weight"))
         results[parallelism] = {
             "grad": grad.full_tensor() if isinstance(grad, DTensor) else grad.detach().clone(),
             "dtype": str((grad.to_local() if isinstance(grad, DTensor) else grad).dtype),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 import torch
@@ -14,13 +15,13 @@ from torch import Tensor, nn
 from halfcast.contracts.spec import JobSpec, LRSchedulerSpec
 from trainer.numerics.precision import build_precision
 from trainer.optim.build import build_lr_scheduler
-from trainer.optim.skipping import SGD, AdamW, fused_supported
+from trainer.optim.skipping import SGD, AdamW, Implementation, fused_supported
 
 CPU = torch.device("cpu")
 SHAPES = [(32, 16), (32,), (4, 32), (4,), (7, 5, 3), (1000,)]
-IMPLEMENTATIONS = ("plain", "foreach", "fused")
-ADAMW = {"lr": 3e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
-SGD_ARGS = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}
+IMPLEMENTATIONS: tuple[Implementation, ...] = ("plain", "foreach", "fused")
+ADAMW: dict[str, Any] = {"lr": 3e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+SGD_ARGS: dict[str, Any] = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}
 PATHS = [(name, impl) for name in ("adamw", "sgd") for impl in IMPLEMENTATIONS]
 
 
@@ -34,14 +35,16 @@ def _grads(step: int) -> list[Tensor]:
     return [torch.randn(shape, generator=g) * 10.0 ** (step % 3 - 1) for shape in SHAPES]
 
 
-def _halfcast(name: str, implementation: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+def _halfcast(name: str, implementation: Implementation, params: list[nn.Parameter]) -> AdamW | SGD:
     if name == "adamw":
-        return AdamW(params, implementation=implementation, **ADAMW)  # type: ignore[arg-type]
-    return SGD(params, implementation=implementation, **SGD_ARGS)  # type: ignore[arg-type]
+        return AdamW(params, implementation=implementation, **ADAMW)
+    return SGD(params, implementation=implementation, **SGD_ARGS)
 
 
-def _torch_reference(name: str, implementation: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    flags = {"plain": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[implementation]
+def _torch_reference(name: str, implementation: Implementation, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    flags: dict[str, Any] = {"plain": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[
+        implementation
+    ]
     if name == "adamw":
         return torch.optim.AdamW(params, **ADAMW, **flags)
     return torch.optim.SGD(params, **SGD_ARGS, **flags)
@@ -75,16 +78,17 @@ def _set_grads(params: list[nn.Parameter], grads: list[Tensor]) -> None:
 
 
 def _step(optimizer: torch.optim.Optimizer, found_inf: float) -> None:
-    optimizer.grad_scale = None  # type: ignore[attr-defined]
-    optimizer.found_inf = torch.tensor(found_inf)  # type: ignore[attr-defined]
+    # The AMP protocol: torch.optim's fused step reads these attributes when they are set (no declared type).
+    optimizer.grad_scale = None  # type: ignore[attr-defined]  # the AMP protocol's attribute
+    optimizer.found_inf = torch.tensor(found_inf)  # type: ignore[attr-defined]  # the AMP protocol's attribute
     try:
         optimizer.step()
     finally:
-        del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
+        del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]  # set above
 
 
 @pytest.mark.parametrize(("name", "implementation"), PATHS)
-def test_applied_steps_are_bit_identical_to_pytorch(name: str, implementation: str) -> None:
+def test_applied_steps_are_bit_identical_to_pytorch(name: str, implementation: Implementation) -> None:
     """20 steps with skips at 1, 5 and 6 (inf and NaN gradients) equal PyTorch's optimizer run on the 17 applied ones."""
     ours, theirs = _params(), _params()
     optimizer, reference = _halfcast(name, implementation, ours), _torch_reference(name, implementation, theirs)
@@ -108,7 +112,7 @@ def test_applied_steps_are_bit_identical_to_pytorch(name: str, implementation: s
 
 
 @pytest.mark.parametrize(("name", "implementation"), PATHS)
-def test_the_direct_step_equals_the_amp_protocol_step_bit_for_bit(name: str, implementation: str) -> None:
+def test_the_direct_step_equals_the_amp_protocol_step_bit_for_bit(name: str, implementation: Implementation) -> None:
     """``apply_update(found_inf, applied)`` (what the precision step calls, without torch.optim's step
     wrapper; fused AdamW counts its steps by ``applied`` in one op) leaves every parameter, moment and step
     counter as ``step()`` with ``found_inf`` set does, over applied and skipped steps alike."""
@@ -120,18 +124,18 @@ def test_the_direct_step_equals_the_amp_protocol_step_bit_for_bit(name: str, imp
         _set_grads(amp_params, grads)
         found_inf = torch.tensor(flag)
         with torch.no_grad():
-            direct.apply_update(found_inf, found_inf.logical_not())  # type: ignore[attr-defined]
+            direct.apply_update(found_inf, found_inf.logical_not())
         _step(amp, flag)
         assert _snapshot(direct_params, direct).keys() == _snapshot(amp_params, amp).keys()
         for key, value in _snapshot(direct_params, direct).items():
             assert torch.equal(value, _snapshot(amp_params, amp)[key]), f"{key} differs after step {step}"
-        direct.clear_grads()  # type: ignore[attr-defined]
+        direct.clear_grads()
         assert all(p.grad is None for p in direct_params)
 
 
 @pytest.mark.parametrize(("name", "implementation"), PATHS)
 @pytest.mark.parametrize("skip_at", [1, 4])
-def test_a_skipped_step_changes_no_bit_on_any_path(name: str, implementation: str, skip_at: int) -> None:
+def test_a_skipped_step_changes_no_bit_on_any_path(name: str, implementation: Implementation, skip_at: int) -> None:
     """Overflow at the first step and at a later one, through the precision policy and the device schedule:
     parameters, every optimizer-state tensor, step counters and the learning rate keep their bits, and the
     step is reported as skipped."""
@@ -180,7 +184,7 @@ def test_fused_sgd_first_step_skipped_then_applied_matches_an_unskipped_run() ->
 
 
 @pytest.mark.parametrize(("name", "implementation"), PATHS)
-def test_state_dict_round_trip_keeps_device_state(name: str, implementation: str) -> None:
+def test_state_dict_round_trip_keeps_device_state(name: str, implementation: Implementation) -> None:
     params = _params()
     optimizer = _halfcast(name, implementation, params)
     for step in (1, 2):
@@ -215,9 +219,9 @@ def test_unscaled_gradients_only_and_fused_support() -> None:
     params = _params()
     optimizer = AdamW(params, lr=1e-3)
     _set_grads(params, _grads(1))
-    optimizer.grad_scale = torch.tensor(2.0)  # type: ignore[attr-defined]
+    optimizer.grad_scale = torch.tensor(2.0)  # type: ignore[attr-defined]  # the AMP protocol's attribute
     with pytest.raises(ValueError, match="unscaled"):
         optimizer.step()
     assert fused_supported(params) and not fused_supported([torch.zeros(2, dtype=torch.int64)])
     with pytest.raises(ValueError, match="implementation"):
-        AdamW(params, lr=1e-3, implementation="magic")  # type: ignore[arg-type]
+        AdamW(params, lr=1e-3, implementation=cast(Implementation, "magic"))  # deliberately not one

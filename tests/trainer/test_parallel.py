@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from trainer_support import spawn_ranks
+from torch.nn.parallel import DistributedDataParallel
+from trainer_support import grad_of, spawn_ranks
 
 from halfcast.contracts.spec import JobSpec
 from trainer.data import IGNORE_INDEX, Batch, Task
@@ -47,11 +48,12 @@ def _rank_worker(ctx: DistContext, out_dir: str) -> None:
         synced.append(bucket.buffer().clone())
         return default_hooks.allreduce_hook(None, bucket)
 
+    assert isinstance(model, DistributedDataParallel)
     model.register_comm_hook(None, counting_hook)
     precision = build_precision(JobSpec.model_validate(FP32_SPEC), ctx.device)
     batches = [_micro_batch(valid, seed) for valid, seed in RANK_MICRO_BATCHES[rank]]
     stats = accumulate_window(model, batches, precision, task_loss(Task.LM), ctx)
-    grads = [p.grad.clone() for p in unwrap_model(model).parameters()]
+    grads = [grad_of(p).clone() for p in unwrap_model(model).parameters()]
     torch.save(
         {"grads": grads, "synced": synced, "loss": stats.loss, "elements": stats.num_elements},
         Path(out_dir) / f"rank{rank}.pt",

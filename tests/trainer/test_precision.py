@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from trainer_support import spawn_ranks
+from trainer_support import grad_of, spawn_ranks
 
 from halfcast.contracts.spec import JobSpec, LossScaleSpec
 from trainer.numerics.precision import PrecisionPolicy, PrecisionUnsupportedError, build_precision, build_scaler
@@ -49,7 +50,7 @@ def test_overflow_leaves_parameters_and_optimizer_state_untouched(precision: str
     scale_before = policy.loss_scale
 
     _backward(policy, model)
-    next(model.parameters()).grad.view(-1)[0] = float("nan")
+    grad_of(next(model.parameters())).view(-1)[0] = float("nan")
     outcome = policy.step(optimizer, list(model.parameters()), max_grad_norm=1.0).to_host()
 
     assert outcome.overflow and not outcome.applied and outcome.grad_norm is None
@@ -65,7 +66,7 @@ def _optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     kind = name.split("_")[1]
-    flags = {"plain": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[kind]
+    flags: dict[str, Any] = {"plain": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[kind]
     return torch.optim.AdamW(model.parameters(), lr=1e-3, **flags)
 
 
@@ -75,14 +76,14 @@ def test_fp16_gradients_are_unscaled_before_the_step_and_norm_is_pre_clip() -> N
     policy = build_precision(_spec("fp16", loss_scale={"init_scale": 1024.0}), CPU)
     _backward(policy, model)
     _backward(build_precision(_spec("fp32"), CPU), reference)
-    expected_norm = torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()]).item()
+    expected_norm = torch.nn.utils.get_total_norm([grad_of(p) for p in reference.parameters()]).item()
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     outcome = policy.step(optimizer, list(model.parameters()), max_grad_norm=1e-3)
 
     assert outcome.loss_scale == 1024.0
     assert outcome.grad_norm == pytest.approx(expected_norm, rel=1e-2)
-    clipped = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
+    clipped = torch.nn.utils.get_total_norm([grad_of(p) for p in model.parameters()]).item()
     assert clipped == pytest.approx(1e-3, rel=1e-3)
 
 

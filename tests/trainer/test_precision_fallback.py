@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 import torch
 from pydantic import ValidationError
-from trainer_support import torchrun_trainer
+from trainer_support import json_records, torchrun_trainer
 
 from halfcast.contracts.spec import JobSpec
 from trainer.data.base import IGNORE_INDEX, Batch
 from trainer.errors import TrainerError
 from trainer.parallel.distributed import DistContext
-from trainer.records import read_records
 from trainer.run import loop
 from trainer.run.checkpoint import final_path, load_checkpoint, step_path
 from trainer.run.loop import TrainResult, train
@@ -90,7 +89,7 @@ def _params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 def test_the_guard_trips_in_fp16_and_the_job_finishes_in_bf16(fell_back: tuple[Path, TrainResult]) -> None:
     run_dir, result = fell_back
-    records = read_records(run_dir)
+    records = json_records(run_dir)
     assert result.steps == 16 and records[-1]["type"] == "end"
     [switch] = _switches(records)
     assert {k: switch[k] for k in ("step", "from", "to", "reason", "rewound_to_step")} == {
@@ -132,6 +131,7 @@ def test_the_continuation_equals_a_bf16_job_resumed_from_the_healthy_checkpoint(
         "precision": "bf16",
         "scaler": {"kind": "NoOpLossScaler", "scale": 1.0},
         "skipped_steps": payload["precision"]["skipped_steps"],
+        "empty_windows": 0,  # what load_checkpoint reads where a checkpoint has none
     }
     payload["spec"] = bf16.model_dump(mode="json")
     converted = tmp_path / "converted.pt"
@@ -140,8 +140,8 @@ def test_the_continuation_equals_a_bf16_job_resumed_from_the_healthy_checkpoint(
     reference = train(bf16, tmp_path / "reference", CPU, resume_from=converted)
 
     assert _params_equal(result.model, reference.model)
-    ours = [(s["step"], s["loss"], s["grad_norm"], s["lr"]) for s in _steps(read_records(run_dir))[-8:]]
-    theirs = [(s["step"], s["loss"], s["grad_norm"], s["lr"]) for s in _steps(read_records(tmp_path / "reference"))]
+    ours = [(s["step"], s["loss"], s["grad_norm"], s["lr"]) for s in _steps(json_records(run_dir))[-8:]]
+    theirs = [(s["step"], s["loss"], s["grad_norm"], s["lr"]) for s in _steps(json_records(tmp_path / "reference"))]
     assert ours == theirs
 
 
@@ -167,7 +167,7 @@ def test_empty_windows_before_the_switch_still_count_after_it(
     dataset = {"name": "synthetic", "config": {"task": "classification", "num_samples": 256, "num_classes": 4}}
     result = train(tiny_mlp_spec(**FALLBACK, dataset=dataset), tmp_path, CPU)
 
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     [switch] = _switches(records)
     assert (switch["step"], switch["rewound_to_step"]) == (12, 8)
     end = records[-1]
@@ -186,7 +186,7 @@ def test_a_job_resumed_after_the_switch_continues_in_bf16(
 ) -> None:
     run_dir, result = fell_back
     resumed = train(tiny_mlp_spec(**FALLBACK), tmp_path, CPU, resume_from=step_path(run_dir, 12))
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     start = next(r for r in records if r["type"] == "start")
     assert start["precision"] == "bf16" and start["precision_switch"]["rewound_to_step"] == 8
     assert not _switches(records)
@@ -230,7 +230,7 @@ def test_without_a_healthy_checkpoint_the_job_restarts_in_bf16_like_a_bf16_job(
         cpu_ctx,
     )
 
-    records = read_records(tmp_path / "fallback")
+    records = json_records(tmp_path / "fallback")
     [switch] = _switches(records)
     assert (switch["step"], switch["rewound_to_step"], switch["reason"]) == (5, 0, "nonfinite_gradients")
     # step 4's fp16 checkpoint was deleted at the switch; the bf16 run wrote its own
@@ -245,7 +245,7 @@ def test_with_on_divergence_fail_the_job_still_fails(
     with pytest.raises(TrainerError) as info:
         train(tiny_mlp_spec(**(FALLBACK | {"on_divergence": "fail"})), tmp_path, cpu_ctx)
     assert info.value.reason == "loss_scale_collapsed"
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     assert not _switches(records) and _steps(records)[-1]["step"] == 12
 
 
@@ -257,7 +257,7 @@ def test_a_bf16_divergence_after_the_switch_fails_the_job(
     with pytest.raises(TrainerError) as info:
         train(spec, tmp_path, cpu_ctx)
     assert info.value.reason == "nonfinite_gradients"  # no dynamic scaler in bf16
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     assert len(_switches(records)) == 1
     last = _steps(records)[-1]
     assert (last["step"], last["precision"], last["overflow"]) == (12, "bf16", True)
@@ -291,7 +291,7 @@ def test_two_ranks_fall_back_in_lockstep(tmp_path: Path) -> None:
     done, run_dir = torchrun_trainer(spec, tmp_path, env={"HALFCAST_DUMP_PARAMS": "1"}, timeout_s=300)
     assert done.returncode == 0, done.stderr[-4000:]
 
-    records = read_records(run_dir)
+    records = json_records(run_dir)
     [switch] = _switches(records)
     assert (switch["step"], switch["rewound_to_step"]) == (12, 8)
     assert list(_deduplicated(records)) == list(range(1, 17)) and records[-1]["type"] == "end"

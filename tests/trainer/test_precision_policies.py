@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
+from trainer_support import grad_of
 
-from halfcast.contracts.spec import JobSpec
+from halfcast.contracts.spec import JobSpec, Precision
 from trainer.numerics import precision
 from trainer.numerics.forensics import OverflowForensics
 from trainer.numerics.loss_scale import DynamicLossScaler, NoOpLossScaler, StaticLossScaler
@@ -76,7 +78,7 @@ def _run(policy: precision.PrecisionPolicy, steps: int = 4) -> tuple[list[Tensor
             loss = model(x).float().square().mean()
         policy.backward(loss)
         if step == 2:
-            params[2].grad.view(-1)[0] = float("nan")
+            grad_of(params[2]).view(-1)[0] = float("nan")
         if step == 3:
             params[1].grad = None
         outcomes.append(policy.step(optimizer, params, 1.0, step=step))
@@ -85,7 +87,7 @@ def _run(policy: precision.PrecisionPolicy, steps: int = 4) -> tuple[list[Tensor
 
 
 @pytest.mark.parametrize("name", ["fp32", "bf16", "fp16"])
-def test_observers_watch_and_never_decide(name: str) -> None:
+def test_observers_watch_and_never_decide(name: Precision) -> None:
     """Without observers the step skips, clips, steps and scales bit for bit alike; only their findings are missing."""
     scaling = {"loss_scale": {"init_scale": 256.0, "underflow_sample_interval": 1}} if name == "fp16" else {}
     watched = build_precision(_spec(name, **scaling), CPU)
@@ -94,7 +96,7 @@ def test_observers_watch_and_never_decide(name: str) -> None:
             CPU, build_scaler(_spec(name, **scaling).effective_loss_scale, CPU)
         )
     else:
-        bare = PlainPrecision(name, CPU)  # type: ignore[arg-type]
+        bare = PlainPrecision(name, CPU)
     assert bare.observers == StepObservers()
     params, outcomes = _run(watched)
     bare_params, bare_outcomes = _run(bare)
@@ -114,7 +116,7 @@ class _Recorder:
     """An observer at both points: what the step showed it, in order."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, object]] = []
+        self.calls: list[tuple[str, Any]] = []  # each point's arguments, as the step passed them
 
     def before_unscale(self, step: int | None, grads: Sequence[Tensor]) -> Tensor | None:
         self.calls.append(("before_unscale", (step, [g.clone() for g in grads])))
@@ -136,9 +138,9 @@ def test_observers_are_called_at_their_points_with_the_scaled_gradients() -> Non
             loss = model(torch.ones(2, 8)).float().sum()
         policy.backward(loss)
         params[3].grad = None
-        scaled = [p.grad.clone() for p in params[:3]]
+        scaled = [grad_of(p).clone() for p in params[:3]]
         outcome = policy.step(optimizer, params, None, step=step)
-        unscaled = [p.grad for p in params[:3]]
+        unscaled = [grad_of(p) for p in params[:3]]
         assert all(torch.equal(s / 64.0, u) for s, u in zip(scaled, unscaled, strict=True))
         (point, (seen_step, seen)), (second, (values, present, count)) = recorder.calls[-2:]
         assert (point, second, seen_step) == ("before_unscale", "evidence", step)
@@ -162,7 +164,8 @@ def test_the_underflow_sampler_samples_multiples_of_its_interval_only() -> None:
         True,
         False,
     ]
-    assert sampler.before_unscale(3, grads).item() == 0.5
+    sampled = sampler.before_unscale(3, grads)
+    assert sampled is not None and sampled.item() == 0.5
     with pytest.raises(ValueError):
         UnderflowSampler(0, CPU)
 
@@ -171,4 +174,4 @@ def test_an_fp8_policy_owns_its_conversion() -> None:
     policy = Fp8Precision(CPU)
     model = policy.prepare_model(nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)))
     assert policy.fp8_layers == ["1"] and policy.start_fields() == {"fp8_layers": policy.fp8_report}
-    assert type(model[1]).__name__ == "Float8EmulatedLinear"
+    assert isinstance(model, nn.Sequential) and type(model[1]).__name__ == "Float8EmulatedLinear"

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_support import torchrun_trainer
+from trainer_support import json_records, torchrun_trainer
 
 from halfcast.contracts.spec import JobSpec
 from trainer.parallel.distributed import DistContext
 from trainer.preemption import StopRequested, StopSignal
-from trainer.records import read_records
 from trainer.run.checkpoint import step_path
 from trainer.run.loop import train
 
@@ -45,15 +44,15 @@ def test_sigterm_checkpoints_the_last_step_and_the_resume_is_exact(
     with pytest.raises(StopRequested) as info:
         train(interrupted, tmp_path / "a", cpu_ctx, stop=stop)
     assert info.value.step == 4 and stop.received
-    assert [r["step"] for r in read_records(tmp_path / "a") if r["type"] == "step"] == [1, 2, 3, 4]
+    assert [r["step"] for r in json_records(tmp_path / "a") if r["type"] == "step"] == [1, 2, 3, 4]
     assert step_path(tmp_path / "a", 4).is_file()
 
     resumed = train(_spec(tiny_mlp_spec), tmp_path / "a", cpu_ctx, resume_from=step_path(tmp_path / "a", 4))
     whole = train(_spec(tiny_mlp_spec), tmp_path / "b", cpu_ctx)
     for a, b in zip(resumed.model.state_dict().values(), whole.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-    steps = {r["step"]: r for r in read_records(tmp_path / "a") if r["type"] == "step"}
-    reference = {r["step"]: r for r in read_records(tmp_path / "b") if r["type"] == "step"}
+    steps = {r["step"]: r for r in json_records(tmp_path / "a") if r["type"] == "step"}
+    reference = {r["step"]: r for r in json_records(tmp_path / "b") if r["type"] == "step"}
     for step in range(1, 9):
         assert {k: steps[step][k] for k in ("loss", "loss_scale", "samples_total")} == {
             k: reference[step][k] for k in ("loss", "loss_scale", "samples_total")
@@ -81,5 +80,5 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step(tmp_path: Path) -> None
     done, run_dir = torchrun_trainer(spec, tmp_path)
     assert done.returncode != 0, done.stderr[-3000:]
     assert done.stderr.count("stopped by SIGTERM after step 3") == 2, done.stderr[-3000:]
-    assert [r["step"] for r in read_records(run_dir) if r["type"] == "step"] == [1, 2, 3]
+    assert [r["step"] for r in json_records(run_dir) if r["type"] == "step"] == [1, 2, 3]
     assert step_path(tmp_path / "run", 3).is_file() and not (tmp_path / "run" / "error.json").exists()

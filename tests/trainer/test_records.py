@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trainer_support import json_records
 
-from trainer.records import RecordSink, StepRecord, read_records
+from trainer.records import RecordSink, StepRecord
 
 STEP = StepRecord(
     step=1,
@@ -32,7 +33,7 @@ def test_lines_are_flushed_as_written(tmp_path: Path) -> None:
     sink.eval(1, {"loss": 0.5, "accuracy": 0.9})
     sink.end(steps=1, skipped_steps=1)
     sink.close()
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     assert [r["type"] for r in records] == ["start", "step", "eval", "end"]
     assert all(isinstance(r["time"], float) for r in records)
     step = records[1]
@@ -71,7 +72,7 @@ def test_non_finite_values_become_null(tmp_path: Path) -> None:
 def test_other_ranks_write_nothing(tmp_path: Path) -> None:
     with RecordSink(None) as sink:
         sink.step(STEP)
-    assert list(tmp_path.iterdir()) == [] and read_records(tmp_path) == []
+    assert list(tmp_path.iterdir()) == [] and json_records(tmp_path) == []
 
 
 @pytest.mark.parametrize(

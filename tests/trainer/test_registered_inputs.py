@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from halfcast.contracts.catalog import HFConfig, JsonlConfig, JsonlDataset
 from halfcast.contracts.spec import JobSpec
 from trainer.data import build_dataset
+from trainer.data.jsonl.batches import TokenFileDataset
 from trainer.data.jsonl.source import dataset_path
 from trainer.errors import TrainerError
 from trainer.hf.loading import model_dir, tokenizer_dir
@@ -55,6 +56,7 @@ def _config(digest: str | None, **fields: Any) -> dict[str, Any]:
 def test_a_resolved_registered_dataset_builds_like_a_file_under_a_data_root(hf_tokenizer, registry: Path) -> None:
     digest = _register(registry)
     dataset = build_dataset(JsonlDataset(name="jsonl", config=_config(digest)), hf_tokenizer)
+    assert isinstance(dataset, TokenFileDataset)
     assert dataset.report["rows"] == 12 and dataset.report["format"] == "text"
 
 
@@ -77,7 +79,8 @@ def test_a_path_dataset_with_a_sha256_is_checked_too(
     good = JsonlDataset(
         name="jsonl", config={"path": "d.jsonl", "format": "text", "sha256": hashlib.sha256(ROWS).hexdigest()}
     )
-    assert build_dataset(good, hf_tokenizer).report["rows"] == 12
+    built = build_dataset(good, hf_tokenizer)
+    assert isinstance(built, TokenFileDataset) and built.report["rows"] == 12
     bad = JsonlDataset(name="jsonl", config={"path": "d.jsonl", "format": "text", "sha256": "0" * 64})
     with pytest.raises(TrainerError, match="SHA-256"):
         build_dataset(bad, hf_tokenizer)
@@ -108,7 +111,9 @@ def test_input_fingerprints_read_the_registered_file(registry: Path, model_roots
     spec = JobSpec.model_validate(
         {"model": {"name": "hf", "config": {"path": "llama"}}, "dataset": {"name": "jsonl", "config": _config(digest)}}
     )
-    assert dataset_path(spec.dataset.config) == registry / "datasets" / f"{digest}.jsonl"  # type: ignore[arg-type]
+    config = spec.dataset.config
+    assert isinstance(config, JsonlConfig)
+    assert dataset_path(config) == registry / "datasets" / f"{digest}.jsonl"
     assert set(input_fingerprints(spec)) == {"model", "data"}
 
 

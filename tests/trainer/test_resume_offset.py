@@ -28,7 +28,7 @@ from trainer.run.checkpoint import final_path, load_checkpoint, step_path
 
 def _same(a: Batch, b: Batch) -> bool:
     masks = (a.attention_mask is None) == (b.attention_mask is None) and (
-        a.attention_mask is None or torch.equal(a.attention_mask, b.attention_mask)
+        a.attention_mask is None or (b.attention_mask is not None and torch.equal(a.attention_mask, b.attention_mask))
     )
     return (
         torch.equal(a.inputs, b.inputs)

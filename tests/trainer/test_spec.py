@@ -97,9 +97,5 @@ def test_bad_input_names_the_field(change: dict[str, Any], loc: tuple[Any, ...])
 
 def test_static_mode_uses_static_scale_or_init_scale() -> None:
     ls = {"mode": "static", "init_scale": 512.0}
-    assert (
-        JobSpec.model_validate(
-            BASE | {"precision": "fp16", "loss_scale": ls}
-        ).effective_loss_scale.effective_static_scale
-        == 512.0
-    )
+    loss_scale = JobSpec.model_validate(BASE | {"precision": "fp16", "loss_scale": ls}).effective_loss_scale
+    assert loss_scale is not None and loss_scale.effective_static_scale == 512.0

@@ -8,10 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from trainer_support import json_records
 
 from halfcast.contracts.spec import JobSpec
 from trainer.parallel.distributed import DistContext
-from trainer.records import RECORDS_FILE, RecordSink, read_records
+from trainer.records import RECORDS_FILE, RecordSink
 from trainer.run.loop import train
 from trainer.startup import (
     LAUNCHED_AT_ENV,
@@ -34,7 +35,7 @@ def test_the_clock_times_each_phase_from_the_launch_and_writes_a_record_as_it_be
         clock = StartupClock.entered(sink, True, env, clock=ticks)
         for phase in ("model", "first_step", "training"):
             clock.begin(phase)
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     assert [(r["type"], r["phase"]) for r in records] == [
         ("phase", p) for p in ("data", "model", "first_step", "training")
     ]
@@ -88,7 +89,7 @@ def test_a_run_reports_its_phases_before_the_start_record_and_its_first_step_at_
     monkeypatch.setenv(LAUNCHED_AT_ENV, "1.0")
     monkeypatch.setenv(RANK_STARTED_AT_ENV, "2.0")
     train(tiny_mlp_spec(max_steps=4, log_interval=10, log_interval_s=None), tmp_path, cpu_ctx)
-    records = read_records(tmp_path)
+    records = json_records(tmp_path)
     kinds = [(r["type"], r.get("phase") or r.get("step")) for r in records]
     assert kinds[:6] == [
         ("phase", "data"),

@@ -21,6 +21,7 @@ from trainer.data.base import token_batch
 from trainer.models.gpt import GPT
 from trainer.parallel.distributed import DistContext, barrier, leave_together
 from trainer.preemption import exit_now
+from trainer.records import read_records
 
 CPU = torch.device("cpu")
 #: The repository root (the trainer is started from it).
@@ -122,3 +123,14 @@ def lm_micro_batch(valid: int, seed: int, rows: int = 2, length: int = 8) -> Bat
     targets = torch.randint(0, 32, (rows, length), generator=generator)
     targets.view(-1)[valid:] = IGNORE_INDEX
     return token_batch(inputs, targets)
+
+
+def grad_of(param: torch.Tensor) -> torch.Tensor:
+    """``param``'s gradient, which the test expects a backward pass to have set."""
+    assert param.grad is not None, "no gradient"
+    return param.grad
+
+
+def json_records(run_dir: Path) -> list[dict[str, Any]]:
+    """:func:`trainer.records.read_records`, each field as JSON (``Any``: a test reads the fields it knows)."""
+    return read_records(run_dir)

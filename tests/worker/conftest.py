@@ -53,11 +53,12 @@ def no_stray_processes() -> Iterator[None]:
         original(self, *args, **kwargs)
         started.append(self)
 
-    RunProcess.__init__ = recording_init  # type: ignore[method-assign]
+    patch = pytest.MonkeyPatch()  # its own: undone here, before the clean-up below, not with the test's
+    patch.setattr(RunProcess, "__init__", recording_init)
     try:
         yield
     finally:
-        RunProcess.__init__ = original  # type: ignore[method-assign]
+        patch.undo()
         for process in started:
             for info in process.tree.refresh():
                 with contextlib.suppress(ProcessLookupError):

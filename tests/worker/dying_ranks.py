@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from worker.warm.agent import _is_exiting, _wait_all
 
@@ -30,10 +31,10 @@ def _victim() -> None:
     ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the process lives on in the other
 
 
-def _fork(child: object) -> int:
+def _fork(child: Callable[[], object]) -> int:
     pid = os.fork()
     if pid == 0:
-        child()  # type: ignore[operator]  # a function of this module
+        child()
         os._exit(0)
     return pid
 

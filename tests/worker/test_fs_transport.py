@@ -39,7 +39,8 @@ def test_no_message_is_lost_while_another_process_publishes(data_dir: Path) -> N
     publisher = subprocess.Popen(
         [sys.executable, "-c", PUBLISHER, str(data_dir), TRANSPORT_PATH, str(MESSAGES)], cwd=ROOT
     )
-    received, errors = [], []
+    received: list[int] = []
+    errors: list[ValueError] = []
     with Connection("filesystem://", transport_options=options) as conn:  # kombu's own consumer
         queue = conn.SimpleQueue("race")
         idle = 0

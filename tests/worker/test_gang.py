@@ -7,11 +7,11 @@ from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import Engine, select, update
-from worker_support import MakeJob, small_spec
+from worker_support import MakeJob, present, small_spec
 
 from halfcast.contracts.spec import JobSpec
 from halfcast.contracts.status import FailureReason, JobStatus, MemberStatus
-from halfcast.core.db.members import Members
+from halfcast.core.db.members import Member, Members
 from halfcast.core.db.models import Attempt, Job, JobMember, utcnow
 from halfcast.core.settings import Settings
 from worker.gang.entry import GangEntry
@@ -56,7 +56,7 @@ def test_racing_joins_never_share_a_rank(store: JobStore, make_job: MakeJob, tmp
     members = Members(store.engine)
     job_id = make_job(gang_spec(nodes=4))
     claim_node0(store, members, job_id, tmp_path)
-    results: list[object] = []
+    results: list[Member | None] = []
     threads = [
         threading.Thread(target=lambda w=w: results.append(members.join(job_id, w, "h", TTL)))
         for w in (f"w{i}/1" for i in range(1, 7))
@@ -66,7 +66,7 @@ def test_racing_joins_never_share_a_rank(store: JobStore, make_job: MakeJob, tmp
     for thread in threads:
         thread.join()
 
-    ranks = sorted(m.node_rank for m in results if m is not None)  # type: ignore[attr-defined]
+    ranks = sorted(m.node_rank for m in results if m is not None)
     assert ranks == [1, 2, 3]
 
 
@@ -124,13 +124,13 @@ def test_peer_verdicts(store: JobStore, make_job: MakeJob, tmp_path: Path) -> No
     assert one and two and peer_verdict(members.of_attempt(job_id, 1)) is None
 
     members.close(one.id, MemberStatus.FAILED, 1)
-    assert peer_verdict(members.of_attempt(job_id, 1)).reason == FailureReason.RANK_FAILED  # type: ignore[union-attr]
+    assert present(peer_verdict(members.of_attempt(job_id, 1))).reason == FailureReason.RANK_FAILED
     with store.begin() as conn:  # node 2's worker stopped renewing: lost comes first (it is retried)
         conn.execute(
             update(JobMember).where(JobMember.id == two.id).values(lease_expires_at=utcnow() - timedelta(seconds=1))
         )
-    assert peer_verdict(members.of_attempt(job_id, 1)).reason == FailureReason.WORKER_LOST  # type: ignore[union-attr]
-    assert members.close_expired(job_id, 1) == 1 and members.get(two.id).status == MemberStatus.LOST  # type: ignore[union-attr]
+    assert present(peer_verdict(members.of_attempt(job_id, 1))).reason == FailureReason.WORKER_LOST
+    assert members.close_expired(job_id, 1) == 1 and present(members.get(two.id)).status == MemberStatus.LOST
 
 
 def test_fair_ordering_joins_an_older_gathering_gang_before_newer_work(
@@ -142,8 +142,8 @@ def test_fair_ordering_joins_an_older_gathering_gang_before_newer_work(
     newer_single = make_job()
     entry = GangEntry(Settings(data_dir=tmp_path, worker_host_address="10.77.0.3"), members, lambda gpus: True)
 
-    assert entry.gang_to_join(newer_single, "w1/1").job_id == older  # type: ignore[union-attr]
-    assert entry.gang_to_join(older, "w1/1").job_id == older  # the gang's own message
+    assert present(entry.gang_to_join(newer_single, "w1/1")).job_id == older
+    assert present(entry.gang_to_join(older, "w1/1")).job_id == older  # the gang's own message
     with engine.begin() as conn:  # a one-node job older than the gang is not held back
         conn.execute(update(Job).where(Job.id == newer_single).values(created_at=utcnow() - timedelta(days=1)))
     assert entry.gang_to_join(newer_single, "w1/1") is None

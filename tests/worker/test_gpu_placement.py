@@ -8,14 +8,14 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from worker_support import MakeJob, small_spec
 
 from halfcast.contracts.spec import JobSpec
 from halfcast.core.db.models import Attempt, Job
 from halfcast.core.settings import Settings
 from worker.resources.gpu_locks import GpuLocks
-from worker.resources.placement import Placer, SlotUnavailable
+from worker.resources.placement import Placement, Placer, SlotUnavailable
 from worker.resources.slots import Slots
 from worker.runner import RunnerContext, run_job
 from worker.store import JobStore
@@ -54,14 +54,14 @@ def test_a_gpu_job_waits_queued_while_its_device_is_busy(tmp_path: Path, store: 
     busy = slots.try_place(1)
     assert busy is not None
     job_id = make_job(small_spec(gpus=1))
-    placed: list[object] = []
+    placed: list[Placement | None] = []
     waiter = threading.Thread(target=lambda: placed.append(_placer(slots, store).place(job_id)))
     waiter.start()
     time.sleep(0.3)
     assert placed == [] and store.status(job_id) == "queued"  # waiting: not claimed, lease not taken
     busy.release()
     waiter.join(timeout=5)
-    assert len(placed) == 1 and placed[0] is not None and placed[0].gpus == (0,)  # type: ignore[attr-defined]
+    assert len(placed) == 1 and placed[0] is not None and placed[0].gpus == (0,)
 
 
 def test_no_slot_in_time_hands_the_job_back(tmp_path: Path, store: JobStore, make_job: MakeJob) -> None:
@@ -92,7 +92,7 @@ def test_waiting_ends_at_shutdown_and_at_cancel(
     waiter.start()
     time.sleep(0.2)
     with engine.begin() as conn:
-        conn.execute(Job.__table__.update().where(Job.id == job_id).values(status="cancelled"))
+        conn.execute(update(Job).where(Job.id == job_id).values(status="cancelled"))
     waiter.join(timeout=5)
     assert result == [None]  # dropped: a cancelled job is never claimed
     assert busy is not None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from halfcast.core.db.members import Members
 from worker.gang.formation import MemberLease
 from worker.lifecycle.lease import RENEWALS_PER_TTL, Lease
-from worker.store import Fence
+from worker.store import Fence, JobStore
 
 FENCE = Fence("job", 1, "w")
 
@@ -36,7 +37,7 @@ class FakeStore:
 
 def test_renews_only_when_due() -> None:
     clock, store = Clock(), FakeStore(True, True)
-    lease = Lease(store, FENCE, ttl_s=10.0, clock=clock)  # type: ignore[arg-type]
+    lease = Lease(cast(JobStore, store), FENCE, ttl_s=10.0, clock=clock)  # a FakeStore
     assert lease.renew_if_due() and store.calls == 0
     clock.now += 10.0 / RENEWALS_PER_TTL
     assert lease.renew_if_due() and store.calls == 1
@@ -47,7 +48,7 @@ def test_renews_only_when_due() -> None:
 
 def test_a_renewal_that_matches_no_row_loses_the_lease() -> None:
     clock, store = Clock(), FakeStore(False)
-    lease = Lease(store, FENCE, ttl_s=10.0, clock=clock)  # type: ignore[arg-type]
+    lease = Lease(cast(JobStore, store), FENCE, ttl_s=10.0, clock=clock)  # a FakeStore
     clock.now += 5.0
     assert lease.renew_if_due() is False and lease.lost
     assert lease.renew_if_due() is False and store.calls == 1  # never renewed again
@@ -56,7 +57,7 @@ def test_a_renewal_that_matches_no_row_loses_the_lease() -> None:
 def test_database_errors_are_retried_until_the_lease_would_have_expired() -> None:
     clock = Clock()
     store = FakeStore(*[ConnectionError("database down")] * 50)
-    lease = Lease(store, FENCE, ttl_s=10.0, clock=clock)  # type: ignore[arg-type]
+    lease = Lease(cast(JobStore, store), FENCE, ttl_s=10.0, clock=clock)  # a FakeStore
     while clock.now < 109.0:
         clock.now += 0.5
         assert lease.renew_if_due() is True, clock.now  # still within the lease: keep running
@@ -68,7 +69,7 @@ def test_database_errors_are_retried_until_the_lease_would_have_expired() -> Non
 def test_a_renewal_after_errors_restores_the_lease() -> None:
     clock = Clock()
     store = FakeStore(ConnectionError("blip"), True)
-    lease = Lease(store, FENCE, ttl_s=10.0, clock=clock)  # type: ignore[arg-type]
+    lease = Lease(cast(JobStore, store), FENCE, ttl_s=10.0, clock=clock)  # a FakeStore
     clock.now += 2.0
     assert lease.renew_if_due()
     clock.now += 1.0
@@ -87,7 +88,7 @@ class FakeMembers:
 
 def test_a_membership_lease_renews_and_is_lost_when_closed_elsewhere() -> None:
     clock, members = Clock(), FakeMembers(True, False)
-    lease = MemberLease(members, 7, ttl_s=10.0, clock=clock)  # type: ignore[arg-type]  # a fake Members
+    lease = MemberLease(cast(Members, members), 7, ttl_s=10.0, clock=clock)  # a FakeMembers
     clock.now += 2.0
     assert lease.renew_if_due() and lease.valid_until == clock.now + 10.0
     clock.now += 2.0
@@ -96,7 +97,8 @@ def test_a_membership_lease_renews_and_is_lost_when_closed_elsewhere() -> None:
 
 def test_a_membership_lease_self_fences_when_it_cannot_be_renewed_before_it_expires() -> None:
     clock = Clock()
-    lease = MemberLease(FakeMembers(*[ConnectionError("down")] * 50), 7, ttl_s=10.0, clock=clock)  # type: ignore[arg-type]  # a fake Members
+    members = cast(Members, FakeMembers(*[ConnectionError("down")] * 50))
+    lease = MemberLease(members, 7, ttl_s=10.0, clock=clock)
     while clock.now < 109.0:
         clock.now += 0.5
         assert lease.renew_if_due() is True

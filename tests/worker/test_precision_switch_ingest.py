@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
-from worker_support import insert_job
+from worker_support import insert_job, present
 
 from halfcast.core.db.models import Job, StepRow
 from worker.runner import Attempt
@@ -44,7 +44,7 @@ def _step(step: int, precision: str = "fp16") -> dict[str, Any]:
 
 def _progress(records: list[dict[str, Any]]) -> Progress:
     """What the runner makes of one drain of records (only ``end`` of the attempt is touched)."""
-    return Attempt._progress(SimpleNamespace(end=None), records)  # type: ignore[arg-type]
+    return Attempt._progress(cast(Attempt, SimpleNamespace(end=None)), records)  # only its end is read
 
 
 def _claimed(db: Engine, tmp_path: Path) -> tuple[JobStore, Claim]:
@@ -54,7 +54,7 @@ def _claimed(db: Engine, tmp_path: Path) -> tuple[JobStore, Claim]:
     return store, claim
 
 
-def _stored(db: Engine, job_id: str) -> tuple[list[tuple[int, str, float]], Job]:
+def _stored(db: Engine, job_id: str) -> tuple[list[tuple[int, object, object]], Job]:
     with db.connect() as conn:
         rows = conn.execute(select(StepRow.step, StepRow.data).where(StepRow.job_id == job_id).order_by(StepRow.step))
         steps = [(step, data.get("precision", "fp16"), data["loss"]) for step, data in rows]
@@ -72,7 +72,7 @@ def test_a_switch_in_the_middle_of_a_drain_leaves_the_bf16_continuation(db: Engi
 
     steps, job = _stored(db, claim.job_id)
     assert steps == [(s, "fp16", 1.0 / s) for s in range(1, 9)] + [(s, "bf16", 2.0 / s) for s in (9, 10, 11)]
-    assert (job.step, job.latest["step"], job.latest["precision"], job.eval) == (11, 11, "bf16", None)
+    assert (job.step, present(job.latest)["step"], present(job.latest)["precision"], job.eval) == (11, 11, "bf16", None)
     assert job.precision_switches == [{k: v for k, v in SWITCH.items() if k != "type"}]
 
 
@@ -82,7 +82,7 @@ def test_a_drain_that_ends_at_the_switch_rewinds_latest(db: Engine, tmp_path: Pa
     assert store.record_progress(claim.fence, _progress([SWITCH]))
     steps, job = _stored(db, claim.job_id)
     assert [s for s, _, _ in steps] == list(range(1, 9))
-    assert (job.step, job.latest["step"]) == (8, 8)
+    assert (job.step, present(job.latest)["step"]) == (8, 8)
     assert store.record_progress(claim.fence, _progress([_step(9, "bf16")]))
     assert _stored(db, claim.job_id)[0][-1] == (9, "bf16", 2.0 / 9)
 
@@ -98,7 +98,7 @@ def test_a_replayed_or_inherited_switch_is_recorded_once(db: Engine, tmp_path: P
 
     steps, job = _stored(db, claim.job_id)
     assert steps[-1] == (9, "bf16", 2.0 / 9) and len(steps) == 9
-    assert len(job.precision_switches) == 1
+    assert len(present(job.precision_switches)) == 1
 
 
 def test_a_switch_from_another_job_arrives_with_the_start_record(db: Engine, tmp_path: Path) -> None:
@@ -114,4 +114,4 @@ def test_a_switch_from_another_job_arrives_with_the_start_record(db: Engine, tmp
     assert store.record_progress(claim.fence, _progress([start, _step(13, "bf16")]))
     steps, job = _stored(db, claim.job_id)
     assert steps == [(13, "bf16", 2.0 / 13)]
-    assert [s["to"] for s in job.precision_switches] == ["bf16"] and job.world_size == 1
+    assert [s["to"] for s in present(job.precision_switches)] == ["bf16"] and job.world_size == 1

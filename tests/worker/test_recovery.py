@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, select, update
-from worker_support import insert_job, small_spec
+from worker_support import insert_job, job_row, present, small_spec
 
 from halfcast.core.db.models import Attempt, Job, utcnow
 from worker.lifecycle.reaper import Reaper
@@ -28,8 +28,7 @@ class Sent(list[str]):
 
 
 def _job(engine: Engine, job_id: str) -> Job:
-    with engine.connect() as conn:
-        return conn.execute(select(Job).where(Job.id == job_id)).one()  # type: ignore[return-value]
+    return job_row(engine, job_id)
 
 
 def _attempts(engine: Engine, job_id: str) -> list[tuple[int, str | None, str | None]]:
@@ -111,7 +110,7 @@ def test_without_attempts_left_the_job_fails_worker_lost(db: Engine, tmp_path: P
     assert Reaper(Recovery(JobStore(db), sent), 1.0, threading.Event()).reap_once() == {fence.job_id: "failed"}
     row = _job(db, fence.job_id)
     assert (row.status, row.error_reason) == ("failed", "worker_lost") and row.finished_at is not None
-    assert "dead-worker/1" in row.error_message and "no retry left" in row.error_message
+    assert "dead-worker/1" in present(row.error_message) and "no retry left" in present(row.error_message)
     assert sent == [] and _attempts(db, fence.job_id) == [(1, "failed", "worker_lost")]
 
 
@@ -176,7 +175,9 @@ def test_a_retry_that_cannot_be_sent_fails_the_job(db: Engine, tmp_path: Path) -
         Recovery(JobStore(db), broken).recover_expired(Recovery(JobStore(db), None).expired_leases()[0]) == "requeued"
     )
     row = _job(db, fence.job_id)
-    assert (row.status, row.error_reason) == ("failed", "enqueue_failed") and "broker down" in row.error_message
+    assert (row.status, row.error_reason) == ("failed", "enqueue_failed") and "broker down" in present(
+        row.error_message
+    )
 
 
 def test_the_reaper_thread_runs_at_once_and_stops(db: Engine, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -9,10 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, insert, select, update
-from worker_support import MakeJob, fake_command, small_spec
+from sqlalchemy import Engine, delete, insert, select, update
+from worker_support import MakeJob, fake_command, job_row, present, small_spec
 
 from halfcast.contracts.spec import JobSpec
+from halfcast.contracts.status import JobStatus
 from halfcast.core.db.models import Attempt, CancelRequest, Job, StepRow, utcnow
 from halfcast.core.settings import Settings
 from worker.launch.process_tree import RunProcess, session_members
@@ -26,8 +28,12 @@ def _context(settings: Settings, store: JobStore, command=fake_command, **extra)
 
 
 def _row(engine: Engine, job_id: str) -> Job:
-    with engine.connect() as conn:
-        return conn.execute(select(Job).where(Job.id == job_id)).one()  # type: ignore[return-value]
+    return job_row(engine, job_id)
+
+
+def _running_attempt(engine: Engine, job_id: str, attempt: int) -> bool:
+    row = _row(engine, job_id)
+    return row.status == "running" and row.attempt == attempt
 
 
 def _steps(engine: Engine, job_id: str) -> list[int]:
@@ -41,11 +47,11 @@ def test_success_stores_every_step_latest_and_eval(
 ) -> None:
     job_id = make_job(small_spec(max_steps=12))
     outcome = run_job(job_id, _context(settings, store))
-    assert outcome == Outcome("succeeded")
+    assert outcome == Outcome(JobStatus.SUCCEEDED)
     row = _row(engine, job_id)
     assert (row.status, row.step, row.error_reason) == ("succeeded", 12, None)
-    assert row.latest["step"] == 12 and "type" not in row.latest
-    assert row.eval == {"step": 12, "time": row.eval["time"], "loss": 0.1, "accuracy": 0.95}
+    assert present(row.latest)["step"] == 12 and "type" not in present(row.latest)
+    assert row.eval == {"step": 12, "time": present(row.eval)["time"], "loss": 0.1, "accuracy": 0.95}
     assert _steps(engine, job_id) == list(range(1, 13))
     assert row.end_info == {"steps": 12, "skipped_steps": 0}  # what the run's end record said (jobs.end_info)
     assert row.startup == {
@@ -66,7 +72,7 @@ def test_a_second_message_for_the_job_is_dropped(
     settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
 ) -> None:
     job_id = make_job()
-    assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
+    assert run_job(job_id, _context(settings, store)) == Outcome(JobStatus.SUCCEEDED)
     assert run_job(job_id, _context(settings, store)) is None
     assert _row(engine, job_id).attempt == 1
     assert sorted(p.name for p in (settings.runs_dir / job_id).iterdir()) == ["attempt-1"]
@@ -80,8 +86,8 @@ def test_error_json_gives_its_reason_message_and_log_tail(
     assert outcome is not None and (outcome.status, outcome.reason) == ("failed", "nonfinite_gradients")
     row = _row(engine, job_id)
     assert (row.status, row.error_reason) == ("failed", "nonfinite_gradients")
-    assert "gradients were non-finite on 50 steps (rank 0)" in row.error_message
-    assert "giving up: non-finite gradients" in row.error_message  # the log tail
+    assert "gradients were non-finite on 50 steps (rank 0)" in present(row.error_message)
+    assert "giving up: non-finite gradients" in present(row.error_message)  # the log tail
 
 
 def test_a_crash_is_rank_failed_with_the_traceback(
@@ -91,8 +97,8 @@ def test_a_crash_is_rank_failed_with_the_traceback(
     run_job(job_id, _context(settings, store))
     row = _row(engine, job_id)
     assert (row.status, row.error_reason, row.step) == ("failed", "rank_failed", 3)
-    assert "exited with exit code 1" in row.error_message
-    assert "RuntimeError: injected failure at step 4" in row.error_message
+    assert "exited with exit code 1" in present(row.error_message)
+    assert "RuntimeError: injected failure at step 4" in present(row.error_message)
     assert _steps(engine, job_id) == [1, 2, 3]
 
 
@@ -104,7 +110,7 @@ def test_exit_0_without_an_end_record_is_a_failure(
     run_job(job_id, _context(settings, store))
     row = _row(engine, job_id)
     assert (row.status, row.error_reason) == ("failed", "rank_failed")
-    assert "exited 0 without an end record" in row.error_message
+    assert "exited 0 without an end record" in present(row.error_message)
 
 
 def test_an_unstartable_command_is_launch_failed(
@@ -123,7 +129,7 @@ def test_a_stored_spec_that_no_longer_validates_is_spec_invalid(
     run_job(job_id, _context(settings, store))
     row = _row(engine, job_id)
     assert (row.status, row.error_reason) == ("failed", "spec_invalid")
-    assert "bogus" in row.error_message
+    assert "bogus" in present(row.error_message)
 
 
 def test_records_written_just_before_exit_are_drained(
@@ -132,7 +138,7 @@ def test_records_written_just_before_exit_are_drained(
     """The supervisor reads once more after the exit: nothing the trainer wrote last is lost."""
     monkeypatch.setattr(RunProcess, "poll", lambda self: self.popen.wait())  # the exit is seen only after it happened
     job_id = make_job(small_spec(max_steps=7))
-    assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
+    assert run_job(job_id, _context(settings, store)) == Outcome(JobStatus.SUCCEEDED)
     assert _steps(engine, job_id) == list(range(1, 8)) and _row(engine, job_id).eval is not None
 
 
@@ -161,11 +167,11 @@ def test_cancel_stops_the_whole_run(settings: Settings, store: JobStore, engine:
     thread, result = _run_in_thread(job_id, _context(settings, store))
     row = _wait_status(engine, job_id, "running")
     _wait_until(lambda: _row(engine, job_id).step >= 2)
-    leader = _leader_pid(Path(row.run_dir))
+    leader = _leader_pid(Path(present(row.run_dir)))
     assert len(session_members(leader)) >= 2  # the trainer and its SIGTERM-ignoring child
     _set_status(engine, job_id, "cancelling")  # what POST /jobs/{id}/cancel does
     thread.join(timeout=30)
-    assert result == [Outcome("cancelled", None, "cancelled by request")]
+    assert result == [Outcome(JobStatus.CANCELLED, None, "cancelled by request")]
     row = _row(engine, job_id)
     assert (row.status, row.error_reason) == ("cancelled", None) and row.finished_at is not None
     assert session_members(leader) == []
@@ -178,11 +184,11 @@ def test_cancel_after_the_run_finished_every_step_keeps_it_succeeded(
     job_id = make_job(small_spec(name="slow-teardown", max_steps=3))
     thread, result = _run_in_thread(job_id, _context(settings, store))
     row = _wait_status(engine, job_id, "running")
-    leader = _leader_pid(Path(row.run_dir))
+    leader = _leader_pid(Path(present(row.run_dir)))
     _wait_until(lambda: _row(engine, job_id).eval is not None)  # the eval record comes just before the end
     _set_status(engine, job_id, "cancelling")
     thread.join(timeout=30)
-    assert [outcome.status for outcome in result] == ["succeeded"]
+    assert [present(outcome).status for outcome in result] == ["succeeded"]
     row = _row(engine, job_id)
     assert (row.status, row.error_reason, row.step) == ("succeeded", None, 3)
     assert session_members(leader) == []
@@ -196,7 +202,7 @@ def test_an_end_record_that_applied_no_update_fails_the_job(
     outcome = run_job(job_id, _context(settings, store))
     assert outcome is not None and (outcome.status, outcome.reason) == ("failed", "no_update_applied")
     row = _row(engine, job_id)
-    assert (row.status, row.error_reason, row.step, row.latest["skipped_steps"]) == (
+    assert (row.status, row.error_reason, row.step, present(row.latest)["skipped_steps"]) == (
         "failed",
         "no_update_applied",
         5,
@@ -225,7 +231,7 @@ def test_worker_shutdown_stops_the_run_and_fails_the_job(
     context = _context(settings, store)
     thread, _ = _run_in_thread(job_id, context)
     row = _wait_status(engine, job_id, "running")
-    leader = _leader_pid(Path(row.run_dir))
+    leader = _leader_pid(Path(present(row.run_dir)))
     context.shutdown.set()
     thread.join(timeout=30)
     assert _row(engine, job_id).error_reason == "worker_shutdown"
@@ -250,8 +256,8 @@ def test_an_unexpected_error_kills_the_run_and_fails_the_job(
     run_job(job_id, _context(settings, store))
     row = _row(engine, job_id)
     assert (row.status, row.error_reason) == ("failed", "worker_error")
-    assert "ConnectionError: database went away" in row.error_message
-    assert session_members(_leader_pid(Path(row.run_dir))) == []
+    assert "ConnectionError: database went away" in present(row.error_message)
+    assert session_members(_leader_pid(Path(present(row.run_dir)))) == []
 
 
 def test_cancel_before_launch_starts_nothing(
@@ -266,7 +272,7 @@ def test_cancel_before_launch_starts_nothing(
         return claim
 
     monkeypatch.setattr(store, "claim", claim_then_cancel)
-    assert run_job(job_id, _context(settings, store)).status == "cancelled"  # type: ignore[union-attr]
+    assert present(run_job(job_id, _context(settings, store))).status == "cancelled"
     assert not (settings.runs_dir / job_id / "attempt-1" / "logs" / "launcher.log").exists()  # never launched
 
 
@@ -313,11 +319,11 @@ def test_a_shutdown_requeues_the_job_and_the_retry_resumes_from_its_checkpoint(
     _wait_until(lambda: _row(engine, job_id).step >= 8)
     context.shutdown.set()  # the worker shuts down (warm): the run is stopped, the job handed back
     thread.join(timeout=30)
-    assert result == [Outcome("failed", "worker_shutdown", "the worker shut down while the job ran")]
+    assert result == [Outcome(JobStatus.FAILED, "worker_shutdown", "the worker shut down while the job ran")]
     row = _row(engine, job_id)
     assert (row.status, row.worker_id, row.error_reason) == ("queued", None, None) and sent == [job_id]
     stopped_at = row.step
-    assert run_job(job_id, _context(settings, store, enqueue=sent.append)) == Outcome("succeeded")
+    assert run_job(job_id, _context(settings, store, enqueue=sent.append)) == Outcome(JobStatus.SUCCEEDED)
     resumed = _start_record(settings.runs_dir / job_id / "attempt-2")["resumed_from_step"]
     assert resumed % 3 == 0 and 6 <= resumed <= stopped_at
     assert _steps(engine, job_id) == list(range(1, 31))
@@ -333,7 +339,7 @@ def test_a_finished_attempt_whose_outcome_was_dropped_is_recorded_not_trained_ag
     stalled, lost its lease, and its ``succeeded`` was dropped; the reaper requeued the job. Attempt 2 records
     attempt 1's success (its steps backfilled) and trains nothing: it re-ran steps 551-600 before."""
     job_id = make_job(small_spec(max_steps=12))
-    assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
+    assert run_job(job_id, _context(settings, store)) == Outcome(JobStatus.SUCCEEDED)
     first = settings.runs_dir / job_id / "attempt-1"
     (first / "checkpoints").mkdir(exist_ok=True)
     (first / "checkpoints" / "final.pt").write_text("12")
@@ -343,14 +349,14 @@ def test_a_finished_attempt_whose_outcome_was_dropped_is_recorded_not_trained_ag
             .where(Job.id == job_id)
             .values(status="queued", worker_id=None, finished_at=None, step=6, end_info=None, lease_expires_at=None)
         )
-        conn.execute(StepRow.__table__.delete().where(StepRow.job_id == job_id, StepRow.step > 6))
+        conn.execute(delete(StepRow).where(StepRow.job_id == job_id, StepRow.step > 6))
         conn.execute(update(Attempt).where(Attempt.job_id == job_id).values(status="requeued", reason="worker_lost"))
     outcome = run_job(job_id, _context(settings, store))
     assert outcome is not None and outcome.status == "succeeded", outcome
     assert not (settings.runs_dir / job_id / "attempt-2" / "records.jsonl").exists()  # nothing was launched
     assert _steps(engine, job_id) == list(range(1, 13))
     row = _row(engine, job_id)
-    assert (row.status, row.step, row.end_info["steps"]) == ("succeeded", 12, 12)
+    assert (row.status, row.step, present(row.end_info)["steps"]) == ("succeeded", 12, 12)
     assert _attempts(engine, job_id) == [(1, "requeued", "worker_lost"), (2, "succeeded", None)]
 
 
@@ -359,10 +365,10 @@ def test_an_earlier_attempt_without_final_pt_or_its_end_record_is_trained_again(
 ) -> None:
     """No final.pt (the run died before it): the retry launches as before."""
     job_id = make_job(small_spec(max_steps=12))
-    assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
+    assert run_job(job_id, _context(settings, store)) == Outcome(JobStatus.SUCCEEDED)
     with engine.begin() as conn:
         conn.execute(update(Job).where(Job.id == job_id).values(status="queued", worker_id=None, finished_at=None))
-    assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
+    assert run_job(job_id, _context(settings, store)) == Outcome(JobStatus.SUCCEEDED)
     assert (settings.runs_dir / job_id / "attempt-2" / "records.jsonl").exists()
 
 
@@ -377,13 +383,11 @@ def test_graceful_shutdowns_do_not_use_up_max_attempts(
     for attempt in (1, 2):
         context = _context(settings, store, enqueue=sent.append)
         thread, _ = _run_in_thread(job_id, context)
-        _wait_until(
-            lambda attempt=attempt: _row(engine, job_id).status == "running" and _row(engine, job_id).attempt == attempt
-        )
+        _wait_until(functools.partial(_running_attempt, engine, job_id, attempt))
         context.shutdown.set()
         thread.join(timeout=30)
         assert _row(engine, job_id).status == "queued" and sent == [job_id] * attempt
-    assert run_job(job_id, _context(settings, store, enqueue=sent.append)) == Outcome("succeeded")
+    assert run_job(job_id, _context(settings, store, enqueue=sent.append)) == Outcome(JobStatus.SUCCEEDED)
     assert [a[1:] for a in _attempts(engine, job_id)] == [("requeued", "worker_shutdown")] * 2 + [("succeeded", None)]
 
 
@@ -397,8 +401,8 @@ def test_past_max_runtime_the_run_is_stopped_and_the_job_fails(
     assert 1.5 <= time.monotonic() - started < 15
     row = _row(engine, job_id)
     assert (row.status, row.error_reason) == ("failed", "deadline_exceeded") and 0 < row.step < 1000
-    assert "max_runtime_s of 1.5 s" in row.error_message
-    assert session_members(_leader_pid(Path(row.run_dir))) == []
+    assert "max_runtime_s of 1.5 s" in present(row.error_message)
+    assert session_members(_leader_pid(Path(present(row.run_dir)))) == []
 
 
 def test_the_deadline_counts_earlier_attempts(
@@ -444,8 +448,13 @@ def test_an_attempt_that_lost_its_lease_stops_its_run_and_writes_nothing(
     assert recovery.recover_expired(lease, utcnow() + timedelta(hours=1)) == "requeued"
     step_at_takeover = _row(engine, job_id).step
     thread.join(timeout=30)
-    assert not thread.is_alive() and result[0].reason == "worker_lost" and "lease lost" in result[0].message
-    assert session_members(_leader_pid(Path(row.run_dir))) == []
+    assert (
+        not thread.is_alive()
+        and result[0] is not None
+        and result[0].reason == "worker_lost"
+        and "lease lost" in present(result[0].message)
+    )
+    assert session_members(_leader_pid(Path(present(row.run_dir)))) == []
     row = _row(engine, job_id)
     assert (row.status, row.worker_id, row.error_reason) == ("queued", None, None)
     assert row.step <= step_at_takeover + 1 and _attempts(engine, job_id) == [(1, "failed", "worker_lost")]
@@ -508,7 +517,7 @@ def test_records_and_checkpoint_written_after_the_worker_left_are_stored_by_the_
         for step in late:
             records.write(json.dumps({"type": "step", "time": time.time(), "step": step, "loss": 0.5}) + "\n")
     (first_run / "checkpoints" / f"step-{late[-1]}.pt").write_text(str(late[-1]))
-    assert run_job(job_id, _context(settings, store)) == Outcome("succeeded")
+    assert run_job(job_id, _context(settings, store)) == Outcome(JobStatus.SUCCEEDED)
     assert _start_record(settings.runs_dir / job_id / "attempt-2")["resumed_from_step"] == late[-1]
     assert _steps(engine, job_id) == list(range(1, 31))
 

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import OperationalError
-from worker_support import MakeJob, fake_command, small_spec
+from worker_support import MakeJob, fake_command, present, small_spec
 
+from halfcast.contracts.status import JobStatus
 from halfcast.core.db.models import Attempt, Job, StepRow
 from halfcast.core.settings import Settings
 from worker.launch.process_tree import session_members
@@ -94,7 +95,7 @@ def test_an_outage_mid_run_loses_no_record_and_the_job_succeeds(
     assert thread.is_alive() and session_members(_leader(engine, job_id)), "the run was stopped"
     outage.down.clear()
     thread.join(timeout=60)
-    assert outage.failures > 0 and result == [Outcome("succeeded")]
+    assert outage.failures > 0 and result == [Outcome(JobStatus.SUCCEEDED)]
     assert (_row(engine, job_id).status, _steps(engine, job_id)) == ("succeeded", list(range(1, 61)))
     assert _attempts(engine, job_id) == [(1, "succeeded")]
 
@@ -114,7 +115,7 @@ def test_an_outage_at_the_run_s_exit_is_retried_until_the_outcome_is_stored(
     assert thread.is_alive()
     outage.down.clear()
     thread.join(timeout=30)
-    assert result == [Outcome("succeeded")]
+    assert result == [Outcome(JobStatus.SUCCEEDED)]
     assert (_row(engine, job_id).status, _steps(engine, job_id)) == ("succeeded", list(range(1, 21)))
 
 
@@ -131,7 +132,7 @@ def test_an_outage_past_the_lease_stops_the_run_and_writes_nothing(
     outage.down.set()
     thread.join(timeout=30)
     assert not thread.is_alive() and outage.down.is_set()  # it gave up while the database was still down
-    assert result[0] is not None and result[0].reason == "worker_lost" and "lease" in result[0].message
+    assert result[0] is not None and result[0].reason == "worker_lost" and "lease" in present(result[0].message)
     assert session_members(leader) == []
     outage.down.clear()
     row = _row(engine, job_id)

@@ -11,8 +11,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select
-from worker_support import insert_job, small_spec
+from sqlalchemy import Engine, select, update
+from worker_support import attempt_row, insert_job, job_row, present, small_spec
 
 from halfcast.common.timeutil import as_utc
 from halfcast.contracts.records import EvalRecord as EvalLine
@@ -22,8 +22,7 @@ from worker.store import Fence, JobStore, Progress
 
 
 def _job(engine: Engine, job_id: str) -> Job:
-    with engine.connect() as conn:
-        return conn.execute(select(Job).where(Job.id == job_id)).one()  # type: ignore[return-value]
+    return job_row(engine, job_id)
 
 
 def _steps(engine: Engine, job_id: str, table: type[StepRow] | type[EvalRow] = StepRow) -> list[int]:
@@ -80,7 +79,7 @@ def test_step_records_are_inserted_once_in_batches(db: Engine, tmp_path: Path) -
     assert store.record_progress(claim.fence, Progress(steps=records[600:]))  # overlap: re-read records
     assert _steps(db, job_id) == list(range(1, 1201))
     row = _job(db, job_id)
-    assert row.step == 1200 and row.latest["step"] == 1200 and row.world_size == 2
+    assert row.step == 1200 and present(row.latest)["step"] == 1200 and row.world_size == 2
 
 
 def test_progress_keeps_eval_and_replaces_non_finite_numbers(db: Engine, tmp_path: Path) -> None:
@@ -106,7 +105,7 @@ def test_running_cancel_and_finish_are_compare_and_set(db: Engine, tmp_path: Pat
     assert store.mark_running(fence) is False
     assert store.cancel_requested(job_id) is False
     with db.begin() as conn:
-        conn.execute(Job.__table__.update().where(Job.id == job_id).values(status="cancelling"))
+        conn.execute(update(Job).where(Job.id == job_id).values(status="cancelling"))
     assert store.cancel_requested(job_id) is True
     assert store.finish(fence, "cancelled", None, "stopped") is True
     assert store.finish(fence, "failed", "rank_failed", "late") is False  # terminal stays terminal
@@ -140,11 +139,11 @@ def test_the_claim_takes_a_lease_and_records_the_attempt(db: Engine, tmp_path: P
     before = utcnow()
     claim = store.claim(job_id, "w1", tmp_path, lease_ttl_s=30)
     assert claim is not None and claim.fence == Fence(job_id, 1, "w1") and claim.runtime_used_s == 0.0
-    expires = as_utc(_job(db, job_id).lease_expires_at)
+    expires = as_utc(present(_job(db, job_id).lease_expires_at))
     assert before + timedelta(seconds=29) < expires < utcnow() + timedelta(seconds=31)
     assert _attempts(db, job_id) == [(1, "w1", None, None, False)]
     assert store.renew_lease(claim.fence, 120) is True
-    assert as_utc(_job(db, job_id).lease_expires_at) > utcnow() + timedelta(seconds=100)
+    assert as_utc(present(_job(db, job_id).lease_expires_at)) > utcnow() + timedelta(seconds=100)
     assert store.renew_lease(Fence(job_id, 1, "w2"), 120) is False  # not the owner
     assert store.renew_lease(Fence(job_id, 2, "w1"), 120) is False  # not the attempt
     assert store.finish(claim.fence, "failed", "rank_failed", "boom") is True
@@ -159,7 +158,7 @@ def test_a_stale_attempt_writes_nothing_after_the_job_moved_on(db: Engine, tmp_p
     old = store.claim(job_id, "w1", tmp_path)
     assert old is not None and store.record_progress(old.fence, Progress(steps=[StepLine(step=1, time=1.0)]))
     with db.begin() as conn:  # what a reaper does when w1's lease expires
-        conn.execute(Job.__table__.update().where(Job.id == job_id).values(status="queued", worker_id=None))
+        conn.execute(update(Job).where(Job.id == job_id).values(status="queued", worker_id=None))
     stale_step = Progress(steps=[StepLine(step=2, time=2.0, loss=9.0)])
     assert store.record_progress(old.fence, stale_step) is False  # requeued: no owner any more
     new = store.claim(job_id, "w2", tmp_path)
@@ -171,7 +170,7 @@ def test_a_stale_attempt_writes_nothing_after_the_job_moved_on(db: Engine, tmp_p
     assert store.rewind(old.fence, 0) is False
     assert _steps(db, job_id) == [1] and _job(db, job_id).status == "starting"
     assert store.record_progress(new.fence, Progress(steps=[StepLine(step=2, time=3.0, loss=1.0)]))
-    assert _steps(db, job_id) == [1, 2] and _job(db, job_id).latest["loss"] == 1.0
+    assert _steps(db, job_id) == [1, 2] and present(_job(db, job_id).latest)["loss"] == 1.0
 
 
 def test_rewind_drops_records_after_the_resume_step(db: Engine, tmp_path: Path) -> None:
@@ -184,7 +183,7 @@ def test_rewind_drops_records_after_the_resume_step(db: Engine, tmp_path: Path) 
     assert store.rewind(claim.fence, 6) is True
     row = _job(db, job_id)
     assert _steps(db, job_id) == [1, 2, 3, 4, 5, 6]
-    assert (row.step, row.latest["step"], row.eval) == (6, 6, None)
+    assert (row.step, present(row.latest)["step"], row.eval) == (6, 6, None)
     assert store.rewind(claim.fence, 0) is True
     assert _steps(db, job_id) == [] and _job(db, job_id).latest is None
 
@@ -195,15 +194,14 @@ def test_a_rewind_records_where_the_attempt_resumed(db: Engine, tmp_path: Path) 
     first = store.claim(job_id, "w", tmp_path)
     assert first is not None and _attempt(db, job_id, 1).resumed_from_step is None  # a first attempt resumes nothing
     with db.begin() as conn:
-        conn.execute(Job.__table__.update().where(Job.id == job_id).values(status="queued", worker_id=None))
+        conn.execute(update(Job).where(Job.id == job_id).values(status="queued", worker_id=None))
     second = store.claim(job_id, "w", tmp_path)
     assert second is not None and store.rewind(second.fence, 6) is True
     assert (_attempt(db, job_id, 1).resumed_from_step, _attempt(db, job_id, 2).resumed_from_step) == (None, 6)
 
 
 def _attempt(engine: Engine, job_id: str, attempt: int) -> Attempt:
-    with engine.connect() as conn:
-        return conn.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.attempt == attempt)).one()  # type: ignore[return-value]
+    return attempt_row(engine, job_id, attempt)
 
 
 def test_every_evaluation_is_kept_and_a_rewind_restores_the_one_before(db: Engine, tmp_path: Path) -> None:
@@ -217,7 +215,7 @@ def test_every_evaluation_is_kept_and_a_rewind_restores_the_one_before(db: Engin
     store.record_progress(claim.fence, Progress(steps=records[:5], evals=evals[:1]))
     store.record_progress(claim.fence, Progress(steps=records[5:], evals=evals[1:]))
     store.record_progress(claim.fence, Progress(evals=evals[1:2]))  # replayed after a lost write: ignored
-    assert _steps(db, job_id, EvalRow) == [3, 6, 9] and _job(db, job_id).eval["step"] == 9
+    assert _steps(db, job_id, EvalRow) == [3, 6, 9] and present(_job(db, job_id).eval)["step"] == 9
     assert store.rewind(claim.fence, 7) is True
     assert _steps(db, job_id, EvalRow) == [3, 6] and _job(db, job_id).eval == evals[1].body()
     assert store.rewind(claim.fence, 2) is True
@@ -231,8 +229,8 @@ def test_runtime_used_sums_the_ended_attempts(db: Engine, tmp_path: Path) -> Non
     assert first is not None
     with db.begin() as conn:
         start = utcnow() - timedelta(seconds=100)
-        conn.execute(Attempt.__table__.update().values(started_at=start, ended_at=start + timedelta(seconds=40)))
-        conn.execute(Job.__table__.update().where(Job.id == job_id).values(status="queued", worker_id=None))
+        conn.execute(update(Attempt).values(started_at=start, ended_at=start + timedelta(seconds=40)))
+        conn.execute(update(Job).where(Job.id == job_id).values(status="queued", worker_id=None))
     second = store.claim(job_id, "w", tmp_path)
     assert second is not None and second.attempt == 2
     assert second.runtime_used_s == pytest.approx(40.0)

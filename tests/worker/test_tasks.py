@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from worker_support import insert_job, small_spec
 
 from halfcast.core.broker.celery_app import RUN_JOB_TASK, create_celery_app
@@ -20,7 +20,7 @@ from worker.tasks import register_tasks
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _setup(data_dir: Path) -> tuple[Settings, object]:
+def _setup(data_dir: Path) -> tuple[Settings, Engine]:
     settings = Settings(data_dir=data_dir)
     engine = make_engine(settings.effective_database_url)
     Base.metadata.create_all(engine)
@@ -41,7 +41,7 @@ def test_task_claims_then_drops_a_redelivered_message(data_dir: Path) -> None:
     job_id = insert_job(engine, {**small_spec(), "bogus": 1})  # fails on the worker without launching
     assert task.apply(args=[job_id]).get() == "failed"
     assert task.apply(args=[job_id]).get() is None  # the same message again: a no-op
-    with engine.connect() as conn:  # type: ignore[attr-defined]
+    with engine.connect() as conn:
         row = conn.execute(select(Job).where(Job.id == job_id)).one()
     assert (row.status, row.error_reason, row.attempt) == ("failed", "spec_invalid", 1)
 

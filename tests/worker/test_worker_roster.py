@@ -6,7 +6,8 @@ import threading
 import time
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, delete, select, update
+from sqlalchemy.orm import Session
 
 from halfcast.common.timeutil import as_utc
 from halfcast.core.db.models import Worker, utcnow
@@ -14,8 +15,8 @@ from worker.roster import Heartbeat, WorkerInfo, WorkerRoster
 
 
 def _rows(engine: Engine) -> dict[str, Worker]:
-    with engine.connect() as conn:
-        return {row.id: row for row in conn.execute(select(Worker))}
+    with Session(engine) as session:  # detached copies
+        return {worker.id: worker for worker in session.scalars(select(Worker))}
 
 
 def _age(engine: Engine, worker_id: str, seconds: float) -> None:
@@ -59,7 +60,7 @@ def test_heartbeat_prunes_long_silent_workers_and_re_registers_itself(db: Engine
     _age(db, "halfcast@b/22", 61)  # past forget_s
     _age(db, "halfcast@c/33", 30)  # not live any more, but not forgotten
     with db.begin() as conn:
-        conn.execute(Worker.__table__.delete().where(Worker.id == "halfcast@a/11"))  # e.g. pruned while partitioned
+        conn.execute(delete(Worker).where(Worker.id == "halfcast@a/11"))  # e.g. pruned while partitioned
     assert alive.heartbeat() == 1
     assert set(_rows(db)) == {"halfcast@a/11", "halfcast@c/33"}
     alive.deregister()

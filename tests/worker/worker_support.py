@@ -6,12 +6,13 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine, insert, select
+from sqlalchemy.orm import Session
 
 from halfcast.contracts.spec import JobSpec
-from halfcast.core.db.models import Job
+from halfcast.core.db.models import Attempt, Job
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
 
@@ -48,3 +49,24 @@ def insert_job(
     with engine.begin() as conn:
         conn.execute(insert(Job).values(**row))
     return job_id
+
+
+def job_row(engine: Engine, job_id: str) -> Job:
+    """The job's row as stored now (read in a session of its own, which is closed: the row is a detached copy)."""
+    with Session(engine) as session:
+        return session.scalars(select(Job).where(Job.id == job_id)).one()
+
+
+def attempt_row(engine: Engine, job_id: str, attempt: int) -> Attempt:
+    """An attempt's row as stored now (a detached copy, as :func:`job_row`)."""
+    with Session(engine) as session:
+        return session.scalars(select(Attempt).where(Attempt.job_id == job_id, Attempt.attempt == attempt)).one()
+
+
+T = TypeVar("T")
+
+
+def present(value: T | None) -> T:
+    """``value``, which the test expects to be there (a stored message, a run folder, an outcome): not None."""
+    assert value is not None
+    return value
