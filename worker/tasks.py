@@ -82,7 +82,9 @@ class WorkerRuntime:
         with self._lock:
             if self._store is None:
                 self._store = JobStore(
-                    make_engine(self.settings.effective_database_url, timeouts=self.settings.statement_timeouts())
+                    make_engine(
+                        self.settings.effective_database_url, timeouts=self.settings.worker_statement_timeouts()
+                    )
                 )
             return self._store
 

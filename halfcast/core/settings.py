@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from halfcast.core.db.engine import StatementTimeouts
 
 #: Settings that may hold a password (inside a URL): masked in ``repr`` and ``str``.
 SECRET_URL_FIELDS = frozenset({"database_url", "broker_url"})
+#: The longest a worker's session may sit idle in a transaction, as a fraction of ``lease_ttl_s``.
+WORKER_IDLE_IN_TRANSACTION_LEASE_FRACTION = 0.5
 
 
 class Settings(BaseSettings):
@@ -201,6 +204,22 @@ class Settings(BaseSettings):
             self.db_lock_timeout_s or None,
             self.db_idle_in_transaction_timeout_s or None,
         )
+
+    def worker_statement_timeouts(self) -> StatementTimeouts:
+        """The worker engine's timeouts: :meth:`statement_timeouts`, a session idle in a transaction ended within
+        half a lease (:data:`WORKER_IDLE_IN_TRANSACTION_LEASE_FRACTION` of ``lease_ttl_s``, at least 1 s).
+
+        A worker cut off by a network partition in the middle of a transaction leaves it open on the server,
+        which hears nothing of the lost connection, with its row locks held: the job's row among them, which
+        the reaper must update once the lease expires (its updates wait ``db_lock_timeout_s`` and give up).
+        With ``db_idle_in_transaction_timeout_s`` (120 s) alone, a partitioned node's job stayed ``running``
+        that long; ended within half a lease, the session frees the row before the lease runs out, whatever the
+        setting (``0`` included: the bound is what makes leases work).
+        """
+        timeouts = self.statement_timeouts()
+        bound = max(1.0, self.lease_ttl_s * WORKER_IDLE_IN_TRANSACTION_LEASE_FRACTION)
+        idle = timeouts.idle_in_transaction_s
+        return replace(timeouts, idle_in_transaction_s=bound if idle is None else min(idle, bound))
 
     @model_validator(mode="after")
     def _rendezvous_range(self) -> Settings:

@@ -11,11 +11,13 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from celery import Celery
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from halfcast.core.db.engine import NO_TIMEOUTS, StatementTimeouts, make_engine
 from halfcast.core.settings import Settings
+from worker.tasks import WorkerRuntime
 
 pytestmark = pytest.mark.postgres
 
@@ -90,3 +92,32 @@ def test_the_settings_give_the_api_and_worker_their_timeouts_and_zero_means_none
         ]
     engine.dispose()
     assert shown == ["7s", "2500ms", "0"]
+
+
+def test_a_worker_s_idle_transaction_ends_within_half_a_lease() -> None:
+    """A worker's engine ends a session idle in a transaction within half a lease, whatever
+    ``db_idle_in_transaction_timeout_s`` says: a worker cut off mid-transaction by a network partition (the server
+    hears nothing) otherwise held the job's row past its lease, and the reaper's update of that row waited
+    (``tests/e2e/test_multi_node.py``'s partitioned node: the job stayed ``running`` 79 s and more)."""
+    assert Settings(lease_ttl_s=30).worker_statement_timeouts() == StatementTimeouts(60.0, 10.0, 15.0)
+    assert Settings(lease_ttl_s=600).worker_statement_timeouts().idle_in_transaction_s == 120.0  # the setting's
+    unbounded = Settings(lease_ttl_s=30, db_idle_in_transaction_timeout_s=0)
+    assert unbounded.worker_statement_timeouts().idle_in_transaction_s == 15.0  # 0 ("none") is bounded too
+    assert Settings(lease_ttl_s=1).worker_statement_timeouts().idle_in_transaction_s == 1.0  # at least a second
+
+
+def test_the_worker_s_engine_frees_a_row_its_silent_transaction_held_within_half_a_lease(
+    postgres_url: str, table: str
+) -> None:
+    runtime = WorkerRuntime(Settings(database_url=postgres_url, lease_ttl_s=2), Celery())
+    reaper = _engine(postgres_url, lock_s=5)
+    cut_off = runtime.store.engine.connect()
+    cut_off.execute(text(f"UPDATE {table} SET v = 1 WHERE id = 1"))  # the row lock, then silence
+    started = time.monotonic()
+    with reaper.begin() as conn:  # waits for the lock until the server ends the silent session (1 s)
+        conn.execute(text(f"UPDATE {table} SET v = 2 WHERE id = 1"))
+    assert time.monotonic() - started < 3
+    cut_off.invalidate()
+    cut_off.close()
+    runtime.store.engine.dispose()
+    reaper.dispose()
