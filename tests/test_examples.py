@@ -67,6 +67,28 @@ def test_the_job_spec_doc_documents_every_spec_field() -> None:
     assert not missing, f"docs/job-spec.md does not document spec fields: {missing}"
 
 
+def _documented_field_groups(doc: str) -> dict[str, list[str]]:
+    """The "Fields" section's ``###`` groups, each with the top-level fields its bullets name, in order."""
+    section = doc.split("\n## Fields\n", 1)[1].split("\n## ", 1)[0]
+    groups: dict[str, list[str]] = {}
+    for chunk in section.split("\n### ")[1:]:
+        title, _, body = chunk.partition("\n")
+        groups[title] = re.findall(r"^- `(\w+)`", body, flags=re.MULTILINE)
+    return groups
+
+
+def test_the_job_spec_doc_groups_the_fields_as_the_spec_declares_them() -> None:
+    groups = _documented_field_groups(JOB_SPEC_DOC)
+    assert len(groups) >= 5, f"docs/job-spec.md's Fields has too few groups: {list(groups)}"
+    documented = [field for fields in groups.values() for field in fields]
+    assert documented == list(JobSpec.model_fields), (
+        "docs/job-spec.md's Fields groups must list every top-level spec field once, in JobSpec's declared order"
+    )
+    source = (ROOT / "halfcast" / "contracts" / "spec.py").read_text()
+    declared = re.findall(r"^    # -- (.+)$", source.split("class JobSpec(", 1)[1], flags=re.MULTILINE)
+    assert declared == list(groups), "JobSpec's '# -- <group>' comments must name the docs' groups, in order"
+
+
 # ----------------------------------------------------------------------------- the MiniLM examples
 
 

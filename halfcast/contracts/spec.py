@@ -221,6 +221,9 @@ class ExportSpec(_Strict):
 class JobSpec(_Strict):
     """A training job. See docs/job-spec.md for the meaning of each field.
 
+    The fields are declared in the groups of docs/job-spec.md's "Fields" (tests/test_examples.py
+    holds the two to the same order); the JSON shape stays flat, so stored specs need no migration.
+
     Raises ``pydantic.ValidationError`` (``loc`` names the field) for unknown fields,
     out-of-range values, a ``loss_scale`` block on a non-fp16 job, fp8 without GPUs,
     a model that cannot consume the dataset, or a ``global_batch_size`` that
@@ -267,41 +270,58 @@ class JobSpec(_Strict):
     ``max_runtime_s`` seconds of running time over all attempts (then ``deadline_exceeded``).
     """
 
+    # -- The job
     name: Annotated[str, Field(max_length=200)] | None = None
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
+    max_runtime_s: Annotated[float, Field(gt=0.0, le=MAX_RUNTIME_S, allow_inf_nan=False)] | None = None
+
+    # -- What trains
     model: ModelSpec
     dataset: DatasetSpec
     adapter: AdapterSpec | None = None
     export: ExportSpec | None = None
+
+    # -- Precision and the divergence guard
     precision: Precision = "fp32"
     fp8_recipe: Literal["tensorwise", "rowwise"] | None = None
     loss_scale: LossScaleSpec | None = None
+    max_consecutive_skips: Annotated[int, Field(ge=1, le=1_000_000)] = 50
+    max_consecutive_nonfinite_losses: Annotated[int, Field(ge=1, le=1_000_000)] = 10
+    on_divergence: Literal["fail", "fallback_bf16"] = "fail"
+
+    # -- Batch
     micro_batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 32
     gradient_accumulation_steps: Annotated[int, Field(ge=1, le=65536)] | None = None
     global_batch_size: Annotated[int, Field(ge=1, le=1 << 30)] | None = None
+
+    # -- Ranks and parallelism
     gpus: Annotated[int, Field(ge=0, le=1024)] = 0
     processes: Annotated[int, Field(ge=1, le=256)] = 1
     nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
     distributed: DistributedSpec | None = None
     parallelism: Literal["ddp", "fsdp"] = "ddp"
+    compile: bool = False
+
+    # -- Optimization
     max_steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] = 100
     optimizer: OptimizerSpec = OptimizerSpec()
     lr_scheduler: LRSchedulerSpec = LRSchedulerSpec()
     max_grad_norm: Annotated[float, Field(gt=0.0, le=MAX_GRAD_NORM, allow_inf_nan=False)] | None = None
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
-    checkpoint_interval: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
+
+    # -- Evaluation and checkpoints
     eval_interval: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
     early_stopping: EarlyStoppingSpec | None = None
     keep_best: bool = False
+    checkpoint_interval: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
+    resume_from: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+
+    # -- Step records
     log_interval: Annotated[int, Field(ge=1, le=10_000)] = 10
     log_interval_s: Annotated[float, Field(gt=0.0, le=3600.0, allow_inf_nan=False)] | None = 0.1
-    max_consecutive_skips: Annotated[int, Field(ge=1, le=1_000_000)] = 50
-    max_consecutive_nonfinite_losses: Annotated[int, Field(ge=1, le=1_000_000)] = 10
-    on_divergence: Literal["fail", "fallback_bf16"] = "fail"
-    resume_from: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
-    max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
-    max_runtime_s: Annotated[float, Field(gt=0.0, le=MAX_RUNTIME_S, allow_inf_nan=False)] | None = None
+
+    # -- Test-only
     faults: FaultsSpec | None = None
-    compile: bool = False
 
     @field_validator("name", "resume_from")
     @classmethod
