@@ -14,9 +14,11 @@ itself (each request gives up after ``--timeout``) and drops the database.
 
 ``--training N`` (issue 31) measures the same scenarios a second time against a fresh stack
 where a real worker (:mod:`bench.load_training`) trains ``N`` fp16 digits jobs on this host,
-and the pollers poll those jobs: the API beside training that takes every core. Before each
-such scenario a quiet window of the same length (no pollers) measures the jobs' training rate,
-so each row says what the pollers cost the training (``train steps/s``, quiet then polled).
+and the pollers poll those jobs: the API beside training that takes every core. A quiet window
+of the same length (no pollers) before and after each such scenario measures the jobs' training
+rate, so each row says what the pollers cost the training (``train steps/s``, the quiet windows'
+mean then the polled window's) and what CPU the runs had (``run cores``); a second table splits
+the host's CPU by role (:mod:`bench.cpu_roles`: API, worker, runs, PostgreSQL, load generator).
 ``--worker-env HALFCAST_RUN_NICE=0`` runs the training at the API's priority, for a before/after.
 Both sets of rows are in the one table (``load``: simulated writers, or the training jobs).
 """
@@ -28,8 +30,10 @@ import asyncio
 import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -41,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from bench.cpu_roles import Reading, Role, RoleMap, cpu_by_pid
 from bench.load_clients import PollPlan, Tally, poll_share, probe, summary
 from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
 from bench.load_training import TrainingWindow, WorkerProcess, cancel_jobs, quiet_window, steps_of, training_spec
@@ -71,6 +76,7 @@ COLUMNS = (
     "client CPU ms/req",
     "load 1m",
     "train steps/s quiet/polled",
+    "run cores quiet/polled",
 )
 #: How long the training jobs get to start (torch imported, first step recorded).
 TRAINING_START_S = 300.0
@@ -169,18 +175,8 @@ def wait_running(url: str, token: str, job_ids: Sequence[str], timeout_s: float 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` and of its children that are alive (Linux ``/proc``)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry.name) == pid or int(fields[1]) == pid:  # fields[1]: the parent's pid
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    reading = cpu_by_pid()
+    return sum(cpu for child, cpu in reading.cpu_s.items() if child == pid or reading.parent.get(child) == pid)
 
 
 def _plans(
@@ -274,6 +270,15 @@ def _simulated_phase(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
     return results, {"steps": writer.steps, "steps_per_s": steps / elapsed if elapsed else 0.0}, api_log
 
 
+@dataclass
+class _PolledMark:
+    """The jobs' steps, the time and the host's CPU once the scenario's warm-up is over."""
+
+    steps: int = 0
+    at: float = 0.0
+    reading: Reading | None = None
+
+
 def _training_scenario(
     pool: ProcessPoolExecutor,
     args: argparse.Namespace,
@@ -281,16 +286,45 @@ def _training_scenario(
     api: ApiProcess,
     token: str,
     job_ids: Sequence[str],
+    roles: RoleMap,
 ) -> dict[str, Any]:
-    """A quiet window (the jobs' rate with no poller), then the scenario polling the training jobs."""
-    quiet = quiet_window(api.url, token, job_ids, args.warmup + args.duration)
-    before, began = steps_of(api.url, token, job_ids), time.monotonic()
+    """The scenario polling the training jobs between two quiet windows (the jobs' rate with no poller).
+
+    The polled window is the pollers' measured one (from the end of their warm-up); the quiet
+    rate is the mean of the windows before and after it, so a drift of the training rate over
+    the scenario is not counted as the pollers' price. The host's CPU by role is read over the
+    first quiet window and over the polled one.
+    """
+    reading = cpu_by_pid()
+    quiet = quiet_window(api.url, token, job_ids, args.duration)
+    quiet_cores = roles.split(reading, cpu_by_pid())
+    mark = _PolledMark()
+
+    def take_mark() -> None:
+        mark.steps, mark.at, mark.reading = steps_of(api.url, token, job_ids), time.monotonic(), cpu_by_pid()
+
+    timer = threading.Timer(args.warmup, take_mark)
+    timer.start()
     result = run_scenario(pool, args, scenario, api, token, job_ids)
-    polled = TrainingWindow(before, steps_of(api.url, token, job_ids), time.monotonic() - began)
+    timer.join()
+    polled = TrainingWindow(mark.steps, steps_of(api.url, token, job_ids), time.monotonic() - mark.at)
+    assert mark.reading is not None
+    polled_cores = roles.split(mark.reading, cpu_by_pid())
+    quiet_after = quiet_window(api.url, token, job_ids, args.duration)
     result["load"] = f"{len(job_ids)} training job" + ("s" if len(job_ids) > 1 else "")
-    result["training"] = {"quiet": asdict(quiet), "polled": asdict(polled)}
-    result["training_steps_per_s"] = {"quiet": quiet.steps_per_s, "polled": polled.steps_per_s}
+    result["training"] = {"quiet": asdict(quiet), "polled": asdict(polled), "quiet_after": asdict(quiet_after)}
+    result["training_steps_per_s"] = {
+        "quiet": (quiet.steps_per_s + quiet_after.steps_per_s) / 2,
+        "polled": polled.steps_per_s,
+    }
+    result["cpu_cores_by_role"] = {"quiet": quiet_cores, "polled": polled_cores}
     return result
+
+
+def _warm_pool(pool: ProcessPoolExecutor, procs: int) -> None:
+    """Start the poller processes (and their imports) now, so that no measured window pays for it."""
+    for future in [pool.submit(time.sleep, 0.2) for _ in range(procs)]:
+        future.result()
 
 
 def _training_phase(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
@@ -308,12 +342,20 @@ def _training_phase(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str
             job_ids = submit_jobs(api.url, token, args.training, training_spec())
             try:
                 wait_running(api.url, token, job_ids, TRAINING_START_S)
+                roles = RoleMap(api=_pid(api.popen), worker=_pid(worker.popen))
+                _warm_pool(pool, args.procs)
                 for scenario in scenarios(args):
-                    results.append(_training_scenario(pool, args, scenario, api, token, job_ids))
+                    results.append(_training_scenario(pool, args, scenario, api, token, job_ids, roles))
             finally:
                 cancel_jobs(api.url, token, job_ids)
             worker_log = worker.log_tail(20)
     return results, worker_log
+
+
+def _pid(popen: subprocess.Popen[bytes] | None) -> int:
+    if popen is None:
+        raise RuntimeError("the process is not running")
+    return popen.pid
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -343,6 +385,8 @@ def _row(result: dict[str, Any]) -> list[str]:
     )
     rates = result.get("training_steps_per_s")
     training = f"{rates['quiet']:.1f}/{rates['polled']:.1f}" if rates else "-"
+    cores = result.get("cpu_cores_by_role")
+    run_cores = f"{cores['quiet'][Role.RUNS]:.2f}/{cores['polled'][Role.RUNS]:.2f}" if cores else "-"
     return [
         result.get("load", "simulated"),
         str(scenario["clients"]),
@@ -361,6 +405,7 @@ def _row(result: dict[str, Any]) -> list[str]:
         f"{result['client_cpu_ms_per_request']:.2f}",
         "{:.1f}-{:.1f}".format(*result["load_avg_1m"]),
         training,
+        run_cores,
     ]
 
 
@@ -369,6 +414,21 @@ def markdown_table(results: Sequence[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_row(result)) + " |" for result in results]
     return "\n".join(lines) + "\n"
+
+
+def cores_table(results: Sequence[dict[str, Any]]) -> str:
+    """The host's cores by role in each training scenario's quiet and polled windows, as a markdown table."""
+    rows = [result for result in results if "cpu_cores_by_role" in result]
+    if not rows:
+        return ""
+    header = ["clients", "window", *[role.value for role in Role], "total"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for result in rows:
+        for window, cores in result["cpu_cores_by_role"].items():
+            values = [cores[role] for role in Role]
+            cells = [str(result["scenario"]["clients"]), window, *[f"{v:.2f}" for v in values], f"{sum(values):.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\ncores by role (CPU seconds per second):\n\n" + "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -380,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["command"] = "python -m bench.api_load " + " ".join(sys.argv[1:] if argv is None else argv)
     writer = result["writer"]
     sys.stdout.write(markdown_table(result["results"]))
+    sys.stdout.write(cores_table(result["results"]))
     sys.stdout.write(f"\nwriter: {writer['steps_per_s']:.1f} step records/s over {len(writer['steps'])} running jobs\n")
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))

@@ -62,7 +62,12 @@ def test_the_training_mode_polls_real_training_jobs_and_says_what_polling_cost_t
     training = result["results"][1]
     assert training["polls"]["requests"] > 0 and training["polls"]["errors"] == {}
     assert training["training_steps_per_s"]["quiet"] > 0 and training["training_steps_per_s"]["polled"] > 0
-    assert training["training"]["polled"]["seconds"] >= 2
+    assert training["training"]["polled"]["seconds"] >= 2 and training["training"]["quiet_after"]["seconds"] >= 2
+    for window in ("quiet", "polled"):
+        cores = training["cpu_cores_by_role"][window]
+        assert cores["runs"] > 0.1, f"the training run used no CPU in the {window} window: {cores}"
+        assert cores["api"] > 0 and cores["postgres"] > 0, cores
+    assert training["cpu_cores_by_role"]["polled"]["load generator"] > 0
 
 
 def test_percentiles_and_summary() -> None:
