@@ -17,7 +17,7 @@ from fastapi_offline import FastAPIOffline
 
 from halfcast.common.redact import install_log_redaction
 from halfcast.core.db.engine import API_PING_AFTER_IDLE_S, PoolLimits, make_engine, make_session_factory
-from halfcast.core.db.job_readers import job_reads_for
+from halfcast.core.db.job_readers import JobReads, job_reads_for
 from halfcast.core.settings import Settings
 from server.auth import check_exposure
 from server.http.admission import AdmissionCollector, AdmissionMiddleware, Limiter
@@ -26,6 +26,7 @@ from server.http.body_limit import MAX_BODY_BYTES, BodySizeLimitMiddleware
 from server.http.built_routes import add_built_routes
 from server.http.errors import install_error_handlers
 from server.http.openapi_errors import declare_error_responses
+from server.http.recent_reads import ForgetOnWrite, RecentJobReads
 from server.http.request_metrics import RequestMetricsMiddleware, request_histogram
 from server.metrics.exporter import build_registry
 from server.metrics.streams import StreamCollector
@@ -56,6 +57,17 @@ log = logging.getLogger(__name__)
 DOCS_ASSETS_URL = "/docs/assets"
 
 
+def poll_reads(reads: JobReads, settings: Settings) -> JobReads:
+    """``GET /jobs/{id}``'s reads: ``reads``, each reused for ``poll_max_age_s`` if set (:mod:`server.http.recent_reads`)."""
+    return RecentJobReads(reads, settings.poll_max_age_s) if settings.poll_max_age_s > 0 else reads
+
+
+def recent_reads(app: FastAPI) -> RecentJobReads | None:
+    """The app's reads if they are kept a while (``poll_max_age_s`` > 0) and the app has started, else ``None``."""
+    reads = getattr(app.state, "job_reads", None)
+    return reads if isinstance(reads, RecentJobReads) else None
+
+
 def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """The lifespan: build shared resources on start, release them on shutdown."""
 
@@ -72,7 +84,9 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         app.state.settings = settings
         app.state.engine = engine
         app.state.session_factory = make_session_factory(engine)
-        app.state.job_reads = job_reads_for(engine, poll_pool_limits(settings), ping_after_idle_s=API_PING_AFTER_IDLE_S)
+        app.state.job_reads = poll_reads(
+            job_reads_for(engine, poll_pool_limits(settings), ping_after_idle_s=API_PING_AFTER_IDLE_S), settings
+        )
         app.state.queue = own_queue or queue
         app.state.registry = build_registry(app.state.session_factory)
         app.state.registry.register(StreamCollector(app.state.event_streams, "event"))
@@ -136,7 +150,9 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     app.state.limiter = admission_limiter(settings)
     app.state.upload_gate = UploadGate(settings.max_concurrent_uploads, settings.max_concurrent_uploads_per_owner)
     app.state.rendered_bodies = job_resource.RenderedBodies()  # GET /jobs/{id}'s bodies by ETag
-    # innermost: a poll, once admitted, skips the router (HEAD and everything else: FastAPI)
+    if settings.poll_max_age_s > 0:  # innermost: a write forgets the polls' kept reads as its answer starts
+        app.add_middleware(ForgetOnWrite, reads=lambda: recent_reads(app))
+    # then: a poll, once admitted, skips the router (HEAD and everything else: FastAPI)
     app.add_middleware(job_poll.JobPollShortcut, route=job_resource.resource_route())
     app.add_middleware(AdmissionMiddleware, limiter=app.state.limiter)  # inside the body limit: bodies are read first
     uploads = {

@@ -155,6 +155,13 @@ class Settings(BaseSettings):
     api_workers: int = Field(
         default=1, ge=1, le=64, description="API processes `halfcast api` and `halfcast up` run (uvicorn workers)"
     )
+    poll_max_age_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=10.0,
+        description="Seconds GET /jobs/{id} may reuse a read of the same job and token (0: every poll reads the"
+        " database); writes through the same API process are seen at once",
+    )
     api_max_concurrency: int = Field(
         default=16,
         ge=1,

@@ -1,0 +1,177 @@
+"""``HALFCAST_POLL_MAX_AGE_S`` (server/http/recent_reads.py): polls may reuse a read for that long, never past a write.
+
+On SQLite and PostgreSQL, through the real app: a change made in the database directly (as
+the worker makes it) shows within the max age, at once with the default (0); a write through
+the API shows at once whatever the max age; another token never gets a kept read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import cast
+
+import pytest
+from api_support import FakeQueue, insert_job, make_token
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+
+from halfcast.core.db.job_reads import JobRead, JobView, TokenView
+from halfcast.core.db.models import Job
+from halfcast.core.settings import Settings
+from server.app import create_app, recent_reads
+from server.http.recent_reads import RecentJobReads
+
+
+def _set_step(sessions: sessionmaker[Session], job_id: str, step: int) -> None:
+    """What the worker does as a run's records come in: the job row changes in the database, not through the API."""
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(step=step))
+        session.commit()
+
+
+def _client(settings: Settings, max_age_s: float, auth_headers: dict[str, str]) -> TestClient:
+    return TestClient(
+        create_app(settings.model_copy(update={"poll_max_age_s": max_age_s}), FakeQueue()), headers=auth_headers
+    )
+
+
+@pytest.fixture
+def kept_client(settings: Settings, auth_headers: dict[str, str]) -> Iterator[TestClient]:
+    """A client of an app whose polls reuse a read for a minute: longer than any test here."""
+    with _client(settings, 60.0, auth_headers) as client:
+        yield client
+
+
+def test_by_default_every_poll_reads_the_database(client: TestClient, sessions: sessionmaker[Session]) -> None:
+    job_id = insert_job(sessions, status="running", owner="tester")
+    assert client.get(f"/jobs/{job_id}").json()["step"] == 0
+    _set_step(sessions, job_id, 7)
+    assert client.get(f"/jobs/{job_id}").json()["step"] == 7
+    assert recent_reads(client.app) is None  # type: ignore[arg-type]  # a TestClient's app is the FastAPI app
+
+
+def test_a_poll_reuses_a_read_younger_than_the_max_age(
+    kept_client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    job_id = insert_job(sessions, status="running", owner="tester")
+    first = kept_client.get(f"/jobs/{job_id}")
+    _set_step(sessions, job_id, 7)
+    second = kept_client.get(f"/jobs/{job_id}")
+    assert second.json()["step"] == 0 and second.headers["etag"] == first.headers["etag"]
+
+
+def test_a_read_older_than_the_max_age_is_read_again(
+    settings: Settings, auth_headers: dict[str, str], sessions: sessionmaker[Session]
+) -> None:
+    job_id = insert_job(sessions, status="running", owner="tester")
+    with _client(settings, 0.2, auth_headers) as client:
+        assert client.get(f"/jobs/{job_id}").json()["step"] == 0
+        _set_step(sessions, job_id, 7)
+        time.sleep(0.25)
+        assert client.get(f"/jobs/{job_id}").json()["step"] == 7
+
+
+def test_a_write_through_the_api_is_seen_by_the_next_poll(
+    kept_client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    job_id = insert_job(sessions, status="queued", owner="tester")
+    assert kept_client.get(f"/jobs/{job_id}").json()["status"] == "queued"
+    cancelled = kept_client.post(f"/jobs/{job_id}/cancel")
+    assert cancelled.status_code == 202, cancelled.text
+    assert kept_client.get(f"/jobs/{job_id}").json()["status"] == cancelled.json()["status"] == "cancelled"
+
+
+def test_a_failed_write_forgets_too(kept_client: TestClient, sessions: sessionmaker[Session]) -> None:
+    job_id = insert_job(sessions, status="running", owner="tester")
+    kept_client.get(f"/jobs/{job_id}")
+    _set_step(sessions, job_id, 7)
+    assert kept_client.post("/jobs", json={"model": "nonsense"}).status_code == 422
+    assert kept_client.get(f"/jobs/{job_id}").json()["step"] == 7
+
+
+def test_another_token_never_gets_a_kept_read(
+    kept_client: TestClient, sessions: sessionmaker[Session], database_url: str
+) -> None:
+    job_id = insert_job(sessions, status="running", owner="tester")
+    assert kept_client.get(f"/jobs/{job_id}").status_code == 200
+    stranger = {"Authorization": f"Bearer {make_token(database_url, 'someone-else')}"}
+    assert kept_client.get(f"/jobs/{job_id}", headers=stranger).status_code == 404
+    assert kept_client.get(f"/jobs/{job_id}", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_a_missing_job_is_not_kept(kept_client: TestClient, sessions: sessionmaker[Session]) -> None:
+    job_id = "0b6c4e52-9a1d-4c39-9f52-6f3f0d8f1a77"
+    assert kept_client.get(f"/jobs/{job_id}").status_code == 404
+    insert_job(sessions, status="queued", owner="tester", job_id=job_id)
+    assert kept_client.get(f"/jobs/{job_id}").status_code == 200
+
+
+class _GatedReads:
+    """JobReads whose reads wait for ``release`` and count themselves: the race between a read and a write."""
+
+    def __init__(self, read: JobRead) -> None:
+        self.result = read
+        self.release = asyncio.Event()
+        self.count = 0
+
+    async def read(self, job_id: str, token_hash: str | None) -> JobRead:
+        self.count += 1
+        await self.release.wait()
+        return self.result
+
+    async def close(self) -> None:
+        """Nothing held."""
+
+
+def _a_read(*, token_found: bool = True) -> JobRead:
+    """A read that found the job and, unless ``token_found`` is false, the presented token (stand-ins: only kept)."""
+    return JobRead(job=cast(JobView, object()), token=cast(TokenView, object()) if token_found else None)
+
+
+def test_a_read_under_way_during_a_write_is_not_kept() -> None:
+    async def scenario() -> int:
+        inner = _GatedReads(_a_read())
+        reads = RecentJobReads(inner, max_age_s=60.0)
+        pending = asyncio.create_task(reads.read("job", "token"))
+        await asyncio.sleep(0)
+        reads.forget()  # a write is answered while the read is still at the database
+        inner.release.set()
+        await pending
+        assert len(reads) == 0
+        await reads.read("job", "token")
+        await reads.read("job", "token")
+        return inner.count
+
+    assert asyncio.run(scenario()) == 2  # the raced read, then one kept for the next
+
+
+def test_the_least_recently_used_read_goes_first_past_the_bound() -> None:
+    async def scenario() -> list[int]:
+        inner = _GatedReads(_a_read())
+        inner.release.set()
+        reads = RecentJobReads(inner, max_age_s=60.0, kept=2)
+        counts = []
+        for job in ("a", "b", "a", "c", "a", "b"):
+            await reads.read(job, None)
+            counts.append(inner.count)
+        return counts
+
+    # a, b read; a kept; c read (b out: a was used since); a kept; b read again
+    assert asyncio.run(scenario()) == [1, 2, 2, 3, 3, 4]
+
+
+def test_a_read_with_an_unknown_token_is_not_kept() -> None:
+    async def scenario() -> int:
+        inner = _GatedReads(_a_read(token_found=False))  # the presented token is unknown (a 401)
+        inner.release.set()
+        reads = RecentJobReads(inner, max_age_s=60.0)
+        for _ in range(3):
+            await reads.read("job", "unknown-token-hash")
+        await reads.read("job", None)  # authentication off: no token to find
+        await reads.read("job", None)
+        return inner.count
+
+    assert asyncio.run(scenario()) == 4
