@@ -1,7 +1,8 @@
 """An opt-in micro-cache of ``GET /jobs/{id}``'s reads: a read younger than ``HALFCAST_POLL_MAX_AGE_S`` is reused.
 
-Most of a poll's API CPU is its database read (measured in bench/README.md: 1.04 ms per poll
-with the read, 0.60 ms without). With many pollers of the same jobs on a host that also
+A poll's database read costs the API more than a third of its CPU and PostgreSQL some more
+(bench/README.md, "Beside real training": 0.80-0.95 ms of API CPU per poll, 0.64-0.75 ms with
+reads kept 0.5 s). With many pollers of the same jobs on a host that also
 trains, an operator may trade freshness for that CPU: :class:`RecentJobReads` wraps the app's
 :class:`halfcast.core.db.job_readers.JobReads` and answers a ``(job, token)`` read from memory
 while it is younger than ``max_age_s``, so a job's resource may lag the database (a worker's
