@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -202,8 +203,7 @@ class JobStore:
             for table, written in ((models.StepRow, progress.steps), (models.EvalRow, progress.evals)):
                 for start in range(0, len(written), BATCH_SIZE):
                     rows = [_record_row(fence.job_id, record) for record in written[start : start + BATCH_SIZE]]
-                    if (statement := _insert_ignore(conn, table, rows)) is not None:
-                        conn.execute(statement)
+                    _insert_ignore(conn, table, rows)
             if progress.evals:
                 write_progress(conn, fence.job_id, eval=_newest_eval(fence.job_id))
         return True
@@ -393,21 +393,34 @@ def _record_row(job_id: str, record: records.StepRecord | records.EvalRecord) ->
 
 def _insert_ignore(
     conn: Connection, table: type[models.StepRow] | type[models.EvalRow], rows: list[_RecordRow]
-) -> Insert | None:
-    """INSERT of ``rows`` into ``table`` that skips steps already stored (``None``: nothing to insert)."""
+) -> None:
+    """Insert ``rows`` into ``table``, skipping steps already stored.
+
+    On PostgreSQL and SQLite one ``INSERT ... ON CONFLICT DO NOTHING`` statement executed for all
+    the rows (an executemany): compiled once per table and cached, where a multi-row ``VALUES``
+    of this poll's length was compiled and converted anew on every poll.
+    """
     if not rows:
-        return None
+        return
     dialect = conn.dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        return pg_insert(table).values(rows).on_conflict_do_nothing(index_elements=["job_id", "step"])
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        return sqlite_insert(table).values(rows).on_conflict_do_nothing(index_elements=["job_id", "step"])
+    if dialect in ("postgresql", "sqlite"):
+        conn.execute(_insert_ignore_statement(dialect, table), rows)
+        return
     steps = [row["step"] for row in rows]
     query = select(table.step).where(table.job_id == rows[0]["job_id"], table.step.in_(steps))
     existing = set(conn.execute(query).scalars())
     fresh = [row for row in rows if row["step"] not in existing]
-    return insert(table).values(fresh) if fresh else None
+    if fresh:
+        conn.execute(insert(table), fresh)
+
+
+@cache
+def _insert_ignore_statement(dialect: str, table: type[models.StepRow] | type[models.EvalRow]) -> Insert:
+    """``INSERT INTO table ... ON CONFLICT (job_id, step) DO NOTHING`` for ``dialect`` (postgresql or sqlite)."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).on_conflict_do_nothing(index_elements=["job_id", "step"])
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table).on_conflict_do_nothing(index_elements=["job_id", "step"])
