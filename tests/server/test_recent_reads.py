@@ -14,6 +14,7 @@ from typing import cast
 
 import pytest
 from api_support import FakeQueue, insert_job, make_token
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
@@ -50,7 +51,7 @@ def test_by_default_every_poll_reads_the_database(client: TestClient, sessions: 
     assert client.get(f"/jobs/{job_id}").json()["step"] == 0
     _set_step(sessions, job_id, 7)
     assert client.get(f"/jobs/{job_id}").json()["step"] == 7
-    assert recent_reads(client.app) is None  # type: ignore[arg-type]  # a TestClient's app is the FastAPI app
+    assert isinstance(client.app, FastAPI) and recent_reads(client.app) is None
 
 
 def test_a_poll_reuses_a_read_younger_than_the_max_age(
