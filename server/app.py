@@ -8,17 +8,21 @@ The schema is not created here; apply the migrations first
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
+from sqlalchemy import Engine
 
 from halfcast.common.redact import install_log_redaction
+from halfcast.core.db.change_feed import ChangeFeed
 from halfcast.core.db.engine import API_PING_AFTER_IDLE_S, PoolLimits, make_engine, make_session_factory
-from halfcast.core.db.job_readers import JobReads, job_reads_for
-from halfcast.core.settings import Settings
+from halfcast.core.db.job_readers import JobReads, async_connector, job_reads_for
+from halfcast.core.settings import PollReads, Settings
 from server.auth import check_exposure
 from server.http.admission import AdmissionCollector, AdmissionMiddleware, Limiter
 from server.http.body_errors import install_body_error_handlers
@@ -57,9 +61,36 @@ log = logging.getLogger(__name__)
 DOCS_ASSETS_URL = "/docs/assets"
 
 
+def keeps_reads(settings: Settings) -> bool:
+    """Whether ``GET /jobs/{id}`` may answer from a kept read: ``poll_reads=notified`` or ``poll_max_age_s`` set."""
+    return settings.poll_reads is PollReads.NOTIFIED or settings.poll_max_age_s > 0
+
+
 def poll_reads(reads: JobReads, settings: Settings) -> JobReads:
-    """``GET /jobs/{id}``'s reads: ``reads``, each reused for ``poll_max_age_s`` if set (:mod:`server.http.recent_reads`)."""
-    return RecentJobReads(reads, settings.poll_max_age_s) if settings.poll_max_age_s > 0 else reads
+    """``GET /jobs/{id}``'s reads: ``reads``, kept a while if :func:`keeps_reads` (:mod:`server.http.recent_reads`).
+
+    Kept ``poll_max_age_s`` until a change feed tells them (:func:`follow_changes`), then until a change.
+    """
+    return RecentJobReads(reads, settings.poll_max_age_s) if keeps_reads(settings) else reads
+
+
+@asynccontextmanager
+async def follow_changes(settings: Settings, engine: Engine, reads: JobReads) -> AsyncIterator[ChangeFeed | None]:
+    """With ``poll_reads=notified``: a :class:`ChangeFeed` telling ``reads`` (a :class:`RecentJobReads`), run meanwhile."""
+    if settings.poll_reads is not PollReads.NOTIFIED or not isinstance(reads, RecentJobReads):
+        yield None
+        return
+    connect = async_connector(engine)
+    if connect is None:
+        raise RuntimeError(f"poll_reads=notified needs PostgreSQL through psycopg, not {engine.url.drivername}")
+    feed = ChangeFeed(connect, reads)
+    task = asyncio.create_task(feed.run(), name="halfcast-job-read-changes")
+    try:
+        yield feed
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def recent_reads(app: FastAPI) -> RecentJobReads | None:
@@ -98,7 +129,9 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         )
         log.info("halfcast API ready (database %s)", engine.url.render_as_string(hide_password=True))
         try:
-            yield
+            async with follow_changes(settings, engine, app.state.job_reads) as feed:
+                app.state.change_feed = feed
+                yield
         finally:
             if own_queue is not None:
                 own_queue.close()
@@ -150,7 +183,7 @@ def create_app(settings: Settings | None = None, queue: JobQueue | None = None) 
     app.state.limiter = admission_limiter(settings)
     app.state.upload_gate = UploadGate(settings.max_concurrent_uploads, settings.max_concurrent_uploads_per_owner)
     app.state.rendered_bodies = job_resource.RenderedBodies()  # GET /jobs/{id}'s bodies by ETag
-    if settings.poll_max_age_s > 0:  # innermost: a write forgets the polls' kept reads as its answer starts
+    if keeps_reads(settings):  # innermost: a write forgets the polls' kept reads as its answer starts
         app.add_middleware(ForgetOnWrite, reads=lambda: recent_reads(app))
     # then: a poll, once admitted, skips the router (HEAD and everything else: FastAPI)
     app.add_middleware(job_poll.JobPollShortcut, route=job_resource.resource_route())

@@ -7,6 +7,7 @@ for the production layout.
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
@@ -25,6 +26,13 @@ from halfcast.core.db.engine import StatementTimeouts
 SECRET_URL_FIELDS = frozenset({"database_url", "broker_url"})
 #: The longest a worker's session may sit idle in a transaction, as a fraction of ``lease_ttl_s``.
 WORKER_IDLE_IN_TRANSACTION_LEASE_FRACTION = 0.5
+
+
+class PollReads(enum.StrEnum):
+    """How long ``GET /jobs/{id}`` may keep a read (``HALFCAST_POLL_READS``; :mod:`server.http.recent_reads`)."""
+
+    DATABASE = "database"  # every poll reads the database (or reuses a read for ``poll_max_age_s``)
+    NOTIFIED = "notified"  # a read is kept until PostgreSQL notifies a change of the job or the token
 
 
 class Settings(BaseSettings):
@@ -162,6 +170,11 @@ class Settings(BaseSettings):
         description="Seconds GET /jobs/{id} may reuse a read of the same job and token (0: every poll reads the"
         " database); writes through the same API process are seen at once",
     )
+    poll_reads: PollReads = Field(
+        default=PollReads.DATABASE,
+        description="notified: GET /jobs/{id} keeps a read until PostgreSQL notifies a change of the job or the"
+        " token (PostgreSQL only; poll_max_age_s applies while the notifications are down); database: it does not",
+    )
     api_max_concurrency: int = Field(
         default=16,
         ge=1,
@@ -227,6 +240,15 @@ class Settings(BaseSettings):
         bound = max(1.0, self.lease_ttl_s * WORKER_IDLE_IN_TRANSACTION_LEASE_FRACTION)
         idle = timeouts.idle_in_transaction_s
         return replace(timeouts, idle_in_transaction_s=bound if idle is None else min(idle, bound))
+
+    @model_validator(mode="after")
+    def _notified_on_postgresql(self) -> Settings:
+        if self.poll_reads is PollReads.NOTIFIED and not self.effective_database_url.startswith("postgresql"):
+            msg = (
+                "poll_reads=notified needs PostgreSQL (database_url postgresql+psycopg://...): SQLite notifies nothing"
+            )
+            raise ValueError(msg)
+        return self
 
     @model_validator(mode="after")
     def _rendezvous_range(self) -> Settings:

@@ -1,21 +1,27 @@
-"""An opt-in micro-cache of ``GET /jobs/{id}``'s reads: a read younger than ``HALFCAST_POLL_MAX_AGE_S`` is reused.
+"""Kept reads of ``GET /jobs/{id}``: until PostgreSQL notifies a change, or for ``HALFCAST_POLL_MAX_AGE_S``.
 
-A poll's database read costs the API more than a third of its CPU and PostgreSQL some more
-(bench/README.md, "Beside real training": 0.80-0.95 ms of API CPU per poll, 0.64-0.75 ms with
-reads kept 0.5 s). With many pollers of the same jobs on a host that also
-trains, an operator may trade freshness for that CPU: :class:`RecentJobReads` wraps the app's
-:class:`halfcast.core.db.job_readers.JobReads` and answers a ``(job, token)`` read from memory
-while it is younger than ``max_age_s``, so a job's resource may lag the database (a worker's
-step, a status change, a token revoked from the CLI) by at most that long. Off (``0``) by
-default: every poll then reads the database.
+A poll's database read costs the API a good part of its CPU and PostgreSQL some more
+(bench/README.md, "Beside real training"). :class:`RecentJobReads` wraps the app's
+:class:`halfcast.core.db.job_readers.JobReads` and answers a ``(job, token)`` read from memory:
 
-What the cache never does: answer one token with another token's read (the token is part of
-the key, and the visibility check runs on every request), keep a missing job or an unknown token
-(a 404 or a 401 is never cached), or outlive a write made through this API process: every request with an unsafe method
-(``POST``, ``PUT``, ``PATCH``, ``DELETE``) forgets every read as its answer starts
-(:class:`ForgetOnWrite`), and a read that was under way during such a write is not kept, so a
-client that cancels a job and then polls it sees its own write. Writes made elsewhere (the
-worker, another API process, the CLI) show within ``max_age_s``.
+* with ``HALFCAST_POLL_READS=notified`` (PostgreSQL), until a change of the job (its row, its
+  attempts, its gang members) or of the token is told by the database
+  (:class:`halfcast.core.db.change_feed.ChangeFeed`, migration 0017's trigger: whoever wrote it,
+  the worker, the reaper, the CLI, another API process). A change shows once PostgreSQL has
+  delivered its notification (about a millisecond on one host). While the feed is down (the
+  connection lost, before it first listens) reads are kept ``HALFCAST_POLL_MAX_AGE_S`` at most,
+  and every read kept before is forgotten, both when it is lost and when it listens again;
+* else, while younger than ``HALFCAST_POLL_MAX_AGE_S`` (opt-in): a job's resource may then lag the
+  database by that long.
+
+Off by default: every poll then reads the database. What the cache never does: answer one token
+with another token's read (the token is part of the key, and the visibility check runs on every
+request), keep a missing job or an unknown token (a 404 or a 401 is never kept), keep a read
+whose token is due its ``last_used_at`` refresh (once a minute: the database read makes it), keep
+a read under way when anything was forgotten, or outlive a write made through this API process:
+every request with an unsafe method (``POST``, ``PUT``, ``PATCH``, ``DELETE``) forgets every
+read as its answer starts (:class:`ForgetOnWrite`), so a client that cancels a job and then
+polls it sees its own write.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from halfcast.core.db.change_feed import Change, ChangeKind
 from halfcast.core.db.job_readers import JobReads
-from halfcast.core.db.job_reads import JobRead
+from halfcast.core.db.job_reads import JobRead, needs_touch
+from halfcast.core.db.models import utcnow
 
 #: Reads kept at most (least recently used out first): every job polled at once by every token, on a busy server.
 KEPT = 4096
@@ -50,36 +58,83 @@ class RecentJobReads:
     ) -> None:
         self.inner = inner
         self.max_age_s = max_age_s
+        self.unnotified_max_age_s = max_age_s  # the max age while no change feed tells this cache (see synced())
         self.kept = kept
         self.clock = clock
         self._reads: OrderedDict[tuple[str, str | None], _Kept] = OrderedDict()
-        self._generation = 0  # bumped by forget(): a read begun before a forget is not kept
+        self._by_job: dict[str, set[str | None]] = {}  # the token hashes of each job's kept reads
+        self._generation = 0  # bumped by every forget: a read begun before one is not kept
 
     async def read(self, job_id: str, token_hash: str | None) -> JobRead:
         """The read of ``job_id`` with ``token_hash``: a kept one younger than ``max_age_s``, else a new one."""
         key = (job_id, token_hash)
         began = self.clock()
         kept = self._reads.get(key)
-        if kept is not None and began - kept.began < self.max_age_s:
+        if kept is not None and began - kept.began < self.max_age_s and not _token_due(kept.read):
             self._reads.move_to_end(key)
             return kept.read
         generation = self._generation
         read = await self.inner.read(job_id, token_hash)
         found = read.job is not None and (read.token is not None or token_hash is None)
-        if found and generation == self._generation:
+        if found and generation == self._generation and self.max_age_s > 0:
             self._keep(key, _Kept(began, read))
         return read
 
     def _keep(self, key: tuple[str, str | None], kept: _Kept) -> None:
         self._reads[key] = kept
         self._reads.move_to_end(key)
+        self._by_job.setdefault(key[0], set()).add(key[1])
         while len(self._reads) > self.kept:
-            self._reads.popitem(last=False)
+            self._drop(next(iter(self._reads)))
+
+    def _drop(self, key: tuple[str, str | None]) -> None:
+        del self._reads[key]
+        hashes = self._by_job[key[0]]
+        hashes.discard(key[1])
+        if not hashes:
+            del self._by_job[key[0]]
 
     def forget(self) -> None:
         """Drop every kept read, and keep none of the reads under way."""
         self._generation += 1
         self._reads.clear()
+        self._by_job.clear()
+
+    def forget_job(self, job_id: str) -> None:
+        """Drop the kept reads of ``job_id``, and keep none of the reads under way."""
+        self._generation += 1
+        for token_hash in self._by_job.pop(job_id, ()):
+            del self._reads[(job_id, token_hash)]
+
+    def forget_token(self, token_id: str) -> None:
+        """Drop the kept reads made with the token whose id is ``token_id``, and keep none of the reads under way."""
+        self._generation += 1
+        made_with = [key for key, kept in self._reads.items() if _token_id(kept.read) == token_id]
+        for key in made_with:
+            self._drop(key)
+
+    # -- told by a change feed (halfcast.core.db.change_feed.ChangeListener)
+
+    def synced(self) -> None:
+        """Every change is told from now on: keep reads until told (what was kept before is forgotten)."""
+        self.forget()
+        self.max_age_s = float("inf")
+
+    def lost(self) -> None:
+        """Changes may go untold: forget every read, and keep the next ones ``unnotified_max_age_s`` at most."""
+        self.forget()
+        self.max_age_s = self.unnotified_max_age_s
+
+    def changed(self, change: Change) -> None:
+        """Forget the reads ``change`` makes stale."""
+        if change.kind is ChangeKind.JOB:
+            self.forget_job(change.id)
+        else:
+            self.forget_token(change.id)
+
+    def keeps(self, job_id: str) -> bool:
+        """Whether a read of ``job_id`` is kept (with any token)."""
+        return job_id in self._by_job
 
     def __len__(self) -> int:
         return len(self._reads)
@@ -88,6 +143,15 @@ class RecentJobReads:
         """Close the wrapped reads."""
         self._reads.clear()
         await self.inner.close()
+
+
+def _token_id(read: JobRead) -> str | None:
+    return None if read.token is None else str(read.token.id)
+
+
+def _token_due(read: JobRead) -> bool:
+    """The read's token is due a ``last_used_at`` refresh (a read from the database makes it)."""
+    return read.token is not None and needs_touch(read.token, utcnow())
 
 
 class ForgetOnWrite:

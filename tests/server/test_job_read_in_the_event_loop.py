@@ -167,10 +167,10 @@ def test_the_async_read_refreshes_a_stale_tokens_last_use(
     token_hash = _token(migrated_postgres_url, "dave", used_now=False)
     before = utcnow()
     read = _in_loop(pg_engine, lambda reads: reads.read(job_id, token_hash))
-    assert read.token is not None and read.token.last_used_at is None  # as read, before the refresh
     with pg_engine.connect() as conn:
         used = conn.execute(select(ApiToken.last_used_at).where(ApiToken.token_hash == token_hash)).scalar_one()
     assert used is not None and used >= before
+    assert read.token is not None and read.token.last_used_at == used  # as refreshed: not due again when kept
 
 
 def _kill(url: str, pid: int) -> None:

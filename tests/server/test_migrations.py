@@ -165,3 +165,29 @@ def test_0006_copies_each_jobs_newest_evaluation_into_eval_records(empty_databas
     finally:
         engine.dispose()
     assert schema_diff(empty_database_url) == []
+
+
+def _told_tables(url: str) -> set[str]:
+    """The tables with 0017's change trigger (none on SQLite)."""
+    engine = make_engine(url)
+    try:
+        if engine.dialect.name != "postgresql":
+            return set()
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT tgrelid::regclass::text FROM pg_trigger WHERE tgname = 'halfcast_job_read_changed'")
+            )
+            return {row[0] for row in rows}
+    finally:
+        engine.dispose()
+
+
+def test_0017_tells_the_job_resources_tables_on_postgresql_and_goes_back(empty_database_url: str) -> None:
+    upgrade_database(empty_database_url)
+    on_postgresql = empty_database_url.startswith("postgresql")
+    expected = {"jobs", "attempts", "job_members", "api_tokens"} if on_postgresql else set()
+    assert _told_tables(empty_database_url) == expected
+    command.downgrade(alembic_config(empty_database_url), "0016")
+    assert _told_tables(empty_database_url) == set()
+    upgrade_database(empty_database_url)
+    assert _told_tables(empty_database_url) == expected

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
 from typing import cast
 
 import pytest
@@ -19,8 +21,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.core.db.change_feed import Change, ChangeKind
 from halfcast.core.db.job_reads import JobRead, JobView, TokenView
-from halfcast.core.db.models import Job
+from halfcast.core.db.models import Job, utcnow
 from halfcast.core.settings import Settings
 from server.app import create_app, recent_reads
 from server.http.recent_reads import RecentJobReads
@@ -129,7 +132,8 @@ class _GatedReads:
 
 def _a_read(*, token_found: bool = True) -> JobRead:
     """A read that found the job and, unless ``token_found`` is false, the presented token (stand-ins: only kept)."""
-    return JobRead(job=cast(JobView, object()), token=cast(TokenView, object()) if token_found else None)
+    token = TokenView(id=1, owner="tester", admin=False, revoked_at=None, last_used_at=utcnow())
+    return JobRead(job=cast(JobView, object()), token=token if token_found else None)
 
 
 def test_a_read_under_way_during_a_write_is_not_kept() -> None:
@@ -176,3 +180,47 @@ def test_a_read_with_an_unknown_token_is_not_kept() -> None:
         return inner.count
 
     assert asyncio.run(scenario()) == 4
+
+
+def test_a_kept_read_whose_token_is_due_a_refresh_is_read_again() -> None:
+    async def scenario() -> int:
+        inner = _GatedReads(_a_read())
+        inner.release.set()
+        reads = RecentJobReads(inner, max_age_s=float("inf"))
+        await reads.read("job", "token")
+        await reads.read("job", "token")  # kept
+        assert inner.result.token is not None
+        stale = replace(inner.result.token, last_used_at=utcnow() - timedelta(hours=1))
+        reads.forget()
+        inner.result = replace(inner.result, token=stale)  # a read made an hour ago: its token's last use is stale
+        await reads.read("job", "token")
+        await reads.read("job", "token")  # due: read again, so that the database refreshes it
+        return inner.count
+
+    assert asyncio.run(scenario()) == 3  # the first, the one after the forget, the one due
+
+
+def test_a_change_forgets_only_what_it_makes_stale() -> None:
+    async def scenario() -> list[bool]:
+        inner = _GatedReads(_a_read())
+        inner.release.set()
+        reads = RecentJobReads(inner, max_age_s=float("inf"))
+        for job in ("a", "b"):
+            await reads.read(job, "token")
+        reads.changed(Change(ChangeKind.JOB, "a"))
+        kept = [reads.keeps("a"), reads.keeps("b")]
+        reads.changed(Change(ChangeKind.TOKEN, "2"))  # another token: nothing of it kept
+        kept.append(reads.keeps("b"))
+        reads.changed(Change(ChangeKind.TOKEN, "1"))  # the token every read here was made with
+        kept.append(reads.keeps("b"))
+        return kept
+
+    assert asyncio.run(scenario()) == [False, True, True, False]
+
+
+def test_a_lost_feed_keeps_reads_no_longer_than_the_max_age() -> None:
+    reads = RecentJobReads(_GatedReads(_a_read()), max_age_s=0.5)
+    reads.synced()
+    assert reads.max_age_s == float("inf")
+    reads.lost()
+    assert reads.max_age_s == 0.5

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import anyio.to_thread
 from sqlalchemy import Engine
 
-from halfcast.core.db.async_pool import AsyncPool, connector
+from halfcast.core.db.async_pool import AsyncPool, Connect, connector
 from halfcast.core.db.engine import PoolLimits
 from halfcast.core.db.job_reads import JobRead, read_job
 from halfcast.core.db.job_reads_async import AsyncJobReads
@@ -48,12 +48,19 @@ class ThreadedJobReads:
 
 def job_reads_for(engine: Engine, limits: PoolLimits, *, ping_after_idle_s: float) -> JobReads:
     """The reads for ``engine``'s database: async on PostgreSQL with psycopg (a pool of ``limits``), else threaded."""
+    connect = async_connector(engine)
+    if connect is None:
+        return ThreadedJobReads(engine)
+    return AsyncJobReads(AsyncPool(connect, limits, ping_after_idle_s=ping_after_idle_s), engine.dialect)
+
+
+def async_connector(engine: Engine) -> Connect | None:
+    """Opens psycopg async connections (autocommit) to ``engine``'s database, as it connects; ``None`` off psycopg."""
     dialect = engine.dialect
     if dialect.name != "postgresql" or dialect.driver != "psycopg":
-        return ThreadedJobReads(engine)
+        return None
     args, kwargs = dialect.create_connect_args(engine.url)  # what SQLAlchemy connects with: host, dbname, adapters...
     connect_kwargs: dict[str, Any] = dict(kwargs)  # open mapping: psycopg's connect() keyword arguments
     if args:
         connect_kwargs["conninfo"] = args[0]
-    pool = AsyncPool(connector(connect_kwargs), limits, ping_after_idle_s=ping_after_idle_s)
-    return AsyncJobReads(pool, dialect)
+    return connector(connect_kwargs)

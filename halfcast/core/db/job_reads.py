@@ -236,6 +236,11 @@ def needs_touch(token: TokenView, now: datetime) -> bool:
     return token.revoked_at is None and last_use_is_stale(token.last_used_at, now)
 
 
+def touched(token: TokenView, now: datetime) -> TokenView:
+    """``token`` as it is once its ``last_used_at`` was refreshed at ``now``."""
+    return replace(token, last_used_at=now)
+
+
 def read_job(engine: Engine, job_id: str, token_hash: str | None) -> JobRead:
     """The job ``job_id`` and, when ``token_hash`` is given, the token with that hash, in one statement.
 
@@ -272,6 +277,7 @@ def _read_job(engine: Engine, params: dict[str, str], token_hash: str | None) ->
         if needs_touch(token, now):
             conn.execute(touch_statement(token.id, now))
             conn.commit()
+            token = touched(token, now)
         return JobRead(token, job)
 
 

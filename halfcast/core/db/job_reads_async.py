@@ -26,6 +26,7 @@ from halfcast.core.db.job_reads import (
     read_params,
     read_statement,
     token_view,
+    touched,
     with_members,
 )
 from halfcast.core.db.models import utcnow
@@ -66,6 +67,7 @@ class AsyncJobReads:
         if needs_touch(token, now):  # at most once a minute per token: compiled when needed
             touch = compile_for(touch_statement(token.id, now), self._dialect)
             await conn.execute(touch.sql, touch.params())
+            token = touched(token, now)
         return JobRead(token, job)
 
     async def close(self) -> None:
