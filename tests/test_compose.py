@@ -16,6 +16,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
+from halfcast.core.settings import PollReads, Settings
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 
@@ -229,3 +231,14 @@ def test_two_worker_hosts_share_database_broker_and_runs_directory(services: dic
     for key in SHARED_ENVIRONMENT:
         assert len({s["environment"].get(key) for s in workers.values()}) == 1, key
     assert len({tuple(s.get("volumes", [])) for s in workers.values()}) == 1
+
+
+def test_the_halfcast_services_environment_is_valid_settings(
+    services: dict[str, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ``HALFCAST_*`` value compose sets loads (a misspelt choice would stop the container at start)."""
+    for name, service in halfcast_services(services).items():
+        for key, value in service.get("environment", {}).items():
+            monkeypatch.setenv(key, str(value))
+        settings = Settings()
+        assert settings.poll_reads is PollReads.NOTIFIED, name  # the compose deployment runs on PostgreSQL
