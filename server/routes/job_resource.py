@@ -50,6 +50,20 @@ class RenderedBodies:
     def __init__(self, kept: int = RENDERED_KEPT) -> None:
         self.kept = kept
         self._bodies: OrderedDict[str, bytes] = OrderedDict()
+        #: Tags by view object (holding the view, so its id is not reused while it is here).
+        self._tags: OrderedDict[int, tuple[JobView, str]] = OrderedDict()
+
+    def tag(self, job: JobView) -> str:
+        """``job``'s ``ETag``, hashed once per view object: a kept read answers many polls with the same view."""
+        seen = self._tags.get(id(job))
+        if seen is not None and seen[0] is job:
+            self._tags.move_to_end(id(job))
+            return seen[1]
+        etag = job_etag(job)
+        self._tags[id(job)] = (job, etag)
+        if len(self._tags) > self.kept:
+            self._tags.popitem(last=False)
+        return etag
 
     def body(self, etag: str, job: JobView) -> bytes:
         """The body of ``job``, whose tag is ``etag``: the kept one, else rendered now and kept."""
@@ -100,13 +114,12 @@ async def job_response(
     principal = principal_of(read.token, token_hash)
     if read.job is None or not can_see(principal, read.job):
         raise ApiError(404, f"job {job_id} not found", job_id=job_id)
-    etag = job_etag(read.job)
+    bodies: RenderedBodies = request.app.state.rendered_bodies
+    etag = bodies.tag(read.job)
     headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL}
     if none_match(if_none_match, etag):
         return Response(status_code=304, headers=headers)
-    return Response(
-        request.app.state.rendered_bodies.body(etag, read.job), media_type="application/json", headers=headers
-    )
+    return Response(bodies.body(etag, read.job), media_type="application/json", headers=headers)
 
 
 def resource_route() -> APIRoute:

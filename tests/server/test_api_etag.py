@@ -237,3 +237,21 @@ def test_kept_bodies_are_bounded_least_recently_used_out_first() -> None:
     assert bodies.body("a", views["b"]) is first  # kept: the tag decides
     bodies.body("c", views["c"])  # "b" was used least recently
     assert len(bodies) == 2 and json.loads(bodies.body("b", views["b"]))["step"] == 2
+
+
+def test_a_views_tag_is_hashed_once_per_view_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    hashed: list[JobView] = []
+
+    def counted(job: JobView) -> str:
+        hashed.append(job)
+        return job_etag(job)
+
+    monkeypatch.setattr("server.routes.job_resource.job_etag", counted)
+    bodies = RenderedBodies(kept=2)
+    kept, equal, other = _view(step=1), _view(step=1), _view(step=2)
+    tags = [bodies.tag(view) for view in (kept, kept, kept, equal, other)]
+    assert tags[:4] == [job_etag(kept)] * 4 and tags[4] == job_etag(other)
+    assert [id(view) for view in hashed] == [id(kept), id(equal), id(other)]  # a kept read's view: hashed once
+    bodies.tag(_view(step=3))  # past the bound: the least recently used view is dropped, and hashed again
+    bodies.tag(kept)
+    assert len(hashed) == 5 and hashed[-1] is kept

@@ -155,7 +155,10 @@ def test_a_lost_listener_keeps_nothing_until_it_listens_again(
     notified.app.state.change_feed.retry_s = 1.0  # long enough to poll while it is not listening
     with engine.begin() as conn:  # the server drops the listening connection
         conn.execute(
-            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN halfcast_job_reads'")
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE query = 'LISTEN halfcast_job_reads' AND datname = current_database()"  # not other tests'
+            )
         )
     _wait_for(lambda: reads.max_age_s == 0.0)
     assert len(reads) == 0
