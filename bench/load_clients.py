@@ -99,7 +99,8 @@ async def _raw_get(
     """``(seconds, outcome, response headers)`` of one ``GET`` on ``connection`` (no headers when no answer came)."""
     started = time.perf_counter()
     try:
-        status, response_headers = await asyncio.wait_for(connection.get(path, headers), timeout_s)
+        async with asyncio.timeout(timeout_s):  # not wait_for: that wraps every request in a task of its own
+            status, response_headers = await connection.get(path, headers)
     except TimeoutError:
         return time.perf_counter() - started, "timeout", {}
     except (OSError, asyncio.IncompleteReadError, ValueError):
