@@ -33,6 +33,7 @@ from server.http.openapi_errors import declare_error_responses
 from server.http.recent_reads import ForgetOnWrite, RecentJobReads
 from server.http.request_metrics import RequestMetricsMiddleware, request_histogram
 from server.metrics.exporter import build_registry
+from server.metrics.poll_reads import PollReadsCollector
 from server.metrics.streams import StreamCollector
 from server.metrics.worker_metrics import WorkerMetricsCollector
 from server.queue import CeleryJobQueue, JobQueue
@@ -131,6 +132,9 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         try:
             async with follow_changes(settings, engine, app.state.job_reads) as feed:
                 app.state.change_feed = feed
+                app.state.registry.register(
+                    PollReadsCollector(lambda: recent_reads(app), lambda: getattr(app.state, "change_feed", None))
+                )
                 yield
         finally:
             if own_queue is not None:

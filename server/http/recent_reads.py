@@ -64,6 +64,8 @@ class RecentJobReads:
         self._reads: OrderedDict[tuple[str, str | None], _Kept] = OrderedDict()
         self._by_job: dict[str, set[str | None]] = {}  # the token hashes of each job's kept reads
         self._generation = 0  # bumped by every forget: a read begun before one is not kept
+        self.answered_kept = 0  # polls answered from a kept read (halfcast_poll_reads_total)
+        self.answered_read = 0  # polls answered by a read of ``inner``
 
     async def read(self, job_id: str, token_hash: str | None) -> JobRead:
         """The read of ``job_id`` with ``token_hash``: a kept one younger than ``max_age_s``, else a new one."""
@@ -72,7 +74,9 @@ class RecentJobReads:
         kept = self._reads.get(key)
         if kept is not None and began - kept.began < self.max_age_s and not _token_due(kept.read):
             self._reads.move_to_end(key)
+            self.answered_kept += 1
             return kept.read
+        self.answered_read += 1
         generation = self._generation
         read = await self.inner.read(job_id, token_hash)
         found = read.job is not None and (read.token is not None or token_hash is None)

@@ -19,6 +19,7 @@ import pytest
 from api_support import FakeQueue, insert_job, make_token
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 from sqlalchemy import insert, text, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -84,6 +85,17 @@ def _kept_poll(client: TestClient, job_id: str, headers: dict[str, str] | None =
     return resource
 
 
+def _series(client: TestClient) -> dict[str, float]:
+    """The ``halfcast_poll_*`` samples of ``GET /metrics``, by name and labels (``name{label=value}``)."""
+    samples = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name.startswith("halfcast_poll_"):
+                labels = ",".join(f"{key}={value}" for key, value in sorted(sample.labels.items()))
+                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
 def _write(sessions: sessionmaker[Session], statement: Any) -> None:
     with sessions() as session:
         session.execute(statement)
@@ -111,9 +123,14 @@ def test_a_poll_of_an_unchanged_job_reads_nothing(notified: TestClient, sessions
     reads.inner = counted = _Counted(reads.inner)
     first = _kept_poll(notified, job_id)
     before = counted.count
+    kept_before = _series(notified)["halfcast_poll_reads_total{answered_from=kept}"]
     for _ in range(5):
         assert notified.get(f"/jobs/{job_id}").json() == first
     assert counted.count == before
+    series = _series(notified)
+    assert series["halfcast_poll_reads_total{answered_from=kept}"] == kept_before + 5
+    assert series["halfcast_poll_reads_total{answered_from=database}"] == counted.count
+    assert series["halfcast_poll_change_feed_listening"] == 1 and series["halfcast_poll_change_feed_losses_total"] == 0
 
 
 def test_a_step_written_directly_shows_once_told(notified: TestClient, sessions: sessionmaker[Session]) -> None:
@@ -162,6 +179,8 @@ def test_a_lost_listener_keeps_nothing_until_it_listens_again(
         )
     _wait_for(lambda: reads.max_age_s == 0.0)
     assert len(reads) == 0
+    series = _series(notified)
+    assert series["halfcast_poll_change_feed_listening"] == 0 and series["halfcast_poll_change_feed_losses_total"] == 1
     before = counted.count
     notified.get(f"/jobs/{job_id}")
     notified.get(f"/jobs/{job_id}")

@@ -87,6 +87,7 @@ class ChangeFeed:
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
         self.listening = False
+        self.losses = 0  # times a listening connection was lost
 
     async def run(self) -> None:
         """Listen until cancelled, connecting again after every loss."""
@@ -125,4 +126,5 @@ class ChangeFeed:
     def _lose(self) -> None:
         if self.listening:
             self.listening = False
+            self.losses += 1
         self.listener.lost()
