@@ -34,6 +34,8 @@ EXPORTED_METRICS = {
     "halfcast_worker_up",
     "halfcast_worker_running_jobs",
     "halfcast_http_request_duration_seconds_bucket",
+    "halfcast_poll_reads_total",
+    "halfcast_poll_change_feed_listening",
 }
 SERVICES = {"postgres", "redis", "migrate", "api", "worker", "prometheus", "grafana"}
 ONE_SHOT = {"migrate", "prometheus-token"}

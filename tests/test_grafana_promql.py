@@ -16,14 +16,20 @@ import shutil
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from halfcast.core.db.async_pool import Connect
+from halfcast.core.db.change_feed import ChangeFeed
+from halfcast.core.db.job_readers import JobReads
 from halfcast.core.db.models import Worker
 from halfcast.core.db.workers import WorkerState
+from server.http.recent_reads import RecentJobReads
 from server.http.request_metrics import request_histogram
 from server.metrics.exporter import job_families, status_families
+from server.metrics.poll_reads import PollReadsCollector
 from server.metrics.worker_metrics import worker_families
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,12 +112,16 @@ def exported_names() -> set[str]:
         heartbeat_at=datetime.now(UTC),
     )
 
+    kept = RecentJobReads(cast(JobReads, None), max_age_s=0.5)  # counters only: nothing is read
+    feed = ChangeFeed(cast(Connect, None), kept)
+
     class Fixed:
         def collect(self):
             yield from job_families([("job", latest)])
             yield from status_families({"queued": 1, "running": 1})
             yield from worker_families([WorkerState(worker, live=True, running_jobs=["job"])])
             yield from latency.collect()
+            yield from PollReadsCollector(lambda: kept, lambda: feed).collect()
 
     registry.register(Fixed())
     return {sample.name for family in registry.collect() for sample in family.samples}
