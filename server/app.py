@@ -95,7 +95,7 @@ async def follow_changes(settings: Settings, engine: Engine, reads: JobReads) ->
 
 
 def recent_reads(app: FastAPI) -> RecentJobReads | None:
-    """The app's reads if they are kept a while (``poll_max_age_s`` > 0) and the app has started, else ``None``."""
+    """The app's reads if they are kept (:func:`keeps_reads`) and the app has started, else ``None``."""
     reads = getattr(app.state, "job_reads", None)
     return reads if isinstance(reads, RecentJobReads) else None
 
@@ -132,9 +132,7 @@ def _lifespan(settings: Settings, queue: JobQueue | None) -> Callable[[FastAPI],
         try:
             async with follow_changes(settings, engine, app.state.job_reads) as feed:
                 app.state.change_feed = feed
-                app.state.registry.register(
-                    PollReadsCollector(lambda: recent_reads(app), lambda: getattr(app.state, "change_feed", None))
-                )
+                app.state.registry.register(PollReadsCollector(recent_reads(app), feed))
                 yield
         finally:
             if own_queue is not None:

@@ -121,7 +121,7 @@ def exported_names() -> set[str]:
             yield from status_families({"queued": 1, "running": 1})
             yield from worker_families([WorkerState(worker, live=True, running_jobs=["job"])])
             yield from latency.collect()
-            yield from PollReadsCollector(lambda: kept, lambda: feed).collect()
+            yield from PollReadsCollector(kept, feed).collect()
 
     registry.register(Fixed())
     return {sample.name for family in registry.collect() for sample in family.samples}

@@ -145,7 +145,7 @@ class RecentJobReads:
 
     async def close(self) -> None:
         """Close the wrapped reads."""
-        self._reads.clear()
+        self.forget()
         await self.inner.close()
 
 

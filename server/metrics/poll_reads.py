@@ -6,7 +6,7 @@ feed's only with ``notified``. Counted by the app's own objects in plain integer
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -17,16 +17,16 @@ from server.http.recent_reads import RecentJobReads
 class PollReadsCollector:
     """``halfcast_poll_reads_total{answered_from}`` and, with a feed, ``halfcast_poll_change_feed_*``.
 
-    ``reads`` and ``feed`` are looked up at each scrape (the app builds them in its lifespan).
+    Either may be ``None`` (polls keep no reads; no feed): its series are then left out.
     """
 
-    def __init__(self, reads: Callable[[], RecentJobReads | None], feed: Callable[[], ChangeFeed | None]) -> None:
+    def __init__(self, reads: RecentJobReads | None, feed: ChangeFeed | None) -> None:
         self.reads = reads
         self.feed = feed
 
     def collect(self) -> Iterator[Metric]:
         """The reads counter, the feed's gauge and its losses counter (each only when there is one)."""
-        reads = self.reads()
+        reads = self.reads
         if reads is not None:
             answered = CounterMetricFamily(
                 "halfcast_poll_reads",
@@ -36,7 +36,7 @@ class PollReadsCollector:
             answered.add_metric(["kept"], reads.answered_kept)
             answered.add_metric(["database"], reads.answered_read)
             yield answered
-        feed = self.feed()
+        feed = self.feed
         if feed is not None:
             yield GaugeMetricFamily(
                 "halfcast_poll_change_feed_listening",

@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import psycopg
+
+from halfcast.core.db.async_pool import Connect
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class ChangeFeed:
 
     def __init__(
         self,
-        connect: Callable[[], Awaitable[psycopg.AsyncConnection]],
+        connect: Connect,
         listener: ChangeListener,
         *,
         check_interval_s: float = 5.0,
