@@ -21,6 +21,8 @@ mean then the polled window's) and what CPU the runs had (``run cores``); a seco
 the host's CPU by role (:mod:`bench.cpu_roles`: API, worker, runs, PostgreSQL, load generator).
 ``--worker-env HALFCAST_RUN_NICE=0`` runs the training at the API's priority, for a before/after.
 Both sets of rows are in the one table (``load``: simulated writers, or the training jobs).
+``own reads`` is the share of the polls that made a database read of their own, from the API's
+``halfcast_poll_reads_total`` (:mod:`bench.poll_reads`; ``all`` when polls keep no reads).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from bench.load_clients import PollPlan, Tally, poll_share, probe, summary
 from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
 from bench.load_training import TrainingWindow, WorkerProcess, cancel_jobs, quiet_window, steps_of, training_spec
 from bench.load_writer import Writer, WriterConfig
+from bench.poll_reads import own_read_share, poll_read_counts
 from halfcast.common.quiet_logs import quiet_third_party_logs
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,7 @@ COLUMNS = (
     "cancel p50/max ms",
     "healthz max ms",
     "API CPU ms/req",
+    "own reads",
     "client CPU ms/req",
     "load 1m",
     "train steps/s quiet/polled",
@@ -227,10 +231,12 @@ def run_scenario(
     log.info("scenario: %d clients, %s, think %.2f s", scenario.clients, scenario.mode, scenario.think_s)
     assert api.popen is not None
     cpu_before, load_before = cpu_seconds(api.popen.pid), os.getloadavg()[0]
+    reads_before = poll_read_counts(api.url, token)
     tally, probed, client_cpu = asyncio.run(
         _measure(pool, _plans(args, scenario, api.url, token, targets), args, api.url, token)
     )
     cpu = cpu_seconds(api.popen.pid) - cpu_before
+    own_reads = own_read_share(reads_before, poll_read_counts(api.url, token))
     result: dict[str, Any] = {
         "load": "simulated",
         "scenario": asdict(scenario),
@@ -238,6 +244,7 @@ def run_scenario(
         "probe": {name: summary(t, args.duration) for name, t in probed.items()},
     }
     result["api_cpu_s"] = cpu
+    result["own_read_share"] = own_reads  # None: polls keep no reads (each reads the database)
     result["load_avg_1m"] = [load_before, os.getloadavg()[0]]  # the machine's, before and after: others share it
     result["api_cpu_ms_per_request"] = cpu * 1e3 / max(1, result["polls"]["requests"])
     result["client_cpu_ms_per_request"] = client_cpu * 1e3 / max(1, result["polls"]["requests"])  # warm-up included
@@ -402,6 +409,7 @@ def _row(result: dict[str, Any]) -> list[str]:
         cancel_text,
         f"{probed['healthz']['max_ms']:.0f}",
         f"{result['api_cpu_ms_per_request']:.2f}",
+        "all" if result.get("own_read_share") is None else f"{result['own_read_share']:.1%}",
         f"{result['client_cpu_ms_per_request']:.2f}",
         "{:.1f}-{:.1f}".format(*result["load_avg_1m"]),
         training,

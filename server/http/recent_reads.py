@@ -14,6 +14,10 @@ A poll's database read costs the API a good part of its CPU and PostgreSQL some 
 * else, while younger than ``HALFCAST_POLL_MAX_AGE_S`` (opt-in): a job's resource may then lag the
   database by that long.
 
+Polls of one ``(job, token)`` that miss while a read of it is at the database wait for that
+read instead of making their own (one read per change of a job, however many poll it), as
+long as it counts as kept: begun after the last change told and younger than the max age.
+
 Off by default: every poll then reads the database. What the cache never does: answer one token
 with another token's read (the token is part of the key, and the visibility check runs on every
 request), keep a missing job or an unknown token (a 404 or a 401 is never kept), keep a read
@@ -26,6 +30,7 @@ polls it sees its own write.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -50,6 +55,15 @@ class _Kept:
     read: JobRead
 
 
+@dataclass
+class _Flight:
+    """A read at the database that polls of its key share: kept once done, unless a forget made it stale meanwhile."""
+
+    began: float
+    task: asyncio.Task[JobRead]
+    current: bool = True  # no forget touched it since it began (a stale flight is neither joined nor kept)
+
+
 class RecentJobReads:
     """``inner``'s reads, each reused for ``max_age_s`` seconds; :meth:`forget` drops them all (event loop only)."""
 
@@ -63,26 +77,49 @@ class RecentJobReads:
         self.clock = clock
         self._reads: OrderedDict[tuple[str, str | None], _Kept] = OrderedDict()
         self._by_job: dict[str, set[str | None]] = {}  # the token hashes of each job's kept reads
-        self._generation = 0  # bumped by every forget: a read begun before one is not kept
+        self._flights: dict[tuple[str, str | None], _Flight] = {}  # the reads at the database, by key
         self.answered_kept = 0  # polls answered from a kept read (halfcast_poll_reads_total)
-        self.answered_read = 0  # polls answered by a read of ``inner``
+        self.answered_shared = 0  # polls answered by a read another poll made (under way as they came)
+        self.answered_read = 0  # polls answered by a read of ``inner`` of their own
 
     async def read(self, job_id: str, token_hash: str | None) -> JobRead:
-        """The read of ``job_id`` with ``token_hash``: a kept one younger than ``max_age_s``, else a new one."""
+        """The read of ``job_id`` with ``token_hash``: a kept one younger than ``max_age_s``, else a new one.
+
+        A poll that finds a read of its key at the database and young enough waits for it
+        (``answered_shared``) rather than making another.
+        """
         key = (job_id, token_hash)
-        began = self.clock()
+        now = self.clock()
         kept = self._reads.get(key)
-        if kept is not None and began - kept.began < self.max_age_s and not _token_due(kept.read):
+        if kept is not None and now - kept.began < self.max_age_s and not _token_due(kept.read):
             self._reads.move_to_end(key)
             self.answered_kept += 1
             return kept.read
-        self.answered_read += 1
-        generation = self._generation
-        read = await self.inner.read(job_id, token_hash)
-        found = read.job is not None and (read.token is not None or token_hash is None)
-        if found and generation == self._generation and self.max_age_s > 0:
-            self._keep(key, _Kept(began, read))
-        return read
+        flight = self._flights.get(key)
+        if flight is not None and now - flight.began < self.max_age_s:
+            self.answered_shared += 1
+        else:
+            self.answered_read += 1
+            flight = self._take_off(key, now)
+        return await asyncio.shield(flight.task)  # a poll cancelled (its client gone) leaves the read to the others
+
+    def _take_off(self, key: tuple[str, str | None], now: float) -> _Flight:
+        task = asyncio.get_running_loop().create_task(self.inner.read(*key))
+        flight = _Flight(now, task)
+        self._flights[key] = flight
+        task.add_done_callback(lambda done: self._landed(key, flight, done))
+        return flight
+
+    def _landed(self, key: tuple[str, str | None], flight: _Flight, task: asyncio.Task[JobRead]) -> None:
+        """Keep a flight's read (runs before any poll waiting for it resumes); take it off the board."""
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if task.cancelled() or task.exception() is not None:  # retrieved here: every poll may have gone
+            return
+        read = task.result()
+        found = read.job is not None and (read.token is not None or key[1] is None)
+        if found and flight.current and self.max_age_s > 0:
+            self._keep(key, _Kept(flight.began, read))
 
     def _keep(self, key: tuple[str, str | None], kept: _Kept) -> None:
         self._reads[key] = kept
@@ -100,22 +137,30 @@ class RecentJobReads:
 
     def forget(self) -> None:
         """Drop every kept read, and keep none of the reads under way."""
-        self._generation += 1
+        self._ground(list(self._flights))
         self._reads.clear()
         self._by_job.clear()
 
     def forget_job(self, job_id: str) -> None:
-        """Drop the kept reads of ``job_id``, and keep none of the reads under way."""
-        self._generation += 1
+        """Drop the kept reads of ``job_id``, and keep none of its reads under way."""
+        self._ground([key for key in self._flights if key[0] == job_id])
         for token_hash in self._by_job.pop(job_id, ()):
             del self._reads[(job_id, token_hash)]
 
     def forget_token(self, token_id: str) -> None:
-        """Drop the kept reads made with the token whose id is ``token_id``, and keep none of the reads under way."""
-        self._generation += 1
+        """Drop the kept reads made with the token whose id is ``token_id``, and keep none of the reads under way.
+
+        (A read under way has not found its token yet: every one is stale to be safe; tokens change rarely.)
+        """
+        self._ground(list(self._flights))
         made_with = [key for key, kept in self._reads.items() if _token_id(kept.read) == token_id]
         for key in made_with:
             self._drop(key)
+
+    def _ground(self, keys: list[tuple[str, str | None]]) -> None:
+        """The flights of ``keys`` are stale: polls from now on make a new read, and theirs is not kept."""
+        for key in keys:
+            self._flights.pop(key).current = False
 
     # -- told by a change feed (halfcast.core.db.change_feed.ChangeListener)
 

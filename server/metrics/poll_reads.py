@@ -30,10 +30,11 @@ class PollReadsCollector:
         if reads is not None:
             answered = CounterMetricFamily(
                 "halfcast_poll_reads",
-                "GET /jobs/{id} reads by where they came from: kept, or the database",
+                "GET /jobs/{id} reads by where they came from: kept, another poll's database read, or their own",
                 labels=["answered_from"],
             )
             answered.add_metric(["kept"], reads.answered_kept)
+            answered.add_metric(["shared"], reads.answered_shared)
             answered.add_metric(["database"], reads.answered_read)
             yield answered
         feed = self.feed

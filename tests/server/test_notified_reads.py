@@ -130,6 +130,7 @@ def test_a_poll_of_an_unchanged_job_reads_nothing(notified: TestClient, sessions
     series = _series(notified)
     assert series["halfcast_poll_reads_total{answered_from=kept}"] == kept_before + 5
     assert series["halfcast_poll_reads_total{answered_from=database}"] == counted.count
+    assert series["halfcast_poll_reads_total{answered_from=shared}"] == 0  # one poll at a time: none under way
     assert series["halfcast_poll_change_feed_listening"] == 1 and series["halfcast_poll_change_feed_losses_total"] == 0
 
 

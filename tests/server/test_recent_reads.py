@@ -224,3 +224,106 @@ def test_a_lost_feed_keeps_reads_no_longer_than_the_max_age() -> None:
     assert reads.max_age_s == float("inf")
     reads.lost()
     assert reads.max_age_s == 0.5
+
+
+class _FailingReads(_GatedReads):
+    """Gated reads that raise once released while ``failing``: the database went away mid-read."""
+
+    failing = True
+
+    async def read(self, job_id: str, token_hash: str | None) -> JobRead:
+        read = await super().read(job_id, token_hash)
+        if self.failing:
+            raise ConnectionError("the database went away")
+        return read
+
+
+async def _polls_under_way(reads: RecentJobReads, keys: list[tuple[str, str]]) -> list[asyncio.Task[JobRead]]:
+    """A poll of each of ``keys`` at once, each begun (at the database or waiting for a read there)."""
+    polls = [asyncio.create_task(reads.read(*key)) for key in keys]
+    await asyncio.sleep(0)
+    return polls
+
+
+def test_polls_that_miss_together_share_one_read() -> None:
+    async def scenario() -> tuple[int, int, int]:
+        inner = _GatedReads(_a_read())
+        reads = RecentJobReads(inner, max_age_s=float("inf"))
+        polls = await _polls_under_way(reads, [("job", "token")] * 5 + [("other", "token")])
+        inner.release.set()
+        answers = await asyncio.gather(*polls)
+        assert all(answer is inner.result for answer in answers)
+        await reads.read("job", "token")  # kept since
+        return inner.count, reads.answered_shared, reads.answered_kept
+
+    assert asyncio.run(scenario()) == (2, 4, 1)  # one read per key; 4 polls waited for the first
+
+
+def test_a_change_during_a_shared_read_sends_later_polls_to_the_database() -> None:
+    async def scenario() -> tuple[int, bool, bool]:
+        inner = _GatedReads(_a_read())
+        reads = RecentJobReads(inner, max_age_s=float("inf"))
+        before = await _polls_under_way(reads, [("a", "token"), ("b", "token")])
+        reads.changed(Change(ChangeKind.JOB, "a"))  # told while both reads are at the database
+        after = await _polls_under_way(reads, [("a", "token"), ("a", "token")])
+        inner.release.set()
+        await asyncio.gather(*before, *after)
+        return inner.count, reads.keeps("a"), reads.keeps("b")
+
+    # a's read from before the change is neither joined nor kept; b's, untouched by it, is kept
+    assert asyncio.run(scenario()) == (3, True, True)
+
+
+def test_a_read_begun_before_a_write_is_not_shared_with_polls_after_it() -> None:
+    async def scenario() -> tuple[int, int]:
+        inner = _GatedReads(_a_read())
+        reads = RecentJobReads(inner, max_age_s=float("inf"))
+        before = await _polls_under_way(reads, [("job", "token")])
+        reads.forget()  # ForgetOnWrite: a write through this API was answered
+        after = await _polls_under_way(reads, [("job", "token")])
+        inner.release.set()
+        await asyncio.gather(*before, *after)
+        return inner.count, reads.answered_shared
+
+    assert asyncio.run(scenario()) == (2, 0)
+
+
+def test_a_poll_whose_client_left_leaves_the_shared_read_to_the_others() -> None:
+    async def scenario() -> tuple[int, bool]:
+        inner = _GatedReads(_a_read())
+        reads = RecentJobReads(inner, max_age_s=float("inf"))
+        first, second = await _polls_under_way(reads, [("job", "token")] * 2)
+        first.cancel()
+        await asyncio.sleep(0)
+        inner.release.set()
+        assert await second is inner.result
+        return inner.count, reads.keeps("job")
+
+    assert asyncio.run(scenario()) == (1, True)
+
+
+def test_a_failed_shared_read_fails_every_poll_waiting_and_keeps_nothing() -> None:
+    async def scenario() -> tuple[list[bool], int]:
+        inner = _FailingReads(_a_read())
+        reads = RecentJobReads(inner, max_age_s=float("inf"))
+        polls = await _polls_under_way(reads, [("job", "token")] * 3)
+        inner.release.set()
+        answers = await asyncio.gather(*polls, return_exceptions=True)
+        failed = [isinstance(answer, ConnectionError) for answer in answers]
+        inner.failing = False  # the database is back
+        await reads.read("job", "token")
+        return failed, inner.count
+
+    assert asyncio.run(scenario()) == ([True, True, True], 2)
+
+
+def test_without_a_max_age_polls_never_share_a_read() -> None:
+    async def scenario() -> int:
+        inner = _GatedReads(_a_read())
+        reads = RecentJobReads(inner, max_age_s=0.0)  # a lost feed with HALFCAST_POLL_MAX_AGE_S=0
+        polls = await _polls_under_way(reads, [("job", "token")] * 3)
+        inner.release.set()
+        await asyncio.gather(*polls)
+        return inner.count
+
+    assert asyncio.run(scenario()) == 3
