@@ -48,6 +48,7 @@ from worker.lifecycle.reasons import RETRY_POLICY
 from worker.lifecycle.recovery import Enqueue, Recovery
 from worker.lifecycle.registered_inputs import RefError, resolve_inputs
 from worker.records.ingest import end_info, ingest, parse_lines
+from worker.records.pacing import JobRowPacing, Plan
 from worker.records.tail import RecordTail, step_records_up_to
 from worker.store import Claim, JobStore, Progress
 from worker.warm.pool import WarmPool
@@ -131,6 +132,7 @@ class Attempt:
         self.max_steps: int | None = None  # the spec's, once validated
         #: Records read from ``records.jsonl`` but not stored yet (the database was unreachable).
         self.pending: list[dict[str, object]] = []  # JSON objects of record lines, parsed when stored
+        self.pacing = JobRowPacing(context.settings.worker_progress_interval_s)
         self.database_error: str | None = None
 
     def run(self) -> Outcome:
@@ -371,7 +373,7 @@ class Attempt:
     def _drain_last(self) -> None:
         """Store the run's remaining records, retrying through a database outage while the lease holds."""
         try:
-            self._retrying(self._ingest)
+            self._retrying(lambda: self._ingest(last=True))
         except DBAPIError:
             log.warning("job %s: lease lost while its last records could not be stored", self.claim.job_id)
 
@@ -383,19 +385,29 @@ class Attempt:
         ):
             raise RuntimeError(f"processes of run {self.process.pid} survived SIGKILL")
 
-    def _ingest(self) -> None:
-        """Move new records from ``records.jsonl`` into the database (fenced by the lease)."""
+    def _ingest(self, *, last: bool = False) -> None:
+        """Move new records from ``records.jsonl`` into the database (fenced by the lease).
+
+        The job row's step follows at most every ``HALFCAST_WORKER_PROGRESS_INTERVAL_S``
+        (:mod:`worker.records.pacing`); ``last`` (the run is over): at once.
+        """
         if self.lease.lost:
             return
         self.pending += self.tail.drain()
         if not self.pending:
+            if (plan := self.pacing.pending(now=last)) is not None:
+                self._store(plan)
             return
-        progress = self._progress(self.pending)
         first = not self.running
+        plan = self.pacing.plan(self._progress(self.pending), now=first or last)
         self.running = True
-        if not self.store.record_progress(self.fence, progress, start_running=first):
-            self.lease.mark_lost("a progress write matched no row: the job is no longer this attempt's")
+        self._store(plan, start_running=first)
         self.pending = []  # stored (kept on an error above, to be written again: insert-or-ignore)
+
+    def _store(self, plan: Plan, *, start_running: bool = False) -> None:
+        if not self.store.record_progress(self.fence, plan.progress, start_running=start_running, job_row=plan.job_row):
+            self.lease.mark_lost("a progress write matched no row: the job is no longer this attempt's")
+        self.pacing.written(plan)
 
     def _progress(self, lines: list[dict[str, object]]) -> Progress:
         """The progress of the record lines ``lines`` in file order (:func:`worker.records.ingest.ingest`).

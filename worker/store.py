@@ -38,7 +38,7 @@ from halfcast.contracts.status import JobStatus
 from halfcast.core.db import models, pending_cancels
 from halfcast.core.db.engine import WRITE_TRANSACTION
 from halfcast.core.db.models import TERMINAL_STATUSES, Attempt, Job, utcnow
-from halfcast.core.db.transitions import Expected, Fence, compare_and_set, write_progress
+from halfcast.core.db.transitions import Expected, Fence, compare_and_set, lock_if, write_progress
 
 log = logging.getLogger(__name__)
 
@@ -175,37 +175,49 @@ class JobStore:
                 conn, fence.job_id, Expected.fenced(fence, {JobStatus.STARTING}), to=JobStatus.RUNNING
             )
 
-    def record_progress(self, fence: Fence, progress: Progress, *, start_running: bool = False) -> bool:
+    def record_progress(
+        self, fence: Fence, progress: Progress, *, start_running: bool = False, job_row: bool = True
+    ) -> bool:
         """Store new step and evaluation records (insert-or-ignore).
 
         Updates ``step``/``latest``/``eval``/``world_size``/``startup``. With ``start_running``
         (the attempt's first records) the job also goes ``starting`` → ``running`` in the same
         transaction, so no reader sees it ``running`` without the start-up phase those records
         carry (a status change that is refused, e.g. a job already ``cancelling``, stores the
-        records all the same).
+        records all the same). Without ``job_row`` (step records alone, between two of
+        :mod:`worker.records.pacing`'s writes) the job row is only locked, not changed.
 
         Returns ``False`` (and stores nothing) when the attempt no longer owns the job.
-        The fenced job update runs first, so its row lock orders this write against
+        The fenced job update (or lock) runs first, so its row lock orders this write against
         a concurrent recovery of the job. Precision switches are applied next (rewind,
         then the job's ``precision_switches``), then the poll's own values again and its
         step records, so a re-run step replaces the abandoned one instead of being
         ignored as a duplicate.
         """
-        values = _progress_values(progress) or {"updated_at": utcnow()}
         with self.begin() as conn:
             if start_running:
                 compare_and_set(conn, fence.job_id, Expected.fenced(fence, {JobStatus.STARTING}), to=JobStatus.RUNNING)
-            if not compare_and_set(conn, fence.job_id, Expected.fenced(fence), **values):
+            if not self._fenced_progress(conn, fence, progress, job_row):
                 return False
-            if progress.switches or progress.known_switches:
-                _record_switches(conn, fence.job_id, progress)
-                write_progress(conn, fence.job_id, **values)
             for table, written in ((models.StepRow, progress.steps), (models.EvalRow, progress.evals)):
                 for start in range(0, len(written), BATCH_SIZE):
                     rows = [_record_row(fence.job_id, record) for record in written[start : start + BATCH_SIZE]]
                     _insert_ignore(conn, table, rows)
             if progress.evals:
                 write_progress(conn, fence.job_id, eval=_newest_eval(fence.job_id))
+        return True
+
+    @staticmethod
+    def _fenced_progress(conn: Connection, fence: Fence, progress: Progress, job_row: bool) -> bool:
+        """The job row's part of :meth:`record_progress`: set (or, without ``job_row``, locked) if still the attempt's."""
+        if not job_row:
+            return lock_if(conn, fence.job_id, Expected.fenced(fence))
+        values = _progress_values(progress) or {"updated_at": utcnow()}
+        if not compare_and_set(conn, fence.job_id, Expected.fenced(fence), **values):
+            return False
+        if progress.switches or progress.known_switches:
+            _record_switches(conn, fence.job_id, progress)
+            write_progress(conn, fence.job_id, **values)
         return True
 
     def rewind(self, fence: Fence, step: int) -> bool:

@@ -90,6 +90,13 @@ class Settings(BaseSettings):
         description="Seconds after its last heartbeat a worker is dropped from the registry",
     )
     worker_poll_interval_s: float = Field(default=0.1, gt=0.0, le=60.0)
+    worker_progress_interval_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=60.0,
+        description="Seconds at least between two writes of a running job's step to its row (step records are "
+        "stored every poll; 0: the row too)",
+    )
     worker_host_address: str | None = Field(
         default=None,
         max_length=255,

@@ -24,11 +24,13 @@ from pydantic import ValidationError
 from sqlalchemy import insert, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from halfcast.contracts.status import JobStatus
 from halfcast.core.db.change_feed import Change, ChangeFeed, ChangeKind, parse_change
 from halfcast.core.db.engine import make_engine
 from halfcast.core.db.job_readers import JobReads, async_connector
 from halfcast.core.db.job_reads import JobRead
-from halfcast.core.db.models import ApiToken, Attempt, Job, utcnow
+from halfcast.core.db.models import ApiToken, Attempt, Job, StepRow, utcnow
+from halfcast.core.db.transitions import Expected, lock_if
 from halfcast.core.settings import PollReads, Settings
 from server.app import create_app, recent_reads
 from server.http.recent_reads import RecentJobReads
@@ -142,6 +144,21 @@ def test_a_step_written_directly_shows_once_told(notified: TestClient, sessions:
     _write(sessions, update(Job).where(Job.id == job_id).values(step=7))
     _polls_until(notified, job_id, "step", 7)
     assert _reads(notified).keeps(other)  # the other job's read was not dropped
+
+
+def test_step_records_stored_under_the_rows_lock_tell_no_change(
+    notified: TestClient, sessions: sessionmaker[Session], engine: Any
+) -> None:
+    """Between two writes of the job row (worker/records/pacing.py) the worker only locks it: no change is told."""
+    job_id = insert_job(sessions, status="running", owner="tester")
+    _kept_poll(notified, job_id)
+    with engine.begin() as conn:
+        assert lock_if(conn, job_id, Expected.of(JobStatus.RUNNING))
+        conn.execute(insert(StepRow).values(job_id=job_id, step=1, time=1.0, data={"step": 1, "time": 1.0}))
+    time.sleep(0.3)  # what a notification would have needed, many times over
+    assert _reads(notified).keeps(job_id)
+    _write(sessions, update(Job).where(Job.id == job_id).values(step=1))  # the row's write: told
+    _wait_for(lambda: not _reads(notified).keeps(job_id))
 
 
 def test_a_new_attempt_shows_once_told(notified: TestClient, sessions: sessionmaker[Session]) -> None:

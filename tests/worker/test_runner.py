@@ -551,3 +551,23 @@ def test_a_real_torchrun_run_stops_long_before_the_grace_and_leaves_no_traceback
     for rank in (0, 1):
         assert "stopped by SIGTERM after step" in (run_dir / "logs" / f"rank-{rank}.log").read_text()
     assert list((run_dir / "checkpoints").glob("step-*.pt"))  # the stop checkpoint
+
+
+def test_the_rows_step_follows_the_stored_records_once_per_interval_and_at_the_end(
+    settings: Settings, store: JobStore, engine: Engine, make_job: MakeJob
+) -> None:
+    """``HALFCAST_WORKER_PROGRESS_INTERVAL_S`` (worker/records/pacing.py): step records are stored every poll; the
+    row's step waits for the interval (here longer than the run), and the run's last records set it."""
+    paced = settings.model_copy(update={"worker_progress_interval_s": 60.0})
+    job_id = make_job(small_spec(max_steps=40, faults={"sleep_per_step_s": 0.03}))
+    thread, result = _run_in_thread(job_id, _context(paced, store))
+    deadline = time.monotonic() + 30
+    while len(stored := _steps(engine, job_id)) < 10:
+        assert time.monotonic() < deadline and thread.is_alive(), f"only {stored} stored"
+        time.sleep(0.02)
+    row = _row(engine, job_id)
+    assert row.status == "running" and row.step < len(stored)  # behind the records it has (set once, at the first)
+    thread.join(60)
+    assert result == [Outcome(JobStatus.SUCCEEDED)]
+    row = _row(engine, job_id)
+    assert (row.step, present(row.latest)["step"]) == (40, 40) and _steps(engine, job_id) == list(range(1, 41))

@@ -234,3 +234,20 @@ def test_runtime_used_sums_the_ended_attempts(db: Engine, tmp_path: Path) -> Non
     second = store.claim(job_id, "w", tmp_path)
     assert second is not None and second.attempt == 2
     assert second.runtime_used_s == pytest.approx(40.0)
+
+
+def test_step_records_without_the_job_row_leave_the_row_alone_and_stay_fenced(db: Engine, tmp_path: Path) -> None:
+    """``job_row=False`` (worker/records/pacing.py): the records are stored, the row is not written; fenced all the same."""
+    store = JobStore(db)
+    job_id = insert_job(db)
+    claim = store.claim(job_id, "w1", tmp_path)
+    assert claim is not None and store.record_progress(claim.fence, Progress(steps=[StepLine(step=1, time=1.0)]))
+    before = _job(db, job_id)
+    assert store.record_progress(claim.fence, Progress(steps=[StepLine(step=2, time=2.0)]), job_row=False)
+    after = _job(db, job_id)
+    assert _steps(db, job_id) == [1, 2]
+    assert (after.step, after.latest, after.updated_at) == (before.step, before.latest, before.updated_at)
+    with db.begin() as conn:  # a reaper requeued the job
+        conn.execute(update(Job).where(Job.id == job_id).values(status="queued", worker_id=None))
+    assert store.record_progress(claim.fence, Progress(steps=[StepLine(step=3, time=3.0)]), job_row=False) is False
+    assert _steps(db, job_id) == [1, 2]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Connection, CursorResult, update
+from sqlalchemy import ColumnElement, Connection, CursorResult, select, update
 from sqlalchemy.orm import Session
 
 from halfcast.contracts.status import LIVE_STATUSES, TERMINAL_STATUSES, JobStatus
@@ -157,6 +157,19 @@ def compare_and_set(db: Executor, job_id: str, expected: Expected, to: JobStatus
     # Session.execute types every result as Result; an UPDATE's is a CursorResult (it has a rowcount) either way
     result = cast("CursorResult[Any]", db.execute(statement))
     return bool(result.rowcount == 1)
+
+
+def lock_if(db: Executor, job_id: str, expected: Expected) -> bool:
+    """Lock job ``job_id``'s row if it is as ``expected`` (as an update of it would); whether it is. Writes nothing.
+
+    For a transaction that writes other tables under the row's fence without changing the row
+    itself (no new row version, no change told to the API's kept reads). The lock is the one an
+    ``UPDATE`` of non-key columns takes (``FOR NO KEY UPDATE``), so it orders the transaction
+    against a concurrent status change exactly as a :func:`compare_and_set` would (SQLite: the
+    write transaction's own lock).
+    """
+    statement = select(Job.id).where(*expected.conditions(job_id)).with_for_update(key_share=True)
+    return db.execute(statement).first() is not None
 
 
 def write_progress(db: Executor, job_id: str, **values: Any) -> None:
