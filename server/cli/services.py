@@ -173,6 +173,8 @@ def run_api(args: argparse.Namespace) -> int:
     """Serve the API in this process."""
     import uvicorn
 
+    from server.http.coalesced_writes import CoalescedHttpToolsProtocol
+
     settings = apply_overrides(args)
     if _refused(settings):
         return EXIT_REFUSED
@@ -183,5 +185,6 @@ def run_api(args: argparse.Namespace) -> int:
         port=settings.port,
         workers=settings.api_workers,
         log_level=uvicorn_log_level(getattr(args, "log_level", "INFO")),
+        http=CoalescedHttpToolsProtocol,  # an answer's head and body in one write (server/http/coalesced_writes.py)
     )
     return 0
