@@ -5,8 +5,8 @@ with :class:`worker.store.JobStore` (``queued`` → ``starting``, a lease, an
 ``attempts`` row), marks it ``running``, then stores one step record every
 ``step_interval`` seconds (drawn uniformly from the range) through
 ``JobStore.record_progress``, the worker's own write (insert-or-ignore, fenced job
-update of ``step``/``latest``), and an evaluation every :data:`EVAL_EVERY` steps, until
-told to stop. No torchrun is involved.
+update of ``step``/``latest`` paced as the worker paces it, :mod:`worker.records.pacing`),
+and an evaluation every :data:`EVAL_EVERY` steps, until told to stop. No torchrun is involved.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from typing import Any
 
 from halfcast.contracts.records import EvalRecord, StepRecord
 from halfcast.core.db.engine import make_engine
+from halfcast.core.settings import Settings
+from worker.records.pacing import JobRowPacing
 from worker.store import Fence, JobStore, Progress
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,8 @@ class WriterConfig:
     job_ids: Sequence[str]
     runs_dir: Path
     step_interval_s: tuple[float, float] = (0.05, 0.1)
+    #: The worker's ``HALFCAST_WORKER_PROGRESS_INTERVAL_S`` default: how often the job row takes the step.
+    progress_interval_s: float = Settings.model_fields["worker_progress_interval_s"].default
 
 
 def step_record(step: int) -> StepRecord:
@@ -68,6 +72,7 @@ def _write_job(
     """Append one record every step interval to the claimed job until ``stop`` is set."""
     step = 0
     low, high = config.step_interval_s
+    pacing = JobRowPacing(config.progress_interval_s)
     while not stop.wait(random.uniform(low, high)):
         step += 1
         evals = (
@@ -75,9 +80,11 @@ def _write_job(
             if step % EVAL_EVERY == 0
             else []
         )
-        if not store.record_progress(fence, Progress(steps=[step_record(step)], evals=evals)):
+        plan = pacing.plan(Progress(steps=[step_record(step)], evals=evals))
+        if not store.record_progress(fence, plan.progress, job_row=plan.job_row):
             log.warning("job %s is no longer ours; its writer stops", fence.job_id)
             return
+        pacing.written(plan)
         counts[fence.job_id] = step
 
 
