@@ -1,15 +1,15 @@
-"""uvicorn's HTTP/1.1 protocol (httptools) with the writes of one event-loop step sent as one.
+"""uvicorn's HTTP/1.1 protocol (httptools) with an answer's head and body sent in one write.
 
 uvicorn writes a response's head to the socket when the app sends ``http.response.start`` and
 its body when it sends ``http.response.body``: two ``send`` system calls, two TCP segments
 and, on the client's side, often two wake-ups for every answer, though the app sends both
 messages in the same step of the event loop. :class:`CoalescedHttpToolsProtocol` gives
-uvicorn a transport that gathers the writes of a step and hands them to the socket's
-transport together once the step is over (``loop.call_soon``): one segment per answer,
-nothing held longer than the step that wrote it. A close sends what is gathered first; a
-streamed response (``GET /jobs/{id}/events``) still goes out chunk by chunk, each as its
-step ends. Everything else is the socket's transport itself (flow control included: its
-buffer limits still pause the writer).
+uvicorn a transport that holds a write until the next one and sends the two together at
+once: the body goes out with its head, no later than uvicorn would have sent it. A write
+that no other follows in its step (a ``304``'s head, a ``HEAD`` answer's, a streamed chunk)
+goes out as that step ends (``loop.call_soon``); a close sends what is held first.
+Everything else is the socket's transport itself (flow control included: its buffer limits
+still pause the writer).
 """
 
 from __future__ import annotations
@@ -21,31 +21,34 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class CoalescingTransport:
-    """Wraps a connection's transport: :meth:`write` gathers until the loop's next step."""
+    """Wraps a connection's transport: :meth:`write` holds one write until the next one, or the step's end."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self.transport = transport
         self.loop = loop
-        self._gathered: list[bytes] = []
+        self._held: bytes | None = None
 
     def write(self, data: bytes) -> None:
-        """Gather ``data``; the step's writes go to the socket together once the step is over."""
+        """Hold ``data`` (no write held), else send the held write and ``data`` together now."""
         if not data:
             return
-        if not self._gathered:
+        held = self._held
+        if held is None:
+            self._held = data
             self.loop.call_soon(self.flush)
-        self._gathered.append(data)
+            return
+        self._held = None
+        if not self.transport.is_closing():
+            self.transport.writelines((held, data))  # one send (uvloop: vectored, no copy)
 
     def flush(self) -> None:
-        """Hand what was gathered to the socket's transport now (nothing once it is closing)."""
-        if not self._gathered:
-            return
-        gathered, self._gathered = self._gathered, []
-        if not self.transport.is_closing():
-            self.transport.write(gathered[0] if len(gathered) == 1 else b"".join(gathered))
+        """Send the held write now (nothing once the socket's transport is closing)."""
+        held, self._held = self._held, None
+        if held is not None and not self.transport.is_closing():
+            self.transport.write(held)
 
     def close(self) -> None:
-        """Send what was gathered, then close (the transport sends its buffer before it closes)."""
+        """Send what is held, then close (the transport sends its buffer before it closes)."""
         self.flush()
         self.transport.close()
 

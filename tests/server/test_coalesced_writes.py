@@ -43,21 +43,22 @@ class _Recording(asyncio.Transport):
         return {"peername": ("127.0.0.1", 5)}.get(name, default)
 
 
-def test_the_writes_of_one_step_go_out_as_one_after_it() -> None:
+def test_a_head_and_its_body_go_out_as_one_write_at_once() -> None:
     async def scenario() -> list[list[bytes]]:
         socket_side = _Recording()
         transport = CoalescingTransport(socket_side, asyncio.get_running_loop())
         transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        seen = [list(socket_side.writes)]  # held: its body may follow in this step
         transport.write(b"body")
-        seen = [list(socket_side.writes)]  # nothing yet: the step is not over
-        await asyncio.sleep(0)
+        seen.append(list(socket_side.writes))  # both, in one write, before the step ends
+        transport.write(b"HTTP/1.1 304 Not Modified\r\n\r\n")  # no body follows
         seen.append(list(socket_side.writes))
-        transport.write(b"next")
         await asyncio.sleep(0)
-        seen.append(list(socket_side.writes))
+        seen.append(list(socket_side.writes))  # sent as its step ended
         return seen
 
-    assert asyncio.run(scenario()) == [[], [b"HTTP/1.1 200 OK\r\n\r\nbody"], [b"HTTP/1.1 200 OK\r\n\r\nbody", b"next"]]
+    head, body, not_modified = b"HTTP/1.1 200 OK\r\n\r\n", b"body", b"HTTP/1.1 304 Not Modified\r\n\r\n"
+    assert asyncio.run(scenario()) == [[], [head + body], [head + body], [head + body, not_modified]]
 
 
 def test_a_close_sends_what_was_gathered_first_and_a_closed_socket_gets_nothing() -> None:
