@@ -45,8 +45,7 @@ class JobRowPacing:
         if progress.switches:  # a rewind: what was deferred may be a step trained again
             self.deferred = None
         if now or not _steps_only(progress) or self.clock() - self.written_at >= self.interval_s:
-            carried = () if self.deferred is None else (self.deferred,)
-            return Plan(replace(progress, steps=(*carried, *progress.steps)), job_row=True)
+            return Plan(replace(progress, steps=(*_some(self.deferred), *progress.steps)), job_row=True)
         if progress.steps:
             self.deferred = max((*progress.steps, *_some(self.deferred)), key=lambda record: record.step)
         return Plan(progress, job_row=False)
