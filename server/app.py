@@ -8,8 +8,6 @@ The schema is not created here; apply the migrations first
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -63,8 +61,9 @@ DOCS_ASSETS_URL = "/docs/assets"
 
 
 def keeps_reads(settings: Settings) -> bool:
-    """Whether ``GET /jobs/{id}`` may answer from a kept read: ``poll_reads=notified`` or ``poll_max_age_s`` set."""
-    return settings.poll_reads is PollReads.NOTIFIED or settings.poll_max_age_s > 0
+    """Whether ``GET /jobs/{id}`` may answer from a kept read: polls notified (``auto`` on PostgreSQL) or
+    ``poll_max_age_s`` set."""
+    return settings.effective_poll_reads is PollReads.NOTIFIED or settings.poll_max_age_s > 0
 
 
 def poll_reads(reads: JobReads, settings: Settings) -> JobReads:
@@ -77,21 +76,17 @@ def poll_reads(reads: JobReads, settings: Settings) -> JobReads:
 
 @asynccontextmanager
 async def follow_changes(settings: Settings, engine: Engine, reads: JobReads) -> AsyncIterator[ChangeFeed | None]:
-    """With ``poll_reads=notified``: a :class:`ChangeFeed` telling ``reads`` (a :class:`RecentJobReads`), run meanwhile."""
-    if settings.poll_reads is not PollReads.NOTIFIED or not isinstance(reads, RecentJobReads):
+    """With polls notified (:attr:`Settings.effective_poll_reads`): a :class:`ChangeFeed` telling ``reads``
+    (a :class:`RecentJobReads`), run meanwhile."""
+    if settings.effective_poll_reads is not PollReads.NOTIFIED or not isinstance(reads, RecentJobReads):
         yield None
         return
     connect = async_connector(engine)
     if connect is None:
         raise RuntimeError(f"poll_reads=notified needs PostgreSQL through psycopg, not {engine.url.drivername}")
     feed = ChangeFeed(connect, reads)
-    task = asyncio.create_task(feed.run(), name="halfcast-job-read-changes")
-    try:
+    async with feed.running():
         yield feed
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def recent_reads(app: FastAPI) -> RecentJobReads | None:

@@ -26,11 +26,14 @@ from halfcast.core.db.engine import StatementTimeouts
 SECRET_URL_FIELDS = frozenset({"database_url", "broker_url"})
 #: The longest a worker's session may sit idle in a transaction, as a fraction of ``lease_ttl_s``.
 WORKER_IDLE_IN_TRANSACTION_LEASE_FRACTION = 0.5
+#: Database URL schemes Halfcast connects to PostgreSQL with through psycopg 3 (``make_engine``).
+PSYCOPG_SCHEMES = frozenset({"postgresql", "postgres", "postgresql+psycopg"})
 
 
 class PollReads(enum.StrEnum):
     """How long ``GET /jobs/{id}`` may keep a read (``HALFCAST_POLL_READS``; :mod:`server.http.recent_reads`)."""
 
+    AUTO = "auto"  # notified on PostgreSQL through psycopg, else database (Settings.effective_poll_reads)
     DATABASE = "database"  # every poll reads the database (or reuses a read for ``poll_max_age_s``)
     NOTIFIED = "notified"  # a read is kept until PostgreSQL notifies a change of the job or the token
 
@@ -178,9 +181,10 @@ class Settings(BaseSettings):
         " database); writes through the same API process are seen at once",
     )
     poll_reads: PollReads = Field(
-        default=PollReads.DATABASE,
+        default=PollReads.AUTO,
         description="notified: GET /jobs/{id} keeps a read until PostgreSQL notifies a change of the job or the"
-        " token (PostgreSQL only; poll_max_age_s applies while the notifications are down); database: it does not",
+        " token (PostgreSQL only; poll_max_age_s applies while the notifications are down); database: it does not;"
+        " auto: notified on PostgreSQL, database on SQLite",
     )
     api_max_concurrency: int = Field(
         default=16,
@@ -250,9 +254,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _notified_on_postgresql(self) -> Settings:
-        if self.poll_reads is PollReads.NOTIFIED and not self.effective_database_url.startswith("postgresql"):
+        scheme = self.effective_database_url.partition("://")[0]
+        if self.poll_reads is PollReads.NOTIFIED and scheme not in PSYCOPG_SCHEMES:
             msg = (
-                "poll_reads=notified needs PostgreSQL (database_url postgresql+psycopg://...): SQLite notifies nothing"
+                "poll_reads=notified needs PostgreSQL through psycopg (database_url postgresql+psycopg://...):"
+                f" {scheme} notifies nothing"
             )
             raise ValueError(msg)
         return self
@@ -288,6 +294,15 @@ class Settings(BaseSettings):
     def effective_database_url(self) -> str:
         """``database_url``, or the embedded SQLite file under ``data_dir``."""
         return self.database_url or f"sqlite:///{self.resolved_data_dir / 'halfcast.db'}"
+
+    @property
+    def effective_poll_reads(self) -> PollReads:
+        """``poll_reads``, ``auto`` resolved: ``notified`` where the database is PostgreSQL through psycopg
+        (what the change feed listens with), else ``database``."""
+        if self.poll_reads is not PollReads.AUTO:
+            return self.poll_reads
+        scheme = self.effective_database_url.partition("://")[0]
+        return PollReads.NOTIFIED if scheme in PSYCOPG_SCHEMES else PollReads.DATABASE
 
     @property
     def effective_broker_url(self) -> str:

@@ -4,7 +4,7 @@ A poll's database read costs the API a good part of its CPU and PostgreSQL some 
 (bench/README.md, "Beside real training"). :class:`RecentJobReads` wraps the app's
 :class:`halfcast.core.db.job_readers.JobReads` and answers a ``(job, token)`` read from memory:
 
-* with ``HALFCAST_POLL_READS=notified`` (PostgreSQL), until a change of the job (its row, its
+* with ``HALFCAST_POLL_READS=notified`` (PostgreSQL's default, ``auto``), until a change of the job (its row, its
   attempts, its gang members) or of the token is told by the database
   (:class:`halfcast.core.db.change_feed.ChangeFeed`, migration 0017's trigger: whoever wrote it,
   the worker, the reaper, the CLI, another API process). A change shows once PostgreSQL has

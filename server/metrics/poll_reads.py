@@ -1,7 +1,8 @@
 """The kept poll reads' series (docs/api.md): where ``GET /jobs/{id}`` got its reads, and the change feed's state.
 
-Only exposed when polls keep reads (``HALFCAST_POLL_READS=notified`` or ``HALFCAST_POLL_MAX_AGE_S``), the
-feed's only with ``notified``. Counted by the app's own objects in plain integers: nothing per request here.
+Only exposed when polls keep reads (``HALFCAST_POLL_READS=notified``, PostgreSQL's default, or
+``HALFCAST_POLL_MAX_AGE_S``), the feed's only with ``notified``. Counted by the app's own objects in plain
+integers: nothing per request here.
 """
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ from starlette.testclient import TestClient
 from starlette.types import ASGIApp
 
 from halfcast.core.db.engine import make_engine, make_session_factory
+from halfcast.core.db.job_readers import JobReads
 from halfcast.core.db.models import Job, StepRow
 from halfcast.core.db.tokens import create_token
+from server.http.recent_reads import RecentJobReads
 
 #: A small valid job spec (the digits example, shortened).
 VALID_SPEC: dict[str, Any] = {
@@ -54,6 +56,12 @@ def app_state(app: ASGIApp) -> State:
     """``app.state`` of the FastAPI app a ``TestClient`` or ``LiveServer`` serves (typed there as any ASGI app)."""
     assert isinstance(app, Starlette), app
     return app.state
+
+
+def database_reads(app: ASGIApp) -> JobReads:
+    """What ``GET /jobs/{id}`` reads the database with: ``job_reads``, or what it keeps reads of (notified polls)."""
+    reads: JobReads = app_state(app).job_reads
+    return reads.inner if isinstance(reads, RecentJobReads) else reads
 
 
 def record_step(record: Mapping[str, object]) -> int:

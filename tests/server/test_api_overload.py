@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from api_support import FakeQueue, app_state, insert_job, portal
+from api_support import FakeQueue, app_state, database_reads, insert_job, portal
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Message, Receive, Scope, Send
@@ -50,14 +50,15 @@ def _every_connection_held(client: TestClient) -> Iterator[None]:
     """Hold the only connection of the app's engine and, on PostgreSQL, of the job resource's own pool."""
     state = app_state(client.app)
     held = state.engine.connect()
-    reads = state.job_reads
-    polls = portal(client).call(reads.pool.acquire) if isinstance(reads, AsyncJobReads) else None
+    reads = database_reads(client.app)
+    pool = reads.pool if isinstance(reads, AsyncJobReads) else None
+    polls = portal(client).call(pool.acquire) if pool is not None else None
     try:
         yield
     finally:
         held.close()
-        if polls is not None:
-            portal(client).call(reads.pool.release, polls)
+        if pool is not None and polls is not None:
+            portal(client).call(pool.release, polls)
 
 
 def test_no_free_database_connection_is_503_not_a_hang(

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
-from api_support import BASE_TIME, FakeQueue, app_state, insert_job, make_token, portal
+from api_support import BASE_TIME, FakeQueue, app_state, database_reads, insert_job, make_token, portal
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -241,7 +241,7 @@ def test_an_unreachable_database_is_503_on_the_poll_as_on_the_other_routes(tmp_p
         data_dir=tmp_path, database_url="postgresql+psycopg://postgres@127.0.0.1:1/nowhere", broker_url=None
     )
     with TestClient(create_app(settings, FakeQueue()), headers={"Authorization": "Bearer hc_x"}) as client:
-        assert isinstance(app_state(client.app).job_reads, AsyncJobReads)
+        assert isinstance(database_reads(client.app), AsyncJobReads)
         poll, listing = client.get(f"/jobs/{uuid.uuid4()}"), client.get("/jobs")
     assert poll.status_code == listing.status_code == 503
     assert poll.json() == listing.json() == {"detail": "database unavailable"}

@@ -3,12 +3,14 @@
 Through the real app on the PostgreSQL test database: a poll of an unchanged job reads nothing,
 a change written directly (as the worker, the reaper or the CLI write) shows once PostgreSQL has
 told it, for each table the resource is read from; a listener cut off by the server forgets
-everything and keeps nothing until it listens again; SQLite is refused.
+everything and keeps nothing until it listens again; a listener that cannot hear other sessions'
+notifications never syncs; SQLite is refused. It is the default (``auto``) on PostgreSQL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from sqlalchemy import insert, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from halfcast.contracts.status import JobStatus
+from halfcast.core.db.async_pool import Connect
 from halfcast.core.db.change_feed import Change, ChangeFeed, ChangeKind, parse_change
 from halfcast.core.db.engine import make_engine
 from halfcast.core.db.job_readers import JobReads, async_connector
@@ -206,6 +209,94 @@ def test_a_lost_listener_keeps_nothing_until_it_listens_again(
     _wait_for(lambda: reads.max_age_s == float("inf"))  # listening again, on a new connection
     _write(sessions, update(Job).where(Job.id == job_id).values(step=9))
     _polls_until(notified, job_id, "step", 9)
+
+
+def test_by_default_polls_on_postgresql_keep_reads_until_told(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    assert isinstance(client.app, FastAPI)
+    feed = client.app.state.change_feed
+    assert isinstance(feed, ChangeFeed)
+    _wait_for(lambda: feed.listening)
+    job_id = insert_job(sessions, status="running", owner="tester")
+    _kept_poll(client, job_id)
+    _write(sessions, update(Job).where(Job.id == job_id).values(step=5))
+    _polls_until(client, job_id, "step", 5)
+
+
+@pytest.mark.parametrize(
+    ("database_url", "poll_reads"),
+    [
+        (None, PollReads.DATABASE),  # the embedded SQLite file
+        ("sqlite:///elsewhere.db", PollReads.DATABASE),
+        ("postgresql://h/db", PollReads.NOTIFIED),
+        ("postgres://h/db", PollReads.NOTIFIED),
+        ("postgresql+psycopg://h/db", PollReads.NOTIFIED),
+        ("postgresql+psycopg2://h/db", PollReads.DATABASE),  # the change feed listens through psycopg 3
+    ],
+)
+def test_auto_is_notified_on_postgresql_through_psycopg(
+    tmp_path: Path, database_url: str | None, poll_reads: PollReads
+) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=database_url)
+    assert settings.poll_reads is PollReads.AUTO and settings.effective_poll_reads is poll_reads
+    explicit = Settings(data_dir=tmp_path, database_url=database_url, poll_reads=PollReads.DATABASE)
+    assert explicit.effective_poll_reads is PollReads.DATABASE
+
+
+def _feed_for(connects: list[str], told: _Told) -> ChangeFeed:
+    """A feed whose connections go, in turn, to ``connects``' databases (the listener's first, the probes' next)."""
+    turn = iter(range(10**6))
+
+    async def connect() -> psycopg.AsyncConnection:
+        url = connects[next(turn) % len(connects)].replace("+psycopg", "")
+        return await psycopg.AsyncConnection.connect(url, autocommit=True)
+
+    wired: Connect = connect
+    return ChangeFeed(wired, told, check_interval_s=0.1, check_timeout_s=0.3, retry_s=0.1, max_retry_s=0.1)
+
+
+async def _run_for(feeds: list[ChangeFeed], seconds: float) -> None:
+    tasks = [asyncio.create_task(feed.run()) for feed in feeds]
+    await asyncio.sleep(seconds)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_a_listener_deaf_to_other_sessions_never_syncs(database_url: str, postgres_admin_url: str) -> None:
+    """A probe committed on another database never reaches the listener (as none does through a pooler in
+    transaction mode): the feed never tells ``synced``, so polls keep reading the database."""
+    told = _Told()
+    asyncio.run(_run_for([_feed_for([database_url, postgres_admin_url], told)], 1.5))
+    assert told.told and set(told.told) == {"lost"}
+
+
+def test_feeds_hear_each_others_probes_as_nothing(database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    one, other = _Told(), _Told()
+    asyncio.run(_run_for([_feed_for([database_url], one), _feed_for([database_url], other)], 1.0))
+    assert one.told == ["synced"] and other.told == ["synced"]  # probed every 0.1 s, each told no change
+    assert not [record for record in caplog.records if record.levelname == "WARNING"]
+
+
+def test_a_feed_stops_whenever_it_is_stopped(database_url: str) -> None:
+    """Stopped at 150 moments of its start, probes and listening, a feed ends at once every time (cancelled
+    once, about one in ten went on listening: an API's shutdown waited for it forever)."""
+    moments = random.Random(31)
+
+    async def scenario() -> float:
+        slowest = 0.0
+        for _ in range(150):
+            feed = _feed_for([database_url], _Told())
+            running = feed.running()
+            await running.__aenter__()
+            await asyncio.sleep(moments.uniform(0.0, 0.02))
+            began = time.monotonic()
+            await asyncio.wait_for(running.__aexit__(None, None, None), 2.0)
+            slowest = max(slowest, time.monotonic() - began)
+        return slowest
+
+    assert asyncio.run(scenario()) < 2.0
 
 
 def test_notified_reads_need_postgresql(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """``HALFCAST_POLL_MAX_AGE_S`` (server/http/recent_reads.py): polls may reuse a read for that long, never past a write.
 
-On SQLite and PostgreSQL, through the real app: a change made in the database directly (as
-the worker makes it) shows within the max age, at once with the default (0); a write through
-the API shows at once whatever the max age; another token never gets a kept read.
+On SQLite and PostgreSQL, through the real app with ``HALFCAST_POLL_READS=database`` (PostgreSQL's
+default, ``auto``, keeps reads until notified: tests/server/test_notified_reads.py): a change made in
+the database directly (as the worker makes it) shows within the max age, at once with the default (0)
+on SQLite; a write through the API shows at once whatever the max age; another token never gets a
+kept read.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from halfcast.core.db.change_feed import Change, ChangeKind
 from halfcast.core.db.job_reads import JobRead, JobView, TokenView
 from halfcast.core.db.models import Job, utcnow
-from halfcast.core.settings import Settings
+from halfcast.core.settings import PollReads, Settings
 from server.app import create_app, recent_reads
 from server.http.recent_reads import RecentJobReads
 
@@ -37,9 +39,9 @@ def _set_step(sessions: sessionmaker[Session], job_id: str, step: int) -> None:
 
 
 def _client(settings: Settings, max_age_s: float, auth_headers: dict[str, str]) -> TestClient:
-    return TestClient(
-        create_app(settings.model_copy(update={"poll_max_age_s": max_age_s}), FakeQueue()), headers=auth_headers
-    )
+    """Reads kept ``max_age_s``, never until notified (which a direct write would make stale at once)."""
+    kept = settings.model_copy(update={"poll_max_age_s": max_age_s, "poll_reads": PollReads.DATABASE})
+    return TestClient(create_app(kept, FakeQueue()), headers=auth_headers)
 
 
 @pytest.fixture
@@ -49,7 +51,11 @@ def kept_client(settings: Settings, auth_headers: dict[str, str]) -> Iterator[Te
         yield client
 
 
-def test_by_default_every_poll_reads_the_database(client: TestClient, sessions: sessionmaker[Session]) -> None:
+def test_by_default_every_poll_reads_the_database_on_sqlite(
+    client: TestClient, sessions: sessionmaker[Session], database_url: str
+) -> None:
+    if not database_url.startswith("sqlite"):
+        pytest.skip("on PostgreSQL polls are notified by default (test_notified_reads.py)")
     job_id = insert_job(sessions, status="running", owner="tester")
     assert client.get(f"/jobs/{job_id}").json()["step"] == 0
     _set_step(sessions, job_id, 7)

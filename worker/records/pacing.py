@@ -4,7 +4,7 @@ The worker stores a run's step records every poll (``HALFCAST_WORKER_POLL_INTERV
 the event stream and ``GET /jobs/{id}/steps`` read them. The job row's ``step`` and ``latest``
 (what ``GET /jobs/{id}`` shows) change with them, and every change of a job row is a new row
 version, a trigger's notification and, for an API that keeps its poll reads until told
-(``HALFCAST_POLL_READS=notified``), a database read of every poller's next poll. So a poll that
+(``HALFCAST_POLL_READS=notified``, PostgreSQL's default), a database read of every poller's next poll. So a poll that
 brings nothing but step records sets the job row only once the interval has passed since the
 last write; the newest step it stored meanwhile is carried to the next write. Anything else a
 poll brings (the first records, which move the job to ``running``, an evaluation, a precision
