@@ -50,7 +50,15 @@ import httpx
 from bench.cpu_roles import Reading, Role, RoleMap, cpu_by_pid
 from bench.load_clients import PollPlan, Tally, poll_share, probe, summary
 from bench.load_stack import ROOT, ApiProcess, admin_token, scratch_database
-from bench.load_training import TrainingWindow, WorkerProcess, cancel_jobs, quiet_window, steps_of, training_spec
+from bench.load_training import (
+    StepMark,
+    TrainingWindow,
+    WorkerProcess,
+    cancel_jobs,
+    mark_steps,
+    quiet_window,
+    training_spec,
+)
 from bench.load_writer import Writer, WriterConfig
 from bench.poll_reads import own_read_share, poll_read_counts
 from halfcast.common.quiet_logs import quiet_third_party_logs
@@ -279,10 +287,9 @@ def _simulated_phase(args: argparse.Namespace) -> tuple[list[dict[str, Any]], di
 
 @dataclass
 class _PolledMark:
-    """The jobs' steps, the time and the host's CPU once the scenario's warm-up is over."""
+    """The jobs' steps and the host's CPU once the scenario's warm-up is over."""
 
-    steps: int = 0
-    at: float = 0.0
+    steps: StepMark | None = None
     reading: Reading | None = None
 
 
@@ -308,14 +315,14 @@ def _training_scenario(
     mark = _PolledMark()
 
     def take_mark() -> None:
-        mark.steps, mark.at, mark.reading = steps_of(api.url, token, job_ids), time.monotonic(), cpu_by_pid()
+        mark.steps, mark.reading = mark_steps(api.url, token, job_ids), cpu_by_pid()
 
     timer = threading.Timer(args.warmup, take_mark)
     timer.start()
     result = run_scenario(pool, args, scenario, api, token, job_ids)
     timer.join()
-    polled = TrainingWindow(mark.steps, steps_of(api.url, token, job_ids), time.monotonic() - mark.at)
-    assert mark.reading is not None
+    assert mark.steps is not None and mark.reading is not None
+    polled = TrainingWindow.between(mark.steps, mark_steps(api.url, token, job_ids))
     polled_cores = roles.split(mark.reading, cpu_by_pid())
     quiet_after = quiet_window(api.url, token, job_ids, args.duration)
     result["load"] = f"{len(job_ids)} training job" + ("s" if len(job_ids) > 1 else "")

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bench.api_load import DEFAULT_ADMIN_URL, submit_jobs, wait_running
 from bench.load_stack import ApiProcess, admin_token, scratch_database
-from bench.load_training import WorkerProcess, cancel_jobs, steps_of, training_spec
+from bench.load_training import TrainingWindow, WorkerProcess, cancel_jobs, mark_steps, training_spec
 from halfcast.core.db.engine import make_engine, make_session_factory
 from halfcast.core.db.models import Attempt, Job, Worker, utcnow
 from halfcast.core.settings import Settings
@@ -146,9 +146,9 @@ def run_bench(args: argparse.Namespace) -> LeaseReport:
                 job_ids = submit_jobs(api.url, token, args.jobs, training_spec())
                 try:
                     wait_running(api.url, token, job_ids, START_TIMEOUT_S)
-                    steps_before, began = steps_of(api.url, token, job_ids), time.monotonic()
+                    start = mark_steps(api.url, token, job_ids)
                     watch(sessions, report.deadlines, args.duration, args.interval)
-                    report.steps_per_s = (steps_of(api.url, token, job_ids) - steps_before) / (time.monotonic() - began)
+                    report.steps_per_s = TrainingWindow.between(start, mark_steps(api.url, token, job_ids)).steps_per_s
                     report.jobs_running_at_end = args.jobs
                 except RuntimeError as exc:  # a job no longer running: the report says so
                     log.warning("%s", exc)

@@ -4,8 +4,11 @@
 API's data directory (the embedded filesystem broker) and database, so the jobs submitted through
 the API train for real, on this host, at the worker's run priority (``HALFCAST_RUN_NICE``, default
 10). :func:`training_spec` is the fp16 digits example with a step budget no bench reaches (the jobs
-train until :func:`cancel_jobs`). :func:`steps_of` reads the jobs' steps through the API, so a
-window's training rate is the steps between two reads over the seconds between them.
+train until :func:`cancel_jobs`). :func:`mark_steps` reads the jobs' newest step records through the
+API, so a window's training rate is the steps between two marks over the seconds between their
+records' own times. (Not the job's ``step`` at the time of the read: the worker sets the job row at
+most once per ``HALFCAST_WORKER_PROGRESS_INTERVAL_S``, so it lags the training by up to a second,
+±5% of a 20 s window; the records are stored as they come, each with the time its step was issued.)
 """
 
 from __future__ import annotations
@@ -108,16 +111,41 @@ def _client(url: str, token: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
 
-def steps_of(url: str, token: str, job_ids: Sequence[str]) -> int:
-    """The steps the jobs of ``job_ids`` have taken, together; raises if one is no longer running."""
+#: The most step records one ``GET /jobs/{id}/metrics`` returns (the API's ``limit`` bound).
+METRICS_PAGE = 10_000
+
+
+@dataclass(frozen=True)
+class StepMark:
+    """The jobs' steps together, as their newest step records tell, and when: the records' mean ``time``."""
+
+    steps: int
+    time: float
+
+
+def mark_steps(url: str, token: str, job_ids: Sequence[str]) -> StepMark:
+    """The jobs' newest step records; raises if a job is no longer running or has none."""
     with _client(url, token) as client:
-        total = 0
-        for job_id in job_ids:
-            job = client.get(f"/jobs/{job_id}").json()
-            if job["status"] != "running":
-                raise RuntimeError(f"training job {job_id} is {job['status']}: {job.get('error_message')}")
-            total += int(job["step"])
-        return total
+        newest = [_newest_record(client, job_id) for job_id in job_ids]
+    return StepMark(sum(step for step, _ in newest), sum(at for _, at in newest) / len(newest))
+
+
+def _newest_record(client: httpx.Client, job_id: str) -> tuple[int, float]:
+    """The step and ``time`` of ``job_id``'s newest step record (paged on from the job row's step)."""
+    job = client.get(f"/jobs/{job_id}").json()
+    if job["status"] != "running":
+        raise RuntimeError(f"training job {job_id} is {job['status']}: {job.get('error_message')}")
+    after, newest = max(0, int(job["step"]) - 1), None
+    while True:
+        params = {"after_step": after, "limit": METRICS_PAGE}
+        points = client.get(f"/jobs/{job_id}/metrics", params=params).json()["points"]
+        if points:
+            newest, after = points[-1], int(points[-1]["step"])
+        if len(points) < METRICS_PAGE:
+            break
+    if newest is None or newest.get("time") is None:
+        raise RuntimeError(f"training job {job_id} has no timed step record after step {after}")
+    return int(newest["step"]), float(newest["time"])
 
 
 @dataclass(frozen=True)
@@ -128,6 +156,11 @@ class TrainingWindow:
     steps_after: int
     seconds: float
 
+    @classmethod
+    def between(cls, start: StepMark, end: StepMark) -> TrainingWindow:
+        """The window from ``start`` to ``end``, timed by their records."""
+        return cls(start.steps, end.steps, end.time - start.time)
+
     @property
     def steps_per_s(self) -> float:
         """The jobs' training rate over the window, together."""
@@ -135,10 +168,10 @@ class TrainingWindow:
 
 
 def quiet_window(url: str, token: str, job_ids: Sequence[str], seconds: float) -> TrainingWindow:
-    """The jobs' training rate over ``seconds`` with no poller (two reads of their steps)."""
-    before, began = steps_of(url, token, job_ids), time.monotonic()
+    """The jobs' training rate over about ``seconds`` with no poller (two marks of their steps)."""
+    start = mark_steps(url, token, job_ids)
     time.sleep(seconds)
-    return TrainingWindow(before, steps_of(url, token, job_ids), time.monotonic() - began)
+    return TrainingWindow.between(start, mark_steps(url, token, job_ids))
 
 
 def cancel_jobs(url: str, token: str, job_ids: Sequence[str]) -> None:
