@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -273,3 +274,18 @@ def test_members_sees_a_real_subprocess_session(tmp_path: Path) -> None:
         child.kill()
         child.wait()
     assert session_members(child.pid) == []
+
+
+def test_a_process_whose_name_holds_spaces_and_parens_is_read_right(tmp_path: Path) -> None:
+    """``/proc/<pid>/stat`` puts the command name in parentheses: one with ``) `` inside must not shift the fields."""
+    sleeper = tmp_path / "a) b (c"
+    sleeper.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    child = subprocess.Popen([str(sleeper), "30"])
+    try:
+        info = read_proc(child.pid)
+        assert info is not None and info.pid == child.pid and info.ppid == os.getpid() and info.alive
+        assert info.sid == os.getsid(0) and info.pgid == os.getpgid(0)
+    finally:
+        child.kill()
+        child.wait()
+    assert read_proc(child.pid) is None  # reaped: gone
