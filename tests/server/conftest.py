@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from halfcast.core.db.engine import make_engine, make_session_factory
 from halfcast.core.db.migrate import upgrade_database
 from halfcast.core.db.models import Base
-from halfcast.core.settings import Settings
+from halfcast.core.settings import PollReads, Settings
 from server.app import create_app
 
 
@@ -80,8 +80,20 @@ def database_url(request: pytest.FixtureRequest, data_dir: Path, sqlite_template
 
 @pytest.fixture
 def settings(data_dir: Path, database_url: str) -> Settings:
-    """Settings for one test: its data dir and database, the embedded broker, faults refused."""
-    return Settings(data_dir=data_dir, database_url=database_url, broker_url=None, allow_faults=False)
+    """Settings for one test: its data dir and database, the embedded broker, faults refused, every poll read.
+
+    ``poll_reads=database``: these tests write to the database directly (as the worker does) and poll at
+    once, which PostgreSQL's default (``auto``: reads kept until notified) answers from a kept read until
+    the notification arrives, a millisecond or so later. tests/server/test_notified_reads.py tests the
+    default, and what it keeps and drops.
+    """
+    return Settings(
+        data_dir=data_dir,
+        database_url=database_url,
+        broker_url=None,
+        allow_faults=False,
+        poll_reads=PollReads.DATABASE,
+    )
 
 
 @pytest.fixture

@@ -212,16 +212,17 @@ def test_a_lost_listener_keeps_nothing_until_it_listens_again(
 
 
 def test_by_default_polls_on_postgresql_keep_reads_until_told(
-    client: TestClient, sessions: sessionmaker[Session]
+    data_dir: Path, database_url: str, auth_headers: dict[str, str], sessions: sessionmaker[Session]
 ) -> None:
-    assert isinstance(client.app, FastAPI)
-    feed = client.app.state.change_feed
-    assert isinstance(feed, ChangeFeed)
-    _wait_for(lambda: feed.listening)
-    job_id = insert_job(sessions, status="running", owner="tester")
-    _kept_poll(client, job_id)
-    _write(sessions, update(Job).where(Job.id == job_id).values(step=5))
-    _polls_until(client, job_id, "step", 5)
+    app = create_app(Settings(data_dir=data_dir, database_url=database_url, broker_url=None), FakeQueue())
+    with TestClient(app, headers=auth_headers) as client:
+        feed = app.state.change_feed
+        assert isinstance(feed, ChangeFeed)
+        _wait_for(lambda: feed.listening)
+        job_id = insert_job(sessions, status="running", owner="tester")
+        _kept_poll(client, job_id)
+        _write(sessions, update(Job).where(Job.id == job_id).values(step=5))
+        _polls_until(client, job_id, "step", 5)
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 """``HALFCAST_POLL_MAX_AGE_S`` (server/http/recent_reads.py): polls may reuse a read for that long, never past a write.
 
-On SQLite and PostgreSQL, through the real app with ``HALFCAST_POLL_READS=database`` (PostgreSQL's
-default, ``auto``, keeps reads until notified: tests/server/test_notified_reads.py): a change made in
-the database directly (as the worker makes it) shows within the max age, at once with the default (0)
+On SQLite and PostgreSQL, through the real app with ``HALFCAST_POLL_READS=database`` (the tests'
+settings; PostgreSQL's default, ``auto``, keeps reads until notified: tests/server/test_notified_reads.py):
+a change made in the database directly (as the worker makes it) shows within the max age, at once with the default (0)
 on SQLite; a write through the API shows at once whatever the max age; another token never gets a
 kept read.
 """
@@ -52,15 +52,17 @@ def kept_client(settings: Settings, auth_headers: dict[str, str]) -> Iterator[Te
 
 
 def test_by_default_every_poll_reads_the_database_on_sqlite(
-    client: TestClient, sessions: sessionmaker[Session], database_url: str
+    settings: Settings, auth_headers: dict[str, str], sessions: sessionmaker[Session], database_url: str
 ) -> None:
     if not database_url.startswith("sqlite"):
         pytest.skip("on PostgreSQL polls are notified by default (test_notified_reads.py)")
+    defaults = settings.model_copy(update={"poll_reads": PollReads.AUTO})
     job_id = insert_job(sessions, status="running", owner="tester")
-    assert client.get(f"/jobs/{job_id}").json()["step"] == 0
-    _set_step(sessions, job_id, 7)
-    assert client.get(f"/jobs/{job_id}").json()["step"] == 7
-    assert isinstance(client.app, FastAPI) and recent_reads(client.app) is None
+    with TestClient(create_app(defaults, FakeQueue()), headers=auth_headers) as client:
+        assert client.get(f"/jobs/{job_id}").json()["step"] == 0
+        _set_step(sessions, job_id, 7)
+        assert client.get(f"/jobs/{job_id}").json()["step"] == 7
+        assert isinstance(client.app, FastAPI) and recent_reads(client.app) is None
 
 
 def test_a_poll_reuses_a_read_younger_than_the_max_age(
