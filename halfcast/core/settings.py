@@ -254,11 +254,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _notified_on_postgresql(self) -> Settings:
-        scheme = self.effective_database_url.partition("://")[0]
-        if self.poll_reads is PollReads.NOTIFIED and scheme not in PSYCOPG_SCHEMES:
+        if self.poll_reads is PollReads.NOTIFIED and self.database_scheme not in PSYCOPG_SCHEMES:
             msg = (
                 "poll_reads=notified needs PostgreSQL through psycopg (database_url postgresql+psycopg://...):"
-                f" {scheme} notifies nothing"
+                f" {self.database_scheme} notifies nothing"
             )
             raise ValueError(msg)
         return self
@@ -301,8 +300,12 @@ class Settings(BaseSettings):
         (what the change feed listens with), else ``database``."""
         if self.poll_reads is not PollReads.AUTO:
             return self.poll_reads
-        scheme = self.effective_database_url.partition("://")[0]
-        return PollReads.NOTIFIED if scheme in PSYCOPG_SCHEMES else PollReads.DATABASE
+        return PollReads.NOTIFIED if self.database_scheme in PSYCOPG_SCHEMES else PollReads.DATABASE
+
+    @property
+    def database_scheme(self) -> str:
+        """The scheme of :attr:`effective_database_url` (``sqlite``, ``postgresql+psycopg``...)."""
+        return self.effective_database_url.partition("://")[0]
 
     @property
     def effective_broker_url(self) -> str:
